@@ -1,0 +1,254 @@
+"""Experiment definitions: one TOML file -> frozen dataclasses. Unknown keys are errors naming file and key.
+
+Precedence is defaults < file < CLI flags actually passed. ``__post_init__`` only validates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, get_args, get_origin, get_type_hints
+
+from probe.errors import ConfigError
+from probe.types import CONDITIONS
+
+TASK_SOURCES = ("synthetic", "fanoutqa", "jsonl", "cogniload")
+QUERY_SETS = ("question", "last", "generated")
+
+
+@dataclass(frozen=True)
+class ExperimentSection:
+    name: str
+    seed: int = 1234
+    models: tuple[str, ...] = ("smollm2-135m-instruct",)
+    output_dir: str = "outputs"
+
+    def __post_init__(self) -> None:
+        if not self.name or "/" in self.name:
+            raise ConfigError(f"experiment.name: {self.name!r} must be a non-empty folder name without '/'")
+        if not self.models:
+            raise ConfigError("experiment.models: give at least one model card name (see `probe models`)")
+
+
+@dataclass(frozen=True)
+class TaskSection:
+    """One task source. An experiment may list several (``[[tasks]]``)."""
+
+    source: str
+    n: int = 20
+    hops: int = 2  # synthetic: 2 or 3
+    path: str | None = None  # jsonl: the file; fanoutqa: optional override of the packaged dev set
+    max_hops: int = 4  # fanoutqa: skip questions with more decomposition steps than this
+    # cogniload grid
+    difficulty: tuple[int, ...] = (1, 3, 5, 7, 10)
+    length: tuple[int, ...] = (20, 50, 100, 250)
+    needle_ratio: tuple[int, ...] = (5, 25, 50, 75, 95)
+
+    def __post_init__(self) -> None:
+        if self.source not in TASK_SOURCES:
+            raise ConfigError(f"tasks.source: {self.source!r} is not one of {', '.join(TASK_SOURCES)}")
+        if self.n < 1:
+            raise ConfigError(f"tasks.n: {self.n} must be >= 1")
+        if self.source == "synthetic" and self.hops not in (2, 3):
+            raise ConfigError(f"tasks.hops: {self.hops}; the synthetic source makes 2- or 3-hop questions")
+        if self.source == "jsonl" and not self.path:
+            raise ConfigError("tasks.path: a jsonl task source needs `path = \"file.jsonl\"`")
+        for rho in self.needle_ratio:
+            if not 5 <= rho <= 95:
+                raise ConfigError(f"tasks.needle_ratio: {rho} is outside [5, 95] percent")
+
+
+@dataclass(frozen=True)
+class IceSection:
+    conditions: tuple[str, ...] = CONDITIONS
+    loads: tuple[int, ...] = (20, 50, 80)
+    replications: int = 2
+    distractor_strategy: str = "random"  # or "stratified" by S_sim (SPEC §5)
+    load_tolerance: float = 5.0  # percentage points
+    instruction: str | None = None  # None: the default step-by-step + \boxed{} instruction
+
+    def __post_init__(self) -> None:
+        for c in self.conditions:
+            if c not in CONDITIONS:
+                raise ConfigError(f"ice.conditions: {c!r} is not one of {', '.join(CONDITIONS)}")
+        for ld in self.loads:
+            if not 0 < ld < 100:
+                raise ConfigError(f"ice.loads: {ld} must be a percentage strictly between 0 and 100")
+        if self.replications < 1:
+            raise ConfigError(f"ice.replications: {self.replications} must be >= 1")
+        if self.distractor_strategy not in ("random", "stratified"):
+            raise ConfigError(f"ice.distractor_strategy: {self.distractor_strategy!r} is not 'random' or 'stratified'")
+
+
+@dataclass(frozen=True)
+class GenerationSection:
+    max_new_tokens: int = 96
+    batch_size: int = 8
+    temperature: float = 0.0  # 0 = greedy (SPEC §3)
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"generation.max_new_tokens: {self.max_new_tokens} must be >= 1")
+        if self.batch_size < 1:
+            raise ConfigError(f"generation.batch_size: {self.batch_size} must be >= 1")
+        if self.temperature < 0:
+            raise ConfigError(f"generation.temperature: {self.temperature} must be >= 0")
+
+
+@dataclass(frozen=True)
+class ProbeSection:
+    enabled: bool = False
+    query: str = "question"  # question | last | generated | segment:<i>
+    gamma: float = 0.5
+    residue_mode: str = "cosine"  # or "mass"
+    exclude_sink: bool = True
+    block_size: int = 256  # query rows computed at a time for AR_k
+
+    def __post_init__(self) -> None:
+        if self.query not in QUERY_SETS and not (
+            self.query.startswith("segment:") and self.query.split(":", 1)[1].isdigit()
+        ):
+            raise ConfigError(f"probe.query: {self.query!r}; use question, last, generated or segment:<i>")
+        if not 0 < self.gamma < 1:
+            raise ConfigError(f"probe.gamma: {self.gamma} must lie in (0, 1)")
+        if self.residue_mode not in ("cosine", "mass"):
+            raise ConfigError(f"probe.residue_mode: {self.residue_mode!r} is not 'cosine' or 'mass'")
+
+
+@dataclass(frozen=True)
+class AnalysisSection:
+    brittle_em: float = 0.10  # Control EM below this -> intrinsic-load brittle
+    confound_rate: float = 0.20  # truncated-or-uninterpretable rate above this -> confounded
+    alpha: float = 0.05
+    embedder: str = "all-MiniLM-L6-v2"
+    n_bootstrap: int = 500
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    experiment: ExperimentSection
+    tasks: tuple[TaskSection, ...]
+    ice: IceSection = field(default_factory=IceSection)
+    generation: GenerationSection = field(default_factory=GenerationSection)
+    probe: ProbeSection = field(default_factory=ProbeSection)
+    analysis: AnalysisSection = field(default_factory=AnalysisSection)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.experiment.output_dir) / self.experiment.name
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_plain(dataclasses.asdict(self))
+
+
+def _to_plain(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: _to_plain(v) for k, v in x.items() if v is not None}
+    if isinstance(x, (list, tuple)):
+        return [_to_plain(v) for v in x]
+    return x
+
+
+def _build(cls: type, data: Any, where: str) -> Any:
+    """Build dataclass ``cls`` from a TOML table, checking keys and value types."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a table, got {type(data).__name__}")
+    hints = get_type_hints(cls)
+    names = {f.name for f in fields(cls)}
+    unknown = set(data) - names
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; valid keys: {', '.join(sorted(names))}")
+    kwargs: dict[str, Any] = {}
+    for k, v in data.items():
+        kwargs[k] = _coerce(hints[k], v, f"{where}.{k}")
+    try:
+        return cls(**kwargs)
+    except TypeError as e:  # a required key is missing
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def _coerce(tp: Any, v: Any, where: str) -> Any:
+    origin = get_origin(tp)
+    args = get_args(tp)
+    if origin is tuple:
+        if not isinstance(v, list):
+            raise ConfigError(f"{where}: expected a list, got {v!r}")
+        return tuple(_coerce(args[0], x, where) for x in v)
+    if args and type(None) in args:  # X | None
+        inner = [a for a in args if a is not type(None)][0]
+        return None if v is None else _coerce(inner, v, where)
+    if tp is float and isinstance(v, int) and not isinstance(v, bool):
+        return float(v)
+    if tp in (int, float, str, bool) and not (isinstance(v, tp) and not (tp is int and isinstance(v, bool))):
+        raise ConfigError(f"{where}: expected {tp.__name__}, got {v!r}")
+    return v
+
+
+def config_from_dict(data: dict[str, Any], where: str = "<config>") -> ExperimentConfig:
+    sections = {"experiment", "tasks", "ice", "generation", "probe", "analysis"}
+    unknown = set(data) - sections
+    if unknown:
+        raise ConfigError(f"{where}: unknown section(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(sections))}")
+    if "experiment" not in data:
+        raise ConfigError(f"{where}: missing [experiment] section (needs at least `name`)")
+    raw_tasks = data.get("tasks")
+    if raw_tasks is None:
+        raise ConfigError(f"{where}: missing [[tasks]] (at least one task source)")
+    if isinstance(raw_tasks, dict):
+        raw_tasks = [raw_tasks]
+    try:
+        return ExperimentConfig(
+            experiment=_build(ExperimentSection, data["experiment"], f"{where}: experiment"),
+            tasks=tuple(_build(TaskSection, t, f"{where}: tasks[{i}]") for i, t in enumerate(raw_tasks)),
+            ice=_build(IceSection, data.get("ice", {}), f"{where}: ice"),
+            generation=_build(GenerationSection, data.get("generation", {}), f"{where}: generation"),
+            probe=_build(ProbeSection, data.get("probe", {}), f"{where}: probe"),
+            analysis=_build(AnalysisSection, data.get("analysis", {}), f"{where}: analysis"),
+        )
+    except ConfigError as e:
+        msg = str(e)
+        raise ConfigError(msg if msg.startswith(where) else f"{where}: {msg}") from None
+
+
+def load_config(path: str | Path, overrides: dict[str, dict[str, Any]] | None = None) -> ExperimentConfig:
+    """Read an experiment TOML; ``overrides`` (section -> key -> value) are CLI flags actually passed."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{p}: no such experiment file")
+    try:
+        data = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{p}: not valid TOML: {e}") from None
+    for section, values in (overrides or {}).items():
+        data.setdefault(section, {}).update({k: v for k, v in values.items() if v is not None})
+    return config_from_dict(data, str(p))
+
+
+def dump_config(cfg: ExperimentConfig) -> str:
+    """TOML text of a config; ``config_from_dict(tomllib.loads(dump_config(c))) == c``."""
+    d = cfg.to_dict()
+    lines: list[str] = []
+    for section in ("experiment", "ice", "generation", "probe", "analysis"):
+        lines.append(f"[{section}]")
+        lines += [f"{k} = {_toml_value(v)}" for k, v in d[section].items()]
+        lines.append("")
+    for t in d["tasks"]:
+        lines.append("[[tasks]]")
+        lines += [f"{k} = {_toml_value(v)}" for k, v in t.items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {v!r} as TOML")

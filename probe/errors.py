@@ -1,0 +1,39 @@
+"""Errors raised by the toolkit. Every one subclasses ProbeError and says what failed and what to do."""
+
+from __future__ import annotations
+
+import difflib
+
+
+class ProbeError(Exception):
+    """Base class of every toolkit error."""
+
+
+class ConfigError(ProbeError):
+    """An experiment or model card is malformed (names the file and field)."""
+
+
+class TaskFormatError(ProbeError):
+    """A task file has a bad line (``file:line: field: what is wrong``)."""
+
+
+class SpanError(ProbeError):
+    """Segment or token spans are empty, overlapping, out of order or do not cover the prompt."""
+
+
+class HookError(ProbeError):
+    """The probe engine could not attach to a model, or a layer did not report."""
+
+
+class ModelUnavailableError(ProbeError):
+    """A model's weights cannot be found or loaded here (offline hub id, missing package)."""
+
+
+class UnknownNameError(ProbeError):
+    """An unknown name (model, metric, condition...); the message suggests close matches."""
+
+    def __init__(self, what: str, name: str, valid: list[str] | tuple[str, ...]) -> None:
+        close = difflib.get_close_matches(name, list(valid), n=3)
+        hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        super().__init__(f"unknown {what} {name!r}{hint} (valid: {', '.join(sorted(valid))})")
+        self.name = name
