@@ -1,0 +1,1 @@
+"""Generation backends: a local transformers model (with probes) or a served OpenAI-compatible endpoint."""

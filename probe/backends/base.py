@@ -1,0 +1,40 @@
+"""The interface between the runner and whatever produces text for a prompt."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Protocol
+
+from probe.config import GenerationSection
+from probe.types import Prompt
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What a backend returns for one prompt.
+
+    ``error`` set means the backend failed (API error, dropped connection): the trial is recorded as an error,
+    not as a wrong answer, and is retried on the next run. ``skip_reason`` set means the prompt cannot be run
+    on this model at all (longer than its context window) and is recorded as skipped.
+    """
+
+    text: str | None
+    truncated: bool  # hit max_new_tokens without an end token (or finish_reason == "length")
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    error: str | None = None
+    skip_reason: str | None = None
+    output_ids: tuple[int, ...] | None = None  # local backends: generated token ids (for probe query "generated")
+
+
+def build_messages(prompt: Prompt) -> list[dict[str, str]]:
+    """The chat messages of a prompt: one user turn holding the built ICE text (instruction first)."""
+    return [{"role": "user", "content": prompt.text}]
+
+
+class Backend(Protocol):
+    """Produces generations; ``generate`` may yield in any order but yields each prompt exactly once."""
+
+    model_name: str
+
+    def generate(self, prompts: list[Prompt], gen: GenerationSection) -> Iterator[tuple[Prompt, Generation]]: ...
