@@ -1,0 +1,276 @@
+"""Serve a local model folder over an OpenAI-compatible HTTP API on 127.0.0.1 (``transformers serve``).
+
+This is how the served path (``probe.backends.openai``) is tested against real weights without a network: the
+embedded GGUF default is exported once as a plain Hugging Face folder (``export_hf_folder``), a
+``transformers serve`` subprocess serves that folder on the loopback interface (``LocalServer`` /
+``local_server``), and the backend talks to it exactly as it would talk to vLLM, SGLang, llama-server or a hosted
+API.
+
+The server runs with one CPU thread (``OMP_NUM_THREADS=1``, ``MKL_NUM_THREADS=1``): on a small shared machine,
+more threads per process make a server under load tens of times slower, not faster. It binds only to 127.0.0.1,
+runs offline (no hub look-ups, no update check) and is always terminated when the context exits.
+
+Needs the serving extra: ``pip install "transformers[serving]"`` (fastapi, uvicorn, starlette, openai).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+
+from probe.errors import ModelUnavailableError, ProbeError
+
+log = logging.getLogger(__name__)
+
+HOST = "127.0.0.1"
+SERVING_MODULES = ("fastapi", "uvicorn", "starlette", "openai")
+
+
+class ServerStartError(ProbeError):
+    """A local model server did not become ready (it exited, or did not answer in time)."""
+
+
+def missing_serving_modules() -> list[str]:
+    """The modules of ``transformers[serving]`` that are not installed here (empty when serving works).
+
+    Returns:
+        Module names, e.g. ``["fastapi", "uvicorn"]``.
+    """
+    return [m for m in SERVING_MODULES if importlib.util.find_spec(m) is None]
+
+
+def export_hf_folder(gguf_dir: str | Path, gguf_file: str, out_dir: str | Path) -> Path:
+    """De-quantise a GGUF model and save it as a plain Hugging Face folder that any server can load.
+
+    A GGUF-loaded model refuses ``save_pretrained``; its weights are therefore moved into a model built from the
+    same config (``AutoModelForCausalLM.from_config``), which saves normally, in float32. The tokenizer (with the
+    chat template stored in the GGUF metadata) and the generation config are saved next to it. Nothing is done when
+    ``out_dir`` already holds a ``config.json``; the folder is written under a temporary name and renamed, so an
+    interrupted export never leaves a half-written folder that looks finished.
+
+    Args:
+        gguf_dir: folder that holds the GGUF file.
+        gguf_file: file name inside ``gguf_dir``.
+        out_dir: folder to create (its parent must be writable).
+
+    Returns:
+        ``out_dir`` as a Path.
+
+    Raises:
+        ModelUnavailableError: the GGUF file does not exist, or its weights do not fit its own config.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src_dir, out = Path(gguf_dir), Path(out_dir)
+    if (out / "config.json").is_file():
+        return out
+    if not (src_dir / gguf_file).is_file():
+        raise ModelUnavailableError(f"GGUF file {src_dir / gguf_file} does not exist; check the folder and file name")
+    log.info("exporting %s/%s as a Hugging Face folder %s", src_dir, gguf_file, out)
+    src = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=gguf_file, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(src_dir, gguf_file=gguf_file)
+    plain = AutoModelForCausalLM.from_config(src.config, dtype=torch.float32)
+    missing, unexpected = plain.load_state_dict(src.state_dict(), strict=False)
+    if getattr(src.config, "tie_word_embeddings", False):
+        missing = [k for k in missing if not k.endswith("lm_head.weight")]
+    if missing or unexpected:
+        raise ModelUnavailableError(
+            f"{src_dir / gguf_file}: the GGUF weights do not fit its config "
+            f"(missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
+    plain.tie_weights()
+    plain.generation_config = src.generation_config
+    tmp = out.with_name(out.name + ".partial")
+    plain.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    tmp.rename(out)
+    return out
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+class LocalServer:
+    """A ``transformers serve`` subprocess serving one model folder on ``127.0.0.1:port``.
+
+    ``start`` returns once ``GET /health`` answers 200, which ``transformers serve`` does only after the pinned
+    model has loaded; ``stop`` terminates the process (SIGTERM, then SIGKILL) and can be followed by ``start``
+    again on the same port. The served model name (the ``model`` field of a request) is ``served_model``, the
+    folder path as given.
+    """
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        port: int | None = None,
+        *,
+        startup_timeout: float = 240.0,
+        threads: int = 1,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
+        """Describe the server; nothing starts until ``start``.
+
+        Args:
+            model_dir: a Hugging Face model folder (``config.json``, weights, tokenizer).
+            port: TCP port on 127.0.0.1; None picks a free one.
+            startup_timeout: seconds to wait for readiness before giving up.
+            threads: CPU threads of the server process (OMP/MKL/torch).
+            extra_args: further ``transformers serve`` flags, e.g. ``("--continuous-batching",)``.
+        """
+        self.model_dir = Path(model_dir)
+        self.port = port or free_port()
+        self.startup_timeout = startup_timeout
+        self.threads = threads
+        self.extra_args = extra_args
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log_path: Path | None = None
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL, e.g. ``http://127.0.0.1:8123/v1``."""
+        return f"http://{HOST}:{self.port}/v1"
+
+    @property
+    def served_model(self) -> str:
+        """The model name requests must carry (the server is pinned to this folder)."""
+        return str(self.model_dir)
+
+    @property
+    def is_running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> str:
+        """Start the server and wait until it answers.
+
+        Returns:
+            The base URL.
+
+        Raises:
+            ServerStartError: the serving extra is missing, the process exited, or it was not ready within
+                ``startup_timeout`` seconds (the message carries the end of its log).
+        """
+        missing = missing_serving_modules()
+        if missing:
+            raise ServerStartError(
+                f"cannot serve {self.model_dir}: missing {', '.join(missing)}; "
+                'install the serving extra: pip install "transformers[serving]"'
+            )
+        if not (self.model_dir / "config.json").is_file():
+            raise ServerStartError(f"{self.model_dir} is not a Hugging Face model folder (no config.json)")
+        if self.is_running:
+            return self.base_url
+        fd, name = tempfile.mkstemp(prefix="probe-serve-", suffix=".log")
+        os.close(fd)
+        self._log_path = Path(name)
+        cmd = [
+            sys.executable, "-m", "transformers.cli.transformers", "serve", str(self.model_dir),
+            "--host", HOST, "--port", str(self.port), "--device", "cpu", "--log-level", "warning",
+            *self.extra_args,
+        ]  # fmt: skip
+        env = dict(os.environ)
+        env.update(
+            OMP_NUM_THREADS=str(self.threads),
+            MKL_NUM_THREADS=str(self.threads),
+            TOKENIZERS_PARALLELISM="false",
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            HF_HUB_DISABLE_UPDATE_CHECK="1",
+            HF_HUB_DISABLE_TELEMETRY="1",
+        )
+        log.info("starting %s", " ".join(cmd))
+        with self._log_path.open("wb") as fh:
+            self._proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self.base_url
+
+    def _wait_ready(self) -> None:
+        assert self._proc is not None
+        deadline = time.monotonic() + self.startup_timeout
+        health = f"http://{HOST}:{self.port}/health"
+        while True:
+            code = self._proc.poll()
+            if code is not None:
+                raise ServerStartError(
+                    f"the model server for {self.model_dir} exited with code {code} before it was ready:\n"
+                    f"{self.log_tail()}"
+                )
+            try:
+                if httpx.get(health, timeout=2.0).status_code == 200:
+                    log.info("model server ready at %s", self.base_url)
+                    return
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise ServerStartError(
+                    f"the model server for {self.model_dir} did not answer {health} within "
+                    f"{self.startup_timeout:.0f} s:\n{self.log_tail()}"
+                )
+            time.sleep(0.5)
+
+    def log_tail(self, n_chars: int = 3000) -> str:
+        """The last characters of the server's combined stdout/stderr (empty before the first start)."""
+        if self._log_path is None or not self._log_path.exists():
+            return ""
+        return self._log_path.read_bytes()[-n_chars:].decode("utf-8", errors="replace")
+
+    def stop(self, grace: float = 10.0) -> None:
+        """Terminate the server process: SIGTERM, then SIGKILL after ``grace`` seconds. Safe to call twice."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                log.warning("model server pid %d ignored SIGTERM; killing it", proc.pid)
+                proc.kill()
+                proc.wait(timeout=grace)
+        if self._log_path is not None:
+            self._log_path.unlink(missing_ok=True)
+            self._log_path = None
+
+    def __enter__(self) -> "LocalServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@contextlib.contextmanager
+def local_server(model_dir: str | Path, port: int | None = None, *, startup_timeout: float = 240.0) -> Iterator[str]:
+    """Serve ``model_dir`` on 127.0.0.1 for the duration of a ``with`` block.
+
+    Args:
+        model_dir: a Hugging Face model folder (see ``export_hf_folder``).
+        port: TCP port; None picks a free one.
+        startup_timeout: seconds to wait for the model to load and the server to answer.
+
+    Yields:
+        The OpenAI base URL (``http://127.0.0.1:<port>/v1``); the served model name is ``str(model_dir)``.
+    """
+    server = LocalServer(model_dir, port, startup_timeout=startup_timeout)
+    server.start()
+    try:
+        yield server.base_url
+    finally:
+        server.stop()
