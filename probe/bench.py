@@ -1,0 +1,94 @@
+"""``probe bench generate``: trials per second at batch size 1 and batched, measured side by side in one run.
+
+The same prompts (a spread of conditions and loads from the experiment) are generated both ways by the same
+loaded model, alternating the order of the two arms over rounds so that machine noise falls on both. Reported:
+trials/s of each arm, their ratio, and how many greedy outputs agree between the arms (left padding can change
+the arithmetic of a batch slightly, so a few outputs may differ; the figure says how many).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+from probe.config import load_config
+from probe.runner import LocalBackend, build_prompts, prepare_run_dir
+from probe.loading import load_model
+from probe.types import Prompt
+
+
+@dataclass(frozen=True)
+class GenerateBench:
+    model: str
+    n_prompts: int
+    mean_prompt_tokens: float
+    max_new_tokens: int
+    batch_size: int
+    seconds_b1: float
+    seconds_batched: float
+    agree: int
+
+    @property
+    def tps_b1(self) -> float:
+        return self.n_prompts / self.seconds_b1
+
+    @property
+    def tps_batched(self) -> float:
+        return self.n_prompts / self.seconds_batched
+
+    @property
+    def speedup(self) -> float:
+        return self.seconds_b1 / self.seconds_batched
+
+
+def _spread(prompts: list[Prompt], n: int) -> list[Prompt]:
+    """``n`` distinct prompts taken evenly across the list (so every condition and load is represented)."""
+    seen: dict[str, Prompt] = {}
+    for p in prompts:
+        seen.setdefault(p.text, p)
+    uniq = list(seen.values())
+    step = max(1, len(uniq) // n)
+    return uniq[::step][:n]
+
+
+def run_generate_bench(experiment: str, n_prompts: int = 32, batch_size: int | None = None,
+                       rounds: int = 2) -> GenerateBench:
+    """Time batch-1 against batched generation of the experiment's first model on ``n_prompts`` of its prompts."""
+    cfg = load_config(experiment)
+    cfg = replace(cfg, experiment=replace(cfg.experiment, name=cfg.experiment.name + "-bench"))
+    prepare_run_dir(cfg, force=True)
+    model_name = cfg.experiment.models[0]
+    prompts = _spread(build_prompts(cfg, progress=False)[model_name], n_prompts)
+    backend = LocalBackend(load_model(model_name))
+    bs = batch_size or cfg.generation.batch_size
+    g1 = replace(cfg.generation, batch_size=1)
+    gb = replace(cfg.generation, batch_size=bs)
+    list(backend.generate(prompts[:2], gb))  # warm-up
+    t1 = tb = 0.0
+    out1: dict[str, str | None] = {}
+    outb: dict[str, str | None] = {}
+    for r in range(rounds):
+        for arm in ((g1, gb) if r % 2 == 0 else (gb, g1)):
+            t = time.perf_counter()
+            res = {p.prompt_id: g.text for p, g in backend.generate(prompts, arm)}
+            dt = time.perf_counter() - t
+            if arm is g1:
+                t1 += dt
+                out1 = res
+            else:
+                tb += dt
+                outb = res
+    n_tok = [len(backend.tokenize(p).input_ids) for p in prompts]
+    return GenerateBench(model=model_name, n_prompts=len(prompts), mean_prompt_tokens=sum(n_tok) / len(n_tok),
+                         max_new_tokens=cfg.generation.max_new_tokens, batch_size=bs, seconds_b1=t1 / rounds,
+                         seconds_batched=tb / rounds, agree=sum(out1[k] == outb[k] for k in out1))
+
+
+def format_generate_bench(b: GenerateBench) -> str:
+    return "\n".join([
+        f"generation benchmark: {b.model}, {b.n_prompts} prompts (mean {b.mean_prompt_tokens:.0f} tokens), "
+        f"max_new_tokens {b.max_new_tokens}, greedy",
+        f"  batch size 1 : {b.tps_b1:6.2f} trials/s  ({b.seconds_b1:.1f} s)",
+        f"  batch size {b.batch_size:<2d}: {b.tps_batched:6.2f} trials/s  ({b.seconds_batched:.1f} s)",
+        f"  speed-up batched / batch-1: {b.speedup:.2f}x   (identical outputs: {b.agree}/{b.n_prompts})",
+    ])

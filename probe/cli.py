@@ -1,0 +1,255 @@
+"""Command line: ``probe build | run | analyze | report | compare | models | validate | bench``.
+
+Only this module prints; library code logs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from probe.errors import ProbeError
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """CLI flags that were actually passed (defaults are None) -> config overrides."""
+    o: dict[str, dict[str, Any]] = {"experiment": {}, "generation": {}, "probe": {}, "ice": {}}
+    if getattr(args, "name", None):
+        o["experiment"]["name"] = args.name
+    if getattr(args, "models", None):
+        o["experiment"]["models"] = args.models.split(",")
+    if getattr(args, "output_dir", None):
+        o["experiment"]["output_dir"] = args.output_dir
+    if getattr(args, "batch_size", None):
+        o["generation"]["batch_size"] = args.batch_size
+    if getattr(args, "max_new_tokens", None):
+        o["generation"]["max_new_tokens"] = args.max_new_tokens
+    if getattr(args, "replications", None):
+        o["ice"]["replications"] = args.replications
+    if getattr(args, "probe", None) is not None:
+        o["probe"]["enabled"] = args.probe
+    return {k: v for k, v in o.items() if v}
+
+
+def _load(args: argparse.Namespace):  # -> ExperimentConfig
+    from probe.config import load_config
+
+    return load_config(args.experiment, _overrides(args))
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from probe.loading import get_card
+
+    cfg = _load(args)
+    for m in cfg.experiment.models:
+        get_card(m)
+    print(f"{args.experiment}: ok ({len(cfg.tasks)} task source(s), models: {', '.join(cfg.experiment.models)})")
+    return 0
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from probe.runner import PROMPTS, build_prompts, prepare_run_dir
+
+    cfg = _load(args)
+    prepare_run_dir(cfg, force=args.force)
+    by_model = build_prompts(cfg, progress=not args.quiet)
+    n = len({p.prompt_id for ps in by_model.values() for p in ps})
+    print(f"{n} prompts in {cfg.run_dir / PROMPTS}")
+    return 0
+
+
+def _dp_rank() -> tuple[int, int]:
+    """(rank, world size) under ``accelerate launch`` / torchrun; (0, 1) otherwise."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    return rank, world
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from probe.runner import build_prompts, merge_shards, prepare_run_dir, run_experiment
+
+    cfg = _load(args)
+    rank, world = _dp_rank()
+    if world > 1:
+        from accelerate import PartialState
+
+        state = PartialState(cpu=not _cuda())
+        if rank == 0:  # one process writes the config and the prompts; the others wait and reuse them
+            prepare_run_dir(cfg, force=args.force)
+            build_prompts(cfg, progress=not args.quiet)
+        state.wait_for_everyone()
+        run_experiment(cfg, progress=not args.quiet and rank == 0, force=args.force, rank=rank, world=world,
+                       device=f"cuda:{state.local_process_index}" if _cuda() else "cpu")
+        state.wait_for_everyone()
+        if rank != 0:
+            return 0
+        merge_shards(cfg.run_dir)
+    else:
+        try:
+            run_experiment(cfg, progress=not args.quiet, force=args.force, device=args.device)
+        except KeyboardInterrupt:
+            print(f"\ninterrupted: the trials recorded so far are in {cfg.run_dir}; run the same command again "
+                  "to finish the run", file=sys.stderr)
+            return 130
+    print(f"run folder: {cfg.run_dir}")
+    _print_table(cfg.run_dir)
+    if args.analyze:
+        return _analyze_and_report(cfg.run_dir, report=args.report)
+    return 0
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _print_table(run_dir: Path) -> None:
+    from probe.analysis import main_table
+
+    print(main_table(run_dir))
+
+
+def _analyze_and_report(run_dir: Path, report: bool) -> int:
+    from probe.analysis import analyze_run
+
+    analyze_run(run_dir)
+    print(f"analysis: {run_dir / 'analysis.json'}")
+    if report:
+        from probe.report import render_report
+
+        print(f"report: {render_report(run_dir)}")
+    return 0
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from probe.analysis import analyze_external, analyze_run, main_table_text
+
+    path = Path(args.run)
+    if path.is_file():  # trial records written by another tool
+        mapping = dict(kv.split("=", 1) for kv in args.map.split(",")) if args.map else None
+        result, out = analyze_external(path, mapping=mapping, out_dir=Path(args.out) if args.out else None,
+                                       max_new_tokens=args.max_new_tokens)
+        print(main_table_text(result))
+        print(f"analysis: {out}")
+        return 0
+    result = analyze_run(path)
+    print(main_table_text(result))
+    print(f"analysis: {path / 'analysis.json'}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from probe.report import render_report
+
+    print(f"report: {render_report(Path(args.run))}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from probe.report import compare_runs
+
+    print(f"comparison: {compare_runs([Path(r) for r in args.runs], Path(args.out))}")
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from probe.loading import availability, list_cards
+
+    rows = []
+    for c in list_cards():
+        ok, why = availability(c)
+        rows.append((c.name, c.backend, "yes" if ok else "no", why))
+    w = [max(len(r[i]) for r in rows + [("model", "backend", "loadable", "")]) for i in range(3)]
+    print(f"{'model':<{w[0]}}  {'backend':<{w[1]}}  {'loadable':<{w[2]}}  where")
+    for r in rows:
+        print(f"{r[0]:<{w[0]}}  {r[1]:<{w[1]}}  {r[2]:<{w[2]}}  {r[3]}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    if args.what == "generate":
+        from probe.bench import format_generate_bench, run_generate_bench
+
+        print(format_generate_bench(run_generate_bench(args.experiment, n_prompts=args.n, batch_size=args.batch_size)))
+    else:
+        from probe.bench_attention import format_attention_bench, run_attention_bench
+
+        lengths = tuple(int(x) for x in args.lengths.split(","))
+        print(format_attention_bench(run_attention_bench(lengths=lengths)))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="probe", description="ICE-Probe: extraneous load, behaviour and attention.")
+    p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    def exp_args(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("experiment", help="experiment TOML (experiments/*.toml)")
+        sp.add_argument("--name", help="run name (folder under outputs/)")
+        sp.add_argument("--models", help="comma-separated model card names, replacing experiment.models")
+        sp.add_argument("--output-dir", help="parent folder of run folders (default outputs)")
+        sp.add_argument("--replications", type=int)
+        sp.add_argument("--force", action="store_true", help="overwrite a run folder's differing config")
+        sp.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+
+    sp = sub.add_parser("validate", help="check an experiment file without loading a model")
+    exp_args(sp)
+    sp.set_defaults(fn=cmd_validate)
+    sp = sub.add_parser("build", help="build the ICE prompts (outputs/<name>/prompts.jsonl)")
+    exp_args(sp)
+    sp.set_defaults(fn=cmd_build)
+    sp = sub.add_parser("run", help="build prompts and run every model (resumable)")
+    exp_args(sp)
+    sp.add_argument("--batch-size", type=int)
+    sp.add_argument("--max-new-tokens", type=int)
+    sp.add_argument("--device", help="cpu, cuda, cuda:1 (default: CUDA when available)")
+    sp.add_argument("--probe", dest="probe", action="store_true", default=None, help="turn attention probing on")
+    sp.add_argument("--no-probe", dest="probe", action="store_false", help="turn attention probing off")
+    sp.add_argument("--analyze", action="store_true", help="also write analysis.json")
+    sp.add_argument("--report", action="store_true", help="with --analyze, also write report.html")
+    sp.set_defaults(fn=cmd_run)
+    sp = sub.add_parser("analyze", help="statistics of a run folder, or of a CSV/JSONL written by another tool")
+    sp.add_argument("run", help="run folder (outputs/<name>) or a CSV / JSONL file of trials")
+    sp.add_argument("--map", help="column mapping for external files: field=column,... (e.g. condition=cond)")
+    sp.add_argument("--out", help="output folder for an external file's analysis")
+    sp.add_argument("--max-new-tokens", type=int, default=None,
+                    help="external files: the generation limit used, to recognise cut-off outputs")
+    sp.set_defaults(fn=cmd_analyze)
+    sp = sub.add_parser("report", help="write report.html and figures for a run folder")
+    sp.add_argument("run")
+    sp.set_defaults(fn=cmd_report)
+    sp = sub.add_parser("compare", help="several runs side by side")
+    sp.add_argument("runs", nargs="+")
+    sp.add_argument("--out", default="outputs/comparison")
+    sp.set_defaults(fn=cmd_compare)
+    sp = sub.add_parser("models", help="list model cards and whether each is loadable here")
+    sp.set_defaults(fn=cmd_models)
+    sp = sub.add_parser("bench", help="benchmarks: generate (batching speed-up) or attention (probe cost)")
+    sp.add_argument("what", choices=["generate", "attention"])
+    sp.add_argument("--experiment", default="experiments/demo.toml")
+    sp.add_argument("--n", type=int, default=32, help="generate: prompts to time")
+    sp.add_argument("--batch-size", type=int, default=None, help="generate: batched size (default: the experiment's)")
+    sp.add_argument("--lengths", default="512,2048,4096,8192", help="attention: prompt lengths in tokens")
+    sp.set_defaults(fn=cmd_bench)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.fn(args) or 0)
+    except ProbeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

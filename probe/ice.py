@@ -1,0 +1,415 @@
+"""The ICE prompt builder: Task + condition + load + replication -> Prompt with segments (SPEC §1–§2).
+
+Layout of a prompt (the user message)::
+
+    <instruction>\\n\\n<body segment>\\n<body segment>...\\n\\nQuestion: <question>
+
+The body holds the germane facts in hop order and, by condition, extraneous segments (Saturation: interleaved
+before, between and after the facts; Residue: all before them) or neutral filler (LongControl: at the same kind of
+places, to the token length of the Saturation prompt of the same question, load and replication).
+
+Load ℓ = extraneous tokens / (germane + extraneous tokens), counted in the target tokenizer on the exact token
+spans of the full model input (chat template applied). The distractor *sequence* for (task, load, replication) comes
+from a seeded generator that does not depend on the model, so every model and condition sees the same draw;
+only how many of its sentences make up the load is decided in each tokenizer (the last one may be cut at a word
+boundary to land within tolerance).
+
+For LongControl, ``achieved_load`` is the filler share filler / (germane + filler): the load it is length-matched
+to. Its extraneous load is 0.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from probe.config import IceSection
+from probe.errors import ProbeError, SpanError
+from probe.types import Prompt, Segment, Span, Task, TokenizedPrompt
+
+log = logging.getLogger(__name__)
+
+DEFAULT_INSTRUCTION = (
+    "Use the facts below to answer the question. Reason step by step, and end your reply with the final answer "
+    "in the form \\boxed{answer}."
+)
+QUESTION_PREFIX = "Question: "
+COGNILOAD_CONDITION = "CogniLoad"
+_POOL_SIZE = 64  # distractor candidates drawn per (task, load, replication); more than any load needs
+
+
+class BuildError(ProbeError):
+    """A prompt could not be built to specification (load out of tolerance, pool exhausted)."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Tokenization with exact spans
+
+
+def render_chat(text: str, tokenizer: Any, use_chat_template: bool) -> tuple[str, int, bool]:
+    """The full model input as text, the offset of ``text`` inside it, and whether special tokens are added.
+
+    With a chat template the user message is rendered with the generation prompt; template markup (system prompt,
+    role markers, BOS) lies outside ``[offset, offset + len(text))`` and becomes ``sink``.
+    """
+    if use_chat_template and getattr(tokenizer, "chat_template", None):
+        full = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+        )
+        offset = full.find(text)
+        if offset < 0:
+            raise SpanError("the chat template changed the user text; its segments cannot be located in the input")
+        return full, offset, False
+    return text, 0, True
+
+
+def tokenize_prompt(prompt: Prompt, tokenizer: Any, use_chat_template: bool = True) -> TokenizedPrompt:
+    """Token ids of the full input and one span per segment (template and special tokens are ``sink``).
+
+    A token belongs to the segment holding its visible (non-space) characters; a whitespace-only token between
+    segments is layout and becomes a ``sink`` span labelled ``separator`` (so a segment's token count does not
+    depend on where it stands). A token whose visible characters cross a segment boundary raises SpanError:
+    spans are exact or the prompt is refused.
+    """
+    full, offset, add_special = render_chat(prompt.text, tokenizer, use_chat_template)
+    enc = tokenizer(full, add_special_tokens=add_special, return_offsets_mapping=True)
+    ids: list[int] = list(enc["input_ids"])
+    offsets: list[tuple[int, int]] = [tuple(o) for o in enc["offset_mapping"]]
+    # char -> segment index over the full text (-1: template / outside any segment)
+    seg_of_char = np.full(len(full), -1, dtype=np.int64)
+    for i, seg in enumerate(prompt.segments):
+        seg_of_char[offset + seg.char_start : offset + seg.char_end] = i
+    text_lo, text_hi = offset, offset + len(prompt.text)
+    owner: list[int] = []  # segment index per token; -1 = template / special token, -2 = separator
+    for t, (s, e) in enumerate(offsets):
+        if e <= s or e <= text_lo or s >= text_hi:
+            owner.append(-1)
+            continue
+        chars = full[s:e]
+        visible = [s + j for j, ch in enumerate(chars) if not ch.isspace()]
+        if not visible:  # whitespace: inside a segment it is the segment's; between segments it is layout
+            inside = {int(seg_of_char[c]) for c in range(s, e)}
+            owner.append(inside.pop() if len(inside) == 1 and -1 not in inside else -2)
+            continue
+        segs = {int(seg_of_char[c]) for c in visible}
+        if len(segs) != 1:
+            raise SpanError(
+                f"prompt {prompt.prompt_id}: token {t} {chars!r} spans more than one segment/template part"
+            )
+        k = segs.pop()
+        if k < 0:
+            raise SpanError(f"prompt {prompt.prompt_id}: token {t} {chars!r} lies between segments")
+        owner.append(k)
+    spans: list[Span] = []
+    start = 0
+    for t in range(1, len(ids) + 1):
+        if t == len(ids) or owner[t] != owner[start]:
+            k = owner[start]
+            if k >= 0:
+                seg = prompt.segments[k]
+                spans.append(Span(seg.kind, start, t, seg.label))
+            else:
+                spans.append(Span("sink", start, t, "template" if k == -1 else "separator"))
+            start = t
+    seen = [s.label for s in spans if s.kind != "sink"]
+    if len(seen) != len(prompt.segments):
+        raise SpanError(f"prompt {prompt.prompt_id}: {len(prompt.segments)} segments but {len(seen)} token spans "
+                        "(a segment vanished or was split)")
+    return TokenizedPrompt(input_ids=tuple(ids), spans=tuple(spans))
+
+
+def measured_load(tp: TokenizedPrompt) -> float:
+    """ℓ in percent: extraneous / (germane + extraneous) tokens; 0 when there is no germane or extraneous token."""
+    ext, ger = tp.count("extraneous"), tp.count("germane")
+    return 100.0 * ext / (ext + ger) if ext + ger else 0.0
+
+
+def filler_share(tp: TokenizedPrompt) -> float:
+    fil, ger = tp.count("filler"), tp.count("germane")
+    return 100.0 * fil / (fil + ger) if fil + ger else 0.0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Assembly
+
+
+@dataclass(frozen=True)
+class Piece:
+    kind: str
+    text: str
+    label: str
+
+
+def assemble(instruction: str, body: Sequence[Piece], question: str) -> tuple[str, tuple[Segment, ...]]:
+    """Join instruction, body and question into the prompt text, recording each segment's character span."""
+    parts: list[str] = []
+    segs: list[Segment] = []
+    pos = 0
+
+    def add(piece: Piece, sep: str) -> None:
+        nonlocal pos
+        if parts:
+            parts.append(sep)
+            pos += len(sep)
+        parts.append(piece.text)
+        segs.append(Segment(piece.kind, pos, pos + len(piece.text), piece.label))
+        pos += len(piece.text)
+
+    add(Piece("instruction", instruction, "instruction"), "")
+    for i, p in enumerate(body):
+        add(p, "\n\n" if i == 0 else "\n")
+    add(Piece("question", QUESTION_PREFIX + question, "question"), "\n\n")
+    return "".join(parts), tuple(segs)
+
+
+def place_uniform(n_items: int, n_slots: int, rng: np.random.Generator) -> list[int]:
+    """Slot index for each of ``n_items`` items spread as evenly as possible over ``n_slots`` slots.
+
+    Every slot gets ⌊n/s⌋ or ⌈n/s⌉ items; which slots get the extra ones is drawn from ``rng``. Returned in
+    non-decreasing slot order, so the item order is kept.
+    """
+    base, extra = divmod(n_items, n_slots)
+    counts = np.full(n_slots, base)
+    if extra:
+        counts[rng.choice(n_slots, size=extra, replace=False)] += 1
+    return [s for s in range(n_slots) for _ in range(int(counts[s]))]
+
+
+def interleave(germane: Sequence[Piece], others: Sequence[Piece], slots: Sequence[int]) -> list[Piece]:
+    """Put ``others[i]`` in gap ``slots[i]`` (0 = before the first germane piece, len(germane) = after the last)."""
+    out: list[Piece] = []
+    for g in range(len(germane) + 1):
+        out += [o for o, s in zip(others, slots) if s == g]
+        if g < len(germane):
+            out.append(germane[g])
+    return out
+
+
+_DANGLING = frozenset("a an the of in on at to for with and or by from as its his her their that which who".split())
+
+
+def _trim_words(text: str, n_words: int) -> str:
+    """The first ``n_words`` words as a sentence (dangling function words dropped, full stop added)."""
+    words = text.split()[:n_words]
+    while len(words) > 1 and words[-1].lower().strip(",;:") in _DANGLING:
+        words.pop()
+    cut = " ".join(words).rstrip(",;:")
+    return cut if cut.endswith(".") else cut + "."
+
+
+def stable_hash(s: str) -> int:
+    return int.from_bytes(hashlib.sha256(s.encode()).digest()[:8], "little")
+
+
+def draw_rng(seed: int, *keys: str | int) -> np.random.Generator:
+    """A generator for one (task, load, replication, purpose) key: independent of model and condition."""
+    entropy = [seed] + [stable_hash(k) if isinstance(k, str) else int(k) for k in keys]
+    return np.random.default_rng(np.random.SeedSequence(entropy))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The builder
+
+
+DistractorSource = Callable[..., list[str]]  # (rng, exclude_topic, n, avoid=texts) -> sentences in draw order
+FillerSource = Callable[[np.random.Generator, int], list[str]]
+Similarity = Callable[[str, list[str]], np.ndarray]
+
+
+@dataclass
+class IceBuilder:
+    """Builds every prompt of an experiment for one tokenizer.
+
+    Args:
+        ice: the experiment's [ice] section.
+        tokenizer: the target model's tokenizer (loads are counted in it).
+        tokenizer_name: a label recorded in each prompt (the model card name).
+        seed: the experiment seed.
+        distractors: (rng, exclude_topic, n, avoid=texts) -> candidate extraneous sentences, in draw order.
+        filler: (rng, n) -> neutral filler sentences.
+        similarity: (question, texts) -> cosine similarities; needed for S_sim and stratified draws.
+        use_chat_template: render the user message through the tokenizer's chat template.
+        id_suffix: appended to every prompt_id (used when an experiment has several tokenizers).
+    """
+
+    ice: IceSection
+    tokenizer: Any
+    tokenizer_name: str
+    seed: int
+    distractors: DistractorSource
+    filler: FillerSource
+    similarity: Similarity | None = None
+    s_sim: Callable[[str, list[str]], float | None] | None = None
+    use_chat_template: bool = True
+    id_suffix: str = ""
+
+    @property
+    def instruction(self) -> str:
+        return self.ice.instruction or DEFAULT_INSTRUCTION
+
+    def tokenize(self, prompt: Prompt) -> TokenizedPrompt:
+        return tokenize_prompt(prompt, self.tokenizer, self.use_chat_template)
+
+    def build_all(self, tasks: Sequence[Task]) -> list[Prompt]:
+        """Every prompt: Control per replication, the other conditions per load and replication."""
+        out: list[Prompt] = []
+        for task in tasks:
+            if task.segments:
+                out.append(self.build_native(task))
+                continue
+            for rep in range(self.ice.replications):
+                if "Control" in self.ice.conditions:
+                    out.append(self.build(task, "Control", 0, rep))
+                for load in self.ice.loads:
+                    sat = self.build(task, "Saturation", load, rep)
+                    for cond in self.ice.conditions:
+                        if cond == "Saturation":
+                            out.append(sat)
+                        elif cond == "Residue":
+                            out.append(self.build(task, "Residue", load, rep))
+                        elif cond == "LongControl":
+                            out.append(self.build_long_control(task, load, rep, sat))
+        return out
+
+    def _prompt_id(self, task: Task, condition: str, load: int, rep: int) -> str:
+        return f"{task.task_id}.{condition}.L{load}.r{rep}{self.id_suffix}"
+
+    def _germane(self, task: Task) -> list[Piece]:
+        return [Piece("germane", h.fact, f"hop{i}") for i, h in enumerate(task.hops)]
+
+    def _make(self, task: Task, condition: str, load: int, rep: int, body: list[Piece],
+              achieved: Callable[[TokenizedPrompt], float]) -> tuple[Prompt, TokenizedPrompt]:
+        text, segs = assemble(self.instruction, body, task.question)
+        draft = Prompt(self._prompt_id(task, condition, load, rep), task.task_id, task.source, condition, load, 0.0,
+                       rep, text, segs, self.tokenizer_name)
+        tp = self.tokenize(draft)
+        s_sim = None
+        ext = [p.text for p in body if p.kind == "extraneous"]
+        if self.s_sim is not None and ext:
+            s_sim = self.s_sim(task.question, ext)
+        prompt = Prompt(draft.prompt_id, task.task_id, task.source, condition, load, round(achieved(tp), 3), rep,
+                        text, segs, self.tokenizer_name, s_sim)
+        return prompt, tp
+
+    def build_native(self, task: Task) -> Prompt:
+        """A task that lays out its own body (CogniLoad): its segments as given, condition ``CogniLoad``."""
+        body = [Piece(kind, text, f"{kind[:3]}{i}") for i, (kind, text) in enumerate(task.segments)]
+        prompt, tp = self._make(task, COGNILOAD_CONDITION, 0, 0, body, measured_load)
+        return Prompt(prompt.prompt_id, prompt.task_id, prompt.source, prompt.condition,
+                      int(round(prompt.achieved_load)), prompt.achieved_load, 0, prompt.text, prompt.segments,
+                      prompt.tokenizer, prompt.s_sim)
+
+    def candidates(self, task: Task, load: int, rep: int) -> list[str]:
+        """The seeded distractor sequence for (task, load, replication): the same for every model and condition."""
+        rng = draw_rng(self.seed, task.task_id, load, rep, "distractors")
+        avoid = [task.question, *(h.fact for h in task.hops)]  # no distractor names an entity of the task
+        if self.ice.distractor_strategy == "random":
+            return self.distractors(rng, task.topic, _POOL_SIZE, avoid=avoid)
+        # stratified: a larger pool of any topic, cut into similarity terciles; this (task, rep) draws from one,
+        # so that across tasks the distractors span low to high similarity (H3 needs that variance).
+        if self.similarity is None:
+            raise BuildError("distractor_strategy = 'stratified' needs a sentence embedder (S_sim)")
+        pool = self.distractors(rng, "", 3 * _POOL_SIZE, avoid=avoid)
+        sims = self.similarity(task.question, pool)
+        order = np.argsort(sims)
+        stratum = (stable_hash(task.task_id) + rep) % 3
+        chosen = order[stratum * len(pool) // 3 : (stratum + 1) * len(pool) // 3]
+        return [pool[i] for i in rng.permutation(chosen)]
+
+    def _fill(self, sentences: list[str], kind: str, label: str, need: Callable[[list[Piece]], int]) -> list[Piece]:
+        """Take sentences in order until ``need(pieces)`` (tokens still missing, < 0 = too many) is within range.
+
+        ``need`` returns the signed token shortfall measured on the real tokenization. A sentence that would
+        overshoot is skipped for a later, shorter one; at the end the last sentence may be cut at a word boundary.
+        """
+        pieces: list[Piece] = []
+        spare: str | None = None  # the first sentence skipped for overshooting: cut to size if nothing fits
+        for s in sentences:
+            short = need(pieces)
+            if short <= 0:
+                break
+            trial = pieces + [Piece(kind, s, f"{label}{len(pieces)}")]
+            if need(trial) >= 0 or need(trial) > -short:  # fits, or overshoots less than we are short
+                pieces = trial
+            elif spare is None:
+                spare = s
+        short = need(pieces)
+        if short > 0 and spare is not None:
+            pieces = pieces + [Piece(kind, spare, f"{label}{len(pieces)}")]
+            short = need(pieces)
+        if short > 0:
+            raise BuildError(f"ran out of {kind} sentences {short} tokens short of the target")
+        while short < 0 and pieces:  # overshoot: cut the last sentence at the longest word boundary that fits
+            last = pieces[-1]
+            for w in range(len(last.text.split()) - 1, 0, -1):
+                cand = pieces[:-1] + [Piece(kind, _trim_words(last.text, w), last.label)]
+                if need(cand) >= 0:
+                    pieces = cand
+                    break
+            else:
+                pieces = pieces[:-1]
+            short = need(pieces)
+        return pieces
+
+    def _extraneous(self, task: Task, load: int, rep: int) -> list[Piece]:
+        """The extraneous pieces of (task, load, rep) for this tokenizer, hitting ℓ within tolerance."""
+        germane = self._germane(task)
+        target = load / 100.0
+        tol = self.ice.load_tolerance / 100.0
+
+        def shortfall(ext: list[Piece]) -> int:
+            tp = self.tokenize(Prompt("draft", task.task_id, task.source, "Saturation", load, 0.0, rep,
+                                      *assemble(self.instruction, ext + germane, task.question)))
+            g, e = tp.count("germane"), tp.count("extraneous")
+            want = int(round(target * g / (1.0 - target)))
+            # inside tolerance counts as "no shortfall"; outside, the signed distance to the target
+            if abs((e / (e + g) if e + g else 0.0) - target) <= tol * 0.6:
+                return 0
+            return want - e
+
+        return self._fill(self.candidates(task, load, rep), "extraneous", "d", shortfall)
+
+    def build(self, task: Task, condition: str, load: int, rep: int) -> Prompt:
+        """One prompt of Control (load 0), Saturation or Residue."""
+        germane = self._germane(task)
+        if condition == "Control":
+            prompt, _ = self._make(task, condition, 0, rep, germane, measured_load)
+            return prompt
+        ext = self._extraneous(task, load, rep)
+        if condition == "Saturation":
+            slots = place_uniform(len(ext), len(germane) + 1, draw_rng(self.seed, task.task_id, load, rep, "place"))
+            body = interleave(germane, ext, slots)
+        elif condition == "Residue":
+            body = ext + germane
+        else:
+            raise BuildError(f"condition {condition!r} is built by its own method")
+        prompt, _ = self._make(task, condition, load, rep, body, measured_load)
+        if abs(prompt.achieved_load - load) > self.ice.load_tolerance:
+            raise BuildError(f"{prompt.prompt_id}: achieved load {prompt.achieved_load:.1f} % is more than "
+                             f"{self.ice.load_tolerance} points from the target {load} %")
+        return prompt
+
+    def build_long_control(self, task: Task, load: int, rep: int, saturation: Prompt) -> Prompt:
+        """Germane facts padded with neutral filler to the token length of ``saturation``."""
+        germane = self._germane(task)
+        target_len = len(self.tokenize(saturation).input_ids)
+        rng = draw_rng(self.seed, task.task_id, load, rep, "filler")
+        sentences = self.filler(rng, _POOL_SIZE)
+        place_seed = int(draw_rng(self.seed, task.task_id, load, rep, "filler-place").integers(2**63))
+
+        def body_of(fill: list[Piece]) -> list[Piece]:
+            slots = place_uniform(len(fill), len(germane) + 1, np.random.default_rng(place_seed))
+            return interleave(germane, fill, slots)
+
+        def shortfall(fill: list[Piece]) -> int:
+            tp = self.tokenize(Prompt("draft", task.task_id, task.source, "LongControl", load, 0.0, rep,
+                                      *assemble(self.instruction, body_of(fill), task.question)))
+            return target_len - len(tp.input_ids)
+
+        fill = self._fill(sentences, "filler", "f", shortfall)
+        prompt, _ = self._make(task, "LongControl", load, rep, body_of(fill), filler_share)
+        return prompt
