@@ -1,0 +1,45 @@
+"""The attention probe engine: how each layer and head distributes attention over a prompt's segments (SPEC §4).
+
+Public API:
+
+- :func:`probe_prompt` — probe one tokenized prompt with a Hugging Face model at the speed and memory of its fast
+  attention (no L × H × T² tensor); returns a :class:`SegmentAttention` (segment masses by kind and per segment,
+  P_ext with chance level and enrichment, sink mass, AR_k).
+- :func:`probe_transformer_lens` — the same measures from a TransformerLens ``TransformerBridge`` via its
+  ``hook_pattern`` hooks.
+- :func:`reference_segment_attention` — the same measures computed plainly from eager ``output_attentions``
+  (for tests and short prompts).
+- :func:`max_probe_context` — on-paper largest context the engine and ``output_attentions`` can handle.
+
+Example (a notebook, any text with user-given spans)::
+
+    from probe.attention import probe_prompt
+    from probe.types import Span, TokenizedPrompt
+    tp = TokenizedPrompt(input_ids=ids, spans=(Span("sink", 0, 1), Span("germane", 1, 9), ...))
+    res = probe_prompt(model, tp)          # ProbeSection() defaults: query "question", γ = 0.5
+    res.p_ext, res.enrichment, res.ar_k_mean
+    res.save("outputs/demo/attention/smollm2/p1.npz")
+"""
+
+from __future__ import annotations
+
+from probe.attention.capacity import max_probe_context, probe_memory_bytes
+from probe.attention.engine import SUPPORTED_MODEL_TYPES, attach_probe, probe_prompt
+from probe.attention.lens import probe_transformer_lens
+from probe.attention.plan import ProbePlan, build_plan
+from probe.attention.reference import reference_segment_attention
+from probe.attention.result import KEY_KINDS, SegmentAttention
+
+__all__ = [
+    "KEY_KINDS",
+    "SUPPORTED_MODEL_TYPES",
+    "ProbePlan",
+    "SegmentAttention",
+    "attach_probe",
+    "build_plan",
+    "max_probe_context",
+    "probe_memory_bytes",
+    "probe_prompt",
+    "probe_transformer_lens",
+    "reference_segment_attention",
+]

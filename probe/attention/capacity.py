@@ -1,0 +1,127 @@
+"""On-paper memory of a probe at context length T, and the largest T that fits a device.
+
+Two ways to get SPEC §4's quantities from a forward pass of T tokens:
+
+- ``output_attentions``: eager attention returns every layer's ``(H, T, T)`` weights in the model dtype, all kept
+  until the forward ends (``L·H·T²`` elements), plus one layer's float32 softmax in flight (``H·T²·4`` bytes).
+- the engine: the forward runs SDPA (no T² term; flash/memory-efficient kernels), and the probe holds, per layer,
+  a float32 copy of the keys, ``block_size`` rows of float32 scores and probabilities (``~3·H·block·T·4`` bytes in
+  flight: scores, masked scores, softmax), the key-to-segment one-hot (``T·S·4``) and, for the cosine residue, one
+  running row sum per accumulated segment (``R·H·T·4``). Everything is linear in T.
+
+Both carry the weights and the forward's own per-token activations (residual stream, q/k/v, the MLP's gate/up
+product), which this estimate counts as ``(6·d + 2·(d + 2·d_kv) + 3·d_ff)·bytes`` per token for the widest layer
+(no cache, no logits: the engine runs the model's base without the LM head).
+
+Worked example, Llama-3-8B (32 layers, 32 heads, 8 KV heads, hidden 4096, MLP 14336) in bfloat16 on one 141 GB
+GPU (16.1 GB of weights), block 256, 100 segments of which 60 accumulated::
+
+    >>> max_probe_context(LLAMA3_8B, 141e9, method="output_attentions")   # ~7.5k tokens
+    >>> max_probe_context(LLAMA3_8B, 141e9, method="engine")              # ~0.45M tokens
+
+so the engine's limit is set by the forward's own activations, roughly 60x further than ``output_attentions``
+(whose 32·32·T²·2 bytes reach 125 GB near T = 7.6k). At such lengths time, not memory, is the limit: the engine's
+cost is the forward's plus, with the residue, one more pass over the rows of the segments involved (O(T²)).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The sizes that set a forward pass's memory.
+
+    Attributes:
+        n_params: parameter count.
+        n_layers / n_heads / n_kv_heads / hidden / intermediate: the transformer's shape.
+        dtype_bytes: bytes per element of weights and activations (2 for bfloat16).
+    """
+
+    n_params: float
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    hidden: int
+    intermediate: int
+    dtype_bytes: int = 2
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.n_heads
+
+
+LLAMA3_8B = ModelShape(n_params=8.03e9, n_layers=32, n_heads=32, n_kv_heads=8, hidden=4096, intermediate=14336)
+
+
+def probe_memory_bytes(
+    shape: ModelShape,
+    n_tokens: int,
+    method: Literal["engine", "output_attentions"] = "engine",
+    block_size: int = 256,
+    n_segments: int = 100,
+    n_row_segments: int = 60,
+) -> dict[str, float]:
+    """Estimated peak device memory (bytes) of probing ``n_tokens`` tokens, by component.
+
+    Args:
+        shape: the model's sizes.
+        n_tokens: context length T.
+        method: ``engine`` or ``output_attentions``.
+        block_size: query rows per block (engine).
+        n_segments: segments of the prompt (engine's one-hot).
+        n_row_segments: segments whose mean row is accumulated for the cosine residue (engine).
+
+    Returns:
+        Components in bytes and their ``total``.
+    """
+    b = shape.dtype_bytes
+    t = float(n_tokens)
+    d_kv = shape.n_kv_heads * shape.head_dim
+    parts = {
+        "weights": shape.n_params * b,
+        "activations": t * (6 * shape.hidden + 2 * (shape.hidden + 2 * d_kv) + 3 * shape.intermediate) * b,
+    }
+    if method == "output_attentions":
+        parts["attention_weights"] = shape.n_layers * shape.n_heads * t * t * b
+        parts["softmax_in_flight"] = shape.n_heads * t * t * 4
+    else:
+        parts["keys_float32"] = t * d_kv * 4
+        parts["row_block"] = 3 * shape.n_heads * min(block_size, n_tokens) * t * 4
+        parts["segment_onehot"] = t * n_segments * 4
+        parts["residue_rows"] = n_row_segments * shape.n_heads * t * 4
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def max_probe_context(
+    shape: ModelShape,
+    budget_bytes: float,
+    method: Literal["engine", "output_attentions"] = "engine",
+    **kwargs: int,
+) -> int:
+    """The largest T whose estimated peak memory fits ``budget_bytes`` (bisection on :func:`probe_memory_bytes`).
+
+    Args:
+        shape: the model's sizes.
+        budget_bytes: device memory available.
+        method: ``engine`` or ``output_attentions``.
+        **kwargs: ``block_size``, ``n_segments``, ``n_row_segments`` for the engine.
+
+    Returns:
+        The largest context length in tokens (0 if even the weights do not fit).
+    """
+    lo, hi = 0, 1
+    while probe_memory_bytes(shape, hi, method, **kwargs)["total"] <= budget_bytes:
+        lo, hi = hi, hi * 2
+        if hi > 1 << 40:
+            return lo
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if probe_memory_bytes(shape, mid, method, **kwargs)["total"] <= budget_bytes:
+            lo = mid
+        else:
+            hi = mid
+    return lo

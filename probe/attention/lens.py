@@ -1,0 +1,100 @@
+"""The probe's measures from a TransformerLens model, through its ``blocks.<l>.attn.hook_pattern`` hooks.
+
+TransformerLens 4 replaced ``HookedTransformer`` by ``TransformerBridge``, which wraps a Hugging Face model and
+works offline when handed one::
+
+    from transformer_lens.model_bridge import TransformerBridge
+    bridge = TransformerBridge.boot_transformers("smollm2", hf_model=model, tokenizer=tokenizer, device="cpu")
+    res = probe_transformer_lens(bridge, tokenized)
+
+(the model name is then only a label; the bridge switches the wrapped model to eager attention in place). Each
+pattern hook receives one layer's full ``(1, H, T, T)`` post-softmax attention — TransformerLens computes it
+anyway — and reduces it at once with the engine's reducer; no cache is kept, so memory holds one layer's pattern
+at a time rather than all of them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Sequence
+
+import torch
+
+from probe.attention.plan import build_plan
+from probe.attention.reduce import LayerAggregates, LayerReducer, assemble_result
+from probe.attention.reference import layer_window
+from probe.attention.result import SegmentAttention
+from probe.config import ProbeSection
+from probe.errors import HookError
+from probe.types import TokenizedPrompt
+
+_PATTERN = "blocks.{layer}.attn.hook_pattern"
+
+
+def probe_transformer_lens(
+    tl_model: torch.nn.Module,
+    tokenized: TokenizedPrompt,
+    options: ProbeSection | None = None,
+    generated_ids: Sequence[int] | None = None,
+    *,
+    compute_residue: bool = True,
+) -> SegmentAttention:
+    """Probe one prompt with a TransformerLens ``TransformerBridge`` (same measures as ``probe_prompt``).
+
+    Args:
+        tl_model: a ``TransformerBridge`` (anything with ``cfg.n_layers``, ``hook_dict`` and ``run_with_hooks``).
+        tokenized: prompt ids and token spans.
+        options: probe options (defaults: ``ProbeSection()``).
+        generated_ids: answer ids appended to the prompt (query ``generated``).
+        compute_residue: compute AR_k.
+
+    Returns:
+        The prompt's :class:`SegmentAttention`.
+
+    Raises:
+        HookError: a layer has no pattern hook, or did not report exactly once.
+    """
+    options = options or ProbeSection()
+    generated = list(generated_ids or ())
+    plan = build_plan(tokenized, options, n_generated=len(generated), compute_residue=compute_residue)
+    n_layers = int(tl_model.cfg.n_layers)
+    names = [_PATTERN.format(layer=i) for i in range(n_layers)]
+    missing = [n for n in names if n not in tl_model.hook_dict]
+    if missing:
+        raise HookError(f"TransformerLens model has no hook {missing[0]} ({len(missing)} missing)")
+    hf_config = getattr(tl_model, "original_model", None)
+    hf_config = hf_config.config.get_text_config() if hf_config is not None else None
+
+    calls: Counter[int] = Counter()
+    layers: dict[int, LayerAggregates] = {}
+    positions_np = plan.row_positions
+
+    def make_hook(layer: int):  # noqa: ANN202 - TransformerLens hook signature
+        def hook(pattern: torch.Tensor, hook: object) -> None:
+            calls[layer] += 1
+            if calls[layer] > 1:
+                return
+            att = pattern[0]  # (H, T, T)
+            device = att.device
+            n = att.shape[-1]
+            window = layer_window(hf_config, layer) if hf_config is not None else None
+            reducer = LayerReducer(plan, att.shape[0], device)
+            positions = torch.as_tensor(positions_np, device=device)
+            keys = torch.arange(n, device=device)
+            for start in range(0, len(positions), options.block_size):
+                pos = positions[start : start + options.block_size]
+                allowed = keys[None, :] <= pos[:, None]  # (B, T)
+                if window is not None:
+                    allowed &= (pos[:, None] - keys[None, :]) < window
+                reducer.add(pos, att[:, pos, :].to(torch.float32), allowed)
+            layers[layer] = reducer.finish()
+
+        return hook
+
+    ids = torch.tensor([list(tokenized.input_ids) + generated], dtype=torch.long, device=tl_model.cfg.device)
+    with torch.no_grad():
+        tl_model.run_with_hooks(ids, fwd_hooks=[(names[i], make_hook(i)) for i in range(n_layers)], return_type=None)
+    bad = [i for i in range(n_layers) if calls[i] != 1]
+    if bad:
+        raise HookError(f"TransformerLens pattern hooks of layers {bad} fired {[calls[i] for i in bad]} times, not once")
+    return assemble_result(plan, [layers[i] for i in range(n_layers)])

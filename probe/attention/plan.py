@@ -1,0 +1,171 @@
+"""What a probe must compute for one prompt: segments, the query set Q, the AR targets and their sources.
+
+Pure bookkeeping over token spans (no model): the engine and the TransformerLens path both follow a
+:class:`ProbePlan`, so they agree on every definition.
+
+Definitions fixed here (SPEC §4):
+
+- Segments are the prompt's token spans in order; with ``generated`` ids the answer tokens form one last
+  pseudo-segment of kind ``generated``.
+- Query sets: ``question`` = every token of the question segment(s) plus the last prompt token; ``last`` = the
+  last prompt token; ``generated`` = the answer tokens (the sequence is prompt + answer, keys run over all of it);
+  ``segment:<i>`` = the tokens of ``tokenized.spans[i]`` (0-based, sink spans counted).
+- AR targets are every germane segment and the question segment(s), in prompt order. A target's sources are the
+  extraneous segments before it. The distance k − j counts segments in prompt order with sink segments left out
+  (the instruction, filler and other content segments count), so adjacent content segments are at distance 1
+  whatever template markup lies between them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from probe.config import ProbeSection
+from probe.errors import ConfigError, SpanError
+from probe.types import TokenizedPrompt
+
+AR_TARGET_KINDS: tuple[str, ...] = ("germane", "question")
+
+
+@dataclass(frozen=True)
+class ProbePlan:
+    """The positions and segment bookkeeping of one probe.
+
+    Attributes:
+        n_tokens: length T of the probed sequence (prompt + answer tokens).
+        n_prompt_tokens: length of the prompt.
+        segment_kinds / segment_labels / segment_spans: one entry per segment, in order.
+        seg_of_token: (T,) int64 segment index of every token.
+        query_positions: (n_queries,) int64 sorted positions of the query set Q.
+        ar_targets: segment indices of the AR targets.
+        ar_sources: per target, ``(source segment, weight γ^(k−j))`` pairs of the extraneous segments before it.
+        row_positions: (n_rows,) int64 sorted positions whose attention rows must be computed: Q, plus the tokens
+            of the targets (residue) and of the sources that precede some target (cosine residue).
+        compute_residue: whether AR_k is computed.
+        options: the probe options.
+    """
+
+    n_tokens: int
+    n_prompt_tokens: int
+    segment_kinds: tuple[str, ...]
+    segment_labels: tuple[str, ...]
+    segment_spans: tuple[tuple[int, int], ...]
+    seg_of_token: np.ndarray
+    query_positions: np.ndarray
+    ar_targets: tuple[int, ...]
+    ar_sources: tuple[tuple[tuple[int, float], ...], ...]
+    row_positions: np.ndarray
+    compute_residue: bool
+    options: ProbeSection
+
+    @property
+    def n_segments(self) -> int:
+        return len(self.segment_kinds)
+
+    @property
+    def row_segments(self) -> tuple[int, ...]:
+        """Segments whose mean attention row is accumulated (cosine residue): sources in use, then targets."""
+        if not self.compute_residue or self.options.residue_mode != "cosine":
+            return ()
+        sources = sorted({j for pairs in self.ar_sources for j, _ in pairs})
+        return (*sources, *self.ar_targets)
+
+
+def build_plan(
+    tokenized: TokenizedPrompt,
+    options: ProbeSection,
+    n_generated: int = 0,
+    compute_residue: bool = True,
+) -> ProbePlan:
+    """Lay out the segments, the query set and the AR targets of one probe.
+
+    Args:
+        tokenized: the prompt's ids and token spans (partitioning every token).
+        options: query set, γ, residue mode, sink exclusion, block size.
+        n_generated: number of answer tokens appended after the prompt (0: prompt only).
+        compute_residue: whether to plan the rows AR_k needs.
+
+    Returns:
+        The plan.
+
+    Raises:
+        SpanError: the prompt has no question segment (query ``question``) or ``segment:<i>`` is out of range.
+        ConfigError: query ``generated`` without answer tokens.
+    """
+    n_prompt = len(tokenized.input_ids)
+    if n_prompt == 0:
+        raise SpanError("the tokenized prompt is empty: nothing to probe")
+    kinds = [s.kind for s in tokenized.spans]
+    labels = [s.label or f"{s.kind}{i}" for i, s in enumerate(tokenized.spans)]
+    spans = [(s.start, s.end) for s in tokenized.spans]
+    if n_generated > 0:
+        kinds.append("generated")
+        labels.append("generated")
+        spans.append((n_prompt, n_prompt + n_generated))
+    n_tokens = n_prompt + n_generated
+    seg_of_token = np.empty(n_tokens, dtype=np.int64)
+    for i, (a, b) in enumerate(spans):
+        seg_of_token[a:b] = i
+
+    q = options.query
+    if q == "question":
+        pos = [p for (a, b), k in zip(spans, kinds) if k == "question" for p in range(a, b)]
+        if not pos:
+            raise SpanError(
+                "probe.query = 'question' but the prompt has no question segment; use query 'last' or 'segment:<i>'"
+            )
+        query = np.unique(np.array([*pos, n_prompt - 1], dtype=np.int64))
+    elif q == "last":
+        query = np.array([n_prompt - 1], dtype=np.int64)
+    elif q == "generated":
+        if n_generated == 0:
+            raise ConfigError("probe.query = 'generated' needs the generated answer ids (generated_ids is empty)")
+        query = np.arange(n_prompt, n_tokens, dtype=np.int64)
+    elif q.startswith("segment:"):
+        i = int(q.split(":", 1)[1])
+        if not 0 <= i < len(tokenized.spans):
+            raise SpanError(f"probe.query = {q!r}: the prompt has {len(tokenized.spans)} segments (0-based)")
+        query = np.arange(spans[i][0], spans[i][1], dtype=np.int64)
+    else:  # ProbeSection validates the name; this guards against a hand-built options object
+        raise ConfigError(f"probe.query: {q!r}; use question, last, generated or segment:<i>")
+
+    # Rank among non-sink prompt segments: the distance k - j of SPEC §4 counts these.
+    rank: dict[int, int] = {}
+    for i, k in enumerate(kinds[: len(tokenized.spans)]):
+        if k != "sink":
+            rank[i] = len(rank)
+    targets = tuple(i for i in range(len(tokenized.spans)) if kinds[i] in AR_TARGET_KINDS)
+    sources = tuple(
+        tuple(
+            (j, float(options.gamma ** (rank[t] - rank[j])))
+            for j in range(t)
+            if kinds[j] == "extraneous"
+        )
+        for t in targets
+    )
+
+    rows = [query]
+    if compute_residue:
+        for t in targets:
+            rows.append(np.arange(spans[t][0], spans[t][1], dtype=np.int64))
+        if options.residue_mode == "cosine":
+            for j in sorted({j for pairs in sources for j, _ in pairs}):
+                rows.append(np.arange(spans[j][0], spans[j][1], dtype=np.int64))
+    row_positions = np.unique(np.concatenate(rows))
+
+    return ProbePlan(
+        n_tokens=n_tokens,
+        n_prompt_tokens=n_prompt,
+        segment_kinds=tuple(kinds),
+        segment_labels=tuple(labels),
+        segment_spans=tuple(spans),
+        seg_of_token=seg_of_token,
+        query_positions=query,
+        ar_targets=targets,
+        ar_sources=sources,
+        row_positions=row_positions,
+        compute_residue=compute_residue,
+        options=options,
+    )
