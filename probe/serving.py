@@ -234,7 +234,10 @@ class LocalServer:
         return self._log_path.read_bytes()[-n_chars:].decode("utf-8", errors="replace")
 
     def stop(self, grace: float = 10.0) -> None:
-        """Terminate the server process: SIGTERM, then SIGKILL after ``grace`` seconds. Safe to call twice."""
+        """Terminate the server process: SIGTERM, then SIGKILL after ``grace`` seconds. Safe to call twice.
+
+        ``grace = 0`` kills at once, as a crash would: requests in flight lose their connection.
+        """
         proc, self._proc = self._proc, None
         if proc is not None and proc.poll() is None:
             proc.terminate()
@@ -243,7 +246,7 @@ class LocalServer:
             except subprocess.TimeoutExpired:
                 log.warning("model server pid %d ignored SIGTERM; killing it", proc.pid)
                 proc.kill()
-                proc.wait(timeout=grace)
+                proc.wait(timeout=30.0)
         if self._log_path is not None:
             self._log_path.unlink(missing_ok=True)
             self._log_path = None
