@@ -1,0 +1,537 @@
+"""CogniLoad load-sensitivity GLM and capacity thresholds (SPEC §7), per model, from trial records.
+
+For each model, on its scored CogniLoad trials (``meta`` = ``{d, N, rho}``, ``em`` in {0, 1}), binomial GLMs with a
+logit link are fitted with statsmodels:
+
+- ``quadratic`` (the main fit): logit P(correct) = b0 + b_d d + b_N log10 N + b_rho rho + b_rho2 rho^2
+- ``linear``: the same without rho^2 (the two are compared by AIC; ``delta_aic`` = AIC(linear) - AIC(quadratic),
+  positive when the quadratic term earns its parameter)
+- ``d_x_N`` and ``d_x_rho``: the main fit plus the interaction d * log10 N, or d * rho.
+
+rho is in percent (5..95) and N in statements, so b_rho is per percentage point and b_N per tenfold length.
+A term whose variable takes one value only (or rho^2 with fewer than three rho levels) cannot be estimated; it
+is left out and listed under ``dropped`` with the reason. Standard errors are model-based, or clustered by task
+(puzzle) when a puzzle was answered more than once.
+
+Thresholds come from the main fit, at P(correct) = 0.5, each with the other variables at their means over the
+model's trials (d-bar, mean of log10 N, rho-bar; the rho^2 term at rho-bar^2, as in the fitted curve):
+
+- ECL50: the largest N such that P >= 0.5 for every length from the shortest tested one up to N;
+- ID50: the largest d such that P >= 0.5 for every difficulty from the lowest tested one up to d;
+- NT50: the smallest rho such that P >= 0.5 for every needle ratio from rho up to the highest tested one.
+
+A threshold is reported as a number only when it lies inside the tested range. Otherwise ``value`` is None,
+``status`` is ``above_range``, ``below_range``, ``not_estimable`` or ``degenerate``, and ``reason`` says why in a
+sentence (``extrapolated`` keeps the fitted crossing, if there is one, for reference). 95 % CIs are percentile
+bootstrap intervals: puzzles (task ids) are resampled with replacement, the main fit is refitted and the crossing
+recomputed; replicates whose fit is degenerate or whose curve never crosses 0.5 are counted in
+``n_boot_undefined`` and left out of the interval.
+
+A fit is ``degenerate`` when every trial has the same outcome (e.g. a model at 0 % everywhere), when statsmodels
+reports perfect separation, when IRLS does not converge, or when a coefficient times its variable's standard
+deviation exceeds ``MAX_STD_COEF`` (quasi-separation: the likelihood has no finite maximum in practice).
+
+delta_rho = Acc(lowest tested rho) - Acc(highest tested rho), the raw accuracies at the two extreme rho levels, with
+a bootstrap CI from the same resamples.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+from collections import Counter
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import statsmodels.api as sm
+from statsmodels.tools.sm_exceptions import ConvergenceWarning, PerfectSeparationError, PerfectSeparationWarning
+
+from probe.errors import ProbeError
+from probe.records import TrialRecord
+
+log = logging.getLogger(__name__)
+
+SOURCE = "cogniload"
+MAX_STD_COEF = 12.0  # |coef * sd(x)| above this: an odds ratio of e^12 per standard deviation is separation
+MIN_BOOT_SHARE = 0.9  # below this share of defined bootstrap replicates the CI carries a warning note
+FITS: dict[str, tuple[str, ...]] = {
+    "quadratic": ("const", "d", "log10_N", "rho", "rho2"),
+    "linear": ("const", "d", "log10_N", "rho"),
+    "d_x_N": ("const", "d", "log10_N", "rho", "rho2", "d:log10_N"),
+    "d_x_rho": ("const", "d", "log10_N", "rho", "rho2", "d:rho"),
+}
+Status = Literal["ok", "above_range", "below_range", "not_estimable", "degenerate"]
+
+
+class CogniloadAnalysisError(ProbeError):
+    """A CogniLoad trial record lacks the d, N, rho meta the GLM needs."""
+
+
+@dataclass(frozen=True)
+class _Data:
+    """One model's scored trials as columns (row = trial)."""
+
+    y: np.ndarray  # (n,) 0/1
+    d: np.ndarray  # (n,) intrinsic difficulty
+    n_stmt: np.ndarray  # (n,) N, statements
+    rho: np.ndarray  # (n,) needle ratio, percent
+    cluster: np.ndarray  # (n,) puzzle index 0..n_clusters-1
+
+    def column(self, term: str) -> np.ndarray:
+        log_n = np.log10(self.n_stmt)
+        cols = {
+            "const": np.ones_like(self.d),
+            "d": self.d,
+            "log10_N": log_n,
+            "rho": self.rho,
+            "rho2": self.rho**2,
+            "d:log10_N": self.d * log_n,
+            "d:rho": self.d * self.rho,
+        }
+        return cols[term]
+
+
+@dataclass(frozen=True)
+class _Fit:
+    status: Status
+    reason: str | None
+    terms: tuple[str, ...]
+    params: dict[str, float]
+    result: object | None  # statsmodels GLMResults when status == "ok"
+
+
+@dataclass(frozen=True)
+class _ThresholdSpec:
+    name: str  # "ECL50"
+    variable: str  # "N", "d", "rho"
+    term: str  # the coefficient the threshold inverts
+    direction: Literal["up", "down"]  # up: largest x with P >= .5 from the low end; down: smallest x to the top
+    label: str  # "length N"
+    unit: str
+
+
+THRESHOLDS: tuple[_ThresholdSpec, ...] = (
+    _ThresholdSpec("ECL50", "N", "log10_N", "up", "length N", "statements"),
+    _ThresholdSpec("NT50", "rho", "rho", "down", "needle ratio rho", "percent"),
+    _ThresholdSpec("ID50", "d", "d", "up", "difficulty d", "difficulty level"),
+)
+
+
+def analyze_cogniload(trials: list[TrialRecord], n_bootstrap: int, seed: int) -> dict:
+    """Fit the SPEC §7 GLMs and capacity thresholds for every model with CogniLoad trials.
+
+    Args:
+        trials: trial records of any sources; only scored ``source == "cogniload"`` trials are used.
+        n_bootstrap: bootstrap replicates (puzzles resampled) for the threshold and delta_rho CIs; 0 skips CIs.
+        seed: seed of the bootstrap generator.
+
+    Returns:
+        ``{"n_bootstrap", "seed", "models": {model: summary}}``. A summary holds ``n`` (trials), ``n_puzzles``,
+        ``accuracy``, ``truncation_rate``, ``levels`` (tested d, N, rho), ``means`` (d, log10_N, rho),
+        ``accuracy_by`` (per level of each variable: ``acc`` and ``n``), ``fits`` (per fit name: ``status``,
+        ``reason``, ``terms``, ``dropped``, ``params`` -> {term: estimate, se, ci_low, ci_high, p}, ``aic``,
+        ``n``), ``aic_preferred``, ``delta_aic``, ``thresholds`` (ECL50, NT50, ID50: ``value``, ``ci_low``,
+        ``ci_high``, ``status``, ``reason``, ``extrapolated``, ``unit``, ``n_boot_defined``,
+        ``n_boot_undefined``, ``ci_note``) and ``delta_rho`` (``value``, ``ci_low``, ``ci_high``, ``low_rho``,
+        ``high_rho``, ``acc_low``, ``acc_high``, ``n_low``, ``n_high``). Every number is a plain float or int;
+        a missing one is None.
+
+    Raises:
+        CogniloadAnalysisError: a scored CogniLoad trial lacks a numeric ``d``, ``N`` or ``rho`` in ``meta``.
+    """
+    by_model: dict[str, list[TrialRecord]] = {}
+    for t in trials:
+        if t.source == SOURCE and t.is_scored:
+            by_model.setdefault(t.model, []).append(t)
+    rng = np.random.default_rng(seed)
+    models = {}
+    for model in sorted(by_model):
+        conditions = sorted({t.condition for t in by_model[model]})
+        if len(conditions) > 1:
+            log.warning("%s: CogniLoad trials under several conditions %s are pooled", model, conditions)
+        models[model] = _analyze_model(model, by_model[model], n_bootstrap, rng)
+    return {"n_bootstrap": n_bootstrap, "seed": seed, "models": models}
+
+
+def _to_data(model: str, trials: list[TrialRecord]) -> _Data:
+    rows = []
+    for t in trials:
+        meta = t.meta or {}
+        try:
+            d, n, rho = float(meta["d"]), float(meta["N"]), float(meta["rho"])
+        except (KeyError, TypeError, ValueError):
+            raise CogniloadAnalysisError(
+                f"trial {t.trial_id} (model {model}): meta {meta!r} needs numeric 'd', 'N' and 'rho'; "
+                "CogniLoad trials must carry the task's meta"
+            ) from None
+        if n <= 0:
+            raise CogniloadAnalysisError(f"trial {t.trial_id}: meta N={n} must be positive")
+        rows.append((float(t.em), d, n, rho, t.task_id))  # type: ignore[arg-type]  # is_scored: em not None
+    ids = {tid: i for i, tid in enumerate(sorted({r[4] for r in rows}))}
+    y, d, n, rho = (np.array([r[j] for r in rows], dtype=float) for j in range(4))
+    return _Data(y=y, d=d, n_stmt=n, rho=rho, cluster=np.array([ids[r[4]] for r in rows]))
+
+
+def _analyze_model(model: str, trials: list[TrialRecord], n_bootstrap: int, rng: np.random.Generator) -> dict:
+    data = _to_data(model, trials)
+    levels = {
+        "d": sorted({float(v) for v in data.d}),
+        "N": sorted({float(v) for v in data.n_stmt}),
+        "rho": sorted({float(v) for v in data.rho}),
+    }
+    means = {"d": float(data.d.mean()), "log10_N": float(np.log10(data.n_stmt).mean()), "rho": float(data.rho.mean())}
+    out: dict = {
+        "n": int(len(data.y)),
+        "n_puzzles": int(data.cluster.max() + 1),
+        "accuracy": float(data.y.mean()),
+        "truncation_rate": float(np.mean([t.truncated for t in trials])),
+        "levels": {k: [_num(v) for v in vs] for k, vs in levels.items()},
+        "means": means,
+        "accuracy_by": {
+            name: {
+                _level_key(v): {"acc": float(data.y[col == v].mean()), "n": int((col == v).sum())}
+                for v in levels[name]
+            }
+            for name, col in (("d", data.d), ("N", data.n_stmt), ("rho", data.rho))
+        },
+    }
+    clustered = int(np.bincount(data.cluster).max()) > 1
+    fits: dict[str, dict] = {}
+    fit_objs: dict[str, _Fit] = {}
+    for name, wanted in FITS.items():
+        terms, dropped = _estimable_terms(wanted, levels)
+        if name.startswith("d_x_") and wanted[-1] in dropped:
+            fit = _Fit("not_estimable", dropped[wanted[-1]], terms, {}, None)
+        else:
+            fit = _fit_glm(data, terms, clustered=clustered)
+        fit_objs[name] = fit
+        fits[name] = _fit_summary(fit, dropped, len(data.y))
+    out["fits"] = fits
+    quad, lin = fits["quadratic"], fits["linear"]
+    if quad["status"] == "ok" and lin["status"] == "ok" and "rho2" in quad["terms"]:
+        out["delta_aic"] = lin["aic"] - quad["aic"]
+        out["aic_preferred"] = "quadratic" if quad["aic"] < lin["aic"] else "linear"
+    else:
+        out["delta_aic"] = None
+        out["aic_preferred"] = None
+
+    main = fit_objs["quadratic"]
+    _, main_dropped = _estimable_terms(FITS["quadratic"], levels)
+    thresholds = {
+        spec.name: _threshold_point(spec, main, main_dropped, levels, means) for spec in THRESHOLDS
+    }
+    low, high = levels["rho"][0], levels["rho"][-1]
+    delta = _delta_rho(data.y, data.rho, low, high, np.ones_like(data.y))
+    out["delta_rho"] = {
+        "value": delta,
+        "ci_low": None,
+        "ci_high": None,
+        "low_rho": _num(low),
+        "high_rho": _num(high),
+        "acc_low": float(data.y[data.rho == low].mean()),
+        "acc_high": float(data.y[data.rho == high].mean()),
+        "n_low": int((data.rho == low).sum()),
+        "n_high": int((data.rho == high).sum()),
+    }
+    if n_bootstrap > 0:
+        _bootstrap(data, main, levels, means, thresholds, out["delta_rho"], n_bootstrap, rng)
+    out["thresholds"] = thresholds
+    return out
+
+
+def _num(v: float) -> int | float:
+    return int(v) if float(v).is_integer() else float(v)
+
+
+def _level_key(v: float) -> str:
+    return str(_num(v))
+
+
+def _estimable_terms(wanted: tuple[str, ...], levels: dict[str, list[float]]) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The terms of ``wanted`` whose variables vary enough, and a reason for each left out."""
+    n_levels = {"d": len(levels["d"]), "log10_N": len(levels["N"]), "rho": len(levels["rho"])}
+    label = {"d": "d", "log10_N": "N", "rho": "rho"}
+    dropped: dict[str, str] = {}
+    for term in wanted:
+        if term == "const":
+            continue
+        if term == "rho2":
+            if n_levels["rho"] < 3:
+                dropped[term] = f"rho^2 needs at least three rho levels; {n_levels['rho']} tested"
+            continue
+        for var in term.split(":"):
+            if n_levels[var] < 2:
+                dropped[term] = f"only one {label[var]} level was tested, so its effect cannot be estimated"
+    return tuple(t for t in wanted if t not in dropped), dropped
+
+
+def _fit_glm(data: _Data, terms: tuple[str, ...], clustered: bool, weights: np.ndarray | None = None) -> _Fit:
+    """Binomial GLM (logit) of ``data.y`` on ``terms``; ``weights`` are bootstrap frequency weights."""
+    y = data.y if weights is None else data.y[weights > 0]
+    w = None if weights is None else weights[weights > 0]
+    if len(y) == 0:
+        return _Fit("degenerate", "no trials", terms, {}, None)
+    if y.min() == y.max():
+        verdict = "wrong (accuracy 0 %)" if y.max() == 0 else "correct (accuracy 100 %)"
+        return _Fit(
+            "degenerate",
+            f"all {len(y)} trials are {verdict}; a logistic fit has no finite maximum",
+            terms,
+            {},
+            None,
+        )
+    keep = slice(None) if weights is None else weights > 0
+    x = np.column_stack([data.column(t)[keep] for t in terms])  # (n, p)
+    if np.linalg.matrix_rank(x) < len(terms):
+        return _Fit("not_estimable", f"the design of terms {', '.join(terms)} is rank deficient", terms, {}, None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            model = sm.GLM(y, x, family=sm.families.Binomial(), freq_weights=w)
+            if clustered and weights is None:
+                res = model.fit(cov_type="cluster", cov_kwds={"groups": data.cluster})
+            else:
+                res = model.fit()
+        except PerfectSeparationError:
+            return _Fit("degenerate", _SEPARATION, terms, {}, None)
+    kinds = {c.category for c in caught}
+    if PerfectSeparationWarning in kinds:
+        return _Fit("degenerate", _SEPARATION, terms, {}, None)
+    if ConvergenceWarning in kinds or not res.converged:
+        return _Fit("degenerate", "the IRLS fit did not converge (near-separation or too few trials)", terms, {}, None)
+    params = np.asarray(res.params, dtype=float)
+    bse = np.asarray(res.bse, dtype=float)
+    if not (np.all(np.isfinite(params)) and np.all(np.isfinite(bse))):
+        return _Fit("degenerate", "non-finite coefficients or standard errors", terms, {}, None)
+    sd = x.std(axis=0)
+    for t, b, s in zip(terms, params, sd):
+        if t != "const" and abs(b * s) > MAX_STD_COEF:
+            return _Fit(
+                "degenerate",
+                f"quasi-separation: the {t} coefficient ({b:.3g}) is implausibly large "
+                f"(|coef x sd| = {abs(b * s):.3g} > {MAX_STD_COEF:g})",
+                terms,
+                {},
+                None,
+            )
+    return _Fit("ok", None, terms, dict(zip(terms, params.tolist())), res)
+
+
+_SEPARATION = (
+    "perfect separation: the predictors split correct from wrong trials exactly, so the maximum-likelihood "
+    "coefficients are infinite"
+)
+
+
+def _fit_summary(fit: _Fit, dropped: dict[str, str], n: int) -> dict:
+    out: dict = {"status": fit.status, "reason": fit.reason, "terms": list(fit.terms), "dropped": dropped, "n": n}
+    if fit.status != "ok":
+        out.update(params={}, aic=None)
+        return out
+    res = fit.result
+    ci = np.asarray(res.conf_int(0.05))  # type: ignore[attr-defined]
+    bse, pvals = np.asarray(res.bse), np.asarray(res.pvalues)  # type: ignore[attr-defined]
+    out["params"] = {
+        t: {
+            "estimate": fit.params[t],
+            "se": float(bse[i]),
+            "ci_low": float(ci[i, 0]),
+            "ci_high": float(ci[i, 1]),
+            "p": float(pvals[i]),
+        }
+        for i, t in enumerate(fit.terms)
+    }
+    out["aic"] = float(res.aic)  # type: ignore[attr-defined]
+    return out
+
+
+def _eta_poly(spec: _ThresholdSpec, params: dict[str, float], means: dict[str, float]) -> np.ndarray:
+    """Coefficients (highest power first) of the linear predictor as a function of the threshold's variable.
+
+    The variable is d, log10 N or rho; the other variables are held at their means.
+    """
+    b = {t: params.get(t, 0.0) for t in ("const", "d", "log10_N", "rho", "rho2")}
+    at_mean = {
+        "d": b["d"] * means["d"],
+        "log10_N": b["log10_N"] * means["log10_N"],
+        "rho": b["rho"] * means["rho"] + b["rho2"] * means["rho"] ** 2,
+    }
+    own = {"N": "log10_N", "d": "d", "rho": "rho"}[spec.variable]
+    c = b["const"] + sum(v for k, v in at_mean.items() if k != own)
+    if spec.variable == "rho":
+        return np.array([b["rho2"], b["rho"], c])
+    return np.array([b[own], c])
+
+
+def _crossing(coefs: np.ndarray, lo: float, hi: float, direction: str) -> tuple[str, float | None, float | None]:
+    """Where the fitted curve stops being >= 0 (P >= 0.5), scanning from the low end (``up``) or high end.
+
+    Args:
+        coefs: polynomial coefficients of eta(x), highest power first.
+        lo, hi: the tested range of x.
+        direction: ``up``: the largest x0 with eta >= 0 on [lo, x0]; ``down``: the smallest x0 with eta >= 0 on
+            [x0, hi].
+
+    Returns:
+        (status, value, extrapolated): ``ok`` with the crossing in [lo, hi]; ``start_fails`` when eta < 0 at the
+        starting end (lo for ``up``, hi for ``down``); ``holds`` when eta >= 0 over the whole range. For the last
+        two, ``extrapolated`` is the nearest crossing outside the range in the scanning direction, if any.
+    """
+    if direction == "down":  # mirror x -> -x and scan up
+        k = np.arange(len(coefs))[::-1]
+        status, value, extra = _crossing(coefs * (-1.0) ** k, -hi, -lo, "up")
+        return status, None if value is None else -value, None if extra is None else -extra
+    coefs = np.trim_zeros(np.asarray(coefs, dtype=float), "f")
+    if len(coefs) == 0:
+        return "holds", None, None  # eta == 0 everywhere: P = 0.5 exactly; never below
+    roots = np.roots(coefs) if len(coefs) > 1 else np.array([])
+    real = np.sort(roots[np.abs(roots.imag) < 1e-9].real)
+    eps = 1e-9 * max(1.0, abs(hi - lo))
+
+    def down_crossings(xs: np.ndarray) -> list[float]:
+        return [float(r) for r in xs if np.polyval(coefs, r - eps) >= 0 > np.polyval(coefs, r + eps)]
+
+    if np.polyval(coefs, lo) < 0:
+        before = down_crossings(real[real < lo])
+        return "start_fails", None, (before[-1] if before else None)
+    after = down_crossings(real[real >= lo])
+    if not after:
+        return "holds", None, None
+    if after[0] > hi:
+        return "holds", None, after[0]
+    return "ok", after[0], None
+
+
+def _to_scale(spec: _ThresholdSpec, x: float | None) -> float | None:
+    if x is None:
+        return None
+    return float(10.0**x) if spec.variable == "N" else float(x)
+
+
+def _threshold_point(
+    spec: _ThresholdSpec,
+    fit: _Fit,
+    dropped: dict[str, str],
+    levels: dict[str, list[float]],
+    means: dict[str, float],
+) -> dict:
+    out: dict = {
+        "value": None,
+        "ci_low": None,
+        "ci_high": None,
+        "status": "ok",
+        "reason": None,
+        "extrapolated": None,
+        "unit": spec.unit,
+        "n_boot_defined": 0,
+        "n_boot_undefined": 0,
+        "ci_note": None,
+    }
+    if fit.status != "ok":
+        out.update(status=fit.status, reason=f"the main fit is {fit.status}: {fit.reason}")
+        return out
+    if spec.term in dropped:
+        out.update(status="not_estimable", reason=dropped[spec.term])
+        return out
+    lo, hi = levels[spec.variable][0], levels[spec.variable][-1]
+    to_x = math.log10 if spec.variable == "N" else float
+    coefs = _eta_poly(spec, fit.params, means)
+    status, value, extra = _crossing(coefs, to_x(lo), to_x(hi), spec.direction)
+    p_at = {
+        e: 1.0 / (1.0 + math.exp(-float(np.polyval(coefs, to_x(e))))) for e in (lo, hi)
+    }
+    start, end = (lo, hi) if spec.direction == "up" else (hi, lo)
+    extra_v = _to_scale(spec, extra)
+    others = "the other variables at their means"
+    if status == "ok":
+        out["value"] = _to_scale(spec, value)
+        return out
+    if status == "start_fails":
+        out["status"] = "below_range" if spec.direction == "up" else "above_range"
+        reason = (
+            f"P(correct) is below 0.5 already at the {'lowest' if spec.direction == 'up' else 'highest'} tested "
+            f"{spec.label} = {_num(start)} (P = {p_at[start]:.2f}, {others})"
+        )
+    else:
+        out["status"] = "above_range" if spec.direction == "up" else "below_range"
+        reason = (
+            f"P(correct) stays at or above 0.5 over the whole tested {spec.label} range {_num(lo)}..{_num(hi)} "
+            f"(P = {p_at[end]:.2f} at {_num(end)}, {others})"
+        )
+    if spec.variable == "rho" and extra_v is not None and not 0 <= extra_v <= 100:
+        extra_v = None  # a ratio outside 0..100 % is no threshold, not even an extrapolated one
+    if extra_v is not None:
+        reason += f"; the fitted curve crosses 0.5 at {spec.variable} = {extra_v:.3g}, an extrapolation"
+    elif status == "start_fails":
+        reason += "; the fitted curve does not reach 0.5 beyond the tested range either"
+    else:
+        reason += "; the fitted curve does not fall below 0.5 beyond the tested range either"
+    out.update(reason=reason, extrapolated=extra_v)
+    return out
+
+
+def _delta_rho(y: np.ndarray, rho: np.ndarray, low: float, high: float, w: np.ndarray) -> float | None:
+    lo_w, hi_w = w * (rho == low), w * (rho == high)
+    if lo_w.sum() == 0 or hi_w.sum() == 0:
+        return None
+    return float((y * lo_w).sum() / lo_w.sum() - (y * hi_w).sum() / hi_w.sum())
+
+
+def _bootstrap(
+    data: _Data,
+    main: _Fit,
+    levels: dict[str, list[float]],
+    means: dict[str, float],
+    thresholds: dict[str, dict],
+    delta: dict,
+    n_bootstrap: int,
+    rng: np.random.Generator,
+) -> None:
+    """Fill CIs in ``thresholds`` (those with status ok) and ``delta`` by resampling puzzles (in place)."""
+    n_clusters = int(data.cluster.max() + 1)
+    wanted = [s for s in THRESHOLDS if thresholds[s.name]["status"] == "ok"]
+    draws: dict[str, list[float]] = {s.name: [] for s in wanted}
+    undefined: Counter[str] = Counter()
+    deltas: list[float] = []
+    low, high = levels["rho"][0], levels["rho"][-1]
+    for _ in range(n_bootstrap):
+        counts = np.bincount(rng.integers(n_clusters, size=n_clusters), minlength=n_clusters)
+        w = counts[data.cluster].astype(float)  # (n,) frequency weight of each trial in this replicate
+        dr = _delta_rho(data.y, data.rho, low, high, w)
+        if dr is not None:
+            deltas.append(dr)
+        if not wanted:
+            continue
+        fit = _fit_glm(data, main.terms, clustered=False, weights=w)
+        for spec in wanted:
+            if fit.status != "ok":
+                undefined[spec.name] += 1
+                continue
+            to_x = math.log10 if spec.variable == "N" else float
+            lo, hi = levels[spec.variable][0], levels[spec.variable][-1]
+            status, value, extra = _crossing(_eta_poly(spec, fit.params, means), to_x(lo), to_x(hi), spec.direction)
+            x = value if status == "ok" else extra
+            if x is None:
+                undefined[spec.name] += 1
+            else:
+                draws[spec.name].append(_to_scale(spec, x))  # type: ignore[arg-type]
+    for spec in wanted:
+        th = thresholds[spec.name]
+        vals = np.array(draws[spec.name])
+        th["n_boot_defined"] = int(len(vals))
+        th["n_boot_undefined"] = int(undefined[spec.name])
+        if len(vals) >= 2:
+            th["ci_low"], th["ci_high"] = (float(q) for q in np.percentile(vals, [2.5, 97.5]))
+        notes = []
+        if len(vals) < MIN_BOOT_SHARE * n_bootstrap:
+            notes.append(
+                f"only {len(vals)} of {n_bootstrap} bootstrap refits gave a crossing; the interval is unreliable"
+            )
+        lo, hi = levels[spec.variable][0], levels[spec.variable][-1]
+        if th["ci_low"] is not None and (th["ci_low"] < lo or th["ci_high"] > hi):
+            notes.append(f"the interval reaches beyond the tested range {_num(lo)}..{_num(hi)} (extrapolation)")
+        th["ci_note"] = "; ".join(notes) or None
+    if len(deltas) >= 2:
+        delta["ci_low"], delta["ci_high"] = (float(q) for q in np.percentile(deltas, [2.5, 97.5]))
