@@ -40,6 +40,7 @@ DEFAULT_INSTRUCTION = (
 QUESTION_PREFIX = "Question: "
 COGNILOAD_CONDITION = "CogniLoad"
 _POOL_SIZE = 64  # distractor candidates drawn per (task, load, replication); more than any load needs
+_EXACT_TRIES = 12  # LongControl: sentences tried as the last, cut piece to hit the exact token length
 
 
 class BuildError(ProbeError):
@@ -320,11 +321,14 @@ class IceBuilder:
         chosen = order[stratum * len(pool) // 3 : (stratum + 1) * len(pool) // 3]
         return [pool[i] for i in rng.permutation(chosen)]
 
-    def _fill(self, sentences: list[str], kind: str, label: str, need: Callable[[list[Piece]], int]) -> list[Piece]:
+    def _fill(self, sentences: list[str], kind: str, label: str, need: Callable[[list[Piece]], int],
+              exact: bool = False) -> list[Piece]:
         """Take sentences in order until ``need(pieces)`` (tokens still missing, < 0 = too many) is within range.
 
         ``need`` returns the signed token shortfall measured on the real tokenization. A sentence that would
         overshoot is skipped for a later, shorter one; at the end the last sentence may be cut at a word boundary.
+        With ``exact`` (LongControl length matching) a remaining shortfall of a few tokens is closed by trying
+        other sentences, cut to size, as an extra last piece.
         """
         pieces: list[Piece] = []
         spare: str | None = None  # the first sentence skipped for overshooting: cut to size if nothing fits
@@ -353,6 +357,16 @@ class IceBuilder:
             else:
                 pieces = pieces[:-1]
             short = need(pieces)
+        if exact and short > 0 and pieces:
+            # a word can be several tokens: try other unused sentences, cut to size, as the last piece
+            used = {p.text for p in pieces}
+            for s in [x for x in sentences if x not in used][:_EXACT_TRIES]:
+                for w in range(len(s.split()), 0, -1):
+                    cand = pieces + [Piece(kind, _trim_words(s, w), f"{label}{len(pieces)}")]
+                    if need(cand) == 0:
+                        return cand
+                    if need(cand) > 0:
+                        break
         return pieces
 
     def _extraneous(self, task: Task, load: int, rep: int) -> list[Piece]:
@@ -410,6 +424,6 @@ class IceBuilder:
                                       *assemble(self.instruction, body_of(fill), task.question)))
             return target_len - len(tp.input_ids)
 
-        fill = self._fill(sentences, "filler", "f", shortfall)
+        fill = self._fill(sentences, "filler", "f", shortfall, exact=True)
         prompt, _ = self._make(task, "LongControl", load, rep, body_of(fill), filler_share)
         return prompt

@@ -340,13 +340,14 @@ def run_model(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], ta
             for p in by_text[key]:
                 buffer.append(make_record(model, p, tasks[p.task_id], gen))
             if len(buffer) >= cfg.generation.batch_size:
-                written += _flush(out_path, buffer, on_batch)
-                bar.update(len(buffer))
-                buffer = []
-    finally:
-        if buffer:
-            written += _flush(out_path, buffer, on_batch)
-            bar.update(len(buffer))
+                rows, buffer = buffer, []
+                written += _flush(out_path, rows, on_batch)
+                bar.update(len(rows))
+    finally:  # an interruption (Ctrl-C, crash in the backend) still records the trials already generated
+        rows, buffer = buffer, []
+        if rows:
+            written += _flush(out_path, rows, on_batch)
+            bar.update(len(rows))
         bar.close()
     return written
 

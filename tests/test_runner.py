@@ -1,0 +1,118 @@
+"""The runner: records, resumption after an interruption, skipped prompts, run-folder safety."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from probe import runner
+from probe.config import config_from_dict
+from probe.errors import ConfigError
+from probe.records import load_trials, read_jsonl
+
+pytestmark = pytest.mark.integration
+
+
+def make_cfg(tmp_path: Path, card: Path, **gen):
+    return config_from_dict({
+        "experiment": {"name": "t", "seed": 3, "models": [str(card)], "output_dir": str(tmp_path)},
+        "tasks": [{"source": "synthetic", "n": 2, "hops": 2}],
+        "ice": {"loads": [50], "replications": 2},
+        "generation": {"max_new_tokens": 4, "batch_size": 3, **gen},
+        "analysis": {"embedder": ""},
+    })
+
+
+def expected_trials(cfg) -> int:
+    # per task and replication: Control + (LongControl, Saturation, Residue) x loads
+    return 2 * cfg.ice.replications * (1 + 3 * len(cfg.ice.loads))
+
+
+def test_run_writes_one_record_per_prompt(tmp_path, tiny_card):
+    cfg = make_cfg(tmp_path, tiny_card)
+    run_dir = runner.run_experiment(cfg, progress=False)
+    trials = load_trials(run_dir / "trials.jsonl")
+    prompts = list(read_jsonl(run_dir / "prompts.jsonl"))
+    assert len(trials) == len(prompts) == expected_trials(cfg)
+    assert {t.prompt_id for t in trials} == {p["prompt_id"] for p in prompts}
+    t = trials[0]
+    assert t.model == "tiny-llama" and t.trial_id == f"tiny-llama::{t.prompt_id}"
+    # a random model never emits its end token in 4 steps: every scored trial is truncated
+    assert all(t.truncated for t in trials)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["seed"] == 3 and "tiny-llama" in manifest["models"]
+    assert manifest["packages"]["torch"]
+    # Control replications share one text: they are generated once and carry the same output
+    ctrl = sorted((t for t in trials if t.condition == "Control"), key=lambda t: t.prompt_id)
+    assert ctrl[0].output == ctrl[1].output
+
+
+def test_interrupted_run_resumes_without_duplicates_or_losses(tmp_path, tiny_card, monkeypatch):
+    cfg = make_cfg(tmp_path, tiny_card)
+    real_generate = runner.LocalBackend.generate
+
+    def crashing(self, prompts, gen):
+        for i, item in enumerate(real_generate(self, prompts, gen)):
+            if i == 4:
+                raise KeyboardInterrupt
+            yield item
+
+    monkeypatch.setattr(runner.LocalBackend, "generate", crashing)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_experiment(cfg, progress=False)
+    path = cfg.run_dir / "trials.jsonl"
+    first = path.read_text().splitlines()
+    assert 0 < len(first) < expected_trials(cfg)
+    # a crash mid-write leaves half a line behind
+    with path.open("a") as fh:
+        fh.write('{"trial_id": "tiny-llama::half')
+    monkeypatch.setattr(runner.LocalBackend, "generate", real_generate)
+    runner.run_experiment(cfg, progress=False)
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip().endswith("}")]
+    ids = [x["trial_id"] for x in lines]
+    assert len(ids) == len(set(ids)) == expected_trials(cfg)
+    assert path.read_text().splitlines()[: len(first)] == first  # nothing recorded was rewritten
+    # a finished run is not redone
+    before = path.read_text()
+    runner.run_experiment(cfg, progress=False)
+    assert path.read_text() == before
+
+
+def test_prompt_longer_than_the_context_window_is_skipped_with_reason(tmp_path, tiny_card):
+    card = tmp_path / "short.toml"
+    card.write_text(tiny_card.read_text().replace("context_window = 4096", "context_window = 200")
+                    .replace('name = "tiny-llama"', 'name = "tiny-short"'))
+    cfg = make_cfg(tmp_path, card)
+    run_dir = runner.run_experiment(cfg, progress=False)
+    trials = load_trials(run_dir / "trials.jsonl")
+    skipped = [t for t in trials if t.skipped]
+    assert skipped and all("context window of 200" in t.skip_reason and t.em is None for t in skipped)
+    assert all(t.prompt_tokens + 4 > 200 for t in skipped)
+    assert all(t.prompt_tokens + 4 <= 200 for t in trials if not t.skipped)
+
+
+def test_a_run_folder_of_another_config_is_refused(tmp_path, tiny_card):
+    cfg = make_cfg(tmp_path, tiny_card)
+    runner.prepare_run_dir(cfg)
+    other = replace(cfg, generation=replace(cfg.generation, max_new_tokens=9))
+    with pytest.raises(ConfigError, match="different configuration"):
+        runner.prepare_run_dir(other)
+    runner.prepare_run_dir(other, force=True)
+
+
+def test_shards_merge_without_duplicates_or_gaps(tmp_path, tiny_card):
+    cfg = make_cfg(tmp_path, tiny_card)
+    runner.prepare_run_dir(cfg)
+    by_model = runner.build_prompts(cfg, progress=False)
+    tasks = {t.task_id: t for t in runner.load_all_tasks(cfg)}
+    backend = runner.make_backend(runner.get_card(str(tiny_card)))
+    for rank in range(2):
+        runner.run_model(cfg, backend, by_model["tiny-llama"], tasks, rank=rank, world=2, progress=False)
+    assert not (cfg.run_dir / "trials.jsonl").exists()
+    n = runner.merge_shards(cfg.run_dir)
+    trials = load_trials(cfg.run_dir / "trials.jsonl")
+    assert n == len(trials) == expected_trials(cfg)
+    assert not list(cfg.run_dir.glob("trials.rank*.jsonl"))
