@@ -37,3 +37,7 @@ class UnknownNameError(ProbeError):
         hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
         super().__init__(f"unknown {what} {name!r}{hint} (valid: {', '.join(sorted(valid))})")
         self.name = name
+
+
+class DataUnavailableError(ProbeError):
+    """A data set cannot be found or read here (package not installed, file missing, no item fits the filter)."""

