@@ -1,0 +1,282 @@
+"""Behavioural scoring of one generation against its task (SPEC §3): answer, EM, hop recall, truncation.
+
+Extraction (:func:`extract_answer`), in order:
+
+1. the last *complete* ``\\boxed{...}`` (braces nested to any depth; an unclosed box is ignored);
+2. else the last line that starts with ``Answer:`` or ``Final answer:`` (markdown emphasis allowed around the
+   label); when nothing follows the colon on that line, the answer is the text below it (to the end);
+3. else the last non-empty line.
+
+An *empty answer slot* -- the last box is ``\\boxed{}``, or the last ``Answer:`` line has nothing after it
+anywhere -- extracts nothing (``None``): the model announced an answer and gave none.
+
+**Exact match** compares the *extracted answer* only, never the whole output, so a gold string that merely
+appears somewhere in a long reasoning trace does not count. Rule for one gold string ``g``:
+
+* if ``g`` is a number (optionally with a currency sign, thousands separators, a scale word such as
+  "billion", a per cent sign and up to three unit words, e.g. "75.35 square kilometers"), EM holds when some
+  number in the answer equals it within a relative tolerance of 1e-4 ("11.1 billion" = "11,100,000,000",
+  "1,850" = "1850"; the small tolerance keeps neighbouring years apart). Number words zero to twenty count.
+  A gold with a scale word also matches a bare number in that unit ("11.1" for "11.1 billion": answers are
+  often asked "in billions"), but not a number with another scale word ("11.1 million");
+* otherwise EM holds when the normalised tokens of ``g`` occur as one contiguous run in the normalised tokens of
+  the answer: ``\\boxed{Vorlan was born in Molvia}`` matches the gold "Molvia", ``\\boxed{Molvian}`` does not.
+
+A list gold needs every element matched somewhere in the answer; a mapping gold needs every value matched.
+A gold element that normalises to nothing cannot be matched (EM is false).
+
+**Hop recall** applies the same per-string rule to the whole output (reasoning included): the share of hops with
+a known intermediate answer whose answer appears in the output.
+
+**Uninterpretable** (recorded apart from EM, SPEC §3): nothing could be extracted, that is
+
+* the output is missing or blank, or
+* the answer slot is empty (see above), or
+* the output was truncated and holds neither a complete box nor an ``Answer:`` line: its last line is then only
+  a fragment of reasoning cut off mid-way, not an answer.
+
+A non-truncated output whose last line is not an answer ("I am not sure.") is interpretable and simply wrong.
+An uninterpretable trial has ``answer = None`` and ``em = False``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from probe.types import Gold, Hop, Task
+
+Extraction = Literal["boxed", "answer_line", "last_line", "none"]
+
+REL_TOL = 1e-4  # relative tolerance of numeric answers
+
+_BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_ANSWER_LINE = re.compile(r"^[\s*_#>\-]*(?:final\s+)?answer[\s*_]*[:：]\s*(.*)$", re.IGNORECASE)
+_LATEX_WRAPPERS = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mathit|emph|operatorname|mbox)\s*\{([^{}]*)\}")
+_LATEX_SPACES = re.compile(r"\\[,;:! ]|~")
+_SCALES = {"thousand": 1e3, "million": 1e6, "billion": 1e9, "trillion": 1e12, "bn": 1e9}
+_NUMBER_WORDS = {
+    w: float(i)
+    for i, w in enumerate(
+        "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+        "seventeen eighteen nineteen twenty".split()
+    )
+}
+_NUM = r"(?:\d+(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+"
+_NUMBER_IN_TEXT = re.compile(
+    rf"(?<![\w.,])(?P<sign>[-−])?[$€£]?\s?(?P<num>{_NUM})(?:\s*(?P<scale>thousand|million|billion|trillion|bn))?(?![\w])",
+    re.IGNORECASE,
+)
+_NUMERIC_GOLD = re.compile(
+    rf"^\s*(?P<sign>[-−])?[$€£]?\s?(?P<num>{_NUM})\s*(?P<scale>thousand|million|billion|trillion|bn)?\s*%?"
+    r"(?:\s+[A-Za-z]+){0,3}\s*\.?\s*$",
+    re.IGNORECASE,
+)
+_ARTICLES = frozenset({"a", "an", "the"})
+
+
+@dataclass(frozen=True)
+class Score:
+    """The behavioural score of one generation.
+
+    Attributes:
+        answer: the extracted answer (cleaned of LaTeX/markdown markup); None when uninterpretable.
+        em: exact match of ``answer`` against the gold (False when uninterpretable).
+        hop_recall: share of hops with a known answer recalled in the output, in [0, 1]; None if no hop has one.
+        truncated: generation hit ``max_new_tokens`` without an end token (as reported by the backend).
+        uninterpretable: nothing could be extracted (see the module docstring).
+        extraction: how the answer was found: "boxed", "answer_line", "last_line" or "none".
+    """
+
+    answer: str | None
+    em: bool
+    hop_recall: float | None
+    truncated: bool
+    uninterpretable: bool
+    extraction: Extraction
+
+
+def _last_complete_box(text: str) -> str | None:
+    """Contents of the last ``\\boxed{...}`` whose braces close, or None if there is none."""
+    found: str | None = None
+    for m in _BOX_OPEN.finditer(text):
+        depth, i = 1, m.end()
+        while i < len(text) and depth:
+            if text[i] == "{":
+                depth += 1
+            elif text[i] == "}":
+                depth -= 1
+            i += 1
+        if depth == 0:
+            found = text[m.end() : i - 1]
+    return found
+
+
+def _clean(s: str) -> str:
+    """Strip LaTeX wrappers and spacing, math delimiters and markdown emphasis from an extracted answer."""
+    prev = None
+    while prev != s:  # unwrap nested \text{\textbf{..}}
+        prev, s = s, _LATEX_WRAPPERS.sub(r"\1", s)
+    s = _LATEX_SPACES.sub(" ", s)
+    s = s.replace("\\$", "$").replace("\\%", "%").replace("\\(", "").replace("\\)", "")
+    s = s.replace("$", " ") if s.count("$") >= 2 else s  # $...$ math delimiters, not a currency sign
+    s = re.sub(r"\*\*|__|`", "", s)
+    s = re.sub(r"^\s*(?:[*\-•]|\d+\.)\s+", "", s)  # a list bullet in front of a last line
+    return " ".join(s.split()).strip()
+
+
+def _extract(output: str) -> tuple[str | None, Extraction]:
+    box = _last_complete_box(output)
+    if box is not None:
+        text = _clean(box)
+        return (text or None), "boxed"
+    lines = output.splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        m = _ANSWER_LINE.match(lines[i])
+        if m is None:
+            continue
+        rest = _clean(m.group(1))
+        if not rest:  # a label line ("**Answer:**") with the answer in the text below it
+            rest = " ".join(c for c in (_clean(ln) for ln in lines[i + 1 :]) if c)
+        return (rest or None), "answer_line"
+    for line in reversed(lines):
+        text = _clean(line)
+        if text:
+            return text, "last_line"
+    return None, "none"
+
+
+def extract_answer(output: str) -> str | None:
+    """The final answer of a generation: last complete ``\\boxed{}``, else an ``Answer:`` line, else last line.
+
+    Args:
+        output: the generated text (the prompt excluded).
+
+    Returns:
+        The answer text cleaned of markup, or None when nothing can be extracted (blank output, empty box or
+        empty ``Answer:`` slot). Truncation is not known here; :func:`score_output` applies it.
+    """
+    return _extract(output)[0]
+
+
+def normalize_answer(s: str) -> str:
+    """Lower-case, strip accents, turn punctuation and symbols into spaces, drop a/an/the, collapse spaces.
+
+    Punctuation becomes a space rather than vanishing, so "Quellin's" keeps the token "quellin".
+    """
+    s = unicodedata.normalize("NFKD", s)
+    s = "".join(" " if unicodedata.category(c)[0] in "PS" else c for c in s if not unicodedata.combining(c))
+    return " ".join(t for t in s.lower().split() if t not in _ARTICLES)
+
+
+def _to_float(num: str, scale: str | None, sign: str | None) -> float:
+    value = float(num.replace(",", ""))
+    if scale:
+        value *= _SCALES[scale.lower()]
+    return -value if sign else value
+
+
+def _numbers_in(text: str) -> list[tuple[float, bool]]:
+    """Every number written in ``text`` with whether it carries a scale word (digits or a word zero..twenty)."""
+    values = [(_to_float(m["num"], m["scale"], m["sign"]), bool(m["scale"])) for m in _NUMBER_IN_TEXT.finditer(text)]
+    values += [(_NUMBER_WORDS[w], False) for w in re.findall(r"[a-z]+", text.lower()) if w in _NUMBER_WORDS]
+    return values
+
+
+def _gold_number(gold: str) -> tuple[float, float | None] | None:
+    """A numeric gold's value, and its value in its own scale unit when it has a scale word ("11.1 billion")."""
+    m = _NUMERIC_GOLD.match(gold)
+    if m is None:
+        return None
+    unscaled = _to_float(m["num"], None, m["sign"]) if m["scale"] else None
+    return _to_float(m["num"], m["scale"], m["sign"]), unscaled
+
+
+def _contains_tokens(haystack: list[str], needle: list[str]) -> bool:
+    n = len(needle)
+    return n > 0 and any(haystack[i : i + n] == needle for i in range(len(haystack) - n + 1))
+
+
+def _matches(text: str, gold: str, rel_tol: float = REL_TOL) -> bool:
+    """One gold string against a text: numerically if the gold is a number, else as a contiguous token run."""
+    target = _gold_number(gold)
+    if target is not None:
+        value, unscaled = target
+        for v, has_scale in _numbers_in(text):
+            if math.isclose(v, value, rel_tol=rel_tol, abs_tol=1e-9):
+                return True
+            if unscaled is not None and not has_scale and math.isclose(v, unscaled, rel_tol=rel_tol, abs_tol=1e-9):
+                return True
+        return False
+    return _contains_tokens(normalize_answer(text).split(), normalize_answer(gold).split())
+
+
+def _gold_values(gold: Gold) -> list[str]:
+    if isinstance(gold, str):
+        return [gold]
+    if isinstance(gold, dict):
+        return [str(v) for v in gold.values()]
+    return [str(v) for v in gold]
+
+
+def exact_match(answer: str | None, gold: Gold, rel_tol: float = REL_TOL) -> bool:
+    """Normalised exact match of an extracted answer against a gold string, list or mapping.
+
+    Args:
+        answer: the extracted answer (not the whole output); None never matches.
+        gold: one string; a list (every element must be matched in the answer); a mapping (every value must be).
+        rel_tol: relative tolerance for numeric golds.
+
+    Returns:
+        True when every gold value is matched (see the module docstring for the per-string rule).
+    """
+    if answer is None:
+        return False
+    values = _gold_values(gold)
+    return bool(values) and all(_matches(answer, g, rel_tol) for g in values)
+
+
+def hop_recall(output: str, hops: Sequence[Hop]) -> float | None:
+    """Share of hops with a known intermediate answer whose answer appears in the output.
+
+    Args:
+        output: the whole generated text (reasoning included).
+        hops: the task's hops; those with ``answer`` None or blank are not counted.
+
+    Returns:
+        A value in [0, 1], or None when no hop has an answer.
+    """
+    known = [h.answer for h in hops if h.answer is not None and normalize_answer(h.answer)]
+    if not known:
+        return None
+    return sum(_matches(output, a) for a in known) / len(known)
+
+
+def score_output(output: str | None, task: Task, truncated: bool) -> Score:
+    """Score one generation: extracted answer, EM, hop recall, truncation and interpretability.
+
+    Args:
+        output: the generated text; None when the backend returned nothing.
+        task: the task the prompt was built from (gold and hops).
+        truncated: the backend reports that generation hit ``max_new_tokens`` without an end token.
+
+    Returns:
+        The :class:`Score`; see the module docstring for the definition of *uninterpretable*.
+    """
+    text = output or ""
+    answer, how = _extract(text)
+    if answer is not None and truncated and how == "last_line":
+        answer = None  # a cut-off last line is a fragment of reasoning, not an answer
+    uninterpretable = answer is None
+    return Score(
+        answer=answer,
+        em=exact_match(answer, task.gold),
+        hop_recall=hop_recall(text, task.hops),
+        truncated=truncated,
+        uninterpretable=uninterpretable,
+        extraction=how,
+    )
