@@ -82,15 +82,16 @@ def read_jsonl(path: Path) -> Iterator[dict]:
 
 
 def append_jsonl(path: Path, rows: Iterable[dict]) -> int:
-    """Append rows and fsync, so that a record on disk is complete. Returns the number written."""
+    """Append rows and fsync, so that a record on disk is complete. Returns the number written.
+
+    A half-written last line (a crash mid-write) is cut off first: it was never a record.
+    """
     rows = list(rows)
     if not rows:
         return 0
     path.parent.mkdir(parents=True, exist_ok=True)
-    needs_newline = path.exists() and path.stat().st_size > 0 and not _ends_with_newline(path)
+    _drop_partial_last_line(path)
     with path.open("a", encoding="utf-8") as fh:
-        if needs_newline:
-            fh.write("\n")
         for r in rows:
             fh.write(json.dumps(r, ensure_ascii=False) + "\n")
         fh.flush()
@@ -98,10 +99,17 @@ def append_jsonl(path: Path, rows: Iterable[dict]) -> int:
     return len(rows)
 
 
-def _ends_with_newline(path: Path) -> bool:
-    with path.open("rb") as fh:
-        fh.seek(-1, os.SEEK_END)
-        return fh.read(1) == b"\n"
+def _drop_partial_last_line(path: Path) -> None:
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    with path.open("rb+") as fh:
+        data = fh.read()
+        if data.endswith(b"\n"):
+            return
+        keep = data.rfind(b"\n") + 1
+        log.warning("%s: removing a half-written last line (%d bytes) left by an interrupted run",
+                    path, len(data) - keep)
+        fh.truncate(keep)
 
 
 def load_trials(path: Path) -> list[TrialRecord]:

@@ -83,15 +83,15 @@ def test_interrupted_run_resumes_without_duplicates_or_losses(tmp_path, tiny_car
 
 def test_prompt_longer_than_the_context_window_is_skipped_with_reason(tmp_path, tiny_card):
     card = tmp_path / "short.toml"
-    card.write_text(tiny_card.read_text().replace("context_window = 4096", "context_window = 200")
+    card.write_text(tiny_card.read_text().replace("context_window = 4096", "context_window = 150")
                     .replace('name = "tiny-llama"', 'name = "tiny-short"'))
     cfg = make_cfg(tmp_path, card)
     run_dir = runner.run_experiment(cfg, progress=False)
     trials = load_trials(run_dir / "trials.jsonl")
     skipped = [t for t in trials if t.skipped]
-    assert skipped and all("context window of 200" in t.skip_reason and t.em is None for t in skipped)
-    assert all(t.prompt_tokens + 4 > 200 for t in skipped)
-    assert all(t.prompt_tokens + 4 <= 200 for t in trials if not t.skipped)
+    assert skipped and all("context window of 150" in t.skip_reason and t.em is None for t in skipped)
+    assert all(t.prompt_tokens + 4 > 150 for t in skipped)
+    assert all(t.prompt_tokens + 4 <= 150 for t in trials if not t.skipped)
 
 
 def test_a_run_folder_of_another_config_is_refused(tmp_path, tiny_card):
