@@ -1,0 +1,431 @@
+"""Trial records written by other tools (CSV or JSONL), re-scored with the toolkit's scoring, then analysed.
+
+A column mapping names, for each toolkit field, the column that holds it (``--map model=model,load=pct`` or a
+TOML file with a ``[map]`` table and an optional ``[conditions]`` table of condition-name aliases). Fields:
+
+=================  ==========  =====================================================================
+field              required    meaning
+=================  ==========  =====================================================================
+model              yes         model name
+condition          yes         condition (aliases: ContextSaturation, LongContextControl, AttentionalResidue…)
+output             yes         the model's raw output
+gold               yes         gold answer
+task_id            no          question id (default: ``question`` if mapped, else the gold answer)
+question           no          question text (only used as the default task id)
+load               no          extraneous load in percent (default 0)
+replication        no          replication index (default 0)
+run                no          batch / source file; replications are numbered per (run, replication)
+truncated          no          a true/false column; overrides the truncation rule below
+completion_tokens  no          output length in tokens (for the ``max_new_tokens`` rule)
+source_em          no          the tool's own score, kept in ``meta`` for comparison only
+=================  ==========  =====================================================================
+
+A mapping given for some fields is completed with columns that carry a field's own name. A file whose columns
+are those of the ICE paper's published outputs (``model, replication, condition, irrelevant_percent, output,
+ground_truth, source_file, accuracy``) gets the ``ice-paper`` mapping when none is given.
+
+How each row is classified (never as a wrong answer unless it is one):
+
+- **error**: the output matches ``error_pattern`` (default: it starts with ``API_ERROR``) → ``error`` is set and
+  the trial is not scored.
+- **skipped**: the output cell is empty → ``skipped`` with reason; not scored.
+- **truncated** (SPEC §3: generation hit the token limit), decided by the first rule that applies:
+  1. a mapped ``truncated`` column;
+  2. ``max_new_tokens`` with token counts (a mapped ``completion_tokens`` column, or a ``tokenizer`` — a local
+     Hugging Face tokenizer folder, ideally the generating model's — to count with): truncated iff the output
+     has at least ``max_new_tokens`` tokens;
+  3. otherwise the text rule: the output gives no explicit final answer (no ``\\boxed{…}``, no line starting
+     with "Answer:" / "Final answer:") **and** it stops mid-sentence — its last non-blank character is not a
+     sentence end (``. ! ? ) ] } " ' * `` and closing quotes), or a LaTeX ``\\[``/``\\(`` or a Markdown ``**``
+     on its last line is left open. The rule errs towards *not truncated*: an output cut right after a full
+     stop is scored normally (and is most likely wrong), so the truncation rate it reports is a lower bound.
+- every non-error output is scored with :func:`probe.scoring.score_output` (EM, uninterpretable), exactly as
+  the toolkit scores its own runs.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import logging
+import re
+import tomllib
+from collections import Counter
+from pathlib import Path
+from typing import Callable
+
+from probe.config import AnalysisSection
+from probe.errors import ConfigError, ProbeError, UnknownNameError
+from probe.records import TrialRecord, make_trial_id
+from probe.types import CONDITIONS, Task
+
+log = logging.getLogger(__name__)
+
+FIELDS: tuple[str, ...] = ("model", "condition", "output", "gold", "task_id", "question", "load", "replication",
+                           "run", "truncated", "completion_tokens", "source_em")
+REQUIRED: tuple[str, ...] = ("model", "condition", "output", "gold")
+
+CONDITION_ALIASES: dict[str, str] = {
+    "control": "Control",
+    "longcontrol": "LongControl",
+    "longcontextcontrol": "LongControl",
+    "saturation": "Saturation",
+    "contextsaturation": "Saturation",
+    "residue": "Residue",
+    "attentionalresidue": "Residue",
+}
+
+PRESETS: dict[str, dict[str, str]] = {
+    "ice-paper": {"model": "model", "condition": "condition", "output": "output", "gold": "ground_truth",
+                  "load": "irrelevant_percent", "replication": "replication", "run": "source_file",
+                  "source_em": "accuracy"},
+}
+
+DEFAULT_ERROR_PATTERN = r"^\s*API_ERROR\b"
+_SENTENCE_END = set(".!?)]}\"'*`”’»")
+
+
+def parse_mapping(spec: str | Path | dict[str, str] | None) -> tuple[dict[str, str], dict[str, str]]:
+    """Read a column mapping: ``"field=column,..."``, a TOML file, or a dict.
+
+    A TOML file has a ``[map]`` table (field = "column") and optionally a ``[conditions]`` table
+    ("name in the file" = "toolkit condition").
+
+    Returns:
+        (mapping field -> column, condition aliases file name -> toolkit condition).
+
+    Raises:
+        ConfigError: an unknown field, a malformed pair or an alias to an unknown condition.
+    """
+    aliases: dict[str, str] = {}
+    if spec is None:
+        return {}, aliases
+    if isinstance(spec, dict):
+        mapping = dict(spec)
+    elif isinstance(spec, Path) or str(spec).endswith(".toml"):
+        path = Path(spec)
+        if not path.is_file():
+            raise ConfigError(f"{path}: mapping file not found")
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{path}: not valid TOML: {e}") from None
+        unknown = set(data) - {"map", "conditions"}
+        if unknown:
+            raise ConfigError(f"{path}: unknown table(s) {', '.join(sorted(unknown))}; valid: map, conditions")
+        mapping = {str(k): str(v) for k, v in data.get("map", {}).items()}
+        aliases = {str(k): str(v) for k, v in data.get("conditions", {}).items()}
+    else:
+        mapping = {}
+        for pair in str(spec).split(","):
+            if not pair.strip():
+                continue
+            if "=" not in pair:
+                raise ConfigError(f"--map: {pair!r} is not field=column (e.g. condition=cond)")
+            k, v = pair.split("=", 1)
+            mapping[k.strip()] = v.strip()
+    for k in mapping:
+        if k not in FIELDS:
+            raise UnknownNameError("mapping field", k, FIELDS)
+    for k, v in aliases.items():
+        if v not in CONDITIONS:
+            raise ConfigError(f"[conditions] {k} = {v!r}: not one of {', '.join(CONDITIONS)}")
+    return mapping, aliases
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    """Rows of a CSV (leading blank lines allowed) or JSONL file as dicts of strings / JSON values.
+
+    Raises:
+        ProbeError: unreadable file or unknown extension.
+    """
+    if not path.is_file():
+        raise ProbeError(f"{path}: no such file")
+    text = path.read_text(encoding="utf-8-sig")
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".ndjson", ".json"):
+        rows = []
+        for i, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ProbeError(f"{path}:{i}: not a JSON object ({e})") from None
+        return rows
+    if suffix in (".csv", ".tsv"):
+        body = text.lstrip("\r\n")
+        return list(csv.DictReader(io.StringIO(body), delimiter="\t" if suffix == ".tsv" else ","))
+    raise ProbeError(f"{path}: unknown file type {suffix!r}; give a .csv, .tsv or .jsonl file")
+
+
+def resolve_mapping(columns: list[str], mapping: dict[str, str]) -> tuple[dict[str, str], str | None]:
+    """Complete a mapping with same-named columns, or apply a preset when nothing was given.
+
+    Returns:
+        (complete mapping, preset name or None).
+
+    Raises:
+        ConfigError: a mapped column is missing, or a required field has no column.
+    """
+    preset = None
+    if not mapping:
+        for name, pm in PRESETS.items():
+            if all(c in columns for c in pm.values()):
+                mapping, preset = dict(pm), name
+                break
+    full = dict(mapping)
+    for f in FIELDS:
+        if f not in full and f in columns:
+            full[f] = f
+    for f, c in full.items():
+        if c not in columns:
+            raise ConfigError(f"mapping {f}={c}: the file has no column {c!r} (columns: {', '.join(columns)})")
+    missing = [f for f in REQUIRED if f not in full]
+    if missing:
+        raise ConfigError(f"mapping: no column for {', '.join(missing)}; give --map {missing[0]}=<column> "
+                          f"(columns: {', '.join(columns)})")
+    return full, preset
+
+
+def canonical_condition(name: str, aliases: dict[str, str]) -> str:
+    """The toolkit condition of a file's condition name (exact, user alias, or built-in alias, case-insensitive).
+
+    Raises:
+        UnknownNameError: no match.
+    """
+    if name in CONDITIONS:
+        return name
+    if name in aliases:
+        return aliases[name]
+    key = re.sub(r"[^a-z]", "", name.lower())
+    if key in CONDITION_ALIASES:
+        return CONDITION_ALIASES[key]
+    raise UnknownNameError("condition", name, [*CONDITIONS, *aliases, "ContextSaturation", "LongContextControl",
+                                               "AttentionalResidue"])
+
+
+def has_final_answer(text: str) -> bool:
+    """Whether an output states an explicit final answer: a complete ``\\boxed{}`` or an "Answer:" line.
+
+    Uses the extraction of :mod:`probe.scoring`, so "explicit" means what the scorer would take as the answer
+    before falling back to the last line.
+    """
+    probe_task = Task(task_id="", source="", question="", gold="", hops=())
+    return _scorer()(text, probe_task, False).extraction in ("boxed", "answer_line")
+
+
+def ends_mid_sentence(text: str) -> bool:
+    """Whether an output stops mid-sentence (see the module docstring's text rule)."""
+    body = text.rstrip()
+    if not body:
+        return False
+    if body[-1] not in _SENTENCE_END:
+        return True
+    last_line = body.splitlines()[-1]
+    if body.count("\\[") > body.count("\\]") or body.count("\\(") > body.count("\\)"):
+        return True
+    return last_line.count("**") % 2 == 1
+
+
+def _as_bool(v: object) -> bool:
+    return str(v).strip().lower() in ("1", "true", "yes", "y", "t")
+
+
+def _as_int(v: object, field: str, where: str) -> int:
+    s = str(v).strip()
+    if s == "" or s.lower() in ("none", "nan", "null"):
+        return 0
+    try:
+        return int(float(s))
+    except ValueError:
+        raise ProbeError(f"{where}: {field} = {v!r} is not a number") from None
+
+
+def _scorer() -> Callable:
+    try:
+        from probe.scoring import score_output
+    except ImportError as e:
+        raise ProbeError(f"probe.scoring is not available ({e}); external records cannot be re-scored") from None
+    return score_output
+
+
+def _token_counter(tokenizer: str | None) -> Callable[[str], int] | None:
+    if tokenizer is None:
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(tokenizer, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise ProbeError(f"tokenizer {tokenizer!r} cannot be loaded offline ({e}); give a local folder") from None
+    return lambda text: len(tok(text, add_special_tokens=False)["input_ids"])
+
+
+def load_external_trials(
+    path: str | Path,
+    mapping: str | Path | dict[str, str] | None = None,
+    *,
+    aliases: dict[str, str] | None = None,
+    max_new_tokens: int | None = None,
+    tokenizer: str | None = None,
+    error_pattern: str = DEFAULT_ERROR_PATTERN,
+) -> tuple[list[TrialRecord], dict]:
+    """Read and re-score another tool's trial file.
+
+    Args:
+        path: CSV/TSV/JSONL file.
+        mapping: column mapping (see :func:`parse_mapping`); None uses same-named columns or a preset.
+        aliases: extra condition-name aliases (file name -> toolkit condition).
+        max_new_tokens: the generation limit the tool used (truncation rule 2).
+        tokenizer: local tokenizer folder to count output tokens with (rule 2).
+        error_pattern: regex; an output matching it is a backend error.
+
+    Returns:
+        (trial records, import summary with the mapping, truncation rule and counts).
+
+    Raises:
+        ProbeError / ConfigError: unreadable file, bad mapping, unknown condition, bad number.
+    """
+    path = Path(path)
+    map_given, file_aliases = parse_mapping(mapping)
+    aliases = {**file_aliases, **(aliases or {})}
+    rows = read_rows(path)
+    if not rows:
+        raise ProbeError(f"{path}: holds no row")
+    columns = list(rows[0].keys())
+    full, preset = resolve_mapping(columns, map_given)
+    count = _token_counter(tokenizer) if max_new_tokens is not None else None
+    if "truncated" in full:
+        rule = f"column {full['truncated']!r}"
+    elif max_new_tokens is not None and ("completion_tokens" in full or count is not None):
+        rule = (f">= {max_new_tokens} output tokens (" +
+                (f"column {full['completion_tokens']!r}" if "completion_tokens" in full else f"counted with {tokenizer}")
+                + ")")
+    else:
+        rule = "text: no explicit final answer and stops mid-sentence"
+        if max_new_tokens is not None:
+            rule += f" (max_new_tokens={max_new_tokens} given without token counts or a tokenizer)"
+    error_re = re.compile(error_pattern)
+    score_output = _scorer()
+
+    def get(row: dict, field: str, default: object = None) -> object:
+        return row.get(full[field], default) if field in full else default
+
+    run_reps = sorted({(str(get(r, "run", "")), _as_int(get(r, "replication", 0), "replication", f"{path}"))
+                       for r in rows})
+    rep_index = {k: i for i, k in enumerate(run_reps)}
+    trials: list[TrialRecord] = []
+    seen: Counter[str] = Counter()
+    for i, row in enumerate(rows, 1):
+        where = f"{path}: row {i}"
+        model = str(get(row, "model", "")).strip()
+        if not model:
+            raise ProbeError(f"{where}: empty model ({full['model']})")
+        condition = canonical_condition(str(get(row, "condition", "")).strip(), aliases)
+        load = 0 if condition == "Control" else _as_int(get(row, "load", 0), "load", where)
+        gold_raw = get(row, "gold")
+        gold = gold_raw if isinstance(gold_raw, (list, dict)) else str(gold_raw)
+        question = get(row, "question")
+        task_id = str(get(row, "task_id") or question or gold)
+        run = str(get(row, "run", ""))
+        rep_raw = _as_int(get(row, "replication", 0), "replication", where)
+        replication = rep_index[(run, rep_raw)] if "run" in full else rep_raw
+        output_raw = get(row, "output")
+        output = None if output_raw is None else str(output_raw)
+        meta: dict = {"source_file": path.name, "source_row": i}
+        if "run" in full:
+            meta.update(run=run, source_replication=rep_raw)
+        if "source_em" in full:
+            meta["source_em"] = get(row, "source_em")
+        prompt_id = f"{task_id}|{condition}|{load}|r{replication}"
+        trial_id = make_trial_id(model, prompt_id)
+        seen[trial_id] += 1
+        if seen[trial_id] > 1:
+            trial_id = f"{trial_id}#{seen[trial_id]}"
+        base = dict(trial_id=trial_id, model=model, prompt_id=prompt_id, task_id=task_id, source=path.name,
+                    condition=condition, load=load, achieved_load=float(load), replication=replication,
+                    prompt_tokens=0, gold=gold, hop_recall=None, meta=meta)
+        if output is None or not output.strip():
+            trials.append(TrialRecord(**base, output=output, answer=None, em=None, truncated=False,
+                                      uninterpretable=False, skipped=True, skip_reason="no output in the file"))
+            continue
+        if error_re.search(output):
+            first = output.strip().splitlines()[0]
+            trials.append(TrialRecord(**base, output=output, answer=None, em=None, truncated=False,
+                                      uninterpretable=False, error=first[:300]))
+            continue
+        n_tokens: int | None = None
+        if "completion_tokens" in full:
+            n_tokens = _as_int(get(row, "completion_tokens"), "completion_tokens", where)
+        elif count is not None:
+            n_tokens = count(output)
+        if "truncated" in full:
+            truncated = _as_bool(get(row, "truncated"))
+        elif max_new_tokens is not None and n_tokens is not None:
+            truncated = n_tokens >= max_new_tokens
+        else:
+            truncated = not has_final_answer(output) and ends_mid_sentence(output)
+        task = Task(task_id=task_id, source=path.name, question=str(question or ""), gold=gold, hops=())
+        score = score_output(output, task, truncated)
+        trials.append(TrialRecord(**base, output=output, answer=score.answer, em=float(score.em),
+                                  truncated=score.truncated,
+                                  uninterpretable=score.uninterpretable, completion_tokens=n_tokens))
+    dups = sum(v - 1 for v in seen.values() if v > 1)
+    summary = {
+        "file": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "n_rows": len(rows),
+        "mapping": full, "preset": preset, "condition_aliases": aliases, "truncation_rule": rule,
+        "error_pattern": error_pattern, "max_new_tokens": max_new_tokens, "tokenizer": tokenizer,
+        "n_error": sum(t.error is not None for t in trials), "n_skipped": sum(t.skipped for t in trials),
+        "n_truncated": sum(t.truncated for t in trials),
+        "n_uninterpretable": sum(t.uninterpretable for t in trials),
+        "n_scored": sum(t.is_scored for t in trials), "n_duplicate_keys": dups,
+        "n_tasks": len({t.task_id for t in trials}),
+    }
+    if dups:
+        log.warning("%s: %d rows repeat a (model, task, condition, load, replication) key; map a run column", path, dups)
+    return trials, summary
+
+
+def analyze_external(
+    path: str | Path,
+    mapping: str | Path | dict[str, str] | None = None,
+    out_dir: str | Path | None = None,
+    *,
+    max_new_tokens: int | None = None,
+    tokenizer: str | None = None,
+    aliases: dict[str, str] | None = None,
+    cfg: AnalysisSection | None = None,
+) -> tuple[dict, Path]:
+    """Re-score another tool's trial file into a run folder and analyse it.
+
+    Writes ``trials.jsonl`` (replacing any earlier import) and ``manifest.json`` (source file, its sha256, the
+    mapping and the truncation rule) into ``out_dir``, then runs :func:`probe.analysis.analyze_run` there.
+
+    Args:
+        path: the external CSV/JSONL file.
+        mapping: column mapping (see :func:`parse_mapping`).
+        out_dir: run folder to create; default ``outputs/<file stem>``.
+        max_new_tokens: the generation limit the tool used.
+        tokenizer: local tokenizer folder to count output tokens with.
+        aliases: extra condition-name aliases.
+        cfg: analysis gates (default :class:`probe.config.AnalysisSection`).
+
+    Returns:
+        (analysis dict, path of ``analysis.json``).
+    """
+    from probe.analysis.run import ANALYSIS_FILE, MANIFEST_FILE, analyze_run
+    from probe.records import append_jsonl
+
+    path = Path(path)
+    trials, summary = load_external_trials(path, mapping, aliases=aliases, max_new_tokens=max_new_tokens,
+                                           tokenizer=tokenizer)
+    out = Path(out_dir) if out_dir is not None else Path("outputs") / re.sub(r"[^A-Za-z0-9._-]+", "-", path.stem)
+    out.mkdir(parents=True, exist_ok=True)
+    trials_path = out / "trials.jsonl"
+    trials_path.unlink(missing_ok=True)
+    append_jsonl(trials_path, (t.to_dict() for t in trials))
+    (out / MANIFEST_FILE).write_text(json.dumps({"imported_from": summary}, indent=1), encoding="utf-8")
+    analysis = analyze_run(out, cfg or AnalysisSection(), fill_similarity=False)
+    return analysis, out / ANALYSIS_FILE

@@ -1,0 +1,120 @@
+"""Trial records of a run folder as one table (a pandas DataFrame), with the columns the estimators use.
+
+Columns are the :class:`probe.records.TrialRecord` fields plus:
+
+- ``is_scored``: the trial has an EM (not skipped, no backend error); only these enter EM estimates. Skipped
+  trials and errors are counted, never scored as wrong.
+- ``has_output``: the model produced an output (not skipped, no error); truncation and uninterpretable rates are
+  shares of these trials.
+- ``s_sim``: the trial's S_sim, taken from the prompt record where the trial lacks it.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from probe.errors import ProbeError
+from probe.records import TrialRecord, load_trials, read_jsonl
+from probe.types import Prompt
+
+log = logging.getLogger(__name__)
+
+TRIALS_FILE = "trials.jsonl"
+PROMPTS_FILE = "prompts.jsonl"
+
+_COLUMNS = [
+    "trial_id", "model", "prompt_id", "task_id", "source", "condition", "load", "achieved_load", "replication",
+    "prompt_tokens", "em", "hop_recall", "truncated", "uninterpretable", "skipped", "skip_reason", "error",
+    "s_sim", "completion_tokens",
+]
+
+
+def trials_frame(trials: list[TrialRecord]) -> pd.DataFrame:
+    """One row per trial with the analysis columns (see the module docstring).
+
+    Args:
+        trials: trial records (any order).
+
+    Returns:
+        DataFrame with the columns of ``_COLUMNS`` plus ``is_scored`` and ``has_output``; ``em`` is float with NaN
+        where the trial was not scored; ``load`` is int percent.
+    """
+    rows = [{c: getattr(t, c) for c in _COLUMNS} for t in trials]
+    df = pd.DataFrame(rows, columns=_COLUMNS)
+    df["em"] = pd.to_numeric(df["em"], errors="coerce").astype(float)
+    df["hop_recall"] = pd.to_numeric(df["hop_recall"], errors="coerce").astype(float)
+    df["s_sim"] = pd.to_numeric(df["s_sim"], errors="coerce").astype(float)
+    df["load"] = df["load"].astype(int)
+    df["replication"] = df["replication"].astype(int)
+    df["task_id"] = df["task_id"].astype(str)
+    df["truncated"] = df["truncated"].fillna(False).astype(bool)
+    df["uninterpretable"] = df["uninterpretable"].fillna(False).astype(bool)
+    df["skipped"] = df["skipped"].fillna(False).astype(bool)
+    df["has_output"] = ~df["skipped"] & df["error"].isna()
+    df["is_scored"] = df["has_output"] & df["em"].notna()
+    return df
+
+
+def read_prompts(run_dir: Path) -> dict[str, Prompt]:
+    """The prompts of a run folder by ``prompt_id`` (empty when ``prompts.jsonl`` is absent)."""
+    out: dict[str, Prompt] = {}
+    for d in read_jsonl(run_dir / PROMPTS_FILE):
+        p = Prompt.from_dict(d)
+        out[p.prompt_id] = p
+    return out
+
+
+def load_run_frame(run_dir: Path) -> tuple[pd.DataFrame, dict[str, Prompt]]:
+    """Trials of a run folder as a table, and its prompts.
+
+    S_sim missing from a trial is taken from its prompt record.
+
+    Raises:
+        ProbeError: the folder has no ``trials.jsonl`` or it holds no trial.
+    """
+    path = run_dir / TRIALS_FILE
+    if not path.is_file():
+        raise ProbeError(f"{path}: no trial records here; run `probe run` first, or give the run folder")
+    trials = load_trials(path)
+    if not trials:
+        raise ProbeError(f"{path}: holds no trial record")
+    df = trials_frame(trials)
+    prompts = read_prompts(run_dir)
+    if prompts:
+        from_prompt = df["prompt_id"].map(lambda pid: prompts[pid].s_sim if pid in prompts else None)
+        df["s_sim"] = df["s_sim"].fillna(pd.to_numeric(from_prompt, errors="coerce").astype(float))
+    log.info("%s: %d trials (%d scored), %d prompts", path, len(df), int(df["is_scored"].sum()), len(prompts))
+    return df, prompts
+
+
+def fill_s_sim(df: pd.DataFrame, prompts: dict[str, Prompt], embedder_name: str) -> tuple[pd.DataFrame, str | None]:
+    """Compute S_sim for trials with extraneous segments that lack it, from their prompt records.
+
+    The question is the prompt's ``question`` segment text; the extraneous texts are its ``extraneous``
+    segments (SPEC §5).
+
+    Returns:
+        The table with ``s_sim`` filled where possible, and a note (None when nothing was missing).
+    """
+    need = df["s_sim"].isna() & df["prompt_id"].isin(list(prompts)) & df["condition"].isin(["Saturation", "Residue"])
+    if not need.any():
+        return df, None
+    try:
+        from probe.similarity import get_embedder
+
+        embedder = get_embedder(embedder_name)
+    except ProbeError as e:
+        return df, f"S_sim missing for {int(need.sum())} trials and not computable here: {e}"
+    cache: dict[str, float | None] = {}
+    for pid in df.loc[need, "prompt_id"].unique():
+        p = prompts[pid]
+        question = " ".join(p.segment_text(s) for s in p.segments if s.kind == "question")
+        extraneous = [p.segment_text(s) for s in p.segments if s.kind == "extraneous"]
+        cache[pid] = embedder.s_sim(question, extraneous) if question else None
+    df = df.copy()
+    df.loc[need, "s_sim"] = df.loc[need, "prompt_id"].map(lambda pid: np.nan if cache[pid] is None else cache[pid])
+    return df, f"S_sim computed from prompts.jsonl with {embedder_name} for {int(need.sum())} trials"
