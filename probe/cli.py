@@ -131,9 +131,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
     path = Path(args.run)
     if path.is_file():  # trial records written by another tool
-        mapping = dict(kv.split("=", 1) for kv in args.map.split(",")) if args.map else None
-        result, out = analyze_external(path, mapping=mapping, out_dir=Path(args.out) if args.out else None,
-                                       max_new_tokens=args.max_new_tokens)
+        result, out = analyze_external(path, mapping=args.map, out_dir=Path(args.out) if args.out else None,
+                                       max_new_tokens=args.max_new_tokens, tokenizer=args.tokenizer)
         print(main_table_text(result))
         print(f"analysis: {out}")
         return 0
@@ -216,10 +215,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_run)
     sp = sub.add_parser("analyze", help="statistics of a run folder, or of a CSV/JSONL written by another tool")
     sp.add_argument("run", help="run folder (outputs/<name>) or a CSV / JSONL file of trials")
-    sp.add_argument("--map", help="column mapping for external files: field=column,... (e.g. condition=cond)")
+    sp.add_argument("--map", help="column mapping for external files: field=column,... or a TOML mapping file")
     sp.add_argument("--out", help="output folder for an external file's analysis")
     sp.add_argument("--max-new-tokens", type=int, default=None,
                     help="external files: the generation limit used, to recognise cut-off outputs")
+    sp.add_argument("--tokenizer", help="external files: a local tokenizer folder to count output tokens with")
     sp.set_defaults(fn=cmd_analyze)
     sp = sub.add_parser("report", help="write report.html and figures for a run folder")
     sp.add_argument("run")
