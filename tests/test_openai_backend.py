@@ -184,7 +184,7 @@ def test_finish_reason_length_marks_truncated(server):
 
 def test_each_prompt_answered_once_with_its_own_text_under_concurrency(server):
     url, script = server
-    script.default = Action(delay=0.05)
+    script.default = Action(delay=0.1)
     prompts = [make_prompt(i) for i in range(12)]
     out = run(OpenAIBackend(make_card(url, max_concurrency=3), retry=FAST), prompts)
     assert sorted(out) == sorted(p.prompt_id for p in prompts)
@@ -208,7 +208,7 @@ def test_429_with_retry_after_then_500_then_success(server):
     times = [t for t, _, _ in script.requests]
     assert len(times) == 3
     assert times[1] - times[0] >= 0.95  # Retry-After: 1 honoured although the backoff alone is 0.01 s
-    assert times[2] - times[1] < 0.5  # after the 500 only the short backoff
+    assert times[2] - times[1] < 0.9  # after the 500 only the short backoff, not Retry-After again
 
 
 def test_dropped_connection_is_retried(server):
