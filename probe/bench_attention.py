@@ -1,0 +1,282 @@
+"""``probe bench attention``: what the probe costs next to a plain forward pass, measured side by side in one run.
+
+At each prompt length T, on the default model (or a given one), the same Saturation-like prompt (random token ids,
+sink / instruction / germane and extraneous segments alternating / question / sink) is run through:
+
+- ``plain``: the model's base with its fast attention (SDPA), no cache, no LM head — the floor;
+- ``engine``: :func:`probe.attention.probe_prompt` with the default query set (question + last token), no residue;
+- ``engine_ar``: the same with AR_k (cosine), which needs the rows of every germane, question and extraneous token;
+- ``eager``: eager attention with ``output_attentions=True`` (all L·H·T² weights kept);
+- ``lens``: a TransformerLens ``TransformerBridge`` ``run_with_cache`` of every ``hook_pattern``.
+
+The last two are skipped (with a note) when their L·H·T² attention would exceed ``full_attention_limit_gb``.
+Time is wall-clock seconds of one call; memory is the peak above the memory in use just before the call: on a
+GPU ``torch.cuda.max_memory_allocated``, on the CPU the process's resident set size sampled every 2 ms in a
+thread, with glibc told to return freed blocks to the system at once (``mallopt``/``malloc_trim``) so that
+memory freed by an earlier arm cannot hide a later arm's peak. Each arm runs ``repeats``
+times and the fastest is kept; ``engine/plain`` ratios are of figures measured in the same run.
+"""
+
+from __future__ import annotations
+
+import copy
+import ctypes
+import gc
+import logging
+import threading
+import time
+from typing import Callable
+
+import numpy as np
+import psutil
+import torch
+
+from probe.attention import probe_prompt
+from probe.config import ProbeSection
+from probe.types import Span, TokenizedPrompt
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+ARMS = ("plain", "engine", "engine_ar", "eager", "lens")
+
+
+def bench_prompt(n_tokens: int, vocab_size: int, n_pairs: int = 8, seed: int = 0) -> TokenizedPrompt:
+    """A Saturation-like prompt of ``n_tokens`` random ids: sink, instruction, (extraneous, germane) x n_pairs,
+    extraneous, question, sink.
+
+    Args:
+        n_tokens: prompt length T (>= 64).
+        vocab_size: ids are drawn from ``[100, vocab_size)`` (clear of most special tokens).
+        n_pairs: germane segments.
+        seed: random seed of the ids.
+    """
+    rng = np.random.default_rng(seed)
+    head, instr, question, tail = 3, 20, 20, 5
+    body = n_tokens - head - instr - question - tail
+    n_body = 2 * n_pairs + 1
+    sizes = [body // n_body] * n_body
+    sizes[-1] += body - sum(sizes)
+    kinds = ["sink", "instruction"] + ["extraneous" if i % 2 == 0 else "germane" for i in range(n_body)]
+    kinds += ["question", "sink"]
+    lengths = [head, instr, *sizes, question, tail]
+    spans, pos = [], 0
+    for kind, n in zip(kinds, lengths):
+        spans.append(Span(kind, pos, pos + n))
+        pos += n
+    ids = tuple(int(x) for x in rng.integers(100, vocab_size, size=n_tokens))
+    return TokenizedPrompt(input_ids=ids, spans=tuple(spans))
+
+
+_M_MMAP_THRESHOLD = -3
+
+
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+
+
+def _return_freed_memory() -> bool:
+    """Make glibc serve large blocks by mmap (returned on free) and trim its heap; False where not glibc."""
+    libc = _libc()
+    if libc is None:
+        return False
+    libc.mallopt(_M_MMAP_THRESHOLD, 256 * 1024)
+    libc.malloc_trim(0)
+    return True
+
+
+class _PeakMemory:
+    """Peak memory above the starting level during a ``with`` block (CUDA allocator or sampled RSS), bytes."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.peak = 0
+
+    def __enter__(self) -> "_PeakMemory":
+        gc.collect()
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            self.start = torch.cuda.memory_allocated()
+        else:
+            _return_freed_memory()
+            self.proc = psutil.Process()
+            self.start = self.proc.memory_info().rss
+            self.max_rss = self.start
+            self.stop = threading.Event()
+            self.thread = threading.Thread(target=self._sample, daemon=True)
+            self.thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self.stop.is_set():
+            self.max_rss = max(self.max_rss, self.proc.memory_info().rss)
+            time.sleep(0.002)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+            self.peak = torch.cuda.max_memory_allocated() - self.start
+        else:
+            self.stop.set()
+            self.thread.join()
+            self.max_rss = max(self.max_rss, self.proc.memory_info().rss)
+            self.peak = self.max_rss - self.start
+
+
+def _measure(fn: Callable[[], object], device: torch.device, repeats: int) -> tuple[float, float]:
+    """(seconds, peak bytes) of the fastest of ``repeats`` calls of ``fn``."""
+    best_t, best_m = float("inf"), 0.0
+    for _ in range(repeats):
+        with _PeakMemory(device) as mem:
+            t0 = time.perf_counter()
+            fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
+        if dt < best_t:
+            best_t, best_m = dt, float(mem.peak)
+    return best_t, best_m
+
+
+def run_attention_bench(
+    lengths: tuple[int, ...] = (512, 2048, 4096, 8192),
+    model: torch.nn.Module | None = None,
+    model_name: str = DEFAULT_MODEL,
+    repeats: int = 1,
+    full_attention_limit_gb: float = 8.0,
+    residue_max_tokens: int | None = None,
+    include_lens: bool = True,
+) -> list[dict]:
+    """Time and peak memory of a plain forward, the engine (with and without AR_k), eager and TransformerLens.
+
+    Args:
+        lengths: prompt lengths T to measure.
+        model: a loaded Hugging Face causal LM (eval mode); None loads ``model_name`` with
+            :func:`probe.loading.load_model`.
+        model_name: card name of the model to load when ``model`` is None (also the row label).
+        repeats: calls per arm; the fastest is reported.
+        full_attention_limit_gb: skip eager / TransformerLens when L·H·T²·4 bytes exceeds this.
+        residue_max_tokens: skip ``engine_ar`` above this T (None: never skip).
+        include_lens: measure the TransformerLens arm.
+
+    Returns:
+        One dict per T: ``n_tokens``, ``<arm>_s`` and ``<arm>_gb`` (None when skipped), ``notes``, and the
+        ratios ``engine_time_ratio``, ``engine_mem_ratio``, ``engine_ar_time_ratio`` (engine / plain).
+    """
+    if model is None:
+        from probe.loading import load_model
+
+        model = load_model(model_name).model
+    model.eval()
+    device = next(model.parameters()).device
+    cfg = model.config.get_text_config()
+    n_layers, n_heads = int(cfg.num_hidden_layers), int(cfg.num_attention_heads)
+    base = model.base_model
+    bridge = None
+    rows: list[dict] = []
+    exact_rss = device.type == "cuda" or _return_freed_memory()
+    if lengths:  # warm-up: first-call costs (kernels, allocator) should not land on the first arm measured
+        with torch.no_grad():
+            base(input_ids=torch.tensor([bench_prompt(min(lengths), int(cfg.vocab_size)).input_ids], device=device),
+                 use_cache=False)
+    for n in lengths:
+        tp = bench_prompt(n, int(cfg.vocab_size))
+        ids = torch.tensor([tp.input_ids], device=device)
+        row: dict = {"model": model_name, "n_tokens": n, "device": device.type, "notes": []}
+        if not exact_rss:
+            row["notes"].append("not glibc: freed memory may stay resident, memory figures are lower bounds")
+        full_gb = n_layers * n_heads * n * n * 4 / 1e9
+
+        def plain() -> None:
+            with torch.no_grad():
+                base(input_ids=ids, use_cache=False)
+
+        arms: dict[str, Callable[[], object] | None] = {
+            "plain": plain,
+            "engine": lambda: probe_prompt(model, tp, ProbeSection(), compute_residue=False),
+            "engine_ar": lambda: probe_prompt(model, tp, ProbeSection(), compute_residue=True),
+        }
+        if residue_max_tokens is not None and n > residue_max_tokens:
+            arms["engine_ar"] = None
+            row["notes"].append(f"engine_ar skipped above {residue_max_tokens} tokens")
+        if full_gb > full_attention_limit_gb:
+            arms["eager"] = None
+            arms["lens"] = None
+            row["notes"].append(f"eager/lens skipped: L*H*T^2 attention = {full_gb:.1f} GB")
+        else:
+            arms["eager"] = lambda: _eager(model, ids)
+            if include_lens:
+                if bridge is None:
+                    bridge = _boot_bridge(model, model_name)
+                arms["lens"] = lambda: _lens(bridge, ids, n_layers)
+            else:
+                arms["lens"] = None
+        for arm in ARMS:
+            fn = arms.get(arm)
+            if fn is None:
+                row[f"{arm}_s"] = row[f"{arm}_gb"] = None
+                continue
+            log.info("bench attention: T=%d %s", n, arm)
+            t, m = _measure(fn, device, repeats)
+            row[f"{arm}_s"], row[f"{arm}_gb"] = t, m / 1e9
+        row["engine_time_ratio"] = row["engine_s"] / row["plain_s"]
+        row["engine_mem_ratio"] = row["engine_gb"] / row["plain_gb"] if row["plain_gb"] else None
+        row["engine_ar_time_ratio"] = row["engine_ar_s"] / row["plain_s"] if row["engine_ar_s"] is not None else None
+        rows.append(row)
+    return rows
+
+
+def _eager(model: torch.nn.Module, ids: torch.Tensor) -> None:
+    previous = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        with torch.no_grad():
+            out = model.base_model(input_ids=ids, use_cache=False, output_attentions=True)
+        del out
+    finally:
+        model.set_attn_implementation(previous)
+
+
+def _boot_bridge(model: torch.nn.Module, name: str) -> object:
+    """A TransformerLens bridge around a copy of the model (the bridge rewires the model it wraps)."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+    from transformer_lens.model_bridge import TransformerBridge
+
+    # A stand-in tokenizer (the bench feeds ids); no BOS token, so the bridge does not reload one by name.
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel({"<unk>": 0, "<eos>": 1}, unk_token="<unk>")),
+                                  unk_token="<unk>", eos_token="<eos>", pad_token="<eos>")
+    device = str(next(model.parameters()).device)
+    return TransformerBridge.boot_transformers(name, hf_model=copy.deepcopy(model), tokenizer=tok, device=device)
+
+
+def _lens(bridge: object, ids: torch.Tensor, n_layers: int) -> None:
+    names = [f"blocks.{i}.attn.hook_pattern" for i in range(n_layers)]
+    with torch.no_grad():
+        _, cache = bridge.run_with_cache(ids, names_filter=names, return_type=None)  # type: ignore[attr-defined]
+    del cache
+
+
+def format_attention_bench(rows: list[dict]) -> str:
+    """A plain-text table of :func:`run_attention_bench`'s rows (seconds / GB per arm, engine/plain ratios)."""
+    def cell(s: float | None, gb: float | None) -> str:
+        return "skipped" if s is None else f"{s:7.2f}s {gb:6.2f}GB"
+
+    head = f"{'T':>6}  " + "  ".join(f"{a:>17}" for a in ARMS) + "   engine/plain time  mem   engine_ar/plain time"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        cells = "  ".join(f"{cell(r[f'{a}_s'], r[f'{a}_gb']):>17}" for a in ARMS)
+        mem = f"{r['engine_mem_ratio']:.2f}" if r["engine_mem_ratio"] is not None else "n/a"
+        ar = f"{r['engine_ar_time_ratio']:.2f}" if r["engine_ar_time_ratio"] is not None else "n/a"
+        lines.append(f"{r['n_tokens']:>6}  {cells}   {r['engine_time_ratio']:17.2f}  {mem:>4}   {ar:>20}")
+    notes = sorted({n for r in rows for n in r["notes"]})
+    if rows:
+        lines.append(f"model {rows[0]['model']} on {rows[0]['device']}; memory = peak above the level before the call")
+    lines += [f"note: {n}" for n in notes]
+    return "\n".join(lines)

