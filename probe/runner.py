@@ -261,11 +261,12 @@ def make_record(model: str, prompt: Prompt, task: Task, gen: Generation) -> Tria
                        uninterpretable=score.uninterpretable)
 
 
-def make_backend(card: ModelCard, device: str | None = None) -> Backend:
+def make_backend(card: ModelCard, device: str | None = None, seed: int = 0) -> Backend:
+    """The backend of a card: a loaded local model, or a client of its served endpoint (``seed`` sent along)."""
     if card.backend == "openai":
         from probe.backends.openai import OpenAIBackend
 
-        return OpenAIBackend(card)
+        return OpenAIBackend(card, seed=seed)
     return LocalBackend(load_model(card, device=device))
 
 
@@ -400,17 +401,15 @@ def run_experiment(cfg: ExperimentConfig, progress: bool = True, force: bool = F
     run_dir = prepare_run_dir(cfg, force=force) if rank == 0 else cfg.run_dir
     cards = [get_card(m) for m in cfg.experiment.models]
     if cfg.probe.enabled:
+        from probe.backends.openai import check_probe_supported
+
         for c in cards:
-            if not c.is_local:
-                raise ConfigError(
-                    f"{c.card_path}: probe.enabled = true, but model {c.name!r} is served (backend = {c.backend!r}): "
-                    "probes need local weights. Remove it from experiment.models or set probe.enabled = false."
-                )
+            check_probe_supported(c)
     by_model = build_prompts(cfg, progress=progress and rank == 0)
     tasks = {t.task_id: t for t in load_all_tasks(cfg)}
     revisions: dict[str, str] = {}
     for card in cards:
-        backend = make_backend(card, device=device)
+        backend = make_backend(card, device=device, seed=cfg.experiment.seed)
         if isinstance(backend, LocalBackend):
             revisions[card.name] = backend.loaded.revision
         if rank == 0:
