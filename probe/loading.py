@@ -60,7 +60,9 @@ class ModelCard:
     gguf_assemble: bool = False  # the package ships the GGUF in chunks and joins them with its `assemble()`
     path: str | None = None
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
-    device_map: str | None = None  # accelerate device map ("auto" spreads a large model over GPUs / CPU)
+    # accelerate device map: "auto" / "balanced" / "sequential" spread a large model over GPUs, CPU and disk; a
+    # table {"model.layers.0" = 0, "model.layers.1" = "cpu", "lm_head" = "disk", ...} places each module by hand
+    device_map: str | dict[str, str | int] | None = None
     max_memory: dict[str, str] = field(default_factory=dict)  # e.g. {"0" = "70GiB", "cpu" = "200GiB"}
     offload_folder: str | None = None
     load_in_4bit: bool = False  # bitsandbytes 4-bit (needs a CUDA GPU and the bitsandbytes package)
@@ -223,7 +225,34 @@ class LoadedModel:
 
     @property
     def device(self) -> Any:
-        return self.model.device
+        """Where the model's inputs go (see ``input_device``)."""
+        return input_device(self.model)
+
+
+def input_device(model: Any) -> Any:
+    """The device a model's input ids belong on: the execution device of its input embedding.
+
+    A model dispatched by accelerate (``device_map``) may keep its first weights on the ``meta`` device (offloaded to
+    CPU RAM or disk and loaded by hooks at each forward), so ``model.device`` (the first parameter's) is not a
+    place for inputs; the embedding's hook names the device its forward runs on.
+
+    Args:
+        model: a transformers model, dispatched or not.
+
+    Returns:
+        A ``torch.device``.
+    """
+    import torch
+
+    emb = model.get_input_embeddings()
+    hook = getattr(emb, "_hf_hook", None)
+    dev = getattr(hook, "execution_device", None)
+    if dev is None:
+        dev = next(iter(emb.parameters())).device
+    if isinstance(dev, int):
+        return torch.device("cuda", dev)
+    dev = torch.device(dev)
+    return torch.device("cpu") if dev.type == "meta" else dev
 
 
 def _torch_dtype(card: ModelCard) -> Any:

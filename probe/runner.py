@@ -71,7 +71,7 @@ class LocalBackend:
         runnable.sort(key=lambda x: len(x[1]))
         eos = _eos_ids(model, tok)
         pad = tok.pad_token_id
-        device = model.device if hasattr(model, "device") else "cpu"
+        device = self.loaded.device  # the input embedding's (a dispatched model's first weights may be on `meta`)
         for b in range(0, len(runnable), gen.batch_size):
             batch = runnable[b : b + gen.batch_size]
             width = max(len(ids) for _, ids in batch)

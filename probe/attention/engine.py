@@ -39,6 +39,7 @@ from probe.attention.reduce import LayerAggregates, LayerReducer, assemble_resul
 from probe.attention.result import SegmentAttention
 from probe.config import ProbeSection
 from probe.errors import HookError
+from probe.loading import input_device
 from probe.types import TokenizedPrompt
 
 log = logging.getLogger(__name__)
@@ -336,7 +337,7 @@ def probe_prompt(
     plan = build_plan(tokenized, options, n_generated=len(generated), compute_residue=compute_residue)
     n_layers = int(text_config_of(model).num_hidden_layers)
     capture = Capture(plan, n_layers)
-    device = next(model.parameters()).device
+    device = input_device(model)  # not the first parameter's: a dispatched model may keep it on `meta`
     ids = torch.tensor([list(tokenized.input_ids) + generated], dtype=torch.long, device=device)
     base = model.base_model
     log.debug("probing %d tokens (%d query rows, %d rows in all)", plan.n_tokens, len(plan.query_positions),
