@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from probe.errors import ConfigError
 from probe.types import Hop, Task
 
 log = logging.getLogger(__name__)
@@ -347,11 +348,14 @@ def generate_synthetic(n: int, hops: int, rng: np.random.Generator) -> list[Task
 
     Returns:
         ``n`` tasks with ``source="synthetic"``, ``len(hops) == hops``, ``gold`` the last hop's answer.
+
+    Raises:
+        ConfigError: ``hops`` is not 2 or 3, or ``n < 1``.
     """
     if hops not in (2, 3):
-        raise ValueError(f"hops={hops}: the synthetic source makes 2- or 3-hop questions")
+        raise ConfigError(f"tasks.hops: {hops}; the synthetic source makes 2- or 3-hop questions")
     if n < 1:
-        raise ValueError(f"n={n} must be >= 1")
+        raise ConfigError(f"tasks.n: {n} must be >= 1")
     order = rng.permutation(len(_TOPICS))
     names = _NameDraw(rng)
     tasks: list[Task] = []
