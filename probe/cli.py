@@ -67,9 +67,14 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def _dp_rank() -> tuple[int, int]:
-    """(rank, world size) under ``accelerate launch`` / torchrun; (0, 1) otherwise."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
+    """(rank, world size) under ``accelerate launch`` / torchrun, or mpirun (accelerate's multi-CPU launcher);
+    (0, 1) otherwise. Variables are read in accelerate's order (``PartialState`` reads the same ones)."""
+
+    def first(names: tuple[str, ...], default: str) -> int:
+        return int(next((os.environ[n] for n in names if os.environ.get(n)), default))
+
+    world = first(("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"), "1")
+    rank = first(("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK"), "0")
     return rank, world
 
 

@@ -321,6 +321,8 @@ def run_model(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], ta
     done = done_ids(run_dir)
     mine = shard_of(prompts, rank, world)
     pending = [p for p in mine if make_trial_id(model, p.prompt_id) not in done]
+    log.info("%s: rank %d of %d: %d trials to run, %d already recorded", model, rank, world, len(pending),
+             len(mine) - len(pending))
     if not pending:
         return 0
     greedy = cfg.generation.temperature == 0
@@ -395,7 +397,8 @@ def run_experiment(cfg: ExperimentConfig, progress: bool = True, force: bool = F
         progress: show progress bars.
         force: overwrite a run folder's config even if it differs.
         rank, world: this process's place in a data-parallel run (``accelerate launch``); each writes its own
-            records, and the last step merges them.
+            records (``trials.rank<r>.jsonl``), which rank 0 merges once every process is done (``merge_shards``).
+            A single-process run (``world = 1``) merges any shard files an interrupted data-parallel run left.
         device: "cpu" / "cuda[:i]" for local models (None: CUDA when available).
     """
     run_dir = prepare_run_dir(cfg, force=force) if rank == 0 else cfg.run_dir
@@ -416,6 +419,8 @@ def run_experiment(cfg: ExperimentConfig, progress: bool = True, force: bool = F
             write_manifest(run_dir, cfg, cards, revisions)
         run_model(cfg, backend, by_model[card.name], tasks, rank=rank, world=world, progress=progress)
         del backend
+    if world == 1:  # shard files left by an interrupted data-parallel run are folded in once this run is done
+        merge_shards(run_dir)
     return run_dir
 
 
