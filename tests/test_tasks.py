@@ -54,7 +54,9 @@ def rederive_gold(task: Task) -> str:
         years = re.findall(r"\b1[0-9]{3}\b", hop.fact)
         if new:
             assert len(new) == 1 and not years, (hop.fact, new)
-            current = new.pop()
+            nxt = new.pop()
+            assert hop.fact.index(current) < hop.fact.index(nxt), hop.fact  # facts read in reasoning order
+            current = nxt
         elif years:
             assert len(years) == 1
             current = years[0]

@@ -55,7 +55,8 @@ _REAL_NAMES = frozenset(
 class _Topic:
     """One kind of fictional chain: four entity kinds linked by three relations.
 
-    ``facts[i]`` are templates of the sentence linking ``e_i`` to ``e_{i+1}``. A 2-hop question starts at
+    ``facts[i]`` are templates of the sentence linking ``e_i`` to ``e_{i+1}``; every template names ``e_i``
+    before ``e_{i+1}``, so the facts read in the order the reasoning runs. A 2-hop question starts at
     ``e_{start2}`` and asks for ``e_{start2 + 2}``; a 3-hop question starts at ``e0`` and asks for ``e3``.
     """
 
@@ -111,7 +112,7 @@ _TOPICS: tuple[_Topic, ...] = (
             ),
             (
                 "The company {e1} was founded by the engineer {e2}, who ran it for many years afterwards.",
-                "The engineer {e2} founded the company {e1} after leaving a job at a much larger firm.",
+                "The company {e1} was set up by the engineer {e2}, who had left a job at a much larger firm.",
             ),
             (
                 "The engineer {e2} was born in the year {e3}, in a narrow house near a busy market.",
@@ -135,7 +136,7 @@ _TOPICS: tuple[_Topic, ...] = (
             ),
             (
                 "The album {e1} was released by the record label {e2}, which also paid for the studio time.",
-                "The record label {e2} put out the album {e1} and sent copies to radio stations everywhere.",
+                "The album {e1} came out on the record label {e2}, which sent copies to radio stations everywhere.",
             ),
             (
                 "The record label {e2} has its main office in the city of {e3}, close to the old station.",
@@ -171,7 +172,7 @@ _TOPICS: tuple[_Topic, ...] = (
         facts=(
             (
                 "The {device} known as the {e0} was invented by {e1}, who built the first model in a workshop.",
-                "The inventor {e1} designed the {device} known as the {e0} after many failed attempts.",
+                "The {device} known as the {e0} was designed by the inventor {e1} after many failed attempts.",
             ),
             (
                 "The inventor {e1} studied at the University of {e2}, where the lectures were long and dull.",
@@ -213,11 +214,11 @@ _TOPICS: tuple[_Topic, ...] = (
         facts=(
             (
                 "The novel {e0} was written by the author {e1}, who finished it after many years of work.",
-                "The author {e1} wrote the novel {e0}, a long story about a family and its secrets.",
+                "The novel {e0} is the work of the author {e1}, a long story about a family and its secrets.",
             ),
             (
                 "The author {e1} learned to write from an older writer named {e2}, a patient and kind teacher.",
-                "The writer {e2} was the teacher of the author {e1} and read every early draft with care.",
+                "The author {e1} was taught by the writer {e2}, who read every early draft with great care.",
             ),
             (
                 "Before writing books, the writer {e2} worked as a {e3} in a small town for many years.",
