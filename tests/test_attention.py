@@ -93,6 +93,7 @@ def make_prompt(seed: int, layout: str = "saturation", n_tokens: int = 64) -> To
         "residue": ["extraneous", "extraneous", "extraneous", "germane", "germane", "germane"],
         "control": ["germane", "germane", "germane"],
         "filler": ["filler", "germane", "filler", "germane"],
+        "many": ["extraneous", "germane", "filler", "sink"] * 17,  # > 64 segments: segment sums by index_add_
     }[layout]
     kinds = ["sink", "instruction", *body, "question", "sink"]
     cuts = np.sort(rng.choice(np.arange(1, n_tokens), size=len(kinds) - 1, replace=False))
@@ -147,6 +148,15 @@ def test_generated_query_set(models, arch: str, mode: str) -> None:
     assert got.n_queries == len(answer) and got.n_tokens == 56 + len(answer)
     assert got.segment_kinds[-1] == "generated"
     assert float(got.mass_of("generated").min()) > 0  # answer tokens attend to earlier answer tokens
+
+
+@pytest.mark.parametrize("layout", ["filler", "many"])
+def test_layouts(models, layout: str) -> None:
+    tp = make_prompt(seed=15, layout=layout, n_tokens=100)
+    for mode in ("cosine", "mass"):
+        options = ProbeSection(residue_mode=mode, block_size=32)
+        assert_same(probe_prompt(models["mistral"], tp, options), reference_segment_attention(models["mistral"], tp,
+                                                                                                options))
 
 
 def test_attention_is_not_trivial(models) -> None:

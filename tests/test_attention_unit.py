@@ -8,7 +8,7 @@ import torch
 
 from probe.attention import SegmentAttention, build_plan, max_probe_context, probe_memory_bytes
 from probe.attention.capacity import LLAMA3_8B
-from probe.attention.reduce import LayerReducer, assemble_result
+from probe.attention.reduce import LayerReducer, PlanTensors, assemble_result
 from probe.config import ProbeSection
 from probe.errors import ConfigError, SpanError
 from probe.types import Span, TokenizedPrompt
@@ -65,26 +65,27 @@ def _causal_rows(n: int, logits: np.ndarray) -> np.ndarray:
     return e / e.sum(-1, keepdims=True)
 
 
-def _reduce(tp: TokenizedPrompt, options: ProbeSection, att: np.ndarray) -> SegmentAttention:
+def _reduce(tp: TokenizedPrompt, options: ProbeSection, att: np.ndarray, matmul: bool = True) -> SegmentAttention:
     """Run the reducer over full (H, T, T) rows of one layer, block by block."""
     plan = build_plan(tp, options)
     n = plan.n_tokens
-    reducer = LayerReducer(plan, att.shape[0], torch.device("cpu"))
-    pos = torch.as_tensor(plan.row_positions)
+    tensors = PlanTensors(plan, torch.device("cpu"))
+    tensors.use_matmul = matmul
+    reducer = LayerReducer(plan, att.shape[0], tensors)
     probs = torch.tensor(np.array(att), dtype=torch.float32)
-    allowed = torch.tril(torch.ones(n, n, dtype=torch.bool))
-    for s in range(0, len(pos), options.block_size):
-        p = pos[s : s + options.block_size]
-        reducer.add(p, probs[:, p], allowed[p])
-    return assemble_result(plan, [reducer.finish()])
+    for block in tensors.blocks:
+        reducer.add(block, probs[:, block.positions])
+    allowed = torch.tril(torch.ones(n, n, dtype=torch.bool))[tensors.query_positions]
+    return assemble_result(plan, [reducer.finish(tensors.chance(allowed, options.exclude_sink))])
 
 
-def test_reducer_on_hand_made_rows() -> None:
+@pytest.mark.parametrize("matmul", [True, False], ids=["onehot-matmul", "index-add"])
+def test_reducer_on_hand_made_rows(matmul: bool) -> None:
     """A 9-token prompt: every measure recomputed here directly from the rows."""
     tp = tp_from([("sink", 1), ("extraneous", 3), ("germane", 2), ("question", 2), ("sink", 1)])
     rng = np.random.default_rng(0)
     att = _causal_rows(9, rng.normal(size=(2, 9, 9)) * 2)
-    res = _reduce(tp, ProbeSection(block_size=2, gamma=0.5), att)
+    res = _reduce(tp, ProbeSection(block_size=2, gamma=0.5), att, matmul)
     q = [6, 7, 8]
     ext = att[:, q, 1:4].sum(-1).mean(-1)
     sink = (att[:, q, 0] + att[:, q, 8]).mean(-1)
@@ -101,7 +102,7 @@ def test_reducer_on_hand_made_rows() -> None:
         s /= s.sum(-1, keepdims=True)
         cos = (e * s).sum(-1) / np.linalg.norm(e, axis=-1) / np.linalg.norm(s, axis=-1)
         np.testing.assert_allclose(res.ar_k[0, :, ti], 0.5**dist * cos, atol=1e-6)
-    mass = _reduce(tp, ProbeSection(residue_mode="mass", block_size=4, gamma=0.5), att)
+    mass = _reduce(tp, ProbeSection(residue_mode="mass", block_size=4, gamma=0.5), att, matmul)
     np.testing.assert_allclose(mass.ar_k[0, :, 1], 0.25 * att[:, 6:8, 1:4].sum(-1).mean(-1), atol=1e-6)
 
 

@@ -35,7 +35,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from probe.attention.plan import ProbePlan, build_plan
-from probe.attention.reduce import LayerAggregates, LayerReducer, assemble_result
+from probe.attention.reduce import LayerAggregates, LayerReducer, PlanTensors, assemble_result
 from probe.attention.result import SegmentAttention
 from probe.config import ProbeSection
 from probe.errors import HookError
@@ -96,6 +96,8 @@ class Capture:
         self.n_layers = n_layers
         self.calls: Counter[int] = Counter()
         self.layers: dict[int, LayerAggregates] = {}
+        self.tensors: dict[torch.device, PlanTensors] = {}  # per device (layers may be spread over GPUs)
+        self.chance_by_mask: dict[tuple[int, tuple[int, ...]] | None, float] = {}
 
     def report(
         self,
@@ -132,15 +134,24 @@ class Capture:
         if n_heads % n_kv:
             raise HookError(f"layer {layer}: {n_heads} query heads do not group over {n_kv} key/value heads")
         device = query.device
-        reducer = LayerReducer(plan, n_heads, device)
-        k = key[0].to(torch.float32).transpose(-1, -2).unsqueeze(1)  # (H_kv, 1, D, T)
-        positions = torch.as_tensor(plan.row_positions, device=device)
-        for start in range(0, len(positions), plan.options.block_size):
-            pos = positions[start : start + plan.options.block_size]
-            probs, allowed = attention_rows(query, k, pos, attention_mask, scaling, softcap)
-            reducer.add(pos, probs, allowed)
-            del probs, allowed
-        self.layers[layer] = reducer.finish()
+        if device not in self.tensors:
+            self.tensors[device] = PlanTensors(plan, device)
+        tensors = self.tensors[device]
+        reducer = LayerReducer(plan, n_heads, tensors)
+        k = key[0].to(torch.float32).transpose(-1, -2)  # (H_kv, D, T), a transposed view bmm reads as is
+        for block in tensors.blocks:
+            probs = attention_rows(query, k, block.positions, attention_mask, scaling, softcap)
+            reducer.add(block, probs)
+            del probs
+        self.layers[layer] = reducer.finish(self._chance(tensors, attention_mask))
+
+    def _chance(self, tensors: PlanTensors, attention_mask: torch.Tensor | None) -> float:
+        """The chance level under this mask, computed once per mask (layers of one type share their mask)."""
+        key = None if attention_mask is None else (attention_mask.data_ptr(), tuple(attention_mask.shape))
+        if key not in self.chance_by_mask:
+            allowed = allowed_keys(attention_mask, tensors.query_positions, self.plan.n_tokens)
+            self.chance_by_mask[key] = tensors.chance(allowed, self.plan.options.exclude_sink)
+        return self.chance_by_mask[key]
 
     def check(self) -> None:
         """Raise :class:`HookError` unless every expected layer reported exactly once."""
@@ -161,6 +172,25 @@ class Capture:
         return [self.layers[i] for i in range(self.n_layers)]
 
 
+def _mask_rows(attention_mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """(B, T) rows of a (1, 1, T, T) mask."""
+    if attention_mask.dim() != 4 or attention_mask.shape[0] != 1 or attention_mask.shape[1] != 1:
+        raise HookError(f"unexpected attention mask of shape {tuple(attention_mask.shape)}; expected (1, 1, T, T)")
+    return attention_mask[0, 0, positions, :]
+
+
+def allowed_keys(attention_mask: torch.Tensor | None, positions: torch.Tensor, n_keys: int) -> torch.Tensor:
+    """(B, T) bool: the keys each query position may attend to under ``attention_mask`` (None: plain causal).
+
+    A boolean mask is True where attention is allowed; an additive float mask allows what it does not push to the
+    dtype's minimum.
+    """
+    if attention_mask is None:
+        return torch.arange(n_keys, device=positions.device)[None, :] <= positions[:, None]
+    rows = _mask_rows(attention_mask, positions)
+    return rows if rows.dtype == torch.bool else rows > torch.finfo(rows.dtype).min / 2
+
+
 def attention_rows(
     query: torch.Tensor,
     key_t: torch.Tensor,
@@ -168,43 +198,34 @@ def attention_rows(
     attention_mask: torch.Tensor | None,
     scaling: float,
     softcap: float | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> torch.Tensor:
     """Post-softmax attention rows of some query positions, as the architecture's eager attention computes them.
 
     Args:
         query: (1, H, T, D) query states.
-        key_t: (H_kv, 1, D, T) float32 transposed key states.
+        key_t: (H_kv, D, T) float32 transposed key states.
         positions: (B,) int64 query positions.
         attention_mask: (1, 1, T, T) bool or additive float mask, or None for a plain causal mask.
         scaling: multiplier of ``q·kᵀ``.
         softcap: soft-capping value or None.
 
     Returns:
-        ``(probs, allowed)``: (H, B, T) float32 rows summing to 1, and (B, T) bool of the keys each query may see.
+        (H, B, T) float32 rows, each summing to 1.
     """
     n_heads, dim = query.shape[1], query.shape[3]
     n_kv = key_t.shape[0]
     n_keys = key_t.shape[-1]
     b = positions.shape[0]
-    q = query[0, :, positions, :].to(torch.float32).reshape(n_kv, n_heads // n_kv, b, dim)  # (H_kv, rep, B, D)
-    scores = (torch.matmul(q, key_t) * scaling).reshape(n_heads, b, n_keys)  # (H, B, T)
+    # Query head h reads key head h // rep (repeat_kv): group the query heads by key head.
+    q = query[0, :, positions, :].to(torch.float32).reshape(n_kv, (n_heads // n_kv) * b, dim)  # (H_kv, rep*B, D)
+    scores = torch.bmm(q, key_t).mul_(scaling).view(n_heads, b, n_keys)  # (H, B, T)
     if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
-    if attention_mask is None:
-        allowed = torch.arange(n_keys, device=query.device)[None, :] <= positions[:, None]  # (B, T)
-        scores = scores.masked_fill(~allowed, float("-inf"))
+        scores = scores.div_(softcap).tanh_().mul_(softcap)
+    if attention_mask is not None and not attention_mask.dtype == torch.bool:
+        scores += _mask_rows(attention_mask, positions).to(torch.float32)
     else:
-        if attention_mask.dim() != 4 or attention_mask.shape[0] != 1 or attention_mask.shape[1] != 1:
-            raise HookError(f"unexpected attention mask of shape {tuple(attention_mask.shape)}; expected (1, 1, T, T)")
-        rows = attention_mask[0, 0, positions, :]  # (B, T)
-        if rows.dtype == torch.bool:
-            allowed = rows
-            scores = scores.masked_fill(~allowed, float("-inf"))
-        else:
-            allowed = rows > torch.finfo(rows.dtype).min / 2
-            scores = scores + rows.to(torch.float32)
-    probs = torch.softmax(scores, dim=-1)
-    return probs, allowed
+        scores.masked_fill_(~allowed_keys(attention_mask, positions, n_keys), float("-inf"))
+    return torch.softmax(scores, dim=-1)
 
 
 def _blocked_attention(
@@ -223,13 +244,13 @@ def _blocked_attention(
     """
     n_heads, n_q = query.shape[1], query.shape[2]
     n_kv = key.shape[1]
-    key_t = key[0].to(torch.float32).transpose(-1, -2).unsqueeze(1)  # (H_kv, 1, D, T)
-    v = value[0].to(torch.float32).unsqueeze(1)  # (H_kv, 1, T, Dv)
+    key_t = key[0].to(torch.float32).transpose(-1, -2)  # (H_kv, D, T)
+    v = value[0].to(torch.float32)  # (H_kv, T, Dv)
     out = torch.empty(n_heads, n_q, value.shape[-1], dtype=query.dtype, device=query.device)
     for start in range(0, n_q, block_size):
         pos = torch.arange(start, min(start + block_size, n_q), device=query.device)
-        probs, _ = attention_rows(query, key_t, pos, attention_mask, scaling, softcap)  # (H, B, T)
-        o = torch.matmul(probs.reshape(n_kv, n_heads // n_kv, len(pos), -1), v)  # (H_kv, rep, B, Dv)
+        probs = attention_rows(query, key_t, pos, attention_mask, scaling, softcap)  # (H, B, T)
+        o = torch.bmm(probs.reshape(n_kv, (n_heads // n_kv) * len(pos), -1), v)  # (H_kv, rep*B, Dv)
         out[:, start : start + len(pos)] = o.reshape(n_heads, len(pos), -1).to(query.dtype)
     return out.unsqueeze(0).transpose(1, 2).contiguous()
 

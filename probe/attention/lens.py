@@ -21,7 +21,7 @@ from typing import Sequence
 import torch
 
 from probe.attention.plan import build_plan
-from probe.attention.reduce import LayerAggregates, LayerReducer, assemble_result
+from probe.attention.reduce import LayerAggregates, LayerReducer, PlanTensors, assemble_result
 from probe.attention.reference import layer_window
 from probe.attention.result import SegmentAttention
 from probe.config import ProbeSection
@@ -67,7 +67,7 @@ def probe_transformer_lens(
 
     calls: Counter[int] = Counter()
     layers: dict[int, LayerAggregates] = {}
-    positions_np = plan.row_positions
+    tensors: dict[torch.device, PlanTensors] = {}
 
     def make_hook(layer: int):  # noqa: ANN202 - TransformerLens hook signature
         def hook(pattern: torch.Tensor, hook: object) -> None:
@@ -78,16 +78,18 @@ def probe_transformer_lens(
             device = att.device
             n = att.shape[-1]
             window = layer_window(hf_config, layer) if hf_config is not None else None
-            reducer = LayerReducer(plan, att.shape[0], device)
-            positions = torch.as_tensor(positions_np, device=device)
+            if device not in tensors:
+                tensors[device] = PlanTensors(plan, device)
+            t = tensors[device]
+            reducer = LayerReducer(plan, att.shape[0], t)
+            for block in t.blocks:
+                reducer.add(block, att[:, block.positions, :].to(torch.float32))
             keys = torch.arange(n, device=device)
-            for start in range(0, len(positions), options.block_size):
-                pos = positions[start : start + options.block_size]
-                allowed = keys[None, :] <= pos[:, None]  # (B, T)
-                if window is not None:
-                    allowed &= (pos[:, None] - keys[None, :]) < window
-                reducer.add(pos, att[:, pos, :].to(torch.float32), allowed)
-            layers[layer] = reducer.finish()
+            q = t.query_positions
+            allowed = keys[None, :] <= q[:, None]  # (n_queries, T)
+            if window is not None:
+                allowed &= (q[:, None] - keys[None, :]) < window
+            layers[layer] = reducer.finish(t.chance(allowed, options.exclude_sink))
 
         return hook
 
