@@ -200,6 +200,12 @@ def test_model_at_zero_everywhere_is_degenerate() -> None:
     assert res["delta_aic"] is None and res["aic_preferred"] is None
 
 
+def test_an_untested_variable_is_reported_before_a_degenerate_fit() -> None:
+    trials = make_trials({}, 5, seed=0, grid=((1, 3), (20,), (5, 50, 95)), outcome="zero")
+    th = analyze_cogniload(trials, n_bootstrap=0, seed=0)["models"]["m"]["thresholds"]
+    assert th["ECL50"]["status"] == "not_estimable" and th["ID50"]["status"] == "degenerate"
+
+
 def test_perfect_separation_is_degenerate() -> None:
     trials = make_trials({}, 10, seed=0, grid=((1, 3, 5), GRID_N, GRID_RHO), outcome="d1")
     res = analyze_cogniload(trials, n_bootstrap=5, seed=0)["models"]["m"]

@@ -429,11 +429,11 @@ def _threshold_point(
         "n_boot_undefined": 0,
         "ci_note": None,
     }
-    if fit.status != "ok":
-        out.update(status=fit.status, reason=f"the main fit is {fit.status}: {fit.reason}")
-        return out
     if spec.term in dropped:
         out.update(status="not_estimable", reason=dropped[spec.term])
+        return out
+    if fit.status != "ok":
+        out.update(status=fit.status, reason=f"the main fit is {fit.status}: {fit.reason}")
         return out
     lo, hi = levels[spec.variable][0], levels[spec.variable][-1]
     to_x = math.log10 if spec.variable == "N" else float
