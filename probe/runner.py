@@ -255,6 +255,12 @@ def make_record(model: str, prompt: Prompt, task: Task, gen: Generation) -> Tria
         return TrialRecord(**base, output=gen.text, answer=None, em=None, hop_recall=None, truncated=False,
                            uninterpretable=False, skipped=gen.skip_reason is not None, skip_reason=gen.skip_reason,
                            error=gen.error)
+    if task.source == "cogniload":  # progressive exact match (SPEC §7)
+        from probe.scoring_cogniload import score_cogniload
+
+        cl = score_cogniload(gen.text or "", task)
+        return TrialRecord(**base, output=gen.text, answer=cl.answer, em=float(cl.em), hop_recall=None,
+                           truncated=gen.truncated, uninterpretable=cl.uninterpretable)
     score = score_output(gen.text, task, gen.truncated)
     return TrialRecord(**base, output=gen.text, answer=score.answer, em=float(score.em),
                        hop_recall=score.hop_recall, truncated=score.truncated,
