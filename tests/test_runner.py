@@ -116,3 +116,21 @@ def test_shards_merge_without_duplicates_or_gaps(tmp_path, tiny_card):
     trials = load_trials(cfg.run_dir / "trials.jsonl")
     assert n == len(trials) == expected_trials(cfg)
     assert not list(cfg.run_dir.glob("trials.rank*.jsonl"))
+
+
+def test_cogniload_trials_are_scored_by_progressive_exact_match():
+    import numpy as np
+
+    from probe.backends.base import Generation
+    from probe.tasks.cogniload import generate_puzzle
+    from probe.types import Prompt
+
+    task = generate_puzzle(3, 20, 50, np.random.default_rng(0))
+    prompt = Prompt("p", task.task_id, "cogniload", "CogniLoad", 50, 50.0, 0, "x", ())
+    # the generic scorer would take the last line; progressive matching finds the PoI's sentence
+    poi, cat = task.meta["poi"], task.meta["category"]
+    right = Generation(f"Working it out.\nIn the end the {cat} of {poi} is {task.gold}.\nThat was fun.", False, 10, 5)
+    rec = runner.make_record("m", prompt, task, right)
+    assert rec.em == 1.0 and rec.hop_recall is None
+    wrong = Generation("I do not know.", False, 10, 5)
+    assert runner.make_record("m", prompt, task, wrong).em == 0.0
