@@ -214,7 +214,7 @@ _TOPICS: tuple[_Topic, ...] = (
         facts=(
             (
                 "The novel {e0} was written by the author {e1}, who finished it after many years of work.",
-                "The novel {e0} is the work of the author {e1}, a long story about a family and its secrets.",
+                "The novel {e0}, a long story about a family and its secrets, is the work of the author {e1}.",
             ),
             (
                 "The author {e1} learned to write from an older writer named {e2}, a patient and kind teacher.",
