@@ -40,7 +40,7 @@ class TaskSection:
     n: int = 20
     hops: int = 2  # synthetic: 2 or 3
     path: str | None = None  # jsonl: the file; fanoutqa: optional override of the packaged dev set
-    max_hops: int = 4  # fanoutqa: skip questions with more decomposition steps than this
+    max_hops: int = 6  # fanoutqa: skip questions with more decomposition steps (the dev set has 5 or more)
     # cogniload grid
     difficulty: tuple[int, ...] = (1, 3, 5, 7, 10)
     length: tuple[int, ...] = (20, 50, 100, 250)
