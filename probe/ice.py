@@ -330,6 +330,15 @@ class IceBuilder:
         With ``exact`` (LongControl length matching) a remaining shortfall of a few tokens is closed by trying
         other sentences, cut to size, as an extra last piece.
         """
+        memo: dict[tuple[str, ...], int] = {}
+        raw_need = need
+
+        def need(ps: list[Piece]) -> int:  # each distinct piece list is tokenized once
+            key = tuple(p.text for p in ps)
+            if key not in memo:
+                memo[key] = raw_need(ps)
+            return memo[key]
+
         pieces: list[Piece] = []
         spare: str | None = None  # the first sentence skipped for overshooting: cut to size if nothing fits
         for s in sentences:
