@@ -13,8 +13,8 @@ The last two are skipped (with a note) when their L·H·T² attention would exce
 Time is wall-clock seconds of one call; memory is the peak above the memory in use just before the call: on a
 GPU ``torch.cuda.max_memory_allocated``, on the CPU the process's resident set size sampled every 2 ms in a
 thread, with glibc told to return freed blocks to the system at once (``mallopt``/``malloc_trim``) so that
-memory freed by an earlier arm cannot hide a later arm's peak. Each arm runs ``repeats``
-times and the fastest is kept; ``engine/plain`` ratios are of figures measured in the same run.
+memory freed by an earlier arm cannot hide a later arm's peak. The arms run in turn ``repeats`` times and each
+keeps its fastest call (with its peak); ``engine/plain`` ratios are of figures measured in the same run.
 """
 
 from __future__ import annotations
@@ -128,19 +128,15 @@ class _PeakMemory:
             self.peak = self.max_rss - self.start
 
 
-def _measure(fn: Callable[[], object], device: torch.device, repeats: int) -> tuple[float, float]:
-    """(seconds, peak bytes) of the fastest of ``repeats`` calls of ``fn``."""
-    best_t, best_m = float("inf"), 0.0
-    for _ in range(repeats):
-        with _PeakMemory(device) as mem:
-            t0 = time.perf_counter()
-            fn()
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            dt = time.perf_counter() - t0
-        if dt < best_t:
-            best_t, best_m = dt, float(mem.peak)
-    return best_t, best_m
+def _measure(fn: Callable[[], object], device: torch.device) -> tuple[float, float]:
+    """(seconds, peak bytes above the starting level) of one call of ``fn``."""
+    with _PeakMemory(device) as mem:
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+    return dt, float(mem.peak)
 
 
 def run_attention_bench(
@@ -159,7 +155,7 @@ def run_attention_bench(
         model: a loaded Hugging Face causal LM (eval mode); None loads ``model_name`` with
             :func:`probe.loading.load_model`.
         model_name: card name of the model to load when ``model`` is None (also the row label).
-        repeats: calls per arm; the fastest is reported.
+        repeats: rounds over the arms; each arm reports its fastest call.
         full_attention_limit_gb: skip eager / TransformerLens when L·H·T²·4 bytes exceeds this.
         residue_max_tokens: skip ``engine_ar`` above this T (None: never skip; -1, the default: 4096 on the CPU,
             where its O(T²) row computation takes many minutes beyond that, and never on a GPU).
@@ -219,14 +215,19 @@ def run_attention_bench(
                 arms["lens"] = lambda: _lens(bridge, ids, n_layers)
             else:
                 arms["lens"] = None
+        best: dict[str, tuple[float, float]] = {}
+        for _ in range(repeats):  # arms interleaved, so that a slow spell of the machine falls on all of them
+            for arm in ARMS:
+                fn = arms.get(arm)
+                if fn is None:
+                    continue
+                log.info("bench attention: T=%d %s", n, arm)
+                t, m = _measure(fn, device)
+                if arm not in best or t < best[arm][0]:
+                    best[arm] = (t, m)
         for arm in ARMS:
-            fn = arms.get(arm)
-            if fn is None:
-                row[f"{arm}_s"] = row[f"{arm}_gb"] = None
-                continue
-            log.info("bench attention: T=%d %s", n, arm)
-            t, m = _measure(fn, device, repeats)
-            row[f"{arm}_s"], row[f"{arm}_gb"] = t, m / 1e9
+            t_m = best.get(arm)
+            row[f"{arm}_s"], row[f"{arm}_gb"] = (None, None) if t_m is None else (t_m[0], t_m[1] / 1e9)
         row["engine_time_ratio"] = row["engine_s"] / row["plain_s"]
         row["engine_mem_ratio"] = row["engine_gb"] / row["plain_gb"] if row["plain_gb"] else None
         row["engine_ar_time_ratio"] = row["engine_ar_s"] / row["plain_s"] if row["engine_ar_s"] is not None else None
