@@ -1,7 +1,9 @@
 """``render_report``: a run folder's ``analysis.json`` (+ attention summary) -> ``report.html`` and figures.
 
 The report reads estimates; it recomputes none. Where ``analysis.json`` is missing or was made from another
-version of ``trials.jsonl`` (its sha256 differs), the analysis stage is run first.
+version of ``trials.jsonl`` (its sha256 differs), the analysis stage is run first. The ICE parts (Table 1, figures,
+statistics) appear when the run has ICE trials, the CogniLoad section (:mod:`probe.report.cogniload`) when it has
+CogniLoad trials.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from probe.analysis import analyze_run, load_analysis
 from probe.analysis.frame import TRIALS_FILE
 from probe.analysis.tables import MARK_LEGEND, taxonomy_marks
 from probe.errors import ProbeError
+from probe.report import cogniload as CL
 from probe.report import figures as F
 from probe.report.html import esc, fig_png, figure_block, page, table
-from probe.report.summary import model_summary
+from probe.report.summary import cogniload_summary, model_summary
 from probe.types import CONDITIONS
 
 log = logging.getLogger(__name__)
@@ -159,6 +162,8 @@ def build_figures(analysis: dict, arrays: dict[str, np.ndarray]) -> list[tuple[s
     add("attention_behaviour", "Per layer: log-odds of a wrong answer per unit of head-mean P_ext (Saturation and "
         "Residue trials), 95% CI clustered by question; orange = significant after Holm adjustment.",
         F.draw_attention_behaviour(analysis))
+    for stem, caption, fig in CL.cogniload_figures(analysis):
+        add(stem, caption, fig)
     return out
 
 
@@ -177,13 +182,24 @@ def render_report(run_dir: str | Path) -> Path:
     fig_dir = run_dir / FIGURES_DIR
     fig_dir.mkdir(parents=True, exist_ok=True)
     blocks: list[str] = []
+    cl_blocks: dict[str, str] = {}
     for stem, caption, fig in build_figures(analysis, arrays):
         png = fig_png(fig)
         (fig_dir / f"{stem}.png").write_bytes(png)
-        blocks.append(figure_block(png, caption, stem))
+        if stem.startswith("cogniload_"):
+            cl_blocks[stem] = figure_block(png, caption, stem)
+        else:
+            blocks.append(figure_block(png, caption, stem))
+    has_ice = bool(analysis["cells"])
     summary = "".join(
-        f"<h3>{esc(m)}</h3><ul>" + "".join(f"<li>{esc(s)}</li>" for s in model_summary(analysis, m)) + "</ul>"
-        for m in analysis["models"])
+        f"<h3>{esc(m)}</h3><ul>" + "".join(f"<li>{esc(s)}</li>" for s in sentences) + "</ul>"
+        for m in analysis["models"] if (sentences := model_summary(analysis, m)))
+    cogniload = ""
+    if analysis.get("cogniload"):
+        cl_summary = "".join(
+            f"<h3>{esc(m)}</h3><ul>" + "".join(f"<li>{esc(s)}</li>" for s in sentences) + "</ul>"
+            for m in analysis["models"] if (sentences := cogniload_summary(analysis, m)))
+        cogniload = CL.section_html(analysis, cl_blocks, cl_summary)
     imp = analysis.get("import")
     imp_html = ""
     if imp:
@@ -197,13 +213,14 @@ def render_report(run_dir: str | Path) -> Path:
             f"<p class=\"note\">{analysis['n_trials']} trials ({analysis['n_scored']} scored, {analysis['n_error']} "
             f"errors, {analysis['n_skipped']} skipped) from <code>{esc(analysis['inputs']['trials'])}</code>, sha256 "
             f"{esc(analysis['inputs']['trials_sha256'][:12])}…; analysed {esc(analysis['created'])}.</p>{imp_html}"
-            f"<h2>Summary</h2>{summary}"
-            f"<h2>Table 1: exact match, mean (SEM)</h2>{table1_html(analysis)}"
-            f"<h2>Figures</h2>{''.join(blocks)}"
-            f"<h2>Statistics</h2>{h_tables_html(analysis)}"
+            + (f"<h2>Summary</h2>{summary}" if summary else "")
+            + (f"<h2>Table 1: exact match, mean (SEM)</h2>{table1_html(analysis)}"
+               f"<h2>Figures</h2>{''.join(blocks)}"
+               f"<h2>Statistics</h2>{h_tables_html(analysis)}" if has_ice else "")
+            + cogniload
             + (f"<h2>Notes</h2><ul>{notes}</ul>" if notes else "")
             + f"<h2>Methods</h2><ul>{methods}</ul>")
     out = run_dir / REPORT_FILE
     out.write_text(page(f"ICE-Probe report: {run_dir.name}", body), encoding="utf-8")
-    log.info("%s: report with %d figures", out, len(blocks))
+    log.info("%s: report with %d figures", out, len(blocks) + len(cl_blocks))
     return out

@@ -116,3 +116,97 @@ def model_summary(analysis: dict, model: str) -> list[str]:
     if att is not None:
         out.append(_attention_sentence(att))
     return out
+
+
+def _acc_ci(c: dict) -> str:
+    ci = "" if c["em_ci_low"] is None else f", 95% CI [{c['em_ci_low']:.2f}, {c['em_ci_high']:.2f}]"
+    return f"{c['em_mean']:.2f}{ci}"
+
+
+def _rho_shape_sentence(s: dict, alpha: float) -> str:
+    quad = s["fits"]["quadratic"]
+    if quad["status"] != "ok":
+        return f"Shape in ρ: the main GLM is {quad['status']} ({quad['reason']}); no statement about curvature."
+    b2 = quad["params"].get("rho2")
+    if b2 is None:
+        return f"Shape in ρ: not tested ({quad['dropped'].get('rho2', 'no ρ² term')})."
+    aic = ("" if s["delta_aic"] is None
+           else f"; AIC prefers the {s['aic_preferred']} fit (ΔAIC = {s['delta_aic']:+.1f})")
+    coef = f"β_ρ² = {b2['estimate']:+.2e}, {_p(b2['p'])}"
+    if b2["p"] < alpha:
+        shape = "U-shaped" if b2["estimate"] > 0 else "inverted-U-shaped"
+        return f"Accuracy is {shape} in ρ ({coef}{aic})."
+    return f"No significant curvature of accuracy in ρ ({coef}{aic})."
+
+
+def _delta_rho_sentence(dr: dict) -> str:
+    if dr["value"] is None:
+        return "Δρ: not estimated (a ρ extreme has no scored trial)."
+    s = (f"Δρ = Acc(ρ={dr['low_rho']}%) − Acc(ρ={dr['high_rho']}%) = {dr['value']:+.2f} "
+         f"({dr['acc_low']:.2f} vs {dr['acc_high']:.2f}")
+    if dr["ci_low"] is None:
+        return s + "; no bootstrap CI)."
+    s += f"; bootstrap 95% CI [{dr['ci_low']:+.2f}, {dr['ci_high']:+.2f}])"
+    if dr["ci_low"] > 0:
+        return s + ": accuracy is higher at the lowest needle ratio."
+    if dr["ci_high"] < 0:
+        return s + ": accuracy is higher at the highest needle ratio."
+    return s + ": the two extremes are not distinguishable."
+
+
+def _threshold_sentence(s: dict) -> str:
+    parts = []
+    for name in ("ECL50", "NT50", "ID50"):
+        th = s["thresholds"][name]
+        if th["value"] is None:
+            parts.append(f"{name} not given ({th['reason']})")
+        else:
+            ci = "" if th["ci_low"] is None else f", bootstrap 95% CI [{th['ci_low']:.3g}, {th['ci_high']:.3g}]"
+            parts.append(f"{name} = {th['value']:.3g} {th['unit']}{ci}")
+    return "Thresholds: " + "; ".join(parts) + "."
+
+
+def _needle_hay_sentence(att: dict) -> str:
+    ratio = att["layer"]["log2_ratio"]
+    above = [i for i, lo in enumerate(ratio["ci_low"]) if lo is not None and lo > 0]
+    below = [i for i, hi in enumerate(ratio["ci_high"]) if hi is not None and hi < 0]
+    s = (f"Attention from the question ({att['n_prompts']} prompts, {att['n_layers']} layers): per token, needle "
+         f"statements get more attention than hay in {len(above)} layers and less in {len(below)} "
+         "(pointwise 95% CI of log2(needle/hay) above / below 0)")
+    by = att["by_rho"]
+    if len(by["levels"]) >= 2:
+        means = by["layer_mean"]["log2_ratio"]
+        s += "; layer-mean log2(needle/hay) by ρ: " + ", ".join(
+            f"{v}%: {'—' if m is None else f'{m:+.2f}'}" for v, m in zip(by["levels"], means))
+    return s + "."
+
+
+def cogniload_summary(analysis: dict, model: str) -> list[str]:
+    """Sentences on one model's CogniLoad results: accuracy, output quality, shape in ρ, Δρ, thresholds, attention.
+
+    A model whose outputs are truncated or uninterpretable above the confound gate gets the numbers with that
+    caveat first; the shape in ρ is called U-shaped only when the main fit's ρ² coefficient is positive at p < α.
+    """
+    cl = analysis.get("cogniload") or {}
+    cells = (cl.get("cells") or {}).get(model)
+    if not cells:
+        return []
+    alpha = analysis["config"]["alpha"]
+    gate = analysis["config"].get("confound_rate")
+    c = cells["overall"]
+    out: list[str] = []
+    if c["em_mean"] is None:
+        return [f"CogniLoad: no scored trial ({c['n_error']} errors, {c['n_skipped']} skipped)."]
+    out.append(f"CogniLoad: accuracy {_acc_ci(c)} over {c['n']} puzzles.")
+    bad = [x for x in (c["truncated_rate"], c["uninterpretable_rate"]) if x is not None]
+    if gate is not None and bad and max(bad) > gate:
+        out.append(f"{100 * (c['truncated_rate'] or 0):.0f}% of outputs were truncated and "
+                   f"{100 * (c['uninterpretable_rate'] or 0):.0f}% uninterpretable (gate {100 * gate:.0f}%): "
+                   "accuracy here also measures the output budget and format, not only reasoning.")
+    s = (cl.get("models") or {}).get(model)
+    if s:
+        out += [_rho_shape_sentence(s, alpha), _delta_rho_sentence(s["delta_rho"]), _threshold_sentence(s)]
+    att = ((cl.get("attention") or {}).get("models") or {}).get(model)
+    if att:
+        out.append(_needle_hay_sentence(att))
+    return out

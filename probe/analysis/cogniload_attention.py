@@ -1,0 +1,300 @@
+"""Attention on the needle vs hay statements of CogniLoad prompts, per layer and by rho and N (SPEC §4, §7).
+
+A CogniLoad prompt's content segments are, in prompt order, the ``n_people`` initial-state sentences and then the
+``N`` statements (:mod:`probe.tasks.cogniload`). Needles are the ``germane`` statements, hay the ``extraneous``
+statements; the initial-state sentences belong to neither group (they are the same for every rho).
+
+**Enrichment of a statement group** G (needle or hay), for layer l and head h, from the probe's query set Q
+(default: the question tokens and the last prompt token)::
+
+    share_G[l, h]  = sum_{s in G} M_seg[l, h, s] / D[l, h]
+    chance_G[l]    = chance[l] * n_G / n_ext
+    E_G[l, h]      = share_G[l, h] / chance_G[l]
+
+``M_seg`` is the record's per-segment mass (``seg_mass_segment``); D is the mass on every non-sink segment (on all
+segments when the probe ran with ``exclude_sink`` false), exactly the denominator of P_ext; ``chance[l]`` is the
+record's chance level of P_ext (the token share of all extraneous keys visible to Q); n_G and n_ext are the token
+counts of G and of all extraneous segments. So E_G is the per-token share of attention on G divided by the per-token
+share of uniform attention: 1.0 = a token of G gets what a token would get under uniform attention, 2.0 = twice
+that. Taking G = every extraneous segment gives back the record's P_ext enrichment (SPEC §4). chance_G is the
+exact SPEC §4 chance of G when every query of Q sees every token of G and of the extraneous segments, which holds
+for full causal attention because all statements precede the question; in a sliding-window layer that cuts some
+statements it is their token-share approximation.
+
+Per prompt the head-mean E_G[l] = mean_h E_G[l, h] is taken (chance does not depend on the head, so this is also
+the head-mean share over chance_G), and the contrast ``log2_ratio`` = log2(E_needle[l] / E_hay[l]): how many times
+more attention a needle token gets than a hay token (0 = the same, +1 = twice as much). Per model, prompts are
+averaged (NaN-aware: a prompt whose group is empty, e.g. no hay at high rho on a short puzzle, does not count for
+that group or the contrast):
+
+- ``layer``: the mean over all prompts, with a 95 % t-interval over prompts (``scipy.stats.t``) and n per layer;
+- ``by_rho``, ``by_N``, ``by_d``: the mean over the prompts at each tested level, as (layer, level) arrays, and
+  ``layer_mean``: that mean averaged over layers, one number per level (how a series moves with the knob overall).
+
+Every series (``needle``, ``hay``, ``log2_ratio``) is summarised the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import scipy.stats
+
+from probe.attention.result import SegmentAttention
+from probe.errors import ProbeError
+from probe.records import TrialRecord
+
+log = logging.getLogger(__name__)
+
+SOURCE = "cogniload"
+GROUPS: tuple[str, ...] = ("needle", "hay")
+SERIES: tuple[str, ...] = (*GROUPS, "log2_ratio")
+KNOBS: tuple[str, ...] = ("rho", "N", "d")
+_GROUP_KIND = {"needle": "germane", "hay": "extraneous"}
+
+
+class CogniloadAttentionError(ProbeError):
+    """An attention record does not match the CogniLoad layout its trial's meta describes."""
+
+
+@dataclass(frozen=True)
+class PromptEnrichment:
+    """Head-mean enrichment of one CogniLoad prompt (one model).
+
+    Attributes:
+        model: model name.
+        prompt_id: the prompt.
+        d, n_statements, rho: the puzzle's knobs (difficulty, N, needle ratio in percent).
+        needle: (layer,) head-mean enrichment of the needle statements (NaN where there is none).
+        hay: (layer,) head-mean enrichment of the hay statements (NaN where there is none).
+        query: the probe's query set option (``question``, ``last``, ...).
+    """
+
+    model: str
+    prompt_id: str
+    d: int
+    n_statements: int
+    rho: int
+    needle: np.ndarray
+    hay: np.ndarray
+    query: str
+
+    @property
+    def log2_ratio(self) -> np.ndarray:
+        """(layer,) log2(needle / hay) enrichment; NaN where either is missing or not positive."""
+        ok = np.isfinite(self.needle) & np.isfinite(self.hay) & (self.needle > 0) & (self.hay > 0)
+        out = np.full(self.needle.shape, np.nan)
+        out[ok] = np.log2(self.needle[ok] / self.hay[ok])
+        return out
+
+
+def statement_groups(sa: SegmentAttention, n_people: int, n_statements: int, where: str = "") -> dict[str, list[int]]:
+    """Segment indices of the needle and hay statements of a CogniLoad prompt.
+
+    Args:
+        sa: the prompt's attention record.
+        n_people: initial-state sentences before the statements (trial meta ``n_people``).
+        n_statements: N (trial meta ``N``).
+        where: the record's name, for error messages.
+
+    Returns:
+        ``{"needle": [...], "hay": [...]}``: indices into ``sa.segment_kinds`` (germane resp. extraneous statements).
+
+    Raises:
+        CogniloadAttentionError: the record does not hold ``n_people + N`` germane/extraneous segments.
+    """
+    content = [i for i, k in enumerate(sa.segment_kinds) if k in ("germane", "extraneous")]
+    if len(content) != n_people + n_statements:
+        raise CogniloadAttentionError(
+            f"{where or 'attention record'}: {len(content)} germane/extraneous segments, expected n_people + N = "
+            f"{n_people} + {n_statements}; the record is not of this CogniLoad prompt (re-run the probe)"
+        )
+    statements = content[n_people:]
+    return {g: [i for i in statements if sa.segment_kinds[i] == _GROUP_KIND[g]] for g in GROUPS}
+
+
+def group_enrichment(sa: SegmentAttention, segments: list[int]) -> np.ndarray:
+    """Enrichment E_G[layer, head] of the segments ``segments`` (module docstring).
+
+    Args:
+        sa: an attention record.
+        segments: indices of the group's segments (any kinds; the chance scale uses the extraneous token count).
+
+    Returns:
+        (layer, head) float64; NaN where the group is empty, the prompt has no extraneous token, or chance is
+        0 or undefined.
+    """
+    n_layers, n_heads = sa.seg_mass_segment.shape[:2]
+    width = np.array([b - a for a, b in sa.segment_spans], dtype=np.float64)  # (segment,) tokens
+    kinds = np.array(sa.segment_kinds)
+    n_g = float(width[segments].sum()) if segments else 0.0
+    n_ext = float(width[kinds == "extraneous"].sum())
+    if n_g == 0 or n_ext == 0:
+        return np.full((n_layers, n_heads), np.nan)
+    mass = sa.seg_mass_segment.astype(np.float64)  # (L, H, S)
+    exclude_sink = bool(sa.options.get("exclude_sink", True))
+    den = mass[..., kinds != "sink"].sum(axis=-1) if exclude_sink else mass.sum(axis=-1)  # (L, H)
+    chance_g = sa.chance.astype(np.float64) * n_g / n_ext  # (L,)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = np.where(den > 0, mass[..., segments].sum(axis=-1) / np.where(den > 0, den, 1.0), np.nan)
+        ok = np.isfinite(chance_g) & (chance_g > 0)
+        return np.where(ok[:, None], share / np.where(ok, chance_g, 1.0)[:, None], np.nan)
+
+
+def prompt_enrichment(sa: SegmentAttention, trial: TrialRecord, where: str = "") -> PromptEnrichment:
+    """Head-mean needle and hay enrichment per layer of one CogniLoad prompt.
+
+    Args:
+        sa: the prompt's attention record.
+        trial: a CogniLoad trial of this prompt (its ``meta`` holds ``d``, ``N``, ``rho``, ``n_people``).
+        where: the record's name, for error messages.
+
+    Returns:
+        The prompt's :class:`PromptEnrichment`.
+
+    Raises:
+        CogniloadAttentionError: the meta lacks a knob, or the record's segments do not match it.
+    """
+    meta = trial.meta or {}
+    try:
+        d, n, rho, n_people = (int(meta[k]) for k in ("d", "N", "rho", "n_people"))
+    except (KeyError, TypeError, ValueError):
+        raise CogniloadAttentionError(
+            f"trial {trial.trial_id}: meta {meta!r} needs integer 'd', 'N', 'rho' and 'n_people'"
+        ) from None
+    groups = statement_groups(sa, n_people, n, where or trial.trial_id)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # an empty group is NaN in every head
+        means = {g: np.nanmean(group_enrichment(sa, idx), axis=1) for g, idx in groups.items()}  # (L,)
+    return PromptEnrichment(model=trial.model, prompt_id=trial.prompt_id, d=d, n_statements=n, rho=rho,
+                            needle=means["needle"], hay=means["hay"], query=str(sa.options.get("query", "")))
+
+
+def _mean_ci(stack: np.ndarray, alpha: float) -> dict[str, list[float | None]]:
+    """Per-column mean and t-interval over rows, NaN-aware. ``stack`` is (prompt, layer)."""
+    n = np.isfinite(stack).sum(axis=0)  # (L,)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        mean = np.nanmean(stack, axis=0)
+        sd = np.nanstd(stack, axis=0, ddof=1)
+    half = np.full(mean.shape, np.nan)
+    many = n >= 2
+    half[many] = scipy.stats.t.ppf(1 - alpha / 2, n[many] - 1) * sd[many] / np.sqrt(n[many])
+    return {"mean": _floats(mean), "ci_low": _floats(mean - half), "ci_high": _floats(mean + half),
+            "n": [int(v) for v in n]}
+
+
+def _floats(a: np.ndarray) -> list[float | None]:
+    return [float(v) if math.isfinite(float(v)) else None for v in np.asarray(a, dtype=np.float64).ravel()]
+
+
+def _by_level(rows: list[PromptEnrichment], knob: str) -> dict:
+    """Mean of each series per level of ``knob``: (layer, level) nested lists and prompts per level."""
+    value = {"rho": lambda r: r.rho, "N": lambda r: r.n_statements, "d": lambda r: r.d}[knob]
+    levels = sorted({value(r) for r in rows})
+    out: dict = {"levels": levels, "n": [sum(value(r) == v for r in rows) for v in levels], "layer_mean": {}}
+    for g in SERIES:
+        cols = []
+        for v in levels:
+            stack = np.stack([getattr(r, g) for r in rows if value(r) == v])  # (prompt, L)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                cols.append(np.nanmean(stack, axis=0))
+        mat = np.stack(cols, axis=1)  # (L, level)
+        out[g] = [_floats(row) for row in mat]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            out["layer_mean"][g] = _floats(np.nanmean(mat, axis=0))  # (level,)
+    return out
+
+
+def summarise_enrichment(rows: list[PromptEnrichment], alpha: float = 0.05) -> dict:
+    """Per model: layer-wise needle/hay enrichment with CIs, and its means by rho, N and d (module docstring).
+
+    Args:
+        rows: one :class:`PromptEnrichment` per (model, prompt).
+        alpha: 1 − confidence level of the per-layer intervals.
+
+    Returns:
+        ``{"definition", "models": {model: summary}}``; a summary holds ``n_prompts``, ``n_layers``, ``query``
+        (the query sets seen), ``layer`` (``needle`` / ``hay`` / ``log2_ratio`` -> ``mean``, ``ci_low``,
+        ``ci_high``, ``n``, each a list over layers), ``by_rho``, ``by_N``, ``by_d`` (``levels``, ``n`` per level,
+        each series as (layer, level) nested lists, ``layer_mean`` -> series -> per level) and ``notes``.
+        Missing values are None.
+    """
+    by_model: dict[str, list[PromptEnrichment]] = {}
+    for r in rows:
+        by_model.setdefault(r.model, []).append(r)
+    models: dict[str, dict] = {}
+    for model in sorted(by_model):
+        rs = by_model[model]
+        notes: list[str] = []
+        n_layers = max({len(r.needle) for r in rs}, key=lambda k: sum(len(r.needle) == k for r in rs))
+        if any(len(r.needle) != n_layers for r in rs):
+            bad = [r.prompt_id for r in rs if len(r.needle) != n_layers]
+            notes.append(f"{len(bad)} records with a layer count other than {n_layers} left out (e.g. {bad[0]})")
+            rs = [r for r in rs if len(r.needle) == n_layers]
+        queries = sorted({r.query for r in rs})
+        if queries != ["question"]:
+            notes.append(f"query set {', '.join(queries)}: enrichment is measured from that query set, not the "
+                         "question")
+        models[model] = {
+            "n_prompts": len(rs),
+            "n_layers": n_layers,
+            "query": queries,
+            "layer": {g: _mean_ci(np.stack([getattr(r, g) for r in rs]), alpha) for g in SERIES},
+            **{f"by_{k}": _by_level(rs, k) for k in KNOBS},
+            "notes": notes,
+        }
+    return {"definition": DEFINITION, "alpha": alpha, "models": models}
+
+
+DEFINITION = (
+    "E_G = (attention share on the statements of group G / their token count) / (chance share of the extraneous "
+    "kind / extraneous token count), per layer and head from the probe's query set, sink excluded as in P_ext; "
+    "needle = germane statements, hay = extraneous statements (initial-state sentences in neither); head mean per "
+    "prompt, then mean over prompts (95% t-interval over prompts per layer); 1 = uniform over tokens; "
+    "log2_ratio = mean over prompts of log2(E_needle / E_hay)"
+)
+
+
+def attention_file(run_dir: Path, model: str, prompt_id: str) -> Path:
+    """Where the attention record of (model, prompt_id) lives in a run folder."""
+    return run_dir / "attention" / model / f"{prompt_id}.npz"
+
+
+def cogniload_attention(run_dir: Path, trials: list[TrialRecord], alpha: float = 0.05) -> dict | None:
+    """Needle vs hay enrichment of every CogniLoad prompt of a run that has an attention record.
+
+    Records are read one at a time (only the per-layer means are kept), so memory does not grow with the run.
+
+    Args:
+        run_dir: the run folder (``attention/<model>/<prompt_id>.npz``).
+        trials: the run's trial records; CogniLoad ones (``source == "cogniload"``) select the prompts and give
+            their knobs. Skipped or failed trials count too: the probe does not depend on the answer.
+        alpha: 1 − confidence level.
+
+    Returns:
+        :func:`summarise_enrichment` of the prompts with a record, or None when none has one.
+
+    Raises:
+        CogniloadAttentionError: a record does not match its trial's CogniLoad layout.
+    """
+    seen: set[tuple[str, str]] = set()
+    rows: list[PromptEnrichment] = []
+    for t in trials:
+        if t.source != SOURCE or (t.model, t.prompt_id) in seen:
+            continue
+        seen.add((t.model, t.prompt_id))
+        path = attention_file(run_dir, t.model, t.prompt_id)
+        if path.is_file():
+            rows.append(prompt_enrichment(SegmentAttention.load(path), t, str(path)))
+    if not rows:
+        return None
+    log.info("%s: needle/hay enrichment of %d CogniLoad prompts", run_dir, len(rows))
+    return summarise_enrichment(rows, alpha)
