@@ -136,7 +136,8 @@ def render_main_table(analysis: dict) -> str:
             lines.append(f"H1 {h['model']}: β = {h['beta']:+.5f} EM/pp [{h['ci_low']:+.5f}, {h['ci_high']:+.5f}], "
                          f"p = {_p(h['p'])}, n = {h['n']}")
     lines += cogniload_lines(analysis)
-    lines.append(MARK_LEGEND)
+    if analysis["cells"]:  # the marks are the ICE taxonomy's
+        lines.append(MARK_LEGEND)
     return "\n".join(lines)
 
 
@@ -166,7 +167,7 @@ def render_markdown(analysis: dict) -> str:
              "## EM per model × condition × load", "",
              _md_table(MAIN_HEADER, [_cell_row(c, marks) for c in [*analysis["cells"],
                                                                    *cogniload_overall_cells(analysis)]]),
-             "", MARK_LEGEND, ""]
+             "", MARK_LEGEND if analysis["cells"] else "", ""]
     if analysis["cells"]:
         parts += _ice_markdown(analysis)
     parts += _cogniload_markdown(analysis)

@@ -9,6 +9,8 @@ enrichment so that 0.5 and 2 lie equally far from 1.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
@@ -89,7 +91,9 @@ def draw_accuracy_by_knob(analysis: dict) -> Figure | None:
     if len(models) > 1:
         fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=min(len(models), 4),
                    fontsize=8)
-    fig.suptitle("CogniLoad accuracy against each knob (pooled over the other two; dotted: P = 0.5)", fontsize=11)
+    who = f"{_short(models[0])}: " if len(models) == 1 else ""
+    fig.suptitle(f"{who}CogniLoad accuracy against each knob (pooled over the other two; dotted: P = 0.5)",
+                 fontsize=11)
     return fig
 
 
@@ -117,6 +121,13 @@ def _log2(mat: list[list[float | None]]) -> np.ndarray:
 
 def _ratio_ticks(v: float, _pos: int) -> str:
     return f"{2.0 ** v:.3g}"
+
+
+def _log2_ticks(lim: float) -> np.ndarray:
+    """Colour-bar ticks on a log2 scale within ±lim: whole powers of two (1/4, 1/2, 1, 2, 4...), halves if few."""
+    step = 1.0 if lim >= 1.5 else 0.5
+    k = math.floor(lim / step)
+    return np.arange(-k, k + 1) * step
 
 
 def draw_needle_hay_heatmaps(analysis: dict, model: str) -> Figure | None:
@@ -166,9 +177,11 @@ def draw_needle_hay_heatmaps(analysis: dict, model: str) -> Figure | None:
                 ax.set_ylabel("layer")
     if im_e is not None:
         cb = fig.colorbar(im_e, ax=axes[:, :2], shrink=0.85, format=FuncFormatter(_ratio_ticks))
+        cb.set_ticks(_log2_ticks(lim))
         cb.set_label("enrichment (log scale; 1 = uniform over tokens)", fontsize=8)
     if im_r is not None:
         cb = fig.colorbar(im_r, ax=axes[:, 2], shrink=0.85, format=FuncFormatter(_ratio_ticks))
+        cb.set_ticks(_log2_ticks(lim_r))
         cb.set_label("needle / hay per-token attention (log scale)", fontsize=8)
     fig.suptitle(f"{_short(model)}: attention from the question on needle vs hay statements, head mean per layer "
                  f"({att['n_prompts']} prompts)", fontsize=11)
@@ -263,7 +276,7 @@ def _acc_row(model: str, knob: str, level: str, c: dict) -> list[str]:
 
 def _threshold_cell(th: dict) -> str:
     if th["value"] is None:
-        return f'—<br><span class="note">{esc(th["status"])}: {esc(th["reason"])}</span>'
+        return f'—<br><span class="note">{esc(th["status"].replace("_", " "))}: {esc(th["reason"])}</span>'
     ci = "" if th["ci_low"] is None else f" [{th['ci_low']:.3g}, {th['ci_high']:.3g}]"
     note = (f'<br><span class="note">{th["n_boot_defined"]} of {th["n_boot_defined"] + th["n_boot_undefined"]} '
             "bootstrap refits crossed 0.5" + (f"; {esc(th['ci_note'])}" if th.get("ci_note") else "") + "</span>")
@@ -283,7 +296,8 @@ def threshold_table_html(analysis: dict) -> str:
                   f'Acc(ρ={dr["high_rho"]}%) = {_fmt(dr["acc_high"], ".2f")} (n={dr["n_high"]})</span>')
         quad, lin = s["fits"]["quadratic"], s["fits"]["linear"]
         if s["delta_aic"] is None:
-            aic = (f'—<br><span class="note">quadratic {esc(quad["status"])}, linear {esc(lin["status"])}'
+            aic = (f'—<br><span class="note">quadratic fit {esc(quad["status"].replace("_", " "))}, linear fit '
+                   f'{esc(lin["status"].replace("_", " "))}'
                    + (f": {esc(quad['reason'] or lin['reason'])}" if (quad["reason"] or lin["reason"]) else "")
                    + (f"; {esc(quad['dropped']['rho2'])}" if "rho2" in quad["dropped"] else "") + "</span>")
         else:
@@ -296,14 +310,23 @@ def threshold_table_html(analysis: dict) -> str:
     return table(header, rows, left=1)
 
 
+def _fit_note(f: dict) -> str:
+    """A fit's reason and its left-out terms, each distinct reason said once."""
+    by_why: dict[str, list[str]] = {}
+    for term, why in f["dropped"].items():
+        by_why.setdefault(why, []).append(TERM_LABELS.get(term, term))
+    parts = [] if f["reason"] is None or f["reason"] in by_why else [f["reason"]]
+    parts += [f"left out {', '.join(terms)}: {why}" for why, terms in by_why.items()]
+    return "; ".join(parts)
+
+
 def glm_table_html(analysis: dict) -> str:
     """Every GLM's coefficients (estimate, 95 % CI, p) with its status, AIC and the terms it left out."""
     alpha = analysis.get("config", {}).get("alpha", 0.05)
     rows = []
     for model, s in sorted((_section(analysis).get("models") or {}).items()):
         for fit, f in s["fits"].items():
-            dropped = "; ".join(f"{t}: {why}" for t, why in f["dropped"].items())
-            note = esc("; ".join(x for x in (f["reason"], dropped and f"left out: {dropped}") if x))
+            note = esc(_fit_note(f))
             if not f["params"]:
                 rows.append([esc(model), esc(fit), esc(f["status"]), "—", "—", "—", "—", "—", note])
                 continue
