@@ -310,8 +310,8 @@ def _fit_glm(data: _Data, terms: tuple[str, ...], clustered: bool, weights: np.n
         if t != "const" and abs(b * s) > MAX_STD_COEF:
             return _Fit(
                 "degenerate",
-                f"quasi-separation: the {t} coefficient ({b:.3g}) is implausibly large "
-                f"(|coef x sd| = {abs(b * s):.3g} > {MAX_STD_COEF:g})",
+                f"quasi-separation: the {t} coefficient ({b:.4g}) is implausibly large "
+                f"(|coef x sd| = {abs(b * s):.4g} > {MAX_STD_COEF:g})",
                 terms,
                 {},
                 None,
