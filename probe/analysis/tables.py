@@ -120,7 +120,8 @@ def render_main_table(analysis: dict) -> str:
         Multi-line text.
     """
     marks = taxonomy_marks(analysis)
-    rows = [MAIN_HEADER] + [_cell_row(c, marks) for c in [*analysis["cells"], *cogniload_overall_cells(analysis)]]
+    rows = [MAIN_HEADER] + [_cell_row(c, marks) for c in analysis["cells"]]
+    rows += [_cell_row(c, {}) for c in cogniload_overall_cells(analysis)]  # the taxonomy marks are ICE results
     widths = [max(len(r[i]) for r in rows) for i in range(len(MAIN_HEADER))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -165,8 +166,8 @@ def render_markdown(analysis: dict) -> str:
              f"(sha256 {analysis['inputs']['trials_sha256'][:12]}…).", "",
              *_import_lines(analysis.get("import")),
              "## EM per model × condition × load", "",
-             _md_table(MAIN_HEADER, [_cell_row(c, marks) for c in [*analysis["cells"],
-                                                                   *cogniload_overall_cells(analysis)]]),
+             _md_table(MAIN_HEADER, [_cell_row(c, marks) for c in analysis["cells"]]
+                       + [_cell_row(c, {}) for c in cogniload_overall_cells(analysis)]),
              "", MARK_LEGEND if analysis["cells"] else "", ""]
     if analysis["cells"]:
         parts += _ice_markdown(analysis)
