@@ -33,6 +33,7 @@ import torch
 
 from probe.attention import probe_prompt
 from probe.config import ProbeSection
+from probe.loading import input_device
 from probe.types import Span, TokenizedPrompt
 
 log = logging.getLogger(__name__)
@@ -170,7 +171,7 @@ def run_attention_bench(
 
         model = load_model(model_name).model
     model.eval()
-    device = next(model.parameters()).device
+    device = input_device(model)
     cfg = model.config.get_text_config()
     n_layers, n_heads = int(cfg.num_hidden_layers), int(cfg.num_attention_heads)
     base = model.base_model
