@@ -321,3 +321,18 @@ def test_transformer_lens_bridge_agrees_with_engine() -> None:
     # The bridge replaces the attention modules, which then bypass the AttentionInterface: caught loudly.
     with pytest.raises(HookError, match="did not report"):
         probe_prompt(model, tp)
+
+
+def test_bench_rows_on_tiny_model() -> None:
+    from probe.bench_attention import format_attention_bench, run_attention_bench
+
+    model = _build("llama")
+    rows = run_attention_bench(lengths=(64, 96), model=model, model_name="tiny", include_lens=False,
+                               full_attention_limit_gb=1e-4)  # 2·4·96²·4 B = 0.3 MB > 0.1 MB: eager skipped at 96
+    assert [r["n_tokens"] for r in rows] == [64, 96]
+    assert rows[0]["eager_s"] is not None and rows[1]["eager_s"] is None
+    for r in rows:
+        assert r["plain_s"] > 0 and r["engine_s"] > 0 and r["engine_ar_s"] > 0
+        assert r["engine_time_ratio"] == pytest.approx(r["engine_s"] / r["plain_s"])
+    table = format_attention_bench(rows)
+    assert "skipped" in table and "eager/lens skipped" in table
