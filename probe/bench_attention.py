@@ -33,6 +33,7 @@ import torch
 
 from probe.attention import probe_prompt
 from probe.config import ProbeSection
+from probe.errors import ConfigError
 from probe.loading import input_device
 from probe.types import Span, TokenizedPrompt
 
@@ -47,14 +48,20 @@ def bench_prompt(n_tokens: int, vocab_size: int, n_pairs: int = 8, seed: int = 0
     extraneous, question, sink.
 
     Args:
-        n_tokens: prompt length T (>= 64).
+        n_tokens: prompt length T (at least 51; short prompts get fewer germane segments).
         vocab_size: ids are drawn from ``[100, vocab_size)`` (clear of most special tokens).
-        n_pairs: germane segments.
+        n_pairs: germane segments (at most).
         seed: random seed of the ids.
+
+    Raises:
+        ConfigError: ``n_tokens`` below 51.
     """
+    if n_tokens < 51:
+        raise ConfigError(f"bench prompt length {n_tokens}: use at least 51 tokens")
     rng = np.random.default_rng(seed)
     head, instr, question, tail = 3, 20, 20, 5
     body = n_tokens - head - instr - question - tail
+    n_pairs = max(1, min(n_pairs, (body - 1) // 2))
     n_body = 2 * n_pairs + 1
     sizes = [body // n_body] * n_body
     sizes[-1] += body - sum(sizes)
