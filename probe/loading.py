@@ -369,30 +369,61 @@ def load_model(card_or_name: ModelCard | str, device: str | None = None) -> Load
 
 
 def _dequantise_to_cache(card: ModelCard, folder: Path, gguf_file: str, out: Path) -> None:
-    """De-quantise a GGUF once and save it as a plain Hugging Face folder.
+    """De-quantise a card's GGUF once into the cache folder ``out``."""
+    log.info("de-quantising %s/%s once; the result is cached in %s", folder, gguf_file, out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    export_hf_folder(folder, gguf_file, out)
 
-    A GGUF-loaded model refuses ``save_pretrained``, so the weights are moved into a model built from the same
-    config, which saves normally.
+
+def export_hf_folder(gguf_dir: str | Path, gguf_file: str, out_dir: str | Path) -> Path:
+    """De-quantise a GGUF model and save it as a plain Hugging Face folder that any server can load.
+
+    A GGUF-loaded model refuses ``save_pretrained``; its weights are therefore moved into a model built from the
+    same config (``AutoModelForCausalLM.from_config``), which saves normally, in float32. The tokenizer (with the
+    chat template stored in the GGUF metadata) and the generation config are saved next to it. Nothing is done when
+    ``out_dir`` already holds a ``config.json``; the folder is written under a temporary name and renamed, so an
+    interrupted export never leaves a half-written folder that looks finished.
+
+    Args:
+        gguf_dir: folder that holds the GGUF file.
+        gguf_file: file name inside ``gguf_dir``.
+        out_dir: folder to create (its parent must be writable).
+
+    Returns:
+        ``out_dir`` as a Path.
+
+    Raises:
+        ModelUnavailableError: the GGUF file does not exist, or its weights do not fit its own config.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    log.info("de-quantising %s/%s once; the result is cached in %s", folder, gguf_file, out)
-    src = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, dtype=torch.float32)
-    tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
+    src_dir, out = Path(gguf_dir), Path(out_dir)
+    if (out / "config.json").is_file():
+        return out
+    if not (src_dir / gguf_file).is_file():
+        raise ModelUnavailableError(f"GGUF file {src_dir / gguf_file} does not exist; check the folder and file name")
+    log.info("exporting %s/%s as a Hugging Face folder %s", src_dir, gguf_file, out)
+    src = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=gguf_file, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(src_dir, gguf_file=gguf_file)
     plain = AutoModelForCausalLM.from_config(src.config, dtype=torch.float32)
     missing, unexpected = plain.load_state_dict(src.state_dict(), strict=False)
-    missing = [m for m in missing if not m.endswith("lm_head.weight")]  # tied embeddings
+    if getattr(src.config, "tie_word_embeddings", False):
+        missing = [k for k in missing if not k.endswith("lm_head.weight")]
     if missing or unexpected:
-        raise ModelUnavailableError(f"model {card.name!r}: GGUF weights do not fit the config "
-                                    f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+        raise ModelUnavailableError(
+            f"{src_dir / gguf_file}: the GGUF weights do not fit its config "
+            f"(missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
     plain.tie_weights()
-    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
+    plain.generation_config = src.generation_config
+    tmp = out.with_name(f"{out.name}.partial{os.getpid()}")
     plain.save_pretrained(tmp)
     tok.save_pretrained(tmp)
     try:
         tmp.rename(out)
-    except OSError:  # another process finished the same cache entry first
+    except OSError:  # another process finished the same folder first
         import shutil
 
         shutil.rmtree(tmp, ignore_errors=True)
+    return out
