@@ -213,8 +213,13 @@ def make_builder(cfg: ExperimentConfig, card: ModelCard, tokenizer: Any, id_suff
                       use_chat_template=card.use_chat_template, id_suffix=id_suffix)
 
 
-def build_prompts(cfg: ExperimentConfig, progress: bool = True) -> dict[str, list[Prompt]]:
-    """Build (or reuse from ``prompts.jsonl``) the prompts of every tokenizer group; returns model -> prompts."""
+def build_prompts(cfg: ExperimentConfig, progress: bool = True,
+                  tasks: list[Task] | None = None) -> dict[str, list[Prompt]]:
+    """Build (or reuse from ``prompts.jsonl``) the prompts of every tokenizer group; returns model -> prompts.
+
+    ``tasks`` are the experiment's tasks when the caller has them already; otherwise they are loaded only if some
+    tokenizer group still needs its prompts built.
+    """
     from tqdm import tqdm
 
     run_dir = cfg.run_dir
@@ -223,7 +228,6 @@ def build_prompts(cfg: ExperimentConfig, progress: bool = True) -> dict[str, lis
     for d in read_jsonl(run_dir / PROMPTS):
         p = Prompt.from_dict(d)
         existing.setdefault(p.tokenizer, []).append(p)
-    tasks: list[Task] | None = None
     by_model: dict[str, list[Prompt]] = {}
     for tok_name, cards in groups.items():
         prompts = existing.get(tok_name)
@@ -414,8 +418,9 @@ def run_experiment(cfg: ExperimentConfig, progress: bool = True, force: bool = F
 
         for c in cards:
             check_probe_supported(c)
-    by_model = build_prompts(cfg, progress=progress and rank == 0)
-    tasks = {t.task_id: t for t in load_all_tasks(cfg)}
+    task_list = load_all_tasks(cfg)
+    by_model = build_prompts(cfg, progress=progress and rank == 0, tasks=task_list)
+    tasks = {t.task_id: t for t in task_list}
     revisions: dict[str, str] = {}
     for card in cards:
         backend = make_backend(card, device=device, seed=cfg.experiment.seed)
