@@ -61,3 +61,17 @@ def server(hf_folder: Path) -> Iterator:
         yield srv
     finally:
         srv.stop()
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Tests marked ``served`` start a local OpenAI-compatible server: skip them, saying why, without its extra."""
+    from probe.serving import missing_serving_modules
+
+    missing = missing_serving_modules()
+    if not missing:
+        return
+    skip = pytest.mark.skip(reason=f"served-model tests need the serving extra (missing: {', '.join(missing)}); "
+                                   'install it with: pip install "transformers[serving]"')
+    for item in items:
+        if "served" in item.keywords:
+            item.add_marker(skip)

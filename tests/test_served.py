@@ -19,18 +19,10 @@ from probe.backends.openai import OpenAIBackend, RetryPolicy
 from probe.config import GenerationSection
 from probe.loading import ModelCard
 from probe.records import TrialRecord, append_jsonl, done_trial_ids, load_trials, make_trial_id
-from probe.serving import LocalServer, missing_serving_modules
+from probe.serving import LocalServer
 from probe.types import Prompt, Segment
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-_missing = missing_serving_modules()
-if _missing:
-    pytest.skip(
-        f'served-model tests need the serving extra (missing: {", ".join(_missing)}); '
-        'install it with: pip install "transformers[serving]"',
-        allow_module_level=True,
-    )
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.served]
 
 MAX_NEW = 40
 TEXTS = (

@@ -29,17 +29,9 @@ from probe.analysis.frame import load_run_frame
 from probe.backends.openai import OpenAIBackend
 from probe.config import load_config
 from probe.records import append_jsonl, load_trials, read_jsonl
-from probe.serving import LocalServer, missing_serving_modules
+from probe.serving import LocalServer
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-_missing = missing_serving_modules()
-if _missing:
-    pytest.skip(
-        f'served-model tests need the serving extra (missing: {", ".join(_missing)}); '
-        'install it with: pip install "transformers[serving]"',
-        allow_module_level=True,
-    )
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.served]
 
 LOCAL = "smollm2-135m-instruct"
 SERVED = "smollm2-served"
