@@ -181,11 +181,11 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.what == "generate":
-        from probe.bench import format_generate_bench, run_generate_bench
+        from probe.bench.generate import format_generate_bench, run_generate_bench
 
         print(format_generate_bench(run_generate_bench(args.experiment, n_prompts=args.n, batch_size=args.batch_size)))
     else:
-        from probe.bench_attention import format_attention_bench, run_attention_bench
+        from probe.bench.attention import format_attention_bench, run_attention_bench
 
         lengths = tuple(int(x) for x in args.lengths.split(","))
         print(format_attention_bench(run_attention_bench(lengths=lengths)))

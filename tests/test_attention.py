@@ -324,7 +324,7 @@ def test_transformer_lens_bridge_agrees_with_engine() -> None:
 
 
 def test_bench_rows_on_tiny_model() -> None:
-    from probe.bench_attention import format_attention_bench, run_attention_bench
+    from probe.bench.attention import format_attention_bench, run_attention_bench
 
     model = _build("llama")
     rows = run_attention_bench(lengths=(60, 96), model=model, model_name="tiny", include_lens=False,

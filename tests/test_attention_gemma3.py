@@ -7,7 +7,8 @@ import importlib.util
 import numpy as np
 import pytest
 
-from probe.ice import Piece, assemble, tokenize_prompt
+from probe.prompts.builder import Piece, assemble
+from probe.prompts.tokenize import tokenize_prompt
 from probe.types import Prompt
 
 pytestmark = [

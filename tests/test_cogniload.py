@@ -16,7 +16,7 @@ from scipy import stats
 
 from probe.config import TaskSection
 from probe.errors import ConfigError, ProbeError
-from probe.scoring_cogniload import score_cogniload, split_sentences
+from probe.scoring.cogniload import score_cogniload, split_sentences
 from probe.tasks.cogniload import CATEGORIES, PEOPLE, generate_puzzle, generate_tasks
 from probe.types import Hop, Task
 

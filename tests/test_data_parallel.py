@@ -26,7 +26,7 @@ import pytest
 from probe import runner
 from probe.config import load_config
 from probe.records import append_jsonl, load_trials, read_jsonl
-from probe.serving import free_port
+from tests.serving import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -24,9 +24,9 @@ import torch
 
 from probe.attention import SegmentAttention, probe_prompt
 from probe.config import GenerationSection, ProbeSection
-from probe.ice import tokenize_prompt
+from probe.prompts.tokenize import tokenize_prompt
 from probe.loading import LoadedModel, ModelCard, get_card, input_device, load_model
-from probe.runner import LocalBackend
+from probe.backends import LocalBackend
 from probe.types import Prompt, Segment
 
 pytestmark = pytest.mark.integration

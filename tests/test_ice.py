@@ -9,9 +9,11 @@ import pytest
 
 from probe.config import IceSection
 from probe.errors import SpanError
-from probe.ice import IceBuilder, assemble, Piece, place_uniform, tokenize_prompt
-from probe.tasks.filler import neutral_filler
-from probe.tasks.synthetic import distractor_facts, generate_synthetic
+from probe.prompts.builder import IceBuilder, Piece, assemble, place_uniform
+from probe.prompts.tokenize import tokenize_prompt
+from probe.prompts.filler import neutral_filler
+from probe.prompts.distractors import distractor_facts
+from probe.tasks.synthetic import generate_synthetic
 from probe.types import Prompt, Segment
 
 pytestmark = pytest.mark.integration

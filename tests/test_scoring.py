@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from probe.scoring import REL_TOL, exact_match, extract_answer, hop_recall, normalize_answer, score_output
+from probe.scoring.answers import REL_TOL, exact_match, extract_answer, hop_recall, normalize_answer, score_output
 from probe.types import Hop, Task
 
 # --- extraction ----------------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from probe.backends.openai import OpenAIBackend, RetryPolicy
 from probe.config import GenerationSection
 from probe.loading import ModelCard
 from probe.records import TrialRecord, append_jsonl, done_trial_ids, load_trials, make_trial_id
-from probe.serving import LocalServer
+from tests.serving import LocalServer
 from probe.types import Prompt, Segment
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.served]

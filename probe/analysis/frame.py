@@ -104,7 +104,7 @@ def fill_s_sim(df: pd.DataFrame, prompts: dict[str, Prompt], embedder_name: str)
     if not need.any():
         return df, None
     try:
-        from probe.similarity import get_embedder
+        from probe.prompts.similarity import get_embedder
 
         embedder = get_embedder(embedder_name)
     except ProbeError as e:

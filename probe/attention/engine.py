@@ -339,7 +339,7 @@ def probe_prompt(
 
     Args:
         model: a loaded Hugging Face causal LM of a supported architecture, in eval mode.
-        tokenized: the prompt's ids and token spans (``probe.ice.tokenize_prompt`` makes them; any spans that
+        tokenized: the prompt's ids and token spans (``probe.prompts.tokenize.tokenize_prompt`` makes them; any spans that
             partition the tokens will do).
         options: query set, γ, residue mode, sink exclusion, block size (defaults: ``ProbeSection()``).
         generated_ids: answer token ids appended after the prompt; required by query ``generated``.

@@ -6,7 +6,7 @@ company, music, river, invention, sports, literature). Hop ``i`` is one sentence
 and its intermediate answer is ``e_{i+1}``; the question names only the first entity of the chain and asks for
 the last, so it needs every hop.
 
-Within one draw (one call of :func:`generate_synthetic` or :func:`distractor_facts`) no name and no word of a
+Within one draw (one call of :func:`generate_synthetic` or :func:`probe.prompts.distractors.distractor_facts`) no name and no word of a
 name is used twice, and no name equals a word of the sentence templates, so an answer string identifies exactly
 one entity. Distractor facts come from chains of other topics, drawn with the names of the task excluded.
 """
@@ -75,7 +75,7 @@ _PROFESSIONS = (
     "rope maker", "printer", "schoolteacher", "postman", "cook",
 )  # fmt: skip
 
-_TOPICS: tuple[_Topic, ...] = (
+TOPIC_TEMPLATES: tuple[_Topic, ...] = (
     _Topic(
         name="birthplace",
         kinds=("person", "place", "place", "place"),
@@ -230,7 +230,7 @@ _TOPICS: tuple[_Topic, ...] = (
     ),
 )
 
-TOPICS: tuple[str, ...] = tuple(t.name for t in _TOPICS)
+TOPICS: tuple[str, ...] = tuple(t.name for t in TOPIC_TEMPLATES)
 
 _WORD = re.compile(r"[A-Za-z]+")
 
@@ -238,7 +238,7 @@ _WORD = re.compile(r"[A-Za-z]+")
 def _template_words() -> frozenset[str]:
     """Every word the templates and word lists use: a name must never equal one of them."""
     texts: list[str] = []
-    for t in _TOPICS:
+    for t in TOPIC_TEMPLATES:
         texts += [s for rel in t.facts for s in rel] + [t.question2, t.question3]
         texts += [w for _, values in t.extras for w in values]
     texts += list(_PROFESSIONS)
@@ -248,7 +248,7 @@ def _template_words() -> frozenset[str]:
 _TEMPLATE_WORDS = _template_words()
 
 
-class _NameDraw:
+class NameDraw:
     """Draws invented names; no word of a name repeats within one draw, nor equals a template word."""
 
     def __init__(self, rng: np.random.Generator, avoid: Iterable[str] = ()) -> None:
@@ -312,7 +312,7 @@ class _NameDraw:
         raise ValueError(f"unknown name kind {kind!r}")
 
 
-def _draw_chain(topic: _Topic, names: _NameDraw, rng: np.random.Generator) -> tuple[list[str], dict[str, str]]:
+def draw_chain(topic: _Topic, names: NameDraw, rng: np.random.Generator) -> tuple[list[str], dict[str, str]]:
     """The four entities of one chain and the values of the topic's extra template fields."""
     entities: list[str] = []
     for kind in topic.kinds:
@@ -326,7 +326,7 @@ def _draw_chain(topic: _Topic, names: _NameDraw, rng: np.random.Generator) -> tu
     return entities, extras
 
 
-def _render_facts(topic: _Topic, entities: list[str], extras: dict[str, str], rng: np.random.Generator) -> list[str]:
+def render_facts(topic: _Topic, entities: list[str], extras: dict[str, str], rng: np.random.Generator) -> list[str]:
     """The three fact sentences of a chain, each from a randomly chosen template of its relation."""
     fields = {f"e{i}": e for i, e in enumerate(entities)} | extras
     facts = []
@@ -357,13 +357,13 @@ def generate_synthetic(n: int, hops: int, rng: np.random.Generator) -> list[Task
         raise ConfigError(f"tasks.hops: {hops}; the synthetic source makes 2- or 3-hop questions")
     if n < 1:
         raise ConfigError(f"tasks.n: {n} must be >= 1")
-    order = rng.permutation(len(_TOPICS))
-    names = _NameDraw(rng)
+    order = rng.permutation(len(TOPIC_TEMPLATES))
+    names = NameDraw(rng)
     tasks: list[Task] = []
     for i in range(n):
-        topic = _TOPICS[int(order[i % len(_TOPICS)])]
-        entities, extras = _draw_chain(topic, names, rng)
-        facts = _render_facts(topic, entities, extras, rng)
+        topic = TOPIC_TEMPLATES[int(order[i % len(TOPIC_TEMPLATES)])]
+        entities, extras = draw_chain(topic, names, rng)
+        facts = render_facts(topic, entities, extras, rng)
         start = topic.start2 if hops == 2 else 0
         template = topic.question2 if hops == 2 else topic.question3
         question = template.format(**({f"e{j}": e for j, e in enumerate(entities)} | extras))
@@ -381,32 +381,3 @@ def generate_synthetic(n: int, hops: int, rng: np.random.Generator) -> list[Task
         )
     log.debug("drew %d synthetic %d-hop tasks", n, hops)
     return tasks
-
-
-def distractor_facts(
-    rng: np.random.Generator, exclude_topic: str, n: int, avoid: Iterable[str] = ()
-) -> list[str]:
-    """Facts of other fictional chains, from topics other than ``exclude_topic``: an extraneous pool.
-
-    Chains are drawn one after another (topic uniform over the allowed ones) and their three facts appended in
-    chain order until ``n`` facts are collected. A topic name that is not a synthetic topic (a FanOutQA category,
-    a user's own topic) excludes nothing.
-
-    Args:
-        rng: the seeded generator.
-        exclude_topic: the task's topic; no distractor comes from it.
-        n: number of facts (>= 0).
-        avoid: texts whose words must not be reused as names (pass the task's question and hop facts, so that no
-            distractor mentions an entity of the task).
-
-    Returns:
-        ``n`` fact sentences.
-    """
-    allowed = [t for t in _TOPICS if t.name != exclude_topic]
-    names = _NameDraw(rng, avoid)
-    facts: list[str] = []
-    while len(facts) < n:
-        topic = allowed[int(rng.integers(len(allowed)))]
-        entities, extras = _draw_chain(topic, names, rng)
-        facts += _render_facts(topic, entities, extras, rng)
-    return facts[:n]

@@ -12,7 +12,8 @@ import time
 from dataclasses import dataclass, replace
 
 from probe.config import load_config
-from probe.runner import LocalBackend, build_prompts, prepare_run_dir
+from probe.backends import LocalBackend
+from probe.runner import build_prompts, prepare_run_dir
 from probe.loading import load_model
 from probe.types import Prompt
 

@@ -29,10 +29,10 @@ from typing import Iterator
 
 import httpx
 
+from probe.errors import ProbeError
 from probe.loading import export_hf_folder
 
 __all__ = ["export_hf_folder", "LocalServer", "local_server", "free_port", "missing_serving_modules", "ServerStartError"]
-from probe.errors import ProbeError
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,6 @@
+"""Scoring: a generation + its task -> answer, EM and the rates of SPEC §3 (and CogniLoad's progressive match).
+
+- :mod:`probe.scoring.answers` — ICE answers: extraction (``\\boxed{}``, ``Answer:``, last line), normalised exact
+  match, hop recall, truncated / uninterpretable.
+- :mod:`probe.scoring.cogniload` — CogniLoad's progressive exact match (SPEC §7).
+"""
