@@ -14,7 +14,6 @@ from typing import Any, get_args, get_origin, get_type_hints
 from probe.errors import ConfigError
 from probe.types import CONDITIONS
 
-TASK_SOURCES = ("synthetic", "fanoutqa", "jsonl", "cogniload")
 QUERY_SETS = ("question", "last", "generated")
 
 
@@ -47,8 +46,10 @@ class TaskSection:
     needle_ratio: tuple[int, ...] = (5, 25, 50, 75, 95)
 
     def __post_init__(self) -> None:
-        if self.source not in TASK_SOURCES:
-            raise ConfigError(f"tasks.source: {self.source!r} is not one of {', '.join(TASK_SOURCES)}")
+        from probe.tasks import SOURCES  # the registry imports this module's types
+
+        if self.source not in SOURCES:
+            raise ConfigError(f"tasks.source: {self.source!r} is not one of {', '.join(SOURCES)}")
         if self.n < 1:
             raise ConfigError(f"tasks.n: {self.n} must be >= 1")
         if self.source == "synthetic" and self.hops not in (2, 3):
@@ -200,7 +201,7 @@ def config_from_dict(data: dict[str, Any], where: str = "<config>") -> Experimen
     if isinstance(raw_tasks, dict):
         raw_tasks = [raw_tasks]
     try:
-        return ExperimentConfig(
+        cfg = ExperimentConfig(
             experiment=_build(ExperimentSection, data["experiment"], f"{where}: experiment"),
             tasks=tuple(_build(TaskSection, t, f"{where}: tasks[{i}]") for i, t in enumerate(raw_tasks)),
             ice=_build(IceSection, data.get("ice", {}), f"{where}: ice"),
@@ -208,9 +209,35 @@ def config_from_dict(data: dict[str, Any], where: str = "<config>") -> Experimen
             probe=_build(ProbeSection, data.get("probe", {}), f"{where}: probe"),
             analysis=_build(AnalysisSection, data.get("analysis", {}), f"{where}: analysis"),
         )
+        _refuse_idle_options(raw_tasks, data.get("ice", {}), where)
     except ConfigError as e:
         msg = str(e)
         raise ConfigError(msg if msg.startswith(where) else f"{where}: {msg}") from None
+    return cfg
+
+
+def _refuse_idle_options(raw_tasks: list[dict[str, Any]], raw_ice: dict[str, Any], where: str) -> None:
+    """Refuse options written in the file that have no effect for the chosen task sources (:mod:`probe.tasks`).
+
+    A ``[[tasks]]`` key its source does not read, or an ``[ice]`` section when every source lays out its own
+    prompts, would be silently ignored; the error names the key and what the source reads instead.
+    """
+    from probe.tasks import get_source
+
+    sources = []
+    for i, t in enumerate(raw_tasks):
+        source = get_source(t["source"])
+        sources.append(source)
+        idle = sorted(set(t) - {"source"} - source.options)
+        if idle:
+            reads = ", ".join(sorted(source.options))
+            raise ConfigError(f"{where}: tasks[{i}].{idle[0]}: has no effect for source {source.name!r} (it reads "
+                              f"{reads}); remove it")
+    if raw_ice and not any(s.uses_ice for s in sources):
+        key = sorted(raw_ice)[0]
+        names = ", ".join(repr(s.name) for s in sources)
+        raise ConfigError(f"{where}: ice.{key}: the [ice] section has no effect: source(s) {names} lay out their own "
+                          "prompts (no conditions, loads or distractors); remove the section")
 
 
 def load_config(path: str | Path, overrides: dict[str, dict[str, Any]] | None = None) -> ExperimentConfig:
@@ -228,16 +255,25 @@ def load_config(path: str | Path, overrides: dict[str, dict[str, Any]] | None = 
 
 
 def dump_config(cfg: ExperimentConfig) -> str:
-    """TOML text of a config; ``config_from_dict(tomllib.loads(dump_config(c))) == c``."""
+    """TOML text of a config; ``config_from_dict(tomllib.loads(dump_config(c))) == c``.
+
+    Only options with an effect are written: each ``[[tasks]]`` section holds the keys its source reads, and
+    ``[ice]`` is left out when every source lays out its own prompts (so the file passes the same validation).
+    """
+    from probe.tasks import get_source
+
     d = cfg.to_dict()
+    sources = [get_source(t.source) for t in cfg.tasks]
     lines: list[str] = []
     for section in ("experiment", "ice", "generation", "probe", "analysis"):
+        if section == "ice" and not any(s.uses_ice for s in sources):
+            continue
         lines.append(f"[{section}]")
         lines += [f"{k} = {_toml_value(v)}" for k, v in d[section].items()]
         lines.append("")
-    for t in d["tasks"]:
+    for t, source in zip(d["tasks"], sources):
         lines.append("[[tasks]]")
-        lines += [f"{k} = {_toml_value(v)}" for k, v in t.items()]
+        lines += [f"{k} = {_toml_value(v)}" for k, v in t.items() if k == "source" or k in source.options]
         lines.append("")
     return "\n".join(lines)
 

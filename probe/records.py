@@ -45,6 +45,7 @@ class TrialRecord:
     s_sim: float | None = None
     completion_tokens: int | None = None
     meta: dict | None = None  # source-specific values (CogniLoad: d, N, rho)
+    family: str = "ice"  # the task family that scored it and analyses it (probe.tasks): ice, cogniload
 
     @property
     def is_scored(self) -> bool:
@@ -56,7 +57,12 @@ class TrialRecord:
     @staticmethod
     def from_dict(d: dict) -> "TrialRecord":
         names = {f.name for f in fields(TrialRecord)}
-        return TrialRecord(**{k: v for k, v in d.items() if k in names})
+        kept = {k: v for k, v in d.items() if k in names}
+        if "family" not in kept:  # written before records named their family: the source's
+            from probe.tasks import family_of
+
+            kept["family"] = family_of(str(d.get("source", "")))
+        return TrialRecord(**kept)
 
 
 def make_trial_id(model: str, prompt_id: str) -> str:

@@ -27,7 +27,7 @@ from probe.errors import ConfigError, ProbeError
 from probe.loading import ModelCard, get_card, load_tokenizer
 from probe.prompts.builder import IceBuilder
 from probe.records import TrialRecord, append_jsonl, load_trials, make_trial_id, read_jsonl
-from probe.scoring.answers import score_output
+from probe.tasks import get_family, get_source, load_tasks
 from probe.types import Prompt, Task
 
 log = logging.getLogger(__name__)
@@ -96,8 +96,7 @@ def write_manifest(run_dir: Path, cfg: ExperimentConfig, cards: Sequence[ModelCa
 
 
 def load_all_tasks(cfg: ExperimentConfig) -> list[Task]:
-    from probe.tasks import load_tasks
-
+    """The tasks of every ``[[tasks]]`` section (section ``i`` seeded with ``seed + i``); ids must be unique."""
     tasks: list[Task] = []
     seen: set[str] = set()
     for i, section in enumerate(cfg.tasks):
@@ -126,12 +125,28 @@ def tokenizer_groups(cfg: ExperimentConfig) -> dict[str, list[ModelCard]]:
     return groups
 
 
+def needs_embedder(cfg: ExperimentConfig) -> bool:
+    """Whether building the prompts needs the sentence embedder: stratified distractor draws, or S_sim (SPEC §5)
+    for some prompt that can hold extraneous segments in a family where S_sim is defined (``analysis.embedder``
+    empty turns S_sim off)."""
+    if cfg.ice.distractor_strategy == "stratified":
+        return True
+    if not cfg.analysis.embedder:
+        return False
+    distracted = bool({"Saturation", "Residue"} & set(cfg.ice.conditions))
+    for section in cfg.tasks:
+        source = get_source(section.source)
+        if get_family(source.family).has_s_sim and (source.layout != "ice" or distracted):
+            return True
+    return False
+
+
 def make_builder(cfg: ExperimentConfig, card: ModelCard, tokenizer: Any, id_suffix: str) -> IceBuilder:
     from probe.prompts.filler import neutral_filler
     from probe.prompts.distractors import distractor_facts
 
     similarity = s_sim = None
-    if cfg.ice.distractor_strategy == "stratified" or cfg.analysis.embedder:
+    if needs_embedder(cfg):
         from probe.prompts.similarity import get_embedder
 
         emb = get_embedder(cfg.analysis.embedder)
@@ -177,23 +192,17 @@ def build_prompts(cfg: ExperimentConfig, progress: bool = True,
 
 
 def make_record(model: str, prompt: Prompt, task: Task, gen: Generation) -> TrialRecord:
-    """Score a generation against its task and flatten it into a trial record."""
+    """Score a generation with its family's scorer (:mod:`probe.tasks`) and flatten it into a trial record."""
     base = dict(trial_id=make_trial_id(model, prompt.prompt_id), model=model, prompt_id=prompt.prompt_id,
                 task_id=prompt.task_id, source=prompt.source, condition=prompt.condition, load=prompt.load,
                 achieved_load=prompt.achieved_load, replication=prompt.replication,
                 prompt_tokens=gen.prompt_tokens or 0, gold=task.gold, s_sim=prompt.s_sim,
-                completion_tokens=gen.completion_tokens, meta=dict(task.meta) or None)
+                completion_tokens=gen.completion_tokens, meta=dict(task.meta) or None, family=prompt.family)
     if gen.skip_reason or gen.error:
         return TrialRecord(**base, output=gen.text, answer=None, em=None, hop_recall=None, truncated=False,
                            uninterpretable=False, skipped=gen.skip_reason is not None, skip_reason=gen.skip_reason,
                            error=gen.error)
-    if task.source == "cogniload":  # progressive exact match (SPEC §7)
-        from probe.scoring.cogniload import score_cogniload
-
-        cl = score_cogniload(gen.text or "", task)
-        return TrialRecord(**base, output=gen.text, answer=cl.answer, em=float(cl.em), hop_recall=None,
-                           truncated=gen.truncated, uninterpretable=cl.uninterpretable)
-    score = score_output(gen.text, task, gen.truncated)
+    score = get_family(prompt.family).score(gen.text, task, gen.truncated)
     return TrialRecord(**base, output=gen.text, answer=score.answer, em=float(score.em),
                        hop_recall=score.hop_recall, truncated=score.truncated,
                        uninterpretable=score.uninterpretable)

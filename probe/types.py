@@ -35,8 +35,11 @@ class Hop:
 class Task:
     """One multi-hop question: ``Decompose(q)`` is ``hops``, in order.
 
-    ``segments`` is optional: a source that lays out its own prompt body (CogniLoad: initial state, statements)
-    gives its segments here as ``(kind, text)`` pairs and the ICE builder uses them as they are.
+    ``segments`` is optional: a task laid out natively (its source's layout, :mod:`probe.tasks`) gives its prompt
+    body here as ``(kind, text)`` pairs and the builder uses them as they are (CogniLoad: initial state,
+    statements; a JSONL line with ``segments``). ``condition`` names the condition such a prompt is recorded under
+    when its family does not fix one (default ``Custom``; an ICE condition name puts it in that condition's
+    estimates).
     """
 
     task_id: str
@@ -47,6 +50,7 @@ class Task:
     topic: str = ""
     meta: dict[str, str | int | float] = field(default_factory=dict)
     segments: tuple[tuple[str, str], ...] = ()
+    condition: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -62,6 +66,7 @@ class Task:
             topic=d.get("topic", ""),
             meta=dict(d.get("meta", {})),
             segments=tuple((k, t) for k, t in d.get("segments", ())),
+            condition=d.get("condition"),
         )
 
 
@@ -83,7 +88,10 @@ class Segment:
 
 @dataclass(frozen=True)
 class Prompt:
-    """A built ICE prompt: the user-message text and its segments, in order and non-overlapping."""
+    """A built prompt: the user-message text and its segments, in order and non-overlapping.
+
+    ``family`` is the task family (:mod:`probe.tasks`: ``ice``, ``cogniload``) that scores and analyses it.
+    """
 
     prompt_id: str
     task_id: str
@@ -96,6 +104,7 @@ class Prompt:
     segments: tuple[Segment, ...]
     tokenizer: str = ""
     s_sim: float | None = None
+    family: str = "ice"
 
     def __post_init__(self) -> None:
         prev_end = 0
@@ -131,7 +140,15 @@ class Prompt:
             segments=tuple(Segment(**s) for s in d["segments"]),
             tokenizer=d.get("tokenizer", ""),
             s_sim=d.get("s_sim"),
+            family=d["family"] if "family" in d else _family_of_source(d.get("source", "")),
         )
+
+
+def _family_of_source(source: str) -> str:
+    """The family of a record written before records named it: its source's (see :func:`probe.tasks.family_of`)."""
+    from probe.tasks import family_of
+
+    return family_of(source)
 
 
 @dataclass(frozen=True)

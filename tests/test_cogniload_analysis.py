@@ -60,7 +60,7 @@ def make_trials(
                             trial_id=f"{model}::{tid}", model=model, prompt_id=tid, task_id=tid, source="cogniload",
                             condition="CogniLoad", load=0, achieved_load=0.0, replication=0, prompt_tokens=100,
                             output="", answer=None, gold="x", em=em, hop_recall=None, truncated=False,
-                            uninterpretable=False, meta={"d": d, "N": n, "rho": rho},
+                            uninterpretable=False, meta={"d": d, "N": n, "rho": rho}, family="cogniload",
                         )
                     )
     return out

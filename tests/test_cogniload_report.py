@@ -148,7 +148,8 @@ def make_cogniload_run(run_dir: Path, models: tuple[str, ...] = MODELS, seed: in
                             trial_id=make_trial_id(model, pid), model=model, prompt_id=pid, task_id=tid,
                             source="cogniload", condition="CogniLoad", load=rho, achieved_load=float(rho),
                             replication=0, prompt_tokens=lay.spans[-1][1], output="x", answer="x", gold="x", em=em,
-                            hop_recall=None, truncated=bool(rng.random() < 0.1), uninterpretable=False, meta=meta))
+                            hop_recall=None, truncated=bool(rng.random() < 0.1), uninterpretable=False, meta=meta,
+                            family="cogniload"))
                         _record(lay, rho, rng).save(run_dir / "attention" / model / f"{pid}.npz")
     append_jsonl(run_dir / "trials.jsonl", (t.to_dict() for t in trials))
     return layouts

@@ -126,7 +126,7 @@ def test_cogniload_trials_are_scored_by_progressive_exact_match():
     from probe.types import Prompt
 
     task = generate_puzzle(3, 20, 50, np.random.default_rng(0))
-    prompt = Prompt("p", task.task_id, "cogniload", "CogniLoad", 50, 50.0, 0, "x", ())
+    prompt = Prompt("p", task.task_id, "cogniload", "CogniLoad", 50, 50.0, 0, "x", (), family="cogniload")
     # the generic scorer would take the last line; progressive matching finds the PoI's sentence
     poi, cat = task.meta["poi"], task.meta["category"]
     right = Generation(f"Working it out.\nIn the end the {cat} of {poi} is {task.gold}.\nThat was fun.", False, 10, 5)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -333,13 +334,18 @@ def _write(tmp_path: Path, lines: list[str]) -> Path:
 
 
 def test_jsonl_round_trips_task_dicts(tmp_path: Path) -> None:
-    tasks = generate_synthetic(4, 2, np.random.default_rng(0)) + [
-        Task("m", "mine", "Who?", {"a": "x", "b": "y"}, (Hop("fact one."), Hop("fact two.", "x")), "t", {"k": 1},
-             (("germane", "seg"),)),
-        Task("l", "mine", "Which?", ["x", "y"], (Hop("fact."),)),
+    tasks = [dataclasses.replace(t, source="jsonl") for t in generate_synthetic(4, 2, np.random.default_rng(0))] + [
+        Task("m", "jsonl", "Who?", {"a": "x", "b": "y"}, (Hop("fact one."), Hop("fact two.", "x")), "t", {"k": 1},
+             (("germane", "seg"),), "Saturation"),
+        Task("l", "jsonl", "Which?", ["x", "y"], (Hop("fact."),)),
     ]  # fmt: skip
-    path = _write(tmp_path, [json.dumps(t.to_dict()) for t in tasks[:3]] + ["", "   "] +
-                  [json.dumps(t.to_dict()) for t in tasks[3:]])
+
+    def line(t: Task) -> str:  # a task file's line: Task.to_dict() without the source (always "jsonl")
+        d = t.to_dict()
+        del d["source"]
+        return json.dumps(d)
+
+    path = _write(tmp_path, [line(t) for t in tasks[:3]] + ["", "   "] + [line(t) for t in tasks[3:]])
     assert load_jsonl_tasks(path) == tasks
     assert load_jsonl_tasks(path, n=2) == tasks[:2]
     minimal = load_jsonl_tasks(_write(tmp_path, [json.dumps(_GOOD)]))

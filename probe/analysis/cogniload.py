@@ -53,7 +53,7 @@ from probe.records import TrialRecord
 
 log = logging.getLogger(__name__)
 
-SOURCE = "cogniload"
+FAMILY = "cogniload"  # the task family whose trials this module analyses (probe.tasks)
 MAX_STD_COEF = 12.0  # |coef * sd(x)| above this: an odds ratio of e^12 per standard deviation is separation
 MIN_BOOT_SHARE = 0.9  # below this share of defined bootstrap replicates the CI carries a warning note
 FITS: dict[str, tuple[str, ...]] = {
@@ -123,7 +123,7 @@ def analyze_cogniload(trials: list[TrialRecord], n_bootstrap: int, seed: int) ->
     """Fit the SPEC §7 GLMs and capacity thresholds for every model with CogniLoad trials.
 
     Args:
-        trials: trial records of any sources; only scored ``source == "cogniload"`` trials are used.
+        trials: trial records of any sources; only scored ``family == "cogniload"`` trials are used.
         n_bootstrap: bootstrap replicates (puzzles resampled) for the threshold and delta_rho CIs; 0 skips CIs.
         seed: seed of the bootstrap generator.
 
@@ -143,7 +143,7 @@ def analyze_cogniload(trials: list[TrialRecord], n_bootstrap: int, seed: int) ->
     """
     by_model: dict[str, list[TrialRecord]] = {}
     for t in trials:
-        if t.source == SOURCE and t.is_scored:
+        if t.family == FAMILY and t.is_scored:
             by_model.setdefault(t.model, []).append(t)
     rng = np.random.default_rng(seed)
     models = {}

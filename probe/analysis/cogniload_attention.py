@@ -51,7 +51,7 @@ from probe.records import TrialRecord
 
 log = logging.getLogger(__name__)
 
-SOURCE = "cogniload"
+FAMILY = "cogniload"  # the task family whose trials this module analyses (probe.tasks)
 GROUPS: tuple[str, ...] = ("needle", "hay")
 SERIES: tuple[str, ...] = (*GROUPS, "log2_ratio")
 KNOBS: tuple[str, ...] = ("rho", "N", "d")
@@ -275,7 +275,7 @@ def cogniload_attention(run_dir: Path, trials: list[TrialRecord], alpha: float =
 
     Args:
         run_dir: the run folder (``attention/<model>/<prompt_id>.npz``).
-        trials: the run's trial records; CogniLoad ones (``source == "cogniload"``) select the prompts and give
+        trials: the run's trial records; CogniLoad ones (``family == "cogniload"``) select the prompts and give
             their knobs. Skipped or failed trials count too: the probe does not depend on the answer.
         alpha: 1 − confidence level.
 
@@ -288,7 +288,7 @@ def cogniload_attention(run_dir: Path, trials: list[TrialRecord], alpha: float =
     seen: set[tuple[str, str]] = set()
     rows: list[PromptEnrichment] = []
     for t in trials:
-        if t.source != SOURCE or (t.model, t.prompt_id) in seen:
+        if t.family != FAMILY or (t.model, t.prompt_id) in seen:
             continue
         seen.add((t.model, t.prompt_id))
         path = attention_file(run_dir, t.model, t.prompt_id)

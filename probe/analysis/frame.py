@@ -29,7 +29,7 @@ PROMPTS_FILE = "prompts.jsonl"
 _COLUMNS = [
     "trial_id", "model", "prompt_id", "task_id", "source", "condition", "load", "achieved_load", "replication",
     "prompt_tokens", "em", "hop_recall", "truncated", "uninterpretable", "skipped", "skip_reason", "error",
-    "s_sim", "completion_tokens",
+    "s_sim", "completion_tokens", "family",
 ]
 
 

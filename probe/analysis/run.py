@@ -9,7 +9,7 @@ model. Writes into the run folder:
   ``analysis.json`` under ``attention_cells``;
 - ``analysis.md`` and ``tables/*.csv``.
 
-CogniLoad trials (source ``cogniload``, condition ``CogniLoad``) have no ICE condition or load: the ICE estimates
+CogniLoad trials (family ``cogniload``, recorded on each trial) have no ICE condition or load: the ICE estimates
 (cells, H1-H3, attention cells, taxonomy) leave them out, and a ``cogniload`` section holds theirs instead: the
 GLM and thresholds of :func:`probe.analysis.cogniload.analyze_cogniload`, accuracy cells per model (overall and
 per level of d, N and rho, with the same clustered CIs as the ICE cells) and the needle/hay attention enrichment of
@@ -32,7 +32,7 @@ import pandas as pd
 from statsmodels.stats.proportion import proportion_confint
 
 from probe.analysis.attention_link import SUMMARY_FILE, attention_behaviour, summarise_attention
-from probe.analysis.cogniload import SOURCE as COGNILOAD_SOURCE
+from probe.analysis.cogniload import FAMILY as COGNILOAD_FAMILY
 from probe.analysis.cogniload import analyze_cogniload
 from probe.analysis.cogniload_attention import cogniload_attention
 from probe.analysis.estimates import cell_summaries
@@ -49,7 +49,6 @@ log = logging.getLogger(__name__)
 ANALYSIS_FILE = "analysis.json"
 MANIFEST_FILE = "manifest.json"
 H1_CONDITIONS = ("Saturation", "Residue", "LongControl")
-COGNILOAD_CONDITION = "CogniLoad"
 COGNILOAD_KNOBS = ("d", "N", "rho")
 DEFAULT_SEED = 0
 
@@ -67,8 +66,8 @@ def _run_config(run_dir: Path) -> tuple[AnalysisSection, int, str | None]:
 
 
 def is_cogniload(df: pd.DataFrame) -> pd.Series:
-    """Rows of a trial table that are CogniLoad trials (source ``cogniload`` or condition ``CogniLoad``)."""
-    return (df["source"] == COGNILOAD_SOURCE) | (df["condition"] == COGNILOAD_CONDITION)
+    """Rows of a trial table whose trials belong to the CogniLoad family (the ``family`` each record carries)."""
+    return df["family"] == COGNILOAD_FAMILY
 
 
 def cogniload_cells(df: pd.DataFrame, meta: dict[str, dict], alpha: float = 0.05) -> dict[str, dict]:

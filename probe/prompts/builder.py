@@ -20,6 +20,7 @@ to. Its extraneous load is 0.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ import numpy as np
 from probe.config import IceSection
 from probe.errors import ProbeError
 from probe.prompts.tokenize import filler_share, measured_load, tokenize_prompt
+from probe.tasks import CUSTOM_CONDITION, get_family, get_source
 from probe.types import Prompt, Segment, Task, TokenizedPrompt
 
 log = logging.getLogger(__name__)
@@ -39,7 +41,6 @@ DEFAULT_INSTRUCTION = (
     "in the form \\boxed{answer}."
 )
 QUESTION_PREFIX = "Question: "
-COGNILOAD_CONDITION = "CogniLoad"
 _POOL_SIZE = 64  # distractor candidates drawn per (task, load, replication); more than any load needs
 _EXACT_TRIES = 12  # LongControl: sentences tried as the last, cut piece to hit the exact token length
 
@@ -170,10 +171,14 @@ class IceBuilder:
         return tokenize_prompt(prompt, self.tokenizer, self.use_chat_template)
 
     def build_all(self, tasks: Sequence[Task]) -> list[Prompt]:
-        """Every prompt: Control per replication, the other conditions per load and replication."""
+        """Every prompt of the tasks, laid out as each task's source declares (:mod:`probe.tasks`).
+
+        A natively laid out task gives one prompt (its own segments); an ICE task gives Control per replication
+        and the other conditions per load and replication.
+        """
         out: list[Prompt] = []
         for task in tasks:
-            if task.segments:
+            if get_source(task.source).is_native(task):
                 out.append(self.build_native(task))
                 continue
             for rep in range(self.ice.replications):
@@ -198,25 +203,30 @@ class IceBuilder:
 
     def _make(self, task: Task, condition: str, load: int, rep: int, body: list[Piece],
               achieved: Callable[[TokenizedPrompt], float]) -> tuple[Prompt, TokenizedPrompt]:
+        family = get_family(get_source(task.source).family)
         text, segs = assemble(self.instruction, body, task.question)
         draft = Prompt(self._prompt_id(task, condition, load, rep), task.task_id, task.source, condition, load, 0.0,
-                       rep, text, segs, self.tokenizer_name)
+                       rep, text, segs, self.tokenizer_name, family=family.name)
         tp = self.tokenize(draft)
         s_sim = None
         ext = [p.text for p in body if p.kind == "extraneous"]
-        if self.s_sim is not None and ext:
+        if family.has_s_sim and self.s_sim is not None and ext:
             s_sim = self.s_sim(task.question, ext)
         prompt = Prompt(draft.prompt_id, task.task_id, task.source, condition, load, round(achieved(tp), 3), rep,
-                        text, segs, self.tokenizer_name, s_sim)
+                        text, segs, self.tokenizer_name, s_sim, family.name)
         return prompt, tp
 
     def build_native(self, task: Task) -> Prompt:
-        """A task that lays out its own body (CogniLoad): its segments as given, condition ``CogniLoad``."""
+        """A task laid out from its own segments, as given: one prompt, load = its measured extraneous share.
+
+        Its condition is the family's (CogniLoad: ``CogniLoad``), else the task's own ``condition``, else
+        ``Custom``.
+        """
+        family = get_family(get_source(task.source).family)
+        condition = family.native_condition or task.condition or CUSTOM_CONDITION
         body = [Piece(kind, text, f"{kind[:3]}{i}") for i, (kind, text) in enumerate(task.segments)]
-        prompt, tp = self._make(task, COGNILOAD_CONDITION, 0, 0, body, measured_load)
-        return Prompt(prompt.prompt_id, prompt.task_id, prompt.source, prompt.condition,
-                      int(round(prompt.achieved_load)), prompt.achieved_load, 0, prompt.text, prompt.segments,
-                      prompt.tokenizer, prompt.s_sim)
+        prompt, tp = self._make(task, condition, 0, 0, body, measured_load)
+        return dataclasses.replace(prompt, load=int(round(prompt.achieved_load)))
 
     def candidates(self, task: Task, load: int, rep: int) -> list[str]:
         """The seeded distractor sequence for (task, load, replication): the same for every model and condition."""

@@ -4,3 +4,9 @@
   match, hop recall, truncated / uninterpretable.
 - :mod:`probe.scoring.cogniload` — CogniLoad's progressive exact match (SPEC §7).
 """
+
+from __future__ import annotations
+
+from probe.scoring.answers import Score
+
+__all__ = ["Score"]

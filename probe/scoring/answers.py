@@ -50,7 +50,8 @@ from typing import Literal
 
 from probe.types import Gold, Hop, Task
 
-Extraction = Literal["boxed", "answer_line", "last_line", "none"]
+# how the answer was found; "progressive" = CogniLoad's progressive exact match (probe.scoring.cogniload)
+Extraction = Literal["boxed", "answer_line", "last_line", "none", "progressive"]
 
 REL_TOL = 1e-4  # relative tolerance of numeric answers
 

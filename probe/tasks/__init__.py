@@ -1,59 +1,216 @@
-"""Task sources: a ``[[tasks]]`` section of an experiment -> a list of :class:`~probe.types.Task`.
+"""Task sources and the registry that says, for each, how its tasks are loaded, laid out, scored and analysed.
 
-Sources: ``synthetic`` (fictional multi-hop chains, :mod:`probe.tasks.synthetic`), ``fanoutqa`` (the packaged
-dev set, :mod:`probe.tasks.fanoutqa`), ``jsonl`` (the user's own file, :mod:`probe.tasks.jsonl`) and
-``cogniload`` (logic-grid puzzles, :mod:`probe.tasks.cogniload`). Task ids are unique within a source and the
-same on every run with the same section and seed: ``syn2-0007``, ``fqa-<dev-set id>``, the file's own ids.
+A ``[[tasks]]`` section of an experiment names a source; everything a later stage needs to know about that source
+is declared once here, in a :class:`TaskSource`, and the builder, the runner, the analysis and the report ask this
+registry instead of naming a source:
+
+- ``load``: ``(section, seed) -> [Task]`` (:mod:`probe.tasks.synthetic`, :mod:`probe.tasks.fanoutqa`,
+  :mod:`probe.tasks.jsonl`, :mod:`probe.tasks.cogniload`);
+- ``layout``: ``"ice"`` (the ICE builder makes the four conditions at every load from the task's hops),
+  ``"native"`` (the task brings its own segments and is laid out as given), or ``"task"`` (native where the task
+  carries segments, ICE otherwise: a user's JSONL file may hold both);
+- ``options``: the ``[[tasks]]`` keys the source reads; ``probe validate`` refuses any other key, naming it;
+- ``family``: the :class:`Family` whose scorer and analysis its trials get.
+
+A family is a kind of benchmark: ``ice`` (multi-hop questions: SPEC §3 scoring, the ICE estimates H1-H3) and
+``cogniload`` (logic-grid puzzles: progressive exact match, the CogniLoad GLM; SPEC §7). Each prompt and trial
+record carries its family, so the analysis groups trials by it without guessing from sources or conditions.
+
+Adding a benchmark: one loader module here, one :class:`TaskSource` (and a :class:`Family` if it is scored or
+analysed differently), one scorer under :mod:`probe.scoring`, one analysis and one report section registered for
+the family.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Literal
 
 import numpy as np
 
-from probe.config import TaskSection
-from probe.errors import UnknownNameError
-from probe.types import Task
+from probe.errors import ConfigError, UnknownNameError
+
+if TYPE_CHECKING:
+    from probe.config import TaskSection
+    from probe.scoring import Score
+    from probe.types import Task
 
 log = logging.getLogger(__name__)
 
+Layout = Literal["ice", "native", "task"]
 
-def load_tasks(section: TaskSection, seed: int) -> list[Task]:
-    """The tasks of one task section.
+# Condition of a prompt laid out from a task's own segments when neither the family nor the task names one.
+CUSTOM_CONDITION = "Custom"
+
+
+@dataclass(frozen=True)
+class Family:
+    """A kind of benchmark: how its outputs are scored and which analysis its trials get.
+
+    Attributes:
+        name: the family's id, recorded on every prompt and trial (``ice``, ``cogniload``).
+        score: ``(output, task, truncated) -> Score`` (:mod:`probe.scoring`).
+        native_condition: the condition of a natively laid out prompt (CogniLoad: ``"CogniLoad"``); None lets the
+            task name its condition (``meta["condition"]``), else :data:`CUSTOM_CONDITION`.
+        has_s_sim: S_sim (SPEC §5: the question against the extraneous segments) is defined for its prompts.
+        description: one line for listings.
+    """
+
+    name: str
+    score: Callable[[str | None, "Task", bool], "Score"]
+    native_condition: str | None
+    has_s_sim: bool
+    description: str
+
+
+@dataclass(frozen=True)
+class TaskSource:
+    """One task source (see the module docstring).
+
+    Attributes:
+        name: the ``source`` value of a ``[[tasks]]`` section.
+        load: ``(section, seed) -> tasks`` in a fixed order.
+        layout: ``ice``, ``native`` or ``task``.
+        family: the name of its :class:`Family`.
+        options: ``[[tasks]]`` keys the source reads (besides ``source``).
+        description: one line for listings.
+    """
+
+    name: str
+    load: Callable[["TaskSection", int], list["Task"]]
+    layout: Layout
+    family: str
+    options: frozenset[str]
+    description: str
+
+    def is_native(self, task: "Task") -> bool:
+        """Whether ``task`` is laid out from its own segments (else the ICE builder makes its conditions)."""
+        if self.layout == "task":
+            return bool(task.segments)
+        return self.layout == "native"
+
+    @property
+    def uses_ice(self) -> bool:
+        """Whether the ``[ice]`` section (conditions, loads, replications, distractors) can affect its prompts."""
+        return self.layout != "native"
+
+
+def _score_answers(output: str | None, task: "Task", truncated: bool) -> "Score":
+    from probe.scoring.answers import score_output
+
+    return score_output(output, task, truncated)
+
+
+def _score_cogniload(output: str | None, task: "Task", truncated: bool) -> "Score":
+    from probe.scoring import Score
+    from probe.scoring.cogniload import score_cogniload
+
+    s = score_cogniload(output or "", task)
+    return Score(answer=s.answer, em=bool(s.em), hop_recall=None, truncated=truncated,
+                 uninterpretable=s.uninterpretable, extraction="progressive")
+
+
+def _load_synthetic(section: "TaskSection", seed: int) -> list["Task"]:
+    from probe.tasks.synthetic import generate_synthetic
+
+    return generate_synthetic(section.n, section.hops, np.random.default_rng((seed, section.hops)))
+
+
+def _load_fanoutqa(section: "TaskSection", seed: int) -> list["Task"]:
+    from probe.tasks.fanoutqa import load_fanoutqa
+
+    return load_fanoutqa(section.n, section.max_hops, seed, section.path)
+
+
+def _load_jsonl(section: "TaskSection", seed: int) -> list["Task"]:
+    from probe.tasks.jsonl import load_jsonl_tasks
+
+    if section.path is None:  # TaskSection.__post_init__ refuses this already; kept for hand-built sections
+        raise ConfigError("tasks.path: a jsonl task source needs `path = \"file.jsonl\"`")
+    return load_jsonl_tasks(section.path, section.n)
+
+
+def _load_cogniload(section: "TaskSection", seed: int) -> list["Task"]:
+    from probe.tasks.cogniload import generate_tasks
+
+    return generate_tasks(section, seed)
+
+
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in (
+        Family("ice", _score_answers, None, True,
+               "multi-hop questions under the ICE conditions: EM, hop recall, H1-H3 (SPEC §3, §6)"),
+        Family("cogniload", _score_cogniload, "CogniLoad", False,
+               "logic-grid puzzles: progressive exact match, GLM and thresholds (SPEC §7)"),
+    )
+}
+
+SOURCES: dict[str, TaskSource] = {
+    s.name: s
+    for s in (
+        TaskSource("synthetic", _load_synthetic, "ice", "ice", frozenset({"n", "hops"}),
+                   "fictional 2- and 3-hop chains (no training-data contamination)"),
+        TaskSource("fanoutqa", _load_fanoutqa, "ice", "ice", frozenset({"n", "max_hops", "path"}),
+                   "the FanOutQA dev set with its human decompositions"),
+        TaskSource("jsonl", _load_jsonl, "task", "ice", frozenset({"n", "path"}),
+                   "your own file: ICE conditions from its hops, or its own segments as written"),
+        TaskSource("cogniload", _load_cogniload, "native", "cogniload",
+                   frozenset({"n", "difficulty", "length", "needle_ratio"}),
+                   "logic-grid puzzles with difficulty, length and needle-ratio knobs"),
+    )
+}
+
+
+def get_source(name: str) -> TaskSource:
+    """The registered source ``name``.
+
+    Raises:
+        UnknownNameError: naming close matches and the registered sources.
+    """
+    if name not in SOURCES:
+        raise UnknownNameError("task source", name, tuple(SOURCES))
+    return SOURCES[name]
+
+
+def get_family(name: str) -> Family:
+    """The registered family ``name``.
+
+    Raises:
+        UnknownNameError: naming close matches and the registered families.
+    """
+    if name not in FAMILIES:
+        raise UnknownNameError("task family", name, tuple(FAMILIES))
+    return FAMILIES[name]
+
+
+def family_of(source: str) -> str:
+    """The family of a source's trials (``ice`` for a source this registry does not know: another tool's file)."""
+    return SOURCES[source].family if source in SOURCES else "ice"
+
+
+def load_tasks(section: "TaskSection", seed: int) -> list["Task"]:
+    """The tasks of one ``[[tasks]]`` section.
 
     Args:
-        section: the ``[[tasks]]`` section (source, n, hops, path, max_hops, CogniLoad grid).
+        section: the section (its ``source`` names a registered :class:`TaskSource`).
         seed: the experiment seed (the runner adds the section's index, so two sections draw differently).
 
     Returns:
-        The tasks, in a fixed order. ``synthetic`` draws ``n`` tasks from ``numpy.random.default_rng((seed,
+        The tasks, in a fixed order: ``synthetic`` draws ``n`` tasks from ``numpy.random.default_rng((seed,
         hops))``; ``fanoutqa`` chooses ``n`` questions with at most ``max_hops`` steps by ``seed``; ``jsonl``
-        returns the first ``n`` tasks of the file; ``cogniload`` is delegated to
-        :func:`probe.tasks.cogniload.generate_tasks`.
+        returns the first ``n`` tasks of the file; ``cogniload`` makes ``n`` puzzles per grid cell.
 
     Raises:
         TaskFormatError: a bad jsonl file. DataUnavailableError: FanOutQA is not installed.
         UnknownNameError: an unknown source.
     """
-    if section.source == "synthetic":
-        from probe.tasks.synthetic import generate_synthetic
-
-        tasks = generate_synthetic(section.n, section.hops, np.random.default_rng((seed, section.hops)))
-    elif section.source == "fanoutqa":
-        from probe.tasks.fanoutqa import load_fanoutqa
-
-        tasks = load_fanoutqa(section.n, section.max_hops, seed, section.path)
-    elif section.source == "jsonl":
-        from probe.tasks.jsonl import load_jsonl_tasks
-
-        assert section.path is not None  # TaskSection requires a path for jsonl
-        tasks = load_jsonl_tasks(section.path, section.n)
-    elif section.source == "cogniload":
-        from probe.tasks.cogniload import generate_tasks
-
-        tasks = generate_tasks(section, seed)
-    else:
-        raise UnknownNameError("task source", section.source, ("synthetic", "fanoutqa", "jsonl", "cogniload"))
+    source = get_source(section.source)
+    tasks = source.load(section, seed)
     log.info("loaded %d %s tasks", len(tasks), section.source)
     return tasks
+
+
+__all__ = ["CUSTOM_CONDITION", "FAMILIES", "Family", "SOURCES", "TaskSource", "family_of", "get_family",
+           "get_source", "load_tasks"]

@@ -1,10 +1,11 @@
-"""A user's own tasks: one JSON object per line, in the schema of ``Task.to_dict()``.
+"""A user's own tasks: one JSON object per line, in the schema of ``Task.to_dict()`` without ``source``.
 
 Fields: ``task_id`` (non-empty string, unique in the file), ``question`` (non-empty string), ``gold`` (a
 non-empty string, a non-empty list of non-empty strings, or a non-empty object whose values are non-empty
 strings), ``hops`` (a non-empty list of ``{"fact": str, "answer": str | null}``), and optionally ``topic``
-(string), ``source`` (string, default ``"jsonl"``), ``meta`` (object of strings and numbers) and
-``segments`` (list of ``[kind, text]`` pairs). Blank lines are allowed. Every line is checked before any task
+(string), ``meta`` (object of strings and numbers), ``segments`` (list of ``[kind, text]`` pairs: the task is then
+laid out as written, not by the ICE builder) and ``condition`` (with ``segments``: the condition its prompt is
+recorded under, default ``Custom``; one of the ICE condition names puts it in that condition's estimates). Blank lines are allowed. Every line is checked before any task
 is returned; the first bad one raises :class:`~probe.errors.TaskFormatError` as ``file:line: field: what is
 wrong``.
 """
@@ -21,7 +22,7 @@ from probe.types import SEGMENT_KINDS, Gold, Hop, Task
 log = logging.getLogger(__name__)
 
 _REQUIRED = ("task_id", "question", "gold", "hops")
-_OPTIONAL = ("topic", "source", "meta", "segments")
+_OPTIONAL = ("topic", "meta", "segments", "condition")
 _HOP_KEYS = ("fact", "answer")
 
 
@@ -121,6 +122,9 @@ def parse_task_line(text: str, path: Path, line: int) -> Task:
         raise bad("json", f"not valid JSON ({e.msg} at column {e.colno})") from None
     if not isinstance(d, dict):
         raise bad("json", f"each line must be one JSON object, got {type(d).__name__}")
+    if "source" in d:
+        raise bad("source", "a task file's tasks have source 'jsonl' (the source decides how they are laid out and "
+                            "scored); remove the field (keep provenance in `meta`)")
     unknown = sorted(set(d) - set(_REQUIRED) - set(_OPTIONAL))
     if unknown:
         raise bad(unknown[0], f"unknown field; valid fields: {', '.join(_REQUIRED + _OPTIONAL)}")
@@ -130,18 +134,24 @@ def parse_task_line(text: str, path: Path, line: int) -> Task:
     for key in ("task_id", "question"):
         if not _is_text(d[key]):
             raise bad(key, f"must be a non-empty string, got {d[key]!r}")
-    for key in ("topic", "source"):
-        if key in d and not isinstance(d[key], str):
-            raise bad(key, f"must be a string, got {d[key]!r}")
+    if "topic" in d and not isinstance(d["topic"], str):
+        raise bad("topic", f"must be a string, got {d['topic']!r}")
+    if d.get("condition") is not None:  # null: absent
+        if not _is_text(d["condition"]):
+            raise bad("condition", f"must be a non-empty string, got {d['condition']!r}")
+        if not d.get("segments"):
+            raise bad("condition", "only a task with its own `segments` names its condition; the ICE builder "
+                                   "makes the conditions of a task given by its hops")
     return Task(
         task_id=d["task_id"],
-        source=d.get("source") or "jsonl",
+        source="jsonl",
         question=d["question"],
         gold=_check_gold(d["gold"], bad),
         hops=_check_hops(d["hops"], bad),
         topic=d.get("topic", ""),
         meta=_check_meta(d["meta"], bad) if "meta" in d else {},
         segments=_check_segments(d["segments"], bad) if "segments" in d else (),
+        condition=d.get("condition"),
     )
 
 

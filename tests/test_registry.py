@@ -1,0 +1,144 @@
+"""The task-source registry: layouts, families, options with no effect refused, and a user's own segments."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from probe import runner
+from probe.analysis import analyze_run
+from probe.cli import main
+from probe.config import config_from_dict, dump_config, load_config
+from probe.errors import ConfigError, UnknownNameError
+from probe.records import load_trials
+from probe.tasks import FAMILIES, SOURCES, get_source
+from probe.types import CONDITIONS, Hop, Task
+
+
+def test_every_source_names_a_registered_family_and_reads_only_task_section_keys() -> None:
+    from dataclasses import fields
+
+    from probe.config import TaskSection
+
+    keys = {f.name for f in fields(TaskSection)} - {"source"}
+    for source in SOURCES.values():
+        assert source.family in FAMILIES
+        assert source.options <= keys, source.name
+        assert source.layout in ("ice", "native", "task")
+
+
+def test_unknown_source_suggests_the_close_one() -> None:
+    with pytest.raises(UnknownNameError, match="did you mean 'cogniload'"):
+        get_source("cognilaod")
+
+
+def test_layout_of_a_user_task_follows_its_segments() -> None:
+    jsonl = get_source("jsonl")
+    plain = Task("a", "jsonl", "Who?", "x", (Hop("fact."),))
+    own = Task("b", "jsonl", "Who?", "x", (Hop("fact."),), segments=(("germane", "fact."),))
+    assert not jsonl.is_native(plain) and jsonl.is_native(own)
+    assert get_source("cogniload").is_native(plain) and not get_source("synthetic").is_native(own)
+
+
+def _write(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "exp.toml"
+    path.write_text(body)
+    return path
+
+
+@pytest.mark.parametrize(
+    "body, match",
+    [
+        ('[experiment]\nname = "x"\n[[tasks]]\nsource = "fanoutqa"\nhops = 3\n',
+         r"tasks\[0\]\.hops: has no effect for source 'fanoutqa'"),
+        ('[experiment]\nname = "x"\n[[tasks]]\nsource = "synthetic"\nneedle_ratio = [5]\n',
+         r"tasks\[0\]\.needle_ratio: has no effect for source 'synthetic' \(it reads hops, n\)"),
+        ('[experiment]\nname = "x"\n[[tasks]]\nsource = "synthetic"\n[[tasks]]\nsource = "cogniload"\nhops = 2\n',
+         r"tasks\[1\]\.hops: has no effect for source 'cogniload'"),
+        ('[experiment]\nname = "x"\n[[tasks]]\nsource = "cogniload"\n[ice]\nreplications = 1\n',
+         r"ice\.replications: the \[ice\] section has no effect"),
+    ],
+)
+def test_options_without_effect_are_refused_naming_the_key(tmp_path, body, match) -> None:
+    path = _write(tmp_path, body)
+    with pytest.raises(ConfigError, match=match) as err:
+        load_config(path)
+    assert str(path) in str(err.value)
+
+
+def test_probe_validate_refuses_an_idle_option(tmp_path, capsys) -> None:
+    path = _write(tmp_path, '[experiment]\nname = "x"\n[[tasks]]\nsource = "cogniload"\n[ice]\nloads = [20]\n')
+    assert main(["validate", str(path)]) == 2
+    assert "ice.loads" in capsys.readouterr().err
+
+
+def test_ice_section_is_kept_when_one_source_uses_it(tmp_path) -> None:
+    body = ('[experiment]\nname = "x"\n[[tasks]]\nsource = "cogniload"\nn = 1\n[[tasks]]\nsource = "synthetic"\n'
+            '[ice]\nloads = [20]\n')
+    cfg = load_config(_write(tmp_path, body))
+    assert cfg.ice.loads == (20,)
+
+
+def test_dumped_config_holds_only_options_with_an_effect_and_round_trips(tmp_path) -> None:
+    cfg = load_config(_write(tmp_path, '[experiment]\nname = "x"\n[[tasks]]\nsource = "cogniload"\nn = 2\n'
+                                       'difficulty = [1, 3]\n'))
+    text = dump_config(cfg)
+    assert "[ice]" not in text and "hops" not in text and "max_hops" not in text
+    assert config_from_dict(tomllib.loads(text)) == cfg
+
+
+@pytest.mark.parametrize(
+    "tasks, ice, expected",
+    [
+        ([{"source": "cogniload"}], None, False),  # S_sim is not defined for CogniLoad
+        ([{"source": "synthetic"}], {"conditions": ["Control", "LongControl"]}, False),  # nothing extraneous
+        ([{"source": "synthetic"}], {"conditions": ["Control", "Saturation"]}, True),
+        ([{"source": "jsonl", "path": "x.jsonl"}], {"conditions": ["Control"]}, True),  # own segments may hold some
+        ([{"source": "synthetic"}], {"conditions": ["Control"], "distractor_strategy": "stratified"}, True),
+    ],
+)
+def test_the_embedder_loads_only_where_a_prompt_needs_it(tasks, ice, expected) -> None:
+    data: dict = {"experiment": {"name": "x"}, "tasks": tasks}
+    if ice is not None:
+        data["ice"] = ice
+    assert runner.needs_embedder(config_from_dict(data)) is expected
+
+
+@pytest.mark.integration
+def test_a_user_task_with_its_own_segments_is_laid_out_as_written_and_analysed_as_ice(tmp_path, tiny_card) -> None:
+    own = {"task_id": "own-1", "question": "Where does Brannoc live?", "gold": "Velt",
+           "hops": [{"fact": "Brannoc lives in Velt.", "answer": "Velt"}],
+           "segments": [["extraneous", "The river Oss is wide."], ["germane", "Brannoc lives in Velt."]]}
+    named = {**own, "task_id": "own-2", "condition": "Saturation"}
+    plain = {k: v for k, v in own.items() if k != "segments"} | {"task_id": "plain-1"}
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("\n".join(json.dumps(d) for d in (own, named, plain)) + "\n")
+    cfg = config_from_dict({
+        "experiment": {"name": "own", "seed": 1, "models": [str(tiny_card)], "output_dir": str(tmp_path)},
+        "tasks": [{"source": "jsonl", "path": str(path)}],
+        "ice": {"conditions": ["Control", "Saturation"], "loads": [50], "replications": 1},
+        "generation": {"max_new_tokens": 2},
+        "analysis": {"embedder": ""},
+    })
+    run_dir = runner.run_experiment(cfg, progress=False)
+    trials = {t.task_id: [] for t in load_trials(run_dir / "trials.jsonl")}
+    for t in load_trials(run_dir / "trials.jsonl"):
+        trials[t.task_id].append(t)
+    assert all(t.family == "ice" for ts in trials.values() for t in ts)
+    (custom,), (sat,) = trials["own-1"], trials["own-2"]
+    assert custom.condition == "Custom" and sat.condition == "Saturation"
+    assert custom.load == sat.load == round(custom.achieved_load) and 0 < custom.load < 100  # measured, rounded
+    assert sorted(t.condition for t in trials["plain-1"]) == ["Control", "Saturation"]
+    prompts = {json.loads(line)["task_id"]: json.loads(line) for line in (run_dir / "prompts.jsonl").open()}
+    kinds = [s["kind"] for s in prompts["own-1"]["segments"]]
+    assert kinds == ["instruction", "extraneous", "germane", "question"]  # as written, between instruction and question
+    analysis = analyze_run(run_dir)
+    assert analysis["n_cogniload"] == 0 and analysis["cogniload"] is None
+    cells = {(c["condition"], c["load"]) for c in analysis["cells"]}
+    assert {("Custom", custom.load), ("Saturation", sat.load), ("Saturation", 50), ("Control", 0)} <= cells
+    h1 = next(h for h in analysis["h1"] if h["condition"] == "Saturation")
+    assert h1["n"] == 3  # Control + the built Saturation prompt + the user's own Saturation prompt
+    assert "Custom" not in CONDITIONS
