@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy import optimize, special
 
-from probe.analysis.cogniload import CogniloadAnalysisError, _crossing, analyze_cogniload
+from probe.analysis.cogniload import CogniloadAnalysisError, CogniloadFits, _crossing, analyze_cogniload
 from probe.records import TrialRecord
 
 GRID_D = (1, 3, 5, 7, 10)
@@ -86,22 +86,22 @@ def closed_form_thresholds(b: dict[str, float], means: tuple[float, float, float
 
 
 @pytest.fixture(scope="module")
-def recovered() -> tuple[list[TrialRecord], dict]:
+def recovered() -> tuple[list[TrialRecord], CogniloadFits]:
     trials = make_trials(TRUE, per_cell=40, seed=2024)
-    return trials, analyze_cogniload(trials, n_bootstrap=200, seed=1)["models"]["m"]
+    return trials, analyze_cogniload(trials, n_bootstrap=200, seed=1).models["m"]
 
 
-def test_recovers_the_true_coefficients(recovered: tuple[list[TrialRecord], dict]) -> None:
+def test_recovers_the_true_coefficients(recovered: tuple[list[TrialRecord], CogniloadFits]) -> None:
     _, res = recovered
-    fit = res["fits"]["quadratic"]
-    assert fit["status"] == "ok" and fit["terms"] == ["const", "d", "log10_N", "rho", "rho2"]
+    fit = res.fits["quadratic"]
+    assert fit.status == "ok" and fit.terms == ("const", "d", "log10_N", "rho", "rho2")
     for term, true in TRUE.items():
-        p = fit["params"][term]
-        assert abs(p["estimate"] - true) < 3.5 * p["se"], (term, p, true)
-    assert fit["params"]["d"]["p"] < 1e-6 and fit["params"]["log10_N"]["p"] < 1e-6
+        p = fit.params[term]
+        assert abs(p.estimate - true) < 3.5 * p.se, (term, p, true)
+    assert fit.params["d"].p < 1e-6 and fit.params["log10_N"].p < 1e-6
 
 
-def test_coefficients_equal_a_direct_maximum_likelihood_fit(recovered: tuple[list[TrialRecord], dict]) -> None:
+def test_coefficients_equal_a_direct_maximum_likelihood_fit(recovered: tuple[list[TrialRecord], CogniloadFits]) -> None:
     trials, res = recovered
     y = np.array([t.em for t in trials])
     d = np.array([t.meta["d"] for t in trials], dtype=float)
@@ -119,114 +119,114 @@ def test_coefficients_equal_a_direct_maximum_likelihood_fit(recovered: tuple[lis
     sol = optimize.minimize(nll, np.zeros(5), jac=grad, method="BFGS", options={"gtol": 1e-10, "maxiter": 2000})
     direct = dict(zip(["const", "d", "log10_N", "rho", "rho2"], sol.x / np.array([1, 1, 1, 100, 1e4])))
     for term, val in direct.items():
-        assert res["fits"]["quadratic"]["params"][term]["estimate"] == pytest.approx(val, rel=1e-4, abs=1e-8)
+        assert res.fits["quadratic"].params[term].estimate == pytest.approx(val, rel=1e-4, abs=1e-8)
     k = 5
-    assert res["fits"]["quadratic"]["aic"] == pytest.approx(2 * k + 2 * sol.fun, rel=1e-6)
+    assert res.fits["quadratic"].aic == pytest.approx(2 * k + 2 * sol.fun, rel=1e-6)
 
 
 def test_quadratic_rho_preferred_by_aic_when_the_response_is_u_shaped(
-    recovered: tuple[list[TrialRecord], dict],
+    recovered: tuple[list[TrialRecord], CogniloadFits],
 ) -> None:
     _, res = recovered
-    assert res["aic_preferred"] == "quadratic"
-    assert res["delta_aic"] == pytest.approx(res["fits"]["linear"]["aic"] - res["fits"]["quadratic"]["aic"])
-    assert res["delta_aic"] > 10
+    assert res.aic_preferred == "quadratic"
+    assert res.delta_aic == pytest.approx(res.fits["linear"].aic - res.fits["quadratic"].aic)
+    assert res.delta_aic > 10
 
 
-def test_thresholds_match_the_closed_form_and_cover_the_truth(recovered: tuple[list[TrialRecord], dict]) -> None:
+def test_thresholds_match_the_closed_form_and_cover_the_truth(recovered: tuple[list[TrialRecord], CogniloadFits]) -> None:
     trials, res = recovered
     means = _means(trials)
-    fitted = {t: v["estimate"] for t, v in res["fits"]["quadratic"]["params"].items()}
+    fitted = {t: v.estimate for t, v in res.fits["quadratic"].params.items()}
     from_fit = closed_form_thresholds(fitted, means)
     truth = closed_form_thresholds(TRUE, means)
     assert 20 < truth["ECL50"] < 250 and 5 < truth["NT50"] < 95 and 1 < truth["ID50"] < 10
     for name in ("ECL50", "NT50", "ID50"):
-        th = res["thresholds"][name]
-        assert th["status"] == "ok" and th["reason"] is None
-        assert th["value"] == pytest.approx(from_fit[name], rel=1e-9)
-        assert th["ci_low"] < th["value"] < th["ci_high"]
-        assert th["ci_low"] < truth[name] < th["ci_high"], (name, th, truth[name])
-        assert th["n_boot_defined"] + th["n_boot_undefined"] == 200
+        th = res.thresholds[name]
+        assert th.status == "ok" and th.reason is None
+        assert th.value == pytest.approx(from_fit[name], rel=1e-9)
+        assert th.ci_low < th.value < th.ci_high
+        assert th.ci_low < truth[name] < th.ci_high, (name, th, truth[name])
+        assert th.n_boot_defined + th.n_boot_undefined == 200
 
 
-def test_delta_rho_is_the_raw_accuracy_difference(recovered: tuple[list[TrialRecord], dict]) -> None:
+def test_delta_rho_is_the_raw_accuracy_difference(recovered: tuple[list[TrialRecord], CogniloadFits]) -> None:
     trials, res = recovered
     acc = {rho: np.mean([t.em for t in trials if t.meta["rho"] == rho]) for rho in (5, 95)}
-    dr = res["delta_rho"]
-    assert (dr["low_rho"], dr["high_rho"]) == (5, 95)
-    assert dr["value"] == pytest.approx(acc[5] - acc[95])
-    assert dr["ci_low"] <= dr["value"] <= dr["ci_high"]
-    assert res["accuracy_by"]["rho"]["5"]["acc"] == pytest.approx(acc[5])
-    assert res["accuracy"] == pytest.approx(np.mean([t.em for t in trials]))
+    dr = res.delta_rho
+    assert (dr.low_rho, dr.high_rho) == (5, 95)
+    assert dr.value == pytest.approx(acc[5] - acc[95])
+    assert dr.ci_low <= dr.value <= dr.ci_high
+    assert res.accuracy_by["rho"]["5"].acc == pytest.approx(acc[5])
+    assert res.accuracy == pytest.approx(np.mean([t.em for t in trials]))
 
 
 @pytest.mark.parametrize(("term", "fit"), [("d:log10_N", "d_x_N"), ("d:rho", "d_x_rho")])
 def test_recovers_interactions(term: str, fit: str) -> None:
     b = {"const": 3.0, "d": -0.2, "log10_N": -0.8, "rho": 0.0, "rho2": 0.0}
     b[term] = -0.25 if term == "d:log10_N" else -0.006
-    res = analyze_cogniload(make_trials(b, per_cell=25, seed=5), n_bootstrap=0, seed=0)["models"]["m"]
-    p = res["fits"][fit]["params"][term]
-    assert res["fits"][fit]["status"] == "ok"
-    assert abs(p["estimate"] - b[term]) < 3.5 * p["se"] and p["p"] < 0.01
+    res = analyze_cogniload(make_trials(b, per_cell=25, seed=5), n_bootstrap=0, seed=0).models["m"]
+    p = res.fits[fit].params[term]
+    assert res.fits[fit].status == "ok"
+    assert abs(p.estimate - b[term]) < 3.5 * p.se and p.p < 0.01
 
 
 def test_thresholds_outside_the_tested_range_are_not_numbers() -> None:
     strong = {"const": 9.0, "d": -0.3, "log10_N": -1.0, "rho": 0.0, "rho2": 0.0}
-    res = analyze_cogniload(make_trials(strong, 20, seed=3), n_bootstrap=20, seed=0)["models"]["m"]
-    ecl = res["thresholds"]["ECL50"]
-    assert ecl["status"] == "above_range" and ecl["value"] is None and ecl["ci_low"] is None
-    assert "250" in ecl["reason"] and "extrapolation" in ecl["reason"]
-    fitted = {t: v["estimate"] for t, v in res["fits"]["quadratic"]["params"].items()}
+    res = analyze_cogniload(make_trials(strong, 20, seed=3), n_bootstrap=20, seed=0).models["m"]
+    ecl = res.thresholds["ECL50"]
+    assert ecl.status == "above_range" and ecl.value is None and ecl.ci_low is None
+    assert "250" in ecl.reason and "extrapolation" in ecl.reason
+    fitted = {t: v.estimate for t, v in res.fits["quadratic"].params.items()}
     means = _means(make_trials(strong, 1, 3))
-    assert ecl["extrapolated"] == pytest.approx(closed_form_thresholds(fitted, means)["ECL50"])
-    assert ecl["extrapolated"] > 250
+    assert ecl.extrapolated == pytest.approx(closed_form_thresholds(fitted, means)["ECL50"])
+    assert ecl.extrapolated > 250
 
     weak = {"const": -2.0, "d": -0.2, "log10_N": -0.5, "rho": 0.0, "rho2": 0.0}
-    res = analyze_cogniload(make_trials(weak, 20, seed=4), n_bootstrap=20, seed=0)["models"]["m"]
+    res = analyze_cogniload(make_trials(weak, 20, seed=4), n_bootstrap=20, seed=0).models["m"]
     for name in ("ECL50", "ID50"):
-        th = res["thresholds"][name]
-        assert th["status"] == "below_range" and th["value"] is None and "below 0.5" in th["reason"]
-    nt = res["thresholds"]["NT50"]
-    assert nt["status"] == "above_range" and nt["value"] is None and "highest tested needle ratio" in nt["reason"]
+        th = res.thresholds[name]
+        assert th.status == "below_range" and th.value is None and "below 0.5" in th.reason
+    nt = res.thresholds["NT50"]
+    assert nt.status == "above_range" and nt.value is None and "highest tested needle ratio" in nt.reason
 
 
 def test_model_at_zero_everywhere_is_degenerate() -> None:
-    res = analyze_cogniload(make_trials({}, 5, seed=0, outcome="zero"), n_bootstrap=10, seed=0)["models"]["m"]
-    assert res["accuracy"] == 0.0
-    for fit in res["fits"].values():
-        assert fit["status"] == "degenerate" and "accuracy 0 %" in fit["reason"] and fit["params"] == {}
-    for th in res["thresholds"].values():
-        assert th["status"] == "degenerate" and th["value"] is None and "accuracy 0 %" in th["reason"]
-    assert res["delta_aic"] is None and res["aic_preferred"] is None
+    res = analyze_cogniload(make_trials({}, 5, seed=0, outcome="zero"), n_bootstrap=10, seed=0).models["m"]
+    assert res.accuracy == 0.0
+    for fit in res.fits.values():
+        assert fit.status == "degenerate" and "accuracy 0 %" in fit.reason and fit.params == {}
+    for th in res.thresholds.values():
+        assert th.status == "degenerate" and th.value is None and "accuracy 0 %" in th.reason
+    assert res.delta_aic is None and res.aic_preferred is None
 
 
 def test_an_untested_variable_is_reported_before_a_degenerate_fit() -> None:
     trials = make_trials({}, 5, seed=0, grid=((1, 3), (20,), (5, 50, 95)), outcome="zero")
-    th = analyze_cogniload(trials, n_bootstrap=0, seed=0)["models"]["m"]["thresholds"]
-    assert th["ECL50"]["status"] == "not_estimable" and th["ID50"]["status"] == "degenerate"
+    th = analyze_cogniload(trials, n_bootstrap=0, seed=0).models["m"].thresholds
+    assert th["ECL50"].status == "not_estimable" and th["ID50"].status == "degenerate"
 
 
 def test_perfect_separation_is_degenerate() -> None:
     trials = make_trials({}, 10, seed=0, grid=((1, 3, 5), GRID_N, GRID_RHO), outcome="d1")
-    res = analyze_cogniload(trials, n_bootstrap=5, seed=0)["models"]["m"]
-    fit = res["fits"]["quadratic"]
-    assert fit["status"] == "degenerate" and "separation" in fit["reason"]
-    assert res["thresholds"]["ID50"]["value"] is None and "separation" in res["thresholds"]["ID50"]["reason"]
+    res = analyze_cogniload(trials, n_bootstrap=5, seed=0).models["m"]
+    fit = res.fits["quadratic"]
+    assert fit.status == "degenerate" and "separation" in fit.reason
+    assert res.thresholds["ID50"].value is None and "separation" in res.thresholds["ID50"].reason
 
 
 def test_a_single_length_cannot_give_ecl50() -> None:
     """The demo grid: one N, two d levels, three rho levels."""
     b = {"const": 1.0, "d": -0.4, "log10_N": 0.0, "rho": 0.01, "rho2": 0.0}
     trials = make_trials(b, 30, seed=8, grid=((1, 3), (20,), (5, 50, 95)))
-    res = analyze_cogniload(trials, n_bootstrap=10, seed=0)["models"]["m"]
-    quad = res["fits"]["quadratic"]
-    assert quad["status"] == "ok" and "log10_N" not in quad["terms"] and "log10_N" in quad["dropped"]
-    assert res["fits"]["d_x_N"]["status"] == "not_estimable"
-    ecl = res["thresholds"]["ECL50"]
-    assert ecl["status"] == "not_estimable" and ecl["value"] is None and "one N level" in ecl["reason"]
+    res = analyze_cogniload(trials, n_bootstrap=10, seed=0).models["m"]
+    quad = res.fits["quadratic"]
+    assert quad.status == "ok" and "log10_N" not in quad.terms and "log10_N" in quad.dropped
+    assert res.fits["d_x_N"].status == "not_estimable"
+    ecl = res.thresholds["ECL50"]
+    assert ecl.status == "not_estimable" and ecl.value is None and "one N level" in ecl.reason
     two_rho = make_trials(b, 30, seed=8, grid=((1, 3), (20, 50), (5, 95)))
-    res2 = analyze_cogniload(two_rho, n_bootstrap=0, seed=0)["models"]["m"]
-    assert "rho2" in res2["fits"]["quadratic"]["dropped"] and res2["delta_aic"] is None
+    res2 = analyze_cogniload(two_rho, n_bootstrap=0, seed=0).models["m"]
+    assert "rho2" in res2.fits["quadratic"].dropped and res2.delta_aic is None
 
 
 def test_models_are_separate_and_other_sources_ignored() -> None:
@@ -238,8 +238,8 @@ def test_models_are_separate_and_other_sources_ignored() -> None:
                     em=1.0, hop_recall=None, truncated=False, uninterpretable=False)
     ]
     out = analyze_cogniload(a + b + other, n_bootstrap=0, seed=0)
-    assert sorted(out["models"]) == ["a", "b"]
-    assert out["models"]["a"]["n"] == len(a) and out["models"]["b"]["accuracy"] == 0.0
+    assert sorted(out.models) == ["a", "b"]
+    assert out.models["a"].n == len(a) and out.models["b"].accuracy == 0.0
 
 
 def test_missing_meta_names_the_trial() -> None:

@@ -136,9 +136,10 @@ def test_a_user_task_with_its_own_segments_is_laid_out_as_written_and_analysed_a
     kinds = [s["kind"] for s in prompts["own-1"]["segments"]]
     assert kinds == ["instruction", "extraneous", "germane", "question"]  # as written, between instruction and question
     analysis = analyze_run(run_dir)
-    assert analysis["n_cogniload"] == 0 and analysis["cogniload"] is None
-    cells = {(c["condition"], c["load"]) for c in analysis["cells"]}
+    assert list(analysis.families) == ["ice"]  # nothing analysed as CogniLoad
+    ice = analysis.families["ice"]
+    cells = {(c.condition, c.load) for c in ice.cells}
     assert {("Custom", custom.load), ("Saturation", sat.load), ("Saturation", 50), ("Control", 0)} <= cells
-    h1 = next(h for h in analysis["h1"] if h["condition"] == "Saturation")
-    assert h1["n"] == 3  # Control + the built Saturation prompt + the user's own Saturation prompt
+    h1 = ice.h1_of(custom.model, "Saturation")
+    assert h1.n == 3  # Control + the built Saturation prompt + the user's own Saturation prompt
     assert "Custom" not in CONDITIONS

@@ -4,11 +4,10 @@ computation from the records, text summary that claims only what the numbers sup
 from __future__ import annotations
 
 import base64
-import importlib.util
+import dataclasses
 import io
 import json
 import re
-import sys
 from pathlib import Path
 
 import matplotlib.image
@@ -16,18 +15,21 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from probe.analysis import analyze_run
+from probe.analysis import (
+    AnalysisMissingError,
+    AnalysisSchemaError,
+    StaleAnalysisError,
+    analyze_run,
+    read_analysis,
+)
+from probe.analysis.ice import IceResult
 from probe.config import AnalysisSection
-from probe.report import compare_runs, render_report
-from probe.report import figures as F
+from probe.report import CompareError, compare_runs, render_report
+from probe.report import ice_figures as F
+from probe.report.ice import model_summary
 from probe.report.render import load_attention_arrays
-from probe.report.summary import model_summary
-
-_spec = importlib.util.spec_from_file_location("synthetic_run", Path(__file__).parent / "fixtures" / "synthetic_run.py")
-synthetic_run = importlib.util.module_from_spec(_spec)
-sys.modules["synthetic_run"] = synthetic_run
-_spec.loader.exec_module(synthetic_run)
-Plan, make_run = synthetic_run.Plan, synthetic_run.make_run
+from probe.runfolder import RunFolder, make_prompt_id
+from tests.fixtures.synthetic_run import Plan, make_run
 
 MODEL = "model-a"
 EXPECTED = {"saturation_curve", "em_by_condition", "h1_forest", "h3_scatter", f"enrichment_{MODEL}",
@@ -45,7 +47,15 @@ def run(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def report(run) -> Path:
-    return render_report(run)  # not analysed yet: the report runs the analysis first
+    analyze_run(run)
+    return render_report(run)
+
+
+def ice(run: Path) -> IceResult:
+    """The ICE result of the run's analysis.json, as the report reads it."""
+    result = read_analysis(run).families["ice"]
+    assert isinstance(result, IceResult)
+    return result
 
 
 def _png_ok(data: bytes) -> tuple[int, int]:
@@ -73,8 +83,7 @@ def test_every_figure_is_written_embedded_and_non_empty(run, report):
 
 
 def test_saturation_curve_plots_the_trial_means(run, report):
-    analysis = json.loads((run / "analysis.json").read_text())
-    fig = F.draw_saturation_curve(analysis, {})
+    fig = F.draw_saturation_curve(ice(run), {})
     ax = fig.axes[0]
     trials = [json.loads(x) for x in (run / "trials.jsonl").read_text().splitlines()]
     for container in ax.containers:
@@ -94,11 +103,12 @@ def test_saturation_curve_plots_the_trial_means(run, report):
 def test_heatmap_shows_mean_enrichment_of_the_attention_records(run, report):
     from probe.attention.result import SegmentAttention
 
-    analysis = json.loads((run / "analysis.json").read_text())
-    fig = F.draw_enrichment_heatmaps(analysis, load_attention_arrays(run, analysis), MODEL)
+    fig = F.draw_enrichment_heatmaps(ice(run), load_attention_arrays(RunFolder(run)), MODEL)
     images = {ax.get_title().split(" (")[0]: ax.get_images()[0] for ax in fig.axes if ax.get_images()}
     assert set(images) == {"Saturation 20%", "Saturation 80%", "Residue 20%", "Residue 80%"}
-    files = sorted((run / "attention" / MODEL).glob("*-Saturation-80-*.npz"))
+    trials = [json.loads(x) for x in (run / "trials.jsonl").read_text().splitlines()]
+    files = sorted({RunFolder(run).attention_record(t["model"], t["prompt_id"]) for t in trials
+                    if t["condition"] == "Saturation" and t["load"] == 80})
     direct = np.mean([SegmentAttention.load(f).p_ext / SegmentAttention.load(f).chance[:, None] for f in files], axis=0)
     np.testing.assert_allclose(np.asarray(images["Saturation 80%"].get_array()), direct, rtol=1e-5)
     norm = images["Saturation 80%"].norm
@@ -108,8 +118,7 @@ def test_heatmap_shows_mean_enrichment_of_the_attention_records(run, report):
 
 
 def test_h3_scatter_points_and_r_match_scipy(run, report):
-    analysis = json.loads((run / "analysis.json").read_text())
-    fig = F.draw_h3_scatter(analysis, {})
+    fig = F.draw_h3_scatter(ice(run), {})
     ax = fig.axes[0]
     pts = ax.collections[0].get_offsets()
     trials = [json.loads(x) for x in (run / "trials.jsonl").read_text().splitlines()]
@@ -128,20 +137,18 @@ def test_h3_scatter_points_and_r_match_scipy(run, report):
 
 
 def test_summary_claims_follow_the_numbers(run, report):
-    analysis = json.loads((run / "analysis.json").read_text())
-    h1 = next(h for h in analysis["h1"] if h["condition"] == "Saturation")
-    text = " ".join(model_summary(analysis, MODEL))
-    if h1["p"] < 0.05 and h1["beta"] < 0:
+    result, settings = ice(run), read_analysis(run).settings
+    h1 = result.h1_of(MODEL, "Saturation")
+    text = " ".join(model_summary(result, MODEL, settings))
+    if h1.p < 0.05 and h1.beta < 0:
         assert "EM declines with load" in text
     else:
         assert "no significant change" in text and "declines" not in text
     # the same analysis with a non-significant slope must not speak of a decline
-    forced = json.loads(json.dumps(analysis))
-    for h in forced["h1"]:
-        h["p"] = 0.4
-    for t in forced["taxonomy"]:
-        t["label"], t["is_load_sensitive"] = "resilient", False
-    text = " ".join(model_summary(forced, MODEL))
+    forced = dataclasses.replace(
+        result, h1=tuple(dataclasses.replace(h, p=0.4) for h in result.h1),
+        taxonomy=tuple(dataclasses.replace(t, label="resilient", is_load_sensitive=False) for t in result.taxonomy))
+    text = " ".join(model_summary(forced, MODEL, settings))
     assert "declines" not in text and "no significant change of EM with load" in text
 
 
@@ -151,28 +158,56 @@ def test_brittle_model_gets_no_inference(tmp_path):
     analyze_run(d, AnalysisSection(), fill_similarity=False)
     html = render_report(d).read_text()
     assert "no inference about extraneous load" in html
-    text = " ".join(model_summary(json.loads((d / "analysis.json").read_text()), MODEL))
+    text = " ".join(model_summary(ice(d), MODEL, AnalysisSection()))
     assert "declines" not in text and "β" not in text
     pngs = sorted(p.stem for p in (d / "figures").glob("*.png"))
     assert "saturation_curve" in pngs and not any(p.startswith("enrichment") for p in pngs)
 
 
-def test_stale_analysis_is_redone(tmp_path):
+def _append_trial(run: Path) -> None:
+    extra = json.loads((run / "trials.jsonl").read_text().splitlines()[0])
+    extra.update(trial_id="model-a::extra", prompt_id="extra", em=1.0)
+    with (run / "trials.jsonl").open("a") as fh:
+        fh.write(json.dumps(extra) + "\n")
+
+
+def test_report_reads_the_analysis_on_disk_and_refuses_a_missing_or_stale_one(tmp_path):
     d = tmp_path / "stale"
     make_run(d, Plan(n_tasks=6, seed=1))
+    with pytest.raises(AnalysisMissingError, match=r"probe analyze"):
+        render_report(d)  # never analysed: the report does not analyse it behind the user's back
+    assert not (d / "analysis.json").exists()
     analyze_run(d, AnalysisSection(), fill_similarity=False)
-    before = json.loads((d / "analysis.json").read_text())["n_trials"]
-    extra = json.loads((d / "trials.jsonl").read_text().splitlines()[0])
-    extra.update(trial_id="model-a::extra", prompt_id="extra", em=1.0)
-    with (d / "trials.jsonl").open("a") as fh:
-        fh.write(json.dumps(extra) + "\n")
-    render_report(d)
-    assert json.loads((d / "analysis.json").read_text())["n_trials"] == before + 1
+    before = (d / "analysis.json").read_bytes()
+    _append_trial(d)
+    with pytest.raises(StaleAnalysisError, match=r"trials\.jsonl changed.*probe analyze"):
+        render_report(d)
+    assert (d / "analysis.json").read_bytes() == before and not (d / "report.html").exists()
+    analyze_run(d, AnalysisSection(), fill_similarity=False)
+    assert render_report(d).is_file()
+
+
+def test_an_analysis_of_another_schema_is_refused_with_what_to_do(tmp_path):
+    d = tmp_path / "old"
+    make_run(d, Plan(n_tasks=6, seed=1))
+    analyze_run(d, AnalysisSection(), fill_similarity=False)
+    data = json.loads((d / "analysis.json").read_text())
+    old = {k: v for k, v in data.items() if k != "schema"}  # a file written before versions
+    (d / "analysis.json").write_text(json.dumps(old))
+    with pytest.raises(AnalysisSchemaError, match=r"schema 1 .*reads schema 2.*probe analyze"):
+        read_analysis(d)
+    data["families"]["ice"]["cells"][0]["em_meen"] = data["families"]["ice"]["cells"][0].pop("em_mean")
+    (d / "analysis.json").write_text(json.dumps(data))
+    with pytest.raises(AnalysisSchemaError, match=r"cells\[0\].*em_meen.*probe analyze"):
+        render_report(d)
 
 
 def test_compare_runs_puts_runs_side_by_side(run, report, tmp_path):
     other = tmp_path / "other"
     make_run(other, Plan(models=("model-b", "model-c"), n_tasks=8, beta_sat=0.0, beta_res=0.0, seed=2))
+    with pytest.raises(CompareError, match=r"'other'.*not found.*probe analyze"):
+        compare_runs([run, other], tmp_path / "cmp")  # compare analyses nothing itself
+    analyze_run(other, fill_similarity=False)
     page = compare_runs([run, other], tmp_path / "cmp")
     assert page == tmp_path / "cmp" / "report.html"
     html = page.read_text()
@@ -183,3 +218,49 @@ def test_compare_runs_puts_runs_side_by_side(run, report, tmp_path):
     for p in (tmp_path / "cmp" / "figures").glob("*.png"):
         _png_ok(p.read_bytes())
     assert html.count("data:image/png;base64,") == len(stems)
+
+
+def test_compare_says_so_when_an_analysis_is_stale_and_does_not_redo_it(run, report, tmp_path):
+    other = tmp_path / "other"
+    make_run(other, Plan(n_tasks=6, seed=3))
+    analyze_run(other, fill_similarity=False)
+    before = (other / "analysis.json").read_bytes()
+    _append_trial(other)
+    with pytest.raises(CompareError, match=r"'other'.*stale.*trials\.jsonl changed.*probe analyze"):
+        compare_runs([run, other], tmp_path / "cmp")
+    assert (other / "analysis.json").read_bytes() == before
+
+
+ODD_TASKS = ("a/b c:d", "Ünïcødé 問題 ✓", "t" * 200, "..", "x|y%7C~", "plain")
+
+
+def test_any_task_id_finds_its_attention_record_through_analysis_and_report(tmp_path):
+    run = tmp_path / "odd"
+    model = "org/model a"
+    plan = Plan(models=(model,), task_ids=ODD_TASKS, n_reps=1, loads=(50,), conditions=("Control", "Saturation",
+                "Residue"), attention=True, n_layers=3, n_heads=2, beta_sat=-0.004, seed=8)
+    trials = make_run(run, plan, prompt_id=make_prompt_id)
+    folder = RunFolder(run)
+    prompt_ids = {t.prompt_id for t in trials}
+    assert len(prompt_ids) == len(ODD_TASKS) * 3
+    assert all(folder.attention_record(model, pid).is_file() for pid in prompt_ids)
+    assert not (folder.attention_root / model).exists()  # not where a path built from the raw names would be
+    analysis = analyze_run(run, fill_similarity=False)
+    result = analysis.families["ice"]
+    assert result.attention_cells and sum(c.n_prompts for c in result.attention_cells) == len(prompt_ids)
+    assert not any("holds no record" in n for n in analysis.notes)
+    n_extraneous = sum(t.is_scored and t.condition in ("Saturation", "Residue") for t in trials)
+    assert result.attention_behaviour[0].n_trials == n_extraneous
+    html = render_report(run).read_text(encoding="utf-8")
+    assert "org/model a" in html and (run / "figures" / "enrichment_org_model_a.png").is_file()
+    assert {p.stem for p in folder.figures.glob("*.png")} >= {"p_ext_layers_org_model_a", "ar_k_org_model_a"}
+
+
+def test_numbers_are_written_by_one_formatter():
+    from probe import format as fmt
+
+    assert (fmt.num(None), fmt.num(float("nan")), fmt.num(0.12345), fmt.num(-0.004, "+.3f")) == \
+        ("—", "—", "0.123", "-0.004")
+    assert (fmt.p_value(0.0004), fmt.p_value(0.0004, html=True), fmt.p_value(0.04567)) == ("<0.001", "&lt;0.001", "0.046")
+    assert (fmt.p_phrase(0.0004), fmt.p_phrase(0.2)) == ("p < 0.001", "p = 0.200")
+    assert (fmt.pct(0.25), fmt.pct(None), fmt.ci(0.1, 0.2), fmt.ci(None, 0.2)) == ("25%", "—", "[0.100, 0.200]", "—")

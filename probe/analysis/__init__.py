@@ -1,26 +1,67 @@
-"""Records -> estimates: EM per cell with clustered CIs, H1-H3, power, attention ↔ behaviour, taxonomy.
+"""Records -> estimates, as typed results: EM per cell with clustered CIs, H1-H3, power, attention ↔ behaviour,
+taxonomy (family ``ice``); GLM, thresholds, accuracy cells and needle/hay attention (family ``cogniload``).
 
-Entry points: :func:`analyze_run` (a run folder -> ``analysis.json`` and tables), :func:`render_main_table`
-(the text the CLI prints from an analysis), :func:`main_table` (the same table straight from a run's trials) and
-:func:`analyze_external` (trial records written by other tools, re-scored with the toolkit's scoring).
+Entry points:
+
+- :func:`analyze_run`: a run folder -> :class:`Analysis`, written to ``analysis.json`` (schema
+  :data:`SCHEMA_VERSION`);
+- :func:`read_analysis`: ``analysis.json`` as it is on disk -> :class:`Analysis` (refuses a missing, stale or
+  other-schema file, saying to run ``probe analyze``);
+- :func:`tabulate_run`: the cells of a run's trials without fits or files (the quick table of ``probe run``);
+- :func:`analyze_external`: trial records written by other tools, re-scored with the toolkit's scoring.
+
+Each task family's analysis registers itself (:mod:`probe.analysis.families`); the results of a family are
+``Analysis.families[name]`` (:class:`probe.analysis.ice.IceResult`, :class:`probe.analysis.cogniload.CogniloadResult`).
+Rendering (text, Markdown, CSV, HTML, figures) is :mod:`probe.report`'s.
 """
 
 from __future__ import annotations
 
-from probe.analysis.external import analyze_external, load_external_trials, parse_mapping
-from probe.analysis.run import ANALYSIS_FILE, analyze_run, load_analysis, main_table
-from probe.analysis.tables import render_main_table
+from typing import Any
 
-main_table_text = render_main_table
+from probe.analysis.external import ImportSummary, analyze_external, load_external_trials, parse_mapping
+from probe.analysis.families import FamilyAnalysis, FamilyData, FamilyOutput, family_analysis, register_family_analysis
+from probe.analysis.results import (
+    SCHEMA_VERSION,
+    Analysis,
+    AnalysisFileError,
+    AnalysisMissingError,
+    AnalysisSchemaError,
+    StaleAnalysisError,
+    read_analysis,
+)
+from probe.analysis.run import AnalysisConfigError, analyze_run, tabulate_run
+
+
+def __getattr__(name: str) -> Any:
+    # ``main_table`` / ``main_table_text`` render text, which is the report's job (probe.report.text); the names
+    # stay importable from here for callers written before the results were typed.
+    if name in ("main_table", "main_table_text", "render_main_table"):
+        from probe.report import text
+
+        return {"main_table": text.main_table, "main_table_text": text.main_table_text,
+                "render_main_table": text.main_table_text}[name]
+    raise AttributeError(f"module 'probe.analysis' has no attribute {name!r}")
+
 
 __all__ = [
-    "ANALYSIS_FILE",
+    "Analysis",
+    "AnalysisConfigError",
+    "AnalysisFileError",
+    "AnalysisMissingError",
+    "AnalysisSchemaError",
+    "FamilyAnalysis",
+    "FamilyData",
+    "FamilyOutput",
+    "ImportSummary",
+    "SCHEMA_VERSION",
+    "StaleAnalysisError",
     "analyze_external",
     "analyze_run",
-    "load_analysis",
+    "family_analysis",
     "load_external_trials",
-    "main_table",
-    "main_table_text",
     "parse_mapping",
-    "render_main_table",
+    "read_analysis",
+    "register_family_analysis",
+    "tabulate_run",
 ]

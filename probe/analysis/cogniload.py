@@ -11,7 +11,7 @@ logit link are fitted with statsmodels:
 rho is in percent (5..95) and N in statements, so b_rho is per percentage point and b_N per tenfold length.
 A term whose variable takes one value only (or rho^2 with fewer than three rho levels) cannot be estimated; it
 is left out and listed under ``dropped`` with the reason. Standard errors are model-based, or clustered by task
-(puzzle) when a puzzle was answered more than once.
+(puzzle) when a puzzle was answered more than once (:func:`probe.analysis.glm.fit_logit`, normal reference).
 
 Thresholds come from the main fit, at P(correct) = 0.5, each with the other variables at their means over the
 model's trials (d-bar, mean of log10 N, rho-bar; the rho^2 term at rho-bar^2, as in the fitted curve):
@@ -33,27 +33,37 @@ deviation exceeds ``MAX_STD_COEF`` (quasi-separation: the likelihood has no fini
 
 delta_rho = Acc(lowest tested rho) - Acc(highest tested rho), the raw accuracies at the two extreme rho levels, with
 a bootstrap CI from the same resamples.
+
+This module is also the CogniLoad family's analysis (registered as family ``cogniload``): per model the GLM and
+thresholds above, accuracy cells overall and per level of d, N and rho (:func:`cogniload_cells`) and the needle/hay
+attention enrichment of :mod:`probe.analysis.cogniload_attention`, together a :class:`CogniloadResult`. The bootstrap
+draws from ``numpy.random.default_rng(seed)`` with the experiment's seed.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import warnings
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
-import statsmodels.api as sm
-from statsmodels.tools.sm_exceptions import ConvergenceWarning, PerfectSeparationError, PerfectSeparationWarning
+import pandas as pd
+from statsmodels.stats.proportion import proportion_confint
 
+from probe import format as fmt
+from probe.analysis.cogniload_attention import NeedleHaySummary, cogniload_attention
+from probe.analysis.estimates import Cell, cell_summaries
+from probe.analysis.families import FamilyAnalysis, FamilyData, FamilyOutput, register_family_analysis
+from probe.analysis.glm import LogitFit, fit_logit
 from probe.errors import ProbeError
 from probe.records import TrialRecord
 
 log = logging.getLogger(__name__)
 
 FAMILY = "cogniload"  # the task family whose trials this module analyses (probe.tasks)
+KNOBS: tuple[str, ...] = ("d", "N", "rho")
 MAX_STD_COEF = 12.0  # |coef * sd(x)| above this: an odds ratio of e^12 per standard deviation is separation
 MIN_BOOT_SHARE = 0.9  # below this share of defined bootstrap replicates the CI carries a warning note
 FITS: dict[str, tuple[str, ...]] = {
@@ -67,6 +77,159 @@ Status = Literal["ok", "above_range", "below_range", "not_estimable", "degenerat
 
 class CogniloadAnalysisError(ProbeError):
     """A CogniLoad trial record lacks the d, N, rho meta the GLM needs."""
+
+
+@dataclass(frozen=True)
+class Term:
+    """One coefficient of a GLM: estimate (logit scale), standard error, 95 % CI and p (normal reference)."""
+
+    estimate: float
+    se: float
+    ci_low: float
+    ci_high: float
+    p: float
+
+
+@dataclass(frozen=True)
+class GlmFit:
+    """One GLM of one model (``quadratic``, ``linear``, ``d_x_N``, ``d_x_rho``).
+
+    Attributes:
+        status: ``ok``, ``not_estimable`` or ``degenerate``; reason: why not ``ok``, else None.
+        terms: the terms fitted; dropped: term -> why it was left out; n: trials.
+        params: term -> :class:`Term` (empty unless ``ok``); aic: the fit's AIC (None unless ``ok``).
+    """
+
+    status: Status
+    reason: str | None
+    terms: tuple[str, ...]
+    dropped: dict[str, str]
+    n: int
+    params: dict[str, Term]
+    aic: float | None
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """One capacity threshold (ECL50, NT50, ID50) of the main fit (module docstring).
+
+    Attributes:
+        value: the threshold inside the tested range, else None; ci_low, ci_high: percentile bootstrap CI.
+        status: ``ok``, ``above_range``, ``below_range``, ``not_estimable`` or ``degenerate``; reason: why there is
+            no value, else None; extrapolated: the fitted crossing outside the range, if any.
+        unit: the variable's unit; n_boot_defined, n_boot_undefined: bootstrap refits with and without a crossing;
+        ci_note: caveats of the interval.
+    """
+
+    value: float | None
+    ci_low: float | None
+    ci_high: float | None
+    status: Status
+    reason: str | None
+    extrapolated: float | None
+    unit: str
+    n_boot_defined: int
+    n_boot_undefined: int
+    ci_note: str | None
+
+
+@dataclass(frozen=True)
+class DeltaRho:
+    """Δρ = Acc(lowest tested rho) − Acc(highest tested rho) with a puzzle-bootstrap CI.
+
+    Attributes:
+        value, ci_low, ci_high: the difference and its CI; low_rho, high_rho: the two rho levels (percent);
+        acc_low, acc_high: raw accuracies there; n_low, n_high: trials there.
+    """
+
+    value: float | None
+    ci_low: float | None
+    ci_high: float | None
+    low_rho: int | float
+    high_rho: int | float
+    acc_low: float
+    acc_high: float
+    n_low: int
+    n_high: int
+
+
+@dataclass(frozen=True)
+class LevelAccuracy:
+    """Raw accuracy of the trials at one level of one knob."""
+
+    acc: float
+    n: int
+
+
+@dataclass(frozen=True)
+class CogniloadFits:
+    """The GLMs, thresholds and Δρ of one model (:func:`analyze_cogniload`).
+
+    Attributes:
+        n: scored trials; n_puzzles: distinct puzzles; accuracy: mean correct; truncation_rate: share truncated.
+        levels: knob (``d``, ``N``, ``rho``) -> tested levels; means: ``d``, ``log10_N``, ``rho`` -> mean.
+        accuracy_by: knob -> level (as text) -> :class:`LevelAccuracy`.
+        fits: fit name -> :class:`GlmFit`; aic_preferred: ``quadratic`` or ``linear`` (None without both);
+            delta_aic: AIC(linear) − AIC(quadratic).
+        thresholds: ``ECL50``, ``NT50``, ``ID50`` -> :class:`Threshold`; delta_rho: :class:`DeltaRho`.
+    """
+
+    n: int
+    n_puzzles: int
+    accuracy: float
+    truncation_rate: float
+    levels: dict[str, tuple[int | float, ...]]
+    means: dict[str, float]
+    accuracy_by: dict[str, dict[str, LevelAccuracy]]
+    fits: dict[str, GlmFit]
+    aic_preferred: str | None
+    delta_aic: float | None
+    thresholds: dict[str, Threshold]
+    delta_rho: DeltaRho
+
+
+@dataclass(frozen=True)
+class CogniloadGlm:
+    """:func:`analyze_cogniload` of every model: ``n_bootstrap`` replicates drawn with ``seed``; model -> fits."""
+
+    n_bootstrap: int
+    seed: int
+    models: dict[str, CogniloadFits]
+
+
+@dataclass(frozen=True)
+class KnobCells:
+    """Accuracy cells of one model: ``overall`` (load and level None) and one :class:`Cell` per level of each knob
+    (``Cell.level`` holds the level; pooled over the other knobs)."""
+
+    overall: Cell
+    d: tuple[Cell, ...]
+    N: tuple[Cell, ...]
+    rho: tuple[Cell, ...]
+
+    def by(self, knob: str) -> tuple[Cell, ...]:
+        """The cells of ``knob`` (``d``, ``N`` or ``rho``)."""
+        if knob not in KNOBS:
+            raise KeyError(f"{knob!r} is not one of {KNOBS}")
+        return getattr(self, knob)
+
+
+@dataclass(frozen=True)
+class CogniloadResult:
+    """The CogniLoad family's result (``Analysis.families["cogniload"]``).
+
+    Attributes:
+        n_bootstrap, seed: the bootstrap's replicates and seed.
+        models: model -> :class:`CogniloadFits` (empty in the quick table of ``probe run``).
+        cells: model -> :class:`KnobCells`.
+        attention: needle/hay enrichment (None without probe records).
+    """
+
+    n_bootstrap: int
+    seed: int
+    models: dict[str, CogniloadFits]
+    cells: dict[str, KnobCells]
+    attention: NeedleHaySummary | None
 
 
 @dataclass(frozen=True)
@@ -99,7 +262,7 @@ class _Fit:
     reason: str | None
     terms: tuple[str, ...]
     params: dict[str, float]
-    result: object | None  # statsmodels GLMResults when status == "ok"
+    result: LogitFit | None  # the fit when status == "ok"
 
 
 @dataclass(frozen=True)
@@ -119,7 +282,7 @@ THRESHOLDS: tuple[_ThresholdSpec, ...] = (
 )
 
 
-def analyze_cogniload(trials: list[TrialRecord], n_bootstrap: int, seed: int) -> dict:
+def analyze_cogniload(trials: list[TrialRecord] | tuple[TrialRecord, ...], n_bootstrap: int, seed: int) -> CogniloadGlm:
     """Fit the SPEC §7 GLMs and capacity thresholds for every model with CogniLoad trials.
 
     Args:
@@ -128,15 +291,7 @@ def analyze_cogniload(trials: list[TrialRecord], n_bootstrap: int, seed: int) ->
         seed: seed of the bootstrap generator.
 
     Returns:
-        ``{"n_bootstrap", "seed", "models": {model: summary}}``. A summary holds ``n`` (trials), ``n_puzzles``,
-        ``accuracy``, ``truncation_rate``, ``levels`` (tested d, N, rho), ``means`` (d, log10_N, rho),
-        ``accuracy_by`` (per level of each variable: ``acc`` and ``n``), ``fits`` (per fit name: ``status``,
-        ``reason``, ``terms``, ``dropped``, ``params`` -> {term: estimate, se, ci_low, ci_high, p}, ``aic``,
-        ``n``), ``aic_preferred``, ``delta_aic``, ``thresholds`` (ECL50, NT50, ID50: ``value``, ``ci_low``,
-        ``ci_high``, ``status``, ``reason``, ``extrapolated``, ``unit``, ``n_boot_defined``,
-        ``n_boot_undefined``, ``ci_note``) and ``delta_rho`` (``value``, ``ci_low``, ``ci_high``, ``low_rho``,
-        ``high_rho``, ``acc_low``, ``acc_high``, ``n_low``, ``n_high``). Every number is a plain float or int;
-        a missing one is None.
+        The :class:`CogniloadGlm` (a :class:`CogniloadFits` per model; a missing number is None).
 
     Raises:
         CogniloadAnalysisError: a scored CogniLoad trial lacks a numeric ``d``, ``N`` or ``rho`` in ``meta``.
@@ -152,7 +307,7 @@ def analyze_cogniload(trials: list[TrialRecord], n_bootstrap: int, seed: int) ->
         if len(conditions) > 1:
             log.warning("%s: CogniLoad trials under several conditions %s are pooled", model, conditions)
         models[model] = _analyze_model(model, by_model[model], n_bootstrap, rng)
-    return {"n_bootstrap": n_bootstrap, "seed": seed, "models": models}
+    return CogniloadGlm(n_bootstrap=n_bootstrap, seed=seed, models=models)
 
 
 def _to_data(model: str, trials: list[TrialRecord]) -> _Data:
@@ -174,7 +329,8 @@ def _to_data(model: str, trials: list[TrialRecord]) -> _Data:
     return _Data(y=y, d=d, n_stmt=n, rho=rho, cluster=np.array([ids[r[4]] for r in rows]))
 
 
-def _analyze_model(model: str, trials: list[TrialRecord], n_bootstrap: int, rng: np.random.Generator) -> dict:
+def _analyze_model(model: str, trials: list[TrialRecord], n_bootstrap: int, rng: np.random.Generator
+                   ) -> CogniloadFits:
     data = _to_data(model, trials)
     levels = {
         "d": sorted({float(v) for v in data.d}),
@@ -237,8 +393,15 @@ def _analyze_model(model: str, trials: list[TrialRecord], n_bootstrap: int, rng:
     }
     if n_bootstrap > 0:
         _bootstrap(data, main, levels, means, thresholds, out["delta_rho"], n_bootstrap, rng)
-    out["thresholds"] = thresholds
-    return out
+    return CogniloadFits(
+        n=out["n"], n_puzzles=out["n_puzzles"], accuracy=out["accuracy"], truncation_rate=out["truncation_rate"],
+        levels={k: tuple(v) for k, v in out["levels"].items()}, means=means,
+        accuracy_by={k: {lv: LevelAccuracy(**a) for lv, a in by.items()} for k, by in out["accuracy_by"].items()},
+        fits={name: GlmFit(status=f["status"], reason=f["reason"], terms=tuple(f["terms"]), dropped=f["dropped"],
+                           n=f["n"], params={t: Term(**v) for t, v in f["params"].items()}, aic=f["aic"])
+              for name, f in fits.items()},
+        aic_preferred=out["aic_preferred"], delta_aic=out["delta_aic"],
+        thresholds={k: Threshold(**th) for k, th in thresholds.items()}, delta_rho=DeltaRho(**out["delta_rho"]))
 
 
 def _num(v: float) -> int | float:
@@ -286,25 +449,17 @@ def _fit_glm(data: _Data, terms: tuple[str, ...], clustered: bool, weights: np.n
     x = np.column_stack([data.column(t)[keep] for t in terms])  # (n, p)
     if np.linalg.matrix_rank(x) < len(terms):
         return _Fit("not_estimable", f"the design of terms {', '.join(terms)} is rank deficient", terms, {}, None)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            model = sm.GLM(y, x, family=sm.families.Binomial(), freq_weights=w)
-            if clustered and weights is None:
-                res = model.fit(cov_type="cluster", cov_kwds={"groups": data.cluster})
-            else:
-                res = model.fit()
-        except PerfectSeparationError:
-            return _Fit("degenerate", _SEPARATION, terms, {}, None)
-    kinds = {c.category for c in caught}
-    if PerfectSeparationWarning in kinds:
+    groups = data.cluster if clustered and weights is None else None
+    fit = fit_logit(y, x, groups, freq_weights=w, cluster_name="puzzle")
+    if fit.status == "separation":
         return _Fit("degenerate", _SEPARATION, terms, {}, None)
-    if ConvergenceWarning in kinds or not res.converged:
+    if fit.status == "not_converged":
         return _Fit("degenerate", "the IRLS fit did not converge (near-separation or too few trials)", terms, {}, None)
-    params = np.asarray(res.params, dtype=float)
-    bse = np.asarray(res.bse, dtype=float)
-    if not (np.all(np.isfinite(params)) and np.all(np.isfinite(bse))):
+    if fit.status == "not_finite":
         return _Fit("degenerate", "non-finite coefficients or standard errors", terms, {}, None)
+    if not fit.ok:
+        return _Fit("degenerate", str(fit.reason), terms, {}, None)
+    params = fit.params
     sd = x.std(axis=0)
     for t, b, s in zip(terms, params, sd):
         if t != "const" and abs(b * s) > MAX_STD_COEF:
@@ -316,7 +471,7 @@ def _fit_glm(data: _Data, terms: tuple[str, ...], clustered: bool, weights: np.n
                 {},
                 None,
             )
-    return _Fit("ok", None, terms, dict(zip(terms, params.tolist())), res)
+    return _Fit("ok", None, terms, dict(zip(terms, params.tolist())), fit)
 
 
 _SEPARATION = (
@@ -330,20 +485,12 @@ def _fit_summary(fit: _Fit, dropped: dict[str, str], n: int) -> dict:
     if fit.status != "ok":
         out.update(params={}, aic=None)
         return out
-    res = fit.result
-    ci = np.asarray(res.conf_int(0.05))  # type: ignore[attr-defined]
-    bse, pvals = np.asarray(res.bse), np.asarray(res.pvalues)  # type: ignore[attr-defined]
-    out["params"] = {
-        t: {
-            "estimate": fit.params[t],
-            "se": float(bse[i]),
-            "ci_low": float(ci[i, 0]),
-            "ci_high": float(ci[i, 1]),
-            "p": float(pvals[i]),
-        }
-        for i, t in enumerate(fit.terms)
-    }
-    out["aic"] = float(res.aic)  # type: ignore[attr-defined]
+    assert fit.result is not None
+    out["params"] = {}
+    for i, t in enumerate(fit.terms):
+        c = fit.result.coefficient(i, 0.05)
+        out["params"][t] = {"estimate": fit.params[t], "se": c.se, "ci_low": c.ci_low, "ci_high": c.ci_high, "p": c.p}
+    out["aic"] = fit.result.aic
     return out
 
 
@@ -452,18 +599,18 @@ def _threshold_point(
         out["status"] = "below_range" if spec.direction == "up" else "above_range"
         reason = (
             f"P(correct) is below 0.5 already at the {'lowest' if spec.direction == 'up' else 'highest'} tested "
-            f"{spec.label} = {_num(start)} (P = {p_at[start]:.2f}, {others})"
+            f"{spec.label} = {_num(start)} (P = {fmt.num(p_at[start], '.2f')}, {others})"
         )
     else:
         out["status"] = "above_range" if spec.direction == "up" else "below_range"
         reason = (
             f"P(correct) stays at or above 0.5 over the whole tested {spec.label} range {_num(lo)}..{_num(hi)} "
-            f"(P = {p_at[end]:.2f} at {_num(end)}, {others})"
+            f"(P = {fmt.num(p_at[end], '.2f')} at {_num(end)}, {others})"
         )
     if spec.variable == "rho" and extra_v is not None and not 0 <= extra_v <= 100:
         extra_v = None  # a ratio outside 0..100 % is no threshold, not even an extrapolated one
     if extra_v is not None:
-        reason += f"; the fitted curve crosses 0.5 at {spec.variable} = {extra_v:.3g}, an extrapolation"
+        reason += f"; the fitted curve crosses 0.5 at {spec.variable} = {fmt.num(extra_v, '.3g')}, an extrapolation"
     elif status == "start_fails":
         reason += "; the fitted curve does not reach 0.5 beyond the tested range either"
     else:
@@ -535,3 +682,86 @@ def _bootstrap(
         th["ci_note"] = "; ".join(notes) or None
     if len(deltas) >= 2:
         delta["ci_low"], delta["ci_high"] = (float(q) for q in np.percentile(deltas, [2.5, 97.5]))
+
+
+# ------------------------------------------------------------------------------------------- the family analysis
+
+
+def cogniload_cells(frame: pd.DataFrame, trials: tuple[TrialRecord, ...] | list[TrialRecord], alpha: float = 0.05
+                    ) -> dict[str, KnobCells]:
+    """Accuracy of each model's CogniLoad trials, overall and per level of d, N and rho.
+
+    Each cell is a :func:`probe.analysis.estimates.cell_summaries` cell (EM mean, SEM, CI clustered by puzzle,
+    truncation and uninterpretable rates, errors, skipped) over the trials at that level, pooled over the other
+    knobs; ``load`` is None and ``level`` holds the knob's value. Where every puzzle of a cell was answered once (the
+    usual case) the CI is the Wilson interval (:func:`_wilson_ci`).
+
+    Args:
+        frame: trial table of CogniLoad trials.
+        trials: their records (``meta`` holds ``d``, ``N``, ``rho``).
+        alpha: 1 − confidence level.
+
+    Returns:
+        model -> :class:`KnobCells`.
+    """
+    out: dict[str, KnobCells] = {}
+    if frame.empty:
+        return out
+    meta = {t.trial_id: dict(t.meta or {}) for t in trials}
+    knobs = {k: frame["trial_id"].map(lambda tid, k=k: meta.get(tid, {}).get(k)) for k in KNOBS}
+    for model in sorted(frame["model"].unique().tolist()):
+        rows = frame["model"] == model
+        overall = _wilson_ci(replace(cell_summaries(frame[rows].assign(load=0), alpha)[0], load=None), alpha)
+        by: dict[str, tuple[Cell, ...]] = {}
+        for k in KNOBS:
+            known = rows & knobs[k].notna()
+            cells = cell_summaries(frame[known].assign(load=knobs[k][known].astype(int)), alpha, level=True)
+            by[k] = tuple(_wilson_ci(c, alpha) for c in cells)
+        out[model] = KnobCells(overall=overall, d=by["d"], N=by["N"], rho=by["rho"])
+    return out
+
+
+def _wilson_ci(cell: Cell, alpha: float) -> Cell:
+    """The cell with the Wilson interval of its proportion where each puzzle was answered once.
+
+    With one trial per cluster the clustered CI is the iid t-interval of a 0/1 mean, which leaves [0, 1] at small n;
+    the Wilson score interval (statsmodels ``proportion_confint``) is the binomial interval for that case. A cell
+    with repeated puzzles is returned unchanged.
+    """
+    n = cell.n
+    if n >= 1 and cell.n_clusters == n and cell.em_mean is not None:
+        lo, hi = proportion_confint(int(round(cell.em_mean * n)), n, alpha=alpha, method="wilson")
+        return replace(cell, em_ci_low=float(lo), em_ci_high=float(hi),
+                       ci_method="wilson (each puzzle answered once: binomial proportion)")
+    return cell
+
+
+def _analyze_family(data: FamilyData) -> FamilyOutput:
+    cfg = data.settings
+    glm = analyze_cogniload(data.trials, cfg.n_bootstrap, data.seed)
+    attention, n_records = cogniload_attention(data.run, data.trials, cfg.alpha)
+    result = CogniloadResult(n_bootstrap=glm.n_bootstrap, seed=glm.seed, models=glm.models,
+                             cells=cogniload_cells(data.frame, data.trials, cfg.alpha), attention=attention)
+    return FamilyOutput(result=result, n_attention_records=n_records)
+
+
+def _tabulate_family(data: FamilyData) -> CogniloadResult:
+    return CogniloadResult(n_bootstrap=data.settings.n_bootstrap, seed=data.seed, models={},
+                           cells=cogniload_cells(data.frame, data.trials, data.settings.alpha), attention=None)
+
+
+METHODS = {
+    "cogniload": "CogniLoad trials are kept out of every ICE estimate; per model binomial GLM (logit) of correct "
+                 "on d, log10 N, rho, rho^2 (AIC against the fit without rho^2; d x N and d x rho interactions), "
+                 "SE clustered by puzzle when a puzzle was answered more than once; ECL50/NT50/ID50 where the fitted "
+                 "P(correct) crosses 0.5 with the other variables at their means, percentile bootstrap CIs over "
+                 "puzzles (seeded with the experiment's seed); accuracy per knob level with Wilson CIs (CIs "
+                 "clustered by puzzle where puzzles repeat)",
+    "cogniload_attention": "needle (germane statements) and hay (extraneous statements) enrichment per layer: "
+                           "per-token attention share of the group from the probe's query set over the per-token "
+                           "chance share (the record's P_ext chance scaled to the group's tokens), head mean per "
+                           "prompt, mean over prompts with a 95% t-interval; means per level of rho, N and d",
+}
+
+ANALYSIS = register_family_analysis(FamilyAnalysis(name=FAMILY, result_type=CogniloadResult, analyze=_analyze_family,
+                                                   tabulate=_tabulate_family, methods=METHODS))

@@ -40,7 +40,6 @@ import logging
 import math
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import scipy.stats
@@ -48,6 +47,7 @@ import scipy.stats
 from probe.attention.result import SegmentAttention
 from probe.errors import ProbeError
 from probe.records import TrialRecord
+from probe.runfolder import RunFolder
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,87 @@ _GROUP_KIND = {"needle": "germane", "hay": "extraneous"}
 
 class CogniloadAttentionError(ProbeError):
     """An attention record does not match the CogniLoad layout its trial's meta describes."""
+
+
+@dataclass(frozen=True)
+class LayerSeries:
+    """One series per layer: mean over prompts with its (1 − alpha) t-interval and the prompts counted.
+
+    Attributes:
+        mean, ci_low, ci_high: one value per layer (None where no prompt has a value, or fewer than two for the
+            interval).
+        n: prompts with a value, per layer.
+    """
+
+    mean: tuple[float | None, ...]
+    ci_low: tuple[float | None, ...]
+    ci_high: tuple[float | None, ...]
+    n: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ByLevel:
+    """Each series' mean over the prompts at each tested level of one knob.
+
+    Attributes:
+        levels: the tested levels; n: prompts per level.
+        needle, hay, log2_ratio: (layer, level) nested tuples of means (None where undefined).
+        layer_mean: series name (``needle``, ``hay``, ``log2_ratio``) -> per level, the mean over layers.
+    """
+
+    levels: tuple[int, ...]
+    n: tuple[int, ...]
+    needle: tuple[tuple[float | None, ...], ...]
+    hay: tuple[tuple[float | None, ...], ...]
+    log2_ratio: tuple[tuple[float | None, ...], ...]
+    layer_mean: dict[str, tuple[float | None, ...]]
+
+    def series(self, name: str) -> tuple[tuple[float | None, ...], ...]:
+        """The (layer, level) means of series ``name`` (one of :data:`SERIES`)."""
+        if name not in SERIES:
+            raise KeyError(f"{name!r} is not one of {SERIES}")
+        return getattr(self, name)
+
+
+@dataclass(frozen=True)
+class NeedleHayModel:
+    """One model's needle and hay enrichment (module docstring).
+
+    Attributes:
+        n_prompts: prompts with a record; n_layers: their layers; query: the probe query sets seen.
+        layer: series name (``needle``, ``hay``, ``log2_ratio``) -> :class:`LayerSeries` over all prompts.
+        by_rho, by_N, by_d: :class:`ByLevel` for each knob.
+        notes: records left out and other caveats.
+    """
+
+    n_prompts: int
+    n_layers: int
+    query: tuple[str, ...]
+    layer: dict[str, LayerSeries]
+    by_rho: ByLevel
+    by_N: ByLevel
+    by_d: ByLevel
+    notes: tuple[str, ...]
+
+    def by(self, knob: str) -> ByLevel:
+        """The :class:`ByLevel` of ``knob`` (``rho``, ``N`` or ``d``)."""
+        if knob not in KNOBS:
+            raise KeyError(f"{knob!r} is not one of {KNOBS}")
+        return getattr(self, f"by_{knob}")
+
+
+@dataclass(frozen=True)
+class NeedleHaySummary:
+    """Needle vs hay enrichment of a run's CogniLoad prompts (:func:`summarise_enrichment`).
+
+    Attributes:
+        definition: the measure in one paragraph; alpha: 1 − confidence level of the intervals.
+        models: model -> :class:`NeedleHayModel`.
+    """
+
+    definition: str
+    alpha: float
+    models: dict[str, NeedleHayModel]
 
 
 @dataclass(frozen=True)
@@ -175,7 +256,7 @@ def prompt_enrichment(sa: SegmentAttention, trial: TrialRecord, where: str = "")
                             needle=means["needle"], hay=means["hay"], query=str(sa.options.get("query", "")))
 
 
-def _mean_ci(stack: np.ndarray, alpha: float) -> dict[str, list[float | None]]:
+def _mean_ci(stack: np.ndarray, alpha: float) -> LayerSeries:
     """Per-column mean and t-interval over rows, NaN-aware. ``stack`` is (prompt, layer)."""
     n = np.isfinite(stack).sum(axis=0)  # (L,)
     with warnings.catch_warnings():
@@ -185,19 +266,20 @@ def _mean_ci(stack: np.ndarray, alpha: float) -> dict[str, list[float | None]]:
     half = np.full(mean.shape, np.nan)
     many = n >= 2
     half[many] = scipy.stats.t.ppf(1 - alpha / 2, n[many] - 1) * sd[many] / np.sqrt(n[many])
-    return {"mean": _floats(mean), "ci_low": _floats(mean - half), "ci_high": _floats(mean + half),
-            "n": [int(v) for v in n]}
+    return LayerSeries(mean=_floats(mean), ci_low=_floats(mean - half), ci_high=_floats(mean + half),
+                       n=tuple(int(v) for v in n))
 
 
-def _floats(a: np.ndarray) -> list[float | None]:
-    return [float(v) if math.isfinite(float(v)) else None for v in np.asarray(a, dtype=np.float64).ravel()]
+def _floats(a: np.ndarray) -> tuple[float | None, ...]:
+    return tuple(float(v) if math.isfinite(float(v)) else None for v in np.asarray(a, dtype=np.float64).ravel())
 
 
-def _by_level(rows: list[PromptEnrichment], knob: str) -> dict:
-    """Mean of each series per level of ``knob``: (layer, level) nested lists and prompts per level."""
+def _by_level(rows: list[PromptEnrichment], knob: str) -> ByLevel:
+    """Mean of each series per level of ``knob``: (layer, level) nested tuples and prompts per level."""
     value = {"rho": lambda r: r.rho, "N": lambda r: r.n_statements, "d": lambda r: r.d}[knob]
     levels = sorted({value(r) for r in rows})
-    out: dict = {"levels": levels, "n": [sum(value(r) == v for r in rows) for v in levels], "layer_mean": {}}
+    series: dict[str, tuple[tuple[float | None, ...], ...]] = {}
+    layer_mean: dict[str, tuple[float | None, ...]] = {}
     for g in SERIES:
         cols = []
         for v in levels:
@@ -206,14 +288,16 @@ def _by_level(rows: list[PromptEnrichment], knob: str) -> dict:
                 warnings.simplefilter("ignore", RuntimeWarning)
                 cols.append(np.nanmean(stack, axis=0))
         mat = np.stack(cols, axis=1)  # (L, level)
-        out[g] = [_floats(row) for row in mat]
+        series[g] = tuple(_floats(row) for row in mat)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            out["layer_mean"][g] = _floats(np.nanmean(mat, axis=0))  # (level,)
-    return out
+            layer_mean[g] = _floats(np.nanmean(mat, axis=0))  # (level,)
+    return ByLevel(levels=tuple(int(v) for v in levels), n=tuple(sum(value(r) == v for r in rows) for v in levels),
+                   needle=series["needle"], hay=series["hay"], log2_ratio=series["log2_ratio"],
+                   layer_mean=layer_mean)
 
 
-def summarise_enrichment(rows: list[PromptEnrichment], alpha: float = 0.05) -> dict:
+def summarise_enrichment(rows: list[PromptEnrichment], alpha: float = 0.05) -> NeedleHaySummary:
     """Per model: layer-wise needle/hay enrichment with CIs, and its means by rho, N and d (module docstring).
 
     Args:
@@ -221,16 +305,12 @@ def summarise_enrichment(rows: list[PromptEnrichment], alpha: float = 0.05) -> d
         alpha: 1 − confidence level of the per-layer intervals.
 
     Returns:
-        ``{"definition", "models": {model: summary}}``; a summary holds ``n_prompts``, ``n_layers``, ``query``
-        (the query sets seen), ``layer`` (``needle`` / ``hay`` / ``log2_ratio`` -> ``mean``, ``ci_low``,
-        ``ci_high``, ``n``, each a list over layers), ``by_rho``, ``by_N``, ``by_d`` (``levels``, ``n`` per level,
-        each series as (layer, level) nested lists, ``layer_mean`` -> series -> per level) and ``notes``.
-        Missing values are None.
+        The :class:`NeedleHaySummary` (missing values are None).
     """
     by_model: dict[str, list[PromptEnrichment]] = {}
     for r in rows:
         by_model.setdefault(r.model, []).append(r)
-    models: dict[str, dict] = {}
+    models: dict[str, NeedleHayModel] = {}
     for model in sorted(by_model):
         rs = by_model[model]
         notes: list[str] = []
@@ -243,15 +323,11 @@ def summarise_enrichment(rows: list[PromptEnrichment], alpha: float = 0.05) -> d
         if queries != ["question"]:
             notes.append(f"query set {', '.join(queries)}: enrichment is measured from that query set, not the "
                          "question")
-        models[model] = {
-            "n_prompts": len(rs),
-            "n_layers": n_layers,
-            "query": queries,
-            "layer": {g: _mean_ci(np.stack([getattr(r, g) for r in rs]), alpha) for g in SERIES},
-            **{f"by_{k}": _by_level(rs, k) for k in KNOBS},
-            "notes": notes,
-        }
-    return {"definition": DEFINITION, "alpha": alpha, "models": models}
+        models[model] = NeedleHayModel(
+            n_prompts=len(rs), n_layers=n_layers, query=tuple(queries),
+            layer={g: _mean_ci(np.stack([getattr(r, g) for r in rs]), alpha) for g in SERIES},
+            by_rho=_by_level(rs, "rho"), by_N=_by_level(rs, "N"), by_d=_by_level(rs, "d"), notes=tuple(notes))
+    return NeedleHaySummary(definition=DEFINITION, alpha=alpha, models=models)
 
 
 DEFINITION = (
@@ -263,24 +339,21 @@ DEFINITION = (
 )
 
 
-def attention_file(run_dir: Path, model: str, prompt_id: str) -> Path:
-    """Where the attention record of (model, prompt_id) lives in a run folder."""
-    return run_dir / "attention" / model / f"{prompt_id}.npz"
-
-
-def cogniload_attention(run_dir: Path, trials: list[TrialRecord], alpha: float = 0.05) -> dict | None:
+def cogniload_attention(run: RunFolder, trials: list[TrialRecord] | tuple[TrialRecord, ...], alpha: float = 0.05
+                        ) -> tuple[NeedleHaySummary | None, int]:
     """Needle vs hay enrichment of every CogniLoad prompt of a run that has an attention record.
 
     Records are read one at a time (only the per-layer means are kept), so memory does not grow with the run.
 
     Args:
-        run_dir: the run folder (``attention/<model>/<prompt_id>.npz``).
+        run: the run folder (records found by :meth:`probe.runfolder.RunFolder.attention_record`).
         trials: the run's trial records; CogniLoad ones (``family == "cogniload"``) select the prompts and give
             their knobs. Skipped or failed trials count too: the probe does not depend on the answer.
         alpha: 1 − confidence level.
 
     Returns:
-        :func:`summarise_enrichment` of the prompts with a record, or None when none has one.
+        (:func:`summarise_enrichment` of the prompts with a record, or None when none has one; the number of
+        records read).
 
     Raises:
         CogniloadAttentionError: a record does not match its trial's CogniLoad layout.
@@ -291,10 +364,10 @@ def cogniload_attention(run_dir: Path, trials: list[TrialRecord], alpha: float =
         if t.family != FAMILY or (t.model, t.prompt_id) in seen:
             continue
         seen.add((t.model, t.prompt_id))
-        path = attention_file(run_dir, t.model, t.prompt_id)
+        path = run.attention_record(t.model, t.prompt_id)
         if path.is_file():
             rows.append(prompt_enrichment(SegmentAttention.load(path), t, str(path)))
     if not rows:
-        return None
-    log.info("%s: needle/hay enrichment of %d CogniLoad prompts", run_dir, len(rows))
-    return summarise_enrichment(rows, alpha)
+        return None, 0
+    log.info("%s: needle/hay enrichment of %d CogniLoad prompts", run.root, len(rows))
+    return summarise_enrichment(rows, alpha), len(rows)

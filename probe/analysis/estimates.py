@@ -16,6 +16,7 @@ Table 1; ``em_se`` is the standard error behind the CI. Skipped trials and backe
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -26,20 +27,82 @@ from statsmodels.stats.proportion import proportion_confint
 from probe.types import CONDITIONS
 
 
-def _num(x: float | np.floating | None) -> float | None:
-    """A finite float, or None (NaN/inf become None so that JSON holds null)."""
+def finite(x: float | np.floating | None) -> float | None:
+    """A finite float, or None (NaN/inf become None, so that a missing estimate is null, never NaN)."""
     if x is None:
         return None
     x = float(x)
     return x if math.isfinite(x) else None
 
 
-def _exp_or_none(x: float) -> float | None:
-    """exp(x), or None where it would overflow a float."""
-    return math.exp(x) if abs(x) < 700 else None
+@dataclass(frozen=True)
+class MeanCI:
+    """A mean with its CI clustered by question (:func:`clustered_mean_ci`).
+
+    Attributes:
+        mean: the mean; None without observations.
+        sem: plain standard error of the mean over observations (``scipy.stats.sem``).
+        se: the standard error behind the CI.
+        ci_low, ci_high: the (1 − alpha) interval.
+        n: observations; n_clusters: distinct clusters.
+        ci_method: how the CI was made (see the module docstring), None without a CI.
+        reason: why there is no estimate, else None.
+    """
+
+    mean: float | None
+    sem: float | None
+    se: float | None
+    ci_low: float | None
+    ci_high: float | None
+    n: int
+    n_clusters: int
+    ci_method: str | None
+    reason: str | None
 
 
-def clustered_mean_ci(y: np.ndarray, groups: np.ndarray, alpha: float = 0.05) -> dict:
+@dataclass(frozen=True)
+class Cell:
+    """EM and rates of the trials of one model × condition × load (or × knob level).
+
+    Attributes:
+        model, condition: the cell's model and condition.
+        load: load in percent; None for a cell pooled over loads.
+        level: the level of another variable the cell is taken at, where a family groups its trials by one (a
+            knob of the task); None otherwise.
+        n_trials: trials in the cell; n: scored trials; n_skipped, n_error: skipped trials and backend errors
+            (never scored as wrong); n_clusters: questions among the scored trials.
+        em_mean, em_sem, em_se, em_ci_low, em_ci_high, ci_method: the :class:`MeanCI` of EM.
+        hop_recall_mean: mean hop recall of the scored trials.
+        truncated_rate, uninterpretable_rate: shares of the trials with an output.
+        s_sim_mean: mean S_sim of the cell's trials.
+        em_interpretable_mean: EM of the scored trials neither truncated nor uninterpretable.
+        reason: why there is no estimate, else None.
+    """
+
+    model: str
+    condition: str
+    load: int | None
+    level: int | None
+    n_trials: int
+    n: int
+    n_skipped: int
+    n_error: int
+    n_clusters: int
+    em_mean: float | None
+    em_sem: float | None
+    em_se: float | None
+    em_ci_low: float | None
+    em_ci_high: float | None
+    ci_method: str | None
+    hop_recall_mean: float | None
+    truncated_rate: float | None
+    uninterpretable_rate: float | None
+    s_sim_mean: float | None
+    em_interpretable_mean: float | None
+    reason: str | None
+
+
+def clustered_mean_ci(y: np.ndarray, groups: np.ndarray, alpha: float = 0.05) -> MeanCI:
     """Mean of ``y`` with a CI clustered by ``groups`` (see the module docstring for the fallbacks).
 
     Args:
@@ -48,27 +111,22 @@ def clustered_mean_ci(y: np.ndarray, groups: np.ndarray, alpha: float = 0.05) ->
         alpha: 1 − confidence level.
 
     Returns:
-        Dict with ``mean``, ``sem``, ``se``, ``ci_low``, ``ci_high``, ``n``, ``n_clusters``, ``ci_method`` and
-        ``reason`` (None unless no estimate could be made).
+        The :class:`MeanCI` (``reason`` set when no estimate could be made).
     """
     y = np.asarray(y, dtype=float)
     n = int(y.size)
     n_clusters = int(pd.Series(groups).nunique()) if n else 0
-    out: dict = {"mean": None, "sem": None, "se": None, "ci_low": None, "ci_high": None, "n": n,
-                 "n_clusters": n_clusters, "ci_method": None, "reason": None}
+    empty = MeanCI(None, None, None, None, None, n, n_clusters, None, None)
     if n == 0:
-        out["reason"] = "no scored trial"
-        return out
-    out["mean"] = _num(y.mean())
+        return replace(empty, reason="no scored trial")
+    mean = finite(y.mean())
     if n == 1:
-        out["reason"] = "one scored trial: no standard error"
-        return out
-    out["sem"] = _num(scipy.stats.sem(y))
+        return replace(empty, mean=mean, reason="one scored trial: no standard error")
+    sem = finite(scipy.stats.sem(y))
     if np.all(y == y[0]):
         lo, hi = proportion_confint(int(round(y.sum())), n, alpha=alpha, method="wilson")
-        out.update(se=0.0, ci_low=_num(lo), ci_high=_num(hi),
-                   ci_method="wilson (EM has no variance in this cell; clustered SE would be 0)")
-        return out
+        return MeanCI(mean, sem, 0.0, finite(lo), finite(hi), n, n_clusters,
+                      "wilson (EM has no variance in this cell; clustered SE would be 0)", None)
     X = np.ones((n, 1))
     if n_clusters >= 2:
         codes = pd.factorize(pd.Series(groups))[0]
@@ -78,8 +136,7 @@ def clustered_mean_ci(y: np.ndarray, groups: np.ndarray, alpha: float = 0.05) ->
         res = sm.OLS(y, X).fit(use_t=True)
         method = "iid (one question: clustering impossible)"
     ci = res.conf_int(alpha=alpha)
-    out.update(se=_num(res.bse[0]), ci_low=_num(ci[0, 0]), ci_high=_num(ci[0, 1]), ci_method=method)
-    return out
+    return MeanCI(mean, sem, finite(res.bse[0]), finite(ci[0, 0]), finite(ci[0, 1]), n, n_clusters, method, None)
 
 
 def _rate(mask: pd.Series, base: pd.Series) -> float | None:
@@ -87,21 +144,19 @@ def _rate(mask: pd.Series, base: pd.Series) -> float | None:
     return None if n == 0 else float((mask & base).sum() / n)
 
 
-def cell_summaries(df: pd.DataFrame, alpha: float = 0.05) -> list[dict]:
-    """One summary per model × condition × load present in ``df``.
+def cell_summaries(df: pd.DataFrame, alpha: float = 0.05, level: bool = False) -> list[Cell]:
+    """One :class:`Cell` per model × condition × load present in ``df``.
 
     Args:
         df: the trial table of :func:`probe.analysis.frame.trials_frame`.
         alpha: 1 − confidence level of the CI.
+        level: the ``load`` column holds the level of another variable: it goes to ``Cell.level`` and
+            ``Cell.load`` is None.
 
     Returns:
-        Dicts with ``model``, ``condition``, ``load``, ``n_trials``, ``n`` (scored), ``n_skipped``, ``n_error``,
-        ``n_clusters``, ``em_mean``, ``em_sem``, ``em_se``, ``em_ci_low``, ``em_ci_high``, ``ci_method``,
-        ``hop_recall_mean``, ``truncated_rate``, ``uninterpretable_rate`` (shares of trials with an output),
-        ``s_sim_mean``, ``em_interpretable_mean`` (EM of trials neither truncated nor uninterpretable) and
-        ``reason``. Sorted by model, condition (paper order), load.
+        Cells sorted by model, condition (paper order), load.
     """
-    out: list[dict] = []
+    out: list[Cell] = []
     order = {c: i for i, c in enumerate(CONDITIONS)}
     keys = sorted(
         df.groupby(["model", "condition", "load"]).groups,
@@ -114,18 +169,17 @@ def cell_summaries(df: pd.DataFrame, alpha: float = 0.05) -> list[dict]:
         clean = scored[~scored["truncated"] & ~scored["uninterpretable"]]
         hop = scored["hop_recall"].dropna()
         ssim = g["s_sim"].dropna()
-        out.append({
-            "model": str(model), "condition": str(condition), "load": int(load),
-            "n_trials": int(len(g)), "n": est["n"],
-            "n_skipped": int(g["skipped"].sum()), "n_error": int((g["error"].notna() & ~g["skipped"]).sum()),
-            "n_clusters": est["n_clusters"],
-            "em_mean": est["mean"], "em_sem": est["sem"], "em_se": est["se"],
-            "em_ci_low": est["ci_low"], "em_ci_high": est["ci_high"], "ci_method": est["ci_method"],
-            "hop_recall_mean": _num(hop.mean()) if len(hop) else None,
-            "truncated_rate": _rate(g["truncated"], g["has_output"]),
-            "uninterpretable_rate": _rate(g["uninterpretable"], g["has_output"]),
-            "s_sim_mean": _num(ssim.mean()) if len(ssim) else None,
-            "em_interpretable_mean": _num(clean["em"].mean()) if len(clean) else None,
-            "reason": est["reason"],
-        })
+        out.append(Cell(
+            model=str(model), condition=str(condition), load=None if level else int(load),
+            level=int(load) if level else None, n_trials=int(len(g)), n=est.n,
+            n_skipped=int(g["skipped"].sum()), n_error=int((g["error"].notna() & ~g["skipped"]).sum()),
+            n_clusters=est.n_clusters, em_mean=est.mean, em_sem=est.sem, em_se=est.se,
+            em_ci_low=est.ci_low, em_ci_high=est.ci_high, ci_method=est.ci_method,
+            hop_recall_mean=finite(hop.mean()) if len(hop) else None,
+            truncated_rate=_rate(g["truncated"], g["has_output"]),
+            uninterpretable_rate=_rate(g["uninterpretable"], g["has_output"]),
+            s_sim_mean=finite(ssim.mean()) if len(ssim) else None,
+            em_interpretable_mean=finite(clean["em"].mean()) if len(clean) else None,
+            reason=est.reason,
+        ))
     return out

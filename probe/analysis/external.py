@@ -12,15 +12,18 @@ output             yes         the model's raw output
 gold               yes         gold answer
 task_id            no          question id (default: ``question`` if mapped, else the gold answer)
 question           no          question text (only used as the default task id)
-load               no          extraneous load in percent (default 0)
-replication        no          replication index (default 0)
+load               no          extraneous load in percent (unmapped: 0 for every row)
+replication        no          replication index (unmapped: 0 for every row)
 run                no          batch / source file; replications are numbered per (run, replication)
 truncated          no          a true/false column; overrides the truncation rule below
 completion_tokens  no          output length in tokens (for the ``max_new_tokens`` rule)
 source_em          no          the tool's own score, kept in ``meta`` for comparison only
 =================  ==========  =====================================================================
 
-A mapping given for some fields is completed with columns that carry a field's own name. A file whose columns
+A mapping given for some fields is completed with columns that carry a field's own name. A mapped numeric column
+(``load``, ``replication``, ``completion_tokens``) must hold a number in every row that needs it: a blank cell or
+``nan``/``none``/``null`` is an error naming ``file:line`` and the column (never read as 0, which would move the
+trial to another load). Control rows need no load (Control has load 0 by definition). A file whose columns
 are those of the ICE paper's published outputs (``model, replication, condition, irrelevant_percent, output,
 ground_truth, source_file, accuracy``) gets the ``ice-paper`` mapping when none is given.
 
@@ -53,13 +56,18 @@ import logging
 import re
 import tomllib
 from collections import Counter
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from probe.config import AnalysisSection
 from probe.errors import ConfigError, ProbeError, UnknownNameError
-from probe.records import TrialRecord, make_trial_id
+from probe.records import TrialRecord, append_jsonl, make_trial_id
+from probe.runfolder import RunFolder, make_prompt_id
 from probe.types import CONDITIONS, Task
+
+if TYPE_CHECKING:
+    from probe.analysis.results import Analysis
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +92,45 @@ PRESETS: dict[str, dict[str, str]] = {
 }
 
 DEFAULT_ERROR_PATTERN = r"^\s*API_ERROR\b"
+IMPORT_SEED = 0  # another tool's file carries no experiment seed: the analysis' power simulations use this one
+_MISSING = ("", "none", "nan", "null")
+
+
+class ExternalTrialsError(ProbeError):
+    """A row of another tool's trial file cannot be read (names ``file:line``, the column and the value)."""
+
+
+@dataclass(frozen=True)
+class ImportSummary:
+    """How another tool's trial file was read (``manifest.json`` ``imported_from``; ``Analysis.imported``).
+
+    Attributes:
+        file, sha256: the file and its sha256; n_rows: rows read.
+        mapping: field -> column used; preset: the preset applied (``ice-paper``) or None;
+        condition_aliases: condition names of the file -> toolkit conditions.
+        truncation_rule: the rule that decided truncation (module docstring); error_pattern: the backend-error
+            regex; max_new_tokens, tokenizer: as given.
+        n_error, n_skipped, n_truncated, n_uninterpretable, n_scored: rows of each kind; n_duplicate_keys: rows
+            repeating a (model, task, condition, load, replication) key; n_tasks: distinct task ids.
+    """
+
+    file: str
+    sha256: str
+    n_rows: int
+    mapping: dict[str, str]
+    preset: str | None
+    condition_aliases: dict[str, str]
+    truncation_rule: str
+    error_pattern: str
+    max_new_tokens: int | None
+    tokenizer: str | None
+    n_error: int
+    n_skipped: int
+    n_truncated: int
+    n_uninterpretable: int
+    n_scored: int
+    n_duplicate_keys: int
+    n_tasks: int
 _SENTENCE_END = set(".!?)]}\"'*`”’»")
 
 
@@ -135,8 +182,10 @@ def parse_mapping(spec: str | Path | dict[str, str] | None) -> tuple[dict[str, s
     return mapping, aliases
 
 
-def read_rows(path: Path) -> list[dict[str, str]]:
-    """Rows of a CSV (leading blank lines allowed) or JSONL file as dicts of strings / JSON values.
+def read_rows(path: Path) -> list[tuple[int, dict[str, str]]]:
+    """Rows of a CSV (leading blank lines allowed) or JSONL file as (line, dict of strings / JSON values).
+
+    ``line`` is the 1-based line of the file where the row starts (a CSV cell may span lines).
 
     Raises:
         ProbeError: unreadable file or unknown extension.
@@ -150,13 +199,20 @@ def read_rows(path: Path) -> list[dict[str, str]]:
         for i, line in enumerate(text.splitlines(), 1):
             if line.strip():
                 try:
-                    rows.append(json.loads(line))
+                    rows.append((i, json.loads(line)))
                 except json.JSONDecodeError as e:
                     raise ProbeError(f"{path}:{i}: not a JSON object ({e})") from None
         return rows
     if suffix in (".csv", ".tsv"):
         body = text.lstrip("\r\n")
-        return list(csv.DictReader(io.StringIO(body), delimiter="\t" if suffix == ".tsv" else ","))
+        skipped = text[: len(text) - len(body)].count("\n")  # blank lines before the header
+        reader = csv.DictReader(io.StringIO(body), delimiter="\t" if suffix == ".tsv" else ",")
+        out: list[tuple[int, dict[str, str]]] = []
+        start = 2  # the header is line 1 of the body
+        for row in reader:
+            out.append((skipped + start, row))
+            start = reader.line_num + 1
+        return out
     raise ProbeError(f"{path}: unknown file type {suffix!r}; give a .csv, .tsv or .jsonl file")
 
 
@@ -233,14 +289,16 @@ def _as_bool(v: object) -> bool:
     return str(v).strip().lower() in ("1", "true", "yes", "y", "t")
 
 
-def _as_int(v: object, field: str, where: str) -> int:
-    s = str(v).strip()
-    if s == "" or s.lower() in ("none", "nan", "null"):
-        return 0
+def _as_int(v: object, field: str, column: str, where: str) -> int:
+    """The integer in a cell; a blank or ``nan`` cell is an error naming ``where`` (file:line) and the column."""
+    s = "" if v is None else str(v).strip()
+    if s.lower() in _MISSING:
+        raise ExternalTrialsError(f"{where}: column {column!r} ({field}) is {'blank' if not s else repr(s)}; every "
+                                  f"row needs a number there (fill it in, or map another column)")
     try:
         return int(float(s))
     except ValueError:
-        raise ProbeError(f"{where}: {field} = {v!r} is not a number") from None
+        raise ExternalTrialsError(f"{where}: column {column!r} ({field}) = {v!r} is not a number") from None
 
 
 def _scorer() -> Callable:
@@ -271,7 +329,7 @@ def load_external_trials(
     max_new_tokens: int | None = None,
     tokenizer: str | None = None,
     error_pattern: str = DEFAULT_ERROR_PATTERN,
-) -> tuple[list[TrialRecord], dict]:
+) -> tuple[list[TrialRecord], ImportSummary]:
     """Read and re-score another tool's trial file.
 
     Args:
@@ -283,10 +341,11 @@ def load_external_trials(
         error_pattern: regex; an output matching it is a backend error.
 
     Returns:
-        (trial records, import summary with the mapping, truncation rule and counts).
+        (trial records, :class:`ImportSummary` with the mapping, truncation rule and counts).
 
     Raises:
-        ProbeError / ConfigError: unreadable file, bad mapping, unknown condition, bad number.
+        ProbeError / ConfigError: unreadable file, bad mapping, unknown condition.
+        ExternalTrialsError: a blank, ``nan`` or non-numeric cell in a mapped numeric column (``file:line``).
     """
     path = Path(path)
     map_given, file_aliases = parse_mapping(mapping)
@@ -294,7 +353,7 @@ def load_external_trials(
     rows = read_rows(path)
     if not rows:
         raise ProbeError(f"{path}: holds no row")
-    columns = list(rows[0].keys())
+    columns = list(rows[0][1].keys())
     full, preset = resolve_mapping(columns, map_given)
     count = _token_counter(tokenizer) if max_new_tokens is not None else None
     if "truncated" in full:
@@ -313,24 +372,27 @@ def load_external_trials(
     def get(row: dict, field: str, default: object = None) -> object:
         return row.get(full[field], default) if field in full else default
 
-    run_reps = sorted({(str(get(r, "run", "")), _as_int(get(r, "replication", 0), "replication", f"{path}"))
-                       for r in rows})
+    def number(row: dict, field: str, where: str) -> int:
+        """A mapped numeric field of a row (0 when the field is not mapped: the documented default)."""
+        return _as_int(get(row, field), field, full[field], where) if field in full else 0
+
+    run_reps = sorted({(str(get(r, "run", "")), number(r, "replication", f"{path}:{line}")) for line, r in rows})
     rep_index = {k: i for i, k in enumerate(run_reps)}
     trials: list[TrialRecord] = []
     seen: Counter[str] = Counter()
-    for i, row in enumerate(rows, 1):
-        where = f"{path}: row {i}"
+    for i, (line, row) in enumerate(rows, 1):
+        where = f"{path}:{line}"
         model = str(get(row, "model", "")).strip()
         if not model:
             raise ProbeError(f"{where}: empty model ({full['model']})")
         condition = canonical_condition(str(get(row, "condition", "")).strip(), aliases)
-        load = 0 if condition == "Control" else _as_int(get(row, "load", 0), "load", where)
+        load = 0 if condition == "Control" else number(row, "load", where)
         gold_raw = get(row, "gold")
         gold = gold_raw if isinstance(gold_raw, (list, dict)) else str(gold_raw)
         question = get(row, "question")
         task_id = str(get(row, "task_id") or question or gold)
         run = str(get(row, "run", ""))
-        rep_raw = _as_int(get(row, "replication", 0), "replication", where)
+        rep_raw = number(row, "replication", where)
         replication = rep_index[(run, rep_raw)] if "run" in full else rep_raw
         output_raw = get(row, "output")
         output = None if output_raw is None else str(output_raw)
@@ -339,7 +401,7 @@ def load_external_trials(
             meta.update(run=run, source_replication=rep_raw)
         if "source_em" in full:
             meta["source_em"] = get(row, "source_em")
-        prompt_id = f"{task_id}|{condition}|{load}|r{replication}"
+        prompt_id = make_prompt_id(task_id, condition, load, replication)
         trial_id = make_trial_id(model, prompt_id)
         seen[trial_id] += 1
         if seen[trial_id] > 1:
@@ -358,7 +420,7 @@ def load_external_trials(
             continue
         n_tokens: int | None = None
         if "completion_tokens" in full:
-            n_tokens = _as_int(get(row, "completion_tokens"), "completion_tokens", where)
+            n_tokens = number(row, "completion_tokens", where)
         elif count is not None:
             n_tokens = count(output)
         if "truncated" in full:
@@ -373,16 +435,14 @@ def load_external_trials(
                                   truncated=score.truncated,
                                   uninterpretable=score.uninterpretable, completion_tokens=n_tokens))
     dups = sum(v - 1 for v in seen.values() if v > 1)
-    summary = {
-        "file": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "n_rows": len(rows),
-        "mapping": full, "preset": preset, "condition_aliases": aliases, "truncation_rule": rule,
-        "error_pattern": error_pattern, "max_new_tokens": max_new_tokens, "tokenizer": tokenizer,
-        "n_error": sum(t.error is not None for t in trials), "n_skipped": sum(t.skipped for t in trials),
-        "n_truncated": sum(t.truncated for t in trials),
-        "n_uninterpretable": sum(t.uninterpretable for t in trials),
-        "n_scored": sum(t.is_scored for t in trials), "n_duplicate_keys": dups,
-        "n_tasks": len({t.task_id for t in trials}),
-    }
+    summary = ImportSummary(
+        file=str(path), sha256=hashlib.sha256(path.read_bytes()).hexdigest(), n_rows=len(rows), mapping=full,
+        preset=preset, condition_aliases=aliases, truncation_rule=rule, error_pattern=error_pattern,
+        max_new_tokens=max_new_tokens, tokenizer=tokenizer, n_error=sum(t.error is not None for t in trials),
+        n_skipped=sum(t.skipped for t in trials), n_truncated=sum(t.truncated for t in trials),
+        n_uninterpretable=sum(t.uninterpretable for t in trials), n_scored=sum(t.is_scored for t in trials),
+        n_duplicate_keys=dups, n_tasks=len({t.task_id for t in trials}),
+    )
     if dups:
         log.warning("%s: %d rows repeat a (model, task, condition, load, replication) key; map a run column", path, dups)
     return trials, summary
@@ -396,8 +456,9 @@ def analyze_external(
     max_new_tokens: int | None = None,
     tokenizer: str | None = None,
     aliases: dict[str, str] | None = None,
-    cfg: AnalysisSection | None = None,
-) -> tuple[dict, Path]:
+    settings: AnalysisSection | None = None,
+    seed: int = IMPORT_SEED,
+) -> tuple["Analysis", Path]:
     """Re-score another tool's trial file into a run folder and analyse it.
 
     Writes ``trials.jsonl`` (replacing any earlier import) and ``manifest.json`` (source file, its sha256, the
@@ -410,22 +471,23 @@ def analyze_external(
         max_new_tokens: the generation limit the tool used.
         tokenizer: local tokenizer folder to count output tokens with.
         aliases: extra condition-name aliases.
-        cfg: analysis gates (default :class:`probe.config.AnalysisSection`).
+        settings: analysis gates (default :class:`probe.config.AnalysisSection`).
+        seed: seed of the analysis' random draws (the file carries no experiment seed; default
+            :data:`IMPORT_SEED`).
 
     Returns:
-        (analysis dict, path of ``analysis.json``).
+        (the :class:`probe.analysis.results.Analysis`, path of ``analysis.json``).
     """
-    from probe.analysis.run import ANALYSIS_FILE, MANIFEST_FILE, analyze_run
-    from probe.records import append_jsonl
+    from probe.analysis.run import analyze_run
 
     path = Path(path)
     trials, summary = load_external_trials(path, mapping, aliases=aliases, max_new_tokens=max_new_tokens,
                                            tokenizer=tokenizer)
-    out = Path(out_dir) if out_dir is not None else Path("outputs") / re.sub(r"[^A-Za-z0-9._-]+", "-", path.stem)
-    out.mkdir(parents=True, exist_ok=True)
-    trials_path = out / "trials.jsonl"
-    trials_path.unlink(missing_ok=True)
-    append_jsonl(trials_path, (t.to_dict() for t in trials))
-    (out / MANIFEST_FILE).write_text(json.dumps({"imported_from": summary}, indent=1), encoding="utf-8")
-    analysis = analyze_run(out, cfg or AnalysisSection(), fill_similarity=False)
-    return analysis, out / ANALYSIS_FILE
+    out = RunFolder(Path(out_dir) if out_dir is not None
+                    else Path("outputs") / re.sub(r"[^A-Za-z0-9._-]+", "-", path.stem))
+    out.root.mkdir(parents=True, exist_ok=True)
+    out.trials.unlink(missing_ok=True)
+    append_jsonl(out.trials, (t.to_dict() for t in trials))
+    out.manifest.write_text(json.dumps({"imported_from": asdict(summary)}, indent=1), encoding="utf-8")
+    analysis = analyze_run(out, settings or AnalysisSection(), seed=seed, fill_similarity=False)
+    return analysis, out.analysis

@@ -7,24 +7,24 @@ Columns are the :class:`probe.records.TrialRecord` fields plus:
 - ``has_output``: the model produced an output (not skipped, no error); truncation and uninterpretable rates are
   shares of these trials.
 - ``s_sim``: the trial's S_sim, taken from the prompt record where the trial lacks it.
+
+``family`` (recorded on every trial, :mod:`probe.tasks`) says which family analysis a row belongs to.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from probe.errors import ProbeError
 from probe.records import TrialRecord, load_trials, read_jsonl
+from probe.runfolder import RunFolder
 from probe.types import Prompt
 
 log = logging.getLogger(__name__)
-
-TRIALS_FILE = "trials.jsonl"
-PROMPTS_FILE = "prompts.jsonl"
 
 _COLUMNS = [
     "trial_id", "model", "prompt_id", "task_id", "source", "condition", "load", "achieved_load", "replication",
@@ -59,62 +59,54 @@ def trials_frame(trials: list[TrialRecord]) -> pd.DataFrame:
     return df
 
 
-def read_prompts(run_dir: Path) -> dict[str, Prompt]:
+def read_prompts(run: RunFolder) -> dict[str, Prompt]:
     """The prompts of a run folder by ``prompt_id`` (empty when ``prompts.jsonl`` is absent)."""
     out: dict[str, Prompt] = {}
-    for d in read_jsonl(run_dir / PROMPTS_FILE):
+    for d in read_jsonl(run.prompts):
         p = Prompt.from_dict(d)
         out[p.prompt_id] = p
     return out
 
 
-def load_run_frame(run_dir: Path) -> tuple[pd.DataFrame, dict[str, Prompt]]:
-    """Trials of a run folder as a table, and its prompts.
+@dataclass(frozen=True)
+class RunData:
+    """The records of a run folder as the analysis reads them once.
+
+    Attributes:
+        frame: the trial table (:func:`trials_frame`), S_sim filled from the prompt records.
+        trials: the trial records (last record of each trial id), in the table's row order.
+        prompts: the prompt records by prompt id (empty without ``prompts.jsonl``).
+    """
+
+    frame: pd.DataFrame
+    trials: tuple[TrialRecord, ...]
+    prompts: dict[str, Prompt]
+
+
+def load_run_data(run: RunFolder) -> RunData:
+    """The trials (as records and as a table) and prompts of a run folder.
 
     S_sim missing from a trial is taken from its prompt record.
 
     Raises:
         ProbeError: the folder has no ``trials.jsonl`` or it holds no trial.
     """
-    path = run_dir / TRIALS_FILE
+    path = run.trials
     if not path.is_file():
         raise ProbeError(f"{path}: no trial records here; run `probe run` first, or give the run folder")
     trials = load_trials(path)
     if not trials:
         raise ProbeError(f"{path}: holds no trial record")
     df = trials_frame(trials)
-    prompts = read_prompts(run_dir)
+    prompts = read_prompts(run)
     if prompts:
         from_prompt = df["prompt_id"].map(lambda pid: prompts[pid].s_sim if pid in prompts else None)
         df["s_sim"] = df["s_sim"].fillna(pd.to_numeric(from_prompt, errors="coerce").astype(float))
     log.info("%s: %d trials (%d scored), %d prompts", path, len(df), int(df["is_scored"].sum()), len(prompts))
-    return df, prompts
+    return RunData(frame=df, trials=tuple(trials), prompts=prompts)
 
 
-def fill_s_sim(df: pd.DataFrame, prompts: dict[str, Prompt], embedder_name: str) -> tuple[pd.DataFrame, str | None]:
-    """Compute S_sim for trials with extraneous segments that lack it, from their prompt records.
-
-    The question is the prompt's ``question`` segment text; the extraneous texts are its ``extraneous``
-    segments (SPEC §5).
-
-    Returns:
-        The table with ``s_sim`` filled where possible, and a note (None when nothing was missing).
-    """
-    need = df["s_sim"].isna() & df["prompt_id"].isin(list(prompts)) & df["condition"].isin(["Saturation", "Residue"])
-    if not need.any():
-        return df, None
-    try:
-        from probe.prompts.similarity import get_embedder
-
-        embedder = get_embedder(embedder_name)
-    except ProbeError as e:
-        return df, f"S_sim missing for {int(need.sum())} trials and not computable here: {e}"
-    cache: dict[str, float | None] = {}
-    for pid in df.loc[need, "prompt_id"].unique():
-        p = prompts[pid]
-        question = " ".join(p.segment_text(s) for s in p.segments if s.kind == "question")
-        extraneous = [p.segment_text(s) for s in p.segments if s.kind == "extraneous"]
-        cache[pid] = embedder.s_sim(question, extraneous) if question else None
-    df = df.copy()
-    df.loc[need, "s_sim"] = df.loc[need, "prompt_id"].map(lambda pid: np.nan if cache[pid] is None else cache[pid])
-    return df, f"S_sim computed from prompts.jsonl with {embedder_name} for {int(need.sum())} trials"
+def load_run_frame(run_dir: str | Path | RunFolder) -> tuple[pd.DataFrame, dict[str, Prompt]]:
+    """Trials of a run folder as a table, and its prompts (:func:`load_run_data` without the records)."""
+    data = load_run_data(run_dir if isinstance(run_dir, RunFolder) else RunFolder(run_dir))
+    return data.frame, data.prompts

@@ -14,8 +14,12 @@ Per model, with the gates of :class:`probe.config.AnalysisSection`:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pandas as pd
 
+from probe import format as fmt
+from probe.analysis.hypotheses import H1Fit
 from probe.config import AnalysisSection
 
 BRITTLE = "intrinsic-load brittle"
@@ -23,9 +27,50 @@ CONFOUNDED = "confounded"
 RESILIENT = "resilient"
 LOAD_SENSITIVE = "load-sensitive"
 UNSCORABLE = "unscorable"
+NO_INFERENCE = (BRITTLE, CONFOUNDED, UNSCORABLE)  # labels under which no effect of extraneous load is claimed
 
 
-def classify_model(df: pd.DataFrame, model: str, h1: dict | None, cfg: AnalysisSection) -> dict:
+@dataclass(frozen=True)
+class Gates:
+    """The gates a taxonomy was decided with (from :class:`probe.config.AnalysisSection`)."""
+
+    brittle_em: float
+    confound_rate: float
+    alpha: float
+
+
+@dataclass(frozen=True)
+class Taxonomy:
+    """One model's label (module docstring).
+
+    Attributes:
+        model: the model; label: ``intrinsic-load brittle``, ``confounded``, ``resilient``, ``resilient,
+            load-sensitive`` or ``unscorable``.
+        is_brittle, is_confounded, is_load_sensitive: the gates crossed (None where not applicable).
+        control_em: EM of its scored Control trials; n_control: their number.
+        confound_rate_observed: share of outputs truncated or uninterpretable; n_outputs: outputs.
+        gates: the gates used; reason: a sentence explaining the label from the numbers.
+    """
+
+    model: str
+    label: str
+    is_brittle: bool | None
+    is_confounded: bool | None
+    is_load_sensitive: bool | None
+    control_em: float | None
+    n_control: int
+    confound_rate_observed: float | None
+    n_outputs: int
+    gates: Gates
+    reason: str
+
+    @property
+    def allows_inference(self) -> bool:
+        """Whether effects of extraneous load may be stated for the model (not brittle, confounded or unscorable)."""
+        return self.label not in NO_INFERENCE
+
+
+def classify_model(df: pd.DataFrame, model: str, h1: H1Fit | None, cfg: AnalysisSection) -> Taxonomy:
     """Taxonomy of one model.
 
     Args:
@@ -35,9 +80,7 @@ def classify_model(df: pd.DataFrame, model: str, h1: dict | None, cfg: AnalysisS
         cfg: the gates (``brittle_em``, ``confound_rate``, ``alpha``).
 
     Returns:
-        Dict with ``model``, ``label``, ``is_brittle``, ``is_confounded``, ``is_load_sensitive`` (None where
-        not applicable), ``control_em``, ``n_control``, ``confound_rate_observed``, ``n_outputs``, ``gates`` and
-        ``reason`` (a sentence explaining the label from the numbers).
+        The model's :class:`Taxonomy`.
     """
     m = df[df["model"] == model]
     outputs = m[m["has_output"]]
@@ -45,42 +88,39 @@ def classify_model(df: pd.DataFrame, model: str, h1: dict | None, cfg: AnalysisS
     n_out = int(len(outputs))
     rate = float((outputs["truncated"] | outputs["uninterpretable"]).mean()) if n_out else None
     control_em = float(control["em"].mean()) if len(control) else None
-    gates = {"brittle_em": cfg.brittle_em, "confound_rate": cfg.confound_rate, "alpha": cfg.alpha}
-    out: dict = {"model": model, "label": None, "is_brittle": None, "is_confounded": None,
-                 "is_load_sensitive": None, "control_em": control_em, "n_control": int(len(control)),
-                 "confound_rate_observed": rate, "n_outputs": n_out, "gates": gates, "reason": None}
+    gates = Gates(brittle_em=cfg.brittle_em, confound_rate=cfg.confound_rate, alpha=cfg.alpha)
+
+    def label(name: str, reason: str, brittle: bool | None = None, confounded: bool | None = None,
+              sensitive: bool | None = None) -> Taxonomy:
+        return Taxonomy(model=model, label=name, is_brittle=brittle, is_confounded=confounded,
+                        is_load_sensitive=sensitive, control_em=control_em, n_control=int(len(control)),
+                        confound_rate_observed=rate, n_outputs=n_out, gates=gates, reason=reason)
+
     n_err, n_skip = int(m["error"].notna().sum()), int(m["skipped"].sum())
     if control_em is None:
-        out["label"] = UNSCORABLE
-        out["reason"] = (f"no scored Control trial ({len(m)} trials: {n_err} errors, {n_skip} skipped); "
-                         "no baseline, no inference")
-        return out
-    out["is_brittle"] = control_em < cfg.brittle_em
-    out["is_confounded"] = rate is not None and rate > cfg.confound_rate
-    if out["is_confounded"]:
-        out["label"] = CONFOUNDED
-        extra = (f"; Control EM {control_em:.2f} is also below the brittle gate {cfg.brittle_em:.2f}, but may "
-                 "reflect the cut-off outputs") if out["is_brittle"] else ""
-        out["reason"] = (f"{rate:.0%} of {n_out} outputs truncated or uninterpretable (gate {cfg.confound_rate:.0%})"
-                         f": EM differences are not interpretable as effects of load{extra}")
-        return out
-    if out["is_brittle"]:
-        out["label"] = BRITTLE
-        out["reason"] = (f"Control EM {control_em:.2f} < {cfg.brittle_em:.2f}: fails without extraneous text; "
-                         "no inference about extraneous load")
-        return out
-    beta, p = (h1 or {}).get("beta"), (h1 or {}).get("p")
-    out["label"] = RESILIENT
+        return label(UNSCORABLE, f"no scored Control trial ({len(m)} trials: {n_err} errors, {n_skip} skipped); "
+                                 "no baseline, no inference")
+    em = fmt.num(control_em, ".2f")
+    brittle = control_em < cfg.brittle_em
+    confounded = rate is not None and rate > cfg.confound_rate
+    if confounded:
+        extra = (f"; Control EM {em} is also below the brittle gate {fmt.num(cfg.brittle_em, '.2f')}, but may "
+                 "reflect the cut-off outputs") if brittle else ""
+        return label(CONFOUNDED, f"{fmt.pct(rate)} of {n_out} outputs truncated or uninterpretable (gate "
+                                 f"{fmt.pct(cfg.confound_rate)}): EM differences are not interpretable as effects of "
+                                 f"load{extra}", brittle, confounded)
+    if brittle:
+        return label(BRITTLE, f"Control EM {em} < {fmt.num(cfg.brittle_em, '.2f')}: fails without extraneous text; "
+                              "no inference about extraneous load", brittle, confounded)
+    beta, p = (h1.beta, h1.p) if h1 is not None else (None, None)
     if beta is None or p is None:
-        out["reason"] = (f"Control EM {control_em:.2f} passes the gate; load sensitivity not tested "
-                         f"({(h1 or {}).get('reason') or 'no H1 fit'})")
-        return out
-    out["is_load_sensitive"] = beta < 0 and p < cfg.alpha
-    if out["is_load_sensitive"]:
-        out["label"] = f"{RESILIENT}, {LOAD_SENSITIVE}"
-        out["reason"] = (f"Control EM {control_em:.2f} passes the gate; EM falls with load "
-                         f"(β = {beta:+.4f}/pp, p = {p:.3g} < {cfg.alpha})")
-    else:
-        out["reason"] = (f"Control EM {control_em:.2f} passes the gate; no significant decline with load "
-                         f"(β = {beta:+.4f}/pp, p = {p:.3g})")
-    return out
+        why = (h1.reason if h1 is not None else None) or "no H1 fit"
+        return label(RESILIENT, f"Control EM {em} passes the gate; load sensitivity not tested ({why})",
+                     brittle, confounded)
+    sensitive = beta < 0 and p < cfg.alpha
+    if sensitive:
+        return label(f"{RESILIENT}, {LOAD_SENSITIVE}", f"Control EM {em} passes the gate; EM falls with load "
+                     f"(β = {fmt.num(beta, '+.4f')}/pp, p = {fmt.num(p, '.3g')} < {cfg.alpha})",
+                     brittle, confounded, sensitive)
+    return label(RESILIENT, f"Control EM {em} passes the gate; no significant decline with load "
+                 f"(β = {fmt.num(beta, '+.4f')}/pp, p = {fmt.num(p, '.3g')})", brittle, confounded, sensitive)

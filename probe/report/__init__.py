@@ -1,12 +1,22 @@
-"""Estimates -> figures and a self-contained ``report.html`` (figures embedded as base64 PNG).
+"""Estimates -> text, Markdown, CSV, figures and a self-contained ``report.html`` (figures embedded as base64 PNG).
 
-:func:`render_report` draws one run folder; :func:`compare_runs` puts several runs side by side. Both read
-``analysis.json`` (and ``attention_summary.npz``) and recompute no statistic.
+- :func:`render_report`: one analysed run folder -> ``report.html`` and ``figures/*.png``;
+- :func:`compare_runs`: several analysed runs side by side;
+- :func:`write_tables`: ``analysis.md`` and ``tables/*.csv`` of an analysis;
+- :func:`main_table_text` / :func:`main_table`: the plain-text main table (of an analysis / of a run's trials).
+
+Everything here reads :class:`probe.analysis.Analysis` (``analysis.json`` as written) and recomputes no statistic.
+Each task family's part is drawn by its report section (:mod:`probe.report.sections`); numbers are written by
+:mod:`probe.format`.
 """
 
 from __future__ import annotations
 
-from probe.report.compare import compare_runs
+from probe.report.compare import CompareError, compare_runs
 from probe.report.render import render_report
+from probe.report.sections import ReportContext, ReportSection, register_section, report_section
+from probe.report.tables import write_tables
+from probe.report.text import main_table, main_table_text
 
-__all__ = ["compare_runs", "render_report"]
+__all__ = ["CompareError", "ReportContext", "ReportSection", "compare_runs", "main_table", "main_table_text",
+           "register_section", "render_report", "report_section", "write_tables"]

@@ -1,26 +1,50 @@
-"""The CogniLoad section of a report (SPEC §7), drawn from the ``cogniload`` part of ``analysis.json``.
+"""The CogniLoad section of a report (family ``cogniload``; SPEC §7), drawn from a
+:class:`probe.analysis.cogniload.CogniloadResult`.
 
 Figures: accuracy against each knob (d, N, rho; Wilson 95 % CIs, the rho panel shows whether accuracy is U-shaped),
 needle vs hay attention enrichment heatmaps (layer × rho, layer × N) and the layer-wise needle and hay curves.
 Tables: accuracy per knob level, the capacity thresholds (ECL50, NT50, ID50 with CIs or the reason there is none,
-delta rho, AIC comparison) and the GLM coefficients. Nothing is estimated here; colour scales show log2 of the stored
-enrichment so that 0.5 and 2 lie equally far from 1.
+delta rho, AIC comparison) and the GLM coefficients. Also its part of ``analysis.md``, its CSV tables
+(``cogniload_accuracy``, ``cogniload_fits``, ``cogniload_thresholds``, ``cogniload_attention_layers``), its rows and
+lines of the main table, its summary sentences and its part of a comparison page. Nothing is estimated here; colour
+scales show log2 of the stored enrichment so that 0.5 and 2 lie equally far from 1.
+
+Summary rules: a model whose outputs are truncated or uninterpretable above the confound gate gets the numbers with
+that caveat first; the shape in ρ is called U-shaped only when the main fit's ρ² coefficient is positive at p < α.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-from probe.report.figures import _palette, _short
+from probe import format as fmt
+from probe.analysis.cogniload import (
+    FAMILY,
+    KNOBS,
+    CogniloadFits,
+    CogniloadResult,
+    DeltaRho,
+    GlmFit,
+    KnobCells,
+    Threshold,
+)
+from probe.analysis.cogniload_attention import SERIES, NeedleHayModel, NeedleHaySummary
+from probe.analysis.estimates import Cell
+from probe.config import AnalysisSection
+from probe.report.figures import file_stem, palette, short
 from probe.report.html import esc, table
+from probe.report.sections import ReportContext, ReportSection, Rows, register_section
+from probe.report.tables import md_table, rows_of
 
-KNOBS: tuple[tuple[str, str, str], ...] = (("d", "difficulty d", ""), ("N", "length N (statements)", ""),
-                                           ("rho", "needle ratio ρ (% of statements)", "%"))
+KNOB_AXES: tuple[tuple[str, str, str], ...] = (("d", "difficulty d", ""), ("N", "length N (statements)", ""),
+                                               ("rho", "needle ratio ρ (% of statements)", "%"))
+KNOB_LABELS = {"d": "d", "N": "N", "rho": "ρ"}
 THRESHOLDS: tuple[tuple[str, str], ...] = (("ECL50", "largest N with P(correct) ≥ 0.5"),
                                            ("NT50", "smallest ρ with P(correct) ≥ 0.5"),
                                            ("ID50", "largest d with P(correct) ≥ 0.5"))
@@ -29,55 +53,40 @@ TERM_LABELS = {"const": "intercept", "d": "β_d", "log10_N": "β_N (per log10 N)
 NEEDLE_COLOUR, HAY_COLOUR = "#1b9e77", "#d95f02"
 
 
-def _section(analysis: dict) -> dict:
-    return analysis.get("cogniload") or {}
-
-
-def _stem(model: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in model)
-
-
-def _fmt(x: float | None, spec: str) -> str:
-    return "—" if x is None else format(x, spec)
-
-
-def _p(x: float | None) -> str:
-    return "—" if x is None else ("&lt;0.001" if x < 0.001 else f"{x:.3f}")
+def _attention(result: CogniloadResult, model: str) -> NeedleHayModel | None:
+    return result.attention.models.get(model) if result.attention is not None else None
 
 
 # ------------------------------------------------------------------------------------------------- figures
 
 
-def draw_accuracy_by_knob(analysis: dict) -> Figure | None:
+def draw_accuracy_by_knob(result: CogniloadResult) -> Figure | None:
     """Accuracy (Wilson 95 % CI) against d, N and rho, each pooled over the other two knobs; one colour per model."""
-    cells = _section(analysis).get("cells") or {}
-    models = [m for m in sorted(cells) if cells[m]["overall"]["em_mean"] is not None]
+    cells = result.cells
+    models = [m for m in sorted(cells) if cells[m].overall.em_mean is not None]
     if not models:
         return None
     fig = Figure(figsize=(13.0, 3.9), layout="constrained")
     axes = fig.subplots(1, 3, sharey=True)
-    colours = dict(zip(models, _palette(len(models))))
-    fits = _section(analysis).get("models") or {}
-    for ax, (knob, label, unit) in zip(axes, KNOBS):
-        levels = sorted({c["level"] for m in models for c in cells[m][knob]})
+    colours = dict(zip(models, palette(len(models))))
+    for ax, (knob, label, unit) in zip(axes, KNOB_AXES):
+        levels = sorted({c.level for m in models for c in cells[m].by(knob) if c.level is not None})
         pos = {v: i for i, v in enumerate(levels)}  # categorical x: levels equally spaced, labelled by value
         for k, model in enumerate(models):
-            pts = [c for c in cells[model][knob] if c["em_mean"] is not None]
+            pts = [(c.level, c.em_mean, c.em_mean if c.em_ci_low is None else c.em_ci_low,
+                    c.em_mean if c.em_ci_high is None else c.em_ci_high)
+                   for c in cells[model].by(knob) if c.em_mean is not None and c.level is not None]
             if not pts:
                 continue
             shift = (k - (len(models) - 1) / 2) * 0.08
-            xs = [pos[c["level"]] + shift for c in pts]
-            ys = [c["em_mean"] for c in pts]
-            err = np.array([[c["em_mean"] - (c["em_ci_low"] if c["em_ci_low"] is not None else c["em_mean"])
-                             for c in pts],
-                            [(c["em_ci_high"] if c["em_ci_high"] is not None else c["em_mean"]) - c["em_mean"]
-                             for c in pts]])
-            ax.errorbar(xs, ys, yerr=err, color=colours[model], marker="o", capsize=3, lw=1.5,
-                        label=_short(model))
+            xs = [pos[level] + shift for level, *_ in pts]
+            ys = [y for _, y, _, _ in pts]
+            err = np.array([[y - lo for _, y, lo, _ in pts], [hi - y for _, y, _, hi in pts]])
+            ax.errorbar(xs, ys, yerr=err, color=colours[model], marker="o", capsize=3, lw=1.5, label=short(model))
         ax.axhline(0.5, color="grey", lw=0.8, ls=":")
         ax.set_xticks(range(len(levels)))
         if len(models) == 1:  # one model: n puzzles per level under its tick (several: see the accuracy table)
-            n_at = {c["level"]: c["n"] for c in cells[models[0]][knob]}
+            n_at = {c.level: c.n for c in cells[models[0]].by(knob)}
             ax.set_xticklabels([f"{v}{unit}\nn={n_at.get(v, 0)}" for v in levels])
         else:
             ax.set_xticklabels([f"{v}{unit}" for v in levels])
@@ -85,42 +94,49 @@ def draw_accuracy_by_knob(analysis: dict) -> Figure | None:
         ax.set_xlabel(label)
         ax.grid(alpha=0.3)
         if knob == "rho" and len(models) == 1:
-            ax.set_title(_rho_title(fits.get(models[0])), fontsize=8.5)
+            ax.set_title(_rho_title(result.models.get(models[0])), fontsize=8.5)
     axes[0].set_ylim(-0.03, 1.03)
     axes[0].set_ylabel("accuracy (Wilson 95% CI)")
     if len(models) > 1:
         fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=min(len(models), 4),
                    fontsize=8)
-    who = f"{_short(models[0])}: " if len(models) == 1 else ""
+    who = f"{short(models[0])}: " if len(models) == 1 else ""
     fig.suptitle(f"{who}CogniLoad accuracy against each knob (pooled over the other two; dotted: P = 0.5)",
                  fontsize=11)
     return fig
 
 
-def _rho_title(s: dict | None) -> str:
+def _delta_text(dr: DeltaRho) -> str:
+    delta = f"Δρ = {fmt.num(dr.value, '+.2f')}" if dr.value is not None else f"Δρ: {fmt.DASH}"
+    if dr.ci_low is not None:
+        delta += f" {fmt.ci(dr.ci_low, dr.ci_high, '+.2f')}"
+    return delta
+
+
+def _rho_title(s: CogniloadFits | None) -> str:
     """The rho panel's title: the rho^2 coefficient of the main fit and delta rho, or why there is none."""
-    if not s:
+    if s is None:
         return ""
-    quad = s["fits"]["quadratic"]
-    b2 = quad["params"].get("rho2") if quad["status"] == "ok" else None
-    dr = s["delta_rho"]
-    delta = f"Δρ = {dr['value']:+.2f}" if dr["value"] is not None else "Δρ: —"
-    if dr["ci_low"] is not None:
-        delta += f" [{dr['ci_low']:+.2f}, {dr['ci_high']:+.2f}]"
+    quad = s.fits["quadratic"]
+    b2 = quad.params.get("rho2") if quad.status == "ok" else None
     if b2 is None:
-        why = "not fitted" if quad["status"] == "ok" else f"main fit {quad['status']}"
-        return f"β_ρ²: {why}; {delta}"
-    return f"β_ρ² = {b2['estimate']:+.2e} (p = {b2['p']:.2g}); {delta}"
+        why = "not fitted" if quad.status == "ok" else f"main fit {quad.status}"
+        return f"β_ρ²: {why}; {_delta_text(s.delta_rho)}"
+    return f"β_ρ² = {fmt.num(b2.estimate, '+.2e')} (p = {fmt.num(b2.p, '.2g')}); {_delta_text(s.delta_rho)}"
 
 
-def _log2(mat: list[list[float | None]]) -> np.ndarray:
-    a = np.array([[np.nan if v is None else v for v in row] for row in mat], dtype=float)
+def _matrix(mat: tuple[tuple[float | None, ...], ...]) -> np.ndarray:
+    return np.array([[np.nan if v is None else v for v in row] for row in mat], dtype=float)
+
+
+def _log2(mat: tuple[tuple[float | None, ...], ...]) -> np.ndarray:
+    a = _matrix(mat)
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(a > 0, np.log2(np.where(a > 0, a, 1.0)), np.nan)
 
 
 def _ratio_ticks(v: float, _pos: int) -> str:
-    return f"{2.0 ** v:.3g}"
+    return fmt.num(2.0 ** v, ".3g")
 
 
 def _log2_ticks(lim: float) -> np.ndarray:
@@ -130,33 +146,31 @@ def _log2_ticks(lim: float) -> np.ndarray:
     return np.arange(-k, k + 1) * step
 
 
-def draw_needle_hay_heatmaps(analysis: dict, model: str) -> Figure | None:
+def draw_needle_hay_heatmaps(result: CogniloadResult, model: str) -> Figure | None:
     """Layer × rho and layer × N heatmaps of needle and hay enrichment and of log2(needle / hay).
 
     A knob with one tested level has no row. Enrichment panels share one colour scale (log2, centred at 1 =
     uniform attention over tokens); the contrast panel has its own, centred at 0 (needle token = hay token).
     """
-    att = ((_section(analysis).get("attention") or {}).get("models") or {}).get(model)
-    if not att:
+    att = _attention(result, model)
+    if att is None:
         return None
-    rows = {k: (k, lab, unit) for k, lab, unit in KNOBS}
-    knobs = [rows[k] for k in ("rho", "N") if len(att[f"by_{k}"]["levels"]) >= 2]  # rho first: the main knob
+    axes_of = {k: (k, lab, unit) for k, lab, unit in KNOB_AXES}
+    knobs = [axes_of[k] for k in ("rho", "N") if len(att.by(k).levels) >= 2]  # rho first: the main knob
     if not knobs:
         return None
-    enr = {(k, g): _log2(att[f"by_{k}"][g]) for k, _, _ in knobs for g in ("needle", "hay")}
-    ratio = {k: np.array([[np.nan if v is None else v for v in row] for row in att[f"by_{k}"]["log2_ratio"]],
-                         dtype=float) for k, _, _ in knobs}
+    enr = {(k, g): _log2(att.by(k).series(g)) for k, _, _ in knobs for g in ("needle", "hay")}
+    ratio = {k: _matrix(att.by(k).log2_ratio) for k, _, _ in knobs}
     finite = np.concatenate([m[np.isfinite(m)] for m in enr.values()] + [np.zeros(1)])
     lim = max(1.0, float(np.percentile(np.abs(finite), 99)))
     finite_r = np.concatenate([m[np.isfinite(m)] for m in ratio.values()] + [np.zeros(1)])
     lim_r = max(0.25, float(np.percentile(np.abs(finite_r), 99)))
-    n_layers = att["n_layers"]
+    n_layers = att.n_layers
     fig = Figure(figsize=(12.5, min(6.5, max(3.0, 0.13 * n_layers + 1.4)) * len(knobs)), layout="constrained")
     axes = fig.subplots(len(knobs), 3, squeeze=False)
     im_e = im_r = None
     for i, (knob, label, unit) in enumerate(knobs):
-        levels = att[f"by_{knob}"]["levels"]
-        counts = att[f"by_{knob}"]["n"]
+        levels, counts = att.by(knob).levels, att.by(knob).n
         panels = ((enr[(knob, "needle")], "needle statements", "e"), (enr[(knob, "hay")], "hay statements", "e"),
                   (ratio[knob], "needle vs hay: log2(needle / hay)", "r"))
         for j, (mat, title, kind) in enumerate(panels):
@@ -177,40 +191,42 @@ def draw_needle_hay_heatmaps(analysis: dict, model: str) -> Figure | None:
                 ax.set_ylabel("layer")
     if im_e is not None:
         cb = fig.colorbar(im_e, ax=axes[:, :2], shrink=0.85, format=FuncFormatter(_ratio_ticks))
-        cb.set_ticks(_log2_ticks(lim))
+        cb.set_ticks(_log2_ticks(lim).tolist())
         cb.set_label("enrichment (log scale; 1 = uniform over tokens)", fontsize=8)
     if im_r is not None:
         cb = fig.colorbar(im_r, ax=axes[:, 2], shrink=0.85, format=FuncFormatter(_ratio_ticks))
-        cb.set_ticks(_log2_ticks(lim_r))
+        cb.set_ticks(_log2_ticks(lim_r).tolist())
         cb.set_label("needle / hay per-token attention (log scale)", fontsize=8)
-    fig.suptitle(f"{_short(model)}: attention from the question on needle vs hay statements, head mean per layer "
-                 f"({att['n_prompts']} prompts)", fontsize=11)
+    fig.suptitle(f"{short(model)}: attention from the question on needle vs hay statements, head mean per layer "
+                 f"({att.n_prompts} prompts)", fontsize=11)
     return fig
 
 
-def draw_needle_hay_layers(analysis: dict, model: str) -> Figure | None:
+def draw_needle_hay_layers(result: CogniloadResult, model: str) -> Figure | None:
     """Layer-wise needle and hay enrichment (95 % t-interval over prompts), and their log2 ratio."""
-    att = ((_section(analysis).get("attention") or {}).get("models") or {}).get(model)
-    if not att:
+    att = _attention(result, model)
+    if att is None:
         return None
-    layers = np.arange(att["n_layers"])
+    layers = np.arange(att.n_layers)
 
-    def series(g: str, key: str) -> np.ndarray:
-        return np.array([np.nan if v is None else v for v in att["layer"][g][key]], dtype=float)
+    def series(g: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        s = att.layer[g]
+        return tuple(np.array([np.nan if v is None else v for v in vals], dtype=float)  # type: ignore[return-value]
+                     for vals in (s.mean, s.ci_low, s.ci_high))
 
     fig = Figure(figsize=(12.0, 3.8), layout="constrained")
     ax, ax_r = fig.subplots(1, 2)
     for g, colour in (("needle", NEEDLE_COLOUR), ("hay", HAY_COLOUR)):
-        mean, lo, hi = series(g, "mean"), series(g, "ci_low"), series(g, "ci_high")
+        mean, lo, hi = series(g)
         ax.plot(layers, mean, color=colour, marker=".", label=f"{g} statements")
         ax.fill_between(layers, np.where(lo > 0, lo, np.nan), hi, color=colour, alpha=0.18, lw=0)
     ax.axhline(1.0, color="k", lw=0.8, ls="--", label="uniform over tokens")
     ax.set_yscale("log", base=2)
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:.3g}"))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: fmt.num(v, ".3g")))
     ax.set_ylabel("enrichment (per-token share / chance)")
     ax.set_title("needle and hay enrichment (band: 95% CI over prompts)", fontsize=9)
     ax.legend(fontsize=7.5)
-    mean, lo, hi = series("log2_ratio", "mean"), series("log2_ratio", "ci_low"), series("log2_ratio", "ci_high")
+    mean, lo, hi = series("log2_ratio")
     ax_r.plot(layers, mean, color="#7570b3", marker=".")
     ax_r.fill_between(layers, lo, hi, color="#7570b3", alpha=0.2, lw=0)
     ax_r.axhline(0.0, color="k", lw=0.8, ls="--")
@@ -220,144 +236,372 @@ def draw_needle_hay_layers(analysis: dict, model: str) -> Figure | None:
         a.set_xlabel("layer")
         a.xaxis.set_major_locator(MaxNLocator(nbins=16, integer=True))
         a.grid(alpha=0.3)
-    fig.suptitle(f"{_short(model)}: attention from the question on CogniLoad statements by layer "
-                 f"({att['n_prompts']} prompts)", fontsize=11)
+    fig.suptitle(f"{short(model)}: attention from the question on CogniLoad statements by layer "
+                 f"({att.n_prompts} prompts)", fontsize=11)
     return fig
 
 
-def cogniload_figures(analysis: dict) -> list[tuple[str, str, Figure | None]]:
-    """The section's figures as (file stem, caption, Figure or None)."""
-    cl = _section(analysis)
-    if not cl:
+# ------------------------------------------------------------------------------------------------- summary
+
+
+def _rho_shape_sentence(s: CogniloadFits, alpha: float) -> str:
+    quad = s.fits["quadratic"]
+    if quad.status != "ok":
+        return f"Shape in ρ: the main GLM is {quad.status} ({quad.reason}); no statement about curvature."
+    b2 = quad.params.get("rho2")
+    if b2 is None:
+        return f"Shape in ρ: not tested ({quad.dropped.get('rho2', 'no ρ² term')})."
+    aic = ("" if s.delta_aic is None
+           else f"; AIC prefers the {s.aic_preferred} fit (ΔAIC = {fmt.num(s.delta_aic, '+.1f')})")
+    coef = f"β_ρ² = {fmt.num(b2.estimate, '+.2e')}, {fmt.p_phrase(b2.p)}"
+    if b2.p < alpha:
+        shape = "U-shaped" if b2.estimate > 0 else "inverted-U-shaped"
+        return f"Accuracy is {shape} in ρ ({coef}{aic})."
+    return f"No significant curvature of accuracy in ρ ({coef}{aic})."
+
+
+def _delta_rho_sentence(dr: DeltaRho) -> str:
+    if dr.value is None:
+        return "Δρ: not estimated (a ρ extreme has no scored trial)."
+    s = (f"Δρ = Acc(ρ={dr.low_rho}%) − Acc(ρ={dr.high_rho}%) = {fmt.num(dr.value, '+.2f')} "
+         f"({fmt.num(dr.acc_low, '.2f')} vs {fmt.num(dr.acc_high, '.2f')}")
+    if dr.ci_low is None or dr.ci_high is None:
+        return s + "; no bootstrap CI)."
+    s += f"; bootstrap 95% CI {fmt.ci(dr.ci_low, dr.ci_high, '+.2f')})"
+    if dr.ci_low > 0:
+        return s + ": accuracy is higher at the lowest needle ratio."
+    if dr.ci_high < 0:
+        return s + ": accuracy is higher at the highest needle ratio."
+    return s + ": the two extremes are not distinguishable."
+
+
+def _threshold_sentence(s: CogniloadFits) -> str:
+    parts = []
+    for name, _ in THRESHOLDS:
+        th = s.thresholds[name]
+        if th.value is None:
+            parts.append(f"{name} not given ({th.reason})")
+        else:
+            ci = "" if th.ci_low is None else f", bootstrap 95% CI {fmt.ci(th.ci_low, th.ci_high, '.3g')}"
+            parts.append(f"{name} = {fmt.num(th.value, '.3g')} {th.unit}{ci}")
+    return "Thresholds: " + "; ".join(parts) + "."
+
+
+def _needle_hay_sentence(att: NeedleHayModel) -> str:
+    ratio = att.layer["log2_ratio"]
+    above = [i for i, lo in enumerate(ratio.ci_low) if lo is not None and lo > 0]
+    below = [i for i, hi in enumerate(ratio.ci_high) if hi is not None and hi < 0]
+    s = (f"Attention from the question ({att.n_prompts} prompts, {att.n_layers} layers): per token, needle "
+         f"statements get more attention than hay in {len(above)} layers and less in {len(below)} "
+         "(pointwise 95% CI of log2(needle/hay) above / below 0)")
+    by = att.by_rho
+    if len(by.levels) >= 2:
+        means = by.layer_mean["log2_ratio"]
+        s += "; layer-mean log2(needle/hay) by ρ: " + ", ".join(
+            f"{v}%: {fmt.num(m, '+.2f')}" for v, m in zip(by.levels, means))
+    return s + "."
+
+
+def _acc_ci(c: Cell) -> str:
+    ci = "" if c.em_ci_low is None else f", 95% CI {fmt.ci(c.em_ci_low, c.em_ci_high, '.2f')}"
+    return f"{fmt.num(c.em_mean, '.2f')}{ci}"
+
+
+def model_summary(result: CogniloadResult, model: str, settings: AnalysisSection) -> list[str]:
+    """Sentences on one model's CogniLoad results: accuracy, output quality, shape in ρ, Δρ, thresholds, attention."""
+    cells = result.cells.get(model)
+    if cells is None:
         return []
-    out: list[tuple[str, str, Figure | None]] = [
-        ("cogniload_accuracy", "CogniLoad accuracy against difficulty d, length N and needle ratio ρ, each pooled "
-         "over the other knobs, with Wilson 95% CIs (n = scored puzzles per level). The ρ panel's title gives the "
-         "ρ² coefficient of the main GLM (> 0 = U-shape) and Δρ = Acc(lowest ρ) − Acc(highest ρ) with its "
-         "bootstrap CI.", draw_accuracy_by_knob(analysis))]
-    for model in sorted(((cl.get("attention") or {}).get("models") or {})):
-        stem = _stem(model)
-        out.append((f"cogniload_needle_hay_heatmap_{stem}",
-                    f"{model}: head-mean enrichment of attention from the question set on needle (germane) and hay "
-                    "(extraneous) statements, per layer and tested ρ / N (mean over prompts; n = prompts per "
-                    "column); red = more per-token attention than uniform over the non-sink tokens, blue = less "
-                    "(the instruction and the question share the rest); right: needle vs hay per-token ratio "
-                    "(orange = needles favoured, purple = hay). Knobs with one tested level have no row.",
-                    draw_needle_hay_heatmaps(analysis, model)))
-        out.append((f"cogniload_needle_hay_layers_{stem}",
-                    f"{model}: needle and hay enrichment by layer over all prompts (left, log scale) and log2 of "
-                    "their ratio (right), with 95% t-intervals over prompts.", draw_needle_hay_layers(analysis, model)))
+    c = cells.overall
+    if c.em_mean is None:
+        return [f"CogniLoad: no scored trial ({c.n_error} errors, {c.n_skipped} skipped)."]
+    out = [f"CogniLoad: accuracy {_acc_ci(c)} over {c.n} puzzles."]
+    bad = [x for x in (c.truncated_rate, c.uninterpretable_rate) if x is not None]
+    gate = settings.confound_rate
+    if bad and max(bad) > gate:
+        out.append(f"{fmt.pct(c.truncated_rate or 0)} of outputs were truncated and "
+                   f"{fmt.pct(c.uninterpretable_rate or 0)} uninterpretable (gate {fmt.pct(gate)}): "
+                   "accuracy here also measures the output budget and format, not only reasoning.")
+    s = result.models.get(model)
+    if s is not None:
+        out += [_rho_shape_sentence(s, settings.alpha), _delta_rho_sentence(s.delta_rho), _threshold_sentence(s)]
+    att = _attention(result, model)
+    if att is not None:
+        out.append(_needle_hay_sentence(att))
     return out
 
 
 # -------------------------------------------------------------------------------------------------- tables
 
 
-def accuracy_table_html(analysis: dict) -> str:
+def _acc_row(model: str, knob: str, level: str, c: Cell) -> list[str]:
+    return [esc(model), esc(knob), esc(level), str(c.n), fmt.num(c.em_mean), fmt.ci(c.em_ci_low, c.em_ci_high),
+            fmt.pct(c.truncated_rate), fmt.pct(c.uninterpretable_rate), str(c.n_error), str(c.n_skipped)]
+
+
+def accuracy_table_html(result: CogniloadResult) -> str:
     """Accuracy per model and knob level: n, accuracy, Wilson 95 % CI, truncated and uninterpretable shares."""
-    cells = _section(analysis).get("cells") or {}
     rows = []
-    for model in sorted(cells):
-        c = cells[model]["overall"]
-        rows.append(_acc_row(model, "all", "", c))
-        for knob, _, unit in KNOBS:
-            for c in cells[model][knob]:
-                rows.append(_acc_row(model, "ρ" if knob == "rho" else knob, f"{c['level']}{unit}", c))
+    for model in sorted(result.cells):
+        rows.append(_acc_row(model, "all", "", result.cells[model].overall))
+        for knob, _, unit in KNOB_AXES:
+            for c in result.cells[model].by(knob):
+                rows.append(_acc_row(model, KNOB_LABELS[knob], f"{c.level}{unit}", c))
     return table(["model", "knob", "level", "n", "accuracy", "95% CI", "truncated", "uninterp.", "errors",
                   "skipped"], rows, left=2)
 
 
-def _acc_row(model: str, knob: str, level: str, c: dict) -> list[str]:
-    ci = "—" if c["em_ci_low"] is None else f"[{c['em_ci_low']:.3f}, {c['em_ci_high']:.3f}]"
-    pct = (lambda x: "—" if x is None else f"{100 * x:.0f}%")
-    return [esc(model), esc(knob), esc(level), str(c["n"]), _fmt(c["em_mean"], ".3f"), ci,
-            pct(c["truncated_rate"]), pct(c["uninterpretable_rate"]), str(c["n_error"]), str(c["n_skipped"])]
+def _threshold_cell(th: Threshold) -> str:
+    if th.value is None:
+        return f'{fmt.DASH}<br><span class="note">{esc(th.status.replace("_", " "))}: {esc(th.reason)}</span>'
+    ci = "" if th.ci_low is None else f" {fmt.ci(th.ci_low, th.ci_high, '.3g')}"
+    note = (f'<br><span class="note">{th.n_boot_defined} of {th.n_boot_defined + th.n_boot_undefined} '
+            "bootstrap refits crossed 0.5" + (f"; {esc(th.ci_note)}" if th.ci_note else "") + "</span>")
+    return f"{fmt.num(th.value, '.3g')} {esc(th.unit)}{ci}{note}"
 
 
-def _threshold_cell(th: dict) -> str:
-    if th["value"] is None:
-        return f'—<br><span class="note">{esc(th["status"].replace("_", " "))}: {esc(th["reason"])}</span>'
-    ci = "" if th["ci_low"] is None else f" [{th['ci_low']:.3g}, {th['ci_high']:.3g}]"
-    note = (f'<br><span class="note">{th["n_boot_defined"]} of {th["n_boot_defined"] + th["n_boot_undefined"]} '
-            "bootstrap refits crossed 0.5" + (f"; {esc(th['ci_note'])}" if th.get("ci_note") else "") + "</span>")
-    return f"{th['value']:.3g} {esc(th['unit'])}{ci}{note}"
-
-
-def threshold_table_html(analysis: dict) -> str:
+def threshold_table_html(result: CogniloadResult) -> str:
     """Thresholds (value [bootstrap CI] or the reason), delta rho and the AIC comparison, one row per model."""
-    models = _section(analysis).get("models") or {}
     rows = []
-    for model in sorted(models):
-        s = models[model]
-        dr = s["delta_rho"]
-        delta = _fmt(dr["value"], "+.3f") + ("" if dr["ci_low"] is None else
-                                              f" [{dr['ci_low']:+.3f}, {dr['ci_high']:+.3f}]")
-        delta += (f'<br><span class="note">Acc(ρ={dr["low_rho"]}%) = {_fmt(dr["acc_low"], ".2f")} (n={dr["n_low"]}), '
-                  f'Acc(ρ={dr["high_rho"]}%) = {_fmt(dr["acc_high"], ".2f")} (n={dr["n_high"]})</span>')
-        quad, lin = s["fits"]["quadratic"], s["fits"]["linear"]
-        if s["delta_aic"] is None:
-            aic = (f'—<br><span class="note">quadratic fit {esc(quad["status"].replace("_", " "))}, linear fit '
-                   f'{esc(lin["status"].replace("_", " "))}'
-                   + (f": {esc(quad['reason'] or lin['reason'])}" if (quad["reason"] or lin["reason"]) else "")
-                   + (f"; {esc(quad['dropped']['rho2'])}" if "rho2" in quad["dropped"] else "") + "</span>")
+    for model in sorted(result.models):
+        s = result.models[model]
+        dr = s.delta_rho
+        delta = fmt.num(dr.value, "+.3f") + ("" if dr.ci_low is None else f" {fmt.ci(dr.ci_low, dr.ci_high, '+.3f')}")
+        delta += (f'<br><span class="note">Acc(ρ={dr.low_rho}%) = {fmt.num(dr.acc_low, ".2f")} (n={dr.n_low}), '
+                  f'Acc(ρ={dr.high_rho}%) = {fmt.num(dr.acc_high, ".2f")} (n={dr.n_high})</span>')
+        quad, lin = s.fits["quadratic"], s.fits["linear"]
+        if s.delta_aic is None:
+            aic = (f'{fmt.DASH}<br><span class="note">quadratic fit {esc(quad.status.replace("_", " "))}, linear fit '
+                   f'{esc(lin.status.replace("_", " "))}'
+                   + (f": {esc(quad.reason or lin.reason)}" if (quad.reason or lin.reason) else "")
+                   + (f"; {esc(quad.dropped['rho2'])}" if "rho2" in quad.dropped else "") + "</span>")
         else:
-            aic = (f"{quad['aic']:.1f} vs {lin['aic']:.1f}: ΔAIC = {s['delta_aic']:+.2f}, "
-                   f"{esc(s['aic_preferred'])} preferred")
-        rows.append([esc(model), str(s["n"]), str(s["n_puzzles"]),
-                     *(_threshold_cell(s["thresholds"][k]) for k, _ in THRESHOLDS), delta, aic])
+            aic = (f"{fmt.num(quad.aic, '.1f')} vs {fmt.num(lin.aic, '.1f')}: ΔAIC = {fmt.num(s.delta_aic, '+.2f')}, "
+                   f"{esc(s.aic_preferred)} preferred")
+        rows.append([esc(model), str(s.n), str(s.n_puzzles),
+                     *(_threshold_cell(s.thresholds[k]) for k, _ in THRESHOLDS), delta, aic])
     header = ["model", "n", "puzzles", *(f"{k}<br><span class=\"note\">{esc(d)}</span>" for k, d in THRESHOLDS),
               "Δρ = Acc(low ρ) − Acc(high ρ)", "AIC quadratic vs linear in ρ"]
     return table(header, rows, left=1)
 
 
-def _fit_note(f: dict) -> str:
+def _fit_note(f: GlmFit) -> str:
     """A fit's reason and its left-out terms, each distinct reason said once."""
     by_why: dict[str, list[str]] = {}
-    for term, why in f["dropped"].items():
+    for term, why in f.dropped.items():
         by_why.setdefault(why, []).append(TERM_LABELS.get(term, term))
-    parts = [] if f["reason"] is None or f["reason"] in by_why else [f["reason"]]
+    parts = [] if f.reason is None or f.reason in by_why else [f.reason]
     parts += [f"left out {', '.join(terms)}: {why}" for why, terms in by_why.items()]
     return "; ".join(parts)
 
 
-def glm_table_html(analysis: dict) -> str:
+def glm_table_html(result: CogniloadResult, alpha: float) -> str:
     """Every GLM's coefficients (estimate, 95 % CI, p) with its status, AIC and the terms it left out."""
-    alpha = analysis.get("config", {}).get("alpha", 0.05)
     rows = []
-    for model, s in sorted((_section(analysis).get("models") or {}).items()):
-        for fit, f in s["fits"].items():
+    for model, s in sorted(result.models.items()):
+        for fit, f in s.fits.items():
             note = esc(_fit_note(f))
-            if not f["params"]:
-                rows.append([esc(model), esc(fit), esc(f["status"]), "—", "—", "—", "—", "—", note])
+            if not f.params:
+                rows.append([esc(model), esc(fit), esc(f.status), *[fmt.DASH] * 5, note])
                 continue
-            for i, (term, v) in enumerate(f["params"].items()):
-                p = _p(v["p"]) if v["p"] >= alpha else f'<span class="sig">{_p(v["p"])}</span>'
-                rows.append([esc(model) if i == 0 else "", esc(fit) if i == 0 else "", esc(f["status"]) if i == 0
-                             else "", esc(TERM_LABELS.get(term, term)), f"{v['estimate']:+.4g}",
-                             f"[{v['ci_low']:+.4g}, {v['ci_high']:+.4g}]", p,
-                             _fmt(f["aic"], ".1f") if i == 0 else "", note if i == 0 else ""])
+            for i, (term, v) in enumerate(f.params.items()):
+                p = fmt.p_value(v.p, html=True)
+                if v.p < alpha:
+                    p = f'<span class="sig">{p}</span>'
+                rows.append([esc(model) if i == 0 else "", esc(fit) if i == 0 else "", esc(f.status) if i == 0
+                             else "", esc(TERM_LABELS.get(term, term)), fmt.num(v.estimate, "+.4g"),
+                             fmt.ci(v.ci_low, v.ci_high, "+.4g"), p,
+                             fmt.num(f.aic, ".1f") if i == 0 else "", note if i == 0 else ""])
     return table(["model", "fit", "status", "term", "estimate (logit)", "95% CI", "p", "AIC", "note"], rows, left=4)
 
 
-def attention_note_html(analysis: dict) -> str:
+def attention_note_html(attention: NeedleHaySummary | None) -> str:
     """The enrichment definition and any per-model note of the attention summary."""
-    att = _section(analysis).get("attention") or {}
-    if not att:
+    if attention is None:
         return ('<p class="note">No attention records for the CogniLoad prompts (run with <code>[probe] enabled = '
                 "true</code> for the needle vs hay figures).</p>")
-    notes = [f"{m}: {n}" for m, a in sorted(att["models"].items()) for n in a["notes"]]
-    return (f'<p class="note">Enrichment: {esc(att["definition"])}.</p>'
+    notes = [f"{m}: {n}" for m, a in sorted(attention.models.items()) for n in a.notes]
+    return (f'<p class="note">Enrichment: {esc(attention.definition)}.</p>'
             + ("<ul>" + "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul>" if notes else ""))
 
 
-def section_html(analysis: dict, blocks: dict[str, str], summary: str) -> str:
-    """The whole CogniLoad section; ``blocks`` maps figure stems to their rendered ``<figure>`` HTML."""
-    acc = blocks.get("cogniload_accuracy", "")
-    att = "".join(v for k, v in blocks.items() if k.startswith("cogniload_needle_hay"))
+def section_html(result: CogniloadResult, ctx: ReportContext) -> str:
+    """The CogniLoad part of a report: summary, accuracy, thresholds, GLMs and needle vs hay attention."""
+    summary = "".join(f"<h3>{esc(m)}</h3><ul>" + "".join(f"<li>{esc(s)}</li>" for s in sentences) + "</ul>"
+                      for m in sorted(result.cells) if (sentences := model_summary(result, m, ctx.settings)))
+    accuracy = ctx.figure(
+        "cogniload_accuracy", "CogniLoad accuracy against difficulty d, length N and needle ratio ρ, each pooled "
+        "over the other knobs, with Wilson 95% CIs (n = scored puzzles per level). The ρ panel's title gives the "
+        "ρ² coefficient of the main GLM (> 0 = U-shape) and Δρ = Acc(lowest ρ) − Acc(highest ρ) with its "
+        "bootstrap CI.", draw_accuracy_by_knob(result))
+    attention = "".join(
+        ctx.figure(f"cogniload_needle_hay_heatmap_{file_stem(model)}",
+                   f"{model}: head-mean enrichment of attention from the question set on needle (germane) and hay "
+                   "(extraneous) statements, per layer and tested ρ / N (mean over prompts; n = prompts per column); "
+                   "red = more per-token attention than uniform over the non-sink tokens, blue = less (the "
+                   "instruction and the question share the rest); right: needle vs hay per-token ratio (orange = "
+                   "needles favoured, purple = hay). Knobs with one tested level have no row.",
+                   draw_needle_hay_heatmaps(result, model))
+        + ctx.figure(f"cogniload_needle_hay_layers_{file_stem(model)}",
+                     f"{model}: needle and hay enrichment by layer over all prompts (left, log scale) and log2 of "
+                     "their ratio (right), with 95% t-intervals over prompts.", draw_needle_hay_layers(result, model))
+        for model in sorted(result.attention.models if result.attention is not None else {}))
     return ("<h2>CogniLoad</h2>" + summary
-            + "<h3>Accuracy against each knob</h3>" + acc + accuracy_table_html(analysis)
+            + "<h3>Accuracy against each knob</h3>" + accuracy + accuracy_table_html(result)
             + "<h3>Capacity thresholds (P(correct) = 0.5, other knobs at their means)</h3>"
-            + threshold_table_html(analysis)
+            + threshold_table_html(result)
             + "<h3>GLM fits: logit P(correct) = β0 + β_d d + β_N log10 N + β_ρ ρ + β_ρ² ρ²</h3>"
-            + glm_table_html(analysis)
-            + "<h3>Attention on needle vs hay statements</h3>" + attention_note_html(analysis) + att)
+            + glm_table_html(result, ctx.settings.alpha)
+            + "<h3>Attention on needle vs hay statements</h3>" + attention_note_html(result.attention) + attention)
+
+
+# ------------------------------------------------------------------------------------- text, markdown, csv
+
+
+def threshold_text(th: Threshold, name: str) -> str:
+    """One threshold as text: value [CI] or why there is none."""
+    if th.value is None:
+        return f"{name} — ({th.status}: {th.reason})"
+    ci = "" if th.ci_low is None else f" {fmt.ci(th.ci_low, th.ci_high, '.3g')}"
+    note = f" ({th.ci_note})" if th.ci_note else ""
+    return f"{name} = {fmt.num(th.value, '.3g')} {th.unit}{ci}{note}"
+
+
+def _level_list(cells: tuple[Cell, ...], knob: str) -> str:
+    unit = "%" if knob == "rho" else ""
+    return "; ".join(f"{KNOB_LABELS[knob]}={c.level}{unit}: {fmt.num(c.em_mean, '.2f')}"
+                     + ("" if c.em_ci_low is None else f" {fmt.ci(c.em_ci_low, c.em_ci_high, '.2f')}")
+                     + f" (n={c.n})" for c in cells)
+
+
+def _fit_lines(s: CogniloadFits, model: str) -> list[str]:
+    dr = s.delta_rho
+    ci = "" if dr.ci_low is None else f" {fmt.ci(dr.ci_low, dr.ci_high, '+.2f')}"
+    aic = ("AIC: no comparison (" + "; ".join(f"{k} fit {s.fits[k].status}" for k in ("quadratic", "linear")) + ")"
+           if s.delta_aic is None else
+           f"AIC(linear) − AIC(quadratic) = {fmt.num(s.delta_aic, '+.2f')}, {s.aic_preferred} preferred")
+    return [f"CogniLoad {model}: " + "; ".join(threshold_text(s.thresholds[k], k) for k, _ in THRESHOLDS),
+            f"CogniLoad {model}: Δρ = Acc(ρ={dr.low_rho}%) − Acc(ρ={dr.high_rho}%) = {fmt.num(dr.value, '+.3f')}{ci}; "
+            f"{aic}"]
+
+
+def main_rows(result: CogniloadResult) -> list[tuple[Cell, str]]:
+    """Each model's pooled accuracy cell (condition ``CogniLoad``, load ``all``)."""
+    return [(result.cells[m].overall, "") for m in sorted(result.cells)]
+
+
+def main_lines(result: CogniloadResult, settings: AnalysisSection) -> list[str]:
+    """Accuracy per knob level, thresholds, Δρ and the AIC comparison, per model."""
+    lines: list[str] = []
+    for model, cells in sorted(result.cells.items()):
+        lines += [f"CogniLoad {model}: accuracy by {KNOB_LABELS[knob]} — {_level_list(cells.by(knob), knob)}"
+                  for knob in KNOBS if cells.by(knob)]
+        if model in result.models:
+            lines += _fit_lines(result.models[model], model)
+    return lines
+
+
+def accuracy_rows(result: CogniloadResult) -> Rows:
+    """Accuracy cells as rows: ``model``, ``knob`` (d, N, rho) and the cell's fields."""
+    return [row for m in sorted(result.cells) for k in KNOBS for row in rows_of(result.cells[m].by(k), knob=k)]
+
+
+def fit_rows(result: CogniloadResult) -> Rows:
+    """One row per model × fit × term of the GLMs (a fit without terms gives one row with its reason)."""
+    rows: Rows = []
+    for model, s in sorted(result.models.items()):
+        for fit, f in s.fits.items():
+            dropped = "; ".join(f"{t} left out: {why}" for t, why in f.dropped.items())
+            note = "; ".join(x for x in (f.reason, dropped) if x) or None
+            base = {"model": model, "fit": fit, "status": f.status, "aic": f.aic, "n": f.n}
+            if not f.params:
+                rows.append({**base, "term": None, "estimate": None, "se": None, "ci_low": None, "ci_high": None,
+                             "p": None, "note": note})
+            for i, (term, v) in enumerate(f.params.items()):
+                rows.append({**base, "term": term, **rows_of([v])[0], "note": note if i == 0 else None})
+    return rows
+
+
+def threshold_rows(result: CogniloadResult) -> Rows:
+    """One row per model × threshold (ECL50, NT50, ID50) and one for Δρ."""
+    rows: Rows = []
+    for model, s in sorted(result.models.items()):
+        for name, th in s.thresholds.items():
+            rows += rows_of([th], model=model, threshold=name)
+        dr = s.delta_rho
+        rows.append({"model": model, "threshold": "delta_rho", "value": dr.value, "ci_low": dr.ci_low,
+                     "ci_high": dr.ci_high, "status": None, "unit": "accuracy",
+                     "reason": f"Acc(rho={dr.low_rho}) - Acc(rho={dr.high_rho})"})
+    return rows
+
+
+def attention_rows(result: CogniloadResult) -> Rows:
+    """Per model × layer: needle and hay enrichment and log2(needle / hay), means with their 95 % intervals."""
+    rows: Rows = []
+    for model, a in sorted((result.attention.models if result.attention is not None else {}).items()):
+        for layer in range(a.n_layers):
+            row: dict = {"model": model, "layer": layer}
+            for g in SERIES:
+                s = a.layer[g]
+                row.update({f"{g}_mean": s.mean[layer], f"{g}_ci_low": s.ci_low[layer],
+                            f"{g}_ci_high": s.ci_high[layer], f"{g}_n": s.n[layer]})
+            rows.append(row)
+    return rows
+
+
+def tables(result: CogniloadResult) -> list[tuple[str, Rows]]:
+    """``tables/*.csv`` of the CogniLoad result."""
+    return [("cogniload_accuracy", accuracy_rows(result)), ("cogniload_fits", fit_rows(result)),
+            ("cogniload_thresholds", threshold_rows(result)), ("cogniload_attention_layers", attention_rows(result))]
+
+
+def markdown(result: CogniloadResult, settings: AnalysisSection) -> list[str]:
+    """The CogniLoad part of ``analysis.md``: accuracy per knob level, GLM terms, thresholds, attention summary."""
+    parts = ["## CogniLoad", ""]
+    parts += [md_table(["model", "knob", "level", "n", "accuracy", "95% CI", "truncated", "uninterp."],
+                       [[m, KNOB_LABELS[k], str(c.level), str(c.n), fmt.num(c.em_mean), fmt.ci(c.em_ci_low, c.em_ci_high),
+                         fmt.pct(c.truncated_rate), fmt.pct(c.uninterpretable_rate)]
+                        for m in sorted(result.cells) for k in KNOBS for c in result.cells[m].by(k)]), ""]
+    fits = fit_rows(result)
+    if fits:
+        parts += ["GLM, logit P(correct) (quadratic: the main fit):", "",
+                  md_table(["model", "fit", "status", "term", "estimate", "95% CI", "p", "AIC", "note"],
+                           [[r["model"], r["fit"], r["status"], r["term"] or fmt.DASH, fmt.num(r["estimate"], "+.4g"),
+                             fmt.ci(r["ci_low"], r["ci_high"], "+.4g"), fmt.p_value(r["p"]), fmt.num(r["aic"], ".1f"),
+                             r["note"] or ""] for r in fits]), ""]
+    parts += [f"- {line}" for model, fits in sorted(result.models.items()) for line in _fit_lines(fits, model)]
+    for model, a in sorted((result.attention.models if result.attention is not None else {}).items()):
+        parts.append(f"- {model}: needle/hay attention enrichment over {a.n_prompts} prompts, {a.n_layers} "
+                     "layers (per layer in `tables/cogniload_attention_layers.csv`)")
+    return parts + [""]
+
+
+# ----------------------------------------------------------------------------------------------- compare
+
+
+def merge(named: list[tuple[str, CogniloadResult]]) -> CogniloadResult:
+    """Several runs' CogniLoad results as one, each model renamed ``<run>: <model>``."""
+    def cells(label: str, k: KnobCells) -> KnobCells:
+        def ren(c: Cell) -> Cell:
+            return replace(c, model=f"{label}: {c.model}")
+        return replace(k, overall=ren(k.overall), d=tuple(map(ren, k.d)), N=tuple(map(ren, k.N)),
+                       rho=tuple(map(ren, k.rho)))
+
+    attention = None
+    with_att = [(label, r.attention) for label, r in named if r.attention is not None]
+    if with_att:
+        first = with_att[0][1]
+        assert first is not None
+        attention = NeedleHaySummary(definition=first.definition, alpha=first.alpha,
+                                     models={f"{label}: {m}": a for label, att in with_att
+                                             for m, a in (att.models.items() if att is not None else ())})
+    return CogniloadResult(
+        n_bootstrap=named[0][1].n_bootstrap, seed=named[0][1].seed,
+        models={f"{label}: {m}": s for label, r in named for m, s in r.models.items()},
+        cells={f"{label}: {m}": cells(label, k) for label, r in named for m, k in r.cells.items()},
+        attention=attention)
+
+
+SECTION = register_section(ReportSection(
+    family=FAMILY, html=section_html, markdown=markdown, tables=tables, main_rows=main_rows, main_lines=main_lines,
+    merge=merge, compare_html=section_html))

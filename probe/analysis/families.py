@@ -1,0 +1,149 @@
+"""Family analyses: one analysis per task family, found by the family's name.
+
+Every trial record carries its ``family`` (:mod:`probe.tasks`: ``ice``, ``cogniload``, …). The analysis of a run
+(:func:`probe.analysis.run.analyze_run`) splits the trial table by that column and hands each part, as a
+:class:`FamilyData`, to the family's :class:`FamilyAnalysis`; the result goes into ``Analysis.families[name]``. No
+shared module names a family.
+
+Adding a benchmark's analysis: write ``probe/analysis/<family>.py`` with a frozen dataclass for its result and call
+:func:`register_family_analysis` at import; :func:`family_analysis` imports ``probe.analysis.<family>`` the first
+time the family is asked for. Its report section registers the same way under :mod:`probe.report` (see
+:mod:`probe.report.sections`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from probe.config import AnalysisSection
+from probe.errors import ProbeError, UnknownNameError
+from probe.records import TrialRecord
+from probe.runfolder import RunFolder
+from probe.types import Prompt
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FamilyData:
+    """What a family analysis gets: its own trials and everything it may use.
+
+    Attributes:
+        family: the family's name.
+        run: the run folder (attention records are found by ``run.attention_record(model, prompt_id)``).
+        frame: the family's rows of the trial table (:func:`probe.analysis.frame.trials_frame`).
+        trials: the family's trial records (``meta`` included), in the table's row order.
+        prompts: every prompt record of the run, by prompt id.
+        settings: the ``[analysis]`` gates.
+        seed: the seed of every random draw (the experiment's seed; see :class:`probe.analysis.results.Analysis`).
+        fill_similarity: whether S_sim may be computed with the embedder where the records lack it.
+    """
+
+    family: str
+    run: RunFolder
+    frame: pd.DataFrame
+    trials: tuple[TrialRecord, ...]
+    prompts: dict[str, Prompt]
+    settings: AnalysisSection
+    seed: int
+    fill_similarity: bool
+
+
+@dataclass(frozen=True)
+class FamilyOutput:
+    """What a family analysis returns.
+
+    Attributes:
+        result: the family's result (an instance of its ``result_type``).
+        arrays: arrays for ``attention_summary.npz``, by member name (names the result refers to; unique across
+            families: prefix them with the family's name).
+        notes: sentences for the analysis' notes (what could not be done, choices made).
+        n_attention_records: probe records the analysis found and used (0 when none).
+    """
+
+    result: object
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+    n_attention_records: int = 0
+
+
+@dataclass(frozen=True)
+class FamilyAnalysis:
+    """One family's analysis, as registered.
+
+    Attributes:
+        name: the family's name (as recorded on its trials).
+        result_type: the frozen dataclass of its result (``analysis.json`` is read back into it).
+        analyze: ``FamilyData -> FamilyOutput``: every estimate of the family.
+        tabulate: ``FamilyData -> result``: the family's result with its cells only (no fit, no file read or
+            written beyond the trials): the quick table ``probe run`` prints.
+        methods: method name -> one line on how it is estimated (the report's Methods).
+    """
+
+    name: str
+    result_type: type
+    analyze: Callable[[FamilyData], FamilyOutput]
+    tabulate: Callable[[FamilyData], object]
+    methods: dict[str, str]
+
+
+_REGISTRY: dict[str, FamilyAnalysis] = {}
+
+
+class FamilyAnalysisError(ProbeError):
+    """A family's analysis is registered twice, or a family module does not register one."""
+
+
+def register_family_analysis(entry: FamilyAnalysis) -> FamilyAnalysis:
+    """Register a family's analysis (call at import of ``probe/analysis/<family>.py``). Returns ``entry``.
+
+    Raises:
+        FamilyAnalysisError: another analysis is registered under the same name.
+    """
+    known = _REGISTRY.get(entry.name)
+    if known is not None and known is not entry:
+        raise FamilyAnalysisError(f"family {entry.name!r}: an analysis is registered already "
+                                  f"({known.analyze.__module__}); one family, one analysis")
+    _REGISTRY[entry.name] = entry
+    return entry
+
+
+def family_analysis(name: str) -> FamilyAnalysis:
+    """The analysis of family ``name``, importing ``probe.analysis.<name>`` on first use.
+
+    Raises:
+        UnknownNameError: no module of that name (names the families known).
+        FamilyAnalysisError: the module exists but registers no analysis for ``name``.
+    """
+    if name not in _REGISTRY:
+        module = f"probe.analysis.{name}"
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name != module:
+                raise
+            from probe.tasks import FAMILIES
+
+            raise UnknownNameError("analysis family", name, tuple(sorted({*FAMILIES, *_REGISTRY}))) from None
+        if name not in _REGISTRY:
+            raise FamilyAnalysisError(f"{module} registers no analysis for family {name!r}; call "
+                                      "register_family_analysis(FamilyAnalysis(name=...)) in it")
+    return _REGISTRY[name]
+
+
+def family_order(names: set[str] | list[str]) -> list[str]:
+    """Families in report order: the order of :data:`probe.tasks.FAMILIES`, then any others by name."""
+    from probe.tasks import FAMILIES
+
+    known = [f for f in FAMILIES if f in names]
+    return known + sorted(set(names) - set(known))
+
+
+__all__ = ["FamilyAnalysis", "FamilyAnalysisError", "FamilyData", "FamilyOutput", "family_analysis", "family_order",
+           "register_family_analysis"]

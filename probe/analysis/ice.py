@@ -1,0 +1,179 @@
+"""The ICE family's analysis (family ``ice``; SPEC §6): cells, H1-H3, power, attention ↔ behaviour, taxonomy.
+
+Registered with :mod:`probe.analysis.families`; gets the run's ``ice`` trials (multi-hop questions under the
+Control, LongControl, Saturation and Residue conditions, and any condition a user's own segments name) and returns
+an :class:`IceResult`:
+
+- ``cells``: EM per model × condition × load (:mod:`probe.analysis.estimates`);
+- ``h1`` (Saturation, Residue and LongControl against Control), ``h2``, ``h3`` and their power
+  (:mod:`probe.analysis.hypotheses`); H2's power simulations are seeded with the experiment's seed;
+- ``attention_cells`` and ``attention_behaviour`` when probe records exist (:mod:`probe.analysis.attention_link`;
+  the cell arrays go to ``attention_summary.npz``);
+- ``taxonomy`` per model (:mod:`probe.analysis.taxonomy`).
+
+S_sim missing from a Saturation or Residue trial (and its prompt record) is computed from ``prompts.jsonl`` with the
+``[analysis] embedder`` when the analysis is allowed to (``fill_similarity``); where that is impossible a note says
+so and H3 has a reason instead of an estimate.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from probe.analysis.attention_link import (
+    AttentionBehaviour,
+    AttentionCell,
+    attention_behaviour,
+    summarise_attention,
+)
+from probe.analysis.estimates import Cell, cell_summaries
+from probe.analysis.families import FamilyAnalysis, FamilyData, FamilyOutput, register_family_analysis
+from probe.analysis.hypotheses import (
+    H1Fit,
+    H3Correlation,
+    PairedComparison,
+    fit_load_trend,
+    h2_comparisons,
+    similarity_degradation,
+)
+from probe.analysis.taxonomy import Taxonomy, classify_model
+from probe.errors import ProbeError
+from probe.types import Prompt
+
+log = logging.getLogger(__name__)
+
+FAMILY = "ice"
+H1_CONDITIONS = ("Saturation", "Residue", "LongControl")
+S_SIM_CONDITIONS = ("Saturation", "Residue")  # conditions whose prompts have extraneous segments (SPEC §5)
+
+
+@dataclass(frozen=True)
+class IceResult:
+    """The ICE family's result (``Analysis.families["ice"]``).
+
+    Attributes:
+        models: models with ICE trials, sorted.
+        cells: :class:`probe.analysis.estimates.Cell` per model × condition × load.
+        h1: :class:`probe.analysis.hypotheses.H1Fit` per model and condition present (Saturation, Residue,
+            LongControl).
+        h2: :class:`probe.analysis.hypotheses.PairedComparison` per model, comparison and load.
+        h3: :class:`probe.analysis.hypotheses.H3Correlation` per model with Residue trials (pooled, then per load).
+        attention_cells: :class:`probe.analysis.attention_link.AttentionCell` per cell with probe records.
+        attention_behaviour: :class:`probe.analysis.attention_link.AttentionBehaviour` per model (empty without
+            probe records).
+        taxonomy: :class:`probe.analysis.taxonomy.Taxonomy` per model.
+    """
+
+    models: tuple[str, ...]
+    cells: tuple[Cell, ...]
+    h1: tuple[H1Fit, ...]
+    h2: tuple[PairedComparison, ...]
+    h3: tuple[H3Correlation, ...]
+    attention_cells: tuple[AttentionCell, ...]
+    attention_behaviour: tuple[AttentionBehaviour, ...]
+    taxonomy: tuple[Taxonomy, ...]
+
+    def h1_of(self, model: str, condition: str = "Saturation") -> H1Fit | None:
+        """The H1 fit of (model, condition), or None."""
+        return next((h for h in self.h1 if h.model == model and h.condition == condition), None)
+
+    def taxonomy_of(self, model: str) -> Taxonomy | None:
+        """The model's taxonomy, or None."""
+        return next((t for t in self.taxonomy if t.model == model), None)
+
+    def attention_of(self, model: str) -> AttentionBehaviour | None:
+        """The model's attention ↔ behaviour fits, or None."""
+        return next((a for a in self.attention_behaviour if a.model == model), None)
+
+
+def fill_s_sim(df: pd.DataFrame, prompts: dict[str, Prompt], embedder_name: str) -> tuple[pd.DataFrame, str | None]:
+    """Compute S_sim for Saturation/Residue trials that lack it, from their prompt records.
+
+    The question is the prompt's ``question`` segment text; the extraneous texts are its ``extraneous``
+    segments (SPEC §5).
+
+    Returns:
+        The table with ``s_sim`` filled where possible, and a note (None when nothing was missing).
+    """
+    need = df["s_sim"].isna() & df["prompt_id"].isin(list(prompts)) & df["condition"].isin(S_SIM_CONDITIONS)
+    if not need.any():
+        return df, None
+    try:
+        from probe.prompts.similarity import get_embedder
+
+        embedder = get_embedder(embedder_name)
+    except ProbeError as e:
+        return df, f"S_sim missing for {int(need.sum())} trials and not computable here: {e}"
+    cache: dict[str, float | None] = {}
+    for pid in df.loc[need, "prompt_id"].unique():
+        p = prompts[pid]
+        question = " ".join(p.segment_text(s) for s in p.segments if s.kind == "question")
+        extraneous = [p.segment_text(s) for s in p.segments if s.kind == "extraneous"]
+        cache[pid] = embedder.s_sim(question, extraneous) if question else None
+    df = df.copy()
+    df.loc[need, "s_sim"] = df.loc[need, "prompt_id"].map(lambda pid: np.nan if cache[pid] is None else cache[pid])
+    return df, f"S_sim computed from prompts.jsonl with {embedder_name} for {int(need.sum())} trials"
+
+
+def analyze_ice(data: FamilyData) -> FamilyOutput:
+    """Every ICE estimate of a run's ``ice`` trials (module docstring).
+
+    Args:
+        data: the family's trials, the run folder, settings and seed.
+
+    Returns:
+        The :class:`IceResult`, the attention cell arrays and notes.
+    """
+    cfg = data.settings
+    df = data.frame
+    notes: list[str] = []
+    if data.fill_similarity:
+        df, note = fill_s_sim(df, data.prompts, cfg.embedder)
+        if note:
+            notes.append(note)
+    models = sorted(df["model"].unique().tolist())
+    has = {(m, c) for m, c in zip(df["model"], df["condition"])}
+    h1 = [fit_load_trend(df, m, c, cfg.alpha) for m in models for c in H1_CONDITIONS if (m, c) in has]
+    h2 = [row for m in models for row in h2_comparisons(df, m, cfg.alpha, cfg.n_bootstrap, data.seed)]
+    h3 = [row for m in models if (m, "Residue") in has for row in similarity_degradation(df, m, cfg.alpha)]
+    att_cells, arrays, per_trial = summarise_attention(data.run, df)
+    attention = [attention_behaviour(df, per_trial, m, cfg.alpha) for m in models] if att_cells else []
+    sat = {h.model: h for h in h1 if h.condition == "Saturation"}
+    taxonomy = [classify_model(df, m, sat.get(m), cfg) for m in models]
+    result = IceResult(models=tuple(models), cells=tuple(cell_summaries(df, cfg.alpha)), h1=tuple(h1), h2=tuple(h2),
+                       h3=tuple(h3), attention_cells=tuple(att_cells), attention_behaviour=tuple(attention),
+                       taxonomy=tuple(taxonomy))
+    return FamilyOutput(result=result, arrays=arrays, notes=tuple(notes),
+                        n_attention_records=sum(c.n_prompts for c in att_cells))
+
+
+def tabulate_ice(data: FamilyData) -> IceResult:
+    """The ICE cells of a run's ``ice`` trials, without fits (the quick table of ``probe run``)."""
+    df = data.frame
+    return IceResult(models=tuple(sorted(df["model"].unique().tolist())),
+                     cells=tuple(cell_summaries(df, data.settings.alpha)), h1=(), h2=(), h3=(), attention_cells=(),
+                     attention_behaviour=(), taxonomy=())
+
+
+METHODS = {
+    "cells": "EM mean; SEM = scipy.stats.sem over scored trials; 95% CI = OLS of EM on a constant, SE clustered by "
+             "task_id (t, G-1 df); one question -> iid; no variance -> Wilson interval",
+    "h1": "OLS EM ~ load (pp), Control trials as load 0, SE clustered by task_id (t, G-1 df); Binomial GLM (logit) "
+          "with the same clustering as robustness (normal reference; odds_ratio_per_10pp_load = exp(10 b))",
+    "h2": "exact McNemar on pairs (task_id, replication), equal load where both conditions carry one",
+    "h3": "per question degradation = mean EM(Control) - mean EM(Residue); Pearson r with mean S_sim of its Residue "
+          "trials, Fisher-z CI (scipy pearsonr.confidence_interval), Spearman rho",
+    "power": "H1: observed power of the Wald test at the fitted beta (statsmodels NormalIndPower, noncentrality "
+             "|b|/SE) and the beta detectable with 80% power; H2: simulation, multinomial redraw of pairs at the "
+             "observed discordant shares, exact McNemar, share with p < alpha; seeded with the experiment's seed "
+             "plus the comparison's index",
+    "attention": "per layer Binomial GLM of wrong answer on head-mean P_ext (Saturation, Residue trials), clustered "
+                 "by task_id (normal reference); Holm across layers; odds_ratio_per_10pp_p_ext = exp(0.1 b)",
+}
+
+ANALYSIS = register_family_analysis(FamilyAnalysis(name=FAMILY, result_type=IceResult, analyze=analyze_ice,
+                                                   tabulate=tabulate_ice, methods=METHODS))

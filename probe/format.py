@@ -1,0 +1,66 @@
+"""The one number formatter: how every estimate is written as text (reports, tables, summaries, analysis reasons).
+
+Every function takes a value that may be missing (None, or a NaN that slipped through) and writes :data:`DASH` for
+it, so no renderer needs its own ``"—" if x is None else ...``. Specs are Python format specs (``".3f"``,
+``"+.4f"``, ``".3g"``).
+
+- :func:`num` — a number with a spec; :func:`pct` — a share as a percentage (0.25 -> ``25%``);
+- :func:`p_value` — a p-value for a table cell (``<0.001`` below 0.001, else three decimals; ``html=True`` escapes
+  the ``<``); :func:`p_phrase` — a p-value inside a sentence (``p < 0.001``, ``p = 0.012``);
+- :func:`ci` — an interval ``[low, high]``; :func:`count` — an integer count.
+"""
+
+from __future__ import annotations
+
+import math
+
+DASH = "—"
+P_FLOOR = 0.001  # p-values below this are written as "<0.001"
+
+
+def _missing(x: float | int | None) -> bool:
+    return x is None or (isinstance(x, float) and not math.isfinite(x))
+
+
+def num(x: float | int | None, spec: str = ".3f") -> str:
+    """``x`` formatted with ``spec``, or :data:`DASH` when missing."""
+    return DASH if _missing(x) else format(x, spec)
+
+
+def pct(x: float | None, digits: int = 0) -> str:
+    """A share in [0, 1] as a percentage with ``digits`` decimals (0.25 -> ``"25%"``), or :data:`DASH`."""
+    return DASH if _missing(x) else f"{100 * x:.{digits}f}%"  # type: ignore[operator]
+
+
+def p_value(p: float | None, *, html: bool = False) -> str:
+    """A p-value for a table cell: ``<0.001`` below :data:`P_FLOOR`, else three decimals; :data:`DASH` if missing.
+
+    Args:
+        p: the p-value.
+        html: escape ``<`` as ``&lt;`` (the cell goes into HTML as is).
+    """
+    if _missing(p):
+        return DASH
+    if p < P_FLOOR:  # type: ignore[operator]
+        return ("&lt;" if html else "<") + f"{P_FLOOR:g}"
+    return f"{p:.3f}"
+
+
+def p_phrase(p: float) -> str:
+    """A p-value inside a sentence: ``p < 0.001`` or ``p = 0.012``."""
+    return f"p < {P_FLOOR:g}" if p < P_FLOOR else f"p = {p:.3f}"
+
+
+def ci(low: float | None, high: float | None, spec: str = ".3f") -> str:
+    """An interval ``[low, high]`` with ``spec``; :data:`DASH` when either end is missing."""
+    if _missing(low) or _missing(high):
+        return DASH
+    return f"[{format(low, spec)}, {format(high, spec)}]"
+
+
+def count(n: int | None) -> str:
+    """An integer count, or :data:`DASH` when missing."""
+    return DASH if n is None else str(n)
+
+
+__all__ = ["DASH", "P_FLOOR", "ci", "count", "num", "p_phrase", "p_value", "pct"]

@@ -1,0 +1,308 @@
+"""The ICE section's figures, drawn from an :class:`probe.analysis.ice.IceResult` and the arrays of
+``attention_summary.npz`` (nothing is re-estimated).
+
+Each ``draw_*`` function returns a matplotlib :class:`~matplotlib.figure.Figure` (no pyplot state, Agg canvas),
+or None when the result holds nothing to draw for it. ``marks`` maps a model to its taxonomy mark (appended to its
+name); ``arrays`` maps the npz member names the attention cells carry to their arrays.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import numpy as np
+from matplotlib.colors import TwoSlopeNorm
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
+
+from probe import format as fmt
+from probe.analysis.estimates import Cell
+from probe.analysis.ice import IceResult
+from probe.report.figures import grid, layer_ticks, palette, ranges, short
+from probe.types import CONDITIONS
+
+COND_COLOURS = {"Control": "#4d4d4d", "LongControl": "#1b9e77", "Saturation": "#d95f02", "Residue": "#7570b3"}
+TARGET_STYLES = ("-", "--", ":", "-.")
+
+
+def condition_order(key: tuple[str, int]) -> tuple[int, int]:
+    """Sort key of (condition, load): the paper's condition order, then load."""
+    return (CONDITIONS.index(key[0]) if key[0] in CONDITIONS else 99, key[1])
+
+
+def _cells(result: IceResult, model: str, condition: str) -> list[Cell]:
+    return sorted((c for c in result.cells if c.model == model and c.condition == condition),
+                  key=lambda c: c.load or 0)
+
+
+def _err(cells: list[Cell]) -> tuple[list[float], np.ndarray]:
+    ys = [c.em_mean for c in cells]
+    lo = [c.em_mean - c.em_ci_low if c.em_ci_low is not None else 0.0 for c in cells]  # type: ignore[operator]
+    hi = [c.em_ci_high - c.em_mean if c.em_ci_high is not None else 0.0 for c in cells]  # type: ignore[operator]
+    return ys, np.array([lo, hi])  # type: ignore[return-value]
+
+
+def draw_saturation_curve(result: IceResult, taxonomy: Mapping[str, str]) -> Figure | None:
+    """EM vs load per model: Saturation and Residue with 95 % CIs; Control (band) and LongControl as references."""
+    models = [m for m in result.models if any(c.em_mean is not None for c in _cells(result, m, "Saturation"))]
+    if not models:
+        return None
+    rows, cols = grid(len(models))
+    fig = Figure(figsize=(4.6 * cols, 3.6 * rows), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False, sharey=True)
+    for ax, model in zip(axes.flat, models):
+        control = [c for c in _cells(result, model, "Control") if c.em_mean is not None]
+        loads_all = sorted({c.load for c in result.cells if c.model == model and c.load})
+        xmax = max(loads_all or [100]) + 10
+        if control:
+            c = control[0]
+            ax.axhline(c.em_mean, color=COND_COLOURS["Control"], lw=1.5, label="Control (load 0)")
+            if c.em_ci_low is not None:
+                ax.axhspan(c.em_ci_low, c.em_ci_high, color=COND_COLOURS["Control"], alpha=0.12, lw=0)
+        for cond, marker, offset in (("Saturation", "o", -1.2), ("Residue", "s", 1.2), ("LongControl", "^", 0.0)):
+            cells = [c for c in _cells(result, model, cond) if c.em_mean is not None]
+            if not cells:
+                continue
+            xs = [(c.load or 0) + offset for c in cells]
+            ys, err = _err(cells)
+            style = dict(color=COND_COLOURS[cond], marker=marker, capsize=3, lw=1.6 if cond != "LongControl" else 0)
+            if cond == "LongControl":
+                style.update(ls="none", mfc="white")
+            ax.errorbar(xs, ys, yerr=err, label=cond, **style)
+        slopes = []
+        for cond, abbr in (("Saturation", "Sat"), ("Residue", "Res")):
+            fit = result.h1_of(model, cond)
+            if fit is not None and fit.beta is not None:
+                slopes.append(f"{abbr} β={fmt.num(fit.beta, '+.4f')}/pp (p={fmt.num(fit.p, '.2g')})")
+        title = f"{short(model)}{taxonomy.get(model, '')}"
+        ax.set_title(title + ("\n" + ", ".join(slopes) if slopes else ""), fontsize=9)
+        ax.set_xlim(-5, xmax)
+        ax.set_ylim(-0.03, 1.03)
+        ax.set_xticks([0, *loads_all])
+        ax.set_xlabel("extraneous load (% of content tokens)")
+        ax.grid(alpha=0.3)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("exact match (95% CI)")
+    for ax in list(axes.flat)[len(models):]:
+        ax.set_visible(False)
+    handles: dict = {}
+    for ax in axes.flat:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    fig.legend(list(handles.values()), list(handles.keys()), loc="outside lower center", ncols=len(handles),
+               fontsize=8)
+    fig.suptitle("Saturation curve: EM vs load (Control band = its 95% CI)", fontsize=11)
+    return fig
+
+
+def draw_em_by_condition(result: IceResult, taxonomy: Mapping[str, str]) -> Figure | None:
+    """Grouped bars: EM (95 % CI) for every condition × load, one bar per model."""
+    keys = sorted({(c.condition, c.load or 0) for c in result.cells}, key=condition_order)
+    models = result.models
+    if not keys or not models:
+        return None
+    by = {(c.model, c.condition, c.load or 0): c for c in result.cells}
+    width = 0.8 / len(models)
+    width_in = min(18.0, max(6.0, 0.25 * len(keys) * len(models) + 2))
+    fig = Figure(figsize=(width_in, 4.6 + 0.25 * math.ceil(len(models) / 4)), layout="constrained")
+    ax = fig.subplots()
+    cmap = palette(len(models))
+    handles = []
+    top = 1.0
+    for i, model in enumerate(models):
+        xs, ys, lo, hi, missing = [], [], [], [], []
+        for j, (cond, load) in enumerate(keys):
+            c = by.get((model, cond, load))
+            x = j - 0.4 + width * (i + 0.5)
+            if c is None or c.em_mean is None:
+                missing.append(x)
+                continue
+            xs.append(x)
+            ys.append(c.em_mean)
+            lo.append(c.em_mean - (c.em_ci_low if c.em_ci_low is not None else c.em_mean))
+            hi.append((c.em_ci_high if c.em_ci_high is not None else c.em_mean) - c.em_mean)
+            top = max(top, c.em_mean + hi[-1])
+        if xs:
+            ax.bar(xs, ys, width=width * 0.95, color=cmap[i], yerr=np.array([lo, hi]), capsize=2,
+                   error_kw={"lw": 0.8})
+        if missing:
+            ax.scatter(missing, [0.02] * len(missing), marker="x", color=cmap[i], s=18)
+        handles.append(Patch(color=cmap[i], label=f"{short(model)}{taxonomy.get(model, '')}"))
+    ax.set_xticks(range(len(keys)))
+    ax.set_xticklabels([c if c == "Control" else f"{c}\n{ld}%" for c, ld in keys], fontsize=8)
+    ax.set_ylim(0, top + 0.05)
+    ax.set_ylabel("exact match (95% CI)")
+    ax.set_title("EM by condition and load (x: no scored trial)", fontsize=11)
+    ax.grid(axis="y", alpha=0.3)
+    fig.legend(handles=handles, loc="outside lower center", ncols=min(len(models), 4), fontsize=8)
+    return fig
+
+
+def draw_enrichment_heatmaps(result: IceResult, arrays: Mapping[str, np.ndarray], model: str) -> Figure | None:
+    """Layer × head P_ext enrichment (P_ext / chance) per condition and load; diverging, centred at 1."""
+    cells = [c for c in result.attention_cells if c.model == model and np.isfinite(arrays[c.enrichment_key]).any()]
+    if not cells:
+        return None
+    conds = [c for c in CONDITIONS if any(x.condition == c for x in cells)]
+    loads = sorted({c.load for c in cells})
+    mats = [arrays[c.enrichment_key] for c in cells]
+    finite = np.concatenate([m[np.isfinite(m)] for m in mats])
+    lo, hi = np.percentile(finite, [1, 99])
+    lo, hi = min(lo, 0.95), max(hi, 1.05)
+    norm = TwoSlopeNorm(vmin=lo, vcenter=1.0, vmax=hi)
+    n_layers, n_heads = mats[0].shape
+    panel_h = min(7.0, max(2.6, 0.12 * n_layers + 1.2))
+    panel_w = min(5.0, max(2.2, 0.12 * n_heads + 1.4))
+    fig = Figure(figsize=(panel_w * len(loads) + 1.2, panel_h * len(conds)), layout="constrained")
+    axes = fig.subplots(len(conds), len(loads), squeeze=False)
+    image = None
+    for i, cond in enumerate(conds):
+        for j, load in enumerate(loads):
+            ax = axes[i, j]
+            cell = next((c for c in cells if c.condition == cond and c.load == load), None)
+            if cell is None:
+                ax.set_visible(False)
+                continue
+            mat = arrays[cell.enrichment_key]
+            image = ax.imshow(mat, aspect="auto", cmap="RdBu_r", norm=norm, origin="lower", interpolation="nearest")
+            ax.set_title(f"{cond} {load}% (n={cell.n_prompts})", fontsize=9)
+            layer_ticks(ax, n_layers)
+            ax.xaxis.set_major_locator(MaxNLocator(nbins=min(n_heads, 8), integer=True))
+            if j == 0:
+                ax.set_ylabel("layer")
+            if i == len(conds) - 1:
+                ax.set_xlabel("head")
+    if image is not None:
+        cbar = fig.colorbar(image, ax=axes, shrink=0.8)
+        cbar.set_label("P_ext / chance (1 = uniform over tokens)")
+    fig.suptitle(f"{short(model)}: attention to extraneous text relative to chance", fontsize=11)
+    return fig
+
+
+def draw_p_ext_layers(result: IceResult, arrays: Mapping[str, np.ndarray], model: str) -> Figure | None:
+    """Head-mean P_ext per layer for each condition × load, with the chance level dashed."""
+    cells = [c for c in result.attention_cells if c.model == model and c.condition in ("Saturation", "Residue")]
+    if not cells:
+        return None
+    loads = sorted({c.load for c in cells})
+    fig = Figure(figsize=(4.2 * len(loads), 3.6), layout="constrained")
+    axes = fig.subplots(1, len(loads), squeeze=False, sharey=True)[0]
+    for ax, load in zip(axes, loads):
+        for cell in (c for c in cells if c.load == load):
+            with np.errstate(all="ignore"):
+                curve = np.nanmean(arrays[cell.p_ext_key], axis=1)
+            layers = np.arange(len(curve))
+            colour = COND_COLOURS.get(cell.condition, "k")
+            ax.plot(layers, curve, color=colour, marker=".", label=f"{cell.condition} P_ext")
+            ax.plot(layers, arrays[cell.chance_key], color=colour, ls="--", lw=1, label=f"{cell.condition} chance")
+        ax.set_title(f"load {load}%", fontsize=10)
+        ax.set_xlabel("layer")
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=12, integer=True))
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("head-mean P_ext")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"{short(model)}: share of (non-sink) attention on extraneous text, by layer", fontsize=11)
+    return fig
+
+
+def draw_ar_k(result: IceResult, arrays: Mapping[str, np.ndarray], model: str) -> Figure | None:
+    """Head-mean AR_k by layer for each target segment, Residue (solid) vs Saturation (dashed), per load."""
+    cells = [c for c in result.attention_cells if c.model == model and c.ar_k_key
+             and c.condition in ("Saturation", "Residue")]
+    if not cells:
+        return None
+    loads = sorted({c.load for c in cells})
+    targets: list[str] = []
+    for c in cells:
+        targets += [t for t in c.ar_targets if t not in targets]
+    colours = dict(zip(targets, palette(len(targets))))
+    fig = Figure(figsize=(4.2 * len(loads), 3.6), layout="constrained")
+    axes = fig.subplots(1, len(loads), squeeze=False, sharey=True)[0]
+    for ax, load in zip(axes, loads):
+        for cell in (c for c in cells if c.load == load):
+            mat = arrays[str(cell.ar_k_key)]  # (layer, target)
+            ls = "-" if cell.condition == "Residue" else "--"
+            for j, t in enumerate(cell.ar_targets):
+                ax.plot(np.arange(mat.shape[0]), mat[:, j], ls=ls, color=colours[t], label=f"{cell.condition}: {t}")
+        ax.set_title(f"load {load}%", fontsize=10)
+        ax.set_xlabel("layer")
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=12, integer=True))
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("AR_k (head mean)")
+    axes[-1].legend(fontsize=7, loc="best")
+    fig.suptitle(f"{short(model)}: attentional residue per target segment (solid Residue, dashed Saturation)",
+                 fontsize=11)
+    return fig
+
+
+def draw_h3_scatter(result: IceResult, taxonomy: Mapping[str, str]) -> Figure | None:
+    """S_sim vs degradation per question (pooled over loads), least-squares line and Pearson r, per model."""
+    rows = [h for h in result.h3 if h.load is None and h.points]
+    if not rows:
+        return None
+    r_, c_ = grid(len(rows))
+    fig = Figure(figsize=(max(5.6, 4.4 * c_), 3.8 * r_), layout="constrained")
+    axes = fig.subplots(r_, c_, squeeze=False)
+    for ax, h in zip(axes.flat, rows):
+        xs = np.array([p.s_sim for p in h.points])
+        ys = np.array([p.degradation for p in h.points])
+        ax.scatter(xs, ys, s=16, alpha=0.7, color=COND_COLOURS["Residue"])
+        if h.slope is not None and h.intercept is not None:
+            line = np.linspace(xs.min(), xs.max(), 50)
+            ax.plot(line, h.intercept + h.slope * line, color="k", lw=1.2)
+        if h.r is not None:
+            ci = "" if h.ci_low is None else f" {fmt.ci(h.ci_low, h.ci_high, '+.2f')}"
+            text = f"r = {fmt.num(h.r, '+.2f')}{ci}\np = {fmt.num(h.p, '.3g')}, n = {h.n_tasks}"
+        else:
+            text = f"no r: {h.reason}"
+        ax.text(0.02, 0.98, text, transform=ax.transAxes, va="top", fontsize=8,
+                bbox={"facecolor": "white", "alpha": 0.8, "lw": 0})
+        ax.axhline(0, color="grey", lw=0.8)
+        ax.set_xlabel("S_sim (question vs mean extraneous embedding)")
+        ax.set_ylabel("degradation EM(Control) − EM(Residue)")
+        ax.set_title(f"{short(h.model)}{taxonomy.get(h.model, '')}", fontsize=10)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(rows):]:
+        ax.set_visible(False)
+    fig.suptitle("H3: similarity vs degradation, one point per question", fontsize=11)
+    return fig
+
+
+def draw_attention_behaviour(result: IceResult) -> Figure | None:
+    """Per-layer log-odds of a wrong answer per unit head-mean P_ext (95 % CI), alone and adjusted for load."""
+    rows = [a for a in result.attention_behaviour if any(r.coef is not None for r in a.layers)]
+    if not rows:
+        return None
+    fig = Figure(figsize=(max(6.0, 0.2 * max(len(a.layers) for a in rows) + 3), 3.4 * len(rows)),
+                 layout="constrained")
+    axes = fig.subplots(len(rows), 1, squeeze=False)[:, 0]
+    for ax, a in zip(axes, rows):
+        for adjusted, shift, marker, tracking in ((False, -0.15, "o", set(a.tracking_layers)),
+                                                  (True, 0.15, "s", set(a.tracking_layers_adjusted))):
+            fits = [(r.layer, r.adjusted if adjusted else r) for r in a.layers]
+            drawn = [(layer, f.coef, f.ci_low, f.ci_high) for layer, f in fits
+                     if f is not None and f.coef is not None and f.ci_low is not None and f.ci_high is not None]
+            if not drawn:
+                continue
+            xs = np.array([layer for layer, *_ in drawn]) + shift
+            coef = np.array([c for _, c, _, _ in drawn])
+            err = np.array([[c - lo for _, c, lo, _ in drawn], [hi - c for _, c, _, hi in drawn]])
+            colours = ["#d95f02" if layer in tracking else "#4d4d4d" for layer, *_ in drawn]
+            ax.errorbar(xs, coef, yerr=err, fmt="none", ecolor="#aaaaaa", capsize=2)
+            ax.scatter(xs, coef, c=colours, marker=marker, zorder=3, s=20)
+        ax.axhline(0, color="k", lw=0.8)
+        ax.set_xlabel("layer")
+        ax.set_ylabel("log-odds wrong per unit P_ext")
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=16, integer=True))
+        ax.set_title(f"{short(a.model)}: layers tracking failure (orange, Holm p<α): {ranges(a.tracking_layers)}; "
+                     f"with load and placement fixed: {ranges(a.tracking_layers_adjusted)}", fontsize=9)
+        ax.legend(handles=[
+            Line2D([], [], ls="none", marker="o", color="#4d4d4d", label="P_ext alone"),
+            Line2D([], [], ls="none", marker="s", color="#4d4d4d", label="adjusted for load and placement"),
+            Line2D([], [], ls="none", marker="o", color="#d95f02", label="Holm-adjusted p < α"),
+        ], fontsize=7, loc="best")
+        ax.grid(alpha=0.3)
+    return fig

@@ -1,0 +1,155 @@
+"""Report sections: one per task family, found by the family's name (as the analyses are,
+:mod:`probe.analysis.families`).
+
+A section turns its family's result (``Analysis.families[name]``) into every rendering the toolkit makes: its part
+of ``report.html`` (with its figures), of ``analysis.md``, its CSV tables, its rows and lines of the plain-text main
+table, and its part of a ``probe compare`` page. The shared renderers (:mod:`probe.report.render`,
+:mod:`probe.report.tables`, :mod:`probe.report.text`, :mod:`probe.report.compare`) loop over the families of an
+analysis and ask this registry; none of them names a family.
+
+Adding a benchmark's report: write ``probe/report/<family>.py`` and call :func:`register_section` at import;
+:func:`report_section` imports ``probe.report.<family>`` the first time the family is asked for.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from probe.analysis.estimates import Cell
+from probe.config import AnalysisSection
+from probe.errors import ProbeError, UnknownNameError
+from probe.report.html import fig_png, figure_block
+
+Rows = list[dict[str, Any]]
+
+
+class ReportContext:
+    """What a section may use while it renders, besides its family's result.
+
+    Args:
+        settings: the ``[analysis]`` gates of the analysis (``alpha`` for significance marks, the confound gate).
+        arrays: the arrays of ``attention_summary.npz`` by member name (empty when there are none).
+        figures_dir: where :meth:`figure` writes PNGs; None draws nothing to disk (HTML only).
+        source: what the arrays were read from (for error messages).
+    """
+
+    def __init__(self, settings: AnalysisSection, arrays: Mapping[str, np.ndarray] | None = None,
+                 figures_dir: Path | None = None, source: str = "attention_summary.npz") -> None:
+        self.settings = settings
+        self._arrays = dict(arrays or {})
+        self.figures_dir = figures_dir
+        self.source = source
+        self.written: list[Path] = []
+
+    @property
+    def arrays(self) -> "ArrayView":
+        """The attention summary arrays; a member the analysis named but the file lacks is an error."""
+        return ArrayView(self._arrays, self.source)
+
+    def figure(self, stem: str, caption: str, fig: Figure | None) -> str:
+        """Write ``figures/<stem>.png`` and return its ``<figure>`` block (embedded PNG); "" when ``fig`` is None."""
+        if fig is None:
+            return ""
+        png = fig_png(fig)
+        if self.figures_dir is not None:
+            self.figures_dir.mkdir(parents=True, exist_ok=True)
+            path = self.figures_dir / f"{stem}.png"
+            path.write_bytes(png)
+            self.written.append(path)
+        return figure_block(png, caption, stem)
+
+
+class ArrayView(Mapping[str, np.ndarray]):
+    """Read-only mapping of attention summary arrays that names the file when a member is missing."""
+
+    def __init__(self, arrays: dict[str, np.ndarray], source: str) -> None:
+        self._arrays = arrays
+        self._source = source
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        if key not in self._arrays:
+            raise ProbeError(f"{self._source}: no array {key!r}, which analysis.json names; the two files are from "
+                             "different analyses: run `probe analyze` again")
+        return self._arrays[key]
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self._arrays)
+
+    def __len__(self) -> int:
+        return len(self._arrays)
+
+
+@dataclass(frozen=True)
+class ReportSection:
+    """One family's renderings, as registered.
+
+    Attributes:
+        family: the family's name (its analysis' name).
+        html: ``(result, ctx) -> str``: its part of ``report.html`` (figures through ``ctx.figure``).
+        markdown: ``(result, settings) -> lines``: its part of ``analysis.md``.
+        tables: ``result -> [(name, rows)]``: ``tables/<name>.csv`` (rows of flat values).
+        main_rows: ``result -> [(cell, mark)]``: its rows of the main table (a mark follows the model's name).
+        main_lines: ``(result, settings) -> lines``: its lines below the main table.
+        merge: ``[(run label, result)] -> result``: several runs' results as one, each model renamed
+            ``<run>: <model>`` (``probe compare``).
+        compare_html: ``(merged result, ctx) -> str``: its part of a comparison page.
+    """
+
+    family: str
+    html: Callable[[Any, ReportContext], str]
+    markdown: Callable[[Any, AnalysisSection], list[str]]
+    tables: Callable[[Any], list[tuple[str, Rows]]]
+    main_rows: Callable[[Any], list[tuple[Cell, str]]]
+    main_lines: Callable[[Any, AnalysisSection], list[str]]
+    merge: Callable[[list[tuple[str, Any]]], Any]
+    compare_html: Callable[[Any, ReportContext], str]
+
+
+_SECTIONS: dict[str, ReportSection] = {}
+
+
+class ReportSectionError(ProbeError):
+    """A family's report section is registered twice, or a section module registers none."""
+
+
+def register_section(section: ReportSection) -> ReportSection:
+    """Register a family's report section (call at import of ``probe/report/<family>.py``). Returns it.
+
+    Raises:
+        ReportSectionError: another section is registered for the family.
+    """
+    known = _SECTIONS.get(section.family)
+    if known is not None and known is not section:
+        raise ReportSectionError(f"family {section.family!r}: a report section is registered already")
+    _SECTIONS[section.family] = section
+    return section
+
+
+def report_section(family: str) -> ReportSection:
+    """The report section of ``family``, importing ``probe.report.<family>`` on first use.
+
+    Raises:
+        UnknownNameError: no such module. ReportSectionError: the module registers no section for ``family``.
+    """
+    if family not in _SECTIONS:
+        module = f"probe.report.{family}"
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name != module:
+                raise
+            raise UnknownNameError("report section", family, tuple(_SECTIONS)) from None
+        if family not in _SECTIONS:
+            raise ReportSectionError(f"{module} registers no report section for family {family!r}; call "
+                                     "register_section(ReportSection(family=...)) in it")
+    return _SECTIONS[family]
+
+
+__all__ = ["ArrayView", "ReportContext", "ReportSection", "ReportSectionError", "Rows", "register_section",
+           "report_section"]

@@ -1,0 +1,118 @@
+"""``analysis.md`` and ``tables/*.csv``: views of an :class:`probe.analysis.Analysis`; nothing here estimates.
+
+The shared parts (header, main table, notes) are written here; every family's part comes from its report section
+(:mod:`probe.report.sections`). CSV rows are the :func:`probe.analysis.results.to_json` form of the result types,
+flattened (a nested object's fields get its name as prefix: ``logit_coef``, ``power_power``); lists of objects (scatter
+points, layers) go to their own tables.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+from pathlib import Path
+from typing import Any, Iterable
+
+from probe.analysis.external import ImportSummary
+from probe.analysis.results import Analysis, to_json
+from probe.report.sections import Rows, report_section
+from probe.report.text import MAIN_HEADER, cell_row
+from probe.runfolder import RunFolder
+
+log = logging.getLogger(__name__)
+
+
+def md_table(header: list[str], rows: list[list[str]]) -> str:
+    """A Markdown table (cells inserted as given)."""
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def rows_of(items: Iterable[object], **extra: Any) -> Rows:
+    """CSV rows of result objects: their JSON form, with ``extra`` columns first."""
+    return [{**extra, **to_json(item)} for item in items]  # type: ignore[dict-item]
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out: dict = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}_"))
+        elif isinstance(v, list) and v and isinstance(v[0], dict):
+            continue  # nested rows (scatter points, layers) go to their own files
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def csv_text(rows: Rows) -> str:
+    """CSV text of rows (flattened; a missing value is an empty cell); "" without rows."""
+    if not rows:
+        return ""
+    flat = [_flatten(r) for r in rows]
+    names: list[str] = []
+    for r in flat:
+        names += [k for k in r if k not in names]
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=names, lineterminator="\n")
+    w.writeheader()
+    for r in flat:
+        w.writerow({k: "" if r.get(k) is None else r.get(k) for k in names})
+    return buf.getvalue()
+
+
+def import_lines(imp: ImportSummary | None) -> list[str]:
+    """Markdown lines on how another tool's file was imported (none for the toolkit's own runs)."""
+    if imp is None:
+        return []
+    return [f"Imported from `{imp.file}` ({imp.n_rows} rows; mapping "
+            + ", ".join(f"{k}={v}" for k, v in imp.mapping.items())
+            + (f", preset {imp.preset}" if imp.preset else "") + "). "
+            f"{imp.n_error} backend errors and {imp.n_skipped} empty outputs are not scored; "
+            f"{imp.n_truncated} outputs recognised as truncated (rule: {imp.truncation_rule}).", ""]
+
+
+def render_markdown(analysis: Analysis) -> str:
+    """``analysis.md``: header, the main table, every family's part, notes."""
+    rows: list[list[str]] = []
+    for name, result in analysis.families.items():
+        rows += [cell_row(c, mark) for c, mark in report_section(name).main_rows(result)]
+    parts = [f"# Analysis of {analysis.run_dir}", "",
+             f"{analysis.n_trials} trials from `{analysis.inputs.trials}` "
+             f"(sha256 {analysis.inputs.trials_sha256[:12]}…).", "",
+             *import_lines(analysis.imported),
+             "## EM per model × condition × load", "", md_table(MAIN_HEADER, rows), ""]
+    for name, result in analysis.families.items():
+        parts += report_section(name).markdown(result, analysis.settings)
+    if analysis.notes:
+        parts += ["## Notes", ""] + [f"- {n}" for n in analysis.notes] + [""]
+    return "\n".join(parts)
+
+
+def write_tables(analysis: Analysis, run_dir: str | Path | RunFolder) -> list[Path]:
+    """Write ``analysis.md`` and every family's ``tables/*.csv`` into the run folder.
+
+    Args:
+        analysis: the run's analysis (:func:`probe.analysis.analyze_run` or :func:`probe.analysis.read_analysis`).
+        run_dir: the run folder.
+
+    Returns:
+        The paths written.
+    """
+    run = run_dir if isinstance(run_dir, RunFolder) else RunFolder(run_dir)
+    run.tables.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    for name, result in analysis.families.items():
+        for table, rows in report_section(name).tables(result):
+            path = run.tables / f"{table}.csv"
+            path.write_text(csv_text(rows), encoding="utf-8")
+            written.append(path)
+    run.analysis_md.write_text(render_markdown(analysis), encoding="utf-8")
+    written.append(run.analysis_md)
+    log.info("%s: analysis.md and %d tables written", run.root, len(written) - 1)
+    return written
+
+
+__all__ = ["csv_text", "import_lines", "md_table", "render_markdown", "rows_of", "write_tables"]

@@ -1,0 +1,155 @@
+"""Family registries: a benchmark adds one analysis and one report section, found by its family's name; the shared
+stages (analysis run, results file, tables, text, report, comparison) name no family."""
+
+from __future__ import annotations
+
+import ast
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+
+import probe
+from probe.analysis import analyze_run, read_analysis
+from probe.analysis import families as analysis_families
+from probe.analysis.estimates import Cell, cell_summaries
+from probe.analysis.families import FamilyAnalysis, FamilyData, FamilyOutput, family_analysis
+from probe.errors import UnknownNameError
+from probe.records import TrialRecord, append_jsonl
+from probe.report import compare_runs, main_table_text, render_report, write_tables
+from probe.report import sections as report_sections
+from probe.report.sections import ReportContext, ReportSection
+from probe.report.tables import rows_of
+from probe.runfolder import RunFolder
+from tests.fixtures.synthetic_run import Plan, make_run
+
+PROBE = Path(probe.__file__).parent
+SHARED = ["analysis/__init__.py", "analysis/run.py", "analysis/results.py", "analysis/families.py",
+          "analysis/frame.py", "analysis/estimates.py", "analysis/glm.py", "report/__init__.py", "report/render.py",
+          "report/compare.py", "report/tables.py", "report/text.py", "report/sections.py", "report/html.py",
+          "report/figures.py", "format.py"]
+FAMILY_NAMES = ("ice", "cogniload")
+
+
+def _names_in_code(path: Path) -> list[str]:
+    """String constants (docstrings left out) and imported module names of a module."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and node.body
+                  and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            out.append(node.value)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out += [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        elif isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+    return out
+
+
+@pytest.mark.parametrize("module", SHARED)
+def test_shared_modules_name_no_family(module):
+    for name in _names_in_code(PROBE / module):
+        low = name.lower()
+        assert "cogniload" not in low and low != "ice" and not low.endswith(".ice"), f"{module}: {name!r}"
+        assert not any(low.startswith(f"probe.{stage}.{f}") for stage in ("analysis", "report")
+                       for f in FAMILY_NAMES), f"{module} imports {name}"
+
+
+# ----------------------------------------------------------------------------------- a family added in a test
+
+
+@dataclass(frozen=True)
+class ToyResult:
+    """A made-up family's result: its cells and the mean prompt length per model."""
+
+    models: tuple[str, ...]
+    cells: tuple[Cell, ...]
+    mean_prompt_tokens: dict[str, float]
+
+
+def _toy_analyze(data: FamilyData) -> FamilyOutput:
+    df = data.frame
+    tokens = {m: float(df.loc[df["model"] == m, "prompt_tokens"].mean()) for m in sorted(set(df["model"]))}
+    result = ToyResult(models=tuple(tokens), cells=tuple(cell_summaries(df, data.settings.alpha)),
+                       mean_prompt_tokens=tokens)
+    return FamilyOutput(result=result, notes=(f"toy: {len(df)} trials",))
+
+
+def _toy_section_html(result: ToyResult, ctx: ReportContext) -> str:
+    return "<h2>Toy benchmark</h2>" + "".join(f"<p>{m}: {v:.1f} prompt tokens</p>"
+                                              for m, v in result.mean_prompt_tokens.items())
+
+
+TOY_ANALYSIS = FamilyAnalysis(name="toy", result_type=ToyResult, analyze=_toy_analyze,
+                              tabulate=lambda data: _toy_analyze(data).result, methods={"toy": "mean prompt length"})
+TOY_SECTION = ReportSection(
+    family="toy", html=_toy_section_html, markdown=lambda result, settings: ["## Toy", "", f"{len(result.cells)} cells"],
+    tables=lambda result: [("toy_cells", rows_of(result.cells))], main_rows=lambda result: [(c, "") for c in result.cells],
+    main_lines=lambda result, settings: [f"toy {m}: {v:.1f} tokens" for m, v in result.mean_prompt_tokens.items()],
+    merge=lambda named: ToyResult(models=tuple(f"{lab}: {m}" for lab, r in named for m in r.models),
+                                  cells=tuple(replace(c, model=f"{lab}: {c.model}") for lab, r in named for c in r.cells),
+                                  mean_prompt_tokens={f"{lab}: {m}": v for lab, r in named
+                                                      for m, v in r.mean_prompt_tokens.items()}),
+    compare_html=_toy_section_html)
+
+
+def _toy_trials(n: int) -> list[dict]:
+    return [TrialRecord(trial_id=f"toy-model::{i}", model="toy-model", prompt_id=f"toy-{i}", task_id=f"toy-{i % 4}",
+                        source="toy-source", condition="Toy", load=0, achieved_load=0.0, replication=0,
+                        prompt_tokens=10 + i, output="x", answer="x", gold="x", em=float(i % 3 == 0), hop_recall=None,
+                        truncated=False, uninterpretable=False, family="toy").to_dict() for i in range(n)]
+
+
+@pytest.fixture
+def toy(monkeypatch):
+    monkeypatch.setitem(analysis_families._REGISTRY, "toy", TOY_ANALYSIS)
+    monkeypatch.setitem(report_sections._SECTIONS, "toy", TOY_SECTION)
+
+
+def test_a_new_family_needs_one_analysis_and_one_report_section(tmp_path, toy):
+    run = tmp_path / "mixed"
+    make_run(run, Plan(n_tasks=6, n_reps=1, loads=(50,), seed=2))
+    append_jsonl(RunFolder(run).trials, _toy_trials(12))
+    analysis = analyze_run(run, fill_similarity=False)
+    assert list(analysis.families) == ["ice", "toy"] and analysis.n_trials_by_family["toy"] == 12
+    toy_result = analysis.families["toy"]
+    assert isinstance(toy_result, ToyResult) and toy_result.mean_prompt_tokens == {"toy-model": 15.5}
+    assert "toy-model" not in analysis.families["ice"].models  # ICE estimates see ICE trials only
+    assert read_analysis(run) == analysis  # analysis.json read back into the family's own type
+    assert "toy: 12 trials" in analysis.notes and analysis.methods["toy"] == "mean prompt length"
+    write_tables(analysis, run)
+    assert (run / "tables" / "toy_cells.csv").read_text().count("\n") == 2  # header + one cell
+    assert "## Toy" in (run / "analysis.md").read_text()
+    text = main_table_text(analysis)
+    assert "toy-model" in text and "toy toy-model: 15.5 tokens" in text
+    html = render_report(run).read_text()
+    assert "<h2>Toy benchmark</h2>" in html and "Table 1" in html
+    page = compare_runs([run], tmp_path / "cmp").read_text()
+    assert "mixed: toy-model: 15.5 prompt tokens" in page
+
+
+def test_trials_of_a_family_without_an_analysis_are_refused(tmp_path):
+    run = tmp_path / "unknown"
+    rows = _toy_trials(3)
+    for r in rows:
+        r["family"] = "bench9"
+    append_jsonl(RunFolder(run).trials, rows)
+    with pytest.raises(UnknownNameError, match=r"analysis family 'bench9'.*valid: .*cogniload.*ice"):
+        analyze_run(run, fill_similarity=False)
+    assert not RunFolder(run).analysis.exists()
+    with pytest.raises(UnknownNameError, match="bench9"):
+        family_analysis("bench9")
+
+
+def test_an_analysis_file_naming_an_unknown_family_is_refused(tmp_path, toy):
+    run = tmp_path / "gone"
+    append_jsonl(RunFolder(run).trials, _toy_trials(6))
+    analyze_run(run, fill_similarity=False)
+    data = json.loads(RunFolder(run).analysis.read_text())
+    data["families"]["bench9"] = data["families"].pop("toy")
+    RunFolder(run).analysis.write_text(json.dumps(data))
+    with pytest.raises(UnknownNameError, match="bench9"):
+        read_analysis(run)
