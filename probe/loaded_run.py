@@ -192,8 +192,11 @@ class Run:
         if not path.is_file():
             if prompt_id not in self.prompts:
                 self.prompt(prompt_id)  # raises, suggesting close ids
-            raise ProbeError(f"{path}: no attention record for prompt {prompt_id!r}; the run was made with "
-                             f"[probe] enabled = {self.config.probe.enabled} (turn it on and run again to probe)")
+            why = ("the run was made with [probe] enabled = false (turn it on and run again to probe)"
+                   if not self.config.probe.enabled else
+                   "the run has not probed it (stopped before it, or the trial was skipped or failed; run the same "
+                   "experiment again to finish it)")
+            raise ProbeError(f"{path}: no attention record for prompt {prompt_id!r}: {why}")
         return SegmentAttention.load(path)
 
     def local_model(self, model: str | None = None) -> str:

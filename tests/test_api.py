@@ -164,6 +164,10 @@ def test_run_analyze_report_and_load_run(tmp_path: Path, tiny_card: Path) -> Non
     assert again.prompts == run.prompts
     assert probe.render_report(again) == folder.report
     assert probe.analyze(folder.root) is not None
+    control = next(p for p in run.prompts if run.prompts[p].condition == "Control")
+    run.attention_path(control).unlink()
+    with pytest.raises(ProbeError, match="the run has not probed it"):
+        run.attention(control)
     with pytest.raises(UnknownPromptError, match="did you mean"):
         run.prompt(pid.replace("Saturation", "Saturaton"))
     with pytest.raises(RunNotFoundError, match="not a run folder"):
