@@ -119,8 +119,8 @@ def _legend(vmax: float) -> str:
         f"<div><b>Shade</b>: attention mass of the query set on the token (opacity ∝ √(mass / {vmax:.3g}), the largest "
         "mass on a non-sink token; sink tokens above it are drawn at full shade). Hover a token for its value.</div>"
         f'<div class="scale">{"".join(steps)}</div>'
-        '<div><span class="t q" style="padding:0 .3em">query</span> dashed outline: a token of the query set '
-        "(its own row is not shaded differently).</div>"
+        '<div><span class="t q" style="padding:0 .3em">query</span> dashed outline: a token of the query set, '
+        "whose attention is shown.</div>"
         f"<div>{kinds}</div></div>"
     )
 
