@@ -116,7 +116,8 @@ def _legend(vmax: float) -> str:
                      for k, c in KIND_COLOURS.items() if k != "generated")
     return (
         '<div class="legend">'
-        f"<div><b>Shade</b>: attention mass of the query set on the token (opacity ∝ √(mass / {vmax:.3g}), the largest "
+        "<div><b>Shade</b>: attention mass of the query set on the token "
+        f"(opacity ∝ √(mass / {vmax:.3g}), the largest "
         "mass on a non-sink token; sink tokens above it are drawn at full shade). Hover a token for its value.</div>"
         f'<div class="scale">{"".join(steps)}</div>'
         '<div><span class="t q" style="padding:0 .3em">query</span> dashed outline: a token of the query set, '
@@ -160,7 +161,8 @@ def _tokens(view: PromptView, mass: np.ndarray, seg_mass: np.ndarray, vmax: floa
             alpha, dark = _shade(float(mass[t]), vmax)
             cls = "t" + (" q" if t in query else "") + (" sink" if span.kind == "sink" and not dark else "") \
                 + (" dark" if dark else "")
-            title = f"token {t} · {view.token_text[t]!r} · mass {mass[t]:.5f}" + (" · query token" if t in query else "")
+            title = f"token {t} · {view.token_text[t]!r} · mass {mass[t]:.5f}"
+            title += " · query token" if t in query else ""
             pieces.append(f'<span class="{cls}" style="background:rgba({r},{g},{b},{alpha:.3f})" '
                           f'title="{esc(title)}">{_visible(view.token_text[t])}</span>')
         text = "".join(pieces)
