@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.ice-probe-setup
 
-.PHONY: setup demo test test-fast bench clean-venv
+.PHONY: setup demo typecheck test test-fast bench clean-venv
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -27,7 +27,12 @@ setup: $(STAMP)
 demo: setup
 	$(VENV)/bin/probe run experiments/demo.toml --analyze --report
 
+# the static type check of probe/ ([tool.mypy] in pyproject.toml); part of `make test`
+typecheck: setup
+	$(PY) -m mypy
+
 test: setup
+	$(PY) -m mypy
 	$(PY) -m pytest -q
 
 test-fast: setup

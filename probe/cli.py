@@ -165,6 +165,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_show(args: argparse.Namespace) -> int:
+    from probe.api import show
+
+    path = show(args.run, args.prompt_id, layer=args.layer, head=args.head, model=args.model, query=args.query,
+                out=args.out, device=args.device)
+    print(f"page: {path}")
+    return 0
+
+
 def cmd_models(args: argparse.Namespace) -> int:
     from probe.loading import availability, list_cards
 
@@ -237,6 +246,16 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("runs", nargs="+")
     sp.add_argument("--out", default="outputs/comparison")
     sp.set_defaults(fn=cmd_compare)
+    sp = sub.add_parser("show", help="one prompt's tokens shaded by the attention its query set gives them (HTML)")
+    sp.add_argument("run", help="run folder (outputs/<name>)")
+    sp.add_argument("prompt_id", help="a prompt id of the run (prompts.jsonl, trials.jsonl)")
+    sp.add_argument("--layer", type=int, default=None, help="0-based layer (default: the mean over layers)")
+    sp.add_argument("--head", type=int, default=None, help="0-based head (default: the mean over heads)")
+    sp.add_argument("--model", help="model card of the run (default: the run's one local model)")
+    sp.add_argument("--query", choices=["question", "last"], help="query set (default: the run's probe.query)")
+    sp.add_argument("--out", help="HTML file (default: <run>/show/<model>/<prompt>[.L<l>][.H<h>].html)")
+    sp.add_argument("--device", help="cpu, cuda, cuda:1 (default: CUDA when available)")
+    sp.set_defaults(fn=cmd_show)
     sp = sub.add_parser("models", help="list model cards and whether each is loadable here")
     sp.set_defaults(fn=cmd_models)
     sp = sub.add_parser("bench", help="benchmarks: generate (batching speed-up) or attention (probe cost)")

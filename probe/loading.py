@@ -342,6 +342,7 @@ def load_model(card_or_name: ModelCard | str, device: str | None = None) -> Load
 
         kwargs["quantization_config"] = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=dtype)
     revision = card.revision or ""
+    model: Any  # a transformers PreTrainedModel (its `.to` is typed as a wrapped unbound method)
     if card.source in ("package", "gguf"):
         d, f = gguf_location(card)
         cached = _gguf_cache_path(card, d / f)

@@ -10,6 +10,7 @@ A run of an experiment lives in ``outputs/<name>/``; this module is the only pla
     attention/<model>/<stem>.npz   one probe record per prompt (probe.attention.SegmentAttention)
     analysis.json, analysis.md, attention_summary.npz, tables/*.csv     probe analyze
     report.html, figures/*.png                                          probe report
+    show/<model>/<stem>[.L<layer>][.H<head>].html                       probe show (one prompt's attention)
 
 **Prompt ids.** ``<task_id>|<condition>|L<load>|r<replication>``, plus ``|@<tokenizer>`` when an experiment builds
 prompts for several tokenizers. Free-text parts (task id, condition, tokenizer) are percent-escaped where they hold
@@ -42,6 +43,7 @@ REPORT = "report.html"
 ATTENTION_DIR = "attention"
 FIGURES_DIR = "figures"
 TABLES_DIR = "tables"
+SHOW_DIR = "show"
 
 SEPARATOR = "|"
 MAX_STEM = 160  # bytes; file systems allow 255 per name, leaving room for suffixes and temporary names
@@ -218,6 +220,11 @@ class RunFolder:
     def attention_record(self, model: str, prompt_id: str) -> Path:
         """The probe record of (model, prompt id): ``attention/<model>/<stem>.npz``."""
         return self.attention_dir(model) / f"{record_stem(prompt_id)}.npz"
+
+    def show_page(self, model: str, prompt_id: str, layer: int | None = None, head: int | None = None) -> Path:
+        """The page ``probe show`` writes for (model, prompt id[, layer][, head]) by default."""
+        suffix = ("" if layer is None else f".L{layer}") + ("" if head is None else f".H{head}")
+        return self.root / SHOW_DIR / record_stem(model) / f"{record_stem(prompt_id)}{suffix}.html"
 
     def has_attention(self) -> bool:
         """Whether any probe record exists."""

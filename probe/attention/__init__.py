@@ -23,6 +23,10 @@ Example (a notebook, any text with user-given spans)::
 
 from __future__ import annotations
 
+from probe.compat import check_transformers_version
+
+check_transformers_version()  # before the engine imports transformers' attention internals
+
 from probe.attention.capacity import max_probe_context, probe_memory_bytes
 from probe.attention.engine import SUPPORTED_MODEL_TYPES, attach_probe, probe_prompt
 from probe.attention.lens import probe_transformer_lens

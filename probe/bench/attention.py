@@ -30,6 +30,7 @@ from typing import Callable
 import numpy as np
 import psutil
 import torch
+from transformers import PreTrainedModel
 
 from probe.attention import probe_prompt
 from probe.config import ProbeSection
@@ -149,7 +150,7 @@ def _measure(fn: Callable[[], object], device: torch.device) -> tuple[float, flo
 
 def run_attention_bench(
     lengths: tuple[int, ...] = (512, 2048, 4096, 8192),
-    model: torch.nn.Module | None = None,
+    model: PreTrainedModel | None = None,
     model_name: str = DEFAULT_MODEL,
     repeats: int = 1,
     full_attention_limit_gb: float = 8.0,
@@ -243,7 +244,7 @@ def run_attention_bench(
     return rows
 
 
-def _eager(model: torch.nn.Module, ids: torch.Tensor) -> None:
+def _eager(model: PreTrainedModel, ids: torch.Tensor) -> None:
     previous = model.config._attn_implementation
     model.set_attn_implementation("eager")
     try:
@@ -254,7 +255,7 @@ def _eager(model: torch.nn.Module, ids: torch.Tensor) -> None:
         model.set_attn_implementation(previous)
 
 
-def _boot_bridge(model: torch.nn.Module, name: str) -> object:
+def _boot_bridge(model: PreTrainedModel, name: str) -> object:
     """A TransformerLens bridge around a copy of the model (the bridge rewires the model it wraps)."""
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel

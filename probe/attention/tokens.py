@@ -1,0 +1,59 @@
+"""Attention per key token: how much attention the query set gives each single token of a prompt (for display).
+
+The engine (:func:`probe.attention.probe_prompt`) reduces attention rows to per-segment sums as it goes; asked to
+treat every token as its own segment, the same engine gives the mass on every key token, with the same query set,
+masks, sliding windows, soft-capping and grouped-query heads, at the engine's memory (no L × H × T² tensor):
+``seg_mass_segment[layer, head, t]`` of the per-token probe is the mean over the query set of the attention on
+token ``t``. Summed over a segment's tokens it is that segment's mass in the ordinary probe.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from probe.attention.engine import probe_prompt
+from probe.attention.result import SegmentAttention
+from probe.config import ProbeSection
+from probe.errors import ConfigError
+from probe.types import Span, TokenizedPrompt
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+# Query sets that keep their meaning when every token is its own span (``segment:<i>`` counts spans).
+TOKEN_QUERY_SETS: tuple[str, ...] = ("question", "last")
+
+
+def split_into_tokens(tokenized: TokenizedPrompt) -> TokenizedPrompt:
+    """The same input with one span per token; each keeps its segment's kind, labelled ``<label>#<token>``."""
+    spans = tuple(
+        Span(s.kind, t, t + 1, f"{s.label or s.kind}#{t}") for s in tokenized.spans for t in range(s.start, s.end)
+    )
+    return TokenizedPrompt(input_ids=tokenized.input_ids, spans=spans)
+
+
+def token_attention(model: PreTrainedModel, tokenized: TokenizedPrompt,
+                    options: ProbeSection | None = None) -> SegmentAttention:
+    """Probe a prompt with every token as its own segment (see the module docstring).
+
+    Args:
+        model: a loaded Hugging Face causal LM of a supported architecture, in eval mode.
+        tokenized: the prompt's ids and segment spans.
+        options: the probe options; only the query set matters (``question`` or ``last``; AR_k is not computed).
+
+    Returns:
+        A :class:`SegmentAttention` whose segments are the tokens: ``seg_mass_segment`` (layer, head, T) is the
+        mass the query set gives each token (a row sums to 1 over tokens); ``seg_mass``, ``p_ext``, ``chance`` and
+        ``enrichment`` equal the ordinary probe's.
+
+    Raises:
+        ConfigError: a query set other than ``question`` or ``last``. HookError: an unsupported architecture.
+    """
+    opts = options or ProbeSection()
+    if opts.query not in TOKEN_QUERY_SETS:
+        raise ConfigError(f"probe.query = {opts.query!r}: attention per token is shown for the query sets "
+                          f"{', '.join(TOKEN_QUERY_SETS)}; choose one of them")
+    return probe_prompt(model, split_into_tokens(tokenized), opts, compute_residue=False)
+
+
+__all__ = ["TOKEN_QUERY_SETS", "split_into_tokens", "token_attention"]

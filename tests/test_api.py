@@ -1,0 +1,203 @@
+"""The public API (``import probe``): cheap to import, and each name does what the stage it wraps does."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import probe
+from probe import api
+from probe.config import config_from_dict
+from probe.errors import ConfigError, ProbeError
+from probe.loaded_run import RunNotFoundError, UnknownPromptError
+
+ROOT = Path(__file__).resolve().parent.parent
+HEAVY = ("torch", "transformers", "numpy", "pandas", "matplotlib", "scipy", "statsmodels", "sentence_transformers")
+
+
+def test_import_probe_is_cheap_and_every_public_name_resolves() -> None:
+    code = (
+        "import sys, probe\n"
+        f"heavy = {HEAVY!r}\n"
+        "names = {n: getattr(probe, n) for n in probe.__all__}\n"  # attribute access imports no heavy library
+        "print(sorted({m.split('.')[0] for m in sys.modules} & set(heavy)))\n"
+        "print(sorted(n for n, v in names.items() if v is None))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    heavy_loaded, missing = out.stdout.splitlines()
+    assert heavy_loaded == "[]"
+    assert missing == "[]"
+
+
+def test_the_public_names_are_the_api_functions() -> None:
+    assert set(probe.__all__) >= {"load_model", "load_tasks", "build_prompt", "build_prompts", "tokenize_prompt",
+                                  "probe_prompt", "run", "analyze", "render_report", "load_run", "show", "Run"}
+    for name in probe.__all__:
+        if name != "__version__":
+            assert getattr(probe, name) is not None
+            assert name in dir(probe)
+    assert probe.build_prompt is api.build_prompt and probe.Run is api.Run
+    with pytest.raises(AttributeError):
+        probe.no_such_name  # noqa: B018
+
+
+def test_load_tasks_refuses_an_option_its_source_does_not_read() -> None:
+    with pytest.raises(ConfigError, match="'difficulty' has no effect for source 'synthetic'"):
+        probe.load_tasks("synthetic", n=1, difficulty=[1])
+    tasks = probe.load_tasks("synthetic", n=2, hops=3, seed=7)
+    assert len(tasks) == 2 and all(len(t.hops) == 3 for t in tasks)
+
+
+@pytest.mark.integration
+def test_build_prompts_equals_what_an_experiment_builds(tmp_path: Path, tiny_card: Path) -> None:
+    from probe.runner import build_prompts as runner_build
+
+    cfg = config_from_dict({
+        "experiment": {"name": "b", "seed": 11, "models": [str(tiny_card)], "output_dir": str(tmp_path)},
+        "tasks": [{"source": "synthetic", "n": 2, "hops": 2}],
+        "ice": {"loads": [20, 50], "replications": 2},
+        "analysis": {"embedder": ""},
+    })
+    expected = runner_build(cfg, progress=False)["tiny-llama"]
+    tasks = probe.load_tasks("synthetic", n=2, hops=2, seed=11)
+    got = probe.build_prompts(tasks, str(tiny_card), loads=[20, 50], replications=2, seed=11)
+    assert got == expected
+    # one cell at a time gives the same prompt as the whole set
+    by_id = {p.prompt_id: p for p in got}
+    for cond, load in (("Control", 0), ("Saturation", 50), ("Residue", 20), ("LongControl", 50)):
+        one = probe.build_prompt(tasks[1], str(tiny_card), cond, load=load, replication=1, seed=11)
+        assert one == by_id[one.prompt_id]
+        assert (one.condition, one.load, one.replication, one.task_id) == (cond, load, 1, tasks[1].task_id)
+    with pytest.raises(ProbeError, match="unknown condition 'Saturaton'"):
+        probe.build_prompt(tasks[0], str(tiny_card), "Saturaton")
+
+
+@pytest.mark.integration
+def test_a_task_with_its_own_segments_gives_one_prompt_and_no_condition(tiny_card: Path) -> None:
+    task = probe.load_tasks("cogniload", n=1, difficulty=[1], length=[20], needle_ratio=[50])[0]
+    prompt = probe.build_prompt(task, str(tiny_card))
+    assert prompt.condition == "CogniLoad" and prompt.family == "cogniload"
+    assert probe.build_prompts(task, str(tiny_card)) == [prompt]
+    with pytest.raises(ProbeError, match="has no ICE condition 'Saturation'"):
+        probe.build_prompt(task, str(tiny_card), "Saturation")
+
+
+@pytest.mark.integration
+def test_tokenize_and_probe_accept_a_card_a_tokenizer_or_the_loaded_model(tiny_card: Path) -> None:
+    from probe.attention import probe_prompt as engine_probe
+
+    lm = probe.load_model(str(tiny_card), device="cpu")
+    task = probe.load_tasks("synthetic", n=1)[0]
+    prompt = probe.build_prompt(task, lm, "Saturation", load=50)
+    tp = probe.tokenize_prompt(prompt, lm)
+    assert tp == probe.tokenize_prompt(prompt, str(tiny_card)) == probe.tokenize_prompt(prompt, lm.tokenizer)
+    assert tp.count("extraneous") > 0 and tp.count("question") > 0
+    res = probe.probe_prompt(lm, prompt)
+    direct = engine_probe(lm.model, tp)
+    np.testing.assert_array_equal(res.seg_mass, direct.seg_mass)
+    np.testing.assert_array_equal(res.p_ext, direct.p_ext)
+    last = probe.probe_prompt(lm.model, tp, query="last", compute_residue=False)
+    assert last.n_queries == 1 and last.options["query"] == "last" and last.ar_k is None
+    with pytest.raises(ProbeError, match="needs the loaded model"):
+        probe.probe_prompt(lm.model, prompt)
+    with pytest.raises(ProbeError, match="expected a loaded model"):
+        probe.tokenize_prompt(prompt, 42)
+
+
+def test_experiment_config_applies_overrides_to_a_file_a_dict_or_a_config(tmp_path: Path) -> None:
+    exp = {"experiment": {"name": "x"}, "tasks": [{"source": "synthetic", "n": 1}]}
+    over = {"experiment": {"output_dir": str(tmp_path)}, "generation": {"max_new_tokens": 5, "batch_size": None}}
+    from_dict = api.experiment_config(exp, over)
+    assert from_dict.run_dir == tmp_path / "x" and from_dict.generation.max_new_tokens == 5
+    assert from_dict.generation.batch_size == 8  # None means "not given"
+    from_cfg = api.experiment_config(config_from_dict(exp), over)
+    assert from_cfg == from_dict
+    path = tmp_path / "x.toml"
+    path.write_text('[experiment]\nname = "x"\n[[tasks]]\nsource = "synthetic"\nn = 1\n')
+    assert api.experiment_config(path, over) == from_dict
+    with pytest.raises(ConfigError, match="generation.max_tokens is not a key"):
+        api.experiment_config(config_from_dict(exp), {"generation": {"max_tokens": 3}})
+    with pytest.raises(ConfigError, match="unknown key"):
+        api.experiment_config(exp, {"generation": {"max_tokens": 3}})
+
+
+def _tiny_experiment(tmp_path: Path, card: Path, probe_on: bool = True) -> dict:
+    return {
+        "experiment": {"name": "api", "seed": 5, "models": [str(card)], "output_dir": str(tmp_path)},
+        "tasks": [{"source": "synthetic", "n": 1, "hops": 2}],
+        "ice": {"conditions": ["Control", "Saturation"], "loads": [50], "replications": 1},
+        "generation": {"max_new_tokens": 3, "batch_size": 2},
+        "probe": {"enabled": probe_on},
+        "analysis": {"embedder": ""},
+    }
+
+
+@pytest.mark.integration
+def test_run_analyze_report_and_load_run(tmp_path: Path, tiny_card: Path) -> None:
+    from probe.attention.result import SegmentAttention
+    from probe.records import load_trials
+    from probe.runfolder import RunFolder
+
+    run = probe.run(_tiny_experiment(tmp_path, tiny_card), analyze=True, report=True, progress=False)
+    folder = RunFolder(tmp_path / "api")
+    assert isinstance(run, probe.Run) and run.path == folder.root
+    assert folder.analysis.is_file() and folder.report.is_file()
+    assert run.models == ("tiny-llama",) and run.is_local("tiny-llama")
+    assert run.config.experiment.seed == 5 and run.manifest is not None
+    assert [t.to_dict() for t in run.trials] == [t.to_dict() for t in load_trials(folder.trials)]
+    assert len(run.prompts) == 2 and set(run.prompts) == {t.prompt_id for t in run.trials}
+    pid = next(p for p in run.prompts if run.prompts[p].condition == "Saturation")
+    att = run.attention(pid)
+    disk = SegmentAttention.load(folder.attention_record("tiny-llama", pid))
+    np.testing.assert_array_equal(att.seg_mass, disk.seg_mass)
+    assert run.trials_of(pid)[0].prompt_id == pid and len(run.trials_frame()) == 2
+    assert run.analysis() is not None
+    # the same folder loaded again; analyse and report through the API
+    again = probe.load_run(str(folder.root))
+    assert again.prompts == run.prompts
+    assert probe.render_report(again) == folder.report
+    assert probe.analyze(folder.root) is not None
+    control = next(p for p in run.prompts if run.prompts[p].condition == "Control")
+    run.attention_path(control).unlink()
+    with pytest.raises(ProbeError, match="the run has not probed it"):
+        run.attention(control)
+    with pytest.raises(UnknownPromptError, match="did you mean"):
+        run.prompt(pid.replace("Saturation", "Saturaton"))
+    with pytest.raises(RunNotFoundError, match="not a run folder"):
+        probe.load_run(tmp_path)
+    with pytest.raises(ConfigError, match="needs analyze=True"):
+        probe.run(_tiny_experiment(tmp_path, tiny_card), report=True, progress=False)
+
+
+@pytest.mark.integration
+def test_a_run_without_probing_has_no_attention_record(tmp_path: Path, tiny_card: Path) -> None:
+    run = probe.run(_tiny_experiment(tmp_path, tiny_card, probe_on=False), progress=False)
+    pid = next(iter(run.prompts))
+    assert not run.has_attention(pid)
+    with pytest.raises(ProbeError, match="no attention record"):
+        run.attention(pid)
+    with pytest.raises(ProbeError, match="has not been analysed"):
+        run.analysis()
+
+
+def test_a_run_folder_is_recognised_by_its_config(tmp_path: Path) -> None:
+    (tmp_path / "r").mkdir()
+    with pytest.raises(RunNotFoundError):
+        probe.load_run(tmp_path / "r")
+    exp = config_from_dict({"experiment": {"name": "r", "output_dir": str(tmp_path)},
+                            "tasks": [{"source": "synthetic", "n": 1}]})
+    from probe.config import dump_config
+
+    (tmp_path / "r" / "config.toml").write_text(dump_config(exp))
+    run = probe.load_run(tmp_path / "r")
+    assert run.prompts == {} and run.trials == [] and run.manifest is None
+    assert run.models == ("smollm2-135m-instruct",)
+    assert dataclasses.asdict(run.config) == dataclasses.asdict(exp)
+    assert json.loads(json.dumps(run.config.to_dict())) == exp.to_dict()
