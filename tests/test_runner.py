@@ -221,3 +221,27 @@ def test_a_sampled_generation_depends_on_the_experiment_seed_alone(tiny_card):
     first = sample(7, 0)
     assert sample(7, 123) == first
     assert sample(8, 0) != first
+
+
+def test_two_tokenizers_name_themselves_in_prompt_ids_and_records(tmp_path, tiny_card):
+    """Two local models build prompts each in its own tokenizer: every prompt id ends in ``|@<card>``, and each model's
+    attention records (a card name with a slash included) lie at the run folder's paths for its own prompts."""
+    from probe.runfolder import RunFolder, parse_prompt_id
+
+    other = tmp_path / "other.toml"
+    other.write_text(tiny_card.read_text().replace('name = "tiny-llama"', 'name = "org/tiny"'))
+    cfg = config_from_dict({
+        "experiment": {"name": "two", "seed": 3, "models": [str(tiny_card), str(other)], "output_dir": str(tmp_path)},
+        "tasks": [{"source": "synthetic", "n": 1, "hops": 2}],
+        "ice": {"conditions": ["Control", "Residue"], "loads": [50], "replications": 1},
+        "generation": {"max_new_tokens": 2},
+        "probe": {"enabled": True},
+        "analysis": {"embedder": ""},
+    })
+    run = RunFolder(runner.run_experiment(cfg, progress=False))
+    trials = load_trials(run.trials)
+    assert {t.model for t in trials} == {"tiny-llama", "org/tiny"} and len(trials) == 4
+    for t in trials:
+        assert parse_prompt_id(t.prompt_id).tokenizer == t.model
+    assert set(run.attention_root.rglob("*.npz")) == {run.attention_record(t.model, t.prompt_id) for t in trials}
+    assert sorted(p.name for p in run.attention_root.iterdir()) == ["org%2Ftiny", "tiny-llama"]
