@@ -1,6 +1,8 @@
 """Command line: ``probe build | run | analyze | report | compare | models | validate | bench``.
 
-Only this module prints; library code logs.
+Only this module prints; library code logs. File names of a run folder come from :mod:`probe.runfolder`. Every
+numeric flag is checked when parsed (a count must be a whole number >= 1); a bad value stops the command with
+argparse's usage message and exit status 2, as a :class:`~probe.errors.ProbeError` does (``error: ...``).
 """
 
 from __future__ import annotations
@@ -12,26 +14,44 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from probe import runfolder
 from probe.errors import ProbeError
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1 (a count, a size, a limit)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; give one >= 1") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    return value
+
+
+def positive_int_list(text: str) -> tuple[int, ...]:
+    """An argparse type: comma-separated whole numbers, each >= 1."""
+    parts = [p.strip() for p in text.split(",")]
+    if not all(parts):
+        raise argparse.ArgumentTypeError(f"{text!r}: give comma-separated whole numbers >= 1, e.g. 512,2048")
+    return tuple(positive_int(p) for p in parts)
+
+
 def _overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    """CLI flags that were actually passed (defaults are None) -> config overrides."""
+    """CLI flags that were actually passed (their defaults are None) -> config overrides.
+
+    A passed value is kept whatever it is (an empty name, a zero): the config refuses what is invalid, nothing is
+    dropped silently.
+    """
     o: dict[str, dict[str, Any]] = {"experiment": {}, "generation": {}, "probe": {}, "ice": {}}
-    if getattr(args, "name", None):
-        o["experiment"]["name"] = args.name
-    if getattr(args, "models", None):
-        o["experiment"]["models"] = args.models.split(",")
-    if getattr(args, "output_dir", None):
-        o["experiment"]["output_dir"] = args.output_dir
-    if getattr(args, "batch_size", None):
-        o["generation"]["batch_size"] = args.batch_size
-    if getattr(args, "max_new_tokens", None):
-        o["generation"]["max_new_tokens"] = args.max_new_tokens
-    if getattr(args, "replications", None):
-        o["ice"]["replications"] = args.replications
-    if getattr(args, "probe", None) is not None:
-        o["probe"]["enabled"] = args.probe
+    flags = {"name": ("experiment", "name"), "output_dir": ("experiment", "output_dir"),
+             "batch_size": ("generation", "batch_size"), "max_new_tokens": ("generation", "max_new_tokens"),
+             "replications": ("ice", "replications"), "probe": ("probe", "enabled")}
+    for flag, (section, key) in flags.items():
+        if getattr(args, flag, None) is not None:
+            o[section][key] = getattr(args, flag)
+    if getattr(args, "models", None) is not None:
+        o["experiment"]["models"] = [m.strip() for m in args.models.split(",")]
     return {k: v for k, v in o.items() if v}
 
 
@@ -56,13 +76,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from probe.runner import PROMPTS, build_prompts, prepare_run_dir
+    from probe.runner import build_prompts, prepare_run_dir
 
     cfg = _load(args)
     prepare_run_dir(cfg, force=args.force)
     by_model = build_prompts(cfg, progress=not args.quiet)
     n = len({p.prompt_id for ps in by_model.values() for p in ps})
-    print(f"{n} prompts in {cfg.run_dir / PROMPTS}")
+    print(f"{n} prompts in {cfg.run_folder.prompts}")
     return 0
 
 
@@ -71,7 +91,14 @@ def _dp_rank() -> tuple[int, int]:
     (0, 1) otherwise. Variables are read in accelerate's order (``PartialState`` reads the same ones)."""
 
     def first(names: tuple[str, ...], default: str) -> int:
-        return int(next((os.environ[n] for n in names if os.environ.get(n)), default))
+        name = next((n for n in names if os.environ.get(n)), None)
+        if name is None:
+            return int(default)
+        try:
+            return int(os.environ[name])
+        except ValueError:
+            raise ProbeError(f"environment variable {name}={os.environ[name]!r} is not a whole number; the launcher "
+                             "sets it (accelerate launch, torchrun, mpirun): unset it for a one-process run") from None
 
     world = first(("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"), "1")
     rank = first(("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK"), "0")
@@ -127,7 +154,7 @@ def _analyze_and_report(run_dir: Path, report: bool) -> int:
     from probe.analysis import analyze_run
 
     analyze_run(run_dir)
-    print(f"analysis: {run_dir / 'analysis.json'}")
+    print(f"analysis: {runfolder.RunFolder(run_dir).analysis}")
     if report:
         from probe.report import render_report
 
@@ -147,7 +174,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         return 0
     result = analyze_run(path)
     print(main_table_text(result))
-    print(f"analysis: {path / 'analysis.json'}")
+    print(f"analysis: {runfolder.RunFolder(path).analysis}")
     return 0
 
 
@@ -196,8 +223,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     else:
         from probe.bench.attention import format_attention_bench, run_attention_bench
 
-        lengths = tuple(int(x) for x in args.lengths.split(","))
-        print(format_attention_bench(run_attention_bench(lengths=lengths)))
+        print(format_attention_bench(run_attention_bench(lengths=args.lengths)))
     return 0
 
 
@@ -211,35 +237,35 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--name", help="run name (folder under outputs/)")
         sp.add_argument("--models", help="comma-separated model card names, replacing experiment.models")
         sp.add_argument("--output-dir", help="parent folder of run folders (default outputs)")
-        sp.add_argument("--replications", type=int)
+        sp.add_argument("--replications", type=positive_int, help="replications per (task, condition, load)")
         sp.add_argument("--force", action="store_true", help="overwrite a run folder's differing config")
         sp.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
 
     sp = sub.add_parser("validate", help="check an experiment file without loading a model")
     exp_args(sp)
     sp.set_defaults(fn=cmd_validate)
-    sp = sub.add_parser("build", help="build the ICE prompts (outputs/<name>/prompts.jsonl)")
+    sp = sub.add_parser("build", help=f"build the prompts (outputs/<name>/{runfolder.PROMPTS})")
     exp_args(sp)
     sp.set_defaults(fn=cmd_build)
     sp = sub.add_parser("run", help="build prompts and run every model (resumable)")
     exp_args(sp)
-    sp.add_argument("--batch-size", type=int)
-    sp.add_argument("--max-new-tokens", type=int)
+    sp.add_argument("--batch-size", type=positive_int, help="prompts generated together")
+    sp.add_argument("--max-new-tokens", type=positive_int, help="generation limit in tokens")
     sp.add_argument("--device", help="cpu, cuda, cuda:1 (default: CUDA when available)")
     sp.add_argument("--probe", dest="probe", action="store_true", default=None, help="turn attention probing on")
     sp.add_argument("--no-probe", dest="probe", action="store_false", help="turn attention probing off")
-    sp.add_argument("--analyze", action="store_true", help="also write analysis.json")
-    sp.add_argument("--report", action="store_true", help="with --analyze, also write report.html")
+    sp.add_argument("--analyze", action="store_true", help=f"also write {runfolder.ANALYSIS}")
+    sp.add_argument("--report", action="store_true", help=f"with --analyze, also write {runfolder.REPORT}")
     sp.set_defaults(fn=cmd_run)
     sp = sub.add_parser("analyze", help="statistics of a run folder, or of a CSV/JSONL written by another tool")
     sp.add_argument("run", help="run folder (outputs/<name>) or a CSV / JSONL file of trials")
     sp.add_argument("--map", help="column mapping for external files: field=column,... or a TOML mapping file")
     sp.add_argument("--out", help="output folder for an external file's analysis")
-    sp.add_argument("--max-new-tokens", type=int, default=None,
+    sp.add_argument("--max-new-tokens", type=positive_int, default=None,
                     help="external files: the generation limit used, to recognise cut-off outputs")
     sp.add_argument("--tokenizer", help="external files: a local tokenizer folder to count output tokens with")
     sp.set_defaults(fn=cmd_analyze)
-    sp = sub.add_parser("report", help="write report.html and figures for a run folder")
+    sp = sub.add_parser("report", help=f"write {runfolder.REPORT} and figures for a run folder")
     sp.add_argument("run")
     sp.set_defaults(fn=cmd_report)
     sp = sub.add_parser("compare", help="several runs side by side")
@@ -261,9 +287,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("bench", help="benchmarks: generate (batching speed-up) or attention (probe cost)")
     sp.add_argument("what", choices=["generate", "attention"])
     sp.add_argument("--experiment", default="experiments/demo.toml")
-    sp.add_argument("--n", type=int, default=32, help="generate: prompts to time")
-    sp.add_argument("--batch-size", type=int, default=None, help="generate: batched size (default: the experiment's)")
-    sp.add_argument("--lengths", default="512,2048,4096,8192", help="attention: prompt lengths in tokens")
+    sp.add_argument("--n", type=positive_int, default=32, help="generate: prompts to time")
+    sp.add_argument("--batch-size", type=positive_int, default=None,
+                    help="generate: batched size (default: the experiment's)")
+    sp.add_argument("--lengths", type=positive_int_list, default=(512, 2048, 4096, 8192),
+                    help="attention: prompt lengths in tokens, comma-separated")
     sp.set_defaults(fn=cmd_bench)
     return p
 

@@ -1,6 +1,8 @@
 """Experiment definitions: one TOML file -> frozen dataclasses. Unknown keys are errors naming file and key.
 
-Precedence is defaults < file < CLI flags actually passed. ``__post_init__`` only validates.
+Precedence is defaults < file < CLI flags actually passed. ``__post_init__`` only validates. :func:`dump_config`
+writes a config back as TOML that reads back equal (every string escaped as TOML requires: newlines, tabs, quotes,
+backslashes, control characters); the run folder keeps that text (:func:`read_run_config` reads it back).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
 from probe.errors import ConfigError
+from probe.runfolder import RunFolder
 from probe.types import CONDITIONS
 
 QUERY_SETS = ("question", "last", "generated")
@@ -139,7 +142,13 @@ class ExperimentConfig:
 
     @property
     def run_dir(self) -> Path:
+        """The run folder's path, ``<output_dir>/<name>`` (its files: :attr:`run_folder`)."""
         return Path(self.experiment.output_dir) / self.experiment.name
+
+    @property
+    def run_folder(self) -> RunFolder:
+        """The run folder, which names every file of the run (:class:`probe.runfolder.RunFolder`)."""
+        return RunFolder(self.run_dir)
 
     def to_dict(self) -> dict[str, Any]:
         return _to_plain(dataclasses.asdict(self))
@@ -245,13 +254,41 @@ def load_config(path: str | Path, overrides: dict[str, dict[str, Any]] | None = 
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"{p}: no such experiment file")
-    try:
-        data = tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{p}: not valid TOML: {e}") from None
+    data = _read_toml(p, "fix the line it names")
     for section, values in (overrides or {}).items():
         data.setdefault(section, {}).update({k: v for k, v in values.items() if v is not None})
     return config_from_dict(data, str(p))
+
+
+def _read_toml(path: Path, fix: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML ({e}); {fix}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); {fix}") from None
+
+
+def read_run_config(run: str | Path | RunFolder) -> ExperimentConfig | None:
+    """The resolved experiment a run folder was made with (its ``config.toml``), or None when it has none.
+
+    Args:
+        run: the run folder.
+
+    Raises:
+        ConfigError: the file exists but is not valid TOML or not a valid experiment; the message names the file
+            and says how to write it again (``probe run EXP.toml --force`` rewrites it from the experiment).
+    """
+    path = RunFolder(run).config
+    if not path.is_file():
+        return None
+    fix = ("this file is written by `probe run` / `probe build`; restore it, or write it again from the experiment "
+           "with `probe run EXP.toml --force`")
+    data = _read_toml(path, fix)
+    try:
+        return config_from_dict(data, str(path))
+    except ConfigError as e:
+        raise ConfigError(f"{e} ({fix})") from None
 
 
 def dump_config(cfg: ExperimentConfig) -> str:
@@ -278,13 +315,37 @@ def dump_config(cfg: ExperimentConfig) -> str:
     return "\n".join(lines)
 
 
+_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+
+
+def toml_string(text: str) -> str:
+    """``text`` as a TOML basic string (quoted, one line): quotes, backslashes and control characters escaped.
+
+    Raises:
+        ConfigError: ``text`` holds a lone surrogate (not a Unicode character; TOML cannot hold it).
+    """
+    out = []
+    for ch in text:
+        code = ord(ch)
+        if ch in _TOML_ESCAPES:
+            out.append(_TOML_ESCAPES[ch])
+        elif code < 0x20 or code == 0x7F:
+            out.append(f"\\u{code:04X}")
+        elif 0xD800 <= code <= 0xDFFF:
+            raise ConfigError(f"{text!r}: holds the lone surrogate U+{code:04X}, which is not a character; "
+                              "fix the value (is the text UTF-8?)")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
 def _toml_value(v: Any) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (int, float)):
         return repr(v)
     if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return toml_string(v)
     if isinstance(v, list):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    raise TypeError(f"cannot write {v!r} as TOML")
+    raise ConfigError(f"cannot write {v!r} (a {type(v).__name__}) as a TOML value")

@@ -291,10 +291,22 @@ def load_tokenizer(card: ModelCard) -> Any:
         raise
     except OSError as e:
         raise ModelUnavailableError(f"model {card.name!r}: tokenizer could not be loaded: {e}") from None
-    return _prepare_tokenizer(tok)
+    return _prepare_tokenizer(tok, card)
 
 
-def _prepare_tokenizer(tok: Any) -> Any:
+def _prepare_tokenizer(tok: Any, card: ModelCard) -> Any:
+    """Left padding and a pad token; a card that asks for a chat template its tokenizer lacks is refused.
+
+    Raises:
+        ConfigError: ``use_chat_template = true`` and the tokenizer has no chat template (names the card and the
+            fix); the prompt is never sent as plain text behind the card's back.
+    """
+    if card.use_chat_template and not getattr(tok, "chat_template", None):
+        raise ConfigError(
+            f"{card.card_path or card.name}: use_chat_template = true, but the tokenizer of model {card.name!r} has "
+            "no chat template. Set use_chat_template = false in the card to give the model the prompt as plain text "
+            "(right for a base model), or point the card at weights whose tokenizer has a template"
+        )
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
@@ -349,7 +361,9 @@ def load_model(card_or_name: ModelCard | str, device: str | None = None) -> Load
         if not (cached / "config.json").is_file():
             _dequantise_to_cache(card, d, f, cached)
         model = AutoModelForCausalLM.from_pretrained(cached, **kwargs)
-        tok = _prepare_tokenizer(__import__("transformers").AutoTokenizer.from_pretrained(cached))
+        from transformers import AutoTokenizer
+
+        tok = _prepare_tokenizer(AutoTokenizer.from_pretrained(cached), card)
         revision = f"gguf:{cached.name}"
     elif card.source == "local":
         p = Path(card.path or "").expanduser()

@@ -1,7 +1,10 @@
-"""Trial records on disk: one JSON object per line, append-only, resumable without duplicates.
+"""Trial and prompt records on disk: one JSON object per line, append-only, resumable without duplicates.
 
-A crash can leave a half-written last line; ``read_jsonl`` ignores (and logs) it, and the next write starts on a
-fresh line, so a resumed run neither loses a finished trial nor records one twice.
+A crash can leave a half-written last line (the bytes after the file's last newline): readers skip it (and log
+it) and the next append cuts it off first, so a resumed run neither loses a finished trial nor records one twice.
+Any other line that is not a record, a damaged line in the middle of a file or a complete last line, stops the
+reader with :class:`RecordError` (``file:line: not valid JSON ...``) before anything is computed or written.
+Where the files of a run lie is :mod:`probe.runfolder`'s business; this module reads and writes one file.
 """
 
 from __future__ import annotations
@@ -9,13 +12,26 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
-from probe.types import Gold
+from probe.errors import ProbeError, SpanError
+from probe.types import Gold, Prompt
 
 log = logging.getLogger(__name__)
+
+
+class RecordError(ProbeError):
+    """A record file holds a line that is not a record (``file:line: what is wrong``, and what to do)."""
+
+
+def _damaged(path: Path, line: int, what: str) -> RecordError:
+    return RecordError(
+        f"{path}:{line}: {what}. The file is damaged there (an interrupted run only ever leaves a half-written last "
+        "line, which is cut on resume); restore the file, or repair or delete that line (a deleted trial is run "
+        "again by `probe run`)"
+    )
 
 
 @dataclass
@@ -65,12 +81,24 @@ class TrialRecord:
         return TrialRecord(**kept)
 
 
+_REQUIRED_TRIAL_FIELDS = tuple(f.name for f in fields(TrialRecord)
+                               if f.default is MISSING and f.default_factory is MISSING)
+
+
 def make_trial_id(model: str, prompt_id: str) -> str:
     return f"{model}::{prompt_id}"
 
 
-def read_jsonl(path: Path) -> Iterator[dict]:
-    """Yield the complete JSON lines of ``path``; a broken last line (crash mid-write) is skipped."""
+def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield ``(line number, object)`` for every record line of ``path`` (nothing when the file is absent).
+
+    Blank lines are skipped. A half-written last line (no newline after it: a crash mid-write) is skipped with a
+    warning.
+
+    Raises:
+        RecordError: any other line is not valid JSON or not a JSON object (``file:line: ...``).
+    """
+    path = Path(path)
     if not path.exists():
         return
     with path.open("r", encoding="utf-8") as fh:
@@ -79,12 +107,21 @@ def read_jsonl(path: Path) -> Iterator[dict]:
         if not line.strip():
             continue
         try:
-            yield json.loads(line)
-        except json.JSONDecodeError:
-            if i == len(lines):
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            if i == len(lines) and not line.endswith("\n"):
                 log.warning("%s:%d: ignoring a half-written last line (interrupted run)", path, i)
-            else:
-                raise
+                continue
+            raise _damaged(path, i, f"not valid JSON ({e.msg} at column {e.colno})") from None
+        if not isinstance(obj, dict):
+            raise _damaged(path, i, f"not a JSON object (a {type(obj).__name__})")
+        yield i, obj
+
+
+def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    """The record objects of ``path`` in file order (see :func:`iter_jsonl`; raises :class:`RecordError`)."""
+    for _, obj in iter_jsonl(path):
+        yield obj
 
 
 def append_jsonl(path: Path, rows: Iterable[dict]) -> int:
@@ -95,6 +132,7 @@ def append_jsonl(path: Path, rows: Iterable[dict]) -> int:
     rows = list(rows)
     if not rows:
         return 0
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     _drop_partial_last_line(path)
     with path.open("a", encoding="utf-8") as fh:
@@ -103,6 +141,22 @@ def append_jsonl(path: Path, rows: Iterable[dict]) -> int:
         fh.flush()
         os.fsync(fh.fileno())
     return len(rows)
+
+
+def write_jsonl(path: Path, rows: Iterable[dict]) -> int:
+    """Write ``path`` whole (under a temporary name, fsynced, then renamed): readers see the old file or the new.
+
+    Returns:
+        The number of rows written.
+    """
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    n = append_jsonl(tmp, rows)
+    if n == 0:
+        tmp.write_text("", encoding="utf-8")
+    tmp.replace(path)
+    return n
 
 
 def _drop_partial_last_line(path: Path) -> None:
@@ -119,13 +173,40 @@ def _drop_partial_last_line(path: Path) -> None:
 
 
 def load_trials(path: Path) -> list[TrialRecord]:
-    """Trial records of a file, last record of each trial_id winning (an error later retried successfully)."""
+    """Trial records of a file, last record of each trial_id winning (an error later retried successfully).
+
+    Raises:
+        RecordError: a line is not valid JSON, or not a trial record (a required field missing or of a wrong kind).
+    """
     by_id: dict[str, TrialRecord] = {}
-    for d in read_jsonl(path):
+    for line, d in iter_jsonl(path):
+        missing = [k for k in _REQUIRED_TRIAL_FIELDS if k not in d]
+        if missing:
+            raise _damaged(Path(path), line, f"not a trial record (missing {', '.join(missing)})")
         by_id[d["trial_id"]] = TrialRecord.from_dict(d)
     return list(by_id.values())
+
+
+def load_prompts(path: Path) -> list[Prompt]:
+    """The prompt records of a file (``prompts.jsonl``), in file order.
+
+    Raises:
+        RecordError: a line is not valid JSON, or not a prompt record.
+    """
+    out: list[Prompt] = []
+    for line, d in iter_jsonl(path):
+        try:
+            out.append(Prompt.from_dict(d))
+        except (KeyError, TypeError, ValueError, SpanError) as e:
+            what = f"missing {e}" if isinstance(e, KeyError) else str(e)
+            raise _damaged(Path(path), line, f"not a prompt record ({what})") from None
+    return out
 
 
 def done_trial_ids(path: Path) -> set[str]:
     """Trials that need no rerun: everything recorded except backend errors."""
     return {t.trial_id for t in load_trials(path) if t.error is None}
+
+
+__all__ = ["RecordError", "TrialRecord", "append_jsonl", "done_trial_ids", "iter_jsonl", "load_prompts",
+           "load_trials", "make_trial_id", "read_jsonl", "write_jsonl"]

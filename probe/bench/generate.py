@@ -3,7 +3,8 @@
 The same prompts (a spread of conditions and loads from the experiment) are generated both ways by the same
 loaded model, alternating the order of the two arms over rounds so that machine noise falls on both. Reported:
 trials/s of each arm, their ratio, and how many greedy outputs agree between the arms (left padding can change
-the arithmetic of a batch slightly, so a few outputs may differ; the figure says how many).
+the arithmetic of a batch slightly, so a few outputs may differ; the figure says how many). The prompts are built in
+a run folder of their own, ``<output_dir>/<name>-bench``, so the experiment's run folder is left as it is.
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 
-from probe.config import load_config
 from probe.backends import LocalBackend
-from probe.runner import build_prompts, prepare_run_dir
+from probe.config import load_config
+from probe.errors import ConfigError
 from probe.loading import load_model
+from probe.runner import build_prompts, prepare_run_dir
 from probe.types import Prompt
 
 
@@ -54,14 +56,27 @@ def _spread(prompts: list[Prompt], n: int) -> list[Prompt]:
 
 def run_generate_bench(experiment: str, n_prompts: int = 32, batch_size: int | None = None,
                        rounds: int = 2) -> GenerateBench:
-    """Time batch-1 against batched generation of the experiment's first model on ``n_prompts`` of its prompts."""
+    """Time batch-1 against batched generation of the experiment's first model on ``n_prompts`` of its prompts.
+
+    Args:
+        experiment: the experiment TOML.
+        n_prompts: distinct prompts to time (>= 1).
+        batch_size: the batched arm's batch size (>= 1; None: the experiment's).
+        rounds: rounds of both arms, alternating their order (>= 1).
+
+    Raises:
+        ConfigError: a count below 1.
+    """
+    for name, value in (("n_prompts", n_prompts), ("batch_size", batch_size), ("rounds", rounds)):
+        if value is not None and value < 1:
+            raise ConfigError(f"bench generate: {name} = {value} must be >= 1")
     cfg = load_config(experiment)
     cfg = replace(cfg, experiment=replace(cfg.experiment, name=cfg.experiment.name + "-bench"))
     prepare_run_dir(cfg, force=True)
     model_name = cfg.experiment.models[0]
     prompts = _spread(build_prompts(cfg, progress=False)[model_name], n_prompts)
-    backend = LocalBackend(load_model(model_name))
-    bs = batch_size or cfg.generation.batch_size
+    backend = LocalBackend(load_model(model_name), seed=cfg.experiment.seed)
+    bs = batch_size if batch_size is not None else cfg.generation.batch_size
     g1 = replace(cfg.generation, batch_size=1)
     gb = replace(cfg.generation, batch_size=bs)
     list(backend.generate(prompts[:2], gb))  # warm-up

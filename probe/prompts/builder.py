@@ -31,6 +31,7 @@ import numpy as np
 from probe.config import IceSection
 from probe.errors import ProbeError
 from probe.prompts.tokenize import filler_share, measured_load, tokenize_prompt
+from probe.runfolder import make_prompt_id
 from probe.tasks import CUSTOM_CONDITION, get_family, get_source
 from probe.types import Prompt, Segment, Task, TokenizedPrompt
 
@@ -149,7 +150,9 @@ class IceBuilder:
         filler: (rng, n) -> neutral filler sentences.
         similarity: (question, texts) -> cosine similarities; needed for S_sim and stratified draws.
         use_chat_template: render the user message through the tokenizer's chat template.
-        id_suffix: appended to every prompt_id (used when an experiment has several tokenizers).
+        id_tokenizer: the tokenizer named in every prompt id (``...|@<tokenizer>``, see
+            :func:`probe.runfolder.make_prompt_id`) when an experiment builds prompts for several tokenizers; None
+            (one tokenizer) leaves it out.
     """
 
     ice: IceSection
@@ -161,7 +164,7 @@ class IceBuilder:
     similarity: Similarity | None = None
     s_sim: Callable[[str, list[str]], float | None] | None = None
     use_chat_template: bool = True
-    id_suffix: str = ""
+    id_tokenizer: str | None = None
 
     @property
     def instruction(self) -> str:
@@ -196,7 +199,7 @@ class IceBuilder:
         return out
 
     def _prompt_id(self, task: Task, condition: str, load: int, rep: int) -> str:
-        return f"{task.task_id}.{condition}.L{load}.r{rep}{self.id_suffix}"
+        return make_prompt_id(task.task_id, condition, load, rep, self.id_tokenizer)
 
     def _germane(self, task: Task) -> list[Piece]:
         return [Piece("germane", h.fact, f"hop{i}") for i, h in enumerate(task.hops)]

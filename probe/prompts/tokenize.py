@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from probe.errors import SpanError
+from probe.errors import ConfigError, SpanError
 from probe.types import Prompt, Span, TokenizedPrompt
 
 log = logging.getLogger(__name__)
@@ -22,9 +22,20 @@ def render_chat(text: str, tokenizer: Any, use_chat_template: bool) -> tuple[str
     """The full model input as text, the offset of ``text`` inside it, and whether special tokens are added.
 
     With a chat template the user message is rendered with the generation prompt; template markup (system prompt,
-    role markers, BOS) lies outside ``[offset, offset + len(text))`` and becomes ``sink``.
+    role markers, BOS) lies outside ``[offset, offset + len(text))`` and becomes ``sink``. Without one
+    (``use_chat_template`` False: a base model) the text is the input and the tokenizer adds its special tokens.
+
+    Raises:
+        ConfigError: ``use_chat_template`` is set but the tokenizer has no chat template (never a silent switch to
+            plain text: the model would see another input than the card says).
     """
-    if use_chat_template and getattr(tokenizer, "chat_template", None):
+    if use_chat_template:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ConfigError(
+                f"the tokenizer {getattr(tokenizer, 'name_or_path', '') or type(tokenizer).__name__!r} has no chat "
+                "template but use_chat_template is set; set use_chat_template = false in the model card (the prompt "
+                "then goes in as plain text), or use a tokenizer that has a template"
+            )
         full = tokenizer.apply_chat_template(
             [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
         )
