@@ -33,6 +33,7 @@ from probe.errors import ConfigError, ProbeError
 from probe.loaded_run import Run, load_run
 
 if TYPE_CHECKING:
+    from probe.analysis.results import Analysis
     from probe.attention.result import SegmentAttention
     from probe.config import ExperimentConfig, IceSection, ProbeSection
     from probe.loading import LoadedModel, ModelCard
@@ -356,10 +357,13 @@ def run(experiment: Experiment, overrides: Mapping[str, Mapping[str, Any]] | Non
     return load_run(run_dir)
 
 
-def _analyze_folder(path: Path) -> Any:
+def _analyze_folder(path: Path) -> Analysis:
     from probe.analysis import analyze_run
+    from probe.report import write_tables
 
-    return analyze_run(path)
+    analysis = analyze_run(path)
+    write_tables(analysis, path)
+    return analysis
 
 
 def _render_folder(path: Path) -> Path:
@@ -368,21 +372,25 @@ def _render_folder(path: Path) -> Path:
     return _render(path)
 
 
-def analyze(run: str | Path | Run) -> Any:
-    """Analyse a run folder (``probe analyze``): writes ``analysis.json`` and tables, returns the analysis.
+def analyze(run: str | Path | Run) -> Analysis:
+    """Analyse a run folder (``probe analyze``): writes ``analysis.json``, ``analysis.md`` and ``tables/*.csv``;
+    returns the analysis (:class:`probe.analysis.results.Analysis`).
+
+    A folder without ``config.toml`` (trials written by another tool) is analysed with the default settings.
 
     Raises:
-        RunNotFoundError: not a run folder.
+        ProbeError: the folder holds no trial records, or a record is damaged (``file:line``).
     """
-    return _analyze_folder(load_run(run).path)
+    return _analyze_folder(run.path if isinstance(run, Run) else Path(run))
 
 
 def render_report(run: str | Path | Run) -> Path:
-    """Write a run folder's ``report.html`` and ``figures/`` (``probe report``; analysed first when the analysis
-    is missing or stale); returns the report's path.
+    """Write a run folder's ``report.html`` and ``figures/`` (``probe report``) from its ``analysis.json``;
+    returns the report's path.
 
     Raises:
         RunNotFoundError: not a run folder.
+        ProbeError: the analysis is missing or older than the trials (run :func:`analyze` first).
     """
     return _render_folder(load_run(run).path)
 

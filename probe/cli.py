@@ -145,15 +145,15 @@ def _cuda() -> bool:
 
 
 def _print_table(run_dir: Path) -> None:
-    from probe.analysis import main_table
+    from probe.report import main_table
 
     print(main_table(run_dir))
 
 
 def _analyze_and_report(run_dir: Path, report: bool) -> int:
-    from probe.analysis import analyze_run
+    from probe.api import analyze
 
-    analyze_run(run_dir)
+    analyze(run_dir)
     print(f"analysis: {runfolder.RunFolder(run_dir).analysis}")
     if report:
         from probe.report import render_report
@@ -163,16 +163,19 @@ def _analyze_and_report(run_dir: Path, report: bool) -> int:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
-    from probe.analysis import analyze_external, analyze_run, main_table_text
+    from probe.analysis import analyze_external
+    from probe.api import analyze
+    from probe.report import main_table_text, write_tables
 
     path = Path(args.run)
     if path.is_file():  # trial records written by another tool
         result, out = analyze_external(path, mapping=args.map, out_dir=Path(args.out) if args.out else None,
                                        max_new_tokens=args.max_new_tokens, tokenizer=args.tokenizer)
+        write_tables(result, out.parent)
         print(main_table_text(result))
         print(f"analysis: {out}")
         return 0
-    result = analyze_run(path)
+    result = analyze(path)
     print(main_table_text(result))
     print(f"analysis: {runfolder.RunFolder(path).analysis}")
     return 0

@@ -23,6 +23,7 @@ from probe.runfolder import RunFolder
 if TYPE_CHECKING:
     import pandas as pd
 
+    from probe.analysis.results import Analysis
     from probe.attention.result import SegmentAttention
     from probe.config import ExperimentConfig
     from probe.loading import ModelCard
@@ -216,18 +217,18 @@ class Run:
                              "model=...")
         return local[0]
 
-    def analysis(self) -> Any:
-        """The run's analysis as ``probe analyze`` wrote it (:func:`probe.analysis.load_analysis`).
+    def analysis(self) -> "Analysis":
+        """The run's analysis as ``probe analyze`` wrote it (:func:`probe.analysis.results.read_analysis`).
 
         Raises:
-            ProbeError: the run has not been analysed yet.
+            ProbeError: the run has not been analysed yet, or its analysis is older than its trials.
         """
-        from probe.analysis import load_analysis
+        from probe.analysis.results import read_analysis
 
         if not self.folder.analysis.is_file():
             raise ProbeError(f"{self.folder.analysis}: the run has not been analysed; run `probe analyze "
                              f"{self.path}` or probe.analyze(run)")
-        return load_analysis(self.path)
+        return read_analysis(self.folder)
 
 
 def load_run(path: str | Path | Run) -> Run:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from probe.errors import ProbeError, SpanError
+from probe.runfolder import RunFolder
 from probe.types import Gold, Prompt
 
 log = logging.getLogger(__name__)
@@ -210,3 +211,15 @@ def done_trial_ids(path: Path) -> set[str]:
 
 __all__ = ["RecordError", "TrialRecord", "append_jsonl", "done_trial_ids", "iter_jsonl", "load_prompts",
            "load_trials", "make_trial_id", "read_jsonl", "write_jsonl"]
+
+
+def check_records(run: str | Path | RunFolder) -> None:
+    """Read every record file of a run folder (prompts, trials, shards) once, so that damage stops a run early.
+
+    Raises:
+        RecordError: a line of one of them is not a record (``file:line: ...``).
+    """
+    run = RunFolder(run)
+    load_prompts(run.prompts)
+    for path in run.trial_files():
+        load_trials(path)

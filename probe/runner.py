@@ -27,7 +27,8 @@ from probe.config import ExperimentConfig, ProbeSection, dump_config, read_run_c
 from probe.errors import ConfigError
 from probe.loading import ModelCard, get_card, load_tokenizer
 from probe.prompts.builder import IceBuilder
-from probe.records import TrialRecord, append_jsonl, load_prompts, load_trials, make_trial_id, write_jsonl
+from probe.records import (TrialRecord, append_jsonl, check_records, load_prompts, load_trials, make_trial_id,
+                           write_jsonl)
 from probe.runfolder import RunFolder
 from probe.tasks import get_family, get_source, load_tasks
 from probe.types import Prompt, Task
@@ -37,18 +38,6 @@ log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------------------------------------------
 # Run folder: config, manifest, prompts
-
-
-def check_records(run: str | Path | RunFolder) -> None:
-    """Read every record file of a run folder (prompts, trials, shards) once, so that damage stops a run early.
-
-    Raises:
-        RecordError: a line of one of them is not a record (``file:line: ...``).
-    """
-    run = RunFolder(run)
-    load_prompts(run.prompts)
-    for path in run.trial_files():
-        load_trials(path)
 
 
 def prepare_run_dir(cfg: ExperimentConfig, force: bool = False) -> Path:
@@ -409,5 +398,5 @@ def run_experiment(cfg: ExperimentConfig, progress: bool = True, force: bool = F
     return run_dir
 
 
-__all__ = ["build_prompts", "check_records", "make_record", "merge_shards", "prepare_run_dir", "run_experiment",
+__all__ = ["build_prompts", "make_record", "merge_shards", "prepare_run_dir", "run_experiment",
            "run_model"]

@@ -17,8 +17,6 @@ Rendering (text, Markdown, CSV, HTML, figures) is :mod:`probe.report`'s.
 
 from __future__ import annotations
 
-from typing import Any
-
 from probe.analysis.external import ImportSummary, analyze_external, load_external_trials, parse_mapping
 from probe.analysis.families import FamilyAnalysis, FamilyData, FamilyOutput, family_analysis, register_family_analysis
 from probe.analysis.results import (
@@ -31,17 +29,6 @@ from probe.analysis.results import (
     read_analysis,
 )
 from probe.analysis.run import AnalysisConfigError, analyze_run, tabulate_run
-
-
-def __getattr__(name: str) -> Any:
-    # ``main_table`` / ``main_table_text`` render text, which is the report's job (probe.report.text); the names
-    # stay importable from here for callers written before the results were typed.
-    if name in ("main_table", "main_table_text", "render_main_table"):
-        from probe.report import text
-
-        return {"main_table": text.main_table, "main_table_text": text.main_table_text,
-                "render_main_table": text.main_table_text}[name]
-    raise AttributeError(f"module 'probe.analysis' has no attribute {name!r}")
 
 
 __all__ = [

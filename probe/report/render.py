@@ -17,6 +17,7 @@ import numpy as np
 from probe.analysis.results import Analysis, read_analysis
 from probe.report.html import esc, page
 from probe.report.sections import ReportContext, report_section
+from probe.records import check_records
 from probe.runfolder import RunFolder
 
 log = logging.getLogger(__name__)
@@ -55,10 +56,12 @@ def render_report(run_dir: str | Path | RunFolder) -> Path:
         Path of ``report.html``.
 
     Raises:
+        RecordError: a record file of the run holds a damaged line (``file:line``): nothing is written.
         AnalysisFileError: the analysis is missing, stale or of another schema (the message says to run
             ``probe analyze``).
     """
     run = run_dir if isinstance(run_dir, RunFolder) else RunFolder(run_dir)
+    check_records(run)  # a damaged record is named as such, not reported as a stale analysis
     analysis = read_analysis(run)
     ctx = ReportContext(analysis.settings, load_attention_arrays(run), run.figures, str(run.attention_summary))
     sections = "".join(report_section(name).html(result, ctx) for name, result in analysis.families.items())
