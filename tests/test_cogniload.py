@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy import stats
 
-from probe.config import TaskSection
+from probe.config import TaskSection, load_config
 from probe.errors import ConfigError, ProbeError
 from probe.scoring.cogniload import score_cogniload, split_sentences
 from probe.tasks.cogniload import CATEGORIES, PEOPLE, generate_puzzle, generate_tasks
@@ -417,3 +418,13 @@ def test_scoring_rejects_other_sources() -> None:
     bad = Task("x", "synthetic", "q?", "a", ())
     with pytest.raises(ProbeError, match="cogniload"):
         score_cogniload("a", bad)
+
+
+def test_paper_experiment_is_the_papers_grid() -> None:
+    """5 d x 4 N x 7 rho = 140 cells at 100 puzzles each: the paper's 14,000 puzzles per model."""
+    cfg = load_config(Path(__file__).parent.parent / "experiments" / "cogniload-paper.toml")
+    (section,) = cfg.tasks
+    assert section.difficulty == GRID_D and section.length == GRID_N
+    assert len(section.needle_ratio) == 7 and set(GRID_RHO) <= set(section.needle_ratio)
+    cells = len(section.difficulty) * len(section.length) * len(section.needle_ratio)
+    assert (cells, cells * section.n) == (140, 14_000)
