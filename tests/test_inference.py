@@ -308,7 +308,8 @@ def test_residue_similarity_finds_a_planted_slope() -> None:
     codes = clusters(g, per)
     load = np.tile([20.0, 50, 80] * 2, g)
     s_sim = 0.3 + 0.1 * rng.normal(size=g)[codes] + 0.02 * rng.normal(size=codes.size)
-    ar = 0.2 + 0.1 * load[:, None] / 100 + 0.03 * rng.normal(size=(g, 5))[codes] + 0.03 * rng.normal(size=(codes.size, 5))
+    noise = 0.03 * rng.normal(size=(g, 5))[codes] + 0.03 * rng.normal(size=(codes.size, 5))
+    ar = 0.2 + 0.1 * load[:, None] / 100 + noise
     ar[:, 3] += 0.5 * s_sim
     out = inf.residue_similarity_tests(ar, s_sim, codes, load)
     assert out.is_load_adjusted

@@ -235,14 +235,14 @@ def proportion_ci(y: np.ndarray, groups: np.ndarray, alpha: float = 0.05) -> Pro
     codes, n_clusters = _codes(groups, n)
     method = ("Wilson score interval at the Korn-Graubard effective sample size (CR1 design effect by question, "
               "floored at 1; df adjustment (t_{n-1}/t_{G-1})^2)")
-    empty = dict(ci_low=None, ci_high=None, se=None, design_effect=None, n_effective=None, n=n,
-                 n_clusters=n_clusters, method=method)
+    empty = ProportionInterval(mean=None, ci_low=None, ci_high=None, se=None, design_effect=None, n_effective=None,
+                               n=n, n_clusters=n_clusters, method=method, reason="no scored trial")
     if n == 0:
-        return ProportionInterval(mean=None, reason="no scored trial", **empty)
+        return empty
     p = float(y.mean())
     if n_clusters < 2:
-        return ProportionInterval(mean=p, reason="one question: the design effect cannot be estimated, no "
-                                                 "interval clustered by question", **empty)
+        return replace(empty, mean=p, reason="one question: the design effect cannot be estimated, no interval "
+                                             "clustered by question")
     if np.all(y == y[0]):
         var = 0.0
     else:
@@ -740,9 +740,10 @@ def residue_similarity_tests(ar_k: np.ndarray, s_sim: np.ndarray, groups: np.nda
     n = ar_k.shape[0]
     s = _vector("s_sim", s_sim, n)
     cols = [np.ones(n), s]
-    adjusted = load is not None and np.ptp(_vector("load", load, n)) > 0
-    if adjusted:
-        cols.append(_vector("load", load, n))
+    load_col = None if load is None else _vector("load", load, n)
+    adjusted = load_col is not None and bool(np.ptp(load_col) > 0)
+    if load_col is not None and adjusted:
+        cols.append(load_col)
     fits = clustered_ols_many(ar_k, np.column_stack(cols), groups, term=1, alpha=alpha, vcov=vcov,
                               min_clusters=min_clusters)
     r = np.full(ar_k.shape[1], np.nan)
@@ -850,26 +851,25 @@ def paired_sign_flip(em_a: np.ndarray, em_b: np.ndarray, groups: np.ndarray, alp
     n = int(a.shape[0])
     codes, n_q = _codes(groups, n)
     method = "sign-flip permutation of per-question mean differences (scipy permutation_test)"
-    base = dict(n_pairs=n, n_questions=n_q, is_exact=False, n_resamples=None, seed=None, power=None)
+    base = PairedTest(n_pairs=n, n_questions=n_q, em_a=None, em_b=None, delta=None, p=None, is_exact=False,
+                      n_resamples=None, seed=None, mcnemar=None, power=None, is_test=False, method=method,
+                      reason="no pair: no (question, replication) scored in both conditions")
     if n == 0:
-        return PairedTest(em_a=None, em_b=None, delta=None, p=None, mcnemar=None, is_test=False, method=method,
-                          reason="no pair: no (question, replication) scored in both conditions", **base)
+        return base
     ya, yb = a >= 0.5, b >= 0.5
     n_a_only, n_b_only = int((ya & ~yb).sum()), int((~ya & yb).sum())
     mc = mcnemar([[int((ya & yb).sum()), n_a_only], [n_b_only, int((~ya & ~yb).sum())]], exact=True)
     mcn = McNemarResult(n_pairs=n, n_a_only=n_a_only, n_b_only=n_b_only, statistic=float(mc.statistic),
                         p=float(mc.pvalue))
     d = np.bincount(codes, weights=a - b, minlength=n_q) / np.bincount(codes, minlength=n_q)  # (G,)
-    fields = dict(em_a=float(a.mean()), em_b=float(b.mean()), delta=float(d.mean()), mcnemar=mcn)
+    base = replace(base, em_a=float(a.mean()), em_b=float(b.mean()), delta=float(d.mean()), mcnemar=mcn)
     if n_q < min_clusters:
-        return PairedTest(p=None, is_test=False, method=method,
-                          reason=_few_clusters(n_q, min_clusters) + f"; the smallest attainable sign-flip p is "
-                                                                     f"2/2^{n_q} = {2 / 2 ** n_q:.3g}",
-                          **fields, **base)
+        return replace(base, reason=_few_clusters(n_q, min_clusters) + f"; the smallest attainable sign-flip p is "
+                                                                        f"2/2^{n_q} = {2 / 2 ** n_q:.3g}")
     if np.all(d == 0):
-        return PairedTest(p=1.0, is_test=True, method=method,
-                          reason="no question has a non-zero mean difference: the test has no information (p = 1)",
-                          **fields, **{**base, "is_exact": True, "n_resamples": 2**n_q if n_q <= exact_max else None})
+        return replace(base, p=1.0, is_test=True, is_exact=n_q <= exact_max,
+                       n_resamples=2**n_q if n_q <= exact_max else None,
+                       reason="no question has a non-zero mean difference: the test has no information (p = 1)")
     is_exact = n_q <= exact_max
     rng = None if is_exact else np.random.default_rng(seed)
     res = scipy.stats.permutation_test((d,), _mean_along, permutation_type="samples", vectorized=True,
@@ -878,9 +878,9 @@ def paired_sign_flip(em_a: np.ndarray, em_b: np.ndarray, groups: np.ndarray, alp
     sd = float(np.std(d, ddof=1))
     power = t_power(float(d.mean()), sd / math.sqrt(n_q), n_q - 1, alpha) if sd > 0 else None
     how = f"exact, all 2^{n_q} sign assignments" if is_exact else f"Monte Carlo, {n_resamples} assignments, seed {seed}"
-    return PairedTest(p=min(1.0, float(res.pvalue)), is_test=True, method=f"{method}; {how}", reason=None, **fields,
-                      **{**base, "is_exact": is_exact, "n_resamples": 2**n_q if is_exact else n_resamples,
-                         "seed": None if is_exact else seed, "power": power})
+    return replace(base, p=min(1.0, float(res.pvalue)), is_test=True, method=f"{method}; {how}", reason=None,
+                   is_exact=is_exact, n_resamples=2**n_q if is_exact else n_resamples,
+                   seed=None if is_exact else seed, power=power)
 
 
 # ---------------------------------------------------------------------------------------------------- H3
@@ -937,24 +937,24 @@ def similarity_correlation(s_sim: np.ndarray, degradation: np.ndarray, alpha: fl
     y = _vector("degradation", degradation, x.shape[0])
     n = int(x.shape[0])
     method = "Pearson r; Fisher-z interval and the p-value of the same pivot; Spearman as robustness"
-    none = dict(ci_low=None, ci_high=None, p=None, spearman_rho=None, spearman_p=None, slope=None, intercept=None)
+    none = Correlation(n=n, r=None, ci_low=None, ci_high=None, p=None, spearman_rho=None, spearman_p=None,
+                       slope=None, intercept=None, is_test=False, method=method, reason=None)
     x_const = n > 0 and np.ptp(x) <= 1e-12 * max(1.0, float(np.abs(x).max()))
     y_const = n > 0 and np.ptp(y) <= 1e-12 * max(1.0, float(np.abs(y).max()))  # 0.5 - 1/3 vs 1/6: rounding only
     if n < 3 or x_const or y_const:
         why = (f"{n} question(s); need at least {MIN_CORRELATION_N}" if n < 3 else
                "S_sim is the same for every question" if x_const else
                f"degradation is the same ({y[0]:g}) for every question")
-        return Correlation(n=n, r=None, is_test=False, method=method, reason=why, **none)
+        return replace(none, reason=why)
     res = scipy.stats.pearsonr(x, y)
     r = float(res.statistic)
     line = scipy.stats.linregress(x, y)
     if n < MIN_CORRELATION_N:
-        return Correlation(n=n, r=r, is_test=False, method=method,
-                           reason=f"{n} questions: the Fisher-z interval and its test need at least "
-                                  f"{MIN_CORRELATION_N}; r is descriptive only",
-                           **{**none, "slope": float(line.slope), "intercept": float(line.intercept)})
+        return replace(none, r=r, slope=float(line.slope), intercept=float(line.intercept),
+                       reason=f"{n} questions: the Fisher-z interval and its test need at least {MIN_CORRELATION_N}; "
+                              f"r is descriptive only")
     ci = res.confidence_interval(confidence_level=1 - alpha)
-    z = math.atanh(min(max(r, -1.0), 1.0)) if abs(r) < 1 else math.copysign(math.inf, r)
+    z = math.atanh(r) if abs(r) < 1 else math.copysign(math.inf, r)
     p = float(2 * scipy.stats.norm.sf(abs(z) * math.sqrt(n - 3)))
     sp = scipy.stats.spearmanr(x, y)
     return Correlation(n=n, r=r, ci_low=float(ci.low), ci_high=float(ci.high), p=p,

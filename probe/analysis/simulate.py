@@ -160,7 +160,13 @@ def before_mean_ci(y: np.ndarray, codes: np.ndarray, alpha: float = ALPHA) -> tu
 
 def _normal_p(fit: inf.ClusteredFit) -> float:
     """The p-value of the same fit on a normal reference (how the logistic fits were tested before)."""
+    assert fit.estimate is not None and fit.se is not None, "only tests have a standard error"
     return float(2 * scipy.stats.norm.sf(abs(fit.estimate / fit.se)))
+
+
+def _rejects(p: float | None) -> bool:
+    """A test's verdict at ALPHA; a descriptive result (p None) never rejects."""
+    return p is not None and p < ALPHA
 
 
 # ------------------------------------------------------------------------------------------------- coverage
@@ -207,8 +213,9 @@ def coverage(seed: int, clusters: int, replications: int, em: float, kappa: floa
                        outside_before=outside / n_runs)
 
 
-def coverage_table(seed: int, n_runs: int, clusters: Sequence[int] = (7, 20, 50), ems: Sequence[float] = (0.1, 0.5, 0.9),
-                   replications: Sequence[int] = (2, 1, 5), kappas: Sequence[float] = (2.0,)) -> list[CoverageRow]:
+def coverage_table(seed: int, n_runs: int, clusters: Sequence[int] = (7, 20, 50),
+                   ems: Sequence[float] = (0.1, 0.5, 0.9), replications: Sequence[int] = (2, 1, 5),
+                   kappas: Sequence[float] = (2.0,)) -> list[CoverageRow]:
     """Coverage in every combination of the settings (each with its own generator; see :func:`coverage`)."""
     rows = []
     for kappa in kappas:
@@ -254,15 +261,15 @@ def null_h1(seed: int, clusters: int, n_runs: int, replications: int = 2,
         o2 = inf.clustered_ols(y, X, codes, min_clusters=min_clusters)
         if o1.is_test and o2.is_test:
             n_ols += 1
-            counts["ols_cr1"] += o1.p < ALPHA
-            counts["ols_cr2"] += o2.p < ALPHA
+            counts["ols_cr1"] += _rejects(o1.p)
+            counts["ols_cr2"] += _rejects(o2.p)
         l1 = inf.clustered_logit(y, X, codes, vcov="CR1", min_clusters=min_clusters)
         l2 = inf.clustered_logit(y, X, codes, min_clusters=min_clusters)
         if l1.is_test and l2.is_test:
             n_logit += 1
             counts["logit_z"] += _normal_p(l1) < ALPHA
-            counts["logit_cr1"] += l1.p < ALPHA
-            counts["logit_cr2"] += l2.p < ALPHA
+            counts["logit_cr1"] += _rejects(l1.p)
+            counts["logit_cr2"] += _rejects(l2.p)
     n_ols, n_logit = max(n_ols, 1), max(n_logit, 1)
     return [
         RejectionRow("H1 linear probability model", clusters, n_runs, "test", counts["ols_cr1"] / n_ols,
@@ -282,7 +289,7 @@ def power_h1(seed: int, clusters: int, n_runs: int, beta: float = -0.004, replic
     for _ in range(n_runs):
         y, x, codes = h1_data(rng, clusters, replications, beta)
         fit = inf.clustered_ols(y, sm.add_constant(x), codes)
-        hits += fit.p is not None and fit.p < ALPHA
+        hits += _rejects(fit.p)
         if fit.se is not None and fit.df is not None:
             ses.append(fit.se)
             dfs.append(fit.df)
@@ -394,8 +401,8 @@ def null_layers(seed: int, clusters: int, n_runs: int, replications: int = 2, n_
                     n_logit += 1
                     p_before.append(_normal_p(f1))
                 c["z" + adj] += _normal_p(f1) < ALPHA
-                c["t1" + adj] += f1.p < ALPHA
-                c["t2" + adj] += f2.p < ALPHA
+                c["t1" + adj] += _rejects(f1.p)
+                c["t2" + adj] += _rejects(f2.p)
         r1 = inf.attention_failure_tests(layer, failed, load, codes, covariates=residue[:, None], vcov="CR1",
                                          min_clusters=min_clusters)
         r2 = inf.attention_failure_tests(layer, failed, load, codes, covariates=residue[:, None],
@@ -491,7 +498,8 @@ def null_h3(seed: int, n_questions: int, n_runs: int) -> list[RejectionRow]:
         done += 1
         p_t = float(scipy.stats.pearsonr(s_sim, control - residue).pvalue)
         before += p_t < ALPHA
-        after += res.p < ALPHA
+        assert res.ci_low is not None and res.ci_high is not None
+        after += _rejects(res.p)
         disagree += (p_t < ALPHA) != (res.ci_low > 0 or res.ci_high < 0)
     done = max(done, 1)
     return [

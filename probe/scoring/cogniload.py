@@ -21,9 +21,10 @@ ignored). A mention does not count when it is negated or names a former value: a
 ``no``, ``never``, ``nor``, ``neither``; ``no longer``) or a former-value marker (``from``, ``than`` as in "rather
 than" / "other than", ``instead of``, ``except``) within the three words before it, looking back no further than
 the nearest other value, ``but``, ``and``, ``so``, ``now``, ``to``, ``is``, ``are`` or ``becomes``; or an arrow
-(``->``, ``→``, ``=>``) or ``to`` and another value right after it. The string *gives* a value when exactly one value is mentioned in a way that
-counts. So "is not teal" gives nothing, "is not beige but teal" gives teal, "changes from beige to teal" and
-"beige → teal" give teal, and "teal or beige" gives nothing (a hedge is not an answer).
+(``->``, ``→``, ``=>``), or ``to`` and another value, right after it. The string *gives* a value when exactly one
+value is mentioned in a way that counts. So "is not teal" gives nothing, "is not beige but teal" gives teal,
+"changes from beige to teal" and "beige → teal" give teal, and "teal or beige" gives nothing (a hedge is not an
+answer).
 
 The output is correct (``em`` 1.0) when the judged string gives the gold value. A box or ``Answer:`` line decides
 even when it gives no value (``\\boxed{teal or beige}`` is wrong, whatever the reasoning said before it).
