@@ -216,9 +216,10 @@ def proportion_ci(y: np.ndarray, groups: np.ndarray, alpha: float = 0.05) -> Pro
     4. the Wilson score interval for p · n* successes out of n* (statsmodels ``proportion_confint``).
 
     The interval is always inside [0, 1], is not degenerate when every outcome is equal, and widens with the
-    clustering. Simulated coverage of the 95 % interval (docs/statistics.md): 0.93–0.98 for G ∈ {7, 20, 50}
-    questions × true EM ∈ {0.1, 0.5, 0.9} with beta-distributed question-level success probabilities and 2
-    replications per question. With one question no design effect can be estimated and no interval is given.
+    clustering. Simulated coverage of the 95 % interval (docs/statistics.md), G ∈ {7, 20, 50} questions × true
+    EM ∈ {0.1, 0.5, 0.9}, beta-distributed question-level success probabilities, 2 replications per question:
+    0.934–0.976 at intra-question correlation 0.33, 0.921–0.983 over correlations 0.2–0.5. With one question no
+    design effect can be estimated and no interval is given.
 
     Args:
         y: (n,) outcomes in [0, 1] (EM).
@@ -436,9 +437,10 @@ def clustered_ols(y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: int = 
         return _descriptive("ols", term, vcov, n, n_clusters, method,
                             f"the outcome has no variance (every value {y[0]:g})", params)
     if vcov == "CR1":
-        cr1 = sm.OLS(y, X).fit(cov_type="cluster", cov_kwds={"groups": codes}, use_t=True)
-        return _test("ols", term, vcov, params, float(cr1.bse[term]), float(cr1.df_resid_inference), n,
-                     n_clusters, method, alpha)
+        with np.errstate(invalid="ignore"):  # a singular CR1 matrix gives a NaN SE, turned into a reason below
+            cr1 = sm.OLS(y, X).fit(cov_type="cluster", cov_kwds={"groups": codes}, use_t=True)
+            se1 = float(cr1.bse[term])
+        return _test("ols", term, vcov, params, se1, float(cr1.df_resid_inference), n, n_clusters, method, alpha)
     w, df = sandwich_weights(X, codes, n_clusters, term, "CR2")
     return _test("ols", term, vcov, params, _cluster_se(w, np.asarray(res.resid), codes, n_clusters), df, n,
                  n_clusters, method, alpha)
