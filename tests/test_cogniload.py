@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy import stats
 
-from probe.config import TaskSection
+from probe.config import TaskSection, load_config
 from probe.errors import ConfigError, ProbeError
 from probe.scoring.cogniload import score_cogniload, split_sentences
 from probe.tasks.cogniload import CATEGORIES, PEOPLE, generate_puzzle, generate_tasks
@@ -292,23 +293,41 @@ def _task(gold: str = "archery", poi: str = "Lena", category: str = "hobby") -> 
     [
         ("Lena's hobby is archery.", 1.0, "poi_category"),
         ("LENA'S HOBBY IS ARCHERY!", 1.0, "poi_category"),
-        # a right value early, a wrong one later about the PoI and the category, and in the last sentence
-        ("Lena's hobby is archery after step 2. In the end Lena's hobby is chess.", 0.0, None),
-        ("After step 2 Lena does archery. Step 3 moves Lena to chess. So the answer is chess.", 0.0, None),
+        # a right value early, a wrong one later about the PoI and the category: the last one decides
+        ("Lena's hobby is archery after step 2. In the end Lena's hobby is chess.", 0.0, "poi_category"),
+        ("After step 2 Lena does archery. Step 3 moves Lena to chess. So the answer is chess.", 0.0, "poi"),
         # a wrong value early, the right one later
         ("Lena's hobby is chess at step 1. Finally, Lena's hobby is archery.", 1.0, "poi_category"),
         # the last sentence about the PoI names no category; the last sentence is about someone else
         ("Brent's hobby is fencing. In the end Lena does archery. Brent's hobby is chess.", 1.0, "poi"),
-        # the PoI is not named at all: the last sentence decides
-        ("Working through the statements.\nThe answer is \\boxed{archery}", 1.0, "last"),
+        # the PoI is not named at all: the box decides
+        ("Working through the statements.\nThe answer is \\boxed{archery}", 1.0, "boxed"),
+        # ... and without a box, the last sentence, which gives no value here
         ("Working through the statements. The answer is archery. Done", 0.0, None),
-        # the sentence about PoI and category is wrong, but the final answer line is right (any of the three)
-        ("Lena's hobby is chess.\nFinal answer: archery", 1.0, "last"),
-        # a sentence that names several values of the category gives none
+        ("Working through the statements. The answer is archery.", 1.0, "last"),
+        # an Answer: line decides over the sentences
+        ("Lena's hobby is chess.\nFinal answer: archery", 1.0, "answer_line"),
+        ("Lena's hobby is archery.\n**Answer:** chess", 0.0, "answer_line"),
+        # a sentence that names several values of the category gives none; nothing else gives one
         ("Lena's hobby could be archery, chess or fencing.", 0.0, None),
-        ("Lena's hobby changes from archery to chess.", 0.0, None),
-        # the right value for the PoI, then a transition sentence about the PoI and category
-        ("Lena's hobby is archery. Then Lena's hobby changes from archery to chess.", 0.0, None),
+        # a transition gives the new value
+        ("Lena's hobby changes from chess to archery.", 1.0, "poi_category"),
+        ("Lena's hobby changes from archery to chess.", 0.0, "poi_category"),
+        ("Lena's hobby is archery. Then Lena's hobby changes from archery to chess.", 0.0, "poi_category"),
+        ("Lena's hobby: chess -> archery.", 1.0, "poi_category"),
+        ("Lena's hobby: chess → archery.", 1.0, "poi_category"),
+        ("Lena's hobby goes chess to archery.", 1.0, "poi_category"),
+        # negations
+        ("Lena's hobby is not archery.", 0.0, None),
+        ("Lena's hobby isn't archery.", 0.0, None),
+        ("Lena's hobby is not chess but archery.", 1.0, "poi_category"),
+        ("The hobby of Lena is archery, not chess.", 1.0, "poi_category"),
+        ("Lena no longer does archery; her hobby is chess.", 0.0, "poi_category"),
+        ("Lena's hobby is archery rather than chess.", 1.0, "poi_category"),
+        ("Lena's hobby is archery instead of chess.", 1.0, "poi_category"),
+        # a question is not a statement: the restated question at the end is skipped
+        ("Lena's hobby is archery.\nWhat is the hobby of Lena?", 1.0, "poi_category"),
+        ("Is Lena's hobby chess? No, Lena's hobby is archery.", 1.0, "poi_category"),
         ("I cannot tell.", 0.0, None),
         ("", 0.0, None),
     ],
@@ -318,6 +337,36 @@ def test_progressive_exact_match(output: str, em: float, case: str | None) -> No
     assert (s.em, s.case) == (em, case)
 
 
+@pytest.mark.parametrize(
+    ("output", "em", "case", "answer"),
+    [
+        # the issue's cases (gold teal)
+        ("Quentin's sock colour is teal.\n\\boxed{beige}", 0.0, "boxed", "beige"),
+        ("Quentin's sock colour is teal.\n\\boxed{teal or beige}", 0.0, "boxed", "teal or beige"),
+        ("Quentin's sock colour is teal or beige.", 0.0, None, None),
+        ("Quentin's sock colour is teal.\nWhat is the sock colour of Quentin?", 1.0, "poi_category",
+         "Quentin's sock colour is teal."),
+        ("So Quentin's sock colour changes from beige to teal.", 1.0, "poi_category",
+         "So Quentin's sock colour changes from beige to teal."),
+        ("After statement 4, Quentin's sock colour is beige.\\boxed{teal}", 1.0, "boxed", "teal"),
+        ("Quentin's sock colour is not teal.", 0.0, None, None),
+        # more: boxes with markup or a sentence inside, an unclosed box, an empty box
+        ("Thus \\boxed{\\text{Teal}}.", 1.0, "boxed", "Teal"),
+        ("\\boxed{Quentin's sock colour is teal}", 1.0, "boxed", "Quentin's sock colour is teal"),
+        ("\\boxed{\\textbf{teal}} and later \\boxed{beige", 1.0, "boxed", "teal"),
+        ("Quentin's sock colour is teal. \\boxed{beige", 1.0, "poi_category", "Quentin's sock colour is teal."),
+        ("Quentin's sock colour is teal.\n\\boxed{}", 0.0, "boxed", None),
+        # the last sentence about Quentin and socks decides, even with someone else's colour after it
+        ("Quentin's socks are teal. Brent's sock colour is beige.", 1.0, "poi_category", "Quentin's socks are teal."),
+        ("Quentin's sock color ends up teal.", 1.0, "poi_category", "Quentin's sock color ends up teal."),
+        ("Final answer: TEAL", 1.0, "answer_line", "TEAL"),
+    ],
+)
+def test_issue_cases_and_explicit_answers(output: str, em: float, case: str | None, answer: str | None) -> None:
+    s = score_cogniload(output, _task("teal", poi="Quentin", category="sock colour"))
+    assert (s.em, s.case, s.answer) == (em, case, answer)
+
+
 def test_whole_words_only() -> None:
     assert score_cogniload("Lena's favourite drink is steak.", _task("tea", category="favourite drink")).em == 0.0
     assert score_cogniload("Lena's favourite drink is tea.", _task("tea", category="favourite drink")).em == 1.0
@@ -325,13 +374,28 @@ def test_whole_words_only() -> None:
     assert score_cogniload("Lenas hobby is chess. It is archery", _task()).case == "last"
 
 
-def test_answer_and_uninterpretable() -> None:
+def test_answer_is_the_judged_string() -> None:
     s = score_cogniload("Lena's hobby is chess.", _task())
-    assert (s.answer, s.uninterpretable, s.em) == ("chess", False, 0.0)
+    assert (s.answer, s.value, s.uninterpretable, s.em) == ("Lena's hobby is chess.", "chess", False, 0.0)
+    # the last sentence about the PoI and category hedges; the rules fall back to the last sentence about the PoI
+    # (the same one) and to the output's last sentence, which gives a value
+    s = score_cogniload("Lena's hobby could be archery or chess.\nI pick archery.", _task())
+    assert (s.case, s.answer, s.value, s.em) == ("last", "I pick archery.", "archery", 1.0)
     s = score_cogniload("Lena's hobby could be archery or chess.", _task())
-    assert (s.answer, s.uninterpretable) == (None, False)
+    assert (s.answer, s.value, s.uninterpretable) == (None, None, False)
     s = score_cogniload("No idea.", _task())
     assert (s.answer, s.uninterpretable) == (None, True)
+    s = score_cogniload("Reasoning...\n\\boxed{}", _task())
+    assert (s.case, s.answer, s.uninterpretable) == ("boxed", None, True)
+    s = score_cogniload("\\boxed{I do not know}", _task())
+    assert (s.answer, s.value, s.uninterpretable, s.em) == ("I do not know", None, False, 0.0)
+
+
+def test_capitalised_values() -> None:
+    t = _task("Paris", category="home city")
+    assert score_cogniload("Lena's home city is Paris.", t).em == 1.0
+    assert score_cogniload("Lena's home city is paris, not Oslo.", t).value == "Paris"
+    assert score_cogniload("Lena lives in Oslo.", t).em == 0.0
 
 
 def test_split_sentences() -> None:
@@ -354,3 +418,13 @@ def test_scoring_rejects_other_sources() -> None:
     bad = Task("x", "synthetic", "q?", "a", ())
     with pytest.raises(ProbeError, match="cogniload"):
         score_cogniload("a", bad)
+
+
+def test_paper_experiment_is_the_papers_grid() -> None:
+    """5 d x 4 N x 7 rho = 140 cells at 100 puzzles each: the paper's 14,000 puzzles per model."""
+    cfg = load_config(Path(__file__).parent.parent / "experiments" / "cogniload-paper.toml")
+    (section,) = cfg.tasks
+    assert section.difficulty == GRID_D and section.length == GRID_N
+    assert len(section.needle_ratio) == 7 and set(GRID_RHO) <= set(section.needle_ratio)
+    cells = len(section.difficulty) * len(section.length) * len(section.needle_ratio)
+    assert (cells, cells * section.n) == (140, 14_000)

@@ -151,6 +151,19 @@ def _extract(output: str) -> tuple[str | None, Extraction]:
     return None, "none"
 
 
+def extract_final_answer(output: str) -> tuple[str | None, Extraction]:
+    """The final answer of a generation and how it was found (the extraction :func:`score_output` applies).
+
+    Args:
+        output: the generated text (the prompt excluded).
+
+    Returns:
+        (answer, extraction): the answer cleaned of markup, or None for an empty box or ``Answer:`` slot or a
+        blank output; ``extraction`` is ``boxed``, ``answer_line``, ``last_line`` or ``none``.
+    """
+    return _extract(output)
+
+
 def extract_answer(output: str) -> str | None:
     """The final answer of a generation: last complete ``\\boxed{}``, else an ``Answer:`` line, else last line.
 

@@ -1,25 +1,37 @@
-"""Progressive exact match for CogniLoad answers (SPEC §7).
+"""Scoring of CogniLoad answers (SPEC §7): an explicit final answer first, then progressive exact match.
 
-An output is split into sentences (at line breaks, and after ``.``, ``!`` or ``?`` followed by white space or the
-end). Three sentences are looked at:
+The verdict is made on one string, the *judged string*, found in this order (the first that exists decides, right
+or wrong):
 
-1. ``poi_category``: the last sentence that names the PoI *and* the asked category;
-2. ``poi``: the last sentence that names the PoI;
-3. ``last``: the output's last sentence.
+1. ``boxed``: the last complete ``\\boxed{...}`` (braces closed; an unclosed box is ignored), LaTeX cleaned;
+2. ``answer_line``: else the last ``Answer:`` / ``Final answer:`` line (the extraction of
+   :func:`probe.scoring.answers.extract_final_answer`);
+3. else the three progressive rules of the CogniLoad paper, tried in order as fallbacks — a rule whose sentence
+   gives no value passes to the next:
 
-The answer is correct if any of them *gives the gold value*. A sentence gives the gold value when, after
-normalisation (lower case; every character other than a letter or digit becomes a space), it contains the gold
-value as a whole word and no other value of the asked category. The second condition stops a sentence that
-lists several candidates ("Lena's hobby is chess, archery or fencing") or a transition ("changes from archery
-to chess") from counting as the gold value; such a sentence gives no value.
+   - ``poi_category``: the last sentence that names the person of interest (PoI) *and* the asked category;
+   - ``poi``: the last sentence that names the PoI;
+   - ``last``: the output's last sentence.
 
-Because only the *last* sentence of each kind is used, a right value stated early and a wrong one stated later
-(about the PoI and category, or about the PoI, and in the final sentence) is wrong. Where the final sentence is
-about someone else, the last sentence about the PoI still decides.
+   Sentences are split at line breaks and after ``.``, ``!`` or ``?`` followed by white space; a question (a
+   sentence ending in ``?``, e.g. the question restated at the end) is not a statement and is skipped.
+
+**What a string gives.** A value of the asked category is *mentioned* where it appears as a whole word (case
+ignored). A mention does not count when it is negated or names a former value: a negation (``not``, ``n't``,
+``no``, ``never``, ``nor``, ``neither``; ``no longer``) or a former-value marker (``from``, ``than`` as in "rather
+than" / "other than", ``instead of``, ``except``) within the three words before it, looking back no further than
+the nearest other value, ``but``, ``and``, ``so``, ``now``, ``to``, ``is``, ``are`` or ``becomes``; or an arrow
+(``->``, ``→``, ``=>``), or ``to`` and another value, right after it. The string *gives* a value when exactly one
+value is mentioned in a way that counts. So "is not teal" gives nothing, "is not beige but teal" gives teal,
+"changes from beige to teal" and "beige → teal" give teal, and "teal or beige" gives nothing (a hedge is not an
+answer).
+
+The output is correct (``em`` 1.0) when the judged string gives the gold value. A box or ``Answer:`` line decides
+even when it gives no value (``\\boxed{teal or beige}`` is wrong, whatever the reasoning said before it).
 
 "Names the PoI": the PoI's name appears as a whole word. "Names the category": one of the category's aliases
-(``probe.tasks.cogniload.CATEGORIES``; e.g. "sock colour", "sock color", "socks") appears as a whole phrase.
-"Other values of the category": the category's whole value pool, not only the values used in the puzzle.
+(``probe.tasks.cogniload.CATEGORIES``; e.g. "sock colour", "sock color", "socks") appears as a whole phrase. The
+values checked are the category's whole value pool, not only the values used in the puzzle.
 """
 
 from __future__ import annotations
@@ -29,12 +41,19 @@ from dataclasses import dataclass
 from typing import Literal
 
 from probe.errors import ProbeError
-from probe.tasks.cogniload import CATEGORY_BY_NAME, SOURCE
+from probe.scoring.answers import extract_final_answer
+from probe.tasks.cogniload import CATEGORY_BY_NAME, SOURCE, Category
 from probe.types import Task
 
-MatchCase = Literal["poi_category", "poi", "last"]
+MatchCase = Literal["boxed", "answer_line", "poi_category", "poi", "last"]
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 _NON_WORD = re.compile(r"[^0-9a-z]+")
+_TOKEN = re.compile(r"->|=>|→|⇒|[0-9a-z]+")
+_ARROWS = frozenset({"->", "=>", "→", "⇒"})
+_NEGATIONS = frozenset({"not", "no", "never", "nor", "neither"})
+_FORMER = frozenset({"from", "than", "except"})
+_STOPS = frozenset({"but", "and", "so", "now", "to", "is", "are", "becomes"})
+_LOOKBACK = 3
 
 
 @dataclass(frozen=True)
@@ -42,16 +61,20 @@ class CogniloadScore:
     """The verdict on one output.
 
     Attributes:
-        em: 1.0 if one of the three sentences gives the gold value, else 0.0.
-        case: the first of ``poi_category``, ``poi``, ``last`` whose sentence gives the gold value (None if wrong).
-        answer: the value given by the first of the three sentences (in that order) that gives exactly one value
-            of the category; None if none does.
-        uninterpretable: no value of the asked category appears in any of the three sentences.
+        em: 1.0 if the judged string gives the gold value, else 0.0.
+        case: where the judged string came from: ``boxed``, ``answer_line``, ``poi_category``, ``poi`` or
+            ``last``; None when no rule found a string giving a value (and there was no box or answer line).
+        answer: exactly the judged string (the box's content, the answer line's text, or the sentence); None when
+            nothing was judged, or the box or answer slot is empty.
+        value: the category value the judged string gives, or None.
+        uninterpretable: nothing could be judged: an empty box or answer slot, or no box, no answer line and no
+            value of the asked category mentioned in any sentence the three rules looked at.
     """
 
     em: float
     case: MatchCase | None
     answer: str | None
+    value: str | None
     uninterpretable: bool
 
 
@@ -69,12 +92,56 @@ def _contains(norm_sentence: str, phrase: str) -> bool:
     return normalise(phrase) in norm_sentence
 
 
-def _values_given(norm_sentence: str, pool: tuple[str, ...]) -> list[str]:
-    return [v for v in pool if _contains(norm_sentence, v)]
+def _tokens(text: str) -> list[str]:
+    """Lower-case word tokens and arrows; "n't" becomes the token "not" ("isn't" -> "is", "not")."""
+    text = re.sub(r"n['’]t\b", " not", text.lower())
+    return _TOKEN.findall(text)
+
+
+def _counts(tokens: list[str], i: int, values: frozenset[str]) -> bool:
+    """Whether the value mention at ``tokens[i]`` asserts the value (not negated, not a former value)."""
+    after = tokens[i + 1 : i + 3]
+    if after[:1] and after[0] in _ARROWS:
+        return False
+    if len(after) == 2 and after[0] == "to" and after[1] in values:  # "teal to beige": teal is the former value
+        return False
+    for j in range(i - 1, max(-1, i - 1 - _LOOKBACK), -1):
+        tok = tokens[j]
+        if tok in _NEGATIONS or tok in _FORMER:
+            return False
+        if tok == "of" and j > 0 and tokens[j - 1] == "instead":
+            return False
+        if tok in _STOPS or tok in values or tok in _ARROWS:
+            break
+    return True
+
+
+def values_given(text: str, category: Category) -> tuple[list[str], bool]:
+    """The values of ``category`` that ``text`` asserts, and whether it mentions any value at all.
+
+    Args:
+        text: one sentence, box content or answer line.
+        category: the asked category.
+
+    Returns:
+        (asserted values in order of first assertion, whether any value is mentioned at all); see the module
+        docstring for which mentions count.
+    """
+    pool = {v.lower(): v for v in category.values}
+    values = frozenset(pool)
+    tokens = _tokens(text)
+    given: list[str] = []
+    mentioned = False
+    for i, tok in enumerate(tokens):
+        if tok in values:
+            mentioned = True
+            if _counts(tokens, i, values) and pool[tok] not in given:
+                given.append(pool[tok])
+    return given, mentioned
 
 
 def score_cogniload(output: str, task: Task) -> CogniloadScore:
-    """Score one model output against a CogniLoad task by progressive exact match (module docstring).
+    """Score one model output against a CogniLoad task (module docstring).
 
     Args:
         output: the model's generated text.
@@ -84,7 +151,8 @@ def score_cogniload(output: str, task: Task) -> CogniloadScore:
         The verdict; see ``CogniloadScore``.
 
     Raises:
-        ProbeError: the task is not a CogniLoad task or lacks ``poi``/``category`` in its meta.
+        ProbeError: the task is not a CogniLoad task, lacks ``poi``/``category`` in its meta, or names an unknown
+            category.
     """
     if task.source != SOURCE or "poi" not in task.meta or "category" not in task.meta:
         raise ProbeError(
@@ -94,28 +162,32 @@ def score_cogniload(output: str, task: Task) -> CogniloadScore:
     category = CATEGORY_BY_NAME.get(str(task.meta["category"]))
     if category is None:
         raise ProbeError(f"task {task.task_id}: unknown category {task.meta['category']!r} in meta")
-    gold = str(task.gold)
-    poi = str(task.meta["poi"])
-    sentences = [normalise(s) for s in split_sentences(output)]
+    gold = str(task.gold).lower()
 
-    about_poi = [s for s in sentences if _contains(s, poi)]
-    about_poi_cat = [s for s in about_poi if any(_contains(s, a) for a in category.aliases)]
-    candidates: list[tuple[MatchCase, str | None]] = [
-        ("poi_category", about_poi_cat[-1] if about_poi_cat else None),
-        ("poi", about_poi[-1] if about_poi else None),
-        ("last", sentences[-1] if sentences else None),
-    ]
-    case: MatchCase | None = None
-    answer: str | None = None
+    def verdict(case: MatchCase, judged: str) -> CogniloadScore:
+        given, _ = values_given(judged, category)
+        value = given[0] if len(given) == 1 else None
+        em = 1.0 if value is not None and value.lower() == gold else 0.0
+        return CogniloadScore(em=em, case=case, answer=judged, value=value, uninterpretable=False)
+
+    explicit, how = extract_final_answer(output or "")
+    if how in ("boxed", "answer_line"):
+        if explicit is None:  # an empty box or answer slot: the model announced an answer and gave none
+            return CogniloadScore(em=0.0, case=how, answer=None, value=None, uninterpretable=True)
+        return verdict(how, explicit)
+
+    statements = [s for s in split_sentences(output or "") if not s.endswith("?")]
+    poi = str(task.meta["poi"])
+    about_poi = [s for s in statements if _contains(normalise(s), poi)]
+    about_poi_cat = [s for s in about_poi if any(_contains(normalise(s), a) for a in category.aliases)]
+    rules: list[tuple[MatchCase, list[str]]] = [("poi_category", about_poi_cat), ("poi", about_poi),
+                                                ("last", statements)]
     any_value = False
-    for name, sentence in candidates:
-        if sentence is None:
+    for case, pool in rules:
+        if not pool:
             continue
-        given = _values_given(sentence, category.values)
-        any_value = any_value or bool(given)
+        given, mentioned = values_given(pool[-1], category)
+        any_value = any_value or mentioned
         if len(given) == 1:
-            if answer is None:
-                answer = given[0]
-            if case is None and given[0] == gold:
-                case = name
-    return CogniloadScore(em=1.0 if case else 0.0, case=case, answer=answer, uninterpretable=not any_value)
+            return verdict(case, pool[-1])
+    return CogniloadScore(em=0.0, case=None, answer=None, value=None, uninterpretable=not any_value)

@@ -1,0 +1,964 @@
+"""Small-sample inference for the estimates of SPEC §6: intervals, clustered tests, permutation tests, FDR.
+
+Researchers run 7–50 questions, not the paper's 200. Every function here is pure (numpy arrays in, a small frozen
+dataclass out), uses statsmodels or scipy for its estimator, and says in its docstring which method it applies and
+when the result is descriptive only. ``docs/statistics.md`` gives the methods, the families for multiple
+comparisons and the simulation tables (``python -m probe.analysis.simulate``) that back every choice below.
+
+**Small-sample reference.** Every clustered regression uses CR2 cluster-robust standard errors (the
+bias-reduced linearisation of Bell & McCaffrey) with a t reference on the Bell–McCaffrey degrees of freedom
+(:func:`sandwich_weights`); the logistic GLM too, on its working regression. CR1 (statsmodels
+``cov_type="cluster"``) with t(G − 1) is available as ``vcov="CR1"``: it holds its level when the tested regressor
+varies within questions (H1's load) but over-rejects when it varies mainly between questions (S_sim, a question's
+failure rate) at G = 7 and even at G = 30. Post-hoc power and the minimum detectable effect use the same reference:
+the noncentral t with the test's df and noncentrality |estimate| / SE (statsmodels ``TTestPower``).
+
+**The minimum-G rule.** A clustered test needs enough questions (clusters) to estimate its own variance. With
+``G < MIN_CLUSTERS`` (6) questions every fit and test here is returned *descriptive*: the estimate is given,
+standard error, interval and p-value are ``None`` (NaN in arrays), ``is_test`` is False and ``reason`` says why.
+Six is where the question-level sign-flip test can first reach p < 0.05 at all (its smallest two-sided p is
+2 / 2^G: 0.0625 at G = 5, 0.031 at G = 6); a variance estimated from five or fewer clusters rests on at most four
+degrees of freedom, so a "significant" result there says more about the method than the data. Intervals for a
+cell's EM (:func:`proportion_ci`) are given from G = 2 on: they only widen as G falls.
+
+**Families for multiple comparisons** (Benjamini–Hochberg within each, :func:`bh_qvalues`): H2 per model (all its
+paired comparisons), H3 rows per model, per-layer attention tests (one family per model and measure), per-head
+tests (the whole layer × head grid of one model), H3 in attention (layers, per model and target).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import numpy as np
+import scipy.stats
+import statsmodels.api as sm
+from statsmodels.stats.contingency_tables import mcnemar
+from statsmodels.stats.multitest import multipletests
+from statsmodels.stats.power import TTestPower
+from statsmodels.stats.proportion import proportion_confint
+from statsmodels.tools.sm_exceptions import ConvergenceWarning, PerfectSeparationWarning
+
+from probe.errors import ProbeError
+
+log = logging.getLogger(__name__)
+
+MIN_CLUSTERS = 6  # fewer questions: fits and tests are descriptive only (module docstring)
+EXACT_SIGN_FLIP_MAX = 16  # up to 2^16 = 65,536 sign assignments are enumerated exactly
+N_RESAMPLES = 9_999  # Monte Carlo sign flips above EXACT_SIGN_FLIP_MAX questions
+POWER_TARGET = 0.80
+MIN_CORRELATION_N = 4  # the Fisher-z interval needs n − 3 > 0
+
+
+class InferenceInputError(ProbeError):
+    """Arrays handed to an estimator have the wrong shape, length or values."""
+
+
+# ------------------------------------------------------------------------------------------------------ helpers
+
+
+def _vector(name: str, x: np.ndarray, n: int | None = None, *, finite: bool = True) -> np.ndarray:
+    a = np.asarray(x)
+    if a.ndim != 1:
+        raise InferenceInputError(f"{name}: expected a 1-D array, got shape {a.shape}")
+    if n is not None and a.shape[0] != n:
+        raise InferenceInputError(f"{name}: length {a.shape[0]} does not match the {n} observations")
+    if finite:
+        a = a.astype(float)
+        if not np.all(np.isfinite(a)):
+            bad = int(np.flatnonzero(~np.isfinite(a))[0])
+            raise InferenceInputError(f"{name}: value {a[bad]} at index {bad} is not finite; drop such rows first")
+    return a
+
+
+def _codes(groups: np.ndarray, n: int) -> tuple[np.ndarray, int]:
+    """Integer cluster codes 0..G−1 of ``groups`` (question ids of any hashable dtype) and G."""
+    g = np.asarray(groups)
+    if g.ndim != 1 or g.shape[0] != n:
+        raise InferenceInputError(f"groups: expected {n} question ids, got shape {g.shape}")
+    if n == 0:
+        return np.zeros(0, dtype=int), 0
+    _, codes = np.unique(g.astype(str) if g.dtype == object else g, return_inverse=True)
+    return codes.reshape(-1), int(codes.max()) + 1
+
+
+def _float(x: float | np.floating) -> float | None:
+    v = float(x)
+    return v if math.isfinite(v) else None
+
+
+def _few_clusters(n_clusters: int, min_clusters: int) -> str:
+    return (f"{n_clusters} question(s), fewer than the minimum of {min_clusters}: descriptive only (with so few "
+            f"clusters the clustered variance cannot be estimated reliably; see docs/statistics.md)")
+
+
+def bh_qvalues(p: np.ndarray) -> np.ndarray:
+    """Benjamini–Hochberg q-values within one family, tolerant of missing p-values.
+
+    Method: statsmodels ``multipletests(method="fdr_bh")`` over the finite entries; a missing p-value (NaN, e.g.
+    a fit that was descriptive only) gets a NaN q-value and does not count towards the family size.
+
+    Args:
+        p: p-values of one family, any shape (NaN where missing).
+
+    Returns:
+        q-values, same shape as ``p`` (NaN where ``p`` is NaN). A test is significant at FDR α when q < α.
+    """
+    arr = np.asarray(p, dtype=float)
+    q = np.full(arr.shape, np.nan)
+    ok = np.isfinite(arr)
+    if np.any((arr[ok] < 0) | (arr[ok] > 1)):
+        raise InferenceInputError(f"p-values must lie in [0, 1]; got min {arr[ok].min()}, max {arr[ok].max()}")
+    if ok.any():
+        q[ok] = multipletests(arr[ok], method="fdr_bh")[1]
+    return q
+
+
+# ------------------------------------------------------------------------------------------------------ power
+
+
+@dataclass(frozen=True)
+class Power:
+    """Post-hoc power of a two-sided t test with ``df`` degrees of freedom, and its minimum detectable effect.
+
+    Attributes:
+        power: probability of p < alpha if the true effect equals the estimate (noncentral t).
+        mde: smallest |effect| detected with probability ``target`` at the fitted standard error, in the units of
+            the estimate.
+        target: the power the MDE refers to.
+        df: degrees of freedom of the t reference.
+        alpha: test level.
+        method: how it was computed.
+    """
+
+    power: float | None
+    mde: float | None
+    target: float
+    df: float
+    alpha: float
+    method: str
+
+
+def t_power(estimate: float, se: float, df: float, alpha: float = 0.05, target: float = POWER_TARGET) -> Power:
+    """Power and minimum detectable effect of a two-sided t test, on the test's own reference.
+
+    Method: statsmodels ``TTestPower`` with ``nobs = df + 1`` and effect size |estimate| / se / sqrt(nobs), so that
+    the noncentrality is |estimate| / se and the reference is t(df) — exactly the reference of the clustered test
+    it accompanies (Bell–McCaffrey df for CR2, G − 1 for CR1). Post-hoc power at the observed effect is a
+    re-expression of the p-value, not evidence of its own; the MDE is the useful number for planning.
+
+    Args:
+        estimate: fitted effect.
+        se: its standard error (> 0).
+        df: degrees of freedom of the t reference (> 0; need not be an integer).
+        alpha: test level.
+        target: power for the minimum detectable effect.
+
+    Returns:
+        The :class:`Power`.
+    """
+    if not (se > 0 and math.isfinite(se)) or not df > 0:
+        raise InferenceInputError(f"t_power: needs se > 0 and df > 0, got se={se}, df={df}")
+    nobs = df + 1
+    analysis = TTestPower()
+    power = analysis.power(effect_size=abs(estimate) / se / math.sqrt(nobs), nobs=nobs, alpha=alpha,
+                           alternative="two-sided")
+    d_target = analysis.solve_power(effect_size=None, nobs=nobs, alpha=alpha, power=target, alternative="two-sided")
+    return Power(power=_float(power), mde=_float(float(d_target) * math.sqrt(nobs) * se), target=target, df=df,
+                 alpha=alpha,
+                 method=f"noncentral t with {df:.3g} df, noncentrality |estimate|/SE (statsmodels TTestPower)")
+
+
+# ------------------------------------------------------------------------------------------------ EM interval
+
+
+@dataclass(frozen=True)
+class ProportionInterval:
+    """A mean of 0/1 outcomes with a 95 % (1 − alpha) interval that respects clustering and stays in [0, 1].
+
+    Attributes:
+        mean: the share of successes (None without observations).
+        ci_low, ci_high: interval bounds, inside [0, 1] (None when no interval can be given).
+        se: CR1 cluster-robust standard error of the mean (0 when every outcome is equal).
+        design_effect: estimated design effect (clustered variance / binomial variance), floored at 1.
+        n_effective: effective sample size behind the interval, after the degrees-of-freedom adjustment.
+        n: observations.
+        n_clusters: questions.
+        method: the method, in words.
+        reason: why no interval was given (None otherwise).
+    """
+
+    mean: float | None
+    ci_low: float | None
+    ci_high: float | None
+    se: float | None
+    design_effect: float | None
+    n_effective: float | None
+    n: int
+    n_clusters: int
+    method: str
+    reason: str | None
+
+
+def proportion_ci(y: np.ndarray, groups: np.ndarray, alpha: float = 0.05) -> ProportionInterval:
+    """Mean EM of a cell with a bounded interval clustered by question (Korn–Graubard effective-n Wilson).
+
+    Method (Korn & Graubard 1998, with the Wilson score interval in place of Clopper–Pearson):
+
+    1. V = CR1 cluster-robust variance of the mean (statsmodels OLS on a constant, clustered by question);
+    2. design effect deff = max(1, V / (p(1 − p)/n)); effective sample size n_eff = n / deff (deff = 1 when p is
+       0 or 1, where V is 0);
+    3. degrees-of-freedom adjustment n* = n_eff · (t_{n−1} / t_{G−1})², the 1 − alpha/2 quantiles of t;
+    4. the Wilson score interval for p · n* successes out of n* (statsmodels ``proportion_confint``).
+
+    The interval is always inside [0, 1], is not degenerate when every outcome is equal, and widens with the
+    clustering. Simulated coverage of the 95 % interval (docs/statistics.md), G ∈ {7, 20, 50} questions × true
+    EM ∈ {0.1, 0.5, 0.9}, beta-distributed question-level success probabilities, 2 replications per question:
+    0.934–0.976 at intra-question correlation 0.33, 0.921–0.983 over correlations 0.2–0.5. With one question no
+    design effect can be estimated and no interval is given.
+
+    Args:
+        y: (n,) outcomes in [0, 1] (EM).
+        groups: (n,) question ids.
+        alpha: 1 − confidence level.
+
+    Returns:
+        The :class:`ProportionInterval`.
+    """
+    y = _vector("y", y)
+    n = int(y.shape[0])
+    if np.any((y < 0) | (y > 1)):
+        raise InferenceInputError(f"y: outcomes must lie in [0, 1] (EM); got min {y.min()}, max {y.max()}")
+    codes, n_clusters = _codes(groups, n)
+    method = ("Wilson score interval at the Korn-Graubard effective sample size (CR1 design effect by question, "
+              "floored at 1; df adjustment (t_{n-1}/t_{G-1})^2)")
+    empty = ProportionInterval(mean=None, ci_low=None, ci_high=None, se=None, design_effect=None, n_effective=None,
+                               n=n, n_clusters=n_clusters, method=method, reason="no scored trial")
+    if n == 0:
+        return empty
+    p = float(y.mean())
+    if n_clusters < 2:
+        return replace(empty, mean=p, reason="one question: the design effect cannot be estimated, no interval "
+                                             "clustered by question")
+    if np.all(y == y[0]):
+        var = 0.0
+    else:
+        res = sm.OLS(y, np.ones((n, 1))).fit(cov_type="cluster", cov_kwds={"groups": codes})
+        var = float(res.bse[0]) ** 2
+    binomial = p * (1 - p) / n
+    deff = max(1.0, var / binomial) if binomial > 0 else 1.0
+    q = 1 - alpha / 2
+    n_star = n / deff * (scipy.stats.t.ppf(q, n - 1) / scipy.stats.t.ppf(q, n_clusters - 1)) ** 2
+    lo, hi = proportion_confint(p * n_star, n_star, alpha=alpha, method="wilson")
+    lo, hi = min(float(lo), p), max(float(hi), p)  # Wilson's bound is exactly p at p = 0 or 1; drop rounding
+    return ProportionInterval(mean=p, ci_low=lo, ci_high=hi, se=math.sqrt(var), design_effect=deff,
+                              n_effective=float(n_star), n=n, n_clusters=n_clusters, method=method, reason=None)
+
+
+# ------------------------------------------------------------------------------------------- clustered fits
+
+VarianceType = Literal["CR2", "CR1"]
+
+
+def sandwich_weights(Xw: np.ndarray, codes: np.ndarray, n_clusters: int, term: int,
+                     vcov: VarianceType = "CR2") -> tuple[np.ndarray, float]:
+    """Row weights of a cluster-robust variance for one coefficient, and the degrees of freedom of its t reference.
+
+    With residuals e (n,), the variance of coefficient ``term`` is Σ_g (Σ_{i∈g} w_i e_i)², so one weight vector
+    serves every outcome fitted on the same design.
+
+    - ``CR2`` (Bell & McCaffrey 2002; Imbens & Kolesár 2016; Pustejovsky & Tipton 2018): the bias-reduced
+      linearisation, w_g = (I − H_gg)^{−1/2} X_g (X'X)⁻¹ ℓ (H the hat matrix, H_gg its block of cluster g, the
+      inverse square root taken on the positive eigenvalues), with the Bell–McCaffrey Satterthwaite degrees of
+      freedom df = (tr M)² / ‖M‖²_F, M = diag(‖w_g‖²) − C'(X'X)⁻¹C, C_g = X_g'w_g (the moments of the variance
+      estimator under a working model of independent, equal-variance errors). The df depend on the design only and
+      fall below G − 1 where a few questions carry the contrast (a regressor that varies mainly between questions),
+      which is where CR1 with t(G − 1) over-rejects.
+    - ``CR1``: w = √c · X (X'X)⁻¹ ℓ, c = G/(G − 1) · (n − 1)/(n − k) (statsmodels' small-sample factor), df = G − 1.
+
+    Args:
+        Xw: (n, k) design matrix (for a GLM, scaled by the square root of the working weights).
+        codes: (n,) cluster codes 0..G−1.
+        n_clusters: G.
+        term: index of the coefficient.
+        vcov: ``CR2`` or ``CR1``.
+
+    Returns:
+        (w, df): (n,) weights and the degrees of freedom of the t reference.
+    """
+    n, k = Xw.shape
+    bread = np.linalg.inv(Xw.T @ Xw)  # (k, k)
+    u = Xw @ bread[term]  # (n,) CR0 weights
+    if vcov == "CR1":
+        return math.sqrt(n_clusters / (n_clusters - 1) * (n - 1) / (n - k)) * u, float(n_clusters - 1)
+    w = np.empty(n)
+    C = np.empty((k, n_clusters))
+    for g in range(n_clusters):
+        idx = np.flatnonzero(codes == g)
+        Xg = Xw[idx]  # (n_g, k)
+        ev, vec = np.linalg.eigh(np.eye(idx.size) - Xg @ bread @ Xg.T)
+        inv_sqrt = np.where(ev > 1e-10, 1.0 / np.sqrt(np.clip(ev, 1e-10, None)), 0.0)
+        w[idx] = vec @ (inv_sqrt * (vec.T @ u[idx]))
+        C[:, g] = Xg.T @ w[idx]
+    M = -C.T @ bread @ C  # (G, G)
+    M[np.diag_indices(n_clusters)] += np.bincount(codes, weights=w**2, minlength=n_clusters)
+    df = float(np.trace(M) ** 2 / np.sum(M**2))
+    return w, df
+
+
+@dataclass(frozen=True)
+class ClusteredFit:
+    """One coefficient of a regression with question-clustered standard errors and a small-sample t reference.
+
+    Attributes:
+        model: ``ols`` (linear probability model for 0/1 outcomes) or ``logit`` (Binomial GLM, log-odds).
+        term: index of the tested column of the design matrix.
+        estimate: the tested coefficient (given also when descriptive, None when it cannot be estimated).
+        se, ci_low, ci_high, p: cluster-robust standard error, interval and two-sided p-value on t(df); None when
+            descriptive.
+        df: degrees of freedom of the t reference (Bell–McCaffrey for CR2, G − 1 for CR1; None when descriptive).
+        vcov: ``CR2`` or ``CR1``.
+        n: observations.
+        n_clusters: questions.
+        params: every coefficient of the fit, in the order of the design matrix's columns.
+        is_test: False when the fit is descriptive only (see ``reason``).
+        method: the method, in words.
+        reason: why the fit is descriptive or missing (None for a test).
+        power: post-hoc power and minimum detectable effect on the same t(df) reference (None when descriptive).
+    """
+
+    model: Literal["ols", "logit"]
+    term: int
+    estimate: float | None
+    se: float | None
+    ci_low: float | None
+    ci_high: float | None
+    p: float | None
+    df: float | None
+    vcov: VarianceType
+    n: int
+    n_clusters: int
+    params: tuple[float, ...]
+    is_test: bool
+    method: str
+    reason: str | None
+    power: Power | None
+
+
+def _design(y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: int) -> tuple[np.ndarray, np.ndarray,
+                                                                                   np.ndarray, int]:
+    y = _vector("y", y)
+    X = np.asarray(X, dtype=float)
+    if X.ndim != 2 or X.shape[0] != y.shape[0]:
+        raise InferenceInputError(f"X: expected shape ({y.shape[0]}, k), got {X.shape}")
+    if not np.all(np.isfinite(X)):
+        raise InferenceInputError("X: the design matrix has non-finite values; drop such rows first")
+    if not 0 <= term < X.shape[1]:
+        raise InferenceInputError(f"term: column {term} is not in a design matrix with {X.shape[1]} columns")
+    codes, n_clusters = _codes(groups, y.shape[0])
+    return y, X, codes, n_clusters
+
+
+def _check_vcov(vcov: str) -> None:
+    if vcov not in ("CR2", "CR1"):
+        raise InferenceInputError(f"vcov: {vcov!r} is not one of 'CR2', 'CR1'")
+
+
+def _method(model: str, vcov: VarianceType, n_clusters: int) -> str:
+    ref = "t with Bell-McCaffrey df" if vcov == "CR2" else f"t with G-1 = {n_clusters - 1} df"
+    return f"{model}, {vcov} standard errors clustered by question, {ref}"
+
+
+def _descriptive(model: Literal["ols", "logit"], term: int, vcov: VarianceType, n: int, n_clusters: int,
+                 method: str, reason: str, params: tuple[float, ...] = ()) -> ClusteredFit:
+    estimate = params[term] if params else None
+    return ClusteredFit(model=model, term=term, estimate=estimate, se=None, ci_low=None, ci_high=None, p=None,
+                        df=None, vcov=vcov, n=n, n_clusters=n_clusters, params=params, is_test=False, method=method,
+                        reason=reason, power=None)
+
+
+def _test(model: Literal["ols", "logit"], term: int, vcov: VarianceType, params: tuple[float, ...], se: float,
+          df: float, n: int, n_clusters: int, method: str, alpha: float) -> ClusteredFit:
+    if not math.isfinite(se) or se <= 1e-12 * max(1.0, abs(params[term])):
+        return _descriptive(model, term, vcov, n, n_clusters, method,
+                            "the clustered standard error is 0 or not finite: the outcome does not vary within "
+                            "the tested contrast, so it cannot be tested", params)
+    est = params[term]
+    t_crit = float(scipy.stats.t.ppf(1 - alpha / 2, df))
+    return ClusteredFit(model=model, term=term, estimate=est, se=se, ci_low=est - t_crit * se,
+                        ci_high=est + t_crit * se, p=float(2 * scipy.stats.t.sf(abs(est / se), df)), df=df,
+                        vcov=vcov, n=n, n_clusters=n_clusters, params=params, is_test=True, method=method,
+                        reason=None, power=t_power(est, se, df, alpha))
+
+
+def _cluster_se(w: np.ndarray, resid: np.ndarray, codes: np.ndarray, n_clusters: int) -> float:
+    return float(math.sqrt(np.sum(np.bincount(codes, weights=w * resid, minlength=n_clusters) ** 2)))
+
+
+def clustered_ols(y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: int = 1, alpha: float = 0.05,
+                  vcov: VarianceType = "CR2", min_clusters: int = MIN_CLUSTERS) -> ClusteredFit:
+    """OLS (linear probability model for 0/1 outcomes), question-clustered SEs, small-sample t reference.
+
+    Method: coefficients and residuals from statsmodels ``OLS``; the variance of the tested coefficient is CR2 with
+    Bell–McCaffrey degrees of freedom (:func:`sandwich_weights`), or with ``vcov="CR1"`` statsmodels'
+    ``cov_type="cluster"`` with t(G − 1). p-value and interval on that t; power and MDE from :func:`t_power` on the
+    same df. Descriptive only (estimate, no SE or p) with fewer than ``min_clusters`` questions, a rank-deficient
+    design or an outcome that does not vary. Used for H1 (EM on load, Control as load 0) and the Residue trend.
+
+    Args:
+        y: (n,) outcome.
+        X: (n, k) design matrix, constant included (``sm.add_constant``).
+        groups: (n,) question ids.
+        term: column of ``X`` whose coefficient is tested.
+        alpha: test level and 1 − confidence level.
+        vcov: ``CR2`` (default) or ``CR1``.
+        min_clusters: the minimum-G rule (module docstring).
+
+    Returns:
+        The :class:`ClusteredFit` of column ``term``.
+    """
+    _check_vcov(vcov)
+    y, X, codes, n_clusters = _design(y, X, groups, term)
+    n = int(y.shape[0])
+    method = _method("OLS", vcov, n_clusters)
+    if n <= X.shape[1] or np.linalg.matrix_rank(X) < X.shape[1]:
+        return _descriptive("ols", term, vcov, n, n_clusters, method,
+                            "the design matrix is rank deficient (a covariate is constant or collinear)")
+    res = sm.OLS(y, X).fit()
+    params = tuple(float(v) for v in res.params)
+    if n_clusters < min_clusters:
+        return _descriptive("ols", term, vcov, n, n_clusters, method, _few_clusters(n_clusters, min_clusters),
+                            params)
+    if np.all(y == y[0]):
+        return _descriptive("ols", term, vcov, n, n_clusters, method,
+                            f"the outcome has no variance (every value {y[0]:g})", params)
+    if vcov == "CR1":
+        with np.errstate(invalid="ignore"):  # a singular CR1 matrix gives a NaN SE, turned into a reason below
+            cr1 = sm.OLS(y, X).fit(cov_type="cluster", cov_kwds={"groups": codes}, use_t=True)
+            se1 = float(cr1.bse[term])
+        return _test("ols", term, vcov, params, se1, float(cr1.df_resid_inference), n, n_clusters, method, alpha)
+    w, df = sandwich_weights(X, codes, n_clusters, term, "CR2")
+    return _test("ols", term, vcov, params, _cluster_se(w, np.asarray(res.resid), codes, n_clusters), df, n,
+                 n_clusters, method, alpha)
+
+
+def clustered_logit(y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: int = 1, alpha: float = 0.05,
+                    vcov: VarianceType = "CR2", min_clusters: int = MIN_CLUSTERS) -> ClusteredFit:
+    """Logistic regression (Binomial GLM), question-clustered SEs, small-sample t reference; log-odds.
+
+    Method: coefficients from statsmodels ``GLM(family=Binomial())``; the variance of the tested coefficient is
+    CR2 with Bell–McCaffrey degrees of freedom applied to the converged working regression (design scaled by
+    √(μ(1 − μ)), Pearson residuals (y − μ)/√(μ(1 − μ)); the CR0 version of this is the usual GLM sandwich), or
+    with ``vcov="CR1"`` statsmodels' ``cov_type="cluster"`` with t(G − 1) — never the normal reference, which
+    over-rejects with few questions. Descriptive only with fewer than ``min_clusters`` questions, an outcome that
+    does not vary, a rank-deficient design, or a fit that separates or does not converge (the reason names it).
+
+    Args:
+        y: (n,) 0/1 outcome.
+        X: (n, k) design matrix, constant included.
+        groups: (n,) question ids.
+        term: column of ``X`` whose coefficient is tested.
+        alpha: test level and 1 − confidence level.
+        vcov: ``CR2`` (default) or ``CR1``.
+        min_clusters: the minimum-G rule (module docstring).
+
+    Returns:
+        The :class:`ClusteredFit` of column ``term`` (log-odds scale).
+    """
+    _check_vcov(vcov)
+    y, X, codes, n_clusters = _design(y, X, groups, term)
+    n = int(y.shape[0])
+    if np.any((y != 0) & (y != 1)):
+        raise InferenceInputError("y: a logistic fit needs 0/1 outcomes")
+    method = _method("Binomial GLM (logit)", vcov, n_clusters)
+    if n <= X.shape[1] or np.linalg.matrix_rank(X) < X.shape[1]:
+        return _descriptive("logit", term, vcov, n, n_clusters, method,
+                            "the design matrix is rank deficient (a covariate is constant or collinear)")
+    if np.all(y == y[0]):
+        return _descriptive("logit", term, vcov, n, n_clusters, method,
+                            f"the outcome has no variance (every value {y[0]:g})")
+    model = sm.GLM(y, X, family=sm.families.Binomial())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            res = model.fit()
+        except (np.linalg.LinAlgError, ValueError) as e:
+            return _descriptive("logit", term, vcov, n, n_clusters, method, f"logistic fit failed: {e}")
+    bad = [w for w in caught if issubclass(w.category, (PerfectSeparationWarning, ConvergenceWarning))]
+    if bad:
+        return _descriptive("logit", term, vcov, n, n_clusters, method, f"logistic fit not usable: {bad[0].message}")
+    params = tuple(float(v) for v in res.params)
+    if n_clusters < min_clusters:
+        return _descriptive("logit", term, vcov, n, n_clusters, method, _few_clusters(n_clusters, min_clusters),
+                            params)
+    if vcov == "CR1":
+        cr1 = model.fit(cov_type="cluster", cov_kwds={"groups": codes}, use_t=True)
+        return _test("logit", term, vcov, params, float(cr1.bse[term]), float(cr1.df_resid_inference), n,
+                     n_clusters, method, alpha)
+    mu = np.asarray(res.fittedvalues)
+    sw = np.sqrt(mu * (1 - mu))  # (n,) square root of the working weights
+    if np.any(sw < 1e-8):
+        return _descriptive("logit", term, vcov, n, n_clusters, method,
+                            "fitted probabilities of 0 or 1 (quasi-separation): no usable working weights", params)
+    w, df = sandwich_weights(X * sw[:, None], codes, n_clusters, term, "CR2")
+    return _test("logit", term, vcov, params, _cluster_se(w, (y - mu) / sw, codes, n_clusters), df, n, n_clusters,
+                 method, alpha)
+
+
+# ------------------------------------------------------------------------- many outcomes, one design matrix
+
+
+@dataclass(frozen=True, eq=False)
+class ManyFits:
+    """One coefficient per outcome of many OLS fits that share a design matrix (a layer or layer × head grid).
+
+    Every array has the grid's shape (e.g. (layer,) or (layer, head)); NaN where a column could not be tested.
+
+    Attributes:
+        estimate: the tested coefficient per outcome (given also when descriptive).
+        se: question-clustered standard error (CR2 or CR1).
+        t: estimate / se.
+        p: two-sided p-value on t(df).
+        q: Benjamini–Hochberg q-value across the whole grid (one family).
+        ci_low, ci_high: 1 − alpha interval on t(df).
+        df: degrees of freedom per outcome (shared by the complete columns; a column with missing rows has its own).
+        n: observations used per outcome.
+        n_clusters: questions in the data.
+        vcov: ``CR2`` or ``CR1``.
+        is_test: False when the whole grid is descriptive (see ``reason``).
+        method: the method, in words.
+        reason: why the grid is descriptive (None for tests).
+    """
+
+    estimate: np.ndarray
+    se: np.ndarray
+    t: np.ndarray
+    p: np.ndarray
+    q: np.ndarray
+    ci_low: np.ndarray
+    ci_high: np.ndarray
+    df: np.ndarray
+    n: np.ndarray
+    n_clusters: int
+    vcov: VarianceType
+    is_test: bool
+    method: str
+    reason: str | None
+
+    def significant(self, alpha: float = 0.05) -> np.ndarray:
+        """Grid indices (rows of ``np.argwhere``) whose BH q-value is below ``alpha``."""
+        return np.argwhere(np.nan_to_num(self.q, nan=1.0) < alpha)
+
+
+def clustered_ols_many(Y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: int = 1, alpha: float = 0.05,
+                       vcov: VarianceType = "CR2", min_clusters: int = MIN_CLUSTERS) -> ManyFits:
+    """Vectorised OLS of many outcomes on one design matrix, clustered by question, BH over the grid.
+
+    Method: for every outcome column the estimator of :func:`clustered_ols`, for all columns at once:
+    β = (X'X)⁻¹X'Y and, with the design's weights w of :func:`sandwich_weights` (CR2 with Bell–McCaffrey df by
+    default; CR1 with t(G − 1) gives statsmodels' ``cov_type="cluster"`` numbers), Var = Σ_g (Σ_{i∈g} w_i e_i)²
+    per column. A column with non-finite values is fitted by itself on its finite rows with :func:`clustered_ols`
+    (its own G and df). BH q-values (:func:`bh_qvalues`) over the whole grid, one family. Descriptive (estimates
+    only) with fewer than ``min_clusters`` questions or a rank-deficient design.
+
+    Args:
+        Y: (n, *grid) outcomes, e.g. (trial, layer, head).
+        X: (n, k) design matrix shared by every outcome, constant included.
+        groups: (n,) question ids.
+        term: column of ``X`` whose coefficient is tested.
+        alpha: test level and 1 − confidence level.
+        vcov: ``CR2`` (default) or ``CR1``.
+        min_clusters: the minimum-G rule (module docstring).
+
+    Returns:
+        The :class:`ManyFits`, arrays of shape ``grid``.
+    """
+    _check_vcov(vcov)
+    Y = np.asarray(Y, dtype=float)
+    if Y.ndim < 2:
+        raise InferenceInputError(f"Y: expected (n, *grid) outcomes, got shape {Y.shape}")
+    n, grid = Y.shape[0], Y.shape[1:]
+    X = np.asarray(X, dtype=float)
+    if X.ndim != 2 or X.shape[0] != n or not np.all(np.isfinite(X)):
+        raise InferenceInputError(f"X: expected a finite ({n}, k) design matrix, got shape {X.shape}")
+    if not 0 <= term < X.shape[1]:
+        raise InferenceInputError(f"term: column {term} is not in a design matrix with {X.shape[1]} columns")
+    codes, n_clusters = _codes(groups, n)
+    k = X.shape[1]
+    Yf = Y.reshape(n, -1)  # (n, m)
+    m = Yf.shape[1]
+    est, se, p, lo, hi, df = (np.full(m, np.nan) for _ in range(6))
+    n_used = np.zeros(m)
+    ref = "Bell-McCaffrey df" if vcov == "CR2" else "G-1 df"
+    method = (f"OLS per outcome on a shared design, {vcov} standard errors clustered by question, t with {ref}; "
+              f"Benjamini-Hochberg across the {m} outcomes")
+    reason: str | None = None
+
+    def done(is_test: bool) -> ManyFits:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            t = est / se
+        return ManyFits(estimate=est.reshape(grid), se=se.reshape(grid), t=t.reshape(grid), p=p.reshape(grid),
+                        q=bh_qvalues(p).reshape(grid), ci_low=lo.reshape(grid), ci_high=hi.reshape(grid),
+                        df=df.reshape(grid), n=n_used.reshape(grid), n_clusters=n_clusters, vcov=vcov,
+                        is_test=is_test, method=method, reason=reason)
+
+    if n <= k or np.linalg.matrix_rank(X) < k:
+        reason = "the design matrix is rank deficient (a covariate is constant or collinear)"
+        return done(False)
+    finite = np.all(np.isfinite(Yf), axis=0)
+    cols = np.flatnonzero(finite)
+    beta = np.linalg.solve(X.T @ X, X.T @ Yf[:, cols])  # (k, m_finite)
+    est[cols] = beta[term]
+    n_used[cols] = n
+    if n_clusters < min_clusters:
+        reason = _few_clusters(n_clusters, min_clusters)
+        for j in np.flatnonzero(~finite):
+            ok = np.isfinite(Yf[:, j])
+            if ok.sum() > k and np.linalg.matrix_rank(X[ok]) == k:
+                est[j] = sm.OLS(Yf[ok, j], X[ok]).fit().params[term]
+                n_used[j] = int(ok.sum())
+        return done(False)
+    if cols.size:
+        w, dof = sandwich_weights(X, codes, n_clusters, term, vcov)
+        resid = Yf[:, cols] - X @ beta  # (n, m_finite)
+        onehot = np.zeros((n_clusters, n))
+        onehot[codes, np.arange(n)] = 1.0
+        s = np.sqrt(np.sum((onehot @ (w[:, None] * resid)) ** 2, axis=0))  # (m_finite,)
+        s[s <= 1e-12 * np.maximum(1.0, np.abs(beta[term]))] = np.nan  # an outcome with no residual variation
+        t_crit = scipy.stats.t.ppf(1 - alpha / 2, dof)
+        se[cols], df[cols] = s, dof
+        p[cols] = 2 * scipy.stats.t.sf(np.abs(beta[term] / s), dof)
+        lo[cols], hi[cols] = beta[term] - t_crit * s, beta[term] + t_crit * s
+    g_arr = np.asarray(groups)
+    for j in np.flatnonzero(~finite):  # columns with missing rows: one fit each, on their own rows
+        ok = np.isfinite(Yf[:, j])
+        if not ok.any():
+            continue
+        fit = clustered_ols(Yf[ok, j], X[ok], g_arr[ok], term, alpha, vcov, min_clusters)
+        n_used[j] = fit.n
+        est[j] = np.nan if fit.estimate is None else fit.estimate
+        if fit.is_test:
+            se[j], p[j], lo[j], hi[j], df[j] = fit.se, fit.p, fit.ci_low, fit.ci_high, fit.df
+    if (~finite).any():
+        log.info("clustered_ols_many: %d of %d outcomes have missing rows and were fitted one by one",
+                 int((~finite).sum()), m)
+    return done(True)
+
+
+def attention_failure_tests(values: np.ndarray, is_failed: np.ndarray, load: np.ndarray, groups: np.ndarray,
+                            covariates: np.ndarray | None = None, alpha: float = 0.05, vcov: VarianceType = "CR2",
+                            min_clusters: int = MIN_CLUSTERS) -> ManyFits:
+    """Per head (or layer): does the attention measure differ between failed and correct trials, at equal load?
+
+    Method: for every grid cell, OLS of the measure (e.g. P_ext enrichment) on [1, is_failed, load, covariates]
+    over the trials, CR2 standard errors clustered by question with Bell–McCaffrey df (:func:`clustered_ols_many`);
+    the estimate is the mean difference failed − correct adjusted for load and for any further ``covariates``
+    (e.g. a Residue indicator when Saturation and Residue trials are pooled); a covariate that does not vary is
+    left out and the method says so. BH across the whole grid is the family (the layer × head map, or the
+    layers). Pass only trials whose prompt has extraneous segments (Saturation, Residue): the measure is undefined
+    or 0 elsewhere. The regression is of attention on the outcome, not the reverse, so that one design matrix
+    serves every head and the fit is linear (no separation, no convergence failures).
+
+    Args:
+        values: (trial, *grid) attention measure, e.g. (trial, layer, head) enrichment or (trial, layer) head-mean
+            P_ext; NaN where undefined for a trial.
+        is_failed: (trial,) True where the answer was wrong.
+        load: (trial,) load in percentage points.
+        groups: (trial,) question ids.
+        covariates: (trial, c) further adjustment columns, or None.
+        alpha: test level, FDR level and 1 − confidence level.
+        vcov: ``CR2`` (default) or ``CR1``.
+        min_clusters: the minimum-G rule (module docstring).
+
+    Returns:
+        The :class:`ManyFits` of the failed − correct difference, arrays of shape ``grid``.
+    """
+    values = np.asarray(values, dtype=float)
+    n = values.shape[0] if values.ndim else 0
+    failed = _vector("is_failed", np.asarray(is_failed, dtype=float), n)
+    load = _vector("load", load, n)
+    extra = np.zeros((n, 0)) if covariates is None else np.asarray(covariates, dtype=float).reshape(n, -1)
+    if not np.all(np.isfinite(extra)):
+        raise InferenceInputError("covariates: non-finite values; drop such rows first")
+    adjust = [c for c in [load, *extra.T] if np.ptp(c) > 0]
+    X = np.column_stack([np.ones(n), failed, *adjust])
+    res = clustered_ols_many(values, X, groups, term=1, alpha=alpha, vcov=vcov, min_clusters=min_clusters)
+    if np.ptp(failed) == 0:
+        reason = f"every trial is {'failed' if n and failed[0] else 'correct'}: no contrast to test"
+        return replace(res, is_test=False, reason=reason)
+    dropped = 1 + extra.shape[1] - len(adjust)
+    what = f"failed - correct difference adjusted for {len(adjust)} covariate(s) (load first)"
+    if dropped:
+        what += f"; {dropped} constant covariate(s) left out"
+    return replace(res, method=what + "; " + res.method)
+
+
+@dataclass(frozen=True, eq=False)
+class ResidueSimilarity:
+    """H3 in attention: the slope of head-mean AR_k on S_sim per layer, with the pooled correlation.
+
+    Attributes:
+        fits: per layer, the slope of AR_k per unit of S_sim (:class:`ManyFits`, shape (layer,)); BH across layers.
+        pearson_r: (layer,) Pearson r of AR_k with S_sim over the prompts, descriptive (ignores clustering).
+        is_load_adjusted: whether load entered the fit as a covariate.
+    """
+
+    fits: ManyFits
+    pearson_r: np.ndarray
+    is_load_adjusted: bool
+
+
+def residue_similarity_tests(ar_k: np.ndarray, s_sim: np.ndarray, groups: np.ndarray,
+                             load: np.ndarray | None = None, alpha: float = 0.05, vcov: VarianceType = "CR2",
+                             min_clusters: int = MIN_CLUSTERS) -> ResidueSimilarity:
+    """H3 in attention: per layer, does the head-mean AR_k of a target grow with the prompt's S_sim?
+
+    Method: per layer, OLS of AR_k on [1, S_sim] (plus load when given and varying), over the Residue prompts,
+    CR2 standard errors clustered by question with Bell–McCaffrey df, BH across layers
+    (:func:`clustered_ols_many`). S_sim varies mostly between questions, the case in which CR1 with t(G − 1)
+    over-rejects (12 % at G = 7 in docs/statistics.md). Call it once per target (the question; the last germane
+    segment): each target is its own family. Pearson r per layer is reported beside it as a descriptive effect
+    size only.
+
+    Args:
+        ar_k: (prompt, layer) head-mean AR_k of one target, Residue prompts only (NaN where undefined).
+        s_sim: (prompt,) S_sim of each prompt.
+        groups: (prompt,) question ids.
+        load: (prompt,) load in percentage points, or None.
+        alpha: test level, FDR level and 1 − confidence level.
+        vcov: ``CR2`` (default) or ``CR1``.
+        min_clusters: the minimum-G rule (module docstring).
+
+    Returns:
+        The :class:`ResidueSimilarity`.
+    """
+    ar_k = np.asarray(ar_k, dtype=float)
+    if ar_k.ndim != 2:
+        raise InferenceInputError(f"ar_k: expected (prompt, layer), got shape {ar_k.shape}")
+    n = ar_k.shape[0]
+    s = _vector("s_sim", s_sim, n)
+    cols = [np.ones(n), s]
+    load_col = None if load is None else _vector("load", load, n)
+    adjusted = load_col is not None and bool(np.ptp(load_col) > 0)
+    if load_col is not None and adjusted:
+        cols.append(load_col)
+    fits = clustered_ols_many(ar_k, np.column_stack(cols), groups, term=1, alpha=alpha, vcov=vcov,
+                              min_clusters=min_clusters)
+    r = np.full(ar_k.shape[1], np.nan)
+    for j in range(ar_k.shape[1]):
+        ok = np.isfinite(ar_k[:, j])
+        if ok.sum() >= 3 and np.ptp(s[ok]) > 0 and np.ptp(ar_k[ok, j]) > 0:
+            r[j] = scipy.stats.pearsonr(s[ok], ar_k[ok, j]).statistic
+    return ResidueSimilarity(fits=fits, pearson_r=r, is_load_adjusted=bool(adjusted))
+
+
+# ---------------------------------------------------------------------------------------------------- H2
+
+
+@dataclass(frozen=True)
+class McNemarResult:
+    """Exact McNemar test on (question, replication) pairs: a secondary figure that ignores clustering.
+
+    Attributes:
+        n_pairs: pairs.
+        n_a_only: pairs where only the first condition is correct.
+        n_b_only: pairs where only the second condition is correct.
+        statistic: the smaller discordant count (statsmodels' exact statistic).
+        p: exact two-sided p-value.
+    """
+
+    n_pairs: int
+    n_a_only: int
+    n_b_only: int
+    statistic: float
+    p: float
+
+
+@dataclass(frozen=True)
+class PairedTest:
+    """H2: two conditions compared question by question.
+
+    Attributes:
+        n_pairs: (question, replication) pairs.
+        n_questions: questions.
+        em_a, em_b: mean EM of the first and second condition over the pairs.
+        delta: mean over questions of the per-question mean difference em_a − em_b (each question weighs the
+            same; this is the tested statistic).
+        p: two-sided sign-flip permutation p-value (None when descriptive).
+        is_exact: the p-value enumerates all 2^G sign assignments (else Monte Carlo).
+        n_resamples: sign assignments used (2^G when exact).
+        seed: seed of the Monte Carlo draws (None when exact).
+        mcnemar: the secondary exact McNemar test on pairs (None without pairs).
+        power: power and MDE (in EM units) of the one-sample t test of the per-question differences on G − 1 df,
+            the large-sample equivalent of the sign-flip test (None when descriptive or the differences do not
+            vary).
+        is_test: False when descriptive (see ``reason``).
+        method: the method, in words.
+        reason: why no test was made, or why the test has no information (None otherwise).
+    """
+
+    n_pairs: int
+    n_questions: int
+    em_a: float | None
+    em_b: float | None
+    delta: float | None
+    p: float | None
+    is_exact: bool
+    n_resamples: int | None
+    seed: int | None
+    mcnemar: McNemarResult | None
+    power: Power | None
+    is_test: bool
+    method: str
+    reason: str | None
+
+
+def _mean_along(x: np.ndarray, axis: int) -> np.ndarray:
+    return np.mean(x, axis=axis)
+
+
+def paired_sign_flip(em_a: np.ndarray, em_b: np.ndarray, groups: np.ndarray, alpha: float = 0.05,
+                     exact_max: int = EXACT_SIGN_FLIP_MAX, n_resamples: int = N_RESAMPLES, seed: int = 0,
+                     min_clusters: int = MIN_CLUSTERS) -> PairedTest:
+    """H2's primary test: sign-flip permutation of per-question mean paired differences; McNemar beside it.
+
+    Method: d_q = mean over question q's pairs of em_a − em_b; the statistic is the mean of d_q over questions;
+    under H0 (within a question the two conditions are exchangeable) every d_q is symmetric about 0, so its sign
+    is flipped at random (scipy ``permutation_test``, one sample, ``permutation_type="samples"``). With at most
+    ``exact_max`` questions all 2^G assignments are enumerated (exact p); above, ``n_resamples`` seeded Monte Carlo
+    assignments (p = (1 + #extreme) / (1 + B)). Unlike McNemar on (question, replication) pairs, this keeps its
+    level when questions differ in their condition effect. The exact McNemar test (statsmodels) on the pairs is
+    returned as a secondary figure. Descriptive below ``min_clusters`` questions (with G <= 5 the smallest
+    attainable p is 2/2^G >= 0.0625).
+
+    Args:
+        em_a: (n_pairs,) EM of the first condition.
+        em_b: (n_pairs,) EM of the second condition, paired with ``em_a`` (same question and replication).
+        groups: (n_pairs,) question ids.
+        alpha: test level (for the power figure).
+        exact_max: largest number of questions enumerated exactly.
+        n_resamples: Monte Carlo sign assignments above ``exact_max``.
+        seed: seed of the Monte Carlo draws.
+        min_clusters: the minimum-G rule (module docstring).
+
+    Returns:
+        The :class:`PairedTest`.
+    """
+    a = _vector("em_a", em_a)
+    b = _vector("em_b", em_b, a.shape[0])
+    n = int(a.shape[0])
+    codes, n_q = _codes(groups, n)
+    method = "sign-flip permutation of per-question mean differences (scipy permutation_test)"
+    base = PairedTest(n_pairs=n, n_questions=n_q, em_a=None, em_b=None, delta=None, p=None, is_exact=False,
+                      n_resamples=None, seed=None, mcnemar=None, power=None, is_test=False, method=method,
+                      reason="no pair: no (question, replication) scored in both conditions")
+    if n == 0:
+        return base
+    ya, yb = a >= 0.5, b >= 0.5
+    n_a_only, n_b_only = int((ya & ~yb).sum()), int((~ya & yb).sum())
+    mc = mcnemar([[int((ya & yb).sum()), n_a_only], [n_b_only, int((~ya & ~yb).sum())]], exact=True)
+    mcn = McNemarResult(n_pairs=n, n_a_only=n_a_only, n_b_only=n_b_only, statistic=float(mc.statistic),
+                        p=float(mc.pvalue))
+    d = np.bincount(codes, weights=a - b, minlength=n_q) / np.bincount(codes, minlength=n_q)  # (G,)
+    base = replace(base, em_a=float(a.mean()), em_b=float(b.mean()), delta=float(d.mean()), mcnemar=mcn)
+    if n_q < min_clusters:
+        return replace(base, reason=_few_clusters(n_q, min_clusters) + f"; the smallest attainable sign-flip p is "
+                                                                        f"2/2^{n_q} = {2 / 2 ** n_q:.3g}")
+    if np.all(d == 0):
+        return replace(base, p=1.0, is_test=True, is_exact=n_q <= exact_max,
+                       n_resamples=2**n_q if n_q <= exact_max else None,
+                       reason="no question has a non-zero mean difference: the test has no information (p = 1)")
+    is_exact = n_q <= exact_max
+    rng = None if is_exact else np.random.default_rng(seed)
+    res = scipy.stats.permutation_test((d,), _mean_along, permutation_type="samples", vectorized=True,
+                                       n_resamples=np.inf if is_exact else n_resamples, alternative="two-sided",
+                                       rng=rng)
+    sd = float(np.std(d, ddof=1))
+    power = t_power(float(d.mean()), sd / math.sqrt(n_q), n_q - 1, alpha) if sd > 0 else None
+    how = f"exact, all 2^{n_q} sign assignments" if is_exact else f"Monte Carlo, {n_resamples} assignments, seed {seed}"
+    return replace(base, p=min(1.0, float(res.pvalue)), is_test=True, method=f"{method}; {how}", reason=None,
+                   is_exact=is_exact, n_resamples=2**n_q if is_exact else n_resamples,
+                   seed=None if is_exact else seed, power=power)
+
+
+# ---------------------------------------------------------------------------------------------------- H3
+
+
+@dataclass(frozen=True)
+class Correlation:
+    """H3: Pearson r of per-question S_sim with degradation, with a test and an interval that agree.
+
+    Attributes:
+        n: questions.
+        r: Pearson r (given, descriptive, from n = 3 on; None when undefined).
+        ci_low, ci_high: Fisher-z interval (None for n < 4).
+        p: two-sided p-value from the same Fisher-z pivot, so p < alpha exactly when the interval excludes 0.
+        spearman_rho, spearman_p: Spearman's rank correlation and its p-value (robustness).
+        slope, intercept: least-squares line of degradation on S_sim (for drawing).
+        is_test: False when n < 4 or a variable is constant.
+        method: the method, in words.
+        reason: why no test was made (None for a test).
+    """
+
+    n: int
+    r: float | None
+    ci_low: float | None
+    ci_high: float | None
+    p: float | None
+    spearman_rho: float | None
+    spearman_p: float | None
+    slope: float | None
+    intercept: float | None
+    is_test: bool
+    method: str
+    reason: str | None
+
+
+def similarity_correlation(s_sim: np.ndarray, degradation: np.ndarray, alpha: float = 0.05) -> Correlation:
+    """H3: Pearson r between per-question S_sim and degradation, Fisher-z interval and the p-value of that pivot.
+
+    Method: r from ``scipy.stats.pearsonr``; interval from its ``confidence_interval`` (Fisher z,
+    tanh(atanh r ± z_{1−α/2}/√(n − 3))); p = 2·Φ(−|atanh r|·√(n − 3)), the test that this interval inverts, so the
+    test and the interval never disagree (the t-test p-value of ``pearsonr`` can be < 0.05 at n = 4 while the
+    Fisher interval spans 0). At n = 4–5 this test is slightly conservative under the null (docs/statistics.md).
+    Spearman's ρ (``scipy.stats.spearmanr``) is the robustness figure. Refused (descriptive r only) for n < 4.
+
+    Args:
+        s_sim: (n,) per-question mean S_sim.
+        degradation: (n,) per-question EM(Control) − EM(Residue).
+        alpha: test level and 1 − confidence level.
+
+    Returns:
+        The :class:`Correlation`.
+    """
+    x = _vector("s_sim", s_sim)
+    y = _vector("degradation", degradation, x.shape[0])
+    n = int(x.shape[0])
+    method = "Pearson r; Fisher-z interval and the p-value of the same pivot; Spearman as robustness"
+    none = Correlation(n=n, r=None, ci_low=None, ci_high=None, p=None, spearman_rho=None, spearman_p=None,
+                       slope=None, intercept=None, is_test=False, method=method, reason=None)
+    x_const = n > 0 and np.ptp(x) <= 1e-12 * max(1.0, float(np.abs(x).max()))
+    y_const = n > 0 and np.ptp(y) <= 1e-12 * max(1.0, float(np.abs(y).max()))  # 0.5 - 1/3 vs 1/6: rounding only
+    if n < 3 or x_const or y_const:
+        why = (f"{n} question(s); need at least {MIN_CORRELATION_N}" if n < 3 else
+               "S_sim is the same for every question" if x_const else
+               f"degradation is the same ({y[0]:g}) for every question")
+        return replace(none, reason=why)
+    res = scipy.stats.pearsonr(x, y)
+    r = float(res.statistic)
+    line = scipy.stats.linregress(x, y)
+    if n < MIN_CORRELATION_N:
+        return replace(none, r=r, slope=float(line.slope), intercept=float(line.intercept),
+                       reason=f"{n} questions: the Fisher-z interval and its test need at least {MIN_CORRELATION_N}; "
+                              f"r is descriptive only")
+    ci = res.confidence_interval(confidence_level=1 - alpha)
+    z = math.atanh(r) if abs(r) < 1 else math.copysign(math.inf, r)
+    p = float(2 * scipy.stats.norm.sf(abs(z) * math.sqrt(n - 3)))
+    sp = scipy.stats.spearmanr(x, y)
+    return Correlation(n=n, r=r, ci_low=float(ci.low), ci_high=float(ci.high), p=p,
+                       spearman_rho=_float(sp.statistic), spearman_p=_float(sp.pvalue), slope=float(line.slope),
+                       intercept=float(line.intercept), is_test=True, method=method, reason=None)

@@ -1,0 +1,625 @@
+"""Seeded simulations behind ``docs/statistics.md``: interval coverage and null rejection rates, before and after.
+
+Run ``python -m probe.analysis.simulate`` (``--quick`` for a small version; ``--help`` for the sizes). Every
+setting draws from its own generator, ``numpy.random.default_rng([seed, <setting numbers>])``, so a table row is
+reproducible on its own and does not depend on which other rows were run. The "after" column applies
+:mod:`probe.analysis.inference`; the "before" column applies the methods the analysis used until then, written
+here with the same statsmodels / scipy calls: the clustered t-interval of the mean (Wilson where every outcome is
+equal), the logistic GLM with a normal reference, Holm across layers, exact McNemar on (question, replication)
+pairs, and the t-test p-value of Pearson's r.
+
+Data-generating processes (all under "no effect" except the power table):
+
+- **EM cells** (coverage): question q has success probability p_q ~ Beta(μκ, (1 − μ)κ) (mean μ, intra-question
+  correlation 1/(κ + 1)); each of its R replications is Bernoulli(p_q).
+- **H1** (load trend): Control at load 0 and Saturation at 20/50/80, R replications each. p_q ~ Beta(1, 1), and a
+  question-specific slope with mean zero: p_q(ℓ) = p_q + ε_q·h_q·(ℓ − 40)/40, ε_q ~ U(−1, 1),
+  h_q = min(p_q, 1 − p_q)/2, so E[EM | load] does not depend on load.
+- **H2** (12 paired comparisons of one model): a_q ~ N(0, 1.5²); every (condition, load) cell of a question has
+  p = logistic(a_q + τ z), z ~ N(0, 1) independent per cell (τ = 1): each question has its own condition effect,
+  with mean zero and exchangeable conditions. τ = 1 and τ = 2 are tabulated.
+- **Attention** (per layer, per head): Saturation and Residue at 20/50/80, R replications; failed ~ Bernoulli(
+  1 − p_q), p_q ~ Beta(1, 1), independent of attention. Enrichment[t, l, h] = 1 + 0.3·ℓ/100 − 0.1·Residue +
+  question effects (shared, per layer, per head) + trial effects (shared, per layer, per head), each N(0, 0.1²);
+  the per-layer measure is its head mean.
+- **H3 in attention**: Residue prompts at 20/50/80, R replications; S_sim = 0.3 + 0.1·c_q + 0.03·e (mostly
+  between questions); AR_k[prompt, l] = 0.2 + 0.1·ℓ/100 + question and prompt effects, independent of S_sim.
+- **H3** (behaviour): per question S_sim ~ N(0.3, 0.1²), EM(Control) the mean of 2 Bernoulli(p_q), EM(Residue) of
+  6 Bernoulli(0.8·p_q), p_q ~ Beta(1, 1), independent of S_sim.
+- **H1 power**: p_q ~ U(0.4, 0.9) and EM falls by β per point of load for every question (no clipping needed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.stats
+import statsmodels.api as sm
+from statsmodels.stats.contingency_tables import mcnemar
+from statsmodels.stats.multitest import multipletests
+from statsmodels.stats.power import NormalIndPower
+from statsmodels.stats.proportion import proportion_confint
+
+from probe.analysis import inference as inf
+
+log = logging.getLogger(__name__)
+
+ALPHA = 0.05
+DEFAULT_SEED = 20260
+LOADS = (20, 50, 80)
+H2_FAMILY = 12  # LongControl-Control, Saturation-LongControl, Residue-Control, Residue-Saturation at 3 loads
+H3_RUN_FACTOR = 5  # the H3 correlation tables run five times as many data sets (they cost little)
+H2_TAUS = (1.0, 2.0)  # spread of the question-specific condition effects (logit scale) in the H2 null
+
+
+@dataclass(frozen=True)
+class CoverageRow:
+    """Coverage of the EM interval in one setting.
+
+    Attributes:
+        clusters: questions G.
+        replications: trials per question R.
+        em: true mean EM μ.
+        kappa: Beta concentration κ (intra-question correlation 1/(κ + 1)).
+        n_runs: simulated data sets.
+        coverage: share of runs whose :func:`inference.proportion_ci` interval holds μ.
+        width: mean width of that interval.
+        coverage_before: the same for the clustered t-interval used before.
+        outside_before: share of runs whose "before" interval leaves [0, 1].
+    """
+
+    clusters: int
+    replications: int
+    em: float
+    kappa: float
+    n_runs: int
+    coverage: float
+    width: float
+    coverage_before: float
+    outside_before: float
+
+
+@dataclass(frozen=True)
+class RejectionRow:
+    """Share of no-effect data sets (or of tests in them) in which a test rejects at α = 0.05.
+
+    Attributes:
+        test: the test or family.
+        clusters: questions G (n for the H3 correlation).
+        n_runs: simulated data sets.
+        per: ``test`` (rate over every test of every run) or ``family`` (share of runs with >= 1 rejection).
+        before: rate of the method used before (None where there was none).
+        cr1_t: rate with CR1 standard errors and a t(G − 1) reference (None where not applicable).
+        after: rate of the method of :mod:`probe.analysis.inference`.
+        note: what "before" and "after" are.
+    """
+
+    test: str
+    clusters: int
+    n_runs: int
+    per: str
+    before: float | None
+    cr1_t: float | None
+    after: float | None
+    note: str
+
+
+@dataclass(frozen=True)
+class PowerRow:
+    """Reported power against the actual rejection rate of H1's clustered OLS test at a planted effect.
+
+    Attributes:
+        clusters: questions G.
+        beta: true change in EM per point of load.
+        n_runs: simulated data sets.
+        actual: share of runs in which the t(G − 1) test rejects.
+        power_before: power from the normal reference at the true β and the root-mean-square fitted SE.
+        power_after: power from the noncentral t(G − 1) at the same β and SE.
+    """
+
+    clusters: int
+    beta: float
+    n_runs: int
+    actual: float
+    power_before: float
+    power_after: float
+
+
+def _rng(seed: int, *setting: float) -> np.random.Generator:
+    return np.random.default_rng([seed, *(int(round(1000 * s)) % 2**32 for s in setting)])
+
+
+# ------------------------------------------------------------------------------------------ "before" methods
+
+
+def before_mean_ci(y: np.ndarray, codes: np.ndarray, alpha: float = ALPHA) -> tuple[float, float]:
+    """The EM interval used before: OLS intercept, cluster-robust by question, t(G − 1); Wilson if no variance.
+
+    Args:
+        y: (n,) 0/1 outcomes.
+        codes: (n,) question codes.
+        alpha: 1 − confidence level.
+
+    Returns:
+        (low, high), not bounded to [0, 1].
+    """
+    n = y.shape[0]
+    if np.all(y == y[0]):
+        lo, hi = proportion_confint(int(round(y.sum())), n, alpha=alpha, method="wilson")
+        return float(lo), float(hi)
+    res = sm.OLS(y, np.ones((n, 1))).fit(cov_type="cluster", cov_kwds={"groups": codes}, use_t=True)
+    ci = res.conf_int(alpha=alpha)
+    return float(ci[0, 0]), float(ci[0, 1])
+
+
+def _normal_p(fit: inf.ClusteredFit) -> float:
+    """The p-value of the same fit on a normal reference (how the logistic fits were tested before)."""
+    assert fit.estimate is not None and fit.se is not None, "only tests have a standard error"
+    return float(2 * scipy.stats.norm.sf(abs(fit.estimate / fit.se)))
+
+
+def _rejects(p: float | None) -> bool:
+    """A test's verdict at ALPHA; a descriptive result (p None) never rejects."""
+    return p is not None and p < ALPHA
+
+
+# ------------------------------------------------------------------------------------------------- coverage
+
+
+def em_cell(rng: np.random.Generator, clusters: int, replications: int, em: float,
+            kappa: float) -> tuple[np.ndarray, np.ndarray]:
+    """One simulated cell: (y, question codes), with p_q ~ Beta(em·κ, (1 − em)·κ)."""
+    p = rng.beta(em * kappa, (1 - em) * kappa, size=clusters)
+    y = (rng.random((clusters, replications)) < p[:, None]).astype(float).ravel()
+    return y, np.repeat(np.arange(clusters), replications)
+
+
+def coverage(seed: int, clusters: int, replications: int, em: float, kappa: float, n_runs: int,
+             alpha: float = ALPHA) -> CoverageRow:
+    """Coverage of the 1 − alpha EM interval, after and before, in one setting (module docstring).
+
+    Args:
+        seed: base seed.
+        clusters: questions G.
+        replications: trials per question.
+        em: true mean EM.
+        kappa: Beta concentration.
+        n_runs: simulated data sets.
+        alpha: 1 − confidence level.
+
+    Returns:
+        The :class:`CoverageRow`.
+    """
+    rng = _rng(seed, 1, clusters, replications, em, kappa)
+    hit = hit_before = outside = 0
+    width = 0.0
+    for _ in range(n_runs):
+        y, codes = em_cell(rng, clusters, replications, em, kappa)
+        ci = inf.proportion_ci(y, codes, alpha)
+        assert ci.ci_low is not None and ci.ci_high is not None
+        hit += ci.ci_low <= em <= ci.ci_high
+        width += ci.ci_high - ci.ci_low
+        lo, hi = before_mean_ci(y, codes, alpha)
+        hit_before += lo <= em <= hi
+        outside += lo < 0 or hi > 1
+    return CoverageRow(clusters=clusters, replications=replications, em=em, kappa=kappa, n_runs=n_runs,
+                       coverage=hit / n_runs, width=width / n_runs, coverage_before=hit_before / n_runs,
+                       outside_before=outside / n_runs)
+
+
+def coverage_table(seed: int, n_runs: int, clusters: Sequence[int] = (7, 20, 50),
+                   ems: Sequence[float] = (0.1, 0.5, 0.9), replications: Sequence[int] = (2, 1, 5),
+                   kappas: Sequence[float] = (2.0,)) -> list[CoverageRow]:
+    """Coverage in every combination of the settings (each with its own generator; see :func:`coverage`)."""
+    rows = []
+    for kappa in kappas:
+        for r in replications:
+            for g in clusters:
+                for em in ems:
+                    rows.append(coverage(seed, g, r, em, kappa, n_runs))
+                    log.info("coverage G=%d R=%d em=%.1f kappa=%g: %.3f", g, r, em, kappa, rows[-1].coverage)
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------------- H1
+
+
+def h1_data(rng: np.random.Generator, clusters: int, replications: int,
+            beta: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Control (load 0) and Saturation (20/50/80) trials: (em, load, question codes); see the module docstring.
+
+    With ``beta == 0`` the null DGP (question-specific slopes with mean zero); otherwise the power DGP.
+    """
+    loads = np.array([0, *LOADS], dtype=float)
+    x = np.tile(np.repeat(loads, replications), clusters)
+    codes = np.repeat(np.arange(clusters), loads.size * replications)
+    if beta == 0.0:
+        p0 = rng.beta(1.0, 1.0, size=clusters)
+        slope = rng.uniform(-1, 1, size=clusters) * np.minimum(p0, 1 - p0) / 2
+        p = p0[codes] + slope[codes] * (x - 40) / 40
+    else:
+        p = rng.uniform(0.4, 0.9, size=clusters)[codes] + beta * x
+    return (rng.random(x.size) < p).astype(float), x, codes
+
+
+def null_h1(seed: int, clusters: int, n_runs: int, replications: int = 2,
+            min_clusters: int = inf.MIN_CLUSTERS) -> list[RejectionRow]:
+    """H1's OLS and logistic trend tests under no load effect (question-specific slopes with mean zero)."""
+    rng = _rng(seed, 2, clusters, replications)
+    counts = dict.fromkeys(["ols_cr1", "ols_cr2", "logit_z", "logit_cr1", "logit_cr2"], 0)
+    n_ols = n_logit = 0
+    for _ in range(n_runs):
+        y, x, codes = h1_data(rng, clusters, replications)
+        X = sm.add_constant(x)
+        o1 = inf.clustered_ols(y, X, codes, vcov="CR1", min_clusters=min_clusters)
+        o2 = inf.clustered_ols(y, X, codes, min_clusters=min_clusters)
+        if o1.is_test and o2.is_test:
+            n_ols += 1
+            counts["ols_cr1"] += _rejects(o1.p)
+            counts["ols_cr2"] += _rejects(o2.p)
+        l1 = inf.clustered_logit(y, X, codes, vcov="CR1", min_clusters=min_clusters)
+        l2 = inf.clustered_logit(y, X, codes, min_clusters=min_clusters)
+        if l1.is_test and l2.is_test:
+            n_logit += 1
+            counts["logit_z"] += _normal_p(l1) < ALPHA
+            counts["logit_cr1"] += _rejects(l1.p)
+            counts["logit_cr2"] += _rejects(l2.p)
+    n_ols, n_logit = max(n_ols, 1), max(n_logit, 1)
+    return [
+        RejectionRow("H1 linear probability model", clusters, n_runs, "test", counts["ols_cr1"] / n_ols,
+                     counts["ols_cr1"] / n_ols, counts["ols_cr2"] / n_ols, "before CR1 t(G-1), after CR2 BM df"),
+        RejectionRow("H1 logistic GLM", clusters, n_runs, "test", counts["logit_z"] / n_logit,
+                     counts["logit_cr1"] / n_logit, counts["logit_cr2"] / n_logit,
+                     "before CR1 normal reference, after CR2 BM df"),
+    ]
+
+
+def power_h1(seed: int, clusters: int, n_runs: int, beta: float = -0.004, replications: int = 2) -> PowerRow:
+    """Reported power (normal vs noncentral t) against the actual rejection rate at a planted H1 effect."""
+    rng = _rng(seed, 3, clusters, replications, beta)
+    hits = 0
+    ses: list[float] = []
+    dfs: list[float] = []
+    for _ in range(n_runs):
+        y, x, codes = h1_data(rng, clusters, replications, beta)
+        fit = inf.clustered_ols(y, sm.add_constant(x), codes)
+        hits += _rejects(fit.p)
+        if fit.se is not None and fit.df is not None:
+            ses.append(fit.se)
+            dfs.append(fit.df)
+    se = float(np.sqrt(np.mean(np.square(ses))))
+    n = clusters * (1 + len(LOADS)) * replications
+    before = NormalIndPower().power(effect_size=abs(beta) / se / math.sqrt(n), nobs1=n, alpha=ALPHA, ratio=0)
+    after = inf.t_power(beta, se, float(np.mean(dfs)), ALPHA).power
+    return PowerRow(clusters=clusters, beta=beta, n_runs=n_runs, actual=hits / n_runs, power_before=float(before),
+                    power_after=float(after or 0.0))
+
+
+# ------------------------------------------------------------------------------------------------------- H2
+
+
+def h2_cells(rng: np.random.Generator, clusters: int, replications: int,
+             tau: float = 1.0) -> dict[tuple[str, int], np.ndarray]:
+    """EM of every (condition, load) cell of one model: (clusters, replications) arrays, null DGP of H2."""
+    a = rng.normal(0.0, 1.5, size=clusters)
+    cells = [("Control", 0)] + [(c, ld) for c in ("LongControl", "Saturation", "Residue") for ld in LOADS]
+    out = {}
+    for cell in cells:
+        p = 1 / (1 + np.exp(-(a + tau * rng.normal(size=clusters))))
+        out[cell] = (rng.random((clusters, replications)) < p[:, None]).astype(float)
+    return out
+
+
+def h2_pairs(cells: dict[tuple[str, int], np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The 12 comparisons of one model's H2 family, as (em_a, em_b) arrays of shape (clusters, replications)."""
+    pairs = []
+    for ld in LOADS:
+        pairs.append((cells[("LongControl", ld)], cells[("Control", 0)]))
+        pairs.append((cells[("Saturation", ld)], cells[("LongControl", ld)]))
+        pairs.append((cells[("Residue", ld)], cells[("Control", 0)]))
+        pairs.append((cells[("Residue", ld)], cells[("Saturation", ld)]))
+    return pairs
+
+
+def null_h2(seed: int, clusters: int, n_runs: int, replications: int = 2, tau: float = 1.0,
+            n_resamples: int = 1999) -> list[RejectionRow]:
+    """H2's 12 paired tests per model under exchangeable conditions with question-varying effects."""
+    rng = _rng(seed, 4, clusters, replications, tau)
+    before = after = fw_before = fw_after = 0
+    for run in range(n_runs):
+        cells = h2_cells(rng, clusters, replications, tau)
+        p_mc, p_sf = [], []
+        for i, (a, b) in enumerate(h2_pairs(cells)):
+            codes = np.repeat(np.arange(clusters), replications)
+            test = inf.paired_sign_flip(a.ravel(), b.ravel(), codes, n_resamples=n_resamples, seed=run * 100 + i)
+            p_sf.append(np.nan if test.p is None else test.p)
+            assert test.mcnemar is not None
+            p_mc.append(test.mcnemar.p)
+        p_mc_arr, p_sf_arr = np.array(p_mc), np.array(p_sf)
+        before += int(np.sum(p_mc_arr < ALPHA))
+        after += int(np.sum(np.nan_to_num(p_sf_arr, nan=1.0) < ALPHA))
+        fw_before += bool(np.any(p_mc_arr < ALPHA))
+        fw_after += bool(np.any(np.nan_to_num(inf.bh_qvalues(p_sf_arr), nan=1.0) < ALPHA))
+    n_tests = n_runs * H2_FAMILY
+    return [
+        RejectionRow("H2 paired test", clusters, n_runs, "test", before / n_tests, None, after / n_tests,
+                     f"before exact McNemar on (question, replication) pairs, after question-level sign-flip "
+                     f"(tau={tau:g})"),
+        RejectionRow("H2 family of 12 (any rejection)", clusters, n_runs, "family", fw_before / n_runs, None,
+                     fw_after / n_runs, "before uncorrected McNemar, after BH q < 0.05 on the sign-flip tests"),
+    ]
+
+
+# ------------------------------------------------------------------------------------------------ attention
+
+
+def attention_data(rng: np.random.Generator, clusters: int, replications: int, n_layers: int,
+                   n_heads: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Saturation and Residue trials: (enrichment (trial, layer, head), failed, load, is_residue, codes)."""
+    per_q = 2 * len(LOADS) * replications
+    n = clusters * per_q
+    codes = np.repeat(np.arange(clusters), per_q)
+    residue = np.tile(np.repeat([0.0, 1.0], len(LOADS) * replications), clusters)
+    load = np.tile(np.repeat(np.array(LOADS * 2, dtype=float), replications), clusters)
+    failed = rng.random(n) < (1 - rng.beta(1.0, 1.0, size=clusters))[codes]
+    s = 0.1
+    q_eff = (s * rng.normal(size=(clusters, 1, 1)) + s * rng.normal(size=(clusters, n_layers, 1))
+             + s * rng.normal(size=(clusters, n_layers, n_heads)))[codes]
+    t_eff = (s * rng.normal(size=(n, 1, 1)) + s * rng.normal(size=(n, n_layers, 1))
+             + s * rng.normal(size=(n, n_layers, n_heads)))
+    values = 1.0 + 0.3 * load[:, None, None] / 100 - 0.1 * residue[:, None, None] + q_eff + t_eff
+    return values, failed, load, residue, codes
+
+
+def null_layers(seed: int, clusters: int, n_runs: int, replications: int = 2, n_layers: int = 30,
+                n_heads: int = 9, min_clusters: int = inf.MIN_CLUSTERS) -> list[RejectionRow]:
+    """Per-layer attention ↔ failure tests under no link: logistic (normal, CR1 t, CR2) and the OLS difference."""
+    rng = _rng(seed, 5, clusters, replications, n_layers)
+    c = dict.fromkeys(["z", "t1", "t2", "za", "t1a", "t2a", "o1", "o2", "fw_before", "fw_cr1", "fw_after"], 0)
+    n_logit = n_logit_adj = 0
+    for _ in range(n_runs):
+        values, failed, load, residue, codes = attention_data(rng, clusters, replications, n_layers, n_heads)
+        layer = values.mean(axis=2)  # (trial, layer)
+        y = failed.astype(float)
+        p_before = []
+        for li in range(n_layers):
+            x = layer[:, li]
+            for X, adj in ((sm.add_constant(x), ""), (np.column_stack([np.ones_like(x), x, load, residue]), "a")):
+                f1 = inf.clustered_logit(y, X, codes, vcov="CR1", min_clusters=min_clusters)
+                f2 = inf.clustered_logit(y, X, codes, min_clusters=min_clusters)
+                if not (f1.is_test and f2.is_test):
+                    continue
+                if adj:
+                    n_logit_adj += 1
+                else:
+                    n_logit += 1
+                    p_before.append(_normal_p(f1))
+                c["z" + adj] += _normal_p(f1) < ALPHA
+                c["t1" + adj] += _rejects(f1.p)
+                c["t2" + adj] += _rejects(f2.p)
+        r1 = inf.attention_failure_tests(layer, failed, load, codes, covariates=residue[:, None], vcov="CR1",
+                                         min_clusters=min_clusters)
+        r2 = inf.attention_failure_tests(layer, failed, load, codes, covariates=residue[:, None],
+                                         min_clusters=min_clusters)
+        c["o1"] += int(np.sum(np.nan_to_num(r1.p, nan=1.0) < ALPHA))
+        c["o2"] += int(np.sum(np.nan_to_num(r2.p, nan=1.0) < ALPHA))
+        c["fw_before"] += bool(p_before) and bool(np.any(multipletests(p_before, alpha=ALPHA, method="holm")[0]))
+        c["fw_cr1"] += r1.significant(ALPHA).shape[0] > 0
+        c["fw_after"] += r2.significant(ALPHA).shape[0] > 0
+    n_logit, n_logit_adj, n_ols = max(n_logit, 1), max(n_logit_adj, 1), n_runs * n_layers
+    return [
+        RejectionRow("per-layer logistic, failure on P_ext", clusters, n_runs, "test", c["z"] / n_logit,
+                     c["t1"] / n_logit, c["t2"] / n_logit, "before CR1 normal reference, after CR2 BM df"),
+        RejectionRow("per-layer logistic, adjusted for load and Residue", clusters, n_runs, "test",
+                     c["za"] / n_logit_adj, c["t1a"] / n_logit_adj, c["t2a"] / n_logit_adj,
+                     "before CR1 normal reference, after CR2 BM df"),
+        RejectionRow("per-layer P_ext failed - correct (OLS, adjusted)", clusters, n_runs, "test", None,
+                     c["o1"] / n_ols, c["o2"] / n_ols, "new: attention_failure_tests, after CR2 BM df"),
+        RejectionRow(f"per-layer family of {n_layers} (any layer named)", clusters, n_runs, "family",
+                     c["fw_before"] / n_runs, c["fw_cr1"] / n_runs, c["fw_after"] / n_runs,
+                     "before Holm on normal-reference logistic; CR1 and after: BH q < 0.05 on "
+                     "attention_failure_tests"),
+    ]
+
+
+def null_heads(seed: int, clusters: int, n_runs: int, replications: int = 2, n_layers: int = 30, n_heads: int = 9,
+               min_clusters: int = inf.MIN_CLUSTERS) -> list[RejectionRow]:
+    """The per-head failed − correct enrichment test over the layer × head grid under no link."""
+    rng = _rng(seed, 6, clusters, replications, n_layers, n_heads)
+    rej = dict.fromkeys(["CR1", "CR2"], 0)
+    fw = dict.fromkeys(["CR1", "CR2"], 0)
+    for _ in range(n_runs):
+        values, failed, load, residue, codes = attention_data(rng, clusters, replications, n_layers, n_heads)
+        for vcov in ("CR1", "CR2"):
+            res = inf.attention_failure_tests(values, failed, load, codes, covariates=residue[:, None],
+                                              vcov=vcov, min_clusters=min_clusters)
+            rej[vcov] += int(np.sum(np.nan_to_num(res.p, nan=1.0) < ALPHA))
+            fw[vcov] += res.significant(ALPHA).shape[0] > 0
+    grid = n_layers * n_heads
+    return [
+        RejectionRow("per-head enrichment failed - correct", clusters, n_runs, "test", None,
+                     rej["CR1"] / (n_runs * grid), rej["CR2"] / (n_runs * grid),
+                     "new: adjusted for load and Residue, after CR2 BM df"),
+        RejectionRow(f"per-head family of {grid} (any head named)", clusters, n_runs, "family", None,
+                     fw["CR1"] / n_runs, fw["CR2"] / n_runs, "new: BH q < 0.05 across the layer x head grid"),
+    ]
+
+
+def null_residue_similarity(seed: int, clusters: int, n_runs: int, replications: int = 2, n_layers: int = 30,
+                            min_clusters: int = inf.MIN_CLUSTERS) -> list[RejectionRow]:
+    """H3 in attention: per-layer slope of AR_k on S_sim under no link."""
+    rng = _rng(seed, 7, clusters, replications, n_layers)
+    per_q = len(LOADS) * replications
+    codes = np.repeat(np.arange(clusters), per_q)
+    load = np.tile(np.repeat(np.array(LOADS, dtype=float), replications), clusters)
+    n = codes.size
+    rej = dict.fromkeys(["CR1", "CR2"], 0)
+    fw = dict.fromkeys(["CR1", "CR2"], 0)
+    for _ in range(n_runs):
+        s_sim = 0.3 + 0.1 * rng.normal(size=clusters)[codes] + 0.03 * rng.normal(size=n)
+        ar = (0.2 + 0.1 * load[:, None] / 100 + 0.05 * rng.normal(size=(clusters, 1))[codes]
+              + 0.05 * rng.normal(size=(clusters, n_layers))[codes] + 0.05 * rng.normal(size=(n, 1))
+              + 0.05 * rng.normal(size=(n, n_layers)))
+        for vcov in ("CR1", "CR2"):
+            res = inf.residue_similarity_tests(ar, s_sim, codes, load, vcov=vcov, min_clusters=min_clusters).fits
+            rej[vcov] += int(np.sum(np.nan_to_num(res.p, nan=1.0) < ALPHA))
+            fw[vcov] += res.significant(ALPHA).shape[0] > 0
+    return [
+        RejectionRow("H3 in attention: AR_k on S_sim per layer", clusters, n_runs, "test", None,
+                     rej["CR1"] / (n_runs * n_layers), rej["CR2"] / (n_runs * n_layers),
+                     "new: adjusted for load, after CR2 BM df"),
+        RejectionRow(f"H3 in attention, family of {n_layers} layers", clusters, n_runs, "family", None,
+                     fw["CR1"] / n_runs, fw["CR2"] / n_runs, "new: BH q < 0.05 across layers"),
+    ]
+
+
+# ------------------------------------------------------------------------------------------------------- H3
+
+
+def null_h3(seed: int, n_questions: int, n_runs: int) -> list[RejectionRow]:
+    """H3's correlation test under independence: Pearson t-test p (before) and Fisher-z p (after)."""
+    rng = _rng(seed, 8, n_questions)
+    before = after = disagree = 0
+    done = 0
+    for _ in range(n_runs):
+        s_sim = rng.normal(0.3, 0.1, size=n_questions)
+        p = rng.beta(1.0, 1.0, size=n_questions)
+        control = (rng.random((n_questions, 2)) < p[:, None]).mean(axis=1)
+        residue = (rng.random((n_questions, 6)) < 0.8 * p[:, None]).mean(axis=1)
+        res = inf.similarity_correlation(s_sim, control - residue)
+        if not res.is_test:
+            continue
+        done += 1
+        p_t = float(scipy.stats.pearsonr(s_sim, control - residue).pvalue)
+        before += p_t < ALPHA
+        assert res.ci_low is not None and res.ci_high is not None
+        after += _rejects(res.p)
+        disagree += (p_t < ALPHA) != (res.ci_low > 0 or res.ci_high < 0)
+    done = max(done, 1)
+    return [
+        RejectionRow("H3 Pearson r (S_sim vs degradation)", n_questions, n_runs, "test", before / done, None,
+                     after / done,
+                     f"before t-test p (disagrees with its Fisher CI in {disagree / done:.1%} of runs), "
+                     f"after Fisher-z p (never disagrees)"),
+    ]
+
+
+# ---------------------------------------------------------------------------------------------------- tables
+
+
+def rejection_tables(seed: int, n_runs: int, clusters: Sequence[int] = (7, 30),
+                     h3_sizes: Sequence[int] = (4, 5, 7, 30)) -> list[RejectionRow]:
+    """Every null rejection table at each G (each setting with its own generator).
+
+    The H3 correlation rows are cheap and use ``H3_RUN_FACTOR`` times as many runs.
+    """
+    rows: list[RejectionRow] = []
+    for g in clusters:
+        t0 = time.perf_counter()
+        rows += null_h1(seed, g, n_runs)
+        for tau in H2_TAUS:
+            rows += null_h2(seed, g, n_runs, tau=tau)
+        for fn in (null_layers, null_heads, null_residue_similarity):
+            rows += fn(seed, g, n_runs)
+        log.info("null tables G=%d: %.0f s", g, time.perf_counter() - t0)
+    for n in h3_sizes:
+        rows += null_h3(seed, n, H3_RUN_FACTOR * n_runs)
+    return rows
+
+
+def below_minimum_tables(seed: int, n_runs: int, clusters: Sequence[int] = (4, 5, 6)) -> list[RejectionRow]:
+    """The clustered tests below and at the minimum G, computed anyway (``min_clusters=2``): why the rule is 6."""
+    rows: list[RejectionRow] = []
+    for g in clusters:
+        rows += null_h1(seed, g, n_runs, min_clusters=2)
+        rows += [r for r in null_heads(seed, g, n_runs, n_layers=10, min_clusters=2) if r.per == "test"]
+    return rows
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:.1f} %"
+
+
+def format_coverage(rows: Sequence[CoverageRow]) -> str:
+    """Markdown table of coverage rows."""
+    lines = ["| κ (ICC) | R | G | true EM | runs | coverage | mean width | before: coverage | before: outside [0, 1] |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.kappa:g} ({1 / (r.kappa + 1):.2f}) | {r.replications} | {r.clusters} | {r.em:g} | "
+                     f"{r.n_runs} | {r.coverage:.3f} | {r.width:.3f} | {r.coverage_before:.3f} | "
+                     f"{_pct(r.outside_before)} |")
+    return "\n".join(lines)
+
+
+def format_rejections(rows: Sequence[RejectionRow]) -> str:
+    """Markdown table of null rejection rows (α = 0.05; MC SE = sqrt(0.05·0.95/runs))."""
+    lines = ["| test | G (n) | runs | rate over | before | CR1, t(G-1) | after | MC SE | what |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.test} | {r.clusters} | {r.n_runs} | {r.per} | {_pct(r.before)} | {_pct(r.cr1_t)} | "
+                     f"{_pct(r.after)} | "
+                     f"{100 * math.sqrt(ALPHA * (1 - ALPHA) / r.n_runs):.1f} % | {r.note} |")
+    return "\n".join(lines)
+
+
+def format_power(rows: Sequence[PowerRow]) -> str:
+    """Markdown table of power rows."""
+    lines = ["| G | β per pp | runs | actual rejection (CR2, BM df) | before: normal power | after: noncentral t |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.clusters} | {r.beta:g} | {r.n_runs} | {r.actual:.3f} | {r.power_before:.3f} | "
+                     f"{r.power_after:.3f} |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the simulations and print the Markdown tables (the entry of ``python -m probe.analysis.simulate``)."""
+    ap = argparse.ArgumentParser(prog="python -m probe.analysis.simulate", description=__doc__.split("\n")[0])
+    ap.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    ap.add_argument("--coverage-runs", type=int, default=2000, help="simulated data sets per coverage setting")
+    ap.add_argument("--runs", type=int, default=1000, help="simulated data sets per null setting")
+    ap.add_argument("--kappas", type=float, nargs="+", default=[2.0, 1.0, 4.0],
+                    help="Beta concentrations of the coverage table (ICC = 1/(kappa+1))")
+    ap.add_argument("--quick", action="store_true", help="a small version (200 runs, kappa 2 only)")
+    ap.add_argument("--only", choices=["coverage", "null", "power", "minimum"], nargs="+",
+                    default=["coverage", "null", "power", "minimum"])
+    ap.add_argument("-v", "--verbose", action="store_true")
+    args = ap.parse_args(argv)
+    for name, value in (("--runs", args.runs), ("--coverage-runs", args.coverage_runs)):
+        if value < 1:
+            ap.error(f"{name} must be at least 1, got {value}")
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    if args.quick:
+        args.runs, args.coverage_runs, args.kappas = 200, 200, [2.0]
+    out = sys.stdout
+    out.write(f"Seed {args.seed}; alpha = {ALPHA}.\n\n")
+    if "coverage" in args.only:
+        t0 = time.perf_counter()
+        rows = coverage_table(args.seed, args.coverage_runs, kappas=args.kappas)
+        out.write(f"## Coverage of the 95 % EM interval ({args.coverage_runs} runs per setting, "
+                  f"{time.perf_counter() - t0:.0f} s)\n\n{format_coverage(rows)}\n\n")
+    if "null" in args.only:
+        t0 = time.perf_counter()
+        rows_n = rejection_tables(args.seed, args.runs)
+        out.write(f"## Rejection rates under no effect ({args.runs} runs per setting, "
+                  f"{time.perf_counter() - t0:.0f} s)\n\n{format_rejections(rows_n)}\n\n")
+    if "minimum" in args.only:
+        rows_m = below_minimum_tables(args.seed, args.runs)
+        out.write(f"## Below the minimum G ({args.runs} runs per setting, tests forced)\n\n"
+                  f"{format_rejections(rows_m)}\n\n")
+    if "power" in args.only:
+        rows_p = [power_h1(args.seed, g, args.runs) for g in (7, 20, 30)]
+        out.write(f"## H1 power at a planted effect ({args.runs} runs per setting)\n\n{format_power(rows_p)}\n")
+    out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
