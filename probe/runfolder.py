@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
+import os
 from pathlib import Path
 from urllib.parse import quote, unquote
 
@@ -141,7 +142,7 @@ class RunFolder:
         root: the run folder, ``<output_dir>/<experiment name>``.
     """
 
-    def __init__(self, root: str | Path) -> None:
+    def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
 
     def __repr__(self) -> str:
