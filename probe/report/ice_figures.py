@@ -346,7 +346,8 @@ def draw_residue_attention(result: IceResult, alpha: float = 0.05) -> Figure | N
         ax.set_ylabel("ΔAR_k per unit S_sim")
         ax.xaxis.set_major_locator(MaxNLocator(nbins=16, integer=True))
         ax.set_title(f"{short(model)}: " + "; ".join(notes), fontsize=9)
-        ax.legend(fontsize=7, loc="best")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="best")
         ax.grid(alpha=0.3)
     fig.suptitle("H3 in attention: does residue grow with similarity? (orange: q < α over layers)", fontsize=11)
     return fig
@@ -383,7 +384,8 @@ def draw_attention_behaviour(result: IceResult, alpha: float = 0.05) -> Figure |
         bottom.set_ylabel("log-odds wrong\nper unit P_ext")
         bottom.set_title(f"logistic robustness line: q<{alpha:g} alone {ranges(a.logit_layers)}, adjusted "
                          f"{ranges(a.logit_layers_adjusted)}", fontsize=9)
-        bottom.legend(fontsize=7, loc="best")
+        if bottom.get_legend_handles_labels()[0]:
+            bottom.legend(fontsize=7, loc="best")
         for ax in (top, bottom):
             ax.set_xlabel("layer")
             ax.xaxis.set_major_locator(MaxNLocator(nbins=16, integer=True))
