@@ -173,8 +173,9 @@ def _attention_sentences(a: AttentionBehaviour, alpha: float) -> list[str]:
     if not h.is_test:
         out.append(f"Per head: not tested ({h.reason}).")
     elif h.significant:
-        pos = [x for x in h.significant if x.estimate > 0]
-        neg = [x for x in h.significant if x.estimate < 0]
+        by_place = sorted(h.significant, key=lambda x: (x.layer, x.head))
+        pos = [x for x in by_place if x.estimate > 0]
+        neg = [x for x in by_place if x.estimate < 0]
         text = []
         if pos:
             text.append(f"distractor heads (more enrichment in failed trials): "
@@ -284,7 +285,7 @@ def stats_html(result: IceResult, settings: AnalysisSection) -> str:
                  fmt.num(h.power.power if h.power else None, ".2f"),
                  fmt.num(h.power.mde if h.power else None, ".4f"), str(h.n), str(h.n_clusters),
                  esc(h.reason or (h.logit.reason if h.logit else None) or "")]
-                for h in result.h1], left=2)
+                for h in result.h1], left=2, text=(12,))
     h2 = table(["model", "a vs b", "load", "pairs", "questions", "EM a", "EM b", "Δ per question", "p (sign flip)",
                 "q (BH)", "McNemar a only / b only", "McNemar p", "MDE80", "note"],
                [[esc(r.model), esc(f"{r.a} vs {r.b}"), str(r.load), str(r.n_pairs), str(r.n_questions),
@@ -294,17 +295,17 @@ def stats_html(result: IceResult, settings: AnalysisSection) -> str:
                  fmt.p_value(r.mcnemar.p if r.mcnemar else None, html=True),
                  fmt.num(r.power.mde if r.power else None, ".2f"),
                  esc("; ".join(x for x in (r.note, r.reason) if x))]
-                for r in result.h2], left=2)
+                for r in result.h2], left=2, text=(13,))
     h3 = table(["model", "Residue load", "questions", "Pearson r", "95% CI (Fisher z)", "p", "q (BH)", "Spearman ρ",
                 "p (ρ)", "note"],
                [[esc(r.model), "pooled" if r.load is None else str(r.load), str(r.n_tasks), fmt.num(r.r, "+.3f"),
                  fmt.ci(r.ci_low, r.ci_high, "+.3f"), fmt.p_value(r.p, html=True), _p_cell(r.q, alpha),
                  fmt.num(r.spearman_rho, "+.3f"), fmt.p_value(r.spearman_p, html=True), esc(r.reason or "")]
-                for r in result.h3], left=2)
+                for r in result.h3], left=2, text=(9,))
     tax = table(["model", "label", "Control EM", "trunc./uninterp.", "gates", "reason"],
                 [[esc(t.model), esc(t.label), fmt.num(t.control_em), fmt.pct(t.confound_rate_observed),
                   esc(f"EM<{t.gates.brittle_em}, rate>{t.gates.confound_rate}, α={t.gates.alpha}"), esc(t.reason)]
-                 for t in result.taxonomy], left=2)
+                 for t in result.taxonomy], left=2, text=(4, 5))
     return (f'<p class="note">{esc(STATS_NOTE)}</p>'
             f"<h3>H1: EM per percentage point of load (Control as load 0; one test per condition)</h3>{h1}"
             f"<h3>H2: paired comparisons (sign-flip test of per-question differences; McNemar beside it; "
@@ -343,7 +344,7 @@ def attention_tables_html(result: IceResult, alpha: float) -> str:
         if a.heads is None:
             continue
         for h in a.heads.significant:
-            heads.append([esc(a.model), esc(head_label(h.layer, h.head)), str(h.layer), str(h.head),
+            heads.append([esc(a.model), esc(head_label(h.layer, h.head)),
                           "distractor head" if h.estimate > 0 else "less enrichment when failing",
                           fmt.num(h.estimate, "+.3f"), fmt.ci(h.ci_low, h.ci_high, "+.3f"), fmt.p_value(h.p, html=True),
                           _p_cell(h.q, alpha)])
@@ -351,8 +352,8 @@ def attention_tables_html(result: IceResult, alpha: float) -> str:
         grids = "; ".join(f"{esc(a.model)}: {a.heads.n_tested} heads tested"
                           + ("" if a.heads.is_test else f" (not tested: {esc(a.heads.reason)})")
                           for a in result.attention_behaviour if a.heads is not None)
-        body = (table(["model", "head", "layer", "index", "kind", "failed − correct enrichment", "95% CI", "p",
-                       "q (BH)"], heads, left=5) if heads else '<p class="note">No head passes the correction.</p>')
+        body = (table(["model", "head (layer.head)", "kind", "failed − correct enrichment", "95% CI", "p", "q (BH)"],
+                      heads, left=3) if heads else '<p class="note">No head passes the correction.</p>')
         parts.append("<h3>Distractor heads: P_ext enrichment, failed − correct at equal load and placement "
                      f"(BH family: the model's layer × head grid)</h3><p class=\"note\">{grids}.</p>{body}")
     return "".join(parts)

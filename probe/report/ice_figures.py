@@ -203,10 +203,11 @@ def draw_enrichment_heatmaps(result: IceResult, arrays: Mapping[str, np.ndarray]
     if image is not None:
         cbar = fig.colorbar(image, ax=axes, shrink=0.8)
         cbar.set_label("P_ext / chance (1 = uniform over tokens)")
-    boxed = (f"; boxed: {len(outlined)} head(s) with q < {alpha:g} (failed vs correct)" if outlined
-             else "; no head passes the failed-vs-correct test" if behaviour is not None and behaviour.heads is not None
-             and behaviour.heads.is_test else "")
-    fig.suptitle(f"{short(model)}: attention to extraneous text relative to chance{boxed}", fontsize=11)
+    boxed = (f"\nboxed: {len(outlined)} head(s) whose enrichment differs between failed and correct trials "
+             f"(q < {alpha:g})" if outlined
+             else "\nno head's enrichment differs between failed and correct trials after correction"
+             if behaviour is not None and behaviour.heads is not None and behaviour.heads.is_test else "")
+    fig.suptitle(f"{short(model)}: attention to extraneous text relative to chance{boxed}", fontsize=10, wrap=True)
     return fig
 
 
