@@ -15,8 +15,10 @@ import statsmodels.api as sm
 from statsmodels.stats.contingency_tables import mcnemar
 from statsmodels.stats.proportion import proportion_confint
 
+from statsmodels.stats.multitest import multipletests
+
 from probe.analysis import Analysis, AnalysisConfigError, analyze_run
-from probe.analysis.hypotheses import mcnemar_power, wald_power
+from probe.analysis import inference as inf
 from probe.analysis.ice import IceResult
 from probe.config import AnalysisSection
 from probe.records import TrialRecord, append_jsonl
@@ -62,7 +64,17 @@ def null_run(tmp_path_factory) -> tuple[Path, Analysis]:
 # ------------------------------------------------------------------------------------------- cells
 
 
-def test_cells_match_statsmodels_cluster_ci_and_scipy_sem(effect_run):
+def _korn_graubard_wilson(y: np.ndarray, task_ids: pd.Series) -> tuple[float, float]:
+    """The cell interval rebuilt from statsmodels: CR1 design effect, (t_{n-1}/t_{G-1})^2, Wilson at n*."""
+    n, g = len(y), task_ids.nunique()
+    p = y.mean()
+    res = sm.OLS(y, np.ones((n, 1))).fit(cov_type="cluster", cov_kwds={"groups": pd.factorize(task_ids)[0]})
+    deff = max(1.0, res.bse[0] ** 2 / (p * (1 - p) / n)) if 0 < p < 1 else 1.0
+    n_star = n / deff * (scipy.stats.t.ppf(0.975, n - 1) / scipy.stats.t.ppf(0.975, g - 1)) ** 2
+    return proportion_confint(p * n_star, n_star, alpha=0.05, method="wilson")
+
+
+def test_cells_match_a_bounded_interval_rebuilt_from_statsmodels_and_scipy_sem(effect_run):
     run, analysis, _ = effect_run
     df = read_trials(run)
     assert len(ice(analysis).cells) == 10  # Control + 3 loads x 3 conditions
@@ -75,11 +87,8 @@ def test_cells_match_statsmodels_cluster_ci_and_scipy_sem(effect_run):
         assert c.n_skipped == int(g["skipped"].sum())
         assert c.em_mean == pytest.approx(y.mean())
         assert c.em_sem == pytest.approx(scipy.stats.sem(y))
-        res = sm.OLS(y, np.ones((len(y), 1))).fit(
-            cov_type="cluster", cov_kwds={"groups": pd.factorize(s["task_id"])[0]}, use_t=True)
-        lo, hi = res.conf_int(0.05)[0]
-        assert (c.em_ci_low, c.em_ci_high) == pytest.approx((lo, hi))
-        assert c.em_ci_low < c.em_mean < c.em_ci_high
+        assert (c.em_ci_low, c.em_ci_high) == pytest.approx(_korn_graubard_wilson(y, s["task_id"]))
+        assert 0 <= c.em_ci_low < c.em_mean < c.em_ci_high <= 1 and c.em_design_effect >= 1
         assert c.truncated_rate == pytest.approx(s["truncated"].mean() if len(s) else 0.0)
         assert c.hop_recall_mean == pytest.approx(s["hop_recall"].mean())
 
@@ -106,10 +115,9 @@ def _direct_h1(df: pd.DataFrame, condition: str):
     x = np.where(d["condition"] == "Control", 0.0, d["load"].astype(float))
     X = sm.add_constant(x)
     groups = pd.factorize(d["task_id"])[0]
-    ols = sm.OLS(d["em"].to_numpy(float), X).fit(cov_type="cluster", cov_kwds={"groups": groups}, use_t=True)
-    glm = sm.GLM(d["em"].to_numpy(float), X, family=sm.families.Binomial()).fit(
-        cov_type="cluster", cov_kwds={"groups": groups})
-    return ols, glm, len(d)
+    ols = sm.OLS(d["em"].to_numpy(float), X).fit()
+    glm = sm.GLM(d["em"].to_numpy(float), X, family=sm.families.Binomial()).fit()
+    return ols, glm, d, X
 
 
 def test_h1_recovers_planted_beta_and_matches_statsmodels(effect_run):
@@ -117,73 +125,83 @@ def test_h1_recovers_planted_beta_and_matches_statsmodels(effect_run):
     df = read_trials(run)
     for cond, beta_true in (("Saturation", plan.beta_sat), ("Residue", plan.beta_res)):
         h = next(x for x in ice(analysis).h1 if x.condition == cond)
-        ols, glm, n = _direct_h1(df, cond)
-        assert h.n == n
-        assert h.beta == pytest.approx(ols.params[1])
-        assert h.se == pytest.approx(ols.bse[1])
-        assert h.p == pytest.approx(ols.pvalues[1])
-        assert (h.ci_low, h.ci_high) == pytest.approx(tuple(ols.conf_int(0.05)[1]))
+        ols, glm, d, X = _direct_h1(df, cond)
+        y, groups = d["em"].to_numpy(float), d["task_id"].to_numpy()
+        assert h.n == len(d) and h.is_test
+        assert (h.intercept, h.beta) == pytest.approx(tuple(ols.params))
+        # the small-sample reference: CR2 with Bell-McCaffrey df, exactly as the checked estimator gives it
+        ref = inf.clustered_ols(y, X, groups)
+        assert (h.se, h.p, h.ci_low, h.ci_high, h.df) == pytest.approx((ref.se, ref.p, ref.ci_low, ref.ci_high,
+                                                                        ref.df))
+        assert h.df == pytest.approx(plan.n_tasks - 1, rel=0.05)  # load varies within questions: about G - 1 df
+        assert h.p == pytest.approx(2 * scipy.stats.t.sf(abs(h.beta / h.se), h.df))
         assert h.ci_low <= beta_true <= h.ci_high
         assert h.p < 0.001
         assert h.logit.coef == pytest.approx(glm.params[1], rel=1e-5)
-        assert h.logit.p == pytest.approx(glm.pvalues[1], rel=1e-4)
+        lref = inf.clustered_logit(y, X, groups)
+        assert (h.logit.se, h.logit.p, h.logit.df) == pytest.approx((lref.se, lref.p, lref.df), rel=1e-6)
         assert h.logit.coef < 0
     tax = ice(analysis).taxonomy[0]
     assert tax.is_load_sensitive is True and "load-sensitive" in tax.label
 
 
-def test_h1_power_matches_normal_theory(effect_run):
+def _nct_power(nc: float, df: float) -> float:
+    tc = scipy.stats.t.ppf(0.975, df)
+    return float(scipy.stats.nct.sf(tc, df, nc) + scipy.stats.nct.cdf(-tc, df, nc))
+
+
+def test_h1_power_is_the_noncentral_t_on_the_tests_df(effect_run):
     _, analysis, _ = effect_run
     h = next(x for x in ice(analysis).h1 if x.condition == "LongControl")
-    z = abs(h.beta) / h.se
-    zc = scipy.stats.norm.ppf(0.975)
-    expected = scipy.stats.norm.cdf(z - zc) + scipy.stats.norm.cdf(-z - zc)
-    assert h.power.power == pytest.approx(expected, rel=1e-6)
-    # the one-tailed closed form ignores the far tail (< 1e-4 of the power at 80 %)
-    assert h.power.mde_80 == pytest.approx((zc + scipy.stats.norm.ppf(0.8)) * h.se, rel=1e-4)
-    direct = wald_power(0.01, 0.005, 100)
-    assert direct.power == pytest.approx(scipy.stats.norm.cdf(2 - zc) + scipy.stats.norm.cdf(-2 - zc), rel=1e-6)
+    assert h.power.df == h.df
+    assert h.power.power == pytest.approx(_nct_power(abs(h.beta) / h.se, h.df), rel=1e-6)
+    assert _nct_power(h.power.mde / h.se, h.df) == pytest.approx(0.80, abs=1e-4)  # the MDE has 80 % power
 
 
 # ------------------------------------------------------------------------------------------- H2
 
 
-def test_h2_mcnemar_matches_direct_pairing(effect_run):
+def test_h2_sign_flip_on_direct_pairing_mcnemar_beside_it_bh_over_the_family(effect_run):
     run, analysis, _ = effect_run
     df = scored(read_trials(run))
     key = ["task_id", "replication"]
-    checked = 0
-    for r in ice(analysis).h2:
+    rows = ice(analysis).h2
+    for k, r in enumerate(rows):
         a = df[(df["condition"] == r.a) & ((df["load"] == r.load) | (r.a == "Control"))]
         b_load = r.load if r.b != "Control" else 0
         b = df[(df["condition"] == r.b) & (df["load"] == b_load)]
         m = a[key + ["em"]].merge(b[key + ["em"]], on=key)
         ya, yb = m["em_x"].to_numpy() == 1, m["em_y"].to_numpy() == 1
         table = [[(ya & yb).sum(), (ya & ~yb).sum()], [(~ya & yb).sum(), (~ya & ~yb).sum()]]
-        assert r.n_pairs == len(m)
-        assert (r.n_a_only, r.n_b_only) == (table[0][1], table[1][0])
-        assert r.p == pytest.approx(mcnemar(table, exact=True).pvalue)
-        assert r.delta == pytest.approx(m["em_x"].mean() - m["em_y"].mean())
-        checked += 1
-    comparisons = {(r.a, r.b) for r in ice(analysis).h2}
+        assert r.n_pairs == r.mcnemar.n_pairs == len(m) and r.n_questions == m["task_id"].nunique()
+        assert (r.mcnemar.n_a_only, r.mcnemar.n_b_only) == (table[0][1], table[1][0])
+        assert r.mcnemar.p == pytest.approx(mcnemar(table, exact=True).pvalue)
+        d = (m["em_x"] - m["em_y"]).groupby(m["task_id"]).mean().to_numpy()  # per-question mean difference
+        assert r.delta == pytest.approx(d.mean())
+        # 60 questions: Monte Carlo sign flips, seeded with the experiment's seed (0 here) plus the row's index
+        direct = scipy.stats.permutation_test((d,), np.mean, permutation_type="samples", n_resamples=9_999,
+                                              rng=np.random.default_rng(k))
+        assert not r.is_exact and r.seed == k and r.p == pytest.approx(direct.pvalue)
+    assert [r.q for r in rows] == pytest.approx(multipletests([r.p for r in rows], method="fdr_bh")[1])
+    comparisons = {(r.a, r.b) for r in rows}
     assert comparisons == {("LongControl", "Control"), ("Saturation", "LongControl"), ("Residue", "Control"),
                            ("Residue", "Saturation")}
-    assert checked == 12
-    sat80 = next(r for r in ice(analysis).h2 if (r.a, r.b, r.load) == ("Saturation", "LongControl", 80))
-    assert sat80.p < 0.001 and sat80.delta < 0  # planted: 0.4 below LongControl at 80 %
+    assert len(rows) == 12
+    sat80 = next(r for r in rows if (r.a, r.b, r.load) == ("Saturation", "LongControl", 80))
+    assert sat80.q < 0.01 and sat80.delta < 0  # planted: 0.4 below LongControl at 80 % (p >= 1/10,000 here)
 
 
-def test_mcnemar_power_simulation_matches_exact_enumeration():
-    n, b, c = 40, 12, 3
-    sim = mcnemar_power(n, b, c, alpha=0.05, n_sim=4000, seed=1).power
-    probs = np.array([b, c, n - b - c]) / n
-    exact = 0.0
-    for i in range(n + 1):
-        for j in range(n + 1 - i):
-            p_ij = scipy.stats.multinomial.pmf([i, j, n - i - j], n, probs)
-            p_val = 1.0 if i + j == 0 else scipy.stats.binomtest(i, i + j, 0.5).pvalue
-            exact += p_ij * (p_val < 0.05)
-    assert sim == pytest.approx(exact, abs=0.03)
+def test_h2_power_is_the_one_sample_t_of_the_per_question_differences(effect_run):
+    run, analysis, _ = effect_run
+    r = next(r for r in ice(analysis).h2 if (r.a, r.b, r.load) == ("LongControl", "Control", 50))
+    df = scored(read_trials(run))
+    a = df[(df["condition"] == "LongControl") & (df["load"] == 50)]
+    m = a[["task_id", "replication", "em"]].merge(df[df["condition"] == "Control"][["task_id", "replication", "em"]],
+                                                  on=["task_id", "replication"])
+    d = (m["em_x"] - m["em_y"]).groupby(m["task_id"]).mean()
+    se = d.std(ddof=1) / math.sqrt(len(d))
+    assert r.power.df == len(d) - 1
+    assert r.power.power == pytest.approx(_nct_power(abs(d.mean()) / se, len(d) - 1), rel=1e-6)
 
 
 # ------------------------------------------------------------------------------------------- H3
@@ -210,7 +228,8 @@ def test_h3_matches_scipy_and_covers_population_r(h3_run):
     ci = pr.confidence_interval(0.95)
     assert h.n_tasks == len(x) == plan.n_tasks
     assert h.r == pytest.approx(pr.statistic)
-    assert h.p == pytest.approx(pr.pvalue)
+    # the p-value of the Fisher-z pivot the interval inverts, so the two always agree
+    assert h.p == pytest.approx(2 * scipy.stats.norm.sf(abs(math.atanh(h.r)) * math.sqrt(len(x) - 3)))
     assert (h.ci_low, h.ci_high) == pytest.approx((ci.low, ci.high))
     # Fisher z by hand: tanh(atanh(r) +- z/sqrt(n-3))
     zc = scipy.stats.norm.ppf(0.975)
@@ -223,6 +242,8 @@ def test_h3_matches_scipy_and_covers_population_r(h3_run):
     per_load = [r for r in ice(analysis).h3 if r.load is not None]
     assert sorted(r.load for r in per_load) == list(plan.loads)
     assert all(r.r is not None for r in per_load)
+    rows = ice(analysis).h3
+    assert [r.q for r in rows] == pytest.approx(multipletests([r.p for r in rows], method="fdr_bh")[1])
 
 
 # ------------------------------------------------------------------------------------------- null set
@@ -232,7 +253,7 @@ def test_null_set_has_nothing_significant(null_run):
     _, analysis = null_run
     alpha = analysis.settings.alpha
     assert all(h.p >= alpha for h in ice(analysis).h1), [(h.condition, h.p) for h in ice(analysis).h1]
-    assert all(r.p >= alpha for r in ice(analysis).h2), [(r.a, r.b, r.load, r.p) for r in ice(analysis).h2]
+    assert all(r.q >= alpha for r in ice(analysis).h2), [(r.a, r.b, r.load, r.q) for r in ice(analysis).h2]
     assert all(r.p is None or r.p >= alpha for r in ice(analysis).h3)
     tax = ice(analysis).taxonomy[0]
     assert tax.label == "resilient" and tax.is_load_sensitive is False
@@ -266,30 +287,37 @@ def test_no_variance_one_cluster_and_no_pairs_give_reasons(tmp_path):
     sat = next(h for h in ice(analysis).h1 if h.condition == "Saturation")
     assert sat.beta is None and "no variance" in sat.reason
     res = next(h for h in ice(analysis).h1 if h.condition == "Residue")
-    # one Residue trial against constant Control trials: every residual is 0, so is the SE; no fake p
-    assert res.beta is None and "standard error of β is 0" in res.reason
+    # one question: the slope is described, never tested
+    assert res.beta is not None and not res.is_test and res.p is None and "fewer than the minimum of 6" in res.reason
+    assert res.power is None
     lc = [h for h in ice(analysis).h1 if h.condition == "LongControl"]
     assert lc == []  # no LongControl trial: no row
     control = next(c for c in ice(analysis).cells if c.condition == "Control")
-    lo, hi = proportion_confint(5, 5, alpha=0.05, method="wilson")
-    assert (control.em_ci_low, control.em_ci_high) == pytest.approx((lo, hi))
-    assert "wilson" in control.ci_method
+    assert control.em_mean == 1.0 and control.em_ci_low is None and "one question" in control.ci_reason
     residue_pair = next(r for r in ice(analysis).h2 if r.a == "Residue" and r.b == "Control")
     assert residue_pair.n_pairs == 0 and residue_pair.p is None and "no pair" in residue_pair.reason
     h3 = ice(analysis).h3[0]
     assert h3.r is None and h3.reason
     one = next(c for c in ice(analysis).cells if c.condition == "Residue")
-    assert one.em_sem is None and one.reason == "one scored trial: no standard error"
+    assert one.em_sem is None and one.em_ci_low is None and one.reason is None and one.ci_reason
 
 
-def test_one_cluster_with_variance_falls_back_to_iid(tmp_path):
+def test_every_answer_the_same_still_gets_a_bounded_interval(tmp_path):
+    trials = [_trial(i, f"q{i % 7}", "Control", 0, i // 7, 1.0) for i in range(14)]
+    analysis = analyze_run(_write(tmp_path / "same", trials), AnalysisSection(), fill_similarity=False)
+    c = ice(analysis).cells[0]
+    n_star = 14 * (scipy.stats.t.ppf(0.975, 13) / scipy.stats.t.ppf(0.975, 6)) ** 2  # design effect 1
+    lo, hi = proportion_confint(n_star, n_star, alpha=0.05, method="wilson")
+    assert (c.em_ci_low, c.em_ci_high) == pytest.approx((lo, hi)) and c.em_ci_high == 1.0 and lo < 0.9
+
+
+def test_one_question_gives_a_mean_without_an_interval(tmp_path):
     ems = [1.0, 0.0, 1.0, 1.0, 0.0, 1.0]
     trials = [_trial(i, "q", "Control", 0, i, e) for i, e in enumerate(ems)]
     analysis = analyze_run(_write(tmp_path / "one", trials), AnalysisSection(), fill_similarity=False)
     c = ice(analysis).cells[0]
-    res = sm.OLS(np.array(ems), np.ones((6, 1))).fit(use_t=True)
-    assert (c.em_ci_low, c.em_ci_high) == pytest.approx(tuple(res.conf_int(0.05)[0]))
-    assert c.ci_method.startswith("iid")
+    assert c.em_mean == pytest.approx(4 / 6) and c.em_ci_low is None and c.em_ci_high is None
+    assert c.ci_method is None and "one question" in c.ci_reason
 
 
 def test_duplicate_pair_keys_are_reported_not_guessed(tmp_path):
@@ -341,7 +369,7 @@ def test_tables_and_text_are_written(effect_run):
     assert h1_csv["logit_odds_ratio_per_10pp_load"].to_numpy() == pytest.approx(
         [h.logit.odds_ratio_per_10pp_load for h in ice(analysis).h1])
     stored = json.loads((run / "analysis.json").read_text())
-    assert stored["schema"] == 2 and stored["families"]["ice"]["cells"][0]["em_mean"] == ice(analysis).cells[0].em_mean
+    assert stored["schema"] == 3 and stored["families"]["ice"]["cells"][0]["em_mean"] == ice(analysis).cells[0].em_mean
     quick = main_table(run)  # from the trials, without analysis.json
     for c in ice(analysis).cells:
         assert f"{c.em_mean:.3f} ({c.em_sem:.3f})" in quick
@@ -360,25 +388,48 @@ def attention_run(tmp_path_factory) -> tuple[Path, Analysis, Plan]:
     return run, analyze_run(run, AnalysisSection()), plan
 
 
-def test_attention_behaviour_finds_the_planted_layer_and_matches_glm(attention_run):
+def test_attention_behaviour_finds_the_planted_layer_and_heads_and_matches_statsmodels(attention_run):
     from probe.attention.result import SegmentAttention
 
     run, analysis, plan = attention_run
     a = ice(analysis).attention_behaviour[0]
-    assert plan.tracking_layer in a.tracking_layers_adjusted
-    assert a.tracking_layers_adjusted == (plan.tracking_layer,)
+    assert a.tracking_layers == (plan.tracking_layer,)  # the per-layer test, BH across layers
+    assert a.logit_layers_adjusted == (plan.tracking_layer,)  # the logistic robustness line agrees
+    # every head of the planted layer carries the effect; no other head survives BH over the grid
+    assert {(h.layer, h.head) for h in a.distractor_heads} == {(plan.tracking_layer, h) for h in range(plan.n_heads)}
+    assert {h.layer for h in a.heads.significant} == {plan.tracking_layer}
     df = scored(read_trials(run))
     d = df[df["condition"].isin(["Saturation", "Residue"])].copy()
     folder = RunFolder(run)
-    d["x"] = [float(np.nanmean(SegmentAttention.load(folder.attention_record(m, p)).p_ext[plan.tracking_layer]))
-              for m, p in zip(d["model"], d["prompt_id"])]
+    recs = [SegmentAttention.load(folder.attention_record(m, p)) for m, p in zip(d["model"], d["prompt_id"])]
+    d["x"] = [float(np.nanmean(r.p_ext[plan.tracking_layer])) for r in recs]
+    failed = (d["em"] < 0.5).to_numpy(float)
+    groups = d["task_id"].to_numpy()
+    # per layer: P_ext on [1, failed, load, Residue], the coefficient of failed
+    Xo = np.column_stack([np.ones(len(d)), failed, d["load"].to_numpy(float), (d["condition"] == "Residue")])
+    ols = sm.OLS(d["x"].to_numpy(), Xo.astype(float)).fit()
+    t = a.p_ext_layers.layers[plan.tracking_layer]
+    assert t.n == len(d) and t.estimate == pytest.approx(ols.params[1])
+    ref = inf.clustered_ols(d["x"].to_numpy(), Xo.astype(float), groups)
+    assert (t.se, t.p, t.df) == pytest.approx((ref.se, ref.p, ref.df))
+    assert [x.q for x in a.p_ext_layers.layers] == pytest.approx(
+        multipletests([x.p for x in a.p_ext_layers.layers], method="fdr_bh")[1])
+    # per head: the planted layer's first head, on enrichment
+    e = np.array([r.enrichment[plan.tracking_layer, 0] for r in recs])
+    hit = next(h for h in a.heads.significant if (h.layer, h.head) == (plan.tracking_layer, 0))
+    assert hit.estimate == pytest.approx(sm.OLS(e, Xo.astype(float)).fit().params[1])
+    assert hit.p == pytest.approx(inf.clustered_ols(e, Xo.astype(float), groups).p)
+    with np.load(run / "attention_summary.npz") as z:
+        assert z[a.heads.q_key].shape == (plan.n_layers, plan.n_heads)
+        assert z[a.heads.q_key][plan.tracking_layer, 0] == pytest.approx(hit.q, rel=1e-5)
+    # the logistic robustness line: statsmodels' coefficients, CR2 with Bell-McCaffrey df
     X = sm.add_constant(d["x"].to_numpy())
-    fit = sm.GLM((d["em"] < 0.5).to_numpy(float), X, family=sm.families.Binomial()).fit(
-        cov_type="cluster", cov_kwds={"groups": pd.factorize(d["task_id"])[0]})
+    fit = sm.GLM(failed, X, family=sm.families.Binomial()).fit()
     layer = a.layers[plan.tracking_layer]
     assert layer.n == len(d)
     assert layer.coef == pytest.approx(fit.params[1], rel=1e-5)
-    assert (layer.ci_low, layer.ci_high) == pytest.approx(tuple(fit.conf_int(0.05)[1]), rel=1e-5)
+    lref = inf.clustered_logit(failed, X, groups)
+    assert (layer.ci_low, layer.ci_high, layer.df) == pytest.approx((lref.ci_low, lref.ci_high, lref.df), rel=1e-5)
     cells = {(c.condition, c.load): c for c in ice(analysis).attention_cells}
     assert set(cells) == {("Control", 0), ("Saturation", 20), ("Saturation", 80), ("Residue", 20), ("Residue", 80)}
     with np.load(run / "attention_summary.npz") as z:
@@ -398,7 +449,9 @@ def test_attention_layer_without_outcome_variance_is_skipped_with_reason(tmp_pat
     analysis = analyze_run(tmp_path / "a", AnalysisSection())
     a = ice(analysis).attention_behaviour[0]
     assert a.tracking_layers == () and all(r.coef is None for r in a.layers)
-    assert a.reason and all(r.reason for r in a.layers)
+    assert all(r.reason for r in a.layers)
+    # every trial right (and 6 questions): nothing to contrast, so no test and no head named
+    assert not a.p_ext_layers.is_test and "no contrast" in a.p_ext_layers.reason and a.distractor_heads == ()
 
 
 # ------------------------------------------------------------------------------------------- settings and seed
@@ -415,21 +468,20 @@ hops = 2
 """
 
 
-def test_h2_power_simulation_takes_the_experiments_seed(tmp_path):
+def test_h2_monte_carlo_sign_flips_take_the_experiments_seed(tmp_path):
     run = tmp_path / "seeded"
-    make_run(run, Plan(n_tasks=12, n_reps=2, loads=(20, 80), beta_sat=-0.004, seed=4))
+    make_run(run, Plan(n_tasks=20, n_reps=2, loads=(20, 80), beta_sat=-0.004, seed=4))  # > 16 questions: Monte Carlo
     RunFolder(run).config.write_text(CONFIG.format(seed=4321))
     analysis = analyze_run(run, fill_similarity=False)
     assert analysis.seed == 4321 and analysis.seed_source == "config.toml"
-    simulated = [(k, r) for k, r in enumerate(ice(analysis).h2) if r.power is not None]
-    assert len(simulated) >= 4
-    for k, r in simulated:  # comparison k simulates with the experiment's seed + k
-        assert r.power.seed == 4321 + k
-        assert r.power.power == mcnemar_power(r.n_pairs, r.n_a_only, r.n_b_only, 0.05, 500, 4321 + k).power
+    drawn = [(k, r) for k, r in enumerate(ice(analysis).h2) if r.is_test and r.reason is None]
+    assert len(drawn) >= 4
+    for k, r in drawn:  # comparison k draws its sign flips with the experiment's seed + k
+        assert not r.is_exact and r.seed == 4321 + k and r.n_resamples == inf.N_RESAMPLES
     RunFolder(run).config.write_text(CONFIG.format(seed=7))
     other = analyze_run(run, fill_similarity=False)
-    assert [r.power.seed for r in ice(other).h2 if r.power] == [7 + k for k, _ in simulated]
-    assert [r.power.power for r in ice(other).h2 if r.power] != [r.power.power for _, r in simulated]
+    assert [r.seed for r in ice(other).h2 if r.is_test and r.reason is None] == [7 + k for k, _ in drawn]
+    assert [r.p for r in ice(other).h2 if r.is_test and r.reason is None] != [r.p for _, r in drawn]
 
 
 def test_an_unreadable_config_is_an_error_not_defaults(tmp_path):
@@ -456,3 +508,99 @@ def test_a_run_without_config_uses_the_documented_defaults_and_says_so(tmp_path)
     analysis = analyze_run(run, fill_similarity=False)
     assert (analysis.seed, analysis.seed_source) == (0, "default") and analysis.settings == AnalysisSection()
     assert any("no config.toml" in n and "seed 0" in n for n in analysis.notes)
+
+
+# ------------------------------------------------------------------------------------------- H3 in attention
+
+
+@pytest.fixture(scope="module")
+def residue_attention_run(tmp_path_factory) -> tuple[Path, Analysis, Plan]:
+    plan = Plan(n_tasks=20, n_reps=2, loads=(20, 80), conditions=("Control", "Saturation", "Residue"), beta_sat=0.0,
+                beta_res=0.0, attention=True, ar_slope=0.5, ar_layer=1, n_layers=4, n_heads=3, seed=13)
+    run = tmp_path_factory.mktemp("h3att")
+    make_run(run, plan)
+    return run, analyze_run(run, AnalysisSection()), plan
+
+
+def test_h3_in_attention_finds_the_planted_layer_and_matches_statsmodels(residue_attention_run):
+    from probe.attention.result import SegmentAttention
+
+    run, analysis, plan = residue_attention_run
+    rows = {r.target: r for r in ice(analysis).residue_attention}
+    assert set(rows) == {"question", "last germane"}
+    for r in rows.values():
+        # the planted layer is found, with the smallest q (BH controls the share of false layers, not their number)
+        assert r.test.is_test and plan.ar_layer in r.test.significant and r.is_load_adjusted
+        assert min(r.test.layers, key=lambda x: x.q).layer == plan.ar_layer
+        assert r.n_prompts == plan.n_tasks * len(plan.loads) * plan.n_reps and r.n_questions == plan.n_tasks
+    df = read_trials(run)
+    d = df[df["condition"] == "Residue"].drop_duplicates("prompt_id")
+    folder = RunFolder(run)
+    recs = [SegmentAttention.load(folder.attention_record(m, p)) for m, p in zip(d["model"], d["prompt_id"])]
+    y = np.array([r.ar_k_mean[plan.ar_layer, -1] for r in recs])  # the question is the last target
+    X = np.column_stack([np.ones(len(d)), d["s_sim"].to_numpy(float), d["load"].to_numpy(float)])
+    t = rows["question"].test.layers[plan.ar_layer]
+    assert t.estimate == pytest.approx(sm.OLS(y, X).fit().params[1])
+    ref = inf.clustered_ols(y, X, d["task_id"].to_numpy())
+    assert (t.se, t.p, t.df) == pytest.approx((ref.se, ref.p, ref.df))
+    assert t.ci_low <= plan.ar_slope <= t.ci_high
+    layers = rows["question"].test.layers
+    assert [x.q for x in layers] == pytest.approx(multipletests([x.p for x in layers], method="fdr_bh")[1])
+    germane = np.array([r.ar_k_mean[plan.ar_layer, 1] for r in recs])  # germane 2: the last germane segment
+    assert rows["last germane"].test.layers[plan.ar_layer].estimate == pytest.approx(sm.OLS(germane, X).fit().params[1])
+
+
+def assert_claims_survive(data: dict, alpha: float = 0.05) -> int:
+    """In an ``analysis.json`` (as parsed JSON): every EM interval lies in [0, 1], every correlation interval in
+    [-1, 1], and every attention result the analysis names as significant survives its family's correction. Returns
+    the number of claims checked."""
+    checked = 0
+    for fam in data["families"].values():
+        cells = list(fam.get("cells", [])) if isinstance(fam.get("cells"), list) else [
+            c for knobs in fam.get("cells", {}).values() for c in [knobs["overall"], *knobs["d"], *knobs["N"],
+                                                                   *knobs["rho"]]]
+        for c in cells:
+            if c["em_ci_low"] is not None:
+                assert 0.0 <= c["em_ci_low"] <= c["em_mean"] <= c["em_ci_high"] <= 1.0, c
+                checked += 1
+        for h in fam.get("h3", []):
+            if h["ci_low"] is not None:
+                assert -1.0 <= h["ci_low"] <= h["ci_high"] <= 1.0 and (h["p"] < alpha) == (h["ci_low"] > 0 or
+                                                                                            h["ci_high"] < 0)
+                checked += 1
+        for a in fam.get("attention_behaviour", []):
+            layers = a["p_ext_layers"]["layers"] if a["p_ext_layers"] else []
+            survive = {x["layer"] for x in layers if x["q"] is not None and x["q"] < alpha}
+            assert set(a["p_ext_layers"]["significant"] if a["p_ext_layers"] else ()) == survive
+            assert set(a["tracking_layers"]) <= survive
+            for h in [*(a["heads"]["significant"] if a["heads"] else []), *a["distractor_heads"]]:
+                assert h["q"] < alpha
+            logit = {x["layer"] for x in a["layers"] if x["q"] is not None and x["q"] < alpha}
+            adjusted = {x["layer"] for x in a["layers"] if x["adjusted"] and x["adjusted"]["q"] is not None
+                        and x["adjusted"]["q"] < alpha}
+            assert set(a["logit_layers"]) <= logit and set(a["logit_layers_adjusted"]) <= adjusted
+            checked += len(layers) + len(a["layers"])
+        for r in fam.get("residue_attention", []):
+            if r["test"]:
+                survive = {x["layer"] for x in r["test"]["layers"] if x["q"] is not None and x["q"] < alpha}
+                assert set(r["test"]["significant"]) == survive
+                checked += len(r["test"]["layers"])
+    return checked
+
+
+def test_no_interval_leaves_its_range_and_no_attention_claim_skips_its_correction(attention_run,
+                                                                                  residue_attention_run):
+    for run, analysis, _ in (attention_run, residue_attention_run):
+        data = json.loads((run / "analysis.json").read_text())
+        assert assert_claims_survive(data) > 20
+    # the check bites: a layer named without surviving BH, or an interval past 1, is caught
+    data = json.loads((attention_run[0] / "analysis.json").read_text())
+    a = data["families"]["ice"]["attention_behaviour"][0]
+    extra = next(x["layer"] for x in a["p_ext_layers"]["layers"] if x["q"] is not None and x["q"] >= 0.05)
+    a["tracking_layers"] = [*a["tracking_layers"], extra]
+    with pytest.raises(AssertionError):
+        assert_claims_survive(data)
+    data = json.loads((attention_run[0] / "analysis.json").read_text())
+    data["families"]["ice"]["cells"][0]["em_ci_high"] = 1.05
+    with pytest.raises(AssertionError):
+        assert_claims_survive(data)

@@ -156,8 +156,8 @@ def test_no_hay_statement_leaves_hay_empty_not_zero(run):
 # ------------------------------------------------------------------------------------------ analysis.json
 
 
-def _wilson(k: int, n: int, z: float = scipy.stats.norm.ppf(0.975)) -> tuple[float, float]:
-    p = k / n
+def _wilson(p: float, n: float, z: float = scipy.stats.norm.ppf(0.975)) -> tuple[float, float]:
+    """The Wilson score interval of a share p at n trials (n need not be an integer)."""
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
     return centre - half, centre + half
@@ -182,7 +182,9 @@ def test_cogniload_section_of_the_analysis(run, analysis):
             for c, level in zip(cells.by(knob), levels):
                 ys = [t.em for t in mine if t.meta[knob] == level]
                 assert c.n == len(ys) and c.em_mean == pytest.approx(np.mean(ys))
-                assert (c.em_ci_low, c.em_ci_high) == pytest.approx(_wilson(int(sum(ys)), len(ys)))
+                # each puzzle answered once: the bounded interval is Wilson at n - 1 (design effect n / (n - 1))
+                assert c.n_clusters == c.n
+                assert (c.em_ci_low, c.em_ci_high) == pytest.approx(_wilson(np.mean(ys), len(ys) - 1))
                 assert c.truncated_rate == pytest.approx(np.mean([t.truncated for t in mine if t.meta[knob] == level]))
     # CogniLoad trials are not ICE cells, nor a taxonomy without a Control condition: no ICE result at all
     assert list(analysis.families) == ["cogniload"]

@@ -143,3 +143,31 @@ def test_a_user_task_with_its_own_segments_is_laid_out_as_written_and_analysed_a
     h1 = ice.h1_of(custom.model, "Saturation")
     assert h1.n == 3  # Control + the built Saturation prompt + the user's own Saturation prompt
     assert "Custom" not in CONDITIONS
+
+
+def test_building_cogniload_prompts_never_loads_the_embedder(tmp_path, monkeypatch) -> None:
+    """S_sim is not defined for CogniLoad (the family's ``has_s_sim`` is False): building its prompts, with the
+    default embedder configured, must not load the sentence embedder at all — it took 60 s for 40 prompts."""
+    import probe.prompts.similarity as similarity
+
+    loads: list[str] = []
+
+    def refuse(model: str = "") -> None:
+        loads.append(model)
+        raise AssertionError(f"the embedder {model!r} was loaded to build CogniLoad prompts")
+
+    monkeypatch.setattr(similarity, "get_embedder", refuse)
+    data = {"experiment": {"name": "cl", "seed": 3, "output_dir": str(tmp_path)},
+            "tasks": [{"source": "cogniload", "n": 1, "difficulty": [1, 3], "length": [20], "needle_ratio": [5, 95]}]}
+    cfg = config_from_dict(data)
+    assert cfg.analysis.embedder  # the default embedder is configured; it must still not be loaded
+    prompts = runner.build_prompts(cfg, progress=False)
+    built = [p for ps in prompts.values() for p in ps]
+    assert len(built) == 4 and all(p.family == "cogniload" and p.s_sim is None for p in built)
+    assert loads == []
+    # the same guard does fire where S_sim is defined: an ICE Saturation prompt asks for the embedder
+    ice = config_from_dict({**data, "experiment": {**data["experiment"], "name": "ice"},
+                            "tasks": [{"source": "synthetic", "n": 1, "hops": 2}],
+                            "ice": {"conditions": ["Control", "Saturation"], "loads": [20], "replications": 1}})
+    with pytest.raises(AssertionError, match="embedder"):
+        runner.build_prompts(ice, progress=False)

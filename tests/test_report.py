@@ -32,7 +32,7 @@ from probe.runfolder import RunFolder, make_prompt_id
 from tests.fixtures.synthetic_run import Plan, make_run
 
 MODEL = "model-a"
-EXPECTED = {"saturation_curve", "em_by_condition", "h1_forest", "h3_scatter", f"enrichment_{MODEL}",
+EXPECTED = {"saturation_curve", "em_by_condition", "h1_forest", "h3_scatter", "h3_attention", f"enrichment_{MODEL}",
             f"p_ext_layers_{MODEL}", f"ar_k_{MODEL}", "attention_behaviour"}
 
 
@@ -117,6 +117,38 @@ def test_heatmap_shows_mean_enrichment_of_the_attention_records(run, report):
     assert len(ax.get_yticks()) <= 14  # 36 layers: thinned, readable ticks
 
 
+def test_heatmaps_outline_exactly_the_heads_that_pass_the_grid_correction(run, report):
+    from matplotlib.patches import Rectangle
+
+    result = ice(run)
+    behaviour = result.attention_of(MODEL)
+    named = {(h.layer, h.head) for h in behaviour.heads.significant}
+    assert named and all(h.q < 0.05 for h in behaviour.heads.significant)
+    fig = F.draw_enrichment_heatmaps(result, load_attention_arrays(RunFolder(run)), MODEL, behaviour, 0.05)
+    for ax in (a for a in fig.axes if a.get_images()):
+        boxes = {(round(r.get_x() + 0.5), round(r.get_y() + 0.5)) for r in ax.patches if isinstance(r, Rectangle)}
+        assert {(layer, head) for head, layer in boxes} == named
+    plain = F.draw_enrichment_heatmaps(result, load_attention_arrays(RunFolder(run)), MODEL)
+    assert not any(a.patches for a in plain.axes if a.get_images())
+
+
+def test_em_by_condition_stays_in_the_unit_interval_and_its_labels_do_not_overlap(run, report):
+    fig = F.draw_em_by_condition(ice(run), {})
+    ax = fig.axes[0]
+    assert ax.get_ylim() == (0.0, 1.0)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    labels = [t for t in ax.get_xticklabels() if t.get_text()] + [t for t in ax.texts if t.get_text()]
+    assert {t.get_text() for t in ax.texts} == {"Control", "LongControl", "Saturation", "Residue"}
+    boxes = [t.get_window_extent(renderer) for t in labels]
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            assert not a.overlaps(b), "two labels of the EM-by-condition chart overlap"
+
+
 def test_h3_scatter_points_and_r_match_scipy(run, report):
     fig = F.draw_h3_scatter(ice(run), {})
     ax = fig.axes[0]
@@ -150,6 +182,40 @@ def test_summary_claims_follow_the_numbers(run, report):
         taxonomy=tuple(dataclasses.replace(t, label="resilient", is_load_sensitive=False) for t in result.taxonomy))
     text = " ".join(model_summary(forced, MODEL, settings))
     assert "declines" not in text and "no significant change of EM with load" in text
+
+
+def test_summary_quotes_only_what_survives_its_familys_correction(run, report):
+    result, settings = ice(run), read_analysis(run).settings
+    text = " ".join(model_summary(result, MODEL, settings))
+    att = result.attention_of(MODEL)
+    assert att.tracking_layers and "failed trials put more attention on extraneous text in layer" in text
+    assert "distractor heads" in text
+    # the same p-values with q-values that do not pass: nothing may be called significant
+    h2 = tuple(dataclasses.replace(r, p=0.001, q=0.2) for r in result.h2)
+    layers = tuple(dataclasses.replace(t, p=0.001, q=0.3) for t in att.p_ext_layers.layers)
+    weak = dataclasses.replace(
+        att, p_ext_layers=dataclasses.replace(att.p_ext_layers, layers=layers, significant=()), tracking_layers=(),
+        heads=dataclasses.replace(att.heads, significant=()), distractor_heads=())
+    residue = tuple(dataclasses.replace(r, test=dataclasses.replace(
+        r.test, layers=tuple(dataclasses.replace(t, q=0.5) for t in r.test.layers), significant=()))
+        for r in result.residue_attention)
+    forced = dataclasses.replace(result, h2=h2, attention_behaviour=(weak,), residue_attention=residue,
+                                 h3=tuple(dataclasses.replace(h, q=0.5) for h in result.h3))
+    text = " ".join(model_summary(forced, MODEL, settings))
+    assert "no comparison survives the correction" in text and "significant after correction" not in text
+    assert "no layer survives Benjamini–Hochberg over the 36 layers" in text
+    assert "no head survives Benjamini–Hochberg over the 36 × 8 grid" in text and "distractor heads" not in text
+    assert "degrade more" not in text and "no significant correlation" in text
+
+
+def test_a_fit_below_the_minimum_number_of_questions_is_described_not_tested(tmp_path):
+    d = tmp_path / "few"
+    make_run(d, Plan(n_tasks=5, n_reps=3, beta_sat=-0.006, seed=3))
+    analyze_run(d, AnalysisSection(), fill_similarity=False)
+    text = " ".join(model_summary(ice(d), MODEL, AnalysisSection()))
+    assert "described only, not tested" in text and "fewer than the minimum of 6" in text
+    assert "declines" not in text and "p = " not in text.split("H2")[0]
+    assert "H2 (paired comparisons): not tested (12)" in text  # every H2 comparison, with its reason
 
 
 def test_brittle_model_gets_no_inference(tmp_path):
@@ -194,7 +260,7 @@ def test_an_analysis_of_another_schema_is_refused_with_what_to_do(tmp_path):
     data = json.loads((d / "analysis.json").read_text())
     old = {k: v for k, v in data.items() if k != "schema"}  # a file written before versions
     (d / "analysis.json").write_text(json.dumps(old))
-    with pytest.raises(AnalysisSchemaError, match=r"schema 1 .*reads schema 2.*probe analyze"):
+    with pytest.raises(AnalysisSchemaError, match=r"schema 1 .*reads schema 3.*probe analyze"):
         read_analysis(d)
     data["families"]["ice"]["cells"][0]["em_meen"] = data["families"]["ice"]["cells"][0].pop("em_mean")
     (d / "analysis.json").write_text(json.dumps(data))

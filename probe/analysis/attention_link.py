@@ -1,27 +1,41 @@
-"""Attention records of a run, aggregated per cell, and their link to behaviour (SPEC §4, §6).
+"""Attention records of a run, aggregated per cell, and their link to behaviour and to similarity (SPEC §4, §6).
 
 Attention records are written by :meth:`probe.attention.result.SegmentAttention.save` where
 :meth:`probe.runfolder.RunFolder.attention_record` says; a trial links to its prompt's record by (model, prompt_id)
 through that method only (no file name is built here).
 
-Two products:
+Products (the statistics are those of :mod:`probe.analysis.inference`; methods and simulations in
+docs/statistics.md):
 
 - :func:`summarise_attention`: per model × condition × load, the mean over prompts of P_ext[layer, head], of the
   enrichment P_ext / chance[layer, head] (NaN-aware: Control prompts have chance 0), of the chance level per
   layer, and of the head-averaged residue AR_k[layer, target]. Targets are named by kind and order (``germane 1``,
   ``germane 2``, …, ``question``) so prompts with the same layout average position by position. The arrays go to
   ``attention_summary.npz`` (members named in each :class:`AttentionCell`); the report draws them without
-  recomputing anything.
-- :func:`attention_behaviour`: per layer, a logistic fit (statsmodels Binomial GLM, standard errors clustered by
-  question; :func:`probe.analysis.glm.fit_logit`, normal reference) of *wrong answer* on the head-mean P_ext of the
-  trial's prompt, over the scored trials whose prompt
-  has extraneous segments (Saturation, Residue: P_ext is 0 by construction elsewhere, so including them would
-  test the condition, not attention). Layers whose Holm-adjusted p is below α with a positive coefficient are
-  named as the layers whose distraction tracks failure. Because P_ext rises with load by construction (its
-  chance level is the extraneous share), each layer is also fitted with load (pp) and a Residue indicator as
-  covariates (``adjusted``; ``tracking_layers_adjusted``): a layer named there tracks failure beyond what the
-  load and placement explain. ``odds_ratio_per_10pp_p_ext`` = exp(0.1·coef): the odds ratio of a wrong answer
-  per 10 percentage points of P_ext (P_ext is a share, so 0.1 of it).
+  recomputing anything. It also returns each trial's own arrays for the tests below.
+- :func:`attention_behaviour`, over the scored trials whose prompt has extraneous segments (Saturation, Residue:
+  P_ext is 0 by construction elsewhere, so including them would test the condition, not attention):
+
+  * per layer (the primary test, ``p_ext_layers``): does head-mean P_ext differ between failed and correct trials
+    at equal load and placement? OLS of P_ext on [1, failed, load, Residue] per layer, CR2 standard errors clustered
+    by question, t on Bell–McCaffrey df, BH across the layers (one family per model). Layers with q < α and a
+    positive difference are the layers whose distraction tracks failure (``tracking_layers``). Load is adjusted for
+    because P_ext rises with load by construction (its chance level is the extraneous share).
+  * per head (``heads``): the same test on each head's P_ext enrichment, BH across the whole layer × head grid (one
+    family per model); heads with q < α and a positive difference are the *distractor heads*. The grid of
+    estimates and q-values goes to ``attention_summary.npz``.
+  * per layer, the logistic robustness line (``layers``): Binomial GLM of *wrong answer* on head-mean P_ext, alone
+    and with load (pp) and a Residue indicator as covariates (``adjusted``), the analysis' one logistic fit
+    (:func:`probe.analysis.glm.fit_logit`: CR2 clustered by question, t on Bell–McCaffrey df), BH q-values across
+    layers per fit (each its own family). ``odds_ratio_per_10pp_p_ext`` = exp(0.1·coef): the odds ratio of a wrong
+    answer per 10 percentage points of P_ext (P_ext is a share, so 0.1 of it).
+- :func:`residue_attention` (H3 in attention): per Residue prompt, the head-mean AR_k of the question target and of
+  the prompt's last germane segment at each layer against the prompt's S_sim: slope of AR_k on S_sim per layer,
+  adjusted for load, CR2 clustered by question with Bell–McCaffrey df, BH across layers (one family per model and
+  target); Pearson r per layer beside it as a descriptive effect size.
+
+Below :data:`probe.analysis.inference.MIN_CLUSTERS` questions every test here is descriptive (estimates only) and
+says why.
 """
 
 from __future__ import annotations
@@ -33,8 +47,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 import statsmodels.api as sm
-from statsmodels.stats.multitest import multipletests
 
+from probe.analysis import inference as inf
 from probe.analysis.estimates import finite
 from probe.analysis.glm import exp_or_none, fit_logit
 from probe.runfolder import RunFolder
@@ -101,10 +115,11 @@ class PExtLogit:
 
     Attributes:
         coef: log-odds of a wrong answer per unit of P_ext (P_ext is a share in [0, 1]); se, ci_low, ci_high, p:
-            its SE, CI and p (normal reference); p_holm: p Holm-adjusted across layers (None where not fitted).
+            its CR2 SE, CI and p on t(df) (None when the fit gives the coefficient only); df: Bell–McCaffrey
+            degrees of freedom; q: BH q-value across the layers of the same fit (one family).
         odds_ratio_per_10pp_p_ext: exp(0.1 · coef), the odds ratio of a wrong answer per 10 percentage points of
             P_ext (None where it would overflow).
-        reason: why there is no estimate, else None.
+        reason: why there is no estimate or no test, else None.
     """
 
     coef: float | None
@@ -112,14 +127,15 @@ class PExtLogit:
     ci_low: float | None
     ci_high: float | None
     p: float | None
-    p_holm: float | None
+    q: float | None
+    df: float | None
     odds_ratio_per_10pp_p_ext: float | None
     reason: str | None
 
 
 @dataclass(frozen=True)
 class LayerFit:
-    """One layer's attention ↔ behaviour fit: the :class:`PExtLogit` fields, and the fit adjusted for load and
+    """One layer's logistic robustness fit: the :class:`PExtLogit` fields, and the fit adjusted for load and
     placement (``adjusted``: P_ext with load (pp) and a Residue indicator as covariates; None where no covariate
     varies).
 
@@ -134,32 +150,156 @@ class LayerFit:
     ci_low: float | None
     ci_high: float | None
     p: float | None
-    p_holm: float | None
+    q: float | None
+    df: float | None
     odds_ratio_per_10pp_p_ext: float | None
     reason: str | None
     adjusted: PExtLogit | None
 
 
 @dataclass(frozen=True)
-class AttentionBehaviour:
-    """Does head-mean P_ext of a layer predict a wrong answer? One model (:func:`attention_behaviour`).
+class LayerTest:
+    """One layer of a per-layer test (one coefficient of :func:`probe.analysis.inference.clustered_ols_many`).
 
     Attributes:
-        model: the model; n_trials: scored Saturation/Residue trials with a record; conditions: those conditions.
-        layers: one :class:`LayerFit` per layer.
-        tracking_layers: layers with Holm-adjusted p < alpha and a positive coefficient; tracking_layers_adjusted:
-            the same for the adjusted fits.
-        reason: why no layer could be fitted, else None; method: one line on how.
+        layer: 0-based layer; n: observations used.
+        estimate: the tested coefficient (given also when descriptive); se, ci_low, ci_high, p: CR2 clustered by
+            question, t on ``df`` Bell–McCaffrey degrees of freedom; q: BH q-value across the layers (the family).
+    """
+
+    layer: int
+    n: int
+    estimate: float | None
+    se: float | None
+    ci_low: float | None
+    ci_high: float | None
+    p: float | None
+    q: float | None
+    df: float | None
+
+
+@dataclass(frozen=True)
+class LayerTests:
+    """A per-layer test of one model: one BH family over its layers.
+
+    Attributes:
+        measure: what is regressed (e.g. ``head-mean P_ext``); estimand: what the estimate means, with its unit.
+        n: observations (trials or prompts); n_questions: questions among them.
+        is_test: False when every layer is descriptive (see ``reason``).
+        method: the method, in words.
+        reason: why there is no test, else None.
+        layers: one :class:`LayerTest` per layer.
+        significant: layers with q < α (either sign).
+    """
+
+    measure: str
+    estimand: str
+    n: int
+    n_questions: int
+    is_test: bool
+    method: str
+    reason: str | None
+    layers: tuple[LayerTest, ...]
+    significant: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class HeadHit:
+    """One head whose test survives BH across the layer × head grid (q < α)."""
+
+    layer: int
+    head: int
+    estimate: float
+    ci_low: float | None
+    ci_high: float | None
+    p: float
+    q: float
+
+
+@dataclass(frozen=True)
+class HeadTests:
+    """The per-head test of one model: failed − correct P_ext enrichment per head, one BH family over the grid.
+
+    Attributes:
+        measure, estimand: as in :class:`LayerTests`.
+        n: trials; n_questions: questions; n_layers, n_heads: the grid; n_tested: heads with a p-value.
+        is_test: False when the grid is descriptive (see ``reason``); method: in words; reason: why no test.
+        df: the Bell–McCaffrey degrees of freedom shared by the complete heads (None when descriptive).
+        estimate_key, q_key: members of ``attention_summary.npz`` holding the (layer, head) estimates and q-values
+            (None without a grid).
+        significant: every head with q < α (either sign), smallest q first.
+    """
+
+    measure: str
+    estimand: str
+    n: int
+    n_questions: int
+    n_layers: int
+    n_heads: int
+    n_tested: int
+    is_test: bool
+    method: str
+    reason: str | None
+    df: float | None
+    estimate_key: str | None
+    q_key: str | None
+    significant: tuple[HeadHit, ...]
+
+
+@dataclass(frozen=True)
+class AttentionBehaviour:
+    """Attention ↔ behaviour of one model (:func:`attention_behaviour`; module docstring).
+
+    Attributes:
+        model: the model; n_trials: scored Saturation/Residue trials with a record; n_questions: their questions;
+            conditions: those conditions.
+        p_ext_layers: the primary per-layer test (head-mean P_ext, failed − correct, adjusted for load and Residue).
+        heads: the per-head test (P_ext enrichment, failed − correct, adjusted), BH over the layer × head grid.
+        layers: the logistic robustness fits, one :class:`LayerFit` per layer.
+        tracking_layers: layers of ``p_ext_layers`` with q < α and a positive difference (more attention on
+            extraneous text in failed trials).
+        distractor_heads: heads of ``heads`` with q < α and a positive difference.
+        logit_layers, logit_layers_adjusted: layers whose logistic fit (alone; adjusted) has q < α and a positive
+            coefficient.
+        reason: why nothing could be estimated, else None; method: one line on how.
     """
 
     model: str
     n_trials: int
+    n_questions: int
     conditions: tuple[str, ...]
+    p_ext_layers: LayerTests | None
+    heads: HeadTests | None
     layers: tuple[LayerFit, ...]
     tracking_layers: tuple[int, ...]
-    tracking_layers_adjusted: tuple[int, ...]
+    distractor_heads: tuple[HeadHit, ...]
+    logit_layers: tuple[int, ...]
+    logit_layers_adjusted: tuple[int, ...]
     reason: str | None
     method: str
+
+
+@dataclass(frozen=True)
+class ResidueAttention:
+    """H3 in attention for one model and target: slope of head-mean AR_k on S_sim per layer (:func:`residue_attention`).
+
+    Attributes:
+        model: the model; target: ``question`` or ``last germane`` (the prompt's last germane segment).
+        n_prompts: Residue prompts with AR_k and S_sim; n_questions: their questions.
+        is_load_adjusted: whether load entered the fit (it varies).
+        test: the per-layer slopes (AR_k per unit of S_sim), one BH family over the layers.
+        pearson_r: per layer, Pearson r of AR_k with S_sim over the prompts (descriptive; None where undefined).
+        reason: why there is no estimate, else None.
+    """
+
+    model: str
+    target: str
+    n_prompts: int
+    n_questions: int
+    is_load_adjusted: bool
+    test: LayerTests | None
+    pearson_r: tuple[float | None, ...]
+    reason: str | None
 
 
 def read_attention(run: RunFolder, model: str, prompt_id: str) -> AttentionRecord | None:
@@ -202,9 +342,10 @@ def summarise_attention(
 
     Returns:
         (cells, arrays, per_trial): one :class:`AttentionCell` per model × condition × load with a record;
-        ``arrays`` maps the cells' npz member names (``ice_cell<i>_<what>``) to float32 arrays; ``per_trial`` has
-        ``trial_id`` and ``p_ext_layer`` (a (layer,) array of head-mean P_ext) for every trial whose prompt has a
-        record.
+        ``arrays`` maps the cells' npz member names (``ice_cell<i>_<what>``) to float32 arrays; ``per_trial`` has,
+        for every trial whose prompt has a record, ``trial_id``, ``p_ext_layer`` ((layer,) head-mean P_ext),
+        ``enrichment`` ((layer, head) P_ext / chance), ``ar_question`` and ``ar_last_germane`` ((layer,) head-mean
+        AR_k of the question target and of the prompt's last germane segment; None where the record has none).
     """
     prompts = df[["model", "prompt_id", "condition", "load"]].drop_duplicates(["model", "prompt_id"])
     records: dict[tuple[str, str], AttentionRecord] = {}
@@ -260,31 +401,48 @@ def summarise_attention(
         warnings.simplefilter("ignore", RuntimeWarning)
         layer_means = {k: np.nanmean(r.p_ext, axis=1) for k, r in records.items()}  # (layer,)
     keyed = df[["trial_id", "model", "prompt_id"]]
+    keys = [(str(m), str(p)) for m, p in zip(keyed["model"], keyed["prompt_id"])]
     per_trial = pd.DataFrame({
         "trial_id": keyed["trial_id"],
-        "p_ext_layer": [layer_means.get((str(m), str(p))) for m, p in zip(keyed["model"], keyed["prompt_id"])],
+        "p_ext_layer": [layer_means.get(k) for k in keys],
+        "enrichment": [records[k].enrichment if k in records else None for k in keys],
+        "ar_question": [_target_ar(records[k], "question") if k in records else None for k in keys],
+        "ar_last_germane": [_target_ar(records[k], "last germane") if k in records else None for k in keys],
     })
     per_trial = per_trial[per_trial["p_ext_layer"].notna()]
     return cells, arrays, per_trial
+
+
+def _target_ar(rec: AttentionRecord, target: str) -> np.ndarray | None:
+    """(layer,) head-mean AR_k of ``question`` or of the record's ``last germane`` segment; None without one."""
+    if rec.ar_k_mean is None or rec.ar_k_mean.shape[1] == 0:
+        return None
+    if target == "question":
+        names = [t for t in rec.ar_targets if t == "question"]
+    else:
+        germane = [t for t in rec.ar_targets if t.startswith("germane ")]
+        names = sorted(germane, key=lambda t: int(t.split()[1]))[-1:]
+    if not names:
+        return None
+    return np.asarray(rec.ar_k_mean[:, rec.ar_targets.index(names[0])], dtype=float)
 
 
 def _logit(y: np.ndarray, X: np.ndarray, groups: np.ndarray, alpha: float) -> PExtLogit:
     """Binomial GLM of ``y`` on ``X`` (constant first, the tested variable second), clustered by ``groups``."""
     fit = fit_logit(y, X, groups)
     if not fit.ok:
-        return PExtLogit(None, None, None, None, None, None, None, fit.reason)
+        return PExtLogit(None, None, None, None, None, None, None, None, fit.reason)
     c = fit.coefficient(1, alpha)
-    return PExtLogit(coef=finite(c.estimate), se=finite(c.se), ci_low=finite(c.ci_low), ci_high=finite(c.ci_high),
-                     p=finite(c.p), p_holm=None, odds_ratio_per_10pp_p_ext=exp_or_none(0.1 * c.estimate),
-                     reason=None)
+    return PExtLogit(coef=finite(c.estimate), se=c.se, ci_low=c.ci_low, ci_high=c.ci_high, p=c.p, q=None, df=c.df,
+                     odds_ratio_per_10pp_p_ext=exp_or_none(0.1 * c.estimate), reason=c.reason)
 
 
 def _logit_layer(layer: int, x: np.ndarray, y: np.ndarray, groups: np.ndarray, covariates: np.ndarray,
                  alpha: float) -> LayerFit:
     ok = np.isfinite(x)
     x, y, groups, covariates = x[ok], y[ok], groups[ok], covariates[ok]
-    out = LayerFit(layer=layer, n=int(len(x)), coef=None, se=None, ci_low=None, ci_high=None, p=None, p_holm=None,
-                   odds_ratio_per_10pp_p_ext=None, reason=None, adjusted=None)
+    out = LayerFit(layer=layer, n=int(len(x)), coef=None, se=None, ci_low=None, ci_high=None, p=None, q=None,
+                   df=None, odds_ratio_per_10pp_p_ext=None, reason=None, adjusted=None)
     if len(x) < MIN_TRIALS_PER_LAYER_FIT:
         return replace(out, reason=f"{len(x)} trials with P_ext; need at least {MIN_TRIALS_PER_LAYER_FIT}")
     if y.min() == y.max():
@@ -293,7 +451,7 @@ def _logit_layer(layer: int, x: np.ndarray, y: np.ndarray, groups: np.ndarray, c
         return replace(out, reason="no variance in P_ext")
     alone = _logit(y, sm.add_constant(x, has_constant="add"), groups, alpha)
     out = replace(out, coef=alone.coef, se=alone.se, ci_low=alone.ci_low, ci_high=alone.ci_high, p=alone.p,
-                  odds_ratio_per_10pp_p_ext=alone.odds_ratio_per_10pp_p_ext, reason=alone.reason)
+                  df=alone.df, odds_ratio_per_10pp_p_ext=alone.odds_ratio_per_10pp_p_ext, reason=alone.reason)
     keep = [j for j in range(covariates.shape[1]) if np.ptp(covariates[:, j]) > 0]
     if keep:
         X = np.column_stack([np.ones(len(x)), x, covariates[:, keep]])
@@ -301,51 +459,143 @@ def _logit_layer(layer: int, x: np.ndarray, y: np.ndarray, groups: np.ndarray, c
     return out
 
 
-METHOD = "per-layer Binomial GLM of wrong answer on head-mean P_ext, clustered by task_id; Holm across layers"
+def _layer_tests(fits: inf.ManyFits, alpha: float, measure: str, estimand: str, n: int) -> LayerTests:
+    """A :class:`LayerTests` from the (layer,) arrays of a :class:`probe.analysis.inference.ManyFits`."""
+    layers = tuple(
+        LayerTest(layer=i, n=int(fits.n[i]), estimate=finite(fits.estimate[i]), se=finite(fits.se[i]),
+                  ci_low=finite(fits.ci_low[i]), ci_high=finite(fits.ci_high[i]), p=finite(fits.p[i]),
+                  q=finite(fits.q[i]), df=finite(fits.df[i]))
+        for i in range(fits.estimate.shape[0]))
+    return LayerTests(measure=measure, estimand=estimand, n=n, n_questions=fits.n_clusters, is_test=fits.is_test,
+                      method=fits.method, reason=fits.reason, layers=layers,
+                      significant=tuple(int(i) for i in fits.significant(alpha)[:, 0]))
 
 
-def attention_behaviour(df: pd.DataFrame, per_trial: pd.DataFrame, model: str, alpha: float = 0.05
-                        ) -> AttentionBehaviour:
-    """Does head-mean P_ext of a layer predict a wrong answer? One logistic fit per layer (module docstring).
+def _head_tests(fits: inf.ManyFits, alpha: float, n: int, key: str) -> tuple[HeadTests, dict[str, np.ndarray]]:
+    n_layers, n_heads = fits.estimate.shape
+    hits = [HeadHit(layer=int(li), head=int(h), estimate=float(fits.estimate[li, h]),
+                    ci_low=finite(fits.ci_low[li, h]), ci_high=finite(fits.ci_high[li, h]), p=float(fits.p[li, h]),
+                    q=float(fits.q[li, h]))
+            for li, h in fits.significant(alpha)]
+    hits.sort(key=lambda x: (x.q, x.layer, x.head))
+    dfs = fits.df[np.isfinite(fits.df)]
+    arrays = {f"{key}_estimate": fits.estimate.astype(np.float32), f"{key}_q": fits.q.astype(np.float32)}
+    heads = HeadTests(measure="P_ext enrichment (P_ext / chance) per head",
+                      estimand="failed - correct difference in enrichment at equal load and placement",
+                      n=n, n_questions=fits.n_clusters, n_layers=int(n_layers), n_heads=int(n_heads),
+                      n_tested=int(np.isfinite(fits.p).sum()), is_test=fits.is_test, method=fits.method,
+                      reason=fits.reason, df=float(np.median(dfs)) if dfs.size else None,
+                      estimate_key=f"{key}_estimate", q_key=f"{key}_q", significant=tuple(hits))
+    return heads, arrays
+
+
+METHOD = ("per layer: OLS of head-mean P_ext on [1, failed, load, Residue], CR2 clustered by question, t with "
+          "Bell-McCaffrey df, BH across layers; per head: the same on P_ext enrichment, BH across the layer x head "
+          "grid; logistic robustness: per-layer Binomial GLM of wrong answer on head-mean P_ext (alone; with load "
+          "and Residue), CR2 clustered by question, BH across layers")
+
+
+def attention_behaviour(df: pd.DataFrame, per_trial: pd.DataFrame, model: str, alpha: float = 0.05,
+                        key: str = "ice_heads0") -> tuple[AttentionBehaviour, dict[str, np.ndarray]]:
+    """Attention ↔ behaviour of one model: per-layer and per-head tests, logistic fits (module docstring).
 
     Args:
         df: trial table.
-        per_trial: ``trial_id`` → ``p_ext_layer`` from :func:`summarise_attention`.
+        per_trial: the per-trial arrays of :func:`summarise_attention`.
         model: model name.
-        alpha: test level (Holm-adjusted across layers).
+        alpha: test and FDR level.
+        key: prefix of the npz members holding the per-head grids.
 
     Returns:
-        The model's :class:`AttentionBehaviour`.
+        The model's :class:`AttentionBehaviour` and the arrays for ``attention_summary.npz``.
     """
-    out = AttentionBehaviour(model=model, n_trials=0, conditions=EXTRANEOUS_CONDITIONS, layers=(),
-                             tracking_layers=(), tracking_layers_adjusted=(), reason=None, method=METHOD)
+    out = AttentionBehaviour(model=model, n_trials=0, n_questions=0, conditions=EXTRANEOUS_CONDITIONS,
+                             p_ext_layers=None, heads=None, layers=(), tracking_layers=(), distractor_heads=(),
+                             logit_layers=(), logit_layers_adjusted=(), reason=None, method=METHOD)
     d = df[(df["model"] == model) & df["is_scored"] & df["condition"].isin(EXTRANEOUS_CONDITIONS)]
     d = d.merge(per_trial, on="trial_id", how="inner")
     if d.empty:
-        return replace(out, reason="no scored Saturation/Residue trial with an attention record")
+        return replace(out, reason="no scored Saturation/Residue trial with an attention record"), {}
+    shapes = {np.shape(m) for m in d["enrichment"]}
+    if len(shapes) != 1:
+        return replace(out, reason=f"attention records of different shapes {sorted(shapes)}: layers and heads "
+                                   "cannot be compared across prompts"), {}
     mat = np.stack(d["p_ext_layer"].to_list())  # (trial, layer)
-    wrong = (d["em"].to_numpy() < 0.5).astype(float)
+    enrichment = np.stack(d["enrichment"].to_list())  # (trial, layer, head)
+    failed = (d["em"].to_numpy() < 0.5).astype(float)
     groups = d["task_id"].to_numpy()
-    covariates = np.column_stack([d["load"].to_numpy(dtype=float),
-                                  (d["condition"] == "Residue").to_numpy(dtype=float)])
-    layers = [_logit_layer(li, mat[:, li], wrong, groups, covariates, alpha) for li in range(mat.shape[1])]
-    fitted = [i for i, r in enumerate(layers) if r.p is not None]
-    if fitted:
-        adj = multipletests([layers[i].p for i in fitted], alpha=alpha, method="holm")[1]
-        for i, pa in zip(fitted, adj):
-            layers[i] = replace(layers[i], p_holm=finite(pa))
-    adjusted = [i for i, r in enumerate(layers) if r.adjusted is not None and r.adjusted.p is not None]
-    if adjusted:
-        adj = multipletests([layers[i].adjusted.p for i in adjusted], alpha=alpha, method="holm")[1]  # type: ignore[union-attr]
-        for i, pa in zip(adjusted, adj):
-            layers[i] = replace(layers[i], adjusted=replace(layers[i].adjusted, p_holm=finite(pa)))  # type: ignore[type-var]
-    tracking = tuple(layers[i].layer for i in fitted
-                     if layers[i].p_holm is not None and layers[i].p_holm < alpha and layers[i].coef > 0)  # type: ignore[operator]
-    tracking_adj = tuple(layers[i].layer for i in adjusted if (a := layers[i].adjusted) is not None
-                         and a.p_holm is not None and a.p_holm < alpha and a.coef > 0)  # type: ignore[operator]
-    reason = None
-    if not fitted:
-        reasons = {r.reason for r in layers}
-        reason = "no layer could be fitted: " + "; ".join(sorted(str(x) for x in reasons))
-    return replace(out, n_trials=int(len(d)), layers=tuple(layers), tracking_layers=tracking,
-                   tracking_layers_adjusted=tracking_adj, reason=reason)
+    load = d["load"].to_numpy(dtype=float)
+    residue = (d["condition"] == "Residue").to_numpy(dtype=float)
+    covariates = np.column_stack([load, residue])
+    layer_fits = inf.attention_failure_tests(mat, failed, load, groups, residue[:, None], alpha)
+    p_ext_layers = _layer_tests(layer_fits, alpha, "head-mean P_ext",
+                                "failed - correct difference in P_ext (share) at equal load and placement", len(d))
+    head_fits = inf.attention_failure_tests(enrichment, failed, load, groups, residue[:, None], alpha)
+    heads, arrays = _head_tests(head_fits, alpha, len(d), key)
+    layers = [_logit_layer(li, mat[:, li], failed, groups, covariates, alpha) for li in range(mat.shape[1])]
+    q_alone = inf.bh_qvalues(np.array([np.nan if r.p is None else r.p for r in layers]))
+    q_adj = inf.bh_qvalues(np.array([np.nan if r.adjusted is None or r.adjusted.p is None else r.adjusted.p
+                                     for r in layers]))
+    layers = [replace(r, q=finite(qa), adjusted=None if r.adjusted is None else replace(r.adjusted, q=finite(qb)))
+              for r, qa, qb in zip(layers, q_alone, q_adj)]
+    tracking = tuple(t.layer for t in p_ext_layers.layers
+                     if t.q is not None and t.q < alpha and t.estimate is not None and t.estimate > 0)
+    logit = tuple(r.layer for r in layers if r.q is not None and r.q < alpha and r.coef is not None and r.coef > 0)
+    logit_adj = tuple(r.layer for r in layers if (a := r.adjusted) is not None and a.q is not None and a.q < alpha
+                      and a.coef is not None and a.coef > 0)
+    return replace(out, n_trials=int(len(d)), n_questions=int(d["task_id"].nunique()), p_ext_layers=p_ext_layers,
+                   heads=heads, layers=tuple(layers), tracking_layers=tracking,
+                   distractor_heads=tuple(h for h in heads.significant if h.estimate > 0), logit_layers=logit,
+                   logit_layers_adjusted=logit_adj), arrays
+
+
+TARGETS = ("question", "last germane")
+
+
+def residue_attention(df: pd.DataFrame, per_trial: pd.DataFrame, model: str, alpha: float = 0.05
+                      ) -> list[ResidueAttention]:
+    """H3 in attention for one model: per layer, does AR_k of a target grow with the prompt's S_sim?
+
+    One row per Residue prompt with a record, a finite S_sim and AR_k of the target (a prompt's trials share its
+    record and S_sim: the first scored or unscored trial stands for it). Per target (``question``, ``last
+    germane``): :func:`probe.analysis.inference.residue_similarity_tests` with load as covariate.
+
+    Args:
+        df: trial table.
+        per_trial: the per-trial arrays of :func:`summarise_attention`.
+        model: model name.
+        alpha: test and FDR level.
+
+    Returns:
+        One :class:`ResidueAttention` per target.
+    """
+    d = df[(df["model"] == model) & (df["condition"] == "Residue")].merge(per_trial, on="trial_id", how="inner")
+    d = d.drop_duplicates("prompt_id")
+    out: list[ResidueAttention] = []
+    for target in TARGETS:
+        col = "ar_question" if target == "question" else "ar_last_germane"
+        t = d[d[col].notna() & np.isfinite(d["s_sim"].to_numpy(dtype=float))] if len(d) else d
+        empty = ResidueAttention(model=model, target=target, n_prompts=int(len(t)),
+                                 n_questions=int(t["task_id"].nunique()) if len(t) else 0, is_load_adjusted=False,
+                                 test=None, pearson_r=(), reason=None)
+        if d.empty:
+            out.append(replace(empty, reason="no Residue prompt with an attention record"))
+            continue
+        if t.empty:
+            why = ("no S_sim recorded for the Residue prompts (nor computable from prompts.jsonl)"
+                   if d["s_sim"].isna().all() else f"no AR_k of the {target} target in the records")
+            out.append(replace(empty, reason=why))
+            continue
+        shapes = {np.shape(v) for v in t[col]}
+        if len(shapes) != 1:
+            out.append(replace(empty, reason=f"AR_k of different depths {sorted(shapes)} across prompts"))
+            continue
+        ar = np.stack(t[col].to_list())  # (prompt, layer)
+        res = inf.residue_similarity_tests(ar, t["s_sim"].to_numpy(dtype=float), t["task_id"].to_numpy(),
+                                           t["load"].to_numpy(dtype=float), alpha)
+        test = _layer_tests(res.fits, alpha, f"head-mean AR_k of the {target} target",
+                            "change in AR_k per unit of S_sim" + (" at equal load" if res.is_load_adjusted else ""),
+                            int(len(t)))
+        out.append(replace(empty, is_load_adjusted=res.is_load_adjusted, test=test,
+                           pearson_r=tuple(finite(v) for v in res.pearson_r)))
+    return out

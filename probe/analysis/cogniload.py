@@ -10,8 +10,13 @@ logit link are fitted with statsmodels:
 
 rho is in percent (5..95) and N in statements, so b_rho is per percentage point and b_N per tenfold length.
 A term whose variable takes one value only (or rho^2 with fewer than three rho levels) cannot be estimated; it
-is left out and listed under ``dropped`` with the reason. Standard errors are model-based, or clustered by task
-(puzzle) when a puzzle was answered more than once (:func:`probe.analysis.glm.fit_logit`, normal reference).
+is left out and listed under ``dropped`` with the reason. The fit is the analysis' one logistic fit
+(:func:`probe.analysis.glm.fit_logit`). Standard errors are model-based with the normal reference when every puzzle
+was answered once (the usual case: independent trials, one per puzzle, and many of them — the clustering differs
+from ICE's, where every question is asked under ten prompts), and CR2 clustered by puzzle with a t reference on the
+Bell–McCaffrey degrees of freedom when a puzzle was answered more than once (fewer than
+:data:`probe.analysis.inference.MIN_CLUSTERS` puzzles: coefficients only, no standard errors). ``se_method`` of each
+fit says which.
 
 Thresholds come from the main fit, at P(correct) = 0.5, each with the other variables at their means over the
 model's trials (d-bar, mean of log10 N, rho-bar; the rho^2 term at rho-bar^2, as in the fitted curve):
@@ -50,7 +55,6 @@ from typing import Literal
 
 import numpy as np
 import pandas as pd
-from statsmodels.stats.proportion import proportion_confint
 
 from probe import format as fmt
 from probe.analysis.cogniload_attention import NeedleHaySummary, cogniload_attention
@@ -81,13 +85,18 @@ class CogniloadAnalysisError(ProbeError):
 
 @dataclass(frozen=True)
 class Term:
-    """One coefficient of a GLM: estimate (logit scale), standard error, 95 % CI and p (normal reference)."""
+    """One coefficient of a GLM: estimate (logit scale), standard error, 95 % CI and p.
+
+    ``df`` is the t reference's degrees of freedom (clustered by puzzle), None for the normal reference of a
+    model-based fit; ``se``, ``ci_low``, ``ci_high``, ``p`` are None when the fit gives coefficients only (see
+    :attr:`GlmFit.se_method`)."""
 
     estimate: float
-    se: float
-    ci_low: float
-    ci_high: float
-    p: float
+    se: float | None
+    ci_low: float | None
+    ci_high: float | None
+    p: float | None
+    df: float | None
 
 
 @dataclass(frozen=True)
@@ -98,6 +107,8 @@ class GlmFit:
         status: ``ok``, ``not_estimable`` or ``degenerate``; reason: why not ``ok``, else None.
         terms: the terms fitted; dropped: term -> why it was left out; n: trials.
         params: term -> :class:`Term` (empty unless ``ok``); aic: the fit's AIC (None unless ``ok``).
+        se_method: how the standard errors were computed, and why there are none where a fit gives coefficients
+            only (None unless ``ok``).
     """
 
     status: Status
@@ -107,6 +118,7 @@ class GlmFit:
     n: int
     params: dict[str, Term]
     aic: float | None
+    se_method: str | None
 
 
 @dataclass(frozen=True)
@@ -398,7 +410,8 @@ def _analyze_model(model: str, trials: list[TrialRecord], n_bootstrap: int, rng:
         levels={k: tuple(v) for k, v in out["levels"].items()}, means=means,
         accuracy_by={k: {lv: LevelAccuracy(**a) for lv, a in by.items()} for k, by in out["accuracy_by"].items()},
         fits={name: GlmFit(status=f["status"], reason=f["reason"], terms=tuple(f["terms"]), dropped=f["dropped"],
-                           n=f["n"], params={t: Term(**v) for t, v in f["params"].items()}, aic=f["aic"])
+                           n=f["n"], params={t: Term(**v) for t, v in f["params"].items()}, aic=f["aic"],
+                           se_method=f["se_method"])
               for name, f in fits.items()},
         aic_preferred=out["aic_preferred"], delta_aic=out["delta_aic"],
         thresholds={k: Threshold(**th) for k, th in thresholds.items()}, delta_rho=DeltaRho(**out["delta_rho"]))
@@ -483,14 +496,19 @@ _SEPARATION = (
 def _fit_summary(fit: _Fit, dropped: dict[str, str], n: int) -> dict:
     out: dict = {"status": fit.status, "reason": fit.reason, "terms": list(fit.terms), "dropped": dropped, "n": n}
     if fit.status != "ok":
-        out.update(params={}, aic=None)
+        out.update(params={}, aic=None, se_method=None)
         return out
     assert fit.result is not None
     out["params"] = {}
     for i, t in enumerate(fit.terms):
         c = fit.result.coefficient(i, 0.05)
-        out["params"][t] = {"estimate": fit.params[t], "se": c.se, "ci_low": c.ci_low, "ci_high": c.ci_high, "p": c.p}
+        out["params"][t] = {"estimate": fit.params[t], "se": c.se, "ci_low": c.ci_low, "ci_high": c.ci_high, "p": c.p,
+                            "df": c.df}
     out["aic"] = fit.result.aic
+    se_method = fit.result.se_method
+    if fit.result.test_reason:
+        se_method = f"{se_method}; coefficients only: {fit.result.test_reason}"
+    out["se_method"] = se_method
     return out
 
 
@@ -691,10 +709,11 @@ def cogniload_cells(frame: pd.DataFrame, trials: tuple[TrialRecord, ...] | list[
                     ) -> dict[str, KnobCells]:
     """Accuracy of each model's CogniLoad trials, overall and per level of d, N and rho.
 
-    Each cell is a :func:`probe.analysis.estimates.cell_summaries` cell (EM mean, SEM, CI clustered by puzzle,
-    truncation and uninterpretable rates, errors, skipped) over the trials at that level, pooled over the other
-    knobs; ``load`` is None and ``level`` holds the knob's value. Where every puzzle of a cell was answered once (the
-    usual case) the CI is the Wilson interval (:func:`_wilson_ci`).
+    Each cell is a :func:`probe.analysis.estimates.cell_summaries` cell (EM mean, SEM, the bounded interval of
+    :func:`probe.analysis.inference.proportion_ci` clustered by puzzle, truncation and uninterpretable rates, errors,
+    skipped) over the trials at that level, pooled over the other knobs; ``load`` is None and ``level`` holds the
+    knob's value. Where every puzzle of a cell was answered once (the usual case) that interval is the Wilson score
+    interval at n − 1 trials (the design effect of singleton clusters is n/(n − 1)).
 
     Args:
         frame: trial table of CogniLoad trials.
@@ -711,29 +730,14 @@ def cogniload_cells(frame: pd.DataFrame, trials: tuple[TrialRecord, ...] | list[
     knobs = {k: frame["trial_id"].map(lambda tid, k=k: meta.get(tid, {}).get(k)) for k in KNOBS}
     for model in sorted(frame["model"].unique().tolist()):
         rows = frame["model"] == model
-        overall = _wilson_ci(replace(cell_summaries(frame[rows].assign(load=0), alpha)[0], load=None), alpha)
+        overall = replace(cell_summaries(frame[rows].assign(load=0), alpha)[0], load=None)
         by: dict[str, tuple[Cell, ...]] = {}
         for k in KNOBS:
             known = rows & knobs[k].notna()
             cells = cell_summaries(frame[known].assign(load=knobs[k][known].astype(int)), alpha, level=True)
-            by[k] = tuple(_wilson_ci(c, alpha) for c in cells)
+            by[k] = tuple(cells)
         out[model] = KnobCells(overall=overall, d=by["d"], N=by["N"], rho=by["rho"])
     return out
-
-
-def _wilson_ci(cell: Cell, alpha: float) -> Cell:
-    """The cell with the Wilson interval of its proportion where each puzzle was answered once.
-
-    With one trial per cluster the clustered CI is the iid t-interval of a 0/1 mean, which leaves [0, 1] at small n;
-    the Wilson score interval (statsmodels ``proportion_confint``) is the binomial interval for that case. A cell
-    with repeated puzzles is returned unchanged.
-    """
-    n = cell.n
-    if n >= 1 and cell.n_clusters == n and cell.em_mean is not None:
-        lo, hi = proportion_confint(int(round(cell.em_mean * n)), n, alpha=alpha, method="wilson")
-        return replace(cell, em_ci_low=float(lo), em_ci_high=float(hi),
-                       ci_method="wilson (each puzzle answered once: binomial proportion)")
-    return cell
 
 
 def _analyze_family(data: FamilyData) -> FamilyOutput:
@@ -752,11 +756,13 @@ def _tabulate_family(data: FamilyData) -> CogniloadResult:
 
 METHODS = {
     "cogniload": "CogniLoad trials are kept out of every ICE estimate; per model binomial GLM (logit) of correct "
-                 "on d, log10 N, rho, rho^2 (AIC against the fit without rho^2; d x N and d x rho interactions), "
-                 "SE clustered by puzzle when a puzzle was answered more than once; ECL50/NT50/ID50 where the fitted "
-                 "P(correct) crosses 0.5 with the other variables at their means, percentile bootstrap CIs over "
-                 "puzzles (seeded with the experiment's seed); accuracy per knob level with Wilson CIs (CIs "
-                 "clustered by puzzle where puzzles repeat)",
+                 "on d, log10 N, rho, rho^2 (AIC against the fit without rho^2; d x N and d x rho interactions); "
+                 "model-based SEs with the normal reference when every puzzle was answered once, CR2 clustered by "
+                 "puzzle with a t reference on Bell-McCaffrey df when puzzles repeat (coefficients only below 6 "
+                 "puzzles); ECL50/NT50/ID50 where the fitted P(correct) crosses 0.5 with the other variables at their "
+                 "means, percentile bootstrap CIs over puzzles (seeded with the experiment's seed); accuracy per knob "
+                 "level with the bounded interval of the ICE cells (Wilson at the Korn-Graubard effective size, "
+                 "clustered by puzzle; docs/statistics.md)",
     "cogniload_attention": "needle (germane statements) and hay (extraneous statements) enrichment per layer: "
                            "per-token attention share of the group from the probe's query set over the per-token "
                            "chance share (the record's P_ext chance scaled to the group's tokens), head mean per "

@@ -1,29 +1,27 @@
 """Per model × condition × load summaries: EM mean, SEM, 95 % CI clustered by question, rates (SPEC §6).
 
-The CI of a cell's EM is the intercept CI of ``statsmodels`` OLS of EM on a constant with standard errors
-clustered by ``task_id`` (t with G − 1 degrees of freedom, G = number of questions). Where that is impossible the
-fallback is named in ``ci_method``:
-
-- one question only: clustering cannot be estimated; the iid OLS CI (= mean ± t·SEM) is given instead;
-- EM has no variance in the cell (all right or all wrong): every standard error is 0, so the Wilson score
-  interval of the proportion (``statsmodels.stats.proportion.proportion_confint``) is given instead.
+The interval of a cell's EM is :func:`probe.analysis.inference.proportion_ci`: the Wilson score interval at the
+Korn–Graubard effective sample size (CR1 design effect by question, floored at 1, with the degrees-of-freedom
+adjustment (t_{n−1}/t_{G−1})²). It always lies inside [0, 1], widens with the clustering of answers within a
+question, and stays informative when every answer of a cell is the same; its coverage at 7–50 questions is simulated
+in ``docs/statistics.md``. With one question no design effect can be estimated: the mean is given without an
+interval and ``ci_reason`` says so.
 
 ``em_sem`` is always the plain standard error of the mean over trials (``scipy.stats.sem``), as in the paper's
-Table 1; ``em_se`` is the standard error behind the CI. Skipped trials and backend errors are counted in
-``n_skipped`` / ``n_error`` and never scored as wrong.
+Table 1; ``em_se`` is the cluster-robust (CR1) standard error behind the interval's design effect. Skipped trials and
+backend errors are counted in ``n_skipped`` / ``n_error`` and never scored as wrong.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import scipy.stats
-import statsmodels.api as sm
-from statsmodels.stats.proportion import proportion_confint
 
+from probe.analysis.inference import proportion_ci
 from probe.types import CONDITIONS
 
 
@@ -37,15 +35,18 @@ def finite(x: float | np.floating | None) -> float | None:
 
 @dataclass(frozen=True)
 class MeanCI:
-    """A mean with its CI clustered by question (:func:`clustered_mean_ci`).
+    """A share of correct answers with its interval clustered by question (:func:`em_interval`).
 
     Attributes:
         mean: the mean; None without observations.
         sem: plain standard error of the mean over observations (``scipy.stats.sem``).
-        se: the standard error behind the CI.
-        ci_low, ci_high: the (1 − alpha) interval.
+        se: the CR1 cluster-robust standard error behind the design effect.
+        ci_low, ci_high: the (1 − alpha) interval, inside [0, 1].
+        design_effect: clustered variance over binomial variance (floored at 1).
+        n_effective: the effective sample size the Wilson interval is taken at.
         n: observations; n_clusters: distinct clusters.
         ci_method: how the CI was made (see the module docstring), None without a CI.
+        ci_reason: why there is a mean but no interval (one question), else None.
         reason: why there is no estimate, else None.
     """
 
@@ -54,9 +55,12 @@ class MeanCI:
     se: float | None
     ci_low: float | None
     ci_high: float | None
+    design_effect: float | None
+    n_effective: float | None
     n: int
     n_clusters: int
     ci_method: str | None
+    ci_reason: str | None
     reason: str | None
 
 
@@ -71,7 +75,8 @@ class Cell:
             knob of the task); None otherwise.
         n_trials: trials in the cell; n: scored trials; n_skipped, n_error: skipped trials and backend errors
             (never scored as wrong); n_clusters: questions among the scored trials.
-        em_mean, em_sem, em_se, em_ci_low, em_ci_high, ci_method: the :class:`MeanCI` of EM.
+        em_mean, em_sem, em_se, em_ci_low, em_ci_high, em_design_effect, em_n_effective, ci_method, ci_reason: the
+            :class:`MeanCI` of EM.
         hop_recall_mean: mean hop recall of the scored trials.
         truncated_rate, uninterpretable_rate: shares of the trials with an output.
         s_sim_mean: mean S_sim of the cell's trials.
@@ -93,7 +98,10 @@ class Cell:
     em_se: float | None
     em_ci_low: float | None
     em_ci_high: float | None
+    em_design_effect: float | None
+    em_n_effective: float | None
     ci_method: str | None
+    ci_reason: str | None
     hop_recall_mean: float | None
     truncated_rate: float | None
     uninterpretable_rate: float | None
@@ -102,41 +110,29 @@ class Cell:
     reason: str | None
 
 
-def clustered_mean_ci(y: np.ndarray, groups: np.ndarray, alpha: float = 0.05) -> MeanCI:
-    """Mean of ``y`` with a CI clustered by ``groups`` (see the module docstring for the fallbacks).
+def em_interval(y: np.ndarray, groups: np.ndarray, alpha: float = 0.05) -> MeanCI:
+    """Mean EM of a cell with its bounded interval clustered by ``groups`` (module docstring).
 
     Args:
-        y: (n,) outcomes (EM, 0/1).
+        y: (n,) outcomes in [0, 1] (EM).
         groups: (n,) cluster labels (task ids).
         alpha: 1 − confidence level.
 
     Returns:
-        The :class:`MeanCI` (``reason`` set when no estimate could be made).
+        The :class:`MeanCI` (``reason`` set when no estimate could be made, ``ci_reason`` when there is a mean but
+        no interval).
     """
     y = np.asarray(y, dtype=float)
     n = int(y.size)
-    n_clusters = int(pd.Series(groups).nunique()) if n else 0
-    empty = MeanCI(None, None, None, None, None, n, n_clusters, None, None)
-    if n == 0:
-        return replace(empty, reason="no scored trial")
-    mean = finite(y.mean())
-    if n == 1:
-        return replace(empty, mean=mean, reason="one scored trial: no standard error")
-    sem = finite(scipy.stats.sem(y))
-    if np.all(y == y[0]):
-        lo, hi = proportion_confint(int(round(y.sum())), n, alpha=alpha, method="wilson")
-        return MeanCI(mean, sem, 0.0, finite(lo), finite(hi), n, n_clusters,
-                      "wilson (EM has no variance in this cell; clustered SE would be 0)", None)
-    X = np.ones((n, 1))
-    if n_clusters >= 2:
-        codes = pd.factorize(pd.Series(groups))[0]
-        res = sm.OLS(y, X).fit(cov_type="cluster", cov_kwds={"groups": codes}, use_t=True)
-        method = f"cluster-robust by task_id (G={n_clusters}, t with G-1 df)"
-    else:
-        res = sm.OLS(y, X).fit(use_t=True)
-        method = "iid (one question: clustering impossible)"
-    ci = res.conf_int(alpha=alpha)
-    return MeanCI(mean, sem, finite(res.bse[0]), finite(ci[0, 0]), finite(ci[0, 1]), n, n_clusters, method, None)
+    iv = proportion_ci(y, np.asarray(groups), alpha)
+    if iv.mean is None:
+        return MeanCI(None, None, None, None, None, None, None, n, iv.n_clusters, None, None, iv.reason)
+    sem = finite(scipy.stats.sem(y)) if n > 1 else None
+    has_ci = iv.ci_low is not None
+    return MeanCI(mean=finite(iv.mean), sem=sem, se=finite(iv.se) if iv.se is not None else None,
+                  ci_low=iv.ci_low, ci_high=iv.ci_high, design_effect=iv.design_effect, n_effective=iv.n_effective,
+                  n=n, n_clusters=iv.n_clusters, ci_method=iv.method if has_ci else None,
+                  ci_reason=None if has_ci else iv.reason, reason=None)
 
 
 def _rate(mask: pd.Series, base: pd.Series) -> float | None:
@@ -165,7 +161,7 @@ def cell_summaries(df: pd.DataFrame, alpha: float = 0.05, level: bool = False) -
     for model, condition, load in keys:
         g = df[(df["model"] == model) & (df["condition"] == condition) & (df["load"] == load)]
         scored = g[g["is_scored"]]
-        est = clustered_mean_ci(scored["em"].to_numpy(), scored["task_id"].to_numpy(), alpha)
+        est = em_interval(scored["em"].to_numpy(), scored["task_id"].to_numpy(), alpha)
         clean = scored[~scored["truncated"] & ~scored["uninterpretable"]]
         hop = scored["hop_recall"].dropna()
         ssim = g["s_sim"].dropna()
@@ -174,7 +170,8 @@ def cell_summaries(df: pd.DataFrame, alpha: float = 0.05, level: bool = False) -
             level=int(load) if level else None, n_trials=int(len(g)), n=est.n,
             n_skipped=int(g["skipped"].sum()), n_error=int((g["error"].notna() & ~g["skipped"]).sum()),
             n_clusters=est.n_clusters, em_mean=est.mean, em_sem=est.sem, em_se=est.se,
-            em_ci_low=est.ci_low, em_ci_high=est.ci_high, ci_method=est.ci_method,
+            em_ci_low=est.ci_low, em_ci_high=est.ci_high, em_design_effect=est.design_effect,
+            em_n_effective=est.n_effective, ci_method=est.ci_method, ci_reason=est.ci_reason,
             hop_recall_mean=finite(hop.mean()) if len(hop) else None,
             truncated_rate=_rate(g["truncated"], g["has_output"]),
             uninterpretable_rate=_rate(g["uninterpretable"], g["has_output"]),

@@ -6,9 +6,11 @@ an :class:`IceResult`:
 
 - ``cells``: EM per model × condition × load (:mod:`probe.analysis.estimates`);
 - ``h1`` (Saturation, Residue and LongControl against Control), ``h2``, ``h3`` and their power
-  (:mod:`probe.analysis.hypotheses`); H2's power simulations are seeded with the experiment's seed;
-- ``attention_cells`` and ``attention_behaviour`` when probe records exist (:mod:`probe.analysis.attention_link`;
-  the cell arrays go to ``attention_summary.npz``);
+  (:mod:`probe.analysis.hypotheses`); H2's Monte Carlo sign flips (above 16 questions) are seeded with the
+  experiment's seed;
+- ``attention_cells``, ``attention_behaviour`` (per-layer and per-head tests, logistic robustness fits) and
+  ``residue_attention`` (H3 in attention) when probe records exist (:mod:`probe.analysis.attention_link`; the cell
+  arrays and the per-head grids go to ``attention_summary.npz``);
 - ``taxonomy`` per model (:mod:`probe.analysis.taxonomy`).
 
 S_sim missing from a Saturation or Residue trial (and its prompt record) is computed from ``prompts.jsonl`` with the
@@ -27,7 +29,9 @@ import pandas as pd
 from probe.analysis.attention_link import (
     AttentionBehaviour,
     AttentionCell,
+    ResidueAttention,
     attention_behaviour,
+    residue_attention,
     summarise_attention,
 )
 from probe.analysis.estimates import Cell, cell_summaries
@@ -62,6 +66,8 @@ class IceResult:
             LongControl).
         h2: :class:`probe.analysis.hypotheses.PairedComparison` per model, comparison and load.
         h3: :class:`probe.analysis.hypotheses.H3Correlation` per model with Residue trials (pooled, then per load).
+        residue_attention: :class:`probe.analysis.attention_link.ResidueAttention` per model and AR_k target (H3 in
+            attention; empty without probe records).
         attention_cells: :class:`probe.analysis.attention_link.AttentionCell` per cell with probe records.
         attention_behaviour: :class:`probe.analysis.attention_link.AttentionBehaviour` per model (empty without
             probe records).
@@ -73,6 +79,7 @@ class IceResult:
     h1: tuple[H1Fit, ...]
     h2: tuple[PairedComparison, ...]
     h3: tuple[H3Correlation, ...]
+    residue_attention: tuple[ResidueAttention, ...]
     attention_cells: tuple[AttentionCell, ...]
     attention_behaviour: tuple[AttentionBehaviour, ...]
     taxonomy: tuple[Taxonomy, ...]
@@ -88,6 +95,10 @@ class IceResult:
     def attention_of(self, model: str) -> AttentionBehaviour | None:
         """The model's attention ↔ behaviour fits, or None."""
         return next((a for a in self.attention_behaviour if a.model == model), None)
+
+    def residue_attention_of(self, model: str) -> tuple[ResidueAttention, ...]:
+        """The model's H3-in-attention rows (one per AR_k target)."""
+        return tuple(r for r in self.residue_attention if r.model == model)
 
 
 def fill_s_sim(df: pd.DataFrame, prompts: dict[str, Prompt], embedder_name: str) -> tuple[pd.DataFrame, str | None]:
@@ -138,15 +149,23 @@ def analyze_ice(data: FamilyData) -> FamilyOutput:
     models = sorted(df["model"].unique().tolist())
     has = {(m, c) for m, c in zip(df["model"], df["condition"])}
     h1 = [fit_load_trend(df, m, c, cfg.alpha) for m in models for c in H1_CONDITIONS if (m, c) in has]
-    h2 = [row for m in models for row in h2_comparisons(df, m, cfg.alpha, cfg.n_bootstrap, data.seed)]
+    h2 = [row for m in models for row in h2_comparisons(df, m, cfg.alpha, data.seed)]
     h3 = [row for m in models if (m, "Residue") in has for row in similarity_degradation(df, m, cfg.alpha)]
     att_cells, arrays, per_trial = summarise_attention(data.run, df)
-    attention = [attention_behaviour(df, per_trial, m, cfg.alpha) for m in models] if att_cells else []
+    attention: list[AttentionBehaviour] = []
+    residue: list[ResidueAttention] = []
+    if att_cells:
+        for i, m in enumerate(models):
+            behaviour, head_arrays = attention_behaviour(df, per_trial, m, cfg.alpha, key=f"ice_heads{i}")
+            attention.append(behaviour)
+            arrays.update(head_arrays)
+            if (m, "Residue") in has:
+                residue += residue_attention(df, per_trial, m, cfg.alpha)
     sat = {h.model: h for h in h1 if h.condition == "Saturation"}
     taxonomy = [classify_model(df, m, sat.get(m), cfg) for m in models]
     result = IceResult(models=tuple(models), cells=tuple(cell_summaries(df, cfg.alpha)), h1=tuple(h1), h2=tuple(h2),
-                       h3=tuple(h3), attention_cells=tuple(att_cells), attention_behaviour=tuple(attention),
-                       taxonomy=tuple(taxonomy))
+                       h3=tuple(h3), residue_attention=tuple(residue), attention_cells=tuple(att_cells),
+                       attention_behaviour=tuple(attention), taxonomy=tuple(taxonomy))
     return FamilyOutput(result=result, arrays=arrays, notes=tuple(notes),
                         n_attention_records=sum(c.n_prompts for c in att_cells))
 
@@ -155,24 +174,41 @@ def tabulate_ice(data: FamilyData) -> IceResult:
     """The ICE cells of a run's ``ice`` trials, without fits (the quick table of ``probe run``)."""
     df = data.frame
     return IceResult(models=tuple(sorted(df["model"].unique().tolist())),
-                     cells=tuple(cell_summaries(df, data.settings.alpha)), h1=(), h2=(), h3=(), attention_cells=(),
-                     attention_behaviour=(), taxonomy=())
+                     cells=tuple(cell_summaries(df, data.settings.alpha)), h1=(), h2=(), h3=(), residue_attention=(),
+                     attention_cells=(), attention_behaviour=(), taxonomy=())
 
 
 METHODS = {
-    "cells": "EM mean; SEM = scipy.stats.sem over scored trials; 95% CI = OLS of EM on a constant, SE clustered by "
-             "task_id (t, G-1 df); one question -> iid; no variance -> Wilson interval",
-    "h1": "OLS EM ~ load (pp), Control trials as load 0, SE clustered by task_id (t, G-1 df); Binomial GLM (logit) "
-          "with the same clustering as robustness (normal reference; odds_ratio_per_10pp_load = exp(10 b))",
-    "h2": "exact McNemar on pairs (task_id, replication), equal load where both conditions carry one",
+    "cells": "EM mean; SEM = scipy.stats.sem over scored trials; 95% CI = Wilson score interval at the Korn-Graubard "
+             "effective sample size (CR1 design effect by question, floored at 1; df adjustment (t_{n-1}/t_{G-1})^2): "
+             "inside [0, 1], clustered by question; no interval with one question (docs/statistics.md)",
+    "h1": "OLS EM ~ load (pp), Control trials as load 0, CR2 SEs clustered by task_id, t with Bell-McCaffrey df; "
+          "Binomial GLM (logit) with the same clustering and reference as robustness (odds_ratio_per_10pp_load = "
+          "exp(10 b)); fewer than 6 questions: estimate only, no test",
+    "h2": "sign-flip permutation test of the per-question mean paired difference (pairs = task_id x replication, "
+          "equal load where both conditions carry one; exact up to 16 questions, else 9,999 seeded Monte Carlo "
+          "flips); exact McNemar on the pairs as a secondary column; Benjamini-Hochberg q across the model's "
+          "comparisons (one family); fewer than 6 questions: no test",
     "h3": "per question degradation = mean EM(Control) - mean EM(Residue); Pearson r with mean S_sim of its Residue "
-          "trials, Fisher-z CI (scipy pearsonr.confidence_interval), Spearman rho",
-    "power": "H1: observed power of the Wald test at the fitted beta (statsmodels NormalIndPower, noncentrality "
-             "|b|/SE) and the beta detectable with 80% power; H2: simulation, multinomial redraw of pairs at the "
-             "observed discordant shares, exact McNemar, share with p < alpha; seeded with the experiment's seed "
-             "plus the comparison's index",
-    "attention": "per layer Binomial GLM of wrong answer on head-mean P_ext (Saturation, Residue trials), clustered "
-                 "by task_id (normal reference); Holm across layers; odds_ratio_per_10pp_p_ext = exp(0.1 b)",
+          "trials, Fisher-z CI and the p-value of the same pivot (they always agree), Spearman rho; n < 4 refused; "
+          "Benjamini-Hochberg q across the model's H3 rows (pooled, per load)",
+    "power": "post hoc, on each test's own reference: H1 noncentral t with the Bell-McCaffrey df, noncentrality "
+             "|b|/SE, and the |b| detectable with 80% power (MDE); H2 one-sample t of the per-question differences "
+             "(G-1 df), power and MDE in EM units",
+    "attention": "Saturation and Residue trials; per layer: OLS of head-mean P_ext on [1, failed, load, Residue], "
+                 "CR2 clustered by task_id, t with Bell-McCaffrey df, BH across layers (tracking layers: q < alpha, "
+                 "more P_ext in failed trials); per head: the same on P_ext enrichment, BH across the layer x head "
+                 "grid (distractor heads: q < alpha, positive); logistic robustness per layer (wrong ~ P_ext, alone "
+                 "and with load and Residue), CR2, BH across layers; odds_ratio_per_10pp_p_ext = exp(0.1 b)",
+    "residue_attention": "H3 in attention: per Residue prompt head-mean AR_k of the question target and of the "
+                         "last germane segment per layer, OLS on [1, S_sim, load], CR2 clustered by task_id, t with "
+                         "Bell-McCaffrey df, BH across layers per target; Pearson r per layer (descriptive)",
+    "families": "Benjamini-Hochberg families (q < alpha is called significant): H2 per model; H3 rows per model; "
+                "per-layer attention tests per model and measure; the per-head grid per model; H3 in attention per "
+                "model and target. H1 is one pre-specified test per condition. A summary sentence quotes only "
+                "results that pass their family's correction",
+    "minimum": "fewer than 6 questions: every fit and test is descriptive (estimate only, with the reason); EM "
+               "intervals from 2 questions on",
 }
 
 ANALYSIS = register_family_analysis(FamilyAnalysis(name=FAMILY, result_type=IceResult, analyze=analyze_ice,

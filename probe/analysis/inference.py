@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import logging
 import math
-import warnings
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -41,7 +40,6 @@ from statsmodels.stats.contingency_tables import mcnemar
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.power import TTestPower
 from statsmodels.stats.proportion import proportion_confint
-from statsmodels.tools.sm_exceptions import ConvergenceWarning, PerfectSeparationWarning
 
 from probe.errors import ProbeError
 
@@ -91,7 +89,8 @@ def _float(x: float | np.floating) -> float | None:
     return v if math.isfinite(v) else None
 
 
-def _few_clusters(n_clusters: int, min_clusters: int) -> str:
+def few_clusters_reason(n_clusters: int, min_clusters: int) -> str:
+    """The reason a fit with ``n_clusters`` questions is descriptive only (the minimum-G rule)."""
     return (f"{n_clusters} question(s), fewer than the minimum of {min_clusters}: descriptive only (with so few "
             f"clusters the clustered variance cannot be estimated reliably; see docs/statistics.md)")
 
@@ -395,7 +394,13 @@ def _test(model: Literal["ols", "logit"], term: int, vcov: VarianceType, params:
                         reason=None, power=t_power(est, se, df, alpha))
 
 
-def _cluster_se(w: np.ndarray, resid: np.ndarray, codes: np.ndarray, n_clusters: int) -> float:
+def cluster_se(w: np.ndarray, resid: np.ndarray, codes: np.ndarray, n_clusters: int) -> float:
+    """Cluster-robust standard error sqrt(Σ_g (Σ_{i∈g} w_i e_i)²) from the weights of :func:`sandwich_weights`.
+
+    Args:
+        w: (n,) weights; resid: (n,) residuals (working residuals for a GLM); codes: (n,) cluster codes 0..G−1;
+        n_clusters: G.
+    """
     return float(math.sqrt(np.sum(np.bincount(codes, weights=w * resid, minlength=n_clusters) ** 2)))
 
 
@@ -431,7 +436,7 @@ def clustered_ols(y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: int = 
     res = sm.OLS(y, X).fit()
     params = tuple(float(v) for v in res.params)
     if n_clusters < min_clusters:
-        return _descriptive("ols", term, vcov, n, n_clusters, method, _few_clusters(n_clusters, min_clusters),
+        return _descriptive("ols", term, vcov, n, n_clusters, method, few_clusters_reason(n_clusters, min_clusters),
                             params)
     if np.all(y == y[0]):
         return _descriptive("ols", term, vcov, n, n_clusters, method,
@@ -442,7 +447,7 @@ def clustered_ols(y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: int = 
             se1 = float(cr1.bse[term])
         return _test("ols", term, vcov, params, se1, float(cr1.df_resid_inference), n, n_clusters, method, alpha)
     w, df = sandwich_weights(X, codes, n_clusters, term, "CR2")
-    return _test("ols", term, vcov, params, _cluster_se(w, np.asarray(res.resid), codes, n_clusters), df, n,
+    return _test("ols", term, vcov, params, cluster_se(w, np.asarray(res.resid), codes, n_clusters), df, n,
                  n_clusters, method, alpha)
 
 
@@ -450,7 +455,8 @@ def clustered_logit(y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: int 
                     vcov: VarianceType = "CR2", min_clusters: int = MIN_CLUSTERS) -> ClusteredFit:
     """Logistic regression (Binomial GLM), question-clustered SEs, small-sample t reference; log-odds.
 
-    Method: coefficients from statsmodels ``GLM(family=Binomial())``; the variance of the tested coefficient is
+    Method: the analysis' one logistic fit, :func:`probe.analysis.glm.fit_logit` (statsmodels
+    ``GLM(family=Binomial())``); the variance of the tested coefficient is
     CR2 with Bell–McCaffrey degrees of freedom applied to the converged working regression (design scaled by
     √(μ(1 − μ)), Pearson residuals (y − μ)/√(μ(1 − μ)); the CR0 version of this is the usual GLM sandwich), or
     with ``vcov="CR1"`` statsmodels' ``cov_type="cluster"`` with t(G − 1) — never the normal reference, which
@@ -469,6 +475,8 @@ def clustered_logit(y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: int 
     Returns:
         The :class:`ClusteredFit` of column ``term`` (log-odds scale).
     """
+    from probe.analysis.glm import fit_logit  # the analysis' one logistic fit; it builds on this module
+
     _check_vcov(vcov)
     y, X, codes, n_clusters = _design(y, X, groups, term)
     n = int(y.shape[0])
@@ -481,32 +489,16 @@ def clustered_logit(y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: int 
     if np.all(y == y[0]):
         return _descriptive("logit", term, vcov, n, n_clusters, method,
                             f"the outcome has no variance (every value {y[0]:g})")
-    model = sm.GLM(y, X, family=sm.families.Binomial())
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            res = model.fit()
-        except (np.linalg.LinAlgError, ValueError) as e:
-            return _descriptive("logit", term, vcov, n, n_clusters, method, f"logistic fit failed: {e}")
-    bad = [w for w in caught if issubclass(w.category, (PerfectSeparationWarning, ConvergenceWarning))]
-    if bad:
-        return _descriptive("logit", term, vcov, n, n_clusters, method, f"logistic fit not usable: {bad[0].message}")
-    params = tuple(float(v) for v in res.params)
-    if n_clusters < min_clusters:
-        return _descriptive("logit", term, vcov, n, n_clusters, method, _few_clusters(n_clusters, min_clusters),
-                            params)
-    if vcov == "CR1":
-        cr1 = model.fit(cov_type="cluster", cov_kwds={"groups": codes}, use_t=True)
-        return _test("logit", term, vcov, params, float(cr1.bse[term]), float(cr1.df_resid_inference), n,
-                     n_clusters, method, alpha)
-    mu = np.asarray(res.fittedvalues)
-    sw = np.sqrt(mu * (1 - mu))  # (n,) square root of the working weights
-    if np.any(sw < 1e-8):
-        return _descriptive("logit", term, vcov, n, n_clusters, method,
-                            "fitted probabilities of 0 or 1 (quasi-separation): no usable working weights", params)
-    w, df = sandwich_weights(X * sw[:, None], codes, n_clusters, term, "CR2")
-    return _test("logit", term, vcov, params, _cluster_se(w, (y - mu) / sw, codes, n_clusters), df, n, n_clusters,
-                 method, alpha)
+    fit = fit_logit(y, X, codes, vcov=vcov, min_clusters=min_clusters, cluster_name="question")
+    if not fit.ok:
+        return _descriptive("logit", term, vcov, n, n_clusters, method, str(fit.reason))
+    params = tuple(float(v) for v in fit.params)
+    if fit.test_reason is not None:
+        return _descriptive("logit", term, vcov, n, n_clusters, method, fit.test_reason, params)
+    c = fit.coefficient(term, alpha)
+    if c.se is None or c.df is None:
+        return _descriptive("logit", term, vcov, n, n_clusters, method, str(c.reason), params)
+    return _test("logit", term, vcov, params, c.se, c.df, n, n_clusters, method, alpha)
 
 
 # ------------------------------------------------------------------------- many outcomes, one design matrix
@@ -615,7 +607,7 @@ def clustered_ols_many(Y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: i
     est[cols] = beta[term]
     n_used[cols] = n
     if n_clusters < min_clusters:
-        reason = _few_clusters(n_clusters, min_clusters)
+        reason = few_clusters_reason(n_clusters, min_clusters)
         for j in np.flatnonzero(~finite):
             ok = np.isfinite(Yf[:, j])
             if ok.sum() > k and np.linalg.matrix_rank(X[ok]) == k:
@@ -866,7 +858,7 @@ def paired_sign_flip(em_a: np.ndarray, em_b: np.ndarray, groups: np.ndarray, alp
     d = np.bincount(codes, weights=a - b, minlength=n_q) / np.bincount(codes, minlength=n_q)  # (G,)
     base = replace(base, em_a=float(a.mean()), em_b=float(b.mean()), delta=float(d.mean()), mcnemar=mcn)
     if n_q < min_clusters:
-        return replace(base, reason=_few_clusters(n_q, min_clusters) + f"; the smallest attainable sign-flip p is "
+        return replace(base, reason=few_clusters_reason(n_q, min_clusters) + f"; the smallest attainable sign-flip p is "
                                                                         f"2/2^{n_q} = {2 / 2 ** n_q:.3g}")
     if np.all(d == 0):
         return replace(base, p=1.0, is_test=True, is_exact=n_q <= exact_max,

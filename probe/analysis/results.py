@@ -16,6 +16,14 @@ with the instruction to re-run ``probe analyze``. Version history:
   of P_ext, a share); ``config`` -> ``settings``; ``import`` -> ``imported``; ``n_cogniload`` ->
   ``n_trials_by_family``; attention arrays named by cell position in ``attention_summary.npz``; the seed and where
   it came from recorded.
+- 3: small-sample inference (issue 10): cell intervals bounded in [0, 1] (Wilson at the Korn–Graubard effective
+  size: ``em_design_effect``, ``em_n_effective``, ``ci_reason``); H1 and the logistic fits on CR2 with a
+  Bell–McCaffrey t reference (``df``, ``is_test``; ``power`` is the noncentral-t :class:`probe.analysis.inference.
+  Power` with ``mde``); H2 primary test = question-level sign flip (``q``, ``n_questions``, ``is_exact``,
+  ``mcnemar`` nested as the secondary test); H3 with the Fisher-z p (``q``, ``is_test``, ``method``; ``ci_note``
+  gone); attention ↔ behaviour with per-layer and per-head tests and BH q-values (``p_holm`` -> ``q``;
+  ``tracking_layers`` now from the per-layer OLS test); ``residue_attention`` (H3 in attention) added; CogniLoad
+  terms carry ``df`` and fits ``se_method``.
 
 Freshness: an analysis records the sha256 of the ``trials.jsonl`` it read; :func:`read_analysis` refuses one whose
 trials have changed since (:class:`StaleAnalysisError`) unless asked not to check.
@@ -40,7 +48,7 @@ from probe.config import AnalysisSection
 from probe.errors import ProbeError
 from probe.runfolder import RunFolder
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 JsonValue = Union[None, bool, int, float, str, list["JsonValue"], dict[str, "JsonValue"]]
 

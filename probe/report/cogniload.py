@@ -253,6 +253,9 @@ def _rho_shape_sentence(s: CogniloadFits, alpha: float) -> str:
         return f"Shape in ρ: not tested ({quad.dropped.get('rho2', 'no ρ² term')})."
     aic = ("" if s.delta_aic is None
            else f"; AIC prefers the {s.aic_preferred} fit (ΔAIC = {fmt.num(s.delta_aic, '+.1f')})")
+    if b2.p is None:
+        return (f"Shape in ρ: β_ρ² = {fmt.num(b2.estimate, '+.2e')}, described only, not tested "
+                f"({quad.se_method}).")
     coef = f"β_ρ² = {fmt.num(b2.estimate, '+.2e')}, {fmt.p_phrase(b2.p)}"
     if b2.p < alpha:
         shape = "U-shaped" if b2.estimate > 0 else "inverted-U-shaped"
@@ -392,6 +395,8 @@ def _fit_note(f: GlmFit) -> str:
         by_why.setdefault(why, []).append(TERM_LABELS.get(term, term))
     parts = [] if f.reason is None or f.reason in by_why else [f.reason]
     parts += [f"left out {', '.join(terms)}: {why}" for why, terms in by_why.items()]
+    if f.se_method:
+        parts.append(f"SE: {f.se_method}")
     return "; ".join(parts)
 
 
@@ -406,7 +411,7 @@ def glm_table_html(result: CogniloadResult, alpha: float) -> str:
                 continue
             for i, (term, v) in enumerate(f.params.items()):
                 p = fmt.p_value(v.p, html=True)
-                if v.p < alpha:
+                if v.p is not None and v.p < alpha:
                     p = f'<span class="sig">{p}</span>'
                 rows.append([esc(model) if i == 0 else "", esc(fit) if i == 0 else "", esc(f.status) if i == 0
                              else "", esc(TERM_LABELS.get(term, term)), fmt.num(v.estimate, "+.4g"),

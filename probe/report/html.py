@@ -16,6 +16,7 @@ table{border-collapse:collapse;margin:.6em 0;font-size:.86em}th,td{border:1px so
 text-align:right;vertical-align:top}th{background:#f3f3f3}td.l,th.l{text-align:left}
 figure{margin:1em 0}figure img{max-width:100%;border:1px solid #eee}figcaption{font-size:.85em;color:#555}
 .note{color:#555;font-size:.88em}.sig{font-weight:600}code{background:#f5f5f5;padding:0 3px}
+td.l:first-child{white-space:nowrap}
 """
 
 
@@ -38,10 +39,11 @@ def figure_block(png: bytes, caption: str, alt: str) -> str:
             f"<figcaption>{esc(caption)}</figcaption></figure>")
 
 
-def table(header: list[str], rows: list[list[str]], left: int = 1) -> str:
-    """An HTML table; the first ``left`` columns are left-aligned. Cells are inserted as given (escape first)."""
+def table(header: list[str], rows: list[list[str]], left: int = 1, text: tuple[int, ...] = ()) -> str:
+    """An HTML table; the first ``left`` columns and the columns ``text`` (sentences) are left-aligned. Cells are
+    inserted as given (escape first)."""
     def cls(i: int) -> str:
-        return ' class="l"' if i < left else ""
+        return ' class="l"' if i < left or i in text else ""
 
     head = "".join(f"<th{cls(i)}>{h}</th>" for i, h in enumerate(header))
     body = "".join("<tr>" + "".join(f"<td{cls(i)}>{c}</td>" for i, c in enumerate(r)) + "</tr>" for r in rows)

@@ -1,15 +1,19 @@
 """The ICE section of a report (family ``ice``), drawn from an :class:`probe.analysis.ice.IceResult`.
 
 - ``report.html``: a summary per model that claims only what the numbers support, Table 1 (EM mean (SEM) per model
-  × condition and load, with taxonomy marks), the figures of :mod:`probe.report.ice_figures` and the H1, H2, H3 and
-  taxonomy tables;
-- ``analysis.md`` and ``tables/*.csv`` (cells, h1, h2, h3, h3_points, attention_layers, taxonomy);
+  × condition and load, with taxonomy marks), the figures of :mod:`probe.report.ice_figures` and the H1, H2, H3,
+  attention and taxonomy tables;
+- ``analysis.md`` and ``tables/*.csv`` (cells, h1, h2, h3, h3_points, attention_layers, attention_logit_layers,
+  attention_heads, residue_attention, taxonomy);
 - the main table's rows (with the taxonomy marks) and lines (taxonomy, H1);
 - a ``probe compare`` part: Table 1, the saturation curve, EM by condition and forest plots of H1 and H3 across runs.
 
 Summary rules: a model labelled intrinsic-load brittle, confounded or unscorable gets "no inference about
-extraneous load" and no effect statements. A coefficient or difference is called a decline / increase / difference
-only at p < α; otherwise it is reported as not significant, with the power to detect it.
+extraneous load" and no effect statements. H1 (one pre-specified test per condition) is called a decline / increase
+only at p < α. Every result that belongs to a family (H2, H3 rows, per-layer and per-head attention tests, H3 in
+attention) is quoted as significant only when its Benjamini–Hochberg q-value is below α; otherwise the sentence
+says that nothing survived the family's correction. A fit below the minimum number of questions is described, and
+the sentence says it was not tested and why.
 """
 
 from __future__ import annotations
@@ -17,13 +21,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from probe import format as fmt
-from probe.analysis.attention_link import AttentionBehaviour
+from probe.analysis.attention_link import AttentionBehaviour, LayerTests, ResidueAttention
 from probe.analysis.estimates import Cell
 from probe.analysis.hypotheses import H1Fit, H3Correlation, PairedComparison
 from probe.analysis.ice import FAMILY, IceResult
 from probe.config import AnalysisSection
 from probe.report import ice_figures as F
-from probe.report.figures import draw_forest, file_stem, short
+from probe.report.figures import draw_forest, file_stem, ranges, short
 from probe.report.html import esc, table
 from probe.report.sections import ReportContext, ReportSection, Rows, register_section
 from probe.report.tables import md_table, rows_of
@@ -39,9 +43,19 @@ def taxonomy_marks(result: IceResult) -> dict[str, str]:
 
 
 def _p_cell(p: float | None, alpha: float) -> str:
-    """A p-value table cell, bold where p < alpha."""
+    """A p- or q-value table cell, bold where below alpha."""
     text = fmt.p_value(p, html=True)
     return text if p is None or p >= alpha else f'<span class="sig">{text}</span>'
+
+
+def _q_phrase(q: float) -> str:
+    """A BH q-value inside a sentence."""
+    return "q < 0.001" if q < 0.001 else f"q = {q:.3f}"
+
+
+def head_label(layer: int, head: int) -> str:
+    """A head's name in text: ``L12.H3``."""
+    return f"L{layer}.H{head}"
 
 
 # ------------------------------------------------------------------------------------------------- summary
@@ -49,20 +63,24 @@ def _p_cell(p: float | None, alpha: float) -> str:
 
 def _h1_sentence(h: H1Fit, alpha: float) -> str:
     name = {"Saturation": "Saturation (H1)", "Residue": "Residue", "LongControl": "LongControl"}[h.condition]
-    if h.beta is None or h.p is None:
+    if h.beta is None:
         return f"{name}: no load trend estimated ({h.reason})."
+    if not h.is_test or h.p is None:
+        return (f"{name}: β = {fmt.num(h.beta, '+.4f')} per percentage point, described only, not tested "
+                f"({h.reason}).")
     ci = f"95% CI {fmt.ci(h.ci_low, h.ci_high, '+.4f')}"
+    ref = f"t with {fmt.num(h.df, '.1f')} df"
     if h.p < alpha:
         direction = "declines" if h.beta < 0 else "rises"
         s = (f"{name}: EM {direction} with load, β = {fmt.num(h.beta, '+.4f')} per percentage point "
-             f"({fmt.num(10 * h.beta, '+.3f')} per 10 points), {ci}, {fmt.p_phrase(h.p)}, n = {h.n} trials over "
-             f"{h.n_clusters} questions.")
+             f"({fmt.num(10 * h.beta, '+.3f')} per 10 points), {ci}, {fmt.p_phrase(h.p)} ({ref}), n = {h.n} trials "
+             f"over {h.n_clusters} questions.")
     else:
         s = (f"{name}: no significant change of EM with load, β = {fmt.num(h.beta, '+.4f')} per percentage point, "
-             f"{ci}, {fmt.p_phrase(h.p)}.")
+             f"{ci}, {fmt.p_phrase(h.p)} ({ref}).")
         if h.power is not None and h.power.power is not None:
-            s += (f" Observed power {fmt.num(h.power.power, '.2f')}; a slope of ±{fmt.num(h.power.mde_80, '.4f')}/pp "
-                  "would have been detected with 80% power.")
+            s += (f" Power at this β {fmt.num(h.power.power, '.2f')}; a slope of ±{fmt.num(h.power.mde, '.4f')}/pp "
+                  "would have been detected with 80% power (noncentral t on the same df).")
     lg = h.logit
     if lg is not None and lg.coef is not None and lg.p is not None:
         agrees = (lg.p < alpha) == (h.p < alpha)
@@ -71,60 +89,120 @@ def _h1_sentence(h: H1Fit, alpha: float) -> str:
     return s
 
 
+def _pair_label(r: PairedComparison) -> str:
+    return f"{r.a} vs {r.b}" + ("" if r.a == "LongControl" and r.load == 0 else f" at {r.load}%")
+
+
 def _h2_sentence(rows: list[PairedComparison], alpha: float) -> str:
-    sig, ns, none, same = [], [], [], []
-    for r in rows:
-        label = f"{r.a} vs {r.b}" + ("" if r.a == "LongControl" and r.load == 0 else f" at {r.load}%")
-        if r.p is None or r.n_a_only is None or r.n_b_only is None or r.delta is None:
-            none.append(f"{label} ({r.reason})")
-        elif r.n_a_only + r.n_b_only == 0:
-            same.append(f"{label} ({r.n_pairs} pairs)")
-        elif r.p < alpha:
-            word = "lower" if r.delta < 0 else "higher"
-            sig.append(f"{label}: EM {word} by {fmt.num(abs(r.delta), '.2f')} ({r.n_a_only} vs {r.n_b_only} "
-                       f"discordant pairs of {r.n_pairs}, {fmt.p_phrase(r.p)})")
-        else:
-            pw = r.power.power if r.power is not None else None
-            ns.append(f"{label} (Δ = {fmt.num(r.delta, '+.2f')}, {fmt.p_phrase(r.p)}"
-                      + (f", power {fmt.num(pw, '.2f')}" if pw is not None else "") + ")")
+    tested = [r for r in rows if r.is_test and r.p is not None and r.q is not None]
+    untested = [r for r in rows if r not in tested]
+    lead = (f"H2 (sign-flip test of per-question differences, Benjamini–Hochberg over the {len(tested)} tested "
+            f"comparisons of this model)")
     parts = []
-    if sig:
-        parts.append("Significant paired differences (exact McNemar): " + "; ".join(sig) + ".")
-    if ns:
-        parts.append("Not significant: " + "; ".join(ns) + ".")
-    if same:
-        parts.append("Same outcome on every pair (no discordant pair, no information): " + "; ".join(same) + ".")
-    if none:
-        parts.append("Not tested: " + "; ".join(none) + ".")
+    if tested:
+        sig = [r for r in tested if r.q < alpha]  # type: ignore[operator]
+        if sig:
+            items = []
+            for r in sig:
+                word = "lower" if (r.delta or 0) < 0 else "higher"
+                items.append(f"{_pair_label(r)}: EM {word} by {fmt.num(abs(r.delta or 0), '.2f')} "
+                             f"({r.n_questions} questions, {fmt.p_phrase(r.p)}, {_q_phrase(r.q)})")  # type: ignore[arg-type]
+            parts.append(f"{lead}: significant after correction: " + "; ".join(items) + ".")
+            rest = len(tested) - len(sig)
+            if rest:
+                parts.append(f"No other comparison survives the correction ({rest} more).")
+        else:
+            best = min(tested, key=lambda r: r.q)  # type: ignore[arg-type, return-value]
+            parts.append(f"{lead}: no comparison survives the correction (smallest q = {fmt.num(best.q, '.3f')}, "
+                         f"{_pair_label(best)}, Δ = {fmt.num(best.delta, '+.2f')}, "
+                         f"{fmt.p_phrase(best.p) if best.p is not None else fmt.DASH}"
+                         + (f"; MDE {fmt.num(best.power.mde, '.2f')} EM at 80% power" if best.power else "") + ").")
+    reasons = sorted({str(r.reason) for r in untested})
+    if untested:
+        parts.append(("H2 (paired comparisons): n" if not tested else "N") + f"ot tested ({len(untested)}): "
+                     + "; ".join(reasons) + ".")
     return " ".join(parts)
 
 
 def _h3_sentence(h: H3Correlation, alpha: float) -> str:
-    if h.r is None or h.p is None:
+    if h.r is None:
         return f"H3: no correlation estimated ({h.reason})."
-    ci = "" if h.ci_low is None else f", 95% CI {fmt.ci(h.ci_low, h.ci_high, '+.2f')}"
-    if h.p < alpha:
+    if not h.is_test or h.p is None or h.q is None:
+        return f"H3: r = {fmt.num(h.r, '+.2f')} over {h.n_tasks} questions, described only, not tested ({h.reason})."
+    ci = f", 95% CI {fmt.ci(h.ci_low, h.ci_high, '+.2f')}"
+    if h.q < alpha:
         word = "more" if h.r > 0 else "less"
         lead = f"H3: questions whose distractors are more similar degrade {word} under Residue"
     else:
-        lead = "H3: no significant correlation between task similarity and degradation"
+        lead = ("H3: no significant correlation between task similarity and degradation survives the correction "
+                "over the H3 rows")
     sp = ("" if h.spearman_rho is None or h.spearman_p is None
           else f"; Spearman ρ = {fmt.num(h.spearman_rho, '+.2f')} ({fmt.p_phrase(h.spearman_p)})")
-    return f"{lead} (Pearson r = {fmt.num(h.r, '+.2f')}{ci}, {fmt.p_phrase(h.p)}, {h.n_tasks} questions{sp})."
+    return (f"{lead} (Pearson r = {fmt.num(h.r, '+.2f')}{ci}, {fmt.p_phrase(h.p)}, {_q_phrase(h.q)}, {h.n_tasks} "
+            f"questions{sp}).")
 
 
-def _attention_sentence(a: AttentionBehaviour) -> str:
-    if a.reason:
-        return f"Attention ↔ behaviour: not estimated ({a.reason})."
-    if a.tracking_layers:
-        s = (f"Attention ↔ behaviour: in layers {', '.join(map(str, a.tracking_layers))} a higher share of attention"
-             f" on extraneous text goes with wrong answers (Holm-adjusted p < α, {a.n_trials} trials)")
-        adj = a.tracking_layers_adjusted
-        s += (f"; with load and placement held fixed: layers {', '.join(map(str, adj))}." if adj
-              else "; none of them once load and placement are held fixed.")
-        return s
-    return (f"Attention ↔ behaviour: no layer's P_ext predicts wrong answers after Holm adjustment "
-            f"({a.n_trials} trials).")
+def _layers_phrase(t: LayerTests, alpha: float, positive: str) -> str:
+    """What a per-layer family says: the layers with q < alpha, or that none survived."""
+    n = len(t.layers)
+    if not t.is_test:
+        return f"not tested ({t.reason})"
+    hits = [x for x in t.layers if x.q is not None and x.q < alpha]
+    if not hits:
+        qs = [x.q for x in t.layers if x.q is not None]
+        return (f"no layer survives Benjamini–Hochberg over the {n} layers"
+                + (f" (smallest q = {fmt.num(min(qs), '.3f')})" if qs else ""))
+    up = [x.layer for x in hits if (x.estimate or 0) > 0]
+    down = [x.layer for x in hits if (x.estimate or 0) < 0]
+    out = []
+    if up:
+        out.append(f"{positive} in layer{'s' if len(up) > 1 else ''} {ranges(up)}")
+    if down:
+        out.append(f"the opposite in layer{'s' if len(down) > 1 else ''} {ranges(down)}")
+    return " and ".join(out) + f" (q < {alpha:g}, Benjamini–Hochberg over the {n} layers)"
+
+
+def _attention_sentences(a: AttentionBehaviour, alpha: float) -> list[str]:
+    if a.reason or a.p_ext_layers is None or a.heads is None:
+        return [f"Attention ↔ behaviour: not estimated ({a.reason})."]
+    head = f"Attention ↔ behaviour ({a.n_trials} Saturation/Residue trials, {a.n_questions} questions):"
+    out = [f"{head} {_layers_phrase(a.p_ext_layers, alpha, 'failed trials put more attention on extraneous text')} "
+           "at equal load and placement."]
+    h = a.heads
+    grid = f"{h.n_layers} × {h.n_heads} grid"
+    if not h.is_test:
+        out.append(f"Per head: not tested ({h.reason}).")
+    elif h.significant:
+        by_place = sorted(h.significant, key=lambda x: (x.layer, x.head))
+        pos = [x for x in by_place if x.estimate > 0]
+        neg = [x for x in by_place if x.estimate < 0]
+        text = []
+        if pos:
+            text.append(f"distractor heads (more enrichment in failed trials): "
+                        + ", ".join(head_label(x.layer, x.head) for x in pos[:12]) + (" …" if len(pos) > 12 else ""))
+        if neg:
+            text.append("less enrichment in failed trials: "
+                        + ", ".join(head_label(x.layer, x.head) for x in neg[:12]) + (" …" if len(neg) > 12 else ""))
+        out.append(f"Per head, q < {alpha:g} over the {grid}: " + "; ".join(text) + ".")
+    else:
+        out.append(f"Per head: no head survives Benjamini–Hochberg over the {grid}.")
+    fitted = [r for r in a.layers if r.q is not None]
+    if fitted:
+        logit = ranges(a.logit_layers_adjusted)
+        out.append(f"Logistic robustness (wrong answer on P_ext with load and placement, BH over layers): "
+                   + (f"layers {logit}." if a.logit_layers_adjusted else "no layer survives."))
+    return out
+
+
+def _residue_attention_sentence(rows: tuple[ResidueAttention, ...], alpha: float) -> str:
+    parts = []
+    for r in rows:
+        if r.test is None:
+            parts.append(f"{r.target}: not estimated ({r.reason})")
+            continue
+        parts.append(f"{r.target} target ({r.n_prompts} Residue prompts, {r.n_questions} questions): "
+                     + _layers_phrase(r.test, alpha, "AR_k rises with S_sim"))
+    return "H3 in attention: " + "; ".join(parts) + "."
 
 
 def model_summary(result: IceResult, model: str, settings: AnalysisSection) -> list[str]:
@@ -149,7 +227,10 @@ def model_summary(result: IceResult, model: str, settings: AnalysisSection) -> l
         out.append(_h3_sentence(h3, alpha))
     att = result.attention_of(model)
     if att is not None:
-        out.append(_attention_sentence(att))
+        out += _attention_sentences(att, alpha)
+    ra = result.residue_attention_of(model)
+    if ra:
+        out.append(_residue_attention_sentence(ra, alpha))
     return out
 
 
@@ -187,71 +268,136 @@ def table1_html(result: IceResult) -> str:
     return table(header, rows) + f'<p class="note">{esc(MARK_LEGEND)}. SEM over trials; n = scored trials.</p>'
 
 
+STATS_NOTE = ("Small-sample inference (docs/statistics.md): EM intervals are Wilson intervals at the Korn–Graubard "
+              "effective size, inside [0, 1] and clustered by question; regressions use CR2 standard errors clustered "
+              "by question with a t reference on Bell–McCaffrey df; with fewer than 6 questions a fit is described, "
+              "not tested. q = Benjamini–Hochberg q-value within the family named in each heading; bold = below α.")
+
+
 def stats_html(result: IceResult, settings: AnalysisSection) -> str:
-    """H1, H2, H3 and taxonomy tables."""
+    """H1, H2, H3, attention and taxonomy tables."""
     alpha = settings.alpha
-    h1 = table(["model", "condition", "β (EM/pp)", "95% CI", "p", "logit coef", "logit p", "power", "MDE80", "n",
-                "questions", "note"],
+    h1 = table(["model", "condition", "β (EM/pp)", "95% CI", "p", "df", "logit coef", "logit p", "power", "MDE80",
+                "n", "questions", "note"],
                [[esc(h.model), esc(h.condition), fmt.num(h.beta, "+.5f"), fmt.ci(h.ci_low, h.ci_high, "+.5f"),
-                 _p_cell(h.p, alpha), fmt.num(h.logit.coef if h.logit else None, "+.4f"),
+                 _p_cell(h.p, alpha), fmt.num(h.df, ".1f"), fmt.num(h.logit.coef if h.logit else None, "+.4f"),
                  fmt.p_value(h.logit.p if h.logit else None, html=True),
                  fmt.num(h.power.power if h.power else None, ".2f"),
-                 fmt.num(h.power.mde_80 if h.power else None, ".4f"), str(h.n), str(h.n_clusters),
+                 fmt.num(h.power.mde if h.power else None, ".4f"), str(h.n), str(h.n_clusters),
                  esc(h.reason or (h.logit.reason if h.logit else None) or "")]
-                for h in result.h1], left=2)
-    h2 = table(["model", "a vs b", "load", "pairs", "EM a", "EM b", "a only", "b only", "p", "power", "note"],
-               [[esc(r.model), esc(f"{r.a} vs {r.b}"), str(r.load), str(r.n_pairs), fmt.num(r.em_a), fmt.num(r.em_b),
-                 fmt.count(r.n_a_only), fmt.count(r.n_b_only), _p_cell(r.p, alpha),
-                 fmt.num(r.power.power if r.power else None, ".2f"),
+                for h in result.h1], left=2, text=(12,))
+    h2 = table(["model", "a vs b", "load", "pairs", "questions", "EM a", "EM b", "Δ per question", "p (sign flip)",
+                "q (BH)", "McNemar a only / b only", "McNemar p", "MDE80", "note"],
+               [[esc(r.model), esc(f"{r.a} vs {r.b}"), str(r.load), str(r.n_pairs), str(r.n_questions),
+                 fmt.num(r.em_a), fmt.num(r.em_b), fmt.num(r.delta, "+.3f"), fmt.p_value(r.p, html=True),
+                 _p_cell(r.q, alpha),
+                 f"{r.mcnemar.n_a_only} / {r.mcnemar.n_b_only}" if r.mcnemar else fmt.DASH,
+                 fmt.p_value(r.mcnemar.p if r.mcnemar else None, html=True),
+                 fmt.num(r.power.mde if r.power else None, ".2f"),
                  esc("; ".join(x for x in (r.note, r.reason) if x))]
-                for r in result.h2], left=2)
-    h3 = table(["model", "Residue load", "questions", "Pearson r", "95% CI (Fisher z)", "p", "Spearman ρ", "p (ρ)",
-                "note"],
+                for r in result.h2], left=2, text=(13,))
+    h3 = table(["model", "Residue load", "questions", "Pearson r", "95% CI (Fisher z)", "p", "q (BH)", "Spearman ρ",
+                "p (ρ)", "note"],
                [[esc(r.model), "pooled" if r.load is None else str(r.load), str(r.n_tasks), fmt.num(r.r, "+.3f"),
-                 fmt.ci(r.ci_low, r.ci_high, "+.3f"), _p_cell(r.p, alpha), fmt.num(r.spearman_rho, "+.3f"),
-                 fmt.p_value(r.spearman_p, html=True), esc(r.reason or "")]
-                for r in result.h3], left=2)
+                 fmt.ci(r.ci_low, r.ci_high, "+.3f"), fmt.p_value(r.p, html=True), _p_cell(r.q, alpha),
+                 fmt.num(r.spearman_rho, "+.3f"), fmt.p_value(r.spearman_p, html=True), esc(r.reason or "")]
+                for r in result.h3], left=2, text=(9,))
     tax = table(["model", "label", "Control EM", "trunc./uninterp.", "gates", "reason"],
                 [[esc(t.model), esc(t.label), fmt.num(t.control_em), fmt.pct(t.confound_rate_observed),
                   esc(f"EM<{t.gates.brittle_em}, rate>{t.gates.confound_rate}, α={t.gates.alpha}"), esc(t.reason)]
-                 for t in result.taxonomy], left=2)
-    return (f"<h3>H1: EM per percentage point of load (Control as load 0)</h3>{h1}"
-            f"<h3>H2: paired comparisons (exact McNemar, pairs = question × replication)</h3>{h2}"
-            f"<h3>H3: S_sim vs degradation EM(Control) − EM(Residue)</h3>{h3}"
+                 for t in result.taxonomy], left=2, text=(4, 5))
+    return (f'<p class="note">{esc(STATS_NOTE)}</p>'
+            f"<h3>H1: EM per percentage point of load (Control as load 0; one test per condition)</h3>{h1}"
+            f"<h3>H2: paired comparisons (sign-flip test of per-question differences; McNemar beside it; "
+            f"BH family: the model's comparisons)</h3>{h2}"
+            f"<h3>H3: S_sim vs degradation EM(Control) − EM(Residue) (BH family: the model's rows)</h3>{h3}"
+            f"{attention_tables_html(result, alpha)}"
             f"<h3>Taxonomy</h3>{tax}")
+
+
+def attention_tables_html(result: IceResult, alpha: float) -> str:
+    """The layers and heads that pass their family's correction (attention ↔ behaviour, H3 in attention)."""
+    parts = []
+    rows = []
+    for a in result.attention_behaviour:
+        if a.p_ext_layers is None:
+            continue
+        for t in a.p_ext_layers.layers:
+            if t.q is not None and t.q < alpha:
+                rows.append([esc(a.model), "P_ext, failed − correct", str(t.layer), fmt.num(t.estimate, "+.4f"),
+                             fmt.ci(t.ci_low, t.ci_high, "+.4f"), fmt.p_value(t.p, html=True), _p_cell(t.q, alpha),
+                             fmt.num(t.df, ".1f")])
+    for r in result.residue_attention:
+        if r.test is None:
+            continue
+        for t in r.test.layers:
+            if t.q is not None and t.q < alpha:
+                rows.append([esc(r.model), esc(f"AR_k ({r.target}) per unit S_sim"), str(t.layer),
+                             fmt.num(t.estimate, "+.4f"), fmt.ci(t.ci_low, t.ci_high, "+.4f"),
+                             fmt.p_value(t.p, html=True), _p_cell(t.q, alpha), fmt.num(t.df, ".1f")])
+    if result.attention_behaviour or result.residue_attention:
+        body = (table(["model", "test", "layer", "estimate", "95% CI", "p", "q (BH)", "df"], rows, left=2) if rows
+                else '<p class="note">No layer passes its family\'s correction.</p>')
+        parts.append("<h3>Layers that pass Benjamini–Hochberg (family: the layers of one model and test)</h3>" + body)
+    heads = []
+    for a in result.attention_behaviour:
+        if a.heads is None:
+            continue
+        for h in a.heads.significant:
+            heads.append([esc(a.model), esc(head_label(h.layer, h.head)),
+                          "distractor head" if h.estimate > 0 else "less enrichment when failing",
+                          fmt.num(h.estimate, "+.3f"), fmt.ci(h.ci_low, h.ci_high, "+.3f"), fmt.p_value(h.p, html=True),
+                          _p_cell(h.q, alpha)])
+    if result.attention_behaviour:
+        grids = "; ".join(f"{esc(a.model)}: {a.heads.n_tested} heads tested"
+                          + ("" if a.heads.is_test else f" (not tested: {esc(a.heads.reason)})")
+                          for a in result.attention_behaviour if a.heads is not None)
+        body = (table(["model", "head (layer.head)", "kind", "failed − correct enrichment", "95% CI", "p", "q (BH)"],
+                      heads, left=3) if heads else '<p class="note">No head passes the correction.</p>')
+        parts.append("<h3>Distractor heads: P_ext enrichment, failed − correct at equal load and placement "
+                     f"(BH family: the model's layer × head grid)</h3><p class=\"note\">{grids}.</p>{body}")
+    return "".join(parts)
 
 
 def figures_html(result: IceResult, ctx: ReportContext) -> str:
     """Every ICE figure of a report, written through ``ctx.figure`` (absent figures are left out)."""
     marks = taxonomy_marks(result)
     arrays = ctx.arrays
+    alpha = ctx.settings.alpha
     h1 = [h for h in result.h1 if h.condition == "Saturation"]
     blocks = [
-        ctx.figure("saturation_curve", "EM vs extraneous load with 95% CIs (clustered by question). Control: line and "
-                   "band; LongControl: open triangles at the load it is length-matched to.",
-                   F.draw_saturation_curve(result, marks)),
-        ctx.figure("em_by_condition", "EM for every condition × load and model (95% CIs).",
+        ctx.figure("saturation_curve", "EM vs extraneous load with 95% CIs (Wilson at the effective sample size, "
+                   "clustered by question). Control: line and band; LongControl: open triangles at the load it is "
+                   "length-matched to.", F.draw_saturation_curve(result, marks)),
+        ctx.figure("em_by_condition", "EM for every condition × load and model (95% CIs, inside [0, 1]).",
                    F.draw_em_by_condition(result, marks)),
-        ctx.figure("h1_forest", "H1 slope β (EM per percentage point of load) with 95% CI, per model.",
+        ctx.figure("h1_forest", "H1 slope β (EM per percentage point of load) with 95% CI (CR2, t on Bell–McCaffrey "
+                   "df), per model.",
                    draw_forest([(f"{short(h.model)}{marks.get(h.model, '')}", h.beta, h.ci_low, h.ci_high) for h in h1],
                                "β (EM per pp of load)", "H1: load trend under Saturation") if h1 else None),
         ctx.figure("h3_scatter", "H3: per question S_sim vs degradation, least-squares line, Pearson r with Fisher-z "
-                   "CI.", F.draw_h3_scatter(result, marks)),
+                   "CI and the p of the same pivot.", F.draw_h3_scatter(result, marks)),
+        ctx.figure("h3_attention", "H3 in attention: per layer, the change in head-mean AR_k per unit of S_sim over "
+                   "the Residue prompts (at equal load), 95% CI clustered by question; filled orange = q < α after "
+                   "Benjamini–Hochberg over the layers.", F.draw_residue_attention(result, alpha)),
     ]
     for model in result.models:
         stem = file_stem(model)
+        att = result.attention_of(model)
         blocks += [
             ctx.figure(f"enrichment_{stem}", f"{model}: P_ext enrichment (P_ext / chance) per layer × head; red = more "
-                       "attention on extraneous text than its token share, blue = less, white = chance.",
-                       F.draw_enrichment_heatmaps(result, arrays, model)),
+                       "attention on extraneous text than its token share, blue = less, white = chance. Black boxes: "
+                       "heads whose enrichment differs between failed and correct trials (q < α over the grid).",
+                       F.draw_enrichment_heatmaps(result, arrays, model, att, alpha)),
             ctx.figure(f"p_ext_layers_{stem}", f"{model}: head-mean P_ext per layer; dashed = chance level.",
                        F.draw_p_ext_layers(result, arrays, model)),
             ctx.figure(f"ar_k_{stem}", f"{model}: head-mean attentional residue AR_k per layer and target segment.",
                        F.draw_ar_k(result, arrays, model)),
         ]
-    blocks.append(ctx.figure("attention_behaviour", "Per layer: log-odds of a wrong answer per unit of head-mean "
-                             "P_ext (Saturation and Residue trials), 95% CI clustered by question; orange = "
-                             "significant after Holm adjustment.", F.draw_attention_behaviour(result)))
+    blocks.append(ctx.figure("attention_behaviour", "Per layer, top: failed − correct difference in head-mean P_ext "
+                             "at equal load and placement (the test); bottom: log-odds of a wrong answer per unit of "
+                             "P_ext (logistic robustness line). 95% CIs clustered by question; orange = q < α after "
+                             "Benjamini–Hochberg over the layers.", F.draw_attention_behaviour(result, alpha)))
     return "".join(blocks)
 
 
@@ -269,33 +415,41 @@ def section_html(result: IceResult, ctx: ReportContext) -> str:
 
 def markdown(result: IceResult, settings: AnalysisSection) -> list[str]:
     """The ICE part of ``analysis.md``: legend, H1, H2, H3, attention and taxonomy tables."""
-    parts: list[str] = [MARK_LEGEND, ""]
+    alpha = settings.alpha
+    parts: list[str] = [MARK_LEGEND, "", STATS_NOTE, ""]
     parts += ["## H1: EM per percentage point of load (Control = load 0)", "",
-              md_table(["model", "condition", "β (EM/pp)", "95% CI", "p", "logit coef", "logit p", "power", "n", "G",
-                        "note"],
+              md_table(["model", "condition", "β (EM/pp)", "95% CI", "p", "df", "logit coef", "logit p", "power",
+                        "MDE80", "n", "G", "note"],
                        [[h.model, h.condition, fmt.num(h.beta, "+.5f"), fmt.ci(h.ci_low, h.ci_high, "+.5f"),
-                         fmt.p_value(h.p), fmt.num(h.logit.coef if h.logit else None, "+.4f"),
+                         fmt.p_value(h.p), fmt.num(h.df, ".1f"), fmt.num(h.logit.coef if h.logit else None, "+.4f"),
                          fmt.p_value(h.logit.p if h.logit else None),
-                         fmt.num(h.power.power if h.power else None, ".2f"), str(h.n), str(h.n_clusters),
+                         fmt.num(h.power.power if h.power else None, ".2f"),
+                         fmt.num(h.power.mde if h.power else None, ".4f"), str(h.n), str(h.n_clusters),
                          h.reason or (h.logit.reason if h.logit else None) or ""] for h in result.h1]), ""]
-    parts += ["## H2: paired comparisons (exact McNemar)", "",
-              md_table(["model", "comparison", "load", "pairs", "EM a", "EM b", "a only", "b only", "p", "power",
-                        "note"],
-                       [[r.model, f"{r.a} vs {r.b}", str(r.load), str(r.n_pairs), fmt.num(r.em_a), fmt.num(r.em_b),
-                         fmt.count(r.n_a_only), fmt.count(r.n_b_only), fmt.p_value(r.p),
-                         fmt.num(r.power.power if r.power else None, ".2f"),
+    parts += ["## H2: paired comparisons (sign-flip test; McNemar secondary; BH per model)", "",
+              md_table(["model", "comparison", "load", "pairs", "G", "EM a", "EM b", "Δ", "p", "q", "McNemar p",
+                        "MDE80", "note"],
+                       [[r.model, f"{r.a} vs {r.b}", str(r.load), str(r.n_pairs), str(r.n_questions),
+                         fmt.num(r.em_a), fmt.num(r.em_b), fmt.num(r.delta, "+.3f"), fmt.p_value(r.p),
+                         fmt.p_value(r.q), fmt.p_value(r.mcnemar.p if r.mcnemar else None),
+                         fmt.num(r.power.mde if r.power else None, ".2f"),
                          "; ".join(x for x in (r.note, r.reason) if x)] for r in result.h2]), ""]
-    parts += ["## H3: S_sim vs degradation (Control − Residue)", "",
-              md_table(["model", "load", "questions", "r", "95% CI (Fisher z)", "p", "Spearman ρ", "note"],
+    parts += ["## H3: S_sim vs degradation (Control − Residue; BH per model)", "",
+              md_table(["model", "load", "questions", "r", "95% CI (Fisher z)", "p", "q", "Spearman ρ", "note"],
                        [[r.model, "pooled" if r.load is None else str(r.load), str(r.n_tasks), fmt.num(r.r, "+.3f"),
-                         fmt.ci(r.ci_low, r.ci_high, "+.3f"), fmt.p_value(r.p), fmt.num(r.spearman_rho, "+.3f"),
-                         r.reason or ""] for r in result.h3]), ""]
+                         fmt.ci(r.ci_low, r.ci_high, "+.3f"), fmt.p_value(r.p), fmt.p_value(r.q),
+                         fmt.num(r.spearman_rho, "+.3f"), r.reason or ""] for r in result.h3]), ""]
     if result.attention_behaviour:
-        parts += ["## Attention ↔ behaviour (wrong answer ~ head-mean P_ext, per layer)", ""]
+        parts += ["## Attention ↔ behaviour (BH across layers; across the layer × head grid)", ""]
         for a in result.attention_behaviour:
-            tracking = ", ".join(str(x) for x in a.tracking_layers) or "none"
-            parts.append(f"- {a.model}: {a.n_trials} trials; layers tracking failure (Holm p < α, coef > 0): "
-                         f"{tracking}" + (f" — {a.reason}" if a.reason else ""))
+            parts += [f"- {a.model}: " + " ".join(_attention_sentences(a, alpha))]
+        parts.append("")
+    if result.residue_attention:
+        parts += ["## H3 in attention (AR_k on S_sim per layer, BH across layers per target)", ""]
+        for m in result.models:
+            rows = result.residue_attention_of(m)
+            if rows:
+                parts.append(f"- {m}: {_residue_attention_sentence(rows, alpha)}")
         parts.append("")
     parts += ["## Taxonomy", "",
               md_table(["model", "label", "Control EM", "trunc./uninterp. rate", "reason"],
@@ -306,10 +460,17 @@ def markdown(result: IceResult, settings: AnalysisSection) -> list[str]:
 
 def tables(result: IceResult) -> list[tuple[str, Rows]]:
     """``tables/*.csv`` of the ICE result."""
-    layers = [row for a in result.attention_behaviour for row in rows_of(a.layers, model=a.model)]
+    layer_tests = [row for a in result.attention_behaviour if a.p_ext_layers is not None
+                   for row in rows_of(a.p_ext_layers.layers, model=a.model, measure=a.p_ext_layers.measure)]
+    logit_layers = [row for a in result.attention_behaviour for row in rows_of(a.layers, model=a.model)]
+    heads = [row for a in result.attention_behaviour if a.heads is not None
+             for row in rows_of(a.heads.significant, model=a.model)]
+    residue = [{**row, "pearson_r": pr} for r in result.residue_attention if r.test is not None
+               for row, pr in zip(rows_of(r.test.layers, model=r.model, target=r.target), r.pearson_r)]
     points = [row for h in result.h3 for row in rows_of(h.points, model=h.model, load=h.load)]
     return [("cells", rows_of(result.cells)), ("h1", rows_of(result.h1)), ("h2", rows_of(result.h2)),
-            ("h3", rows_of(result.h3)), ("h3_points", points), ("attention_layers", layers),
+            ("h3", rows_of(result.h3)), ("h3_points", points), ("attention_layers", layer_tests),
+            ("attention_logit_layers", logit_layers), ("attention_heads", heads), ("residue_attention", residue),
             ("taxonomy", rows_of(result.taxonomy))]
 
 
@@ -330,9 +491,12 @@ def main_lines(result: IceResult, settings: AnalysisSection) -> list[str]:
             continue
         if h.beta is None:
             lines.append(f"H1 {h.model}: no estimate ({h.reason})")
+        elif not h.is_test:
+            lines.append(f"H1 {h.model}: β = {fmt.num(h.beta, '+.5f')} EM/pp, not tested ({h.reason})")
         else:
             lines.append(f"H1 {h.model}: β = {fmt.num(h.beta, '+.5f')} EM/pp {fmt.ci(h.ci_low, h.ci_high, '+.5f')}, "
-                         f"p = {fmt.p_value(h.p)}, n = {h.n}")
+                         f"p = {fmt.p_value(h.p)} (CR2, t on {fmt.num(h.df, '.1f')} df), n = {h.n} over "
+                         f"{h.n_clusters} questions")
     if result.cells:
         lines.append(MARK_LEGEND)
     return lines
@@ -355,6 +519,7 @@ def merge(named: list[tuple[str, IceResult]]) -> IceResult:
         h1=sum((renamed(label, r.h1) for label, r in named), ()),
         h2=sum((renamed(label, r.h2) for label, r in named), ()),
         h3=sum((renamed(label, r.h3) for label, r in named), ()),
+        residue_attention=sum((renamed(label, r.residue_attention) for label, r in named), ()),
         attention_cells=(),
         attention_behaviour=sum((renamed(label, r.attention_behaviour) for label, r in named), ()),
         taxonomy=sum((renamed(label, r.taxonomy) for label, r in named), ()),

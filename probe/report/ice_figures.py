@@ -12,13 +12,14 @@ import math
 from typing import Mapping
 
 import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
-from matplotlib.patches import Patch
+from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import MaxNLocator
 
 from probe import format as fmt
+from probe.analysis.attention_link import AttentionBehaviour, LayerFit, LayerTest, LayerTests, PExtLogit
 from probe.analysis.estimates import Cell
 from probe.analysis.ice import IceResult
 from probe.report.figures import grid, layer_ticks, palette, ranges, short
@@ -76,7 +77,8 @@ def draw_saturation_curve(result: IceResult, taxonomy: Mapping[str, str]) -> Fig
         for cond, abbr in (("Saturation", "Sat"), ("Residue", "Res")):
             fit = result.h1_of(model, cond)
             if fit is not None and fit.beta is not None:
-                slopes.append(f"{abbr} β={fmt.num(fit.beta, '+.4f')}/pp (p={fmt.num(fit.p, '.2g')})")
+                test = f"p={fmt.num(fit.p, '.2g')}" if fit.is_test else "not tested"
+                slopes.append(f"{abbr} β={fmt.num(fit.beta, '+.4f')}/pp ({test})")
         title = f"{short(model)}{taxonomy.get(model, '')}"
         ax.set_title(title + ("\n" + ", ".join(slopes) if slopes else ""), fontsize=9)
         ax.set_xlim(-5, xmax)
@@ -99,19 +101,23 @@ def draw_saturation_curve(result: IceResult, taxonomy: Mapping[str, str]) -> Fig
 
 
 def draw_em_by_condition(result: IceResult, taxonomy: Mapping[str, str]) -> Figure | None:
-    """Grouped bars: EM (95 % CI) for every condition × load, one bar per model."""
+    """Grouped bars: EM (95 % CI) for every condition × load, one bar per model; the axis is [0, 1].
+
+    Tick labels carry the load only; each condition's name is written once, centred under its group, and the groups
+    are separated by thin lines, so that labels never overlap however many loads there are.
+    """
     keys = sorted({(c.condition, c.load or 0) for c in result.cells}, key=condition_order)
     models = result.models
     if not keys or not models:
         return None
     by = {(c.model, c.condition, c.load or 0): c for c in result.cells}
     width = 0.8 / len(models)
-    width_in = min(18.0, max(6.0, 0.25 * len(keys) * len(models) + 2))
-    fig = Figure(figsize=(width_in, 4.6 + 0.25 * math.ceil(len(models) / 4)), layout="constrained")
+    slot = max(0.55, 0.22 * len(models) + 0.3)  # inches per condition × load
+    fig = Figure(figsize=(min(18.0, max(6.5, slot * len(keys) + 1.6)), 4.4 + 0.25 * math.ceil(len(models) / 4)),
+                 layout="constrained")
     ax = fig.subplots()
     cmap = palette(len(models))
     handles = []
-    top = 1.0
     for i, model in enumerate(models):
         xs, ys, lo, hi, missing = [], [], [], [], []
         for j, (cond, load) in enumerate(keys):
@@ -124,7 +130,6 @@ def draw_em_by_condition(result: IceResult, taxonomy: Mapping[str, str]) -> Figu
             ys.append(c.em_mean)
             lo.append(c.em_mean - (c.em_ci_low if c.em_ci_low is not None else c.em_mean))
             hi.append((c.em_ci_high if c.em_ci_high is not None else c.em_mean) - c.em_mean)
-            top = max(top, c.em_mean + hi[-1])
         if xs:
             ax.bar(xs, ys, width=width * 0.95, color=cmap[i], yerr=np.array([lo, hi]), capsize=2,
                    error_kw={"lw": 0.8})
@@ -132,8 +137,18 @@ def draw_em_by_condition(result: IceResult, taxonomy: Mapping[str, str]) -> Figu
             ax.scatter(missing, [0.02] * len(missing), marker="x", color=cmap[i], s=18)
         handles.append(Patch(color=cmap[i], label=f"{short(model)}{taxonomy.get(model, '')}"))
     ax.set_xticks(range(len(keys)))
-    ax.set_xticklabels([c if c == "Control" else f"{c}\n{ld}%" for c, ld in keys], fontsize=8)
-    ax.set_ylim(0, top + 0.05)
+    ax.set_xticklabels(["" if c == "Control" else f"{ld}%" for c, ld in keys], fontsize=8)
+    ax.set_xlim(-0.6, len(keys) - 0.4)
+    groups: dict[str, list[int]] = {}
+    for j, (cond, _) in enumerate(keys):
+        groups.setdefault(cond, []).append(j)
+    for g, (cond, idx) in enumerate(groups.items()):
+        ax.annotate(cond, xy=((min(idx) + max(idx)) / 2, 0), xycoords=("data", "axes fraction"),
+                    xytext=(0, -18 if cond != "Control" else -6), textcoords="offset points", ha="center", va="top",
+                    fontsize=9, color=COND_COLOURS.get(cond, "k"), fontweight="bold")
+        if g:
+            ax.axvline(min(idx) - 0.5, color="#bbbbbb", lw=0.8)
+    ax.set_ylim(0, 1)
     ax.set_ylabel("exact match (95% CI)")
     ax.set_title("EM by condition and load (x: no scored trial)", fontsize=11)
     ax.grid(axis="y", alpha=0.3)
@@ -141,8 +156,13 @@ def draw_em_by_condition(result: IceResult, taxonomy: Mapping[str, str]) -> Figu
     return fig
 
 
-def draw_enrichment_heatmaps(result: IceResult, arrays: Mapping[str, np.ndarray], model: str) -> Figure | None:
-    """Layer × head P_ext enrichment (P_ext / chance) per condition and load; diverging, centred at 1."""
+def draw_enrichment_heatmaps(result: IceResult, arrays: Mapping[str, np.ndarray], model: str,
+                             behaviour: AttentionBehaviour | None = None, alpha: float = 0.05) -> Figure | None:
+    """Layer × head P_ext enrichment (P_ext / chance) per condition and load; diverging, centred at 1.
+
+    Heads whose failed − correct enrichment test passes Benjamini–Hochberg over the grid (``behaviour.heads``,
+    q < ``alpha``) are outlined in black on every panel (the test pools the Saturation and Residue trials).
+    """
     cells = [c for c in result.attention_cells if c.model == model and np.isfinite(arrays[c.enrichment_key]).any()]
     if not cells:
         return None
@@ -154,6 +174,8 @@ def draw_enrichment_heatmaps(result: IceResult, arrays: Mapping[str, np.ndarray]
     lo, hi = min(lo, 0.95), max(hi, 1.05)
     norm = TwoSlopeNorm(vmin=lo, vcenter=1.0, vmax=hi)
     n_layers, n_heads = mats[0].shape
+    outlined = [h for h in (behaviour.heads.significant if behaviour is not None and behaviour.heads is not None
+                            else ()) if h.q < alpha]
     panel_h = min(7.0, max(2.6, 0.12 * n_layers + 1.2))
     panel_w = min(5.0, max(2.2, 0.12 * n_heads + 1.4))
     fig = Figure(figsize=(panel_w * len(loads) + 1.2, panel_h * len(conds)), layout="constrained")
@@ -168,6 +190,9 @@ def draw_enrichment_heatmaps(result: IceResult, arrays: Mapping[str, np.ndarray]
                 continue
             mat = arrays[cell.enrichment_key]
             image = ax.imshow(mat, aspect="auto", cmap="RdBu_r", norm=norm, origin="lower", interpolation="nearest")
+            for hit in outlined:
+                ax.add_patch(Rectangle((hit.head - 0.5, hit.layer - 0.5), 1, 1, fill=False, edgecolor="black",
+                                       lw=1.3))
             ax.set_title(f"{cond} {load}% (n={cell.n_prompts})", fontsize=9)
             layer_ticks(ax, n_layers)
             ax.xaxis.set_major_locator(MaxNLocator(nbins=min(n_heads, 8), integer=True))
@@ -178,7 +203,11 @@ def draw_enrichment_heatmaps(result: IceResult, arrays: Mapping[str, np.ndarray]
     if image is not None:
         cbar = fig.colorbar(image, ax=axes, shrink=0.8)
         cbar.set_label("P_ext / chance (1 = uniform over tokens)")
-    fig.suptitle(f"{short(model)}: attention to extraneous text relative to chance", fontsize=11)
+    boxed = (f"\nboxed: {len(outlined)} head(s) whose enrichment differs between failed and correct trials "
+             f"(q < {alpha:g})" if outlined
+             else "\nno head's enrichment differs between failed and correct trials after correction"
+             if behaviour is not None and behaviour.heads is not None and behaviour.heads.is_test else "")
+    fig.suptitle(f"{short(model)}: attention to extraneous text relative to chance{boxed}", fontsize=10, wrap=True)
     return fig
 
 
@@ -255,7 +284,8 @@ def draw_h3_scatter(result: IceResult, taxonomy: Mapping[str, str]) -> Figure | 
             ax.plot(line, h.intercept + h.slope * line, color="k", lw=1.2)
         if h.r is not None:
             ci = "" if h.ci_low is None else f" {fmt.ci(h.ci_low, h.ci_high, '+.2f')}"
-            text = f"r = {fmt.num(h.r, '+.2f')}{ci}\np = {fmt.num(h.p, '.3g')}, n = {h.n_tasks}"
+            text = (f"r = {fmt.num(h.r, '+.2f')}{ci}\np = {fmt.num(h.p, '.3g')}, q = {fmt.num(h.q, '.3g')}, "
+                    f"n = {h.n_tasks}" if h.is_test else f"r = {fmt.num(h.r, '+.2f')}, n = {h.n_tasks}: not tested")
         else:
             text = f"no r: {h.reason}"
         ax.text(0.02, 0.98, text, transform=ax.transAxes, va="top", fontsize=8,
@@ -271,38 +301,100 @@ def draw_h3_scatter(result: IceResult, taxonomy: Mapping[str, str]) -> Figure | 
     return fig
 
 
-def draw_attention_behaviour(result: IceResult) -> Figure | None:
-    """Per-layer log-odds of a wrong answer per unit head-mean P_ext (95 % CI), alone and adjusted for load."""
-    rows = [a for a in result.attention_behaviour if any(r.coef is not None for r in a.layers)]
-    if not rows:
+def _layer_series(ax: Axes, tests: LayerTests, alpha: float, shift: float, marker: str, label: str) -> bool:
+    """Per-layer estimates with 95 % CIs on ``ax``; filled orange where q < alpha. Returns whether anything was drawn."""
+    drawn = [t for t in tests.layers if t.estimate is not None]
+    if not drawn:
+        return False
+    xs = np.array([t.layer for t in drawn], dtype=float) + shift
+    est = np.array([t.estimate for t in drawn], dtype=float)
+    with_ci = [i for i, t in enumerate(drawn) if t.ci_low is not None and t.ci_high is not None]
+    if with_ci:
+        lo = np.array([np.nan if drawn[i].ci_low is None else drawn[i].ci_low for i in with_ci], dtype=float)
+        hi = np.array([np.nan if drawn[i].ci_high is None else drawn[i].ci_high for i in with_ci], dtype=float)
+        err = np.array([est[with_ci] - lo, hi - est[with_ci]])
+        ax.errorbar(xs[with_ci], est[with_ci], yerr=err, fmt="none", ecolor="#aaaaaa", capsize=2)
+    sig = np.array([t.q is not None and t.q < alpha for t in drawn])
+    ax.scatter(xs[~sig], est[~sig], marker=marker, zorder=3, s=22, facecolors="white", edgecolors="#4d4d4d",
+               label=label)
+    if sig.any():
+        ax.scatter(xs[sig], est[sig], marker=marker, zorder=4, s=30, color="#d95f02")
+    return True
+
+
+def draw_residue_attention(result: IceResult, alpha: float = 0.05) -> Figure | None:
+    """H3 in attention: per layer the slope of head-mean AR_k on S_sim with 95 % CI, one panel per model, the two
+    targets side by side; filled orange where q < alpha (BH across layers)."""
+    models = [m for m in result.models if any(r.test is not None and any(t.estimate is not None for t in r.test.layers)
+                                               for r in result.residue_attention_of(m))]
+    if not models:
         return None
-    fig = Figure(figsize=(max(6.0, 0.2 * max(len(a.layers) for a in rows) + 3), 3.4 * len(rows)),
-                 layout="constrained")
-    axes = fig.subplots(len(rows), 1, squeeze=False)[:, 0]
-    for ax, a in zip(axes, rows):
-        for adjusted, shift, marker, tracking in ((False, -0.15, "o", set(a.tracking_layers)),
-                                                  (True, 0.15, "s", set(a.tracking_layers_adjusted))):
-            fits = [(r.layer, r.adjusted if adjusted else r) for r in a.layers]
-            drawn = [(layer, f.coef, f.ci_low, f.ci_high) for layer, f in fits
-                     if f is not None and f.coef is not None and f.ci_low is not None and f.ci_high is not None]
-            if not drawn:
+    n_layers = max(len(r.test.layers) for m in models for r in result.residue_attention_of(m) if r.test is not None)
+    fig = Figure(figsize=(max(6.5, 0.22 * n_layers + 3), 3.3 * len(models)), layout="constrained")
+    axes = fig.subplots(len(models), 1, squeeze=False)[:, 0]
+    for ax, model in zip(axes, models):
+        notes = []
+        for r, (shift, marker) in zip(result.residue_attention_of(model), ((-0.15, "o"), (0.15, "s"))):
+            if r.test is None:
+                notes.append(f"{r.target}: {r.reason}")
                 continue
-            xs = np.array([layer for layer, *_ in drawn]) + shift
-            coef = np.array([c for _, c, _, _ in drawn])
-            err = np.array([[c - lo for _, c, lo, _ in drawn], [hi - c for _, c, _, hi in drawn]])
-            colours = ["#d95f02" if layer in tracking else "#4d4d4d" for layer, *_ in drawn]
-            ax.errorbar(xs, coef, yerr=err, fmt="none", ecolor="#aaaaaa", capsize=2)
-            ax.scatter(xs, coef, c=colours, marker=marker, zorder=3, s=20)
+            _layer_series(ax, r.test, alpha, shift, marker, f"{r.target} target ({r.n_prompts} prompts)")
+            hits = [t.layer for t in r.test.layers if t.q is not None and t.q < alpha]
+            notes.append(f"{r.target}: q<{alpha:g} in {ranges(hits)}" if r.test.is_test
+                         else f"{r.target}: not tested ({r.test.reason.split(':')[0] if r.test.reason else ''})")
         ax.axhline(0, color="k", lw=0.8)
         ax.set_xlabel("layer")
-        ax.set_ylabel("log-odds wrong per unit P_ext")
+        ax.set_ylabel("ΔAR_k per unit S_sim")
         ax.xaxis.set_major_locator(MaxNLocator(nbins=16, integer=True))
-        ax.set_title(f"{short(a.model)}: layers tracking failure (orange, Holm p<α): {ranges(a.tracking_layers)}; "
-                     f"with load and placement fixed: {ranges(a.tracking_layers_adjusted)}", fontsize=9)
-        ax.legend(handles=[
-            Line2D([], [], ls="none", marker="o", color="#4d4d4d", label="P_ext alone"),
-            Line2D([], [], ls="none", marker="s", color="#4d4d4d", label="adjusted for load and placement"),
-            Line2D([], [], ls="none", marker="o", color="#d95f02", label="Holm-adjusted p < α"),
-        ], fontsize=7, loc="best")
+        ax.set_title(f"{short(model)}: " + "; ".join(notes), fontsize=9)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="best")
         ax.grid(alpha=0.3)
+    fig.suptitle("H3 in attention: does residue grow with similarity? (orange: q < α over layers)", fontsize=11)
     return fig
+
+
+def draw_attention_behaviour(result: IceResult, alpha: float = 0.05) -> Figure | None:
+    """Per model, top: the per-layer failed − correct difference of head-mean P_ext (95 % CI, the test); bottom:
+    the logistic robustness line (log-odds of a wrong answer per unit P_ext, alone and adjusted). Orange: q < alpha
+    after BH across the layers."""
+    rows = [a for a in result.attention_behaviour if a.p_ext_layers is not None]
+    if not rows:
+        return None
+    n_layers = max(len(a.p_ext_layers.layers) for a in rows if a.p_ext_layers is not None)
+    fig = Figure(figsize=(max(6.5, 0.22 * n_layers + 3), 5.6 * len(rows)), layout="constrained")
+    axes = fig.subplots(2 * len(rows), 1, squeeze=False)[:, 0]
+    for k, a in enumerate(rows):
+        top, bottom = axes[2 * k], axes[2 * k + 1]
+        assert a.p_ext_layers is not None
+        _layer_series(top, a.p_ext_layers, alpha, 0.0, "o", "failed − correct")
+        top.axhline(0, color="k", lw=0.8)
+        top.set_ylabel("Δ head-mean P_ext\n(failed − correct)")
+        what = (f"layers with q<{alpha:g}: {ranges(list(a.p_ext_layers.significant))}" if a.p_ext_layers.is_test
+                else f"not tested: {a.p_ext_layers.reason}")
+        top.set_title(f"{short(a.model)}: P_ext in failed vs correct trials at equal load and placement; {what}",
+                      fontsize=9)
+        for adjusted, shift, marker, label in ((False, -0.15, "o", "P_ext alone"),
+                                               (True, 0.15, "s", "with load and placement")):
+            fits = [(r.layer, r.adjusted if adjusted else r) for r in a.layers]
+            tests = LayerTests(measure="", estimand="", n=0, n_questions=0, is_test=True, method="", reason=None,
+                               layers=tuple(_as_layer_test(layer, f) for layer, f in fits if f is not None),
+                               significant=())
+            _layer_series(bottom, tests, alpha, shift, marker, label)
+        bottom.axhline(0, color="k", lw=0.8)
+        bottom.set_ylabel("log-odds wrong\nper unit P_ext")
+        bottom.set_title(f"logistic robustness line: q<{alpha:g} alone {ranges(a.logit_layers)}, adjusted "
+                         f"{ranges(a.logit_layers_adjusted)}", fontsize=9)
+        if bottom.get_legend_handles_labels()[0]:
+            bottom.legend(fontsize=7, loc="best")
+        for ax in (top, bottom):
+            ax.set_xlabel("layer")
+            ax.xaxis.set_major_locator(MaxNLocator(nbins=16, integer=True))
+            ax.grid(alpha=0.3)
+    return fig
+
+
+def _as_layer_test(layer: int, f: LayerFit | PExtLogit) -> LayerTest:
+    """A logistic fit as a :class:`LayerTest` (for drawing with :func:`_layer_series`)."""
+    return LayerTest(layer=layer, n=0, estimate=f.coef, se=f.se, ci_low=f.ci_low, ci_high=f.ci_high, p=f.p, q=f.q,
+                     df=f.df)
