@@ -202,7 +202,7 @@ def test_forward_output_unchanged_by_probe(models, arch: str) -> None:
         want = model.base_model(input_ids=ids, use_cache=False).last_hidden_state
     model.set_attn_implementation(previous)
     plan = build_plan(tp, ProbeSection(block_size=9))
-    capture = Capture(plan, n_layers=2)
+    capture = Capture([plan], n_layers=2)
     with torch.no_grad(), attach_probe(model, capture):
         got = model.base_model(input_ids=ids, use_cache=False).last_hidden_state
     capture.check()
@@ -276,7 +276,7 @@ def test_layer_that_does_not_report_raises(models) -> None:
 
 def test_layer_reporting_twice_raises() -> None:
     plan = build_plan(make_prompt(seed=11), ProbeSection())
-    capture = Capture(plan, n_layers=2)
+    capture = Capture([plan], n_layers=2)
     capture.calls.update([0, 1, 1])
     with pytest.raises(HookError, match=r"layers \[1\] reported more than once"):
         capture.check()

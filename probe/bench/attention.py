@@ -153,7 +153,7 @@ def run_attention_bench(
     model_name: str = DEFAULT_MODEL,
     repeats: int = 1,
     full_attention_limit_gb: float = 8.0,
-    residue_max_tokens: int | None = -1,
+    residue_max_tokens: int | None = None,
     include_lens: bool = True,
 ) -> list[dict]:
     """Time and peak memory of a plain forward, the engine (with and without AR_k), eager and TransformerLens.
@@ -165,8 +165,7 @@ def run_attention_bench(
         model_name: card name of the model to load when ``model`` is None (also the row label).
         repeats: rounds over the arms; each arm reports its fastest call.
         full_attention_limit_gb: skip eager / TransformerLens when L·H·T²·4 bytes exceeds this.
-        residue_max_tokens: skip ``engine_ar`` above this T (None: never skip; -1, the default: 4096 on the CPU,
-            where its O(T²) row computation takes many minutes beyond that, and never on a GPU).
+        residue_max_tokens: skip ``engine_ar`` above this T (None, the default: never skip).
         include_lens: measure the TransformerLens arm.
 
     Returns:
@@ -185,8 +184,6 @@ def run_attention_bench(
     bridge = None
     rows: list[dict] = []
     exact_rss = device.type == "cuda" or _return_freed_memory()
-    if residue_max_tokens == -1:
-        residue_max_tokens = None if device.type == "cuda" else 4096
     if lengths:  # warm-up: first-call costs (kernels, allocator) should not land on the first arm measured
         with torch.no_grad():
             base(input_ids=torch.tensor([bench_prompt(min(lengths), int(cfg.vocab_size)).input_ids], device=device),
