@@ -185,10 +185,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         print(format_generate_bench(run_generate_bench(args.experiment, n_prompts=args.n, batch_size=args.batch_size)))
     else:
-        from probe.bench.attention import format_attention_bench, run_attention_bench
+        from probe.bench.attention import (
+            DEFAULT_MODEL,
+            format_attention_bench,
+            format_probe_batch_bench,
+            run_attention_bench,
+            run_probe_batch_bench,
+        )
+        from probe.loading import load_model
 
-        lengths = tuple(int(x) for x in args.lengths.split(","))
-        print(format_attention_bench(run_attention_bench(lengths=lengths)))
+        model = load_model(DEFAULT_MODEL).model
+        lengths = tuple(int(x) for x in args.lengths.split(",")) if args.lengths else ()
+        if lengths:
+            print(format_attention_bench(run_attention_bench(lengths=lengths, model=model, repeats=args.repeats)))
+        if args.probe_batch:
+            print(format_probe_batch_bench(run_probe_batch_bench(model, batch_size=args.probe_batch,
+                                                                 repeats=args.repeats)))
     return 0
 
 
@@ -244,7 +256,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--experiment", default="experiments/demo.toml")
     sp.add_argument("--n", type=int, default=32, help="generate: prompts to time")
     sp.add_argument("--batch-size", type=int, default=None, help="generate: batched size (default: the experiment's)")
-    sp.add_argument("--lengths", default="512,2048,4096,8192", help="attention: prompt lengths in tokens")
+    sp.add_argument("--lengths", default="512,2048,4096,8192",
+                    help="attention: prompt lengths in tokens (empty: no per-length table)")
+    sp.add_argument("--repeats", type=int, default=1, help="attention: rounds over the arms (fastest kept)")
+    sp.add_argument("--probe-batch", type=int, default=8,
+                    help="attention: batch size of the batched-probing figure (0: leave it out)")
     sp.set_defaults(fn=cmd_bench)
     return p
 

@@ -264,8 +264,10 @@ def run_model(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], ta
     written = 0
     bar = tqdm(total=len(pending), desc=f"{model}", disable=not progress, unit="trial")
     buffer: list[TrialRecord] = []
+    # a local model computes the probe while it generates (LocalBackend.generate), batch by batch
+    probe_kwargs = {"probe": probe_opts} if probe_opts is not None and isinstance(backend, LocalBackend) else {}
     try:
-        for prompt, gen in backend.generate(unique, cfg.generation):
+        for prompt, gen in backend.generate(unique, cfg.generation, **probe_kwargs):
             key = prompt.text if greedy else prompt.prompt_id
             if probe_opts is not None and gen.error is None and gen.skip_reason is None:
                 probe_and_save(cfg, backend, by_text[key], gen, probe_opts)
@@ -297,7 +299,8 @@ def attention_path(run_dir: Path, model: str, prompt_id: str) -> Path:
 
 def probe_and_save(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], gen: Generation,
                    opts: ProbeSection) -> None:
-    """Probe one prompt text once and store the record under every prompt id that shares the text."""
+    """Store the probe of one prompt text (computed by the backend while generating, else here) under every prompt
+    id that shares the text."""
     from probe.attention import probe_prompt
 
     if not isinstance(backend, LocalBackend):
@@ -306,9 +309,11 @@ def probe_and_save(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt
     todo = [p for p in paths if not p.exists()]
     if not todo:
         return
-    tp = backend.tokenize(prompts[0])
-    generated = gen.output_ids if opts.query == "generated" else None
-    result = probe_prompt(backend.loaded.model, tp, opts, generated_ids=generated)
+    result = gen.attention
+    if result is None:
+        tp = backend.tokenize(prompts[0])
+        generated = gen.output_ids if opts.query == "generated" else None
+        result = probe_prompt(backend.loaded.model, tp, opts, generated_ids=generated)
     todo[0].parent.mkdir(parents=True, exist_ok=True)
     result.save(todo[0])
     for p in todo[1:]:

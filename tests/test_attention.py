@@ -336,3 +336,14 @@ def test_bench_rows_on_tiny_model() -> None:
         assert r["engine_time_ratio"] == pytest.approx(r["engine_s"] / r["plain_s"])
     table = format_attention_bench(rows)
     assert "skipped" in table and "eager/lens skipped" in table
+
+
+def test_probe_batch_bench_on_tiny_model() -> None:
+    from probe.bench.attention import format_probe_batch_bench, run_probe_batch_bench
+
+    row = run_probe_batch_bench(_build("llama"), model_name="tiny", n_prompts=5, batch_size=3, lengths=(60, 90),
+                                repeats=1)
+    assert row["b1_pps"] > 0 and row["batched_pps"] > 0
+    assert row["speedup"] == pytest.approx(row["b1_s"] / row["batched_s"])
+    assert row["max_abs_diff"] < 1e-5  # the batched arm gives the one-at-a-time results
+    assert "prompts/s" in format_probe_batch_bench(row)

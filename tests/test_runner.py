@@ -134,3 +134,33 @@ def test_cogniload_trials_are_scored_by_progressive_exact_match():
     assert rec.em == 1.0 and rec.hop_recall is None
     wrong = Generation("I do not know.", False, 10, 5)
     assert runner.make_record("m", prompt, task, wrong).em == 0.0
+
+
+@pytest.mark.parametrize("query", ["question", "generated"])
+def test_probed_run_records_equal_a_separate_probe_per_prompt(tmp_path, tiny_card, query):
+    """The probe computed during generation (or after it, in batches, for query 'generated') is the one-prompt probe."""
+    import numpy as np
+
+    from probe.attention import SegmentAttention, probe_prompt
+    from probe.backends import LocalBackend
+    from probe.loading import load_model
+    from probe.types import Prompt
+
+    cfg = make_cfg(tmp_path, tiny_card)
+    cfg = replace(cfg, probe=replace(cfg.probe, enabled=True, query=query))
+    run_dir = runner.run_experiment(cfg, progress=False)
+    trials = load_trials(run_dir / "trials.jsonl")
+    assert len(trials) == expected_trials(cfg)
+    backend = LocalBackend(load_model(str(tiny_card)))
+    prompts = [Prompt.from_dict(d) for d in read_jsonl(run_dir / "prompts.jsonl")]
+    answers = {p.prompt_id: g.output_ids for p, g in backend.generate(prompts, cfg.generation)}
+    assert {t.prompt_id: t.output for t in trials} == {p.prompt_id: backend.loaded.tokenizer.decode(
+        answers[p.prompt_id], skip_special_tokens=True) for p in prompts}  # generation unchanged by the probe
+    for p in prompts:
+        stored = SegmentAttention.load(runner.attention_path(run_dir, "tiny-llama", p.prompt_id))
+        tp = backend.tokenize(p)
+        want = probe_prompt(backend.loaded.model, tp, cfg.probe,
+                            generated_ids=answers[p.prompt_id] if query == "generated" else None)
+        assert stored.n_tokens == want.n_tokens
+        for field in ("seg_mass", "seg_mass_segment", "p_ext", "chance", "ar_k"):
+            np.testing.assert_allclose(getattr(stored, field), getattr(want, field), atol=1e-5, equal_nan=True)

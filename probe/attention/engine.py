@@ -385,19 +385,22 @@ def attention_rows(
     attention_mask: torch.Tensor | None,
     scaling: float,
     softcap: float | None,
+    key_offset: int = 0,
 ) -> torch.Tensor:
     """Post-softmax attention rows of some query positions over all keys, as eager attention computes them.
 
     Args:
-        query: (1, H, T, D) query states.
-        key_t: (H_kv, D, T) float32 transposed key states.
-        positions: (B,) int64 query positions.
-        attention_mask: (1, 1, T, T) bool or additive float mask, or None for a plain causal mask.
+        query: (1, H, Q, D) query states.
+        key_t: (H_kv, D, K) float32 transposed key states.
+        positions: (B,) int64 query indices (into the Q axis).
+        attention_mask: (1, 1, Q, K) bool or additive float mask, or None for a plain causal mask.
         scaling: multiplier of ``q·kᵀ``.
         softcap: soft-capping value or None.
+        key_offset: key position of query 0 under the causal mask when ``attention_mask`` is None (``K - Q``:
+            the queries are the last Q positions, as in a decode step against a cache).
 
     Returns:
-        (H, B, T) float32 rows, each summing to 1.
+        (H, B, K) float32 rows, each summing to 1.
     """
     n_heads, dim = query.shape[1], query.shape[3]
     n_kv = key_t.shape[0]
@@ -412,7 +415,8 @@ def attention_rows(
     if mask is not None and mask.dtype != torch.bool:
         scores += mask[positions, :].to(torch.float32)
     else:
-        scores.masked_fill_(~allowed_keys(mask, positions, n_keys), float("-inf"))
+        scores.masked_fill_(~allowed_keys(mask, positions + (key_offset if mask is None else 0), n_keys),
+                            float("-inf"))
     return torch.softmax(scores, dim=-1)
 
 
@@ -432,6 +436,7 @@ def _blocked_attention(
     """
     n_batch, n_heads, n_q = query.shape[:3]
     n_kv = key.shape[1]
+    offset = key.shape[2] - n_q  # a decode step: the queries are the last positions of the cache
     out = torch.empty(n_batch, n_heads, n_q, value.shape[-1], dtype=query.dtype, device=query.device)
     for i in range(n_batch):
         key_t = key[i].to(torch.float32).transpose(-1, -2)  # (H_kv, D, T)
@@ -441,7 +446,7 @@ def _blocked_attention(
             mask = attention_mask[i : i + 1] if attention_mask.shape[0] > 1 else attention_mask
         for start in range(0, n_q, block_size):
             pos = torch.arange(start, min(start + block_size, n_q), device=query.device)
-            probs = attention_rows(query[i : i + 1], key_t, pos, mask, scaling, softcap)  # (H, B, T)
+            probs = attention_rows(query[i : i + 1], key_t, pos, mask, scaling, softcap, offset)  # (H, B, T)
             probs = torch.nan_to_num(probs)  # a padding row that sees no key
             o = torch.bmm(probs.reshape(n_kv, (n_heads // n_kv) * len(pos), -1), v)  # (H_kv, rep*B, Dv)
             out[i, :, start : start + len(pos)] = o.reshape(n_heads, len(pos), -1).to(query.dtype)

@@ -10,6 +10,8 @@ sink / instruction / germane and extraneous segments alternating / question / si
 - ``lens``: a TransformerLens ``TransformerBridge`` ``run_with_cache`` of every ``hook_pattern``.
 
 The last two are skipped (with a note) when their L·H·T² attention would exceed ``full_attention_limit_gb``.
+:func:`run_probe_batch_bench` adds probed prompts per second at batch 1 and batched (:func:`probe_batch`, left
+padding) on prompts of a spread of lengths, with AR_k, and the largest difference between the two arms' results.
 Time is wall-clock seconds of one call; memory is the peak above the memory in use just before the call: on a
 GPU ``torch.cuda.max_memory_allocated``, on the CPU the process's resident set size sampled every 2 ms in a
 thread, with glibc told to return freed blocks to the system at once (``mallopt``/``malloc_trim``) so that
@@ -31,7 +33,7 @@ import numpy as np
 import psutil
 import torch
 
-from probe.attention import probe_prompt
+from probe.attention import SegmentAttention, probe_batch, probe_prompt
 from probe.config import ProbeSection
 from probe.errors import ConfigError
 from probe.loading import input_device
@@ -289,3 +291,72 @@ def format_attention_bench(rows: list[dict]) -> str:
         lines.append(f"model {rows[0]['model']} on {rows[0]['device']}; memory = peak above the level before the call")
     lines += [f"note: {n}" for n in notes]
     return "\n".join(lines)
+
+
+def run_probe_batch_bench(
+    model: torch.nn.Module,
+    model_name: str = DEFAULT_MODEL,
+    n_prompts: int = 16,
+    batch_size: int = 8,
+    lengths: tuple[int, int] = (200, 600),
+    repeats: int = 2,
+) -> dict:
+    """Probed prompts per second one at a time and ``batch_size`` at a time (AR_k on), measured side by side.
+
+    Args:
+        model: a loaded Hugging Face causal LM (eval mode).
+        model_name: the row label.
+        n_prompts: prompts probed per arm (lengths spread evenly over ``lengths``, as a run's prompts are).
+        batch_size: prompts per forward pass in the batched arm (sorted by length, as ``probe run`` batches them).
+        lengths: shortest and longest prompt in tokens.
+        repeats: rounds over the two arms (alternating which goes first); each keeps its fastest round.
+
+    Returns:
+        ``model``, ``n_prompts``, ``batch_size``, ``mean_tokens``, ``b1_s`` / ``batched_s`` (seconds per round),
+        ``b1_pps`` / ``batched_pps`` (prompts/s), ``speedup`` and ``max_abs_diff`` (largest difference of any stored
+        measure between the arms' results).
+    """
+    model.eval()
+    vocab = int(model.config.get_text_config().vocab_size)
+    sizes = np.linspace(lengths[0], lengths[1], n_prompts).round().astype(int)
+    prompts = [bench_prompt(int(n), vocab, seed=i) for i, n in enumerate(sizes)]
+    ordered = sorted(prompts, key=lambda tp: len(tp.input_ids))
+
+    def one_at_a_time() -> list[SegmentAttention]:
+        return [probe_prompt(model, tp) for tp in ordered]
+
+    def batched() -> list[SegmentAttention]:
+        out: list[SegmentAttention] = []
+        for i in range(0, len(ordered), batch_size):
+            out += probe_batch(model, ordered[i : i + batch_size])
+        return out
+
+    probe_batch(model, ordered[:2])  # warm-up
+    best = {"b1": float("inf"), "batched": float("inf")}
+    results: dict[str, list[SegmentAttention]] = {}
+    for r in range(repeats):
+        for arm, fn in ((("b1", one_at_a_time), ("batched", batched)) if r % 2 == 0
+                        else (("batched", batched), ("b1", one_at_a_time))):
+            t0 = time.perf_counter()
+            results[arm] = fn()
+            best[arm] = min(best[arm], time.perf_counter() - t0)
+    diff = 0.0
+    for a, b in zip(results["b1"], results["batched"]):
+        for name in ("seg_mass_segment", "p_ext", "chance", "ar_k"):
+            x, y = getattr(a, name), getattr(b, name)
+            diff = max(diff, float(np.nanmax(np.abs(x - y))))
+    return {"model": model_name, "n_prompts": n_prompts, "batch_size": batch_size,
+            "mean_tokens": float(np.mean(sizes)), "b1_s": best["b1"], "batched_s": best["batched"],
+            "b1_pps": n_prompts / best["b1"], "batched_pps": n_prompts / best["batched"],
+            "speedup": best["b1"] / best["batched"], "max_abs_diff": diff}
+
+
+def format_probe_batch_bench(row: dict) -> str:
+    """Plain text of :func:`run_probe_batch_bench`'s result."""
+    return "\n".join([
+        f"batched probing (AR_k on): {row['model']}, {row['n_prompts']} prompts (mean {row['mean_tokens']:.0f} tokens)",
+        f"  batch size 1 : {row['b1_pps']:6.2f} prompts/s  ({row['b1_s']:.1f} s)",
+        f"  batch size {row['batch_size']:<2d}: {row['batched_pps']:6.2f} prompts/s  ({row['batched_s']:.1f} s)",
+        f"  speed-up batched / batch-1: {row['speedup']:.2f}x   (largest difference between the arms: "
+        f"{row['max_abs_diff']:.1e})",
+    ])
