@@ -180,7 +180,11 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    if args.what == "generate":
+    if args.what == "run":
+        from probe.bench.run import format_run_bench, run_probe_cost_bench
+
+        print(format_run_bench(run_probe_cost_bench(args.experiment, rounds=args.repeats)))
+    elif args.what == "generate":
         from probe.bench.generate import format_generate_bench, run_generate_bench
 
         print(format_generate_bench(run_generate_bench(args.experiment, n_prompts=args.n, batch_size=args.batch_size)))
@@ -251,14 +255,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_compare)
     sp = sub.add_parser("models", help="list model cards and whether each is loadable here")
     sp.set_defaults(fn=cmd_models)
-    sp = sub.add_parser("bench", help="benchmarks: generate (batching speed-up) or attention (probe cost)")
-    sp.add_argument("what", choices=["generate", "attention"])
+    sp = sub.add_parser("bench", help="benchmarks: generate (batching speed-up), attention (probe cost), run "
+                                      "(a probed run against an unprobed one)")
+    sp.add_argument("what", choices=["generate", "attention", "run"])
     sp.add_argument("--experiment", default="experiments/demo.toml")
     sp.add_argument("--n", type=int, default=32, help="generate: prompts to time")
     sp.add_argument("--batch-size", type=int, default=None, help="generate: batched size (default: the experiment's)")
     sp.add_argument("--lengths", default="512,2048,4096,8192",
                     help="attention: prompt lengths in tokens (empty: no per-length table)")
-    sp.add_argument("--repeats", type=int, default=1, help="attention: rounds over the arms (fastest kept)")
+    sp.add_argument("--repeats", type=int, default=1, help="attention, run: rounds over the arms (fastest kept)")
     sp.add_argument("--probe-batch", type=int, default=8,
                     help="attention: batch size of the batched-probing figure (0: leave it out)")
     sp.set_defaults(fn=cmd_bench)

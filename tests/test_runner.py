@@ -164,3 +164,17 @@ def test_probed_run_records_equal_a_separate_probe_per_prompt(tmp_path, tiny_car
         assert stored.n_tokens == want.n_tokens
         for field in ("seg_mass", "seg_mass_segment", "p_ext", "chance", "ar_k"):
             np.testing.assert_allclose(getattr(stored, field), getattr(want, field), atol=1e-5, equal_nan=True)
+
+
+def test_run_bench_times_probed_and_unprobed_arms(tmp_path, tiny_card):
+    from probe.bench.run import format_run_bench, run_probe_cost_bench
+
+    exp = tmp_path / "exp.toml"
+    exp.write_text(f'[experiment]\nname = "b"\nseed = 3\nmodels = ["{tiny_card}"]\n'
+                   '[[tasks]]\nsource = "synthetic"\nn = 1\nhops = 2\n'
+                   '[ice]\nloads = [50]\nreplications = 1\n[generation]\nmax_new_tokens = 3\nbatch_size = 4\n'
+                   '[analysis]\nembedder = ""\n')
+    b = run_probe_cost_bench(str(exp), rounds=1, output_dir=str(tmp_path / "out"))
+    assert b.n_trials == 4 and b.same_outputs and b.n_attention_files == 4
+    assert b.unprobed_s > 0 and b.ratio == pytest.approx(b.probed_s / b.unprobed_s)
+    assert "probed / unprobed" in format_run_bench(b)
