@@ -179,7 +179,17 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+LENGTHS_DEFAULT = "512,2048,4096,8192"
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.what == "gpu-check":
+        from probe.bench.gpu_check import format_gpu_check, run_gpu_check
+
+        lengths = tuple(int(x) for x in args.lengths.split(",")) if args.lengths != LENGTHS_DEFAULT else None
+        report = run_gpu_check(cpu=args.cpu, lengths=lengths, repeats=args.repeats)
+        print(format_gpu_check(report))
+        return 0 if report.ok else 1
     if args.what == "run":
         from probe.bench.run import format_run_bench, run_probe_cost_bench
 
@@ -256,16 +266,18 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("models", help="list model cards and whether each is loadable here")
     sp.set_defaults(fn=cmd_models)
     sp = sub.add_parser("bench", help="benchmarks: generate (batching speed-up), attention (probe cost), run "
-                                      "(a probed run against an unprobed one)")
-    sp.add_argument("what", choices=["generate", "attention", "run"])
+                                      "(a probed run against an unprobed one), gpu-check (make gpu-check)")
+    sp.add_argument("what", choices=["generate", "attention", "run", "gpu-check"])
     sp.add_argument("--experiment", default="experiments/demo.toml")
     sp.add_argument("--n", type=int, default=32, help="generate: prompts to time")
     sp.add_argument("--batch-size", type=int, default=None, help="generate: batched size (default: the experiment's)")
-    sp.add_argument("--lengths", default="512,2048,4096,8192",
+    sp.add_argument("--lengths", default=LENGTHS_DEFAULT,
                     help="attention: prompt lengths in tokens (empty: no per-length table)")
     sp.add_argument("--repeats", type=int, default=1, help="attention, run: rounds over the arms (fastest kept)")
     sp.add_argument("--probe-batch", type=int, default=8,
                     help="attention: batch size of the batched-probing figure (0: leave it out)")
+    sp.add_argument("--cpu", action="store_true",
+                    help="gpu-check: run on the CPU with tiny models (default: refuse without a CUDA device)")
     sp.set_defaults(fn=cmd_bench)
     return p
 
