@@ -172,7 +172,8 @@ def run_attention_bench(
 
     Returns:
         One dict per T: ``n_tokens``, ``<arm>_s`` and ``<arm>_gb`` (None when skipped), ``notes``, and the
-        ratios ``engine_time_ratio``, ``engine_mem_ratio``, ``engine_ar_time_ratio`` (engine / plain).
+        ratios ``engine_time_ratio``, ``engine_mem_ratio``, ``engine_ar_time_ratio``, ``engine_ar_mem_ratio``
+        (engine / plain).
     """
     if model is None:
         from probe.loading import load_model
@@ -238,6 +239,8 @@ def run_attention_bench(
         row["engine_time_ratio"] = row["engine_s"] / row["plain_s"]
         row["engine_mem_ratio"] = row["engine_gb"] / row["plain_gb"] if row["plain_gb"] else None
         row["engine_ar_time_ratio"] = row["engine_ar_s"] / row["plain_s"] if row["engine_ar_s"] is not None else None
+        row["engine_ar_mem_ratio"] = (row["engine_ar_gb"] / row["plain_gb"]
+                                      if row["engine_ar_gb"] is not None and row["plain_gb"] else None)
         rows.append(row)
     return rows
 
@@ -279,13 +282,17 @@ def format_attention_bench(rows: list[dict]) -> str:
     def cell(s: float | None, gb: float | None) -> str:
         return "skipped" if s is None else f"{s:7.2f}s {gb:6.2f}GB"
 
-    head = f"{'T':>6}  " + "  ".join(f"{a:>17}" for a in ARMS) + "   engine/plain time  mem   engine_ar/plain time"
+    def ratio(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:.2f}"
+
+    arms = [a for a in ARMS if any(r[f"{a}_s"] is not None for r in rows)] or list(ARMS)
+    head = (f"{'T':>6}  " + "  ".join(f"{a:>17}" for a in arms)
+            + "   engine/plain time  mem   engine_ar/plain time  mem")
     lines = [head, "-" * len(head)]
     for r in rows:
-        cells = "  ".join(f"{cell(r[f'{a}_s'], r[f'{a}_gb']):>17}" for a in ARMS)
-        mem = f"{r['engine_mem_ratio']:.2f}" if r["engine_mem_ratio"] is not None else "n/a"
-        ar = f"{r['engine_ar_time_ratio']:.2f}" if r["engine_ar_time_ratio"] is not None else "n/a"
-        lines.append(f"{r['n_tokens']:>6}  {cells}   {r['engine_time_ratio']:17.2f}  {mem:>4}   {ar:>20}")
+        cells = "  ".join(f"{cell(r[f'{a}_s'], r[f'{a}_gb']):>17}" for a in arms)
+        lines.append(f"{r['n_tokens']:>6}  {cells}   {r['engine_time_ratio']:17.2f}  {ratio(r['engine_mem_ratio']):>4}"
+                     f"   {ratio(r['engine_ar_time_ratio']):>20}  {ratio(r.get('engine_ar_mem_ratio')):>4}")
     notes = sorted({n for r in rows for n in r["notes"]})
     if rows:
         lines.append(f"model {rows[0]['model']} on {rows[0]['device']}; memory = peak above the level before the call")
