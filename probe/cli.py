@@ -193,11 +193,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.what == "run":
         from probe.bench.run import format_run_bench, run_probe_cost_bench
 
-        print(format_run_bench(run_probe_cost_bench(args.experiment, rounds=args.repeats)))
+        print(format_run_bench(run_probe_cost_bench(args.experiment, rounds=args.repeats, n_prompts=args.n)))
     elif args.what == "generate":
         from probe.bench.generate import format_generate_bench, run_generate_bench
 
-        print(format_generate_bench(run_generate_bench(args.experiment, n_prompts=args.n, batch_size=args.batch_size)))
+        bench = run_generate_bench(args.experiment, n_prompts=args.n or 32, batch_size=args.batch_size)
+        print(format_generate_bench(bench))
     else:
         from probe.bench.attention import (
             DEFAULT_MODEL,
@@ -269,7 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
                                       "(a probed run against an unprobed one), gpu-check (make gpu-check)")
     sp.add_argument("what", choices=["generate", "attention", "run", "gpu-check"])
     sp.add_argument("--experiment", default="experiments/demo.toml")
-    sp.add_argument("--n", type=int, default=32, help="generate: prompts to time")
+    sp.add_argument("--n", type=int, default=None, help="generate: prompts to time (default 32); run: prompts to "
+                    "run (default: all)")
     sp.add_argument("--batch-size", type=int, default=None, help="generate: batched size (default: the experiment's)")
     sp.add_argument("--lengths", default=LENGTHS_DEFAULT,
                     help="attention: prompt lengths in tokens (empty: no per-length table)")

@@ -126,7 +126,8 @@ def tokenizer_groups(cfg: ExperimentConfig) -> dict[str, list[ModelCard]]:
     return groups
 
 
-def make_builder(cfg: ExperimentConfig, card: ModelCard, tokenizer: Any, id_suffix: str) -> IceBuilder:
+def make_builder(cfg: ExperimentConfig, card: ModelCard, tokenizer: Any, id_suffix: str,
+                 shared_candidates: dict | None = None) -> IceBuilder:
     from probe.prompts.filler import neutral_filler
     from probe.prompts.distractors import distractor_facts
 
@@ -138,7 +139,8 @@ def make_builder(cfg: ExperimentConfig, card: ModelCard, tokenizer: Any, id_suff
         similarity, s_sim = emb.similarity_to, emb.s_sim
     return IceBuilder(ice=cfg.ice, tokenizer=tokenizer, tokenizer_name=card.name, seed=cfg.experiment.seed,
                       distractors=distractor_facts, filler=neutral_filler, similarity=similarity, s_sim=s_sim,
-                      use_chat_template=card.use_chat_template, id_suffix=id_suffix)
+                      use_chat_template=card.use_chat_template, id_suffix=id_suffix,
+                      shared_candidates=shared_candidates)
 
 
 def build_prompts(cfg: ExperimentConfig, progress: bool = True,
@@ -157,12 +159,14 @@ def build_prompts(cfg: ExperimentConfig, progress: bool = True,
         p = Prompt.from_dict(d)
         existing.setdefault(p.tokenizer, []).append(p)
     by_model: dict[str, list[Prompt]] = {}
+    shared: dict = {}  # distractor sequences do not depend on the tokenizer: drawn once for every group
     for tok_name, cards in groups.items():
         prompts = existing.get(tok_name)
         if prompts is None:
             tasks = tasks if tasks is not None else load_all_tasks(cfg)
             card = cards[0]
-            builder = make_builder(cfg, card, load_tokenizer(card), f"@{tok_name}" if len(groups) > 1 else "")
+            builder = make_builder(cfg, card, load_tokenizer(card), f"@{tok_name}" if len(groups) > 1 else "",
+                                   shared)
             prompts = []
             for task in tqdm(tasks, desc=f"build prompts [{tok_name}]", disable=not progress, unit="task"):
                 prompts += builder.build_all([task])

@@ -39,13 +39,15 @@ class RunBench:
 
 
 def run_probe_cost_bench(experiment: str = "experiments/demo.toml", rounds: int = 1,
-                         output_dir: str = "outputs") -> RunBench:
+                         output_dir: str = "outputs", n_prompts: int | None = None) -> RunBench:
     """Time the experiment's prompts through ``run_model`` without and with probing (see the module docstring).
 
     Args:
         experiment: the experiment TOML (its ``[probe]`` options are used for the probed arm).
         rounds: rounds over the two arms.
         output_dir: parent folder of the two scratch run folders (removed before each round).
+        n_prompts: run only this many of the prompts, taken evenly across the list (every condition and load
+            represented); None: all of them.
 
     Returns:
         The timings and checks.
@@ -63,6 +65,8 @@ def run_probe_cost_bench(experiment: str = "experiments/demo.toml", rounds: int 
     prepare_run_dir(arms["unprobed"], force=True)
     card = get_card(model_name)
     prompts = build_prompts(arms["unprobed"], progress=False, tasks=tasks)[card.name]
+    if n_prompts is not None and n_prompts < len(prompts):
+        prompts = prompts[:: len(prompts) // n_prompts][:n_prompts]
     by_id = {t.task_id: t for t in tasks}
     backend = make_backend(card, seed=cfg.experiment.seed)
     best = {name: float("inf") for name in arms}
@@ -97,5 +101,6 @@ if __name__ == "__main__":  # also runnable against an earlier checkout: PYTHONP
     ap.add_argument("--experiment", default="experiments/demo.toml")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--output-dir", default="outputs")
+    ap.add_argument("--n", type=int, default=None, help="prompts to run (default: all)")
     a = ap.parse_args()
-    print(format_run_bench(run_probe_cost_bench(a.experiment, a.rounds, a.output_dir)))
+    print(format_run_bench(run_probe_cost_bench(a.experiment, a.rounds, a.output_dir, a.n)))

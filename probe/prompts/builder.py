@@ -155,6 +155,8 @@ class IceBuilder:
         similarity: (question, texts) -> cosine similarities; needed for S_sim and stratified draws.
         use_chat_template: render the user message through the tokenizer's chat template.
         id_suffix: appended to every prompt_id (used when an experiment has several tokenizers).
+        shared_candidates: a dict shared by the builders of an experiment's tokenizers: each distractor sequence
+            (drawn, and for stratified draws embedded, independently of the tokenizer) is drawn once for all.
     """
 
     ice: IceSection
@@ -167,6 +169,7 @@ class IceBuilder:
     s_sim: Callable[[str, list[str]], float | None] | None = None
     use_chat_template: bool = True
     id_suffix: str = ""
+    shared_candidates: dict[tuple[str, int, int], list[str]] | None = None
 
     def __post_init__(self) -> None:
         self._counter = PieceCounter(self.tokenizer)
@@ -253,6 +256,14 @@ class IceBuilder:
 
     def candidates(self, task: Task, load: int, rep: int) -> list[str]:
         """The seeded distractor sequence for (task, load, replication): the same for every model and condition."""
+        if self.shared_candidates is None:
+            return self._draw_candidates(task, load, rep)
+        key = (task.task_id, load, rep)
+        if key not in self.shared_candidates:
+            self.shared_candidates[key] = self._draw_candidates(task, load, rep)
+        return list(self.shared_candidates[key])
+
+    def _draw_candidates(self, task: Task, load: int, rep: int) -> list[str]:
         rng = draw_rng(self.seed, task.task_id, load, rep, "distractors")
         avoid = [task.question, *(h.fact for h in task.hops)]  # no distractor names an entity of the task
         if self.ice.distractor_strategy == "random":
