@@ -202,6 +202,26 @@ def allowed_keys(mask: torch.Tensor | None, positions: torch.Tensor, n_keys: int
 # The capture
 
 
+# A prompt whose probe rows hold fewer score elements than this (heads x T^2 / 2, about T = 1300 for 9 heads) is
+# reduced on one CPU thread: its operations are small, and splitting each of them over threads costs more in
+# synchronisation than it saves (much more on a machine shared with other work).
+SMALL_PROBE_ELEMENTS = 8 * 1024 * 1024
+
+
+@contextmanager
+def _few_threads(device: torch.device, n_elements: int) -> Iterator[None]:
+    """One intra-op thread for the block when the probe's work is small and on the CPU; restored afterwards."""
+    threads = torch.get_num_threads()
+    if device.type != "cpu" or threads == 1 or n_elements >= SMALL_PROBE_ELEMENTS:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 class _Row:
     """One prompt of a batch: its plan, its left padding and what its layers reported."""
 
@@ -301,16 +321,17 @@ class Capture:
         ):
             raise HookError(f"layer {layer}: unexpected attention mask of shape {tuple(attention_mask.shape)}; "
                             f"expected ({n_batch} or 1, 1, {self.width}, {self.width})")
-        for i, row in enumerate(self.rows):
-            p = row.pad
-            mask = None
-            mask_key: tuple = (None,)
-            if attention_mask is not None:
-                b = i if attention_mask.shape[0] > 1 else 0
-                mask = attention_mask[b, 0, p:, p:]  # (T, T): the prompt's own rows and keys
-                mask_key = (attention_mask.data_ptr(), tuple(attention_mask.shape), b, p)
-            row.layers[layer] = self._reduce(row, query[i, :, p:, :], key[i, :, p:, :], mask, mask_key, scaling,
-                                             softcap)
+        with _few_threads(query.device, max(r.plan.n_tokens for r in self.rows) ** 2 * n_heads // 2):
+            for i, row in enumerate(self.rows):
+                p = row.pad
+                mask = None
+                mask_key: tuple = (None,)
+                if attention_mask is not None:
+                    b = i if attention_mask.shape[0] > 1 else 0
+                    mask = attention_mask[b, 0, p:, p:]  # (T, T): the prompt's own rows and keys
+                    mask_key = (attention_mask.data_ptr(), tuple(attention_mask.shape), b, p)
+                row.layers[layer] = self._reduce(row, query[i, :, p:, :], key[i, :, p:, :], mask, mask_key, scaling,
+                                                 softcap)
 
     def _reduce(
         self,
@@ -527,7 +548,9 @@ def attach_probe(model: PreTrainedModel, capture: Capture) -> Iterator[Capture]:
 
 
 def block_budget(model: PreTrainedModel, n_tokens: int) -> int:
-    """Rows x keys per head in one block of probe rows for a sequence of ``n_tokens`` (see ``block_elements``)."""
+    """Rows x keys per head in one block of probe rows when the forward pass holds ``n_tokens`` tokens (all rows of
+    a batch: the rows are probed one at a time, so a batch's forward leaves each of them more room); see
+    ``block_elements``."""
     itemsize = torch.empty((), dtype=model.dtype).element_size()
     return block_elements(ModelShape.from_config(text_config_of(model), itemsize), n_tokens, SCRATCH_COPIES)
 
@@ -587,7 +610,8 @@ def probe_batch(
              for tp, g in zip(prompts, answers)]
     ids, mask, pads = left_pad([list(tp.input_ids) + g for tp, g in zip(prompts, answers)])
     width = ids.shape[1]
-    capture = Capture(plans, int(text_config_of(model).num_hidden_layers), pads, block_budget(model, width))
+    capture = Capture(plans, int(text_config_of(model).num_hidden_layers), pads,
+                      block_budget(model, width * len(prompts)))
     device = input_device(model)  # not the first parameter's: a dispatched model may keep it on `meta`
     kwargs: dict[str, torch.Tensor] = {}
     if any(pads):  # position ids from 0 in every row, as generate makes them
@@ -667,7 +691,7 @@ def probe_generation(
         raise ConfigError(f"probe.query = {options.query!r} reads the answer; it cannot ride on generation's prefill")
     plans = [build_plan(tp, options, compute_residue=compute_residue) for tp in prompts]
     width = max(p.n_tokens + pad for p, pad in zip(plans, pads))
-    capture = Capture(plans, int(text_config_of(model).num_hidden_layers), pads, block_budget(model, width),
-                      prefill_only=True)
+    capture = Capture(plans, int(text_config_of(model).num_hidden_layers), pads,
+                      block_budget(model, width * len(prompts)), prefill_only=True)
     with attach_probe(model, capture):
         yield capture

@@ -99,7 +99,8 @@ class PlanTensors:
         kinds = plan.segment_kinds
         sink_np = np.array([k == "sink" for k in kinds])[plan.seg_of_token]
         self.is_sink_key = torch.as_tensor(sink_np, device=device)  # (T,)
-        self.is_ext_key = torch.as_tensor(np.array([k == "extraneous" for k in kinds])[plan.seg_of_token], device=device)
+        ext_np = np.array([k == "extraneous" for k in kinds])[plan.seg_of_token]
+        self.is_ext_key = torch.as_tensor(ext_np, device=device)  # (T,)
         self.query_positions = torch.as_tensor(plan.query_positions, device=device)
         self.exclude_sink = plan.options.exclude_sink
 

@@ -19,8 +19,8 @@ Three parts, in at most ~8 minutes on one large GPU:
    without and with the probe riding on the prefill (the tokens must be the same), and probed again with
    :func:`probe.attention.probe_batch` (the aggregates must agree).
 
-With ``cpu=True`` the same code runs on the CPU with tiny configs and fewer architectures in a few seconds (the test suite runs it so it
-cannot rot). Without CUDA and without ``cpu=True`` it refuses with :class:`~probe.errors.DeviceError`.
+With ``cpu=True`` the same code runs on the CPU with tiny configs and fewer architectures in a few seconds (the
+test suite runs it, so it cannot rot). Without CUDA and without ``cpu=True`` it refuses with :class:`DeviceError`.
 """
 
 from __future__ import annotations
@@ -284,8 +284,9 @@ def format_gpu_check(report: GpuCheckReport) -> str:
     if g is not None:
         lines += ["", f"3. batched generation and probing: {g.n_prompts} prompts (mean {g.mean_tokens:.0f} tokens), "
                       f"{g.new_tokens} new tokens",
-                  f"   generate {g.generate_s:.2f} s; generate with the probe on the prefill {g.generate_probed_s:.2f} s "
-                  f"({g.generate_probed_s / g.generate_s:.2f}x); probe_batch {g.probe_batch_s:.2f} s",
+                  f"   generate {g.generate_s:.2f} s; generate with the probe on the prefill "
+                  f"{g.generate_probed_s:.2f} s ({g.generate_probed_s / g.generate_s:.2f}x); "
+                  f"probe_batch {g.probe_batch_s:.2f} s",
                   f"   same tokens: {'yes' if g.same_tokens else 'NO'}; ride-along vs probe_batch max |difference| "
                   f"{g.max_diff:.1e} (tolerance {g.tol:.0e})  {'ok' if g.ok else 'FAILED'}"]
     lines += [f"note: {n}" for n in report.notes]
