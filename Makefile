@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.ice-probe-setup
 
-.PHONY: setup demo typecheck test test-fast bench clean-venv
+.PHONY: setup demo typecheck test test-fast bench gpu-check clean-venv
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,13 @@ test-fast: setup
 bench: setup
 	$(VENV)/bin/probe bench generate
 	$(VENV)/bin/probe bench attention
+	$(VENV)/bin/probe bench run
+
+# One CUDA GPU, about 8 minutes: engine exactness on the device (float32, bfloat16), the attention bench on a
+# random model of Llama-3-8B's shape at 4k-32k tokens, batched generation + probing. Exits 1 if a check fails,
+# 2 without CUDA (`probe bench gpu-check --cpu` runs the same on tiny models).
+gpu-check: setup
+	$(VENV)/bin/probe bench gpu-check
 
 clean-venv:
 	rm -rf $(VENV)

@@ -218,15 +218,47 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+LENGTHS_DEFAULT = (512, 2048, 4096, 8192)
+
+
+def lengths_or_none(text: str) -> tuple[int, ...]:
+    """An argparse type: comma-separated prompt lengths, or an empty string for none."""
+    return positive_int_list(text) if text.strip() else ()
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
-    if args.what == "generate":
+    if args.what == "gpu-check":
+        from probe.bench.gpu_check import format_gpu_check, run_gpu_check
+
+        lengths = args.lengths if args.lengths != LENGTHS_DEFAULT else None
+        report = run_gpu_check(cpu=args.cpu, lengths=lengths, repeats=args.repeats)
+        print(format_gpu_check(report))
+        return 0 if report.ok else 1
+    if args.what == "run":
+        from probe.bench.run import format_run_bench, run_probe_cost_bench
+
+        print(format_run_bench(run_probe_cost_bench(args.experiment, rounds=args.repeats, n_prompts=args.n)))
+    elif args.what == "generate":
         from probe.bench.generate import format_generate_bench, run_generate_bench
 
-        print(format_generate_bench(run_generate_bench(args.experiment, n_prompts=args.n, batch_size=args.batch_size)))
+        bench = run_generate_bench(args.experiment, n_prompts=args.n or 32, batch_size=args.batch_size)
+        print(format_generate_bench(bench))
     else:
-        from probe.bench.attention import format_attention_bench, run_attention_bench
+        from probe.bench.attention import (
+            DEFAULT_MODEL,
+            format_attention_bench,
+            format_probe_batch_bench,
+            run_attention_bench,
+            run_probe_batch_bench,
+        )
+        from probe.loading import load_model
 
-        print(format_attention_bench(run_attention_bench(lengths=args.lengths)))
+        model = load_model(DEFAULT_MODEL).model
+        if args.lengths:
+            print(format_attention_bench(run_attention_bench(lengths=args.lengths, model=model, repeats=args.repeats)))
+        if args.probe_batch:
+            print(format_probe_batch_bench(run_probe_batch_bench(model, batch_size=args.probe_batch,
+                                                                 repeats=args.repeats)))
     return 0
 
 
@@ -287,14 +319,23 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_show)
     sp = sub.add_parser("models", help="list model cards and whether each is loadable here")
     sp.set_defaults(fn=cmd_models)
-    sp = sub.add_parser("bench", help="benchmarks: generate (batching speed-up) or attention (probe cost)")
-    sp.add_argument("what", choices=["generate", "attention"])
+    sp = sub.add_parser("bench", help="benchmarks: generate (batching speed-up), attention (probe cost), run "
+                                      "(a probed run against an unprobed one), gpu-check (make gpu-check)")
+    sp.add_argument("what", choices=["generate", "attention", "run", "gpu-check"])
     sp.add_argument("--experiment", default="experiments/demo.toml")
-    sp.add_argument("--n", type=positive_int, default=32, help="generate: prompts to time")
+    sp.add_argument("--n", type=positive_int, default=None, help="generate: prompts to time (default 32); run: "
+                    "prompts to run (default: all)")
     sp.add_argument("--batch-size", type=positive_int, default=None,
                     help="generate: batched size (default: the experiment's)")
-    sp.add_argument("--lengths", type=positive_int_list, default=(512, 2048, 4096, 8192),
-                    help="attention: prompt lengths in tokens, comma-separated")
+    sp.add_argument("--lengths", type=lengths_or_none, default=LENGTHS_DEFAULT,
+                    help="attention, gpu-check: prompt lengths in tokens, comma-separated (attention: an empty value "
+                         "leaves the per-length table out; gpu-check: default 4096-32768)")
+    sp.add_argument("--repeats", type=positive_int, default=1,
+                    help="attention, run, gpu-check: rounds over the arms (fastest kept)")
+    sp.add_argument("--probe-batch", type=int, default=8,
+                    help="attention: batch size of the batched-probing figure (0: leave it out)")
+    sp.add_argument("--cpu", action="store_true",
+                    help="gpu-check: run on the CPU with tiny models (default: refuse without a CUDA device)")
     sp.set_defaults(fn=cmd_bench)
     return p
 

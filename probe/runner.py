@@ -159,9 +159,10 @@ def needs_embedder(cfg: ExperimentConfig) -> bool:
     return False
 
 
-def make_builder(cfg: ExperimentConfig, card: ModelCard, tokenizer: Any, id_tokenizer: str | None = None) -> IceBuilder:
+def make_builder(cfg: ExperimentConfig, card: ModelCard, tokenizer: Any, id_tokenizer: str | None = None,
+                 shared_candidates: dict | None = None) -> IceBuilder:
     """The prompt builder of one tokenizer group (``id_tokenizer``: the card named in prompt ids, when an experiment
-    builds prompts for several tokenizers)."""
+    builds prompts for several tokenizers; ``shared_candidates``: the distractor sequences its groups share)."""
     from probe.prompts.filler import neutral_filler
     from probe.prompts.distractors import distractor_facts
 
@@ -173,7 +174,8 @@ def make_builder(cfg: ExperimentConfig, card: ModelCard, tokenizer: Any, id_toke
         similarity, s_sim = emb.similarity_to, emb.s_sim
     return IceBuilder(ice=cfg.ice, tokenizer=tokenizer, tokenizer_name=card.name, seed=cfg.experiment.seed,
                       distractors=distractor_facts, filler=neutral_filler, similarity=similarity, s_sim=s_sim,
-                      use_chat_template=card.use_chat_template, id_tokenizer=id_tokenizer)
+                      use_chat_template=card.use_chat_template, id_tokenizer=id_tokenizer,
+                      shared_candidates=shared_candidates)
 
 
 def build_prompts(cfg: ExperimentConfig, progress: bool = True,
@@ -199,12 +201,13 @@ def build_prompts(cfg: ExperimentConfig, progress: bool = True,
     for p in on_disk:
         existing.setdefault(p.tokenizer, []).append(p)
     by_model: dict[str, list[Prompt]] = {}
+    shared: dict = {}  # distractor sequences do not depend on the tokenizer: drawn once for every group
     for tok_name, cards in groups.items():
         prompts = existing.get(tok_name)
         if prompts is None:
             tasks = tasks if tasks is not None else load_all_tasks(cfg)
             card = cards[0]
-            builder = make_builder(cfg, card, load_tokenizer(card), tok_name if len(groups) > 1 else None)
+            builder = make_builder(cfg, card, load_tokenizer(card), tok_name if len(groups) > 1 else None, shared)
             prompts = []
             for task in tqdm(tasks, desc=f"build prompts [{tok_name}]", disable=not progress, unit="task"):
                 prompts += builder.build_all([task])
@@ -305,8 +308,10 @@ def run_model(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], ta
     written = 0
     bar = tqdm(total=len(pending), desc=f"{model}", disable=not progress, unit="trial")
     buffer: list[TrialRecord] = []
+    # a local model computes the probe while it generates (LocalBackend.generate), batch by batch
+    probe_kwargs = {"probe": probe_opts} if probe_opts is not None and isinstance(backend, LocalBackend) else {}
     try:
-        for prompt, gen in backend.generate(unique, cfg.generation):
+        for prompt, gen in backend.generate(unique, cfg.generation, **probe_kwargs):
             key = prompt.text if greedy else prompt.prompt_id
             if probe_opts is not None and gen.error is None and gen.skip_reason is None:
                 probe_and_save(cfg, backend, by_text[key], gen, probe_opts)
@@ -334,7 +339,8 @@ def _flush(path: Path, rows: list[TrialRecord], on_batch: Callable[[list[TrialRe
 
 def probe_and_save(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], gen: Generation,
                    opts: ProbeSection) -> None:
-    """Probe one prompt text once and store the record under every prompt id that shares the text.
+    """Store the probe of one prompt text (computed by the backend while generating, else here) under every prompt
+    id that shares the text.
 
     Records go to :meth:`probe.runfolder.RunFolder.attention_record` of (model, prompt id), where the analysis
     reads them; one that exists already (a resumed run) is not probed again.
@@ -348,9 +354,11 @@ def probe_and_save(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt
     todo = [p for p in paths if not p.exists()]
     if not todo:
         return
-    tp = backend.tokenize(prompts[0])
-    generated = gen.output_ids if opts.query == "generated" else None
-    result = probe_prompt(backend.loaded.model, tp, opts, generated_ids=generated)
+    result = gen.attention
+    if result is None:
+        tp = backend.tokenize(prompts[0])
+        generated = gen.output_ids if opts.query == "generated" else None
+        result = probe_prompt(backend.loaded.model, tp, opts, generated_ids=generated)
     todo[0].parent.mkdir(parents=True, exist_ok=True)
     result.save(todo[0])
     for p in todo[1:]:

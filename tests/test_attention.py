@@ -202,7 +202,7 @@ def test_forward_output_unchanged_by_probe(models, arch: str) -> None:
         want = model.base_model(input_ids=ids, use_cache=False).last_hidden_state
     model.set_attn_implementation(previous)
     plan = build_plan(tp, ProbeSection(block_size=9))
-    capture = Capture(plan, n_layers=2)
+    capture = Capture([plan], n_layers=2)
     with torch.no_grad(), attach_probe(model, capture):
         got = model.base_model(input_ids=ids, use_cache=False).last_hidden_state
     capture.check()
@@ -276,7 +276,7 @@ def test_layer_that_does_not_report_raises(models) -> None:
 
 def test_layer_reporting_twice_raises() -> None:
     plan = build_plan(make_prompt(seed=11), ProbeSection())
-    capture = Capture(plan, n_layers=2)
+    capture = Capture([plan], n_layers=2)
     capture.calls.update([0, 1, 1])
     with pytest.raises(HookError, match=r"layers \[1\] reported more than once"):
         capture.check()
@@ -336,3 +336,14 @@ def test_bench_rows_on_tiny_model() -> None:
         assert r["engine_time_ratio"] == pytest.approx(r["engine_s"] / r["plain_s"])
     table = format_attention_bench(rows)
     assert "skipped" in table and "eager/lens skipped" in table
+
+
+def test_probe_batch_bench_on_tiny_model() -> None:
+    from probe.bench.attention import format_probe_batch_bench, run_probe_batch_bench
+
+    row = run_probe_batch_bench(_build("llama"), model_name="tiny", n_prompts=5, batch_size=3, lengths=(60, 90),
+                                repeats=1)
+    assert row["b1_pps"] > 0 and row["batched_pps"] > 0
+    assert row["speedup"] == pytest.approx(row["b1_s"] / row["batched_s"])
+    assert row["max_abs_diff"] < 1e-5  # the batched arm gives the one-at-a-time results
+    assert "prompts/s" in format_probe_batch_bench(row)

@@ -163,6 +163,12 @@ def test_dispatched_model_probes_and_generates_like_one_device(plain, tmp_path, 
     for prompt in PROMPTS:
         assert out[prompt.prompt_id].output_ids == ref[prompt.prompt_id].output_ids
         assert out[prompt.prompt_id].text == ref[prompt.prompt_id].text
+    # the probe riding on the dispatched model's batched prefill gives the one-device, one-prompt probe
+    probed = {p.prompt_id: g for p, g in LocalBackend(loaded).generate(PROMPTS, gen, probe=opts)}
+    for prompt in PROMPTS:
+        assert probed[prompt.prompt_id].output_ids == ref[prompt.prompt_id].output_ids
+        tp = tokenize_prompt(prompt, plain.tokenizer)
+        assert_same_probe(probed[prompt.prompt_id].attention, probe_prompt(plain.model, tp, opts))
     # and the same as plain transformers generate on one device, one prompt at a time
     for prompt in PROMPTS:
         ids = torch.tensor([tokenize_prompt(prompt, plain.tokenizer).input_ids])

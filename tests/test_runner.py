@@ -245,3 +245,48 @@ def test_two_tokenizers_name_themselves_in_prompt_ids_and_records(tmp_path, tiny
         assert parse_prompt_id(t.prompt_id).tokenizer == t.model
     assert set(run.attention_root.rglob("*.npz")) == {run.attention_record(t.model, t.prompt_id) for t in trials}
     assert sorted(p.name for p in run.attention_root.iterdir()) == ["org%2Ftiny", "tiny-llama"]
+
+
+@pytest.mark.parametrize("query", ["question", "generated"])
+def test_probed_run_records_equal_a_separate_probe_per_prompt(tmp_path, tiny_card, query):
+    """The probe computed during generation (or after it, in batches, for query 'generated') is the one-prompt probe."""
+    import numpy as np
+
+    from probe.attention import SegmentAttention, probe_prompt
+    from probe.backends import LocalBackend
+    from probe.loading import load_model
+    from probe.records import load_prompts
+    from probe.runfolder import RunFolder
+
+    cfg = make_cfg(tmp_path, tiny_card)
+    cfg = replace(cfg, probe=replace(cfg.probe, enabled=True, query=query))
+    run = RunFolder(runner.run_experiment(cfg, progress=False))
+    trials = load_trials(run.trials)
+    assert len(trials) == expected_trials(cfg)
+    backend = LocalBackend(load_model(str(tiny_card)))
+    prompts = load_prompts(run.prompts)
+    answers = {p.prompt_id: g.output_ids for p, g in backend.generate(prompts, cfg.generation)}
+    assert {t.prompt_id: t.output for t in trials} == {p.prompt_id: backend.loaded.tokenizer.decode(
+        answers[p.prompt_id], skip_special_tokens=True) for p in prompts}  # generation unchanged by the probe
+    for p in prompts:
+        stored = SegmentAttention.load(run.attention_record("tiny-llama", p.prompt_id))
+        tp = backend.tokenize(p)
+        want = probe_prompt(backend.loaded.model, tp, cfg.probe,
+                            generated_ids=answers[p.prompt_id] if query == "generated" else None)
+        assert stored.n_tokens == want.n_tokens
+        for field in ("seg_mass", "seg_mass_segment", "p_ext", "chance", "ar_k"):
+            np.testing.assert_allclose(getattr(stored, field), getattr(want, field), atol=1e-5, equal_nan=True)
+
+
+def test_run_bench_times_probed_and_unprobed_arms(tmp_path, tiny_card):
+    from probe.bench.run import format_run_bench, run_probe_cost_bench
+
+    exp = tmp_path / "exp.toml"
+    exp.write_text(f'[experiment]\nname = "b"\nseed = 3\nmodels = ["{tiny_card}"]\n'
+                   '[[tasks]]\nsource = "synthetic"\nn = 1\nhops = 2\n'
+                   '[ice]\nloads = [50]\nreplications = 1\n[generation]\nmax_new_tokens = 3\nbatch_size = 4\n'
+                   '[analysis]\nembedder = ""\n')
+    b = run_probe_cost_bench(str(exp), rounds=1, output_dir=str(tmp_path / "out"))
+    assert b.n_trials == 4 and b.same_outputs and b.n_attention_files == 4
+    assert b.unprobed_s > 0 and b.ratio == pytest.approx(b.probed_s / b.unprobed_s)
+    assert "probed / unprobed" in format_run_bench(b)

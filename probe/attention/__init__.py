@@ -5,6 +5,9 @@ Public API:
 - :func:`probe_prompt` — probe one tokenized prompt with a Hugging Face model at the speed and memory of its fast
   attention (no L × H × T² tensor); returns a :class:`SegmentAttention` (segment masses by kind and per segment,
   P_ext with chance level and enrichment, sink mass, AR_k).
+- :func:`probe_batch` — several prompts in one left-padded forward pass, each result equal to ``probe_prompt``'s.
+- :func:`probe_generation` — a context manager under which ``model.generate`` probes its batch during its own
+  prefill (query sets inside the prompt), so a probed run costs no extra forward pass.
 - :func:`probe_transformer_lens` — the same measures from a TransformerLens ``TransformerBridge`` via its
   ``hook_pattern`` hooks.
 - :func:`reference_segment_attention` — the same measures computed plainly from eager ``output_attentions``
@@ -28,7 +31,15 @@ from probe.compat import check_transformers_version
 check_transformers_version()  # before the engine imports transformers' attention internals
 
 from probe.attention.capacity import max_probe_context, probe_memory_bytes
-from probe.attention.engine import SUPPORTED_MODEL_TYPES, attach_probe, probe_prompt
+from probe.attention.engine import (
+    SUPPORTED_MODEL_TYPES,
+    attach_probe,
+    is_prompt_query,
+    left_pad,
+    probe_batch,
+    probe_generation,
+    probe_prompt,
+)
 from probe.attention.lens import probe_transformer_lens
 from probe.attention.plan import ProbePlan, build_plan
 from probe.attention.reference import reference_segment_attention
@@ -42,6 +53,10 @@ __all__ = [
     "attach_probe",
     "build_plan",
     "max_probe_context",
+    "is_prompt_query",
+    "left_pad",
+    "probe_batch",
+    "probe_generation",
     "probe_memory_bytes",
     "probe_prompt",
     "probe_transformer_lens",

@@ -5,9 +5,10 @@ Two ways to get SPEC §4's quantities from a forward pass of T tokens:
 - ``output_attentions``: eager attention returns every layer's ``(H, T, T)`` weights in the model dtype, all kept
   until the forward ends (``L·H·T²`` elements), plus one layer's float32 softmax in flight (``H·T²·4`` bytes).
 - the engine: the forward runs SDPA (no T² term; flash/memory-efficient kernels), and the probe holds, per layer,
-  a float32 copy of the keys, ``block_size`` rows of float32 scores and probabilities (``~3·H·block·T·4`` bytes in
-  flight: scores, masked scores, softmax), the key-to-segment one-hot (``T·S·4``) and, for the cosine residue, one
-  running row sum per accumulated segment (``R·H·T·4``). Everything is linear in T.
+  a float32 copy of the keys, one block of rows of float32 scores and probabilities (``2·H·B·T·4`` bytes in
+  flight, with B at most ``block_size`` and small enough that the block stays within ``SCRATCH_FRACTION`` of the
+  forward's activations: :func:`block_elements`), the key-to-segment one-hot (``T·S·4``) and, for the residue, one
+  running row sum per accumulated segment (at most ``R·H·T·4``). Everything is linear in T.
 
 Both carry the weights and the forward's own per-token activations (residual stream, q/k/v, the MLP's gate/up
 product), which this estimate counts as ``(6·d + 2·(d + 2·d_kv) + 3·d_ff)·bytes`` per token for the widest layer
@@ -53,6 +54,54 @@ class ModelShape:
         return self.hidden // self.n_heads
 
 
+    @staticmethod
+    def from_config(config: object, dtype_bytes: int) -> "ModelShape":
+        """The shape of a Hugging Face (text) config; ``n_params`` is left at 0 (the probe's budget ignores it).
+
+        Args:
+            config: a ``PretrainedConfig`` of a decoder (``get_text_config()`` of a multimodal one).
+            dtype_bytes: bytes per element of the model's activations.
+        """
+        hidden = int(getattr(config, "hidden_size"))
+        heads = int(getattr(config, "num_attention_heads"))
+        kv = getattr(config, "num_key_value_heads", None) or heads
+        inter = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * hidden
+        return ModelShape(n_params=0.0, n_layers=int(getattr(config, "num_hidden_layers")), n_heads=heads,
+                          n_kv_heads=int(kv), hidden=hidden, intermediate=int(inter), dtype_bytes=dtype_bytes)
+
+    @property
+    def activation_bytes_per_token(self) -> float:
+        """Per-token activations of the widest layer (residual stream, q/k/v, the MLP's gate/up product)."""
+        d_kv = self.n_kv_heads * self.head_dim
+        return float((6 * self.hidden + 2 * (self.hidden + 2 * d_kv) + 3 * self.intermediate) * self.dtype_bytes)
+
+
+# The probe's row blocks may hold this share of the forward pass's own activations (see ``block_elements``).
+SCRATCH_FRACTION = 0.04
+# ... and never fewer than this many rows x keys per head (tiny models would otherwise get one-row blocks).
+MIN_BLOCK_ELEMENTS = 16 * 1024
+
+
+def block_elements(shape: ModelShape, n_tokens: int, copies: int = 2) -> int:
+    """Most ``rows x keys`` elements per head in one block of probe rows, chosen from the forward's memory.
+
+    A block of B rows ending at position p holds ``copies`` float32 tensors of ``heads x B x (p + 1)`` (scores and
+    their softmax). Keeping that within ``SCRATCH_FRACTION`` of the forward's activations over ``n_tokens`` tokens
+    keeps the probe's peak within a few per cent of the plain forward's; B then shrinks as p grows, so early
+    blocks are long and late ones short, at about the same size in bytes.
+
+    Args:
+        shape: the model's sizes.
+        n_tokens: length T of the probed sequence.
+        copies: float32 copies of a block held at once.
+
+    Returns:
+        The element budget per head (at least ``MIN_BLOCK_ELEMENTS``).
+    """
+    budget = SCRATCH_FRACTION * n_tokens * shape.activation_bytes_per_token
+    return max(MIN_BLOCK_ELEMENTS, int(budget / (shape.n_heads * 4 * copies)))
+
+
 LLAMA3_8B = ModelShape(n_params=8.03e9, n_layers=32, n_heads=32, n_kv_heads=8, hidden=4096, intermediate=14336)
 
 
@@ -82,14 +131,16 @@ def probe_memory_bytes(
     d_kv = shape.n_kv_heads * shape.head_dim
     parts = {
         "weights": shape.n_params * b,
-        "activations": t * (6 * shape.hidden + 2 * (shape.hidden + 2 * d_kv) + 3 * shape.intermediate) * b,
+        "activations": t * shape.activation_bytes_per_token,
     }
     if method == "output_attentions":
         parts["attention_weights"] = shape.n_layers * shape.n_heads * t * t * b
         parts["softmax_in_flight"] = shape.n_heads * t * t * 4
     else:
         parts["keys_float32"] = t * d_kv * 4
-        parts["row_block"] = 3 * shape.n_heads * min(block_size, n_tokens) * t * 4
+        # rows per block: at most block_size, fewer where the block would exceed its share of the activations
+        rows_budget = block_elements(shape, n_tokens) / max(t, 1.0)
+        parts["row_block"] = 2 * shape.n_heads * min(block_size, n_tokens, rows_budget) * t * 4
         parts["segment_onehot"] = t * n_segments * 4
         parts["residue_rows"] = n_row_segments * shape.n_heads * t * 4
     parts["total"] = sum(parts.values())

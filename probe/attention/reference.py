@@ -15,6 +15,7 @@ from transformers import PreTrainedModel
 from probe.attention.result import KEY_KINDS, SegmentAttention
 from probe.config import ProbeSection
 from probe.errors import HookError
+from probe.loading import input_device
 from probe.types import TokenizedPrompt
 
 
@@ -91,7 +92,8 @@ def reference_segment_attention(
     model.set_attn_implementation("eager")
     try:
         with torch.no_grad():
-            out = model(torch.tensor([list(tokenized.input_ids) + gen]), output_attentions=True, use_cache=False)
+            ids = torch.tensor([list(tokenized.input_ids) + gen], device=input_device(model))
+            out = model(ids, output_attentions=True, use_cache=False)
     finally:
         model.set_attn_implementation(previous)
     attentions = [a[0].double().cpu().numpy() for a in out.attentions]  # L x (H, T, T)

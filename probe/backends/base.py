@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Protocol
+from typing import TYPE_CHECKING, Iterator, Protocol
 
 from probe.config import GenerationSection
 from probe.types import Prompt
+
+if TYPE_CHECKING:
+    from probe.attention.result import SegmentAttention
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,7 @@ class Generation:
     error: str | None = None
     skip_reason: str | None = None
     output_ids: tuple[int, ...] | None = None  # local backends: generated token ids (for probe query "generated")
+    attention: "SegmentAttention | None" = None  # local backends asked to probe: the prompt's attention aggregates
 
 
 def build_messages(prompt: Prompt) -> list[dict[str, str]]:

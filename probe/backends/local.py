@@ -1,4 +1,11 @@
-"""The local backend: batched greedy generation with a transformers model (left padding, KV cache).
+"""The local backend: batched generation with a transformers model (left padding, KV cache), and the attention
+probe of each batch when asked.
+
+Probing rides on generation: for a query set inside the prompt (``question``, ``last``, ``segment:<i>``) the
+probe's aggregates are computed during ``generate``'s own prefill of the batch
+(:func:`probe.attention.probe_generation`), so a probed run does no extra forward pass. Query ``generated`` reads
+the answer, so it probes each batch once more after generation, prompt + answer in one left-padded forward pass
+(:func:`probe.attention.probe_batch`).
 
 Sampling (``temperature > 0``) draws from a torch generator state seeded per batch from the experiment's seed and
 the batch's prompt ids, so the same batch gives the same samples in every run, whatever ran before it.
@@ -13,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from probe.backends.base import Generation
-from probe.config import GenerationSection
+from probe.config import GenerationSection, ProbeSection
 from probe.loading import LoadedModel
 from probe.prompts.tokenize import tokenize_prompt
 from probe.types import Prompt, TokenizedPrompt
@@ -35,53 +42,79 @@ class LocalBackend:
     def tokenize(self, prompt: Prompt) -> TokenizedPrompt:
         return tokenize_prompt(prompt, self.loaded.tokenizer, self.loaded.card.use_chat_template)
 
-    def generate(self, prompts: list[Prompt], gen: GenerationSection) -> Iterator[tuple[Prompt, Generation]]:
-        """Yield each prompt's generation; prompts are batched by similar length to waste little padding."""
+    def generate(self, prompts: list[Prompt], gen: GenerationSection,
+                 probe: ProbeSection | None = None) -> Iterator[tuple[Prompt, Generation]]:
+        """Yield each prompt's generation; prompts are batched by similar length to waste little padding.
+
+        Args:
+            prompts: the prompts to run.
+            gen: decoding settings and batch size.
+            probe: probe options, or None for no probe. With options, each generated prompt's
+                :class:`Generation` carries its ``attention`` (a ``SegmentAttention``): computed during the batch's
+                prefill, or for query ``generated`` in one forward pass per batch after generation (None for an
+                empty answer, which that query cannot probe).
+        """
         import torch
+
+        from probe.attention import is_prompt_query, left_pad, probe_batch, probe_generation
 
         tok = self.loaded.tokenizer
         model = self.loaded.model
         window = self.loaded.card.context_window
-        items = [(p, self.tokenize(p).input_ids) for p in prompts]
-        runnable = []
-        for p, ids in items:
-            if len(ids) + gen.max_new_tokens > window:
-                yield p, Generation(None, False, prompt_tokens=len(ids), skip_reason=(
-                    f"prompt of {len(ids)} tokens + max_new_tokens {gen.max_new_tokens} exceeds the context window "
+        runnable: list[tuple[Prompt, TokenizedPrompt]] = []
+        for p in prompts:
+            tp = self.tokenize(p)
+            n = len(tp.input_ids)
+            if n + gen.max_new_tokens > window:
+                yield p, Generation(None, False, prompt_tokens=n, skip_reason=(
+                    f"prompt of {n} tokens + max_new_tokens {gen.max_new_tokens} exceeds the context window "
                     f"of {window} tokens"))
             else:
-                runnable.append((p, ids))
-        runnable.sort(key=lambda x: len(x[1]))
+                runnable.append((p, tp))
+        runnable.sort(key=lambda x: len(x[1].input_ids))
         eos = _eos_ids(model, tok)
         pad = tok.pad_token_id
         device = self.loaded.device  # the input embedding's (a dispatched model's first weights may be on `meta`)
+        ride_along = probe is not None and is_prompt_query(probe)
         for b in range(0, len(runnable), gen.batch_size):
             batch = runnable[b : b + gen.batch_size]
-            width = max(len(ids) for _, ids in batch)
-            input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
-            mask = torch.zeros((len(batch), width), dtype=torch.long)
-            for i, (_, ids) in enumerate(batch):
-                input_ids[i, width - len(ids) :] = torch.tensor(ids)
-                mask[i, width - len(ids) :] = 1
+            prompts_tok = [tp for _, tp in batch]
+            input_ids, mask, pads = left_pad([tp.input_ids for tp in prompts_tok], pad)
+            width = input_ids.shape[1]
             kwargs: dict[str, Any] = {"max_new_tokens": gen.max_new_tokens, "pad_token_id": pad}
             if gen.temperature > 0:
                 kwargs.update(do_sample=True, temperature=gen.temperature, top_p=gen.top_p)
             else:
                 kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+            inputs = {"input_ids": input_ids.to(device), "attention_mask": mask.to(device)}
+            attention: list[Any] = [None] * len(batch)
             sampling = gen.temperature > 0
             with torch.inference_mode(), (torch.random.fork_rng(devices=_cuda_devices(device)) if sampling
                                           else contextlib.nullcontext()):
                 if sampling:
                     torch.manual_seed(sample_seed(self.seed, [p.prompt_id for p, _ in batch]))
-                out = model.generate(input_ids=input_ids.to(device), attention_mask=mask.to(device), **kwargs)
-            for i, (p, ids) in enumerate(batch):
+                if ride_along:
+                    with probe_generation(model, prompts_tok, pads, probe) as capture:
+                        out = model.generate(**inputs, **kwargs)
+                    attention = list(capture.results())
+                else:
+                    out = model.generate(**inputs, **kwargs)
+            answers: list[tuple[list[int], bool]] = []
+            for i in range(len(batch)):
                 new = out[i, width:].tolist()
                 cut = next((j for j, t in enumerate(new) if t in eos), None)
                 truncated = cut is None and len(new) >= gen.max_new_tokens
-                kept = new if cut is None else new[:cut]
+                answers.append((new if cut is None else new[:cut], truncated))
+            if probe is not None and not ride_along:  # query "generated": prompt + answer, one forward per batch
+                rows = [i for i, (kept, _) in enumerate(answers) if kept]
+                if rows:
+                    results = probe_batch(model, [prompts_tok[i] for i in rows], probe, [answers[i][0] for i in rows])
+                    for i, r in zip(rows, results):
+                        attention[i] = r
+            for (p, tp), (kept, truncated), att in zip(batch, answers, attention):
                 text = tok.decode(kept, skip_special_tokens=True)
-                yield p, Generation(text, truncated, prompt_tokens=len(ids), completion_tokens=len(kept),
-                                    output_ids=tuple(kept))
+                yield p, Generation(text, truncated, prompt_tokens=len(tp.input_ids), completion_tokens=len(kept),
+                                    output_ids=tuple(kept), attention=att)
 
 
 def sample_seed(seed: int, prompt_ids: list[str]) -> int:

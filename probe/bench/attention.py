@@ -10,6 +10,8 @@ sink / instruction / germane and extraneous segments alternating / question / si
 - ``lens``: a TransformerLens ``TransformerBridge`` ``run_with_cache`` of every ``hook_pattern``.
 
 The last two are skipped (with a note) when their L·H·T² attention would exceed ``full_attention_limit_gb``.
+:func:`run_probe_batch_bench` adds probed prompts per second at batch 1 and batched (:func:`probe_batch`, left
+padding) on prompts of a spread of lengths, with AR_k, and the largest difference between the two arms' results.
 Time is wall-clock seconds of one call; memory is the peak above the memory in use just before the call: on a
 GPU ``torch.cuda.max_memory_allocated``, on the CPU the process's resident set size sampled every 2 ms in a
 thread, with glibc told to return freed blocks to the system at once (``mallopt``/``malloc_trim``) so that
@@ -32,7 +34,7 @@ import psutil
 import torch
 from transformers import PreTrainedModel
 
-from probe.attention import probe_prompt
+from probe.attention import SegmentAttention, probe_batch, probe_prompt
 from probe.config import ProbeSection
 from probe.errors import ConfigError
 from probe.loading import input_device
@@ -154,7 +156,7 @@ def run_attention_bench(
     model_name: str = DEFAULT_MODEL,
     repeats: int = 1,
     full_attention_limit_gb: float = 8.0,
-    residue_max_tokens: int | None = -1,
+    residue_max_tokens: int | None = None,
     include_lens: bool = True,
 ) -> list[dict]:
     """Time and peak memory of a plain forward, the engine (with and without AR_k), eager and TransformerLens.
@@ -166,13 +168,13 @@ def run_attention_bench(
         model_name: card name of the model to load when ``model`` is None (also the row label).
         repeats: rounds over the arms; each arm reports its fastest call.
         full_attention_limit_gb: skip eager / TransformerLens when L·H·T²·4 bytes exceeds this.
-        residue_max_tokens: skip ``engine_ar`` above this T (None: never skip; -1, the default: 4096 on the CPU,
-            where its O(T²) row computation takes many minutes beyond that, and never on a GPU).
+        residue_max_tokens: skip ``engine_ar`` above this T (None, the default: never skip).
         include_lens: measure the TransformerLens arm.
 
     Returns:
         One dict per T: ``n_tokens``, ``<arm>_s`` and ``<arm>_gb`` (None when skipped), ``notes``, and the
-        ratios ``engine_time_ratio``, ``engine_mem_ratio``, ``engine_ar_time_ratio`` (engine / plain).
+        ratios ``engine_time_ratio``, ``engine_mem_ratio``, ``engine_ar_time_ratio``, ``engine_ar_mem_ratio``
+        (engine / plain).
     """
     if model is None:
         from probe.loading import load_model
@@ -186,8 +188,6 @@ def run_attention_bench(
     bridge = None
     rows: list[dict] = []
     exact_rss = device.type == "cuda" or _return_freed_memory()
-    if residue_max_tokens == -1:
-        residue_max_tokens = None if device.type == "cuda" else 4096
     if lengths:  # warm-up: first-call costs (kernels, allocator) should not land on the first arm measured
         with torch.no_grad():
             base(input_ids=torch.tensor([bench_prompt(min(lengths), int(cfg.vocab_size)).input_ids], device=device),
@@ -240,6 +240,8 @@ def run_attention_bench(
         row["engine_time_ratio"] = row["engine_s"] / row["plain_s"]
         row["engine_mem_ratio"] = row["engine_gb"] / row["plain_gb"] if row["plain_gb"] else None
         row["engine_ar_time_ratio"] = row["engine_ar_s"] / row["plain_s"] if row["engine_ar_s"] is not None else None
+        row["engine_ar_mem_ratio"] = (row["engine_ar_gb"] / row["plain_gb"]
+                                      if row["engine_ar_gb"] is not None and row["plain_gb"] else None)
         rows.append(row)
     return rows
 
@@ -281,15 +283,88 @@ def format_attention_bench(rows: list[dict]) -> str:
     def cell(s: float | None, gb: float | None) -> str:
         return "skipped" if s is None else f"{s:7.2f}s {gb:6.2f}GB"
 
-    head = f"{'T':>6}  " + "  ".join(f"{a:>17}" for a in ARMS) + "   engine/plain time  mem   engine_ar/plain time"
+    def ratio(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:.2f}"
+
+    arms = [a for a in ARMS if any(r[f"{a}_s"] is not None for r in rows)] or list(ARMS)
+    head = (f"{'T':>6}  " + "  ".join(f"{a:>17}" for a in arms)
+            + "   engine/plain time  mem   engine_ar/plain time  mem")
     lines = [head, "-" * len(head)]
     for r in rows:
-        cells = "  ".join(f"{cell(r[f'{a}_s'], r[f'{a}_gb']):>17}" for a in ARMS)
-        mem = f"{r['engine_mem_ratio']:.2f}" if r["engine_mem_ratio"] is not None else "n/a"
-        ar = f"{r['engine_ar_time_ratio']:.2f}" if r["engine_ar_time_ratio"] is not None else "n/a"
-        lines.append(f"{r['n_tokens']:>6}  {cells}   {r['engine_time_ratio']:17.2f}  {mem:>4}   {ar:>20}")
+        cells = "  ".join(f"{cell(r[f'{a}_s'], r[f'{a}_gb']):>17}" for a in arms)
+        lines.append(f"{r['n_tokens']:>6}  {cells}   {r['engine_time_ratio']:17.2f}  {ratio(r['engine_mem_ratio']):>4}"
+                     f"   {ratio(r['engine_ar_time_ratio']):>20}  {ratio(r.get('engine_ar_mem_ratio')):>4}")
     notes = sorted({n for r in rows for n in r["notes"]})
     if rows:
         lines.append(f"model {rows[0]['model']} on {rows[0]['device']}; memory = peak above the level before the call")
     lines += [f"note: {n}" for n in notes]
     return "\n".join(lines)
+
+
+def run_probe_batch_bench(
+    model: torch.nn.Module,
+    model_name: str = DEFAULT_MODEL,
+    n_prompts: int = 16,
+    batch_size: int = 8,
+    lengths: tuple[int, int] = (200, 600),
+    repeats: int = 2,
+) -> dict:
+    """Probed prompts per second one at a time and ``batch_size`` at a time (AR_k on), measured side by side.
+
+    Args:
+        model: a loaded Hugging Face causal LM (eval mode).
+        model_name: the row label.
+        n_prompts: prompts probed per arm (lengths spread evenly over ``lengths``, as a run's prompts are).
+        batch_size: prompts per forward pass in the batched arm (sorted by length, as ``probe run`` batches them).
+        lengths: shortest and longest prompt in tokens.
+        repeats: rounds over the two arms (alternating which goes first); each keeps its fastest round.
+
+    Returns:
+        ``model``, ``n_prompts``, ``batch_size``, ``mean_tokens``, ``b1_s`` / ``batched_s`` (seconds per round),
+        ``b1_pps`` / ``batched_pps`` (prompts/s), ``speedup`` and ``max_abs_diff`` (largest difference of any stored
+        measure between the arms' results).
+    """
+    model.eval()
+    vocab = int(model.config.get_text_config().vocab_size)
+    sizes = np.linspace(lengths[0], lengths[1], n_prompts).round().astype(int)
+    prompts = [bench_prompt(int(n), vocab, seed=i) for i, n in enumerate(sizes)]
+    ordered = sorted(prompts, key=lambda tp: len(tp.input_ids))
+
+    def one_at_a_time() -> list[SegmentAttention]:
+        return [probe_prompt(model, tp) for tp in ordered]
+
+    def batched() -> list[SegmentAttention]:
+        out: list[SegmentAttention] = []
+        for i in range(0, len(ordered), batch_size):
+            out += probe_batch(model, ordered[i : i + batch_size])
+        return out
+
+    probe_batch(model, ordered[:2])  # warm-up
+    best = {"b1": float("inf"), "batched": float("inf")}
+    results: dict[str, list[SegmentAttention]] = {}
+    for r in range(repeats):
+        for arm, fn in ((("b1", one_at_a_time), ("batched", batched)) if r % 2 == 0
+                        else (("batched", batched), ("b1", one_at_a_time))):
+            t0 = time.perf_counter()
+            results[arm] = fn()
+            best[arm] = min(best[arm], time.perf_counter() - t0)
+    diff = 0.0
+    for a, b in zip(results["b1"], results["batched"]):
+        for name in ("seg_mass_segment", "p_ext", "chance", "ar_k"):
+            x, y = getattr(a, name), getattr(b, name)
+            diff = max(diff, float(np.nanmax(np.abs(x - y))))
+    return {"model": model_name, "n_prompts": n_prompts, "batch_size": batch_size,
+            "mean_tokens": float(np.mean(sizes)), "b1_s": best["b1"], "batched_s": best["batched"],
+            "b1_pps": n_prompts / best["b1"], "batched_pps": n_prompts / best["batched"],
+            "speedup": best["b1"] / best["batched"], "max_abs_diff": diff}
+
+
+def format_probe_batch_bench(row: dict) -> str:
+    """Plain text of :func:`run_probe_batch_bench`'s result."""
+    return "\n".join([
+        f"batched probing (AR_k on): {row['model']}, {row['n_prompts']} prompts (mean {row['mean_tokens']:.0f} tokens)",
+        f"  batch size 1 : {row['b1_pps']:6.2f} prompts/s  ({row['b1_s']:.1f} s)",
+        f"  batch size {row['batch_size']:<2d}: {row['batched_pps']:6.2f} prompts/s  ({row['batched_s']:.1f} s)",
+        f"  speed-up batched / batch-1: {row['speedup']:.2f}x   (largest difference between the arms: "
+        f"{row['max_abs_diff']:.1e})",
+    ])

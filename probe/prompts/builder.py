@@ -16,6 +16,12 @@ boundary to land within tolerance).
 
 For LongControl, ``achieved_load`` is the filler share filler / (germane + filler): the load it is length-matched
 to. Its extraneous load is 0.
+
+Speed: choosing the sentences takes many candidate prompts per built prompt. With a tokenizer that tokenizes
+newline-joined pieces independently (:class:`~probe.prompts.tokenize.PieceCounter`), a candidate's counts are
+sums of cached per-piece counts, so no candidate is tokenized whole; each built prompt still is, and its counts
+must equal the sums (else :class:`BuildError`). Other tokenizers tokenize every candidate, as the definition says.
+Either way the same sentences are chosen, so the prompts are the same byte for byte.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import numpy as np
 
 from probe.config import IceSection
 from probe.errors import ProbeError
-from probe.prompts.tokenize import filler_share, measured_load, tokenize_prompt
+from probe.prompts.tokenize import PieceCounter, filler_share, measured_load, tokenize_prompt
 from probe.runfolder import make_prompt_id
 from probe.tasks import CUSTOM_CONDITION, get_family, get_source
 from probe.types import Prompt, Segment, Task, TokenizedPrompt
@@ -153,6 +159,8 @@ class IceBuilder:
         id_tokenizer: the tokenizer named in every prompt id (``...|@<tokenizer>``, see
             :func:`probe.runfolder.make_prompt_id`) when an experiment builds prompts for several tokenizers; None
             (one tokenizer) leaves it out.
+        shared_candidates: a dict shared by the builders of an experiment's tokenizers: each distractor sequence
+            (drawn, and for stratified draws embedded, independently of the tokenizer) is drawn once for all.
     """
 
     ice: IceSection
@@ -165,13 +173,41 @@ class IceBuilder:
     s_sim: Callable[[str, list[str]], float | None] | None = None
     use_chat_template: bool = True
     id_tokenizer: str | None = None
+    shared_candidates: dict[tuple[str, int, int], list[str]] | None = None
+
+    def __post_init__(self) -> None:
+        self._counter = PieceCounter(self.tokenizer)
+        # the last prompt tokenized whole, by text and segments (LongControl re-reads its Saturation prompt)
+        self._last: tuple[tuple[str, tuple[Segment, ...]], TokenizedPrompt] | None = None
+        # Saturation and Residue of one (task, load, replication) share their extraneous pieces: chosen once
+        self._extraneous_memo: dict[tuple[str, int, int], list[Piece]] = {}
+        self._countable_memo: dict[str, bool] = {}
 
     @property
     def instruction(self) -> str:
         return self.ice.instruction or DEFAULT_INSTRUCTION
 
     def tokenize(self, prompt: Prompt) -> TokenizedPrompt:
-        return tokenize_prompt(prompt, self.tokenizer, self.use_chat_template)
+        key = (prompt.text, prompt.segments)
+        if self._last is not None and self._last[0] == key:
+            return self._last[1]
+        tp = tokenize_prompt(prompt, self.tokenizer, self.use_chat_template)
+        self._last = (key, tp)
+        return tp
+
+    def _countable(self, pieces: Sequence[Piece]) -> bool:
+        """Whether the token counts of a prompt with these body pieces are sums of per-piece counts."""
+        memo = self._countable_memo
+        for p in pieces:
+            ok = memo.get(p.text)
+            if ok is None:
+                ok = memo[p.text] = self._counter.countable(p.text)
+            if not ok:
+                return False
+        return True
+
+    def _count(self, pieces: Sequence[Piece]) -> int:
+        return sum(self._counter.count(p.text) for p in pieces)
 
     def build_all(self, tasks: Sequence[Task]) -> list[Prompt]:
         """Every prompt of the tasks, laid out as each task's source declares (:mod:`probe.tasks`).
@@ -233,6 +269,14 @@ class IceBuilder:
 
     def candidates(self, task: Task, load: int, rep: int) -> list[str]:
         """The seeded distractor sequence for (task, load, replication): the same for every model and condition."""
+        if self.shared_candidates is None:
+            return self._draw_candidates(task, load, rep)
+        key = (task.task_id, load, rep)
+        if key not in self.shared_candidates:
+            self.shared_candidates[key] = self._draw_candidates(task, load, rep)
+        return list(self.shared_candidates[key])
+
+    def _draw_candidates(self, task: Task, load: int, rep: int) -> list[str]:
         rng = draw_rng(self.seed, task.task_id, load, rep, "distractors")
         avoid = [task.question, *(h.fact for h in task.hops)]  # no distractor names an entity of the task
         if self.ice.distractor_strategy == "random":
@@ -307,14 +351,28 @@ class IceBuilder:
 
     def _extraneous(self, task: Task, load: int, rep: int) -> list[Piece]:
         """The extraneous pieces of (task, load, rep) for this tokenizer, hitting ℓ within tolerance."""
+        key = (task.task_id, load, rep)
+        if key not in self._extraneous_memo:
+            if len(self._extraneous_memo) > 64:  # a task's loads and replications are built together
+                self._extraneous_memo.clear()
+            self._extraneous_memo[key] = self._choose_extraneous(task, load, rep)
+        return list(self._extraneous_memo[key])
+
+    def _choose_extraneous(self, task: Task, load: int, rep: int) -> list[Piece]:
         germane = self._germane(task)
         target = load / 100.0
         tol = self.ice.load_tolerance / 100.0
 
+        fast = self._countable(germane)
+        g_fast = self._count(germane) if fast else 0
+
         def shortfall(ext: list[Piece]) -> int:
-            tp = self.tokenize(Prompt("draft", task.task_id, task.source, "Saturation", load, 0.0, rep,
-                                      *assemble(self.instruction, ext + germane, task.question)))
-            g, e = tp.count("germane"), tp.count("extraneous")
+            if fast and self._countable(ext):
+                g, e = g_fast, self._count(ext)
+            else:
+                tp = self.tokenize(Prompt("draft", task.task_id, task.source, "Saturation", load, 0.0, rep,
+                                          *assemble(self.instruction, ext + germane, task.question)))
+                g, e = tp.count("germane"), tp.count("extraneous")
             want = int(round(target * g / (1.0 - target)))
             # inside tolerance counts as "no shortfall"; outside, the signed distance to the target
             if abs((e / (e + g) if e + g else 0.0) - target) <= tol * 0.6:
@@ -337,7 +395,11 @@ class IceBuilder:
             body = ext + germane
         else:
             raise BuildError(f"condition {condition!r} is built by its own method")
-        prompt, _ = self._make(task, condition, load, rep, body, measured_load)
+        prompt, tp = self._make(task, condition, load, rep, body, measured_load)
+        if self._countable(body) and (tp.count("extraneous"), tp.count("germane")) != (self._count(ext),
+                                                                                         self._count(germane)):
+            raise BuildError(f"{prompt.prompt_id}: its token counts differ from the sums of its pieces' counts; the "
+                             f"tokenizer {self.tokenizer_name!r} does not tokenize pieces independently")
         if abs(prompt.achieved_load - load) > self.ice.load_tolerance:
             raise BuildError(f"{prompt.prompt_id}: achieved load {prompt.achieved_load:.1f} % is more than "
                              f"{self.ice.load_tolerance} points from the target {load} %")
@@ -351,15 +413,34 @@ class IceBuilder:
         sentences = self.filler(rng, _POOL_SIZE)
         place_seed = int(draw_rng(self.seed, task.task_id, load, rep, "filler-place").integers(2**63))
 
+        slots_of: dict[int, list[int]] = {}  # the placement depends only on the number of filler pieces
+
         def body_of(fill: list[Piece]) -> list[Piece]:
-            slots = place_uniform(len(fill), len(germane) + 1, np.random.default_rng(place_seed))
-            return interleave(germane, fill, slots)
+            if len(fill) not in slots_of:
+                slots_of[len(fill)] = place_uniform(len(fill), len(germane) + 1, np.random.default_rng(place_seed))
+            return interleave(germane, fill, slots_of[len(fill)])
+
+        def draft(body: list[Piece]) -> Prompt:
+            return Prompt("draft", task.task_id, task.source, "LongControl", load, 0.0, rep,
+                          *assemble(self.instruction, body, task.question))
+
+        fixed = None  # tokens outside the body pieces and their "\n" separators, when pieces count one by one
+        if self._countable(germane):
+            fixed = (len(self.tokenize(draft(germane)).input_ids) - self._count(germane)
+                     - (len(germane) - 1) * self._counter.count("\n"))
+
+        def length(body: list[Piece]) -> int:
+            if fixed is not None and self._countable(body):
+                return fixed + self._count(body) + (len(body) - 1) * self._counter.count("\n")
+            return len(self.tokenize(draft(body)).input_ids)
 
         def shortfall(fill: list[Piece]) -> int:
-            tp = self.tokenize(Prompt("draft", task.task_id, task.source, "LongControl", load, 0.0, rep,
-                                      *assemble(self.instruction, body_of(fill), task.question)))
-            return target_len - len(tp.input_ids)
+            return target_len - length(body_of(fill))
 
         fill = self._fill(sentences, "filler", "f", shortfall, exact=True)
-        prompt, _ = self._make(task, "LongControl", load, rep, body_of(fill), filler_share)
+        body = body_of(fill)
+        prompt, tp = self._make(task, "LongControl", load, rep, body, filler_share)
+        if fixed is not None and self._countable(body) and len(tp.input_ids) != length(body):
+            raise BuildError(f"{prompt.prompt_id}: its length differs from the sum of its pieces' counts; the "
+                             f"tokenizer {self.tokenizer_name!r} does not tokenize pieces independently")
         return prompt

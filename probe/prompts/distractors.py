@@ -11,6 +11,7 @@ from typing import Iterable
 
 import numpy as np
 
+from probe.rng import scalar_draws
 from probe.tasks.synthetic import TOPIC_TEMPLATES, NameDraw, draw_chain, render_facts
 
 
@@ -34,10 +35,11 @@ def distractor_facts(
         ``n`` fact sentences.
     """
     allowed = [t for t in TOPIC_TEMPLATES if t.name != exclude_topic]
-    names = NameDraw(rng, avoid)
     facts: list[str] = []
-    while len(facts) < n:
-        topic = allowed[int(rng.integers(len(allowed)))]
-        entities, extras = draw_chain(topic, names, rng)
-        facts += render_facts(topic, entities, extras, rng)
+    with scalar_draws(rng) as draws:  # numpy's draws, without numpy's cost per scalar call
+        names = NameDraw(draws, avoid)
+        while len(facts) < n:
+            topic = allowed[int(draws.integers(len(allowed)))]
+            entities, extras = draw_chain(topic, names, draws)
+            facts += render_facts(topic, entities, extras, draws)
     return facts[:n]
