@@ -63,6 +63,7 @@ class TrialRecord:
     completion_tokens: int | None = None
     meta: dict | None = None  # source-specific values (CogniLoad: d, N, rho)
     family: str = "ice"  # the task family that scored it and analyses it (probe.tasks): ice, cogniload
+    intervention: str | None = None  # the [[interventions]] entry the model ran under; None: the baseline
 
     @property
     def is_scored(self) -> bool:
@@ -86,8 +87,9 @@ _REQUIRED_TRIAL_FIELDS = tuple(f.name for f in fields(TrialRecord)
                                if f.default is MISSING and f.default_factory is MISSING)
 
 
-def make_trial_id(model: str, prompt_id: str) -> str:
-    return f"{model}::{prompt_id}"
+def make_trial_id(model: str, prompt_id: str, intervention: str | None = None) -> str:
+    """The id of one trial: ``<model>::<prompt id>``, and ``::<intervention>`` for a trial under an intervention."""
+    return f"{model}::{prompt_id}" if intervention is None else f"{model}::{prompt_id}::{intervention}"
 
 
 def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:

@@ -218,9 +218,13 @@ class RunFolder:
         """The folder of one model's probe records."""
         return self.attention_root / record_stem(model)
 
-    def attention_record(self, model: str, prompt_id: str) -> Path:
-        """The probe record of (model, prompt id): ``attention/<model>/<stem>.npz``."""
-        return self.attention_dir(model) / f"{record_stem(prompt_id)}.npz"
+    def attention_record(self, model: str, prompt_id: str, intervention: str | None = None) -> Path:
+        """The probe record of (model, prompt id): ``attention/<model>/<stem>.npz``; under an intervention (the probe
+        then measures the intervened model) ``attention/<model>/intervention=<name>/<stem>.npz``."""
+        folder = self.attention_dir(model)
+        if intervention is not None:
+            folder = folder / f"intervention={record_stem(intervention)}"
+        return folder / f"{record_stem(prompt_id)}.npz"
 
     def show_page(self, model: str, prompt_id: str, layer: int | None = None, head: int | None = None) -> Path:
         """The page ``probe show`` writes for (model, prompt id[, layer][, head]) by default."""
