@@ -46,7 +46,10 @@ class ScalarDraws:
     """
 
     def __init__(self, rng: np.random.Generator, chunk: int = 1024) -> None:
-        self._bg = rng.bit_generator
+        bg = rng.bit_generator
+        if not isinstance(bg, np.random.PCG64):
+            raise TypeError(f"ScalarDraws emulates PCG64 only, got {type(bg).__name__}; use scalar_draws(rng)")
+        self._bg: np.random.PCG64 = bg
         self._start = self._bg.state
         self._has32 = int(self._start["has_uint32"])
         self._u32 = int(self._start["uinteger"])
@@ -109,9 +112,7 @@ class ScalarDraws:
         """Put the generator where the same draws on it would have left it."""
         self._bg.state = self._start
         self._bg.advance(self._used)  # also clears the 32-bit buffer, set below
-        state = self._bg.state
-        state["has_uint32"], state["uinteger"] = self._has32, self._u32
-        self._bg.state = state
+        self._bg.state = {**self._bg.state, "has_uint32": self._has32, "uinteger": self._u32}
 
 
 @contextmanager
@@ -122,7 +123,7 @@ def scalar_draws(rng: np.random.Generator) -> Iterator[ScalarRng]:
     Do not draw from ``rng`` directly inside the block.
     """
     if type(rng.bit_generator) is not np.random.PCG64:
-        yield rng  # type: ignore[misc]
+        yield rng
         return
     draws = ScalarDraws(rng)
     try:

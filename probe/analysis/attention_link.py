@@ -49,7 +49,7 @@ import pandas as pd
 import statsmodels.api as sm
 
 from probe.analysis import inference as inf
-from probe.analysis.estimates import finite
+from probe.analysis.estimates import finite, key_int
 from probe.analysis.glm import exp_or_none, fit_logit
 from probe.runfolder import RunFolder
 
@@ -390,7 +390,7 @@ def summarise_attention(
                 warnings.simplefilter("ignore", RuntimeWarning)
                 arrays[ar_key] = np.nanmean(mat, axis=0).astype(np.float32)  # (layer, target)
         cells.append(AttentionCell(
-            model=str(model), condition=str(cond), load=int(load), n_prompts=len(recs),
+            model=str(model), condition=str(cond), load=key_int(load), n_prompts=len(recs),
             n_layers=int(p_ext.shape[0]), n_heads=int(p_ext.shape[1]),
             p_ext_mean=finite(np.nanmean(p_ext)) if np.isfinite(p_ext).any() else None,
             enrichment_mean=finite(np.nanmean(enrichment)) if np.isfinite(enrichment).any() else None,

@@ -327,15 +327,18 @@ def _to_data(model: str, trials: list[TrialRecord]) -> _Data:
     for t in trials:
         meta = t.meta or {}
         try:
-            d, n, rho = float(meta["d"]), float(meta["N"]), float(meta["rho"])
+            d_t, n_t, rho_t = float(meta["d"]), float(meta["N"]), float(meta["rho"])
         except (KeyError, TypeError, ValueError):
             raise CogniloadAnalysisError(
                 f"trial {t.trial_id} (model {model}): meta {meta!r} needs numeric 'd', 'N' and 'rho'; "
                 "CogniLoad trials must carry the task's meta"
             ) from None
-        if n <= 0:
-            raise CogniloadAnalysisError(f"trial {t.trial_id}: meta N={n} must be positive")
-        rows.append((float(t.em), d, n, rho, t.task_id))  # type: ignore[arg-type]  # is_scored: em not None
+        if n_t <= 0:
+            raise CogniloadAnalysisError(f"trial {t.trial_id}: meta N={n_t} must be positive")
+        if t.em is None:
+            raise CogniloadAnalysisError(f"trial {t.trial_id} (model {model}) has no score; only scored trials "
+                                         "enter the CogniLoad fit")
+        rows.append((float(t.em), d_t, n_t, rho_t, t.task_id))
     ids = {tid: i for i, tid in enumerate(sorted({r[4] for r in rows}))}
     y, d, n, rho = (np.array([r[j] for r in rows], dtype=float) for j in range(4))
     return _Data(y=y, d=d, n_stmt=n, rho=rho, cluster=np.array([ids[r[4]] for r in rows]))

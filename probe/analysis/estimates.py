@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Hashable
 
 import numpy as np
 import pandas as pd
@@ -31,6 +32,20 @@ def finite(x: float | np.floating | None) -> float | None:
         return None
     x = float(x)
     return x if math.isfinite(x) else None
+
+
+def key_int(key: Hashable) -> int:
+    """An integer-valued pandas group key (a load or level) as an int.
+
+    pandas types group keys as ``Hashable``; the trial table's ``load`` column holds int (or, after a NaN,
+    float) values.
+
+    Raises:
+        TypeError: the key is not a number.
+    """
+    if not isinstance(key, (int, float, np.integer, np.floating)):
+        raise TypeError(f"group key {key!r} ({type(key).__name__}) is not a number")
+    return int(key)
 
 
 @dataclass(frozen=True)
@@ -154,20 +169,18 @@ def cell_summaries(df: pd.DataFrame, alpha: float = 0.05, level: bool = False) -
     """
     out: list[Cell] = []
     order = {c: i for i, c in enumerate(CONDITIONS)}
-    keys = sorted(
-        df.groupby(["model", "condition", "load"]).groups,
-        key=lambda k: (str(k[0]), order.get(k[1], 99), str(k[1]), int(k[2])),
-    )
-    for model, condition, load in keys:
-        g = df[(df["model"] == model) & (df["condition"] == condition) & (df["load"] == load)]
+    groups = {(str(model), str(condition), key_int(load)): g
+              for (model, condition, load), g in df.groupby(["model", "condition", "load"])}
+    for model, condition, load in sorted(groups, key=lambda k: (k[0], order.get(k[1], 99), k[1], k[2])):
+        g = groups[(model, condition, load)]
         scored = g[g["is_scored"]]
         est = em_interval(scored["em"].to_numpy(), scored["task_id"].to_numpy(), alpha)
         clean = scored[~scored["truncated"] & ~scored["uninterpretable"]]
         hop = scored["hop_recall"].dropna()
         ssim = g["s_sim"].dropna()
         out.append(Cell(
-            model=str(model), condition=str(condition), load=None if level else int(load),
-            level=int(load) if level else None, n_trials=int(len(g)), n=est.n,
+            model=model, condition=condition, load=None if level else load,
+            level=load if level else None, n_trials=int(len(g)), n=est.n,
             n_skipped=int(g["skipped"].sum()), n_error=int((g["error"].notna() & ~g["skipped"]).sum()),
             n_clusters=est.n_clusters, em_mean=est.mean, em_sem=est.sem, em_se=est.se,
             em_ci_low=est.ci_low, em_ci_high=est.ci_high, em_design_effect=est.design_effect,

@@ -56,7 +56,7 @@ import logging
 import re
 import tomllib
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -406,17 +406,16 @@ def load_external_trials(
         seen[trial_id] += 1
         if seen[trial_id] > 1:
             trial_id = f"{trial_id}#{seen[trial_id]}"
-        base = dict(trial_id=trial_id, model=model, prompt_id=prompt_id, task_id=task_id, source=path.name,
-                    condition=condition, load=load, achieved_load=float(load), replication=replication,
-                    prompt_tokens=0, gold=gold, hop_recall=None, meta=meta)
+        base = TrialRecord(trial_id=trial_id, model=model, prompt_id=prompt_id, task_id=task_id, source=path.name,
+                           condition=condition, load=load, achieved_load=float(load), replication=replication,
+                           prompt_tokens=0, output=output, answer=None, gold=gold, em=None, hop_recall=None,
+                           truncated=False, uninterpretable=False, meta=meta)
         if output is None or not output.strip():
-            trials.append(TrialRecord(**base, output=output, answer=None, em=None, truncated=False,
-                                      uninterpretable=False, skipped=True, skip_reason="no output in the file"))
+            trials.append(replace(base, skipped=True, skip_reason="no output in the file"))
             continue
         if error_re.search(output):
             first = output.strip().splitlines()[0]
-            trials.append(TrialRecord(**base, output=output, answer=None, em=None, truncated=False,
-                                      uninterpretable=False, error=first[:300]))
+            trials.append(replace(base, error=first[:300]))
             continue
         n_tokens: int | None = None
         if "completion_tokens" in full:
@@ -431,9 +430,8 @@ def load_external_trials(
             truncated = not has_final_answer(output) and ends_mid_sentence(output)
         task = Task(task_id=task_id, source=path.name, question=str(question or ""), gold=gold, hops=())
         score = score_output(output, task, truncated)
-        trials.append(TrialRecord(**base, output=output, answer=score.answer, em=float(score.em),
-                                  truncated=score.truncated,
-                                  uninterpretable=score.uninterpretable, completion_tokens=n_tokens))
+        trials.append(replace(base, answer=score.answer, em=float(score.em), truncated=score.truncated,
+                              uninterpretable=score.uninterpretable, completion_tokens=n_tokens))
     dups = sum(v - 1 for v in seen.values() if v > 1)
     summary = ImportSummary(
         file=str(path), sha256=hashlib.sha256(path.read_bytes()).hexdigest(), n_rows=len(rows), mapping=full,

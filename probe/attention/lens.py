@@ -16,7 +16,7 @@ at a time rather than all of them.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import torch
 
@@ -30,9 +30,34 @@ from probe.types import TokenizedPrompt
 
 _PATTERN = "blocks.{layer}.attn.hook_pattern"
 
+_Hook = Callable[[torch.Tensor, object], None]
+
+
+class _LensConfig(Protocol):
+    @property
+    def n_layers(self) -> int: ...
+
+    @property
+    def device(self) -> torch.device | str | None: ...
+
+
+class LensModel(Protocol):
+    """What :func:`probe_transformer_lens` uses of a TransformerLens model (``TransformerBridge`` or
+    ``HookedTransformer``): its config, its hook points by name, and a forward pass with hooks."""
+
+    @property
+    def cfg(self) -> _LensConfig: ...
+
+    @property
+    def hook_dict(self) -> Mapping[str, object]: ...
+
+    def run_with_hooks(self, input: torch.Tensor,
+                       fwd_hooks: list[tuple[str | Callable[..., Any], Callable[..., Any]]] = ...,
+                       *, return_type: str | None = ...) -> object: ...
+
 
 def probe_transformer_lens(
-    tl_model: torch.nn.Module,
+    tl_model: LensModel,
     tokenized: TokenizedPrompt,
     options: ProbeSection | None = None,
     generated_ids: Sequence[int] | None = None,
@@ -69,7 +94,7 @@ def probe_transformer_lens(
     layers: dict[int, LayerAggregates] = {}
     tensors: dict[torch.device, PlanTensors] = {}
 
-    def make_hook(layer: int):  # noqa: ANN202 - TransformerLens hook signature
+    def make_hook(layer: int) -> _Hook:
         def hook(pattern: torch.Tensor, hook: object) -> None:
             calls[layer] += 1
             if calls[layer] > 1:

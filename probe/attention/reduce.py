@@ -28,6 +28,7 @@ import torch
 
 from probe.attention.plan import ProbePlan
 from probe.attention.result import KEY_KINDS, SegmentAttention
+from probe.errors import HookError
 
 # Bytes of float32 scratch one block of rows holds per (head, row, key): the scores and their softmax.
 SCRATCH_COPIES = 2
@@ -347,7 +348,11 @@ def assemble_result(plan: ProbePlan, layers: list[LayerAggregates]) -> SegmentAt
     chance = np.array([a.chance for a in layers], dtype=np.float64)
     ar = None
     if plan.compute_residue:
-        ar = np.stack([a.ar_k for a in layers]).astype(np.float32)  # (L, H, n_targets)
+        residues = [a.ar_k for a in layers if a.ar_k is not None]
+        if len(residues) != len(layers):
+            raise HookError(f"{len(layers) - len(residues)} of {len(layers)} layers reported no attention residue "
+                            "although the probe plan computes it")
+        ar = np.stack(residues).astype(np.float32)  # (L, H, n_targets)
     o = plan.options
     return SegmentAttention(
         seg_mass=by_kind.astype(np.float32),

@@ -145,7 +145,8 @@ class SegmentAttention:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
             with os.fdopen(fd, "wb") as fh:
-                np.savez_compressed(fh, **arrays)
+                # numpy's stub types **kwds so that a str-keyed dict could reach allow_pickle: bool
+                np.savez_compressed(fh, **arrays)  # type: ignore[arg-type]
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, TypedDict, TypeVar
 
 import numpy as np
 import torch
@@ -38,7 +39,11 @@ from probe.bench.attention import bench_prompt, format_attention_bench, run_atte
 from probe.config import ProbeSection
 from probe.errors import ProbeError
 
+if TYPE_CHECKING:
+    from transformers import LlamaForCausalLM, PreTrainedModel
+
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 F32_TOL = 1e-4
 BF16_TOL = 2e-2
@@ -114,15 +119,30 @@ TINY_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "gpt2")
 CPU_ARCHS = ("llama", "gemma2", "gemma3")  # the CPU mode's subset (test_attention covers every one on the CPU)
 
 
-def tiny_model(arch: str, init_range: float, seed: int = 0) -> torch.nn.Module:
+class _TinyShape(TypedDict):
+    """The config fields every tiny architecture but GPT-2 shares."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    max_position_embeddings: int
+    initializer_range: float
+
+
+def tiny_model(arch: str, init_range: float, seed: int = 0) -> PreTrainedModel:
     """A 2-layer random-weight model of ``arch`` (vocabulary 128, 4 heads over 2 key/value heads, windows of 16)."""
     from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, GPT2Config,
                               GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
                               Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
-    small = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, max_position_embeddings=256, initializer_range=init_range)
+    small = _TinyShape(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                       initializer_range=init_range)
     torch.manual_seed(seed)
+    m: PreTrainedModel
     if arch == "llama":
         m = LlamaForCausalLM(LlamaConfig(**small))
     elif arch == "mistral":
@@ -146,7 +166,7 @@ def tiny_model(arch: str, init_range: float, seed: int = 0) -> torch.nn.Module:
     return m.eval()
 
 
-def llama3_8b_shaped(device: torch.device, tiny: bool) -> torch.nn.Module:
+def llama3_8b_shaped(device: torch.device, tiny: bool) -> LlamaForCausalLM:
     """A random-weight Llama with Llama-3-8B's shape in bfloat16 on ``device`` (``tiny``: a 2-layer stand-in)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -156,7 +176,7 @@ def llama3_8b_shaped(device: torch.device, tiny: bool) -> torch.nn.Module:
     else:
         cfg = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                           num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=max(GPU_LENGTHS) + 64,
-                          rope_theta=500000.0, rms_norm_eps=1e-5)
+                          rope_parameters={"rope_type": "default", "rope_theta": 500000.0}, rms_norm_eps=1e-5)
     torch.manual_seed(0)
     with torch.device(device):
         model = LlamaForCausalLM._from_config(cfg, dtype=torch.bfloat16)
@@ -177,7 +197,8 @@ def check_exactness(device: torch.device, archs: tuple[str, ...] = TINY_ARCHS) -
     rows = []
     for dtype, init, tol in ((torch.float32, 0.5, F32_TOL), (torch.bfloat16, 0.2, BF16_TOL)):
         for arch in archs:
-            model = tiny_model(arch, init).to(device=device, dtype=dtype)
+            # transformers decorates PreTrainedModel.to with functools.wraps(Module.to), whose stub drops the bound self
+            model = tiny_model(arch, init).to(device=device, dtype=dtype)  # type: ignore[call-arg]
             prompts = [bench_prompt(n, 128, n_pairs=3, seed=s) for s, n in enumerate((96, 70, 83))]
             worst, worst_chance = 0.0, 0.0
             options = ProbeSection(block_size=16)
@@ -193,7 +214,7 @@ def check_exactness(device: torch.device, archs: tuple[str, ...] = TINY_ARCHS) -
     return rows
 
 
-def check_generation(model: torch.nn.Module, tiny: bool) -> GenerationRow:
+def check_generation(model: LlamaForCausalLM, tiny: bool) -> GenerationRow:
     """Eight left-padded prompts (four when ``tiny``): generate, generate with the probe on the prefill,
     probe_batch; compare."""
     device = next(model.parameters()).device
@@ -206,7 +227,7 @@ def check_generation(model: torch.nn.Module, tiny: bool) -> GenerationRow:
     kwargs = dict(max_new_tokens=n_new, do_sample=False, temperature=None, top_p=None, top_k=None, pad_token_id=0,
                   eos_token_id=None)
 
-    def timed(fn):  # noqa: ANN001, ANN202 - a local timing helper
+    def timed(fn: Callable[[], _T]) -> tuple[_T, float]:
         if device.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -219,7 +240,7 @@ def check_generation(model: torch.nn.Module, tiny: bool) -> GenerationRow:
     with torch.inference_mode():
         plain, t_plain = timed(lambda: model.generate(input_ids=ids, attention_mask=mask, **kwargs))
 
-        def probed_generate():  # noqa: ANN202
+        def probed_generate() -> tuple[torch.Tensor, list[SegmentAttention]]:
             with probe_generation(model, prompts, pads, options) as capture:
                 out = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
             return out, capture.results()

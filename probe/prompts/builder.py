@@ -304,11 +304,13 @@ class IceBuilder:
         memo: dict[tuple[str, ...], int] = {}
         raw_need = need
 
-        def need(ps: list[Piece]) -> int:  # each distinct piece list is tokenized once
+        def memo_need(ps: list[Piece]) -> int:  # each distinct piece list is tokenized once
             key = tuple(p.text for p in ps)
             if key not in memo:
                 memo[key] = raw_need(ps)
             return memo[key]
+
+        need = memo_need
 
         pieces: list[Piece] = []
         spare: str | None = None  # the first sentence skipped for overshooting: cut to size if nothing fits

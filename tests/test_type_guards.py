@@ -1,0 +1,42 @@
+"""Checks that replaced silent assumptions when probe/ was brought under the static type check: each refuses,
+by name, what used to fail deep inside numpy or float()."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from probe.analysis.estimates import key_int
+from probe.attention import build_plan
+from probe.attention.reduce import LayerAggregates, assemble_result
+from probe.config import ProbeSection
+from probe.errors import HookError
+from probe.rng import ScalarDraws, scalar_draws
+from probe.types import Span, TokenizedPrompt
+
+
+def test_scalar_draws_take_pcg64_only() -> None:
+    with pytest.raises(TypeError, match="MT19937"):
+        ScalarDraws(np.random.Generator(np.random.MT19937(0)))
+    rng = np.random.Generator(np.random.MT19937(0))
+    with scalar_draws(rng) as draws:  # another bit generator passes through untouched
+        assert draws is rng
+
+
+def test_a_layer_without_its_residue_is_refused() -> None:
+    tp = TokenizedPrompt(input_ids=tuple(range(9)), spans=(Span("sink", 0, 1), Span("extraneous", 1, 4),
+                                                          Span("germane", 4, 6), Span("question", 6, 9)))
+    plan = build_plan(tp, ProbeSection())
+    assert plan.compute_residue and plan.ar_targets
+    n_heads, n_seg = 2, len(plan.segment_kinds)
+    full = LayerAggregates(np.full((n_heads, n_seg), 1 / n_seg), 0.5, np.zeros((n_heads, len(plan.ar_targets))))
+    assert assemble_result(plan, [full, full]).ar_k.shape == (2, n_heads, len(plan.ar_targets))
+    silent = LayerAggregates(full.seg_mass_segment, 0.5, None)
+    with pytest.raises(HookError, match="1 of 2 layers reported no attention residue"):
+        assemble_result(plan, [full, silent])
+
+
+def test_group_keys_become_ints_or_are_refused() -> None:
+    assert key_int(np.int64(20)) == 20 and key_int(80.0) == 80 and type(key_int(np.int64(3))) is int
+    with pytest.raises(TypeError, match="'20'"):
+        key_int("20")
