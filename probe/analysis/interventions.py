@@ -660,15 +660,19 @@ class ShareCoverageRow:
         n_questions: G.
         n_runs: simulated studies.
         true_share: the share the simulation plants.
-        coverage: share of studies whose interval (bounded or not) holds the true share.
-        bounded: share of studies with a bounded interval.
+        method: ``fieller`` (the analysis' interval) or ``delta`` (the delta-method interval R ± t·SE on t(G − 1),
+            SE = sd(num − R·den) / (√G·|mean den|), for comparison).
+        coverage: among the studies where the share is defined, the share whose interval (for Fieller: the
+            confidence set, bounded or not) holds the true share.
+        bounded: among those, the share with a bounded Fieller interval (the loss distinguishable from 0).
         coverage_bounded: coverage among the bounded intervals.
-        undefined: share of studies where the share was undefined (EM_Control ≤ EM_base).
+        undefined: share of all studies where the share was undefined (EM_Control ≤ EM_base).
     """
 
     n_questions: int
     n_runs: int
     true_share: float
+    method: str
     coverage: float
     bounded: float
     coverage_bounded: float | None
@@ -677,7 +681,8 @@ class ShareCoverageRow:
 
 def recovered_share_coverage(seed: int, n_questions: int, n_runs: int, replications: int = 2,
                              em_control: float = 0.8, em_base: float = 0.4, share: float = 0.5,
-                             kappa: float = 2.0, alpha: float = 0.05) -> ShareCoverageRow:
+                             kappa: float = 2.0, alpha: float = 0.05,
+                             method: Literal["fieller", "delta"] = "fieller") -> ShareCoverageRow:
     """Coverage of the recovered share's Fieller interval by seeded simulation.
 
     Data: question q has Control success probability c_q ~ Beta(μ_C κ, (1 − μ_C) κ), a loss under the distractors
@@ -695,6 +700,7 @@ def recovered_share_coverage(seed: int, n_questions: int, n_runs: int, replicati
         em_control, em_base, share: the planted means.
         kappa: Beta concentration (intra-question correlation 1 / (κ + 1)).
         alpha: 1 − confidence level.
+        method: ``fieller`` or ``delta`` (see :class:`ShareCoverageRow`).
 
     Returns:
         The :class:`ShareCoverageRow`.
@@ -713,13 +719,21 @@ def recovered_share_coverage(seed: int, n_questions: int, n_runs: int, replicati
             undefined += 1
             continue
         qa, qb, qc = fieller_quadratic(yi - yb, yc - yb, alpha)
-        hit = qa * share**2 + qb * share + qc <= 0  # the truth is in Fieller's set, bounded or not
+        if method == "delta":
+            z = (yi - yb) - r.estimate * (yc - yb)
+            half = float(scipy.stats.t.ppf(1 - alpha / 2, n_questions - 1)) * float(np.std(z, ddof=1)) / (
+                math.sqrt(n_questions) * abs(r.denominator or 0.0))
+            hit = abs(r.estimate - share) <= half
+        else:
+            hit = qa * share**2 + qb * share + qc <= 0  # the truth is in Fieller's set, bounded or not
         covered += hit
         if r.ci_low is not None:
             bounded += 1
             cov_b += hit
-    return ShareCoverageRow(n_questions=n_questions, n_runs=n_runs, true_share=share, coverage=covered / n_runs,
-                            bounded=bounded / n_runs, coverage_bounded=cov_b / bounded if bounded else None,
+    defined = n_runs - undefined
+    return ShareCoverageRow(n_questions=n_questions, n_runs=n_runs, true_share=share, method=method,
+                            coverage=covered / defined if defined else float("nan"),
+                            bounded=bounded / defined if defined else float("nan"), coverage_bounded=cov_b / bounded if bounded else None,
                             undefined=undefined / n_runs)
 
 
