@@ -84,9 +84,9 @@ def _per_question(a: np.ndarray, b: np.ndarray, g: np.ndarray) -> np.ndarray:
 
 def test_paired_difference_equals_the_per_question_t_interval_and_the_enumerated_sign_flip():
     rng = np.random.default_rng(1)
-    g = np.repeat(np.arange(10), 2)
-    b = (rng.random(20) < 0.4).astype(float)
-    a = np.maximum(b, (rng.random(20) < 0.5).astype(float))
+    g = np.repeat(np.arange(10), [1, 2, 3, 2, 1, 2, 3, 2, 1, 3])  # unbalanced: each question weighs the same
+    b = (rng.random(g.size) < 0.4).astype(float)
+    a = np.maximum(b, (rng.random(g.size) < 0.5).astype(float))
     d = paired_difference(a, b, g)
     dq = _per_question(a, b, g)
     assert d.delta == pytest.approx(dq.mean()) and d.em_a == pytest.approx(a.mean())
