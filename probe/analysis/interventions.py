@@ -733,12 +733,13 @@ def recovered_share_coverage(seed: int, n_questions: int, n_runs: int, replicati
     defined = n_runs - undefined
     return ShareCoverageRow(n_questions=n_questions, n_runs=n_runs, true_share=share, method=method,
                             coverage=covered / defined if defined else float("nan"),
-                            bounded=bounded / defined if defined else float("nan"), coverage_bounded=cov_b / bounded if bounded else None,
+                            bounded=bounded / defined if defined else float("nan"),
+                            coverage_bounded=cov_b / bounded if bounded else None,
                             undefined=undefined / n_runs)
 
 
 __all__ = ["Contrast", "HeadSelection", "INTERVENTIONS_FILE", "InterventionResult", "InterventionRow",
            "InterventionSpec", "InterventionsFileError", "METHODS", "PairedDifference", "RecoveredShare",
            "ShareCoverageRow", "Sweep", "SweepPoint", "analyze_interventions", "analyze_run_interventions",
-           "baseline_only", "fieller_interval", "fieller_quadratic", "load_interventions", "paired_difference", "recovered_share",
-           "recovered_share_coverage"]
+           "baseline_only", "fieller_interval", "fieller_quadratic", "load_interventions", "paired_difference",
+           "recovered_share", "recovered_share_coverage"]

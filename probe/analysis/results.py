@@ -328,5 +328,5 @@ def read_analysis(run_dir: str | Path | RunFolder, *, check_fresh: bool = True) 
 
 
 __all__ = ["Analysis", "AnalysisFileError", "AnalysisMissingError", "AnalysisSchemaError", "Inputs",
-           "READABLE_SCHEMAS", "SCHEMA_VERSION", "StaleAnalysisError", "from_json", "read_analysis", "to_json", "trials_sha256",
-           "write_analysis"]
+           "READABLE_SCHEMAS", "SCHEMA_VERSION", "StaleAnalysisError", "from_json", "read_analysis", "to_json",
+           "trials_sha256", "write_analysis"]
