@@ -26,7 +26,7 @@ from probe.analysis.interventions import (
 from probe.analysis.results import to_json
 from probe.config import AnalysisSection
 from probe.records import append_jsonl, load_trials, make_trial_id
-from probe.report import render_report
+from probe.report import compare_runs, render_report
 from probe.report.interventions import summary_lines
 from probe.report.tables import write_tables
 from probe.runfolder import RunFolder
@@ -251,3 +251,20 @@ def test_report_has_no_intervention_section_without_interventions(tmp_path):
     assert "Causal tests" not in html and "intervention_sweep" not in html
     written = {p.name for p in write_tables(read_analysis(d), d)}
     assert "interventions.csv" not in written
+
+
+def test_undeclared_interventions_are_estimated_against_baseline_but_never_claimed(tmp_path):
+    d = tmp_path / "undeclared"
+    make_run(d, PLAN)
+    add_interventions(d, SPECS[:2], P_OF)
+    (d / "interventions.json").unlink()
+    res = analyze_run(d, AnalysisSection(), seed=0, fill_similarity=False).interventions
+    assert res is not None and res.specs == () and {r.intervention for r in res.rows} == {"ko-ext", "ko-rand"}
+    assert all(r.keys is None for r in res.rows) and res.specific == () and not res.claims()
+    assert any("no entry in interventions.json" in n for n in res.notes)
+    assert "No causal effect shown" in " ".join(summary_lines(res))
+
+
+def test_compare_puts_the_causal_tests_of_runs_side_by_side(run, tmp_path):
+    page = compare_runs([run, run], tmp_path / "cmp").read_text()
+    assert "Causal tests: interventions" in page and "run: model-a" in page and "run#1: model-a" in page
