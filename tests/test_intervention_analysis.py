@@ -27,7 +27,7 @@ from probe.analysis.results import to_json
 from probe.config import AnalysisSection
 from probe.records import append_jsonl, load_trials, make_trial_id
 from probe.report import compare_runs, render_report
-from probe.report.interventions import summary_lines
+from probe.report.interventions import draw_sweep, summary_lines
 from probe.report.tables import write_tables
 from probe.runfolder import RunFolder
 from tests.fixtures.synthetic_run import Plan, make_run
@@ -238,6 +238,11 @@ def test_report_section_renders_the_table_the_curve_and_the_heads(run):
     assert "random control of top4" in html
     assert (run / "figures" / "intervention_sweep_model-a_Saturation_80_sweep.png").is_file()
     assert html.count('alt="intervention_sweep_') == 1
+    (sw,) = read_analysis(run).interventions.sweeps
+    fig = draw_sweep(sw)  # the curve plots each window's paired difference and share at its centre
+    assert list(fig.axes[0].lines[0].get_xdata()) == [0.5, 2.5]
+    assert list(fig.axes[0].lines[0].get_ydata()) == pytest.approx([p.diff.delta for p in sw.points])
+    assert list(fig.axes[1].lines[0].get_ydata()) == pytest.approx([p.recovered.estimate for p in sw.points])
     written = {p.name for p in write_tables(read_analysis(run), run)}
     assert {"interventions.csv", "intervention_contrasts.csv", "intervention_sweeps.csv"} <= written
     assert "## Causal tests: interventions" in (run / "analysis.md").read_text()

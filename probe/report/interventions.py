@@ -150,6 +150,7 @@ def draw_sweep(sweep: Sweep) -> Figure | None:
         ax.axhline(0, color="#999", lw=0.8)
         if label == "recovered share":
             ax.axhline(1, color="#999", lw=0.8, ls="--")
+        ax.set_xticks(x)
         ax.set_xlabel("layer-window centre")
         ax.set_ylabel(label)
     fig.suptitle(f"{short(sweep.model)} · {sweep.condition} {sweep.load} · {sweep.group}", fontsize=10)
@@ -162,7 +163,8 @@ def section_html(result: InterventionResult, ctx: ReportContext) -> str:
     parts = [f"<h2>Causal tests: interventions</h2>{summary}",
              "<h3>Recovery</h3>", table(RECOVERY_HEADER, [[esc(v) for v in r] for r in recovery_rows(result)],
                                         left=5, text=(9, 10)),
-             f'<p class="note">Paired by prompt, {esc(result.rows[0].diff.method) if result.rows else ""}. Recovered '
+             '<p class="note">Paired by prompt: the mean over questions of the per-question mean difference, '
+             "question-level sign-flip p, CR2 t interval (Bell–McCaffrey df). Recovered "
              "share = (EM_int − EM_base) / (EM_Control − EM_base), Fieller interval. q: Benjamini–Hochberg across "
              "the model's extraneous-vs-matched-random contrasts; a causal effect is claimed only where q &lt; "
              f"{result.alpha} and the contrast is positive.</p>"]
