@@ -71,7 +71,8 @@ def run(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("interventions") / "run"
     make_run(d, PLAN)
     add_interventions(d, SPECS, P_OF)
-    analyze_run(d, AnalysisSection(), seed=0, fill_similarity=False)
+    analysis = analyze_run(d, AnalysisSection(), seed=0, fill_similarity=False)
+    assert read_analysis(d) == analysis  # analysis.json reads back into the same typed intervention results
     return d
 
 
