@@ -1,4 +1,4 @@
-"""The analysis reproduces every value of the golden record ``tests/fixtures/analysis_golden.json`` (schema 3), written
+"""The analysis reproduces every value of the golden record ``tests/fixtures/analysis_golden.json`` (schema 4), written
 from the same fixture runs by ``python tests/fixtures/golden_runs.py``: a change of any number fails here until the
 record is regenerated on purpose (and its diff checked, see ``tests/fixtures/golden_runs.py``)."""
 

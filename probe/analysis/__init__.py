@@ -8,7 +8,9 @@ Entry points:
 - :func:`read_analysis`: ``analysis.json`` as it is on disk -> :class:`Analysis` (refuses a missing, stale or
   other-schema file, saying to run ``probe analyze``);
 - :func:`tabulate_run`: the cells of a run's trials without fits or files (the quick table of ``probe run``);
-- :func:`analyze_external`: trial records written by other tools, re-scored with the toolkit's scoring.
+- :func:`analyze_external`: trial records written by other tools, re-scored with the toolkit's scoring;
+- :func:`analyze_interventions`: the causal tests of trials run under interventions (``Analysis.interventions``;
+  every other estimate reads baseline trials only).
 
 Each task family's analysis registers itself (:mod:`probe.analysis.families`); the results of a family are
 ``Analysis.families[name]`` (:class:`probe.analysis.ice.IceResult`, :class:`probe.analysis.cogniload.CogniloadResult`).
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 from probe.analysis.external import ImportSummary, analyze_external, load_external_trials, parse_mapping
 from probe.analysis.families import FamilyAnalysis, FamilyData, FamilyOutput, family_analysis, register_family_analysis
+from probe.analysis.interventions import InterventionResult, analyze_interventions, load_interventions
 from probe.analysis.results import (
     SCHEMA_VERSION,
     Analysis,
@@ -41,12 +44,15 @@ __all__ = [
     "FamilyData",
     "FamilyOutput",
     "ImportSummary",
+    "InterventionResult",
     "SCHEMA_VERSION",
     "StaleAnalysisError",
     "analyze_external",
+    "analyze_interventions",
     "analyze_run",
     "family_analysis",
     "load_external_trials",
+    "load_interventions",
     "parse_mapping",
     "read_analysis",
     "register_family_analysis",

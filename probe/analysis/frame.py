@@ -8,7 +8,9 @@ Columns are the :class:`probe.records.TrialRecord` fields plus:
   shares of these trials.
 - ``s_sim``: the trial's S_sim, taken from the prompt record where the trial lacks it.
 
-``family`` (recorded on every trial, :mod:`probe.tasks`) says which family analysis a row belongs to.
+``family`` (recorded on every trial, :mod:`probe.tasks`) says which family analysis a row belongs to;
+``intervention`` (None for a baseline trial) which intervention the model ran under
+(:mod:`probe.analysis.interventions`; only baseline rows enter the families' estimates).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ log = logging.getLogger(__name__)
 _COLUMNS = [
     "trial_id", "model", "prompt_id", "task_id", "source", "condition", "load", "achieved_load", "replication",
     "prompt_tokens", "em", "hop_recall", "truncated", "uninterpretable", "skipped", "skip_reason", "error",
-    "s_sim", "completion_tokens", "family",
+    "s_sim", "completion_tokens", "family", "intervention",
 ]
 
 

@@ -24,6 +24,9 @@ with the instruction to re-run ``probe analyze``. Version history:
   gone); attention ↔ behaviour with per-layer and per-head tests and BH q-values (``p_holm`` -> ``q``;
   ``tracking_layers`` now from the per-layer OLS test); ``residue_attention`` (H3 in attention) added; CogniLoad
   terms carry ``df`` and fits ``se_method``.
+- 4: causal tests (issue 11): ``interventions`` (:class:`probe.analysis.interventions.InterventionResult`, null
+  for a run without interventions); every other estimate reads baseline trials only. A schema-3 file is read as
+  one without interventions.
 
 Freshness: an analysis records the sha256 of the ``trials.jsonl`` it read; :func:`read_analysis` refuses one whose
 trials have changed since (:class:`StaleAnalysisError`) unless asked not to check.
@@ -44,11 +47,13 @@ from typing import Any, Callable, Literal, Union
 import numpy as np
 
 from probe.analysis.external import ImportSummary
+from probe.analysis.interventions import InterventionResult
 from probe.config import AnalysisSection
 from probe.errors import ProbeError
 from probe.runfolder import RunFolder
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
+READABLE_SCHEMAS = (3, 4)  # a schema-3 file is a schema-4 one without interventions
 
 JsonValue = Union[None, bool, int, float, str, list["JsonValue"], dict[str, "JsonValue"]]
 
@@ -235,6 +240,8 @@ class Analysis:
         notes: what the analysis could not do or chose, in sentences.
         methods: method name -> one line on how it is estimated.
         imported: the import summary of a run folder made from another tool's file; None otherwise.
+        interventions: the causal tests (:mod:`probe.analysis.interventions`); None when no trial ran under an
+            intervention.
     """
 
     schema: int
@@ -254,6 +261,7 @@ class Analysis:
     notes: tuple[str, ...]
     methods: dict[str, str]
     imported: ImportSummary | None
+    interventions: InterventionResult | None
 
     def family(self, name: str) -> object | None:
         """The result of family ``name``, or None when the run has no trial of it."""
@@ -298,10 +306,12 @@ def read_analysis(run_dir: str | Path | RunFolder, *, check_fresh: bool = True) 
     except json.JSONDecodeError as e:
         raise AnalysisSchemaError(f"{path}: not valid JSON ({e}): {redo} again") from None
     found = data.get("schema") if isinstance(data, dict) else None
-    if found != SCHEMA_VERSION:
+    if found not in READABLE_SCHEMAS:
         written = "schema 1 (before versions)" if found is None else f"schema {found!r}"
         raise AnalysisSchemaError(f"{path}: written with analysis {written}; this version of ICE-Probe reads schema "
                                   f"{SCHEMA_VERSION}: {redo} again")
+    if found == 3:
+        data = {**data, "interventions": None}  # written before interventions existed: none
     try:
         analysis: Analysis = from_json(Analysis, data, str(path))
     except AnalysisSchemaError as e:
@@ -318,5 +328,5 @@ def read_analysis(run_dir: str | Path | RunFolder, *, check_fresh: bool = True) 
 
 
 __all__ = ["Analysis", "AnalysisFileError", "AnalysisMissingError", "AnalysisSchemaError", "Inputs",
-           "SCHEMA_VERSION", "StaleAnalysisError", "from_json", "read_analysis", "to_json", "trials_sha256",
-           "write_analysis"]
+           "READABLE_SCHEMAS", "SCHEMA_VERSION", "StaleAnalysisError", "from_json", "read_analysis", "to_json",
+           "trials_sha256", "write_analysis"]

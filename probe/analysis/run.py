@@ -9,6 +9,11 @@ result to ``Analysis.families[family]``. Writes into the run folder:
   of the trial file it came from;
 - ``attention_summary.npz``: arrays the family results name (per-cell mean attention), when there are any.
 
+**Interventions.** The families see the baseline trials only (intervention None,
+:func:`probe.analysis.interventions.baseline_only`): a trial run under an intervention never enters a cell, a
+hypothesis test or an attention estimate. The trials that carry an intervention, paired with the baseline trials of
+the same prompts, go to :func:`probe.analysis.interventions.analyze_interventions` (``Analysis.interventions``).
+
 Markdown and CSV tables are rendered from the analysis by :func:`probe.report.write_tables`.
 
 **Settings and seed.** The ``[analysis]`` gates and the seed of every random draw come from the run's
@@ -31,6 +36,8 @@ import numpy as np
 from probe.analysis.external import ImportSummary
 from probe.analysis.families import FamilyData, FamilyOutput, family_analysis, family_order
 from probe.analysis.frame import RunData, load_run_data
+from probe.analysis.interventions import METHODS as INTERVENTION_METHODS
+from probe.analysis.interventions import analyze_run_interventions, baseline_only
 from probe.analysis.results import SCHEMA_VERSION, Analysis, Inputs, from_json, trials_sha256, write_analysis
 from probe.config import AnalysisSection, load_config
 from probe.errors import ConfigError, ProbeError
@@ -117,14 +124,15 @@ def analyze_run(
     notes: list[str] = []
     if seed_source == "default":
         notes.append(f"no config.toml in the run folder: default analysis gates and seed {seed} used")
-    data = load_run_data(run)
-    df = data.frame
+    everything = load_run_data(run)
+    data = baseline_only(everything)
+    df = everything.frame
     sha = trials_sha256(run)
     families: dict[str, object] = {}
     arrays: dict[str, np.ndarray] = {}
     methods = dict(METHODS)
     n_records = 0
-    for name in family_order(set(df["family"])):
+    for name in family_order(set(data.frame["family"])):
         entry = family_analysis(name)
         out: FamilyOutput = entry.analyze(_family_data(run, data, name, settings, seed, fill_similarity))
         if not isinstance(out.result, entry.result_type):
@@ -143,6 +151,10 @@ def analyze_run(
         run.attention_summary.unlink(missing_ok=True)  # an earlier analysis' arrays would not match this one
     if run.has_attention() and n_records == 0:
         notes.append("attention/ holds no record matching a trial (model, prompt_id)")
+    interventions = analyze_run_interventions(run, everything, settings.alpha, seed)
+    if interventions is not None:
+        methods.update(INTERVENTION_METHODS)
+        notes += interventions.notes
     analysis = Analysis(
         schema=SCHEMA_VERSION,
         run_dir=str(run.root),
@@ -161,6 +173,7 @@ def analyze_run(
         notes=tuple(notes),
         methods=methods,
         imported=_import_summary(run),
+        interventions=interventions,
     )
     write_analysis(analysis, run)
     log.info("%s: analysis of %d trials, %d models, families %s written", run.root, len(df), len(analysis.models),
@@ -182,10 +195,11 @@ def tabulate_run(run_dir: str | Path | RunFolder, alpha: float | None = None) ->
     settings, seed, source = resolve_settings(run, None, None)
     if alpha is not None:
         settings = dataclasses.replace(settings, alpha=alpha)
-    data = load_run_data(run)
-    df = data.frame
+    everything = load_run_data(run)
+    data = baseline_only(everything)
+    df = everything.frame
     families = {name: family_analysis(name).tabulate(_family_data(run, data, name, settings, seed, False))
-                for name in family_order(set(df["family"]))}
+                for name in family_order(set(data.frame["family"]))}
     return Analysis(
         schema=SCHEMA_VERSION, run_dir=str(run.root), created=dt.datetime.now(dt.timezone.utc).isoformat(
             timespec="seconds"), inputs=Inputs(str(run.trials), trials_sha256(run), len(data.prompts)),
@@ -193,7 +207,7 @@ def tabulate_run(run_dir: str | Path | RunFolder, alpha: float | None = None) ->
         n_error=int(df["error"].notna().sum()), n_skipped=int(df["skipped"].sum()),
         n_trials_by_family={name: int((df["family"] == name).sum()) for name in families},
         models=tuple(sorted(df["model"].unique().tolist())), families=families, notes=(), methods={},
-        imported=_import_summary(run))
+        imported=_import_summary(run), interventions=None)
 
 
 def _import_summary(run: RunFolder) -> ImportSummary | None:

@@ -65,6 +65,8 @@ def render_report(run_dir: str | Path | RunFolder) -> Path:
     analysis = read_analysis(run)
     ctx = ReportContext(analysis.settings, load_attention_arrays(run), run.figures, str(run.attention_summary))
     sections = "".join(report_section(name).html(result, ctx) for name, result in analysis.families.items())
+    if analysis.interventions is not None:  # the causal tests (probe.report.interventions)
+        sections += report_section("interventions").html(analysis.interventions, ctx)
     notes = "".join(f"<li>{esc(n)}</li>" for n in analysis.notes)
     methods = "".join(f"<li><b>{esc(k)}</b>: {esc(v)}</li>" for k, v in analysis.methods.items())
     title = f"ICE-Probe report: {run.name}"

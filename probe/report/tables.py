@@ -86,6 +86,8 @@ def render_markdown(analysis: Analysis) -> str:
              "## EM per model × condition × load", "", md_table(MAIN_HEADER, rows), ""]
     for name, result in analysis.families.items():
         parts += report_section(name).markdown(result, analysis.settings)
+    if analysis.interventions is not None:
+        parts += report_section("interventions").markdown(analysis.interventions, analysis.settings)
     if analysis.notes:
         parts += ["## Notes", ""] + [f"- {n}" for n in analysis.notes] + [""]
     return "\n".join(parts)
@@ -104,7 +106,10 @@ def write_tables(analysis: Analysis, run_dir: str | Path | RunFolder) -> list[Pa
     run = run_dir if isinstance(run_dir, RunFolder) else RunFolder(run_dir)
     run.tables.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
-    for name, result in analysis.families.items():
+    parts: list[tuple[str, object]] = list(analysis.families.items())
+    if analysis.interventions is not None:
+        parts.append(("interventions", analysis.interventions))
+    for name, result in parts:
         for table, rows in report_section(name).tables(result):
             path = run.tables / f"{table}.csv"
             path.write_text(csv_text(rows), encoding="utf-8")

@@ -46,6 +46,8 @@ def main_table_text(analysis: Analysis) -> str:
         section = report_section(name)
         rows += [cell_row(c, mark) for c, mark in section.main_rows(result)]
         lines += section.main_lines(result, analysis.settings)
+    if analysis.interventions is not None:
+        lines += report_section("interventions").main_lines(analysis.interventions, analysis.settings)
     widths = [max(len(r[i]) for r in rows) for i in range(len(MAIN_HEADER))]
     out = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
     out.insert(1, "  ".join("-" * w for w in widths))

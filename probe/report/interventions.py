@@ -1,0 +1,254 @@
+"""The causal tests' part of the report: the recovery table, the layer-window curves and the heads used, drawn from
+``Analysis.interventions`` (:class:`probe.analysis.interventions.InterventionResult`; nothing is re-estimated).
+
+Registered as the report section ``interventions`` (:mod:`probe.report.sections`); the shared renderers call it
+when the analysis has interventions and leave it out otherwise. The summary states a causal effect only where the
+extraneous-key intervention beats its matched-random twin after Benjamini–Hochberg correction (``Contrast.claim``);
+everywhere else it says "no causal effect shown" with the interval.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from matplotlib.figure import Figure
+
+from probe import format as fmt
+from probe.analysis.estimates import Cell
+from probe.analysis.interventions import (
+    Contrast,
+    InterventionResult,
+    InterventionRow,
+    InterventionSpec,
+    PairedDifference,
+    Sweep,
+)
+from probe.config import AnalysisSection
+from probe.report.figures import file_stem, short
+from probe.report.html import esc, table
+from probe.report.sections import ReportContext, ReportSection, Rows, register_section
+from probe.report.tables import md_table, rows_of
+
+SECTION_NAME = "interventions"
+RECOVERY_HEADER = ["model", "condition", "load", "intervention", "keys", "n (questions)", "EM base → int",
+                   "paired diff [CI]", "p", "recovered share [CI]", "vs matched-random [CI]", "q"]
+
+
+def _diff(d: PairedDifference | None) -> str:
+    """``+0.250 [+0.10, +0.40]`` (or the estimate alone, or a dash)."""
+    if d is None or d.delta is None:
+        return fmt.DASH
+    if d.ci_low is None or d.ci_high is None:
+        return f"{d.delta:+.3f}"
+    return f"{d.delta:+.3f} [{d.ci_low:+.2f}, {d.ci_high:+.2f}]"
+
+
+def _share(row: InterventionRow) -> str:
+    r = row.recovered
+    if r.estimate is None:
+        return f"undefined: {r.reason}"
+    if r.ci_low is None or r.ci_high is None:
+        return f"{r.estimate:.2f} (no interval: {r.reason})"
+    return f"{r.estimate:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}]"
+
+
+def _specific_of(result: InterventionResult, row: InterventionRow) -> Contrast | None:
+    return next((c for c in result.specific if (c.model, c.family, c.condition, c.load, c.a)
+                 == (row.model, row.family, row.condition, row.load, row.intervention)), None)
+
+
+def recovery_rows(result: InterventionResult) -> list[list[str]]:
+    """The recovery table's rows (:data:`RECOVERY_HEADER`), as plain text."""
+    out = []
+    for row in result.rows:
+        d = row.diff
+        c = _specific_of(result, row)
+        em = (fmt.DASH if d.em_a is None or d.em_b is None else f"{d.em_b:.3f} → {d.em_a:.3f}")
+        vs = fmt.DASH if c is None else f"{_diff(c.test)} (vs {c.b})"
+        out.append([row.model, row.condition, str(row.load), row.intervention, row.keys or "undeclared",
+                    f"{d.n_prompts} ({d.n_questions})", em, _diff(d), fmt.p_value(d.p), _share(row), vs,
+                    fmt.DASH if c is None else fmt.p_value(c.q)])
+    return out
+
+
+def summary_lines(result: InterventionResult) -> list[str]:
+    """One sentence per specific contrast (claim or "no causal effect shown" with its interval), and the reason
+    when no contrast could be made."""
+    alpha = result.alpha
+    lines = []
+    for c in result.specific:
+        t = c.test
+        where = f"{c.model}, {c.condition} at load {c.load}"
+        ci = fmt.ci(t.ci_low, t.ci_high)
+        if c.claim and c.q is not None:
+            lines.append(f"{where}: {c.a} raises EM by {t.delta:+.3f} (95% CI {ci}) over its matched-random control "
+                         f"{c.b} (BH q = {c.q:.3g} < {alpha}): a causal effect of attention to the extraneous "
+                         "segments is shown.")
+        else:
+            why = (t.reason if t.p is None else
+                   f"q = {fmt.p_value(c.q)}" + ("" if c.q is not None and c.q < alpha else f" >= {alpha}")
+                   + ("" if t.delta is None or t.delta > 0 else ", and the contrast is not positive"))
+            est = fmt.DASH if t.delta is None else f"{t.delta:+.3f}"
+            lines.append(f"{where}: no causal effect shown: {c.a} vs its matched-random control {c.b}: "
+                         f"{est} (95% CI {ci}; {why}).")
+    if not result.specific:
+        lines.append("No causal effect shown: no extraneous-key intervention has a matched-random twin with trials, "
+                     "so no specific contrast was tested.")
+    return lines
+
+
+def _heads_text(spec: InterventionSpec | None) -> str:
+    if spec is None:
+        return "undeclared"
+    if spec.heads is None:
+        return f"all heads of layers {_layers(spec.layers)}"
+    return ", ".join(f"L{layer}.H{head}" for layer, head in spec.heads)
+
+
+def _layers(layers: tuple[int, ...]) -> str:
+    if layers and list(layers) == list(range(layers[0], layers[-1] + 1)):
+        return f"{layers[0]}–{layers[-1]}"
+    return ", ".join(map(str, layers))
+
+
+def heads_rows(result: InterventionResult) -> list[list[str]]:
+    """Top-k interventions, their random-heads controls and the heads each acts on."""
+    out = []
+    for s in result.specs:
+        if s.selection is None:
+            continue
+        role = f"random control of {s.selection.control_of}" if s.selection.control_of else "top-k by enrichment"
+        out.append([s.name, role, str(s.selection.k), s.selection.from_run or fmt.DASH, _heads_text(s)])
+    return out
+
+
+def heads_contrast_rows(result: InterventionResult) -> list[list[str]]:
+    """Top-k heads against their random heads, per cell."""
+    return [[c.model, c.condition, str(c.load), c.a, c.b, f"{c.test.n_prompts} ({c.test.n_questions})",
+             _diff(c.test), fmt.p_value(c.test.p)] for c in result.heads]
+
+
+def draw_sweep(sweep: Sweep) -> Figure | None:
+    """The layer-window curve of one sweep: paired difference (left) and recovered share (right) against the
+    window's centre layer, with 95% CI bars; None without points."""
+    if not sweep.points:
+        return None
+    fig = Figure(figsize=(9, 3.4), layout="constrained")
+    ax_d, ax_r = fig.subplots(1, 2)
+    x = [p.centre for p in sweep.points]
+    for ax, values, label in (
+            (ax_d, [(p.diff.delta, p.diff.ci_low, p.diff.ci_high) for p in sweep.points], "EM_int − EM_base"),
+            (ax_r, [(p.recovered.estimate, p.recovered.ci_low, p.recovered.ci_high) for p in sweep.points],
+             "recovered share")):
+        xs = [xi for xi, v in zip(x, values) if v[0] is not None]
+        ys = [v[0] for v in values if v[0] is not None]
+        ax.plot(xs, ys, "o-", color="#d95f02")
+        for xi, (y, lo, hi) in zip(x, values):
+            if y is not None and lo is not None and hi is not None:
+                ax.errorbar([xi], [y], yerr=[[y - lo], [hi - y]], color="#d95f02", capsize=3)
+        ax.axhline(0, color="#999", lw=0.8)
+        if label == "recovered share":
+            ax.axhline(1, color="#999", lw=0.8, ls="--")
+        ax.set_xticks(x)
+        ax.set_xlabel("layer-window centre")
+        ax.set_ylabel(label)
+    fig.suptitle(f"{short(sweep.model)} · {sweep.condition} {sweep.load} · {sweep.group}", fontsize=10)
+    return fig
+
+
+def section_html(result: InterventionResult, ctx: ReportContext) -> str:
+    """The causal tests' part of ``report.html``: summary, recovery table, layer-window curves, heads."""
+    summary = "".join(f"<p>{esc(s)}</p>" for s in summary_lines(result))
+    parts = [f"<h2>Causal tests: interventions</h2>{summary}",
+             "<h3>Recovery</h3>", table(RECOVERY_HEADER, [[esc(v) for v in r] for r in recovery_rows(result)],
+                                        left=5, text=(9, 10)),
+             '<p class="note">Paired by prompt: the mean over questions of the per-question mean difference, '
+             "question-level sign-flip p, CR2 t interval (Bell–McCaffrey df). Recovered "
+             "share = (EM_int − EM_base) / (EM_Control − EM_base), Fieller interval. q: Benjamini–Hochberg across "
+             "the model's extraneous-vs-matched-random contrasts; a causal effect is claimed only where q &lt; "
+             f"{result.alpha} and the contrast is positive.</p>"]
+    figures = [ctx.figure(f"intervention_sweep_{file_stem(f'{s.model}_{s.condition}_{s.load}_{s.group}')}",
+                          f"Layer-window sweep {s.group}: {s.model}, {s.condition} at load {s.load}; 95% CI bars",
+                          draw_sweep(s)) for s in result.sweeps]
+    if any(figures):
+        parts += ["<h3>Layer-window sweeps</h3>", *figures]
+    if result.heads or heads_rows(result):
+        parts += ["<h3>Heads</h3>",
+                  table(["intervention", "role", "k", "selected from", "heads"],
+                        [[esc(v) for v in r] for r in heads_rows(result)], left=2, text=(4,)),
+                  table(["model", "condition", "load", "top-k", "random", "n (questions)", "diff [CI]", "p"],
+                        [[esc(v) for v in r] for r in heads_contrast_rows(result)], left=5)]
+    if result.notes:
+        parts.append("<ul>" + "".join(f"<li>{esc(n)}</li>" for n in result.notes) + "</ul>")
+    return "".join(parts)
+
+
+def markdown(result: InterventionResult, settings: AnalysisSection) -> list[str]:
+    """The causal tests' part of ``analysis.md``."""
+    out = ["## Causal tests: interventions", "", *[f"- {s}" for s in summary_lines(result)], "",
+           md_table(RECOVERY_HEADER, recovery_rows(result)), ""]
+    if heads_rows(result):
+        out += [md_table(["intervention", "role", "k", "selected from", "heads"], heads_rows(result)), ""]
+    if result.heads:
+        out += [md_table(["model", "condition", "load", "top-k", "random", "n (questions)", "diff [CI]", "p"],
+                         heads_contrast_rows(result)), ""]
+    return out
+
+
+def tables(result: InterventionResult) -> list[tuple[str, Rows]]:
+    """``tables/interventions.csv`` (one row per intervention and cell), ``intervention_contrasts.csv`` (specific
+    and heads contrasts), ``intervention_sweeps.csv`` (one row per sweep point) and ``interventions_declared.csv``."""
+    specific = {(c.model, c.family, c.condition, c.load, c.a): c for c in result.specific}
+    rows: Rows = []
+    for r in result.rows:
+        c = specific.get((r.model, r.family, r.condition, r.load, r.intervention))
+        rows += rows_of([r], specific_vs=None if c is None else c.b,
+                        specific_delta=None if c is None else c.test.delta,
+                        specific_ci_low=None if c is None else c.test.ci_low,
+                        specific_ci_high=None if c is None else c.test.ci_high,
+                        specific_q=None if c is None else c.q, claim=None if c is None else c.claim)
+    sweeps: Rows = [row for s in result.sweeps
+                    for row in rows_of(s.points, model=s.model, family=s.family, condition=s.condition,
+                                       load=s.load, group=s.group)]
+    return [("interventions", rows), ("intervention_contrasts", rows_of([*result.specific, *result.heads])),
+            ("intervention_sweeps", sweeps), ("interventions_declared", rows_of(result.specs))]
+
+
+def main_rows(result: InterventionResult) -> list[tuple[Cell, str]]:
+    """No rows in the main EM table: its cells are the baseline trials'."""
+    return []
+
+
+def main_lines(result: InterventionResult, settings: AnalysisSection) -> list[str]:
+    """The causal claims (or "no causal effect shown") below the main table."""
+    return ["Interventions:", *[f"  {s}" for s in summary_lines(result)]]
+
+
+def merge(named: list[tuple[str, InterventionResult]]) -> InterventionResult:
+    """Several runs' intervention results as one, each model renamed ``<run>: <model>``."""
+    def rename(label: str, x: Any) -> Any:
+        return replace(x, model=f"{label}: {x.model}")
+
+    specs = {s.name: s for _, r in named for s in r.specs}
+    return InterventionResult(
+        specs=tuple(specs.values()),
+        rows=tuple(rename(lb, x) for lb, r in named for x in r.rows),
+        specific=tuple(rename(lb, x) for lb, r in named for x in r.specific),
+        heads=tuple(rename(lb, x) for lb, r in named for x in r.heads),
+        sweeps=tuple(rename(lb, x) for lb, r in named for x in r.sweeps),
+        alpha=named[0][1].alpha, notes=tuple(f"{lb}: {n}" for lb, r in named for n in r.notes))
+
+
+def compare_html(result: InterventionResult, ctx: ReportContext) -> str:
+    """The causal tests of several runs side by side (the same section, models named by run)."""
+    return section_html(result, ctx)
+
+
+SECTION = register_section(ReportSection(
+    family=SECTION_NAME, html=section_html, markdown=markdown, tables=tables, main_rows=main_rows,
+    main_lines=main_lines, merge=merge, compare_html=compare_html))
+
+
+__all__ = ["RECOVERY_HEADER", "SECTION", "draw_sweep", "heads_contrast_rows", "heads_rows", "recovery_rows",
+           "section_html", "summary_lines"]

@@ -1,0 +1,276 @@
+"""The analysis and report of interventions (issue 11), on synthetic run folders: estimates against direct
+computation and scipy/statsmodels, pairing by prompt, the recovered share and its undefined cases, the claim logic,
+the baseline-only rule for every other estimate, the report section and the coverage of the share's interval."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.stats
+from statsmodels.stats.multitest import multipletests
+
+from probe.analysis import analyze_run, read_analysis
+from probe.analysis.interventions import (
+    InterventionsFileError,
+    fieller_interval,
+    load_interventions,
+    paired_difference,
+    recovered_share,
+    recovered_share_coverage,
+)
+from probe.analysis.results import to_json
+from probe.config import AnalysisSection
+from probe.records import append_jsonl, load_trials, make_trial_id
+from probe.report import compare_runs, render_report
+from probe.report.interventions import draw_sweep, summary_lines
+from probe.report.tables import write_tables
+from probe.runfolder import RunFolder
+from tests.fixtures.synthetic_run import Plan, make_run
+
+
+def spec(name: str, keys: str, window: list[int] | None = None, group: str | None = None,
+         selection: dict | None = None, heads: object = "all") -> dict:
+    layers = list(range(4)) if window is None else list(range(window[0], window[1] + 1))
+    return dict(name=name, kind="knockout", alpha=None, keys=keys, queries="question+generated", layers=layers,
+                heads=heads, window=window, group=group or name, selection=selection)
+
+
+def add_interventions(run: Path, specs: list[dict], p_of: dict[str, float], seed: int = 0) -> None:
+    """Append one trial per (baseline non-Control trial, intervention) with EM ~ Bernoulli(p_of[name]), and write
+    ``interventions.json``."""
+    rng = np.random.default_rng(seed)
+    new = []
+    for t in load_trials(RunFolder(run).trials):
+        if t.intervention is not None or t.condition == "Control":
+            continue
+        for s in specs:
+            em = None if t.em is None else float(rng.random() < p_of[s["name"]])
+            new.append(dataclasses.replace(t, trial_id=make_trial_id(t.model, t.prompt_id, s["name"]),
+                                           intervention=s["name"], em=em))
+    append_jsonl(RunFolder(run).trials, (x.to_dict() for x in new))
+    (run / "interventions.json").write_text(json.dumps(specs))
+
+
+PLAN = Plan(n_tasks=12, loads=(80,), conditions=("Control", "Saturation"), p_control=0.8, beta_sat=-0.005, seed=3)
+SPECS = [spec("ko-ext", "extraneous"), spec("ko-rand", "matched-random"),
+         spec("w0", "extraneous", [0, 1], "sweep"), spec("w1", "extraneous", [2, 3], "sweep"),
+         spec("top4", "extraneous", selection={"from": "outputs/select", "k": 4, "control_of": None},
+              heads=[[1, 0], [1, 2], [2, 1], [3, 0]]),
+         spec("rand4", "extraneous", selection={"from": "outputs/select", "k": 4, "control_of": "top4"},
+              heads=[[0, 1], [2, 2], [3, 1], [0, 0]])]
+P_OF = {"ko-ext": 0.8, "ko-rand": 0.35, "w0": 0.7, "w1": 0.4, "top4": 0.7, "rand4": 0.4}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("interventions") / "run"
+    make_run(d, PLAN)
+    add_interventions(d, SPECS, P_OF)
+    analysis = analyze_run(d, AnalysisSection(), seed=0, fill_similarity=False)
+    assert read_analysis(d) == analysis  # analysis.json reads back into the same typed intervention results
+    return d
+
+
+# ------------------------------------------------------------------------------------------------- estimators
+
+
+def _per_question(a: np.ndarray, b: np.ndarray, g: np.ndarray) -> np.ndarray:
+    return np.array([np.mean(a[g == q] - b[g == q]) for q in np.unique(g)])
+
+
+def test_paired_difference_equals_the_per_question_t_interval_and_the_enumerated_sign_flip():
+    rng = np.random.default_rng(1)
+    g = np.repeat(np.arange(10), [1, 2, 3, 2, 1, 2, 3, 2, 1, 3])  # unbalanced: each question weighs the same
+    b = (rng.random(g.size) < 0.4).astype(float)
+    a = np.maximum(b, (rng.random(g.size) < 0.5).astype(float))
+    d = paired_difference(a, b, g)
+    dq = _per_question(a, b, g)
+    assert d.delta == pytest.approx(dq.mean()) and d.em_a == pytest.approx(a.mean())
+    ci = scipy.stats.ttest_1samp(dq, 0).confidence_interval(0.95)
+    assert (d.ci_low, d.ci_high) == pytest.approx((ci.low, ci.high)) and d.df == pytest.approx(9)
+    flips = np.array(list(itertools.product([-1, 1], repeat=10)))  # every sign assignment, by hand
+    stats = np.abs((flips * dq).mean(1))
+    assert d.p == pytest.approx(np.mean(stats >= abs(dq.mean()) - 1e-12)) and d.is_exact and d.is_test
+
+
+def test_paired_difference_below_the_minimum_questions_is_descriptive():
+    d = paired_difference(np.array([1.0, 1, 1, 0]), np.array([0.0, 0, 1, 0]), np.array(["a", "a", "b", "b"]))
+    assert d.delta == pytest.approx(0.5) and d.p is None and d.ci_low is None and not d.is_test
+    assert "fewer than the minimum" in (d.reason or "")
+
+
+def test_recovered_share_and_its_fieller_interval_match_direct_computation():
+    rng = np.random.default_rng(2)
+    c = rng.uniform(0.7, 1.0, 12)
+    b = c - rng.uniform(0.3, 0.6, 12)
+    i = b + 0.5 * (c - b) + rng.normal(0, 0.1, 12)
+    r = recovered_share(i, b, c)
+    assert r.estimate == pytest.approx((i - b).mean() / (c - b).mean())
+    assert r.ci_low is not None and r.ci_high is not None and r.ci_low < r.estimate < r.ci_high
+    # Fieller's set: the R whose t test of mean(num - R den) = 0 does not reject (scipy, on a fine grid)
+    grid = np.linspace(r.ci_low - 0.3, r.ci_high + 0.3, 2001)
+    inside = np.array([scipy.stats.ttest_1samp((i - b) - R * (c - b), 0).pvalue >= 0.05 for R in grid])
+    assert grid[inside].min() == pytest.approx(r.ci_low, abs=1e-3)
+    assert grid[inside].max() == pytest.approx(r.ci_high, abs=1e-3)
+
+
+def test_recovered_share_undefined_cases_give_a_reason():
+    b = np.full(8, 0.5)
+    none = recovered_share(np.full(8, 0.7), b, np.full(8, 0.4))  # Control below baseline: nothing to recover
+    assert none.estimate is None and "nothing to recover" in (none.reason or "")
+    zero = recovered_share(np.full(8, 0.7), b, b)
+    assert zero.estimate is None and "<= 0" in (zero.reason or "")
+    noisy = recovered_share(np.array([1, 0, 1, 0, 1, 0, 1, 0.0]), b, np.array([1, 0, 1, 1, 0, 0, 0.5, 1]))
+    assert noisy.estimate is not None and noisy.ci_low is None and "unbounded" in (noisy.reason or "")
+    assert fieller_interval(np.array([1, 0, 1, 0, 1, 0.0]), np.array([1, -1, 1, 0, -1, 0.5])) is None
+    empty = recovered_share(np.zeros(0), np.zeros(0), np.zeros(0))
+    assert empty.estimate is None and "no question" in (empty.reason or "")
+
+
+def test_recovered_share_interval_covers_at_ten_questions():
+    row = recovered_share_coverage(7, 10, 400)
+    assert 0.91 <= row.coverage <= 0.99 and row.bounded > 0.5
+    wide = recovered_share_coverage(7, 10, 400, method="delta", em_base=0.6)
+    assert wide.coverage < row.coverage  # the delta method the docs compare with covers less here
+
+
+# ------------------------------------------------------------------------------------------------- the run
+
+
+def test_rows_pair_each_intervened_trial_with_the_baseline_of_its_prompt(run):
+    a = read_analysis(run)
+    assert a.schema == 4 and a.interventions is not None
+    trials = load_trials(RunFolder(run).trials)
+    base = {t.prompt_id: t.em for t in trials if t.intervention is None}
+    ko = [(t.task_id, t.em, base[t.prompt_id]) for t in trials if t.intervention == "ko-ext"]
+    g, ei, eb = (np.array(x) for x in zip(*ko))
+    row = next(r for r in a.interventions.rows if r.intervention == "ko-ext")
+    assert row.diff.n_prompts == 24 and row.diff.n_questions == 12
+    assert row.diff.em_a == pytest.approx(ei.mean()) and row.diff.em_b == pytest.approx(eb.mean())
+    assert row.diff.delta == pytest.approx(_per_question(ei, eb, g).mean()) and row.diff.delta > 0
+    control = {t.task_id: [] for t in trials}
+    for t in trials:
+        if t.intervention is None and t.condition == "Control":
+            control[t.task_id].append(t.em)
+    qs = np.unique(g)
+    c = np.array([np.mean(control[q]) for q in qs])
+    num = np.array([ei[g == q].mean() - eb[g == q].mean() for q in qs])
+    assert row.recovered.estimate == pytest.approx(num.mean() / (c - np.array([eb[g == q].mean() for q in qs])).mean())
+
+
+def test_specific_contrast_claims_only_what_the_bh_corrected_test_supports(run):
+    res = read_analysis(run).interventions
+    assert res is not None
+    (c,) = res.specific
+    assert (c.a, c.b) == ("ko-ext", "ko-rand") and c.test.delta > 0 and c.q is not None and c.q < 0.05 and c.claim
+    trials = load_trials(RunFolder(run).trials)
+    em = {(t.prompt_id, t.intervention): t.em for t in trials}
+    pids = sorted({t.prompt_id for t in trials if t.intervention == "ko-ext"})
+    direct = paired_difference(np.array([em[p, "ko-ext"] for p in pids]), np.array([em[p, "ko-rand"] for p in pids]),
+                               np.array([p.split("-")[0] for p in pids]))
+    assert c.test.delta == pytest.approx(direct.delta) and c.test.p == pytest.approx(direct.p)
+    (h,) = res.heads
+    assert (h.a, h.b) == ("top4", "rand4") and not h.claim  # heads contrasts carry no causal claim
+    (sw,) = res.sweeps
+    assert [p.intervention for p in sw.points] == ["w0", "w1"] and [p.centre for p in sw.points] == [0.5, 2.5]
+
+
+def test_no_claim_when_the_extraneous_knockout_does_not_beat_its_matched_control(tmp_path):
+    d = tmp_path / "null"
+    make_run(d, PLAN)
+    add_interventions(d, SPECS[:2] + [spec("ko-ext2", "extraneous", group="ko-rand")],
+                      {"ko-ext": 0.6, "ko-rand": 0.6, "ko-ext2": 0.6}, seed=5)
+    res = analyze_run(d, AnalysisSection(), seed=0, fill_similarity=False).interventions
+    assert res is not None and len(res.specific) == 2 and not res.claims()
+    p = np.array([c.test.p for c in res.specific])
+    assert [c.q for c in res.specific] == pytest.approx(list(multipletests(p, method="fdr_bh")[1]))
+    assert all(c.q is not None and c.q >= 0.05 or c.test.delta <= 0 for c in res.specific)
+    lines = " ".join(summary_lines(res))
+    assert "no causal effect shown" in lines and "causal effect of attention" not in lines
+
+
+def test_existing_estimates_read_baseline_trials_only(run, tmp_path):
+    plain = tmp_path / "plain"
+    make_run(plain, PLAN)  # the same baseline trials, no intervention
+    a_plain = analyze_run(plain, AnalysisSection(), seed=0, fill_similarity=False)
+    a_int = read_analysis(run)
+    assert a_plain.interventions is None
+    assert to_json(a_int.families) == to_json(a_plain.families)
+    assert a_int.n_trials > a_plain.n_trials  # the intervened trials are counted, never estimated from
+
+
+def test_loader_tolerates_absence_and_names_a_bad_field(tmp_path):
+    assert load_interventions(tmp_path) == ()
+    (tmp_path / "interventions.json").write_text(json.dumps([{**spec("x", "extraneous"), "keys": "everything"}]))
+    with pytest.raises(InterventionsFileError, match=r"interventions.json.*entry 0 \(x\) keys 'everything'"):
+        load_interventions(tmp_path)
+    bad = spec("x", "extraneous")
+    del bad["layers"]
+    (tmp_path / "interventions.json").write_text(json.dumps([bad]))
+    with pytest.raises(InterventionsFileError, match="no field 'layers'"):
+        load_interventions(tmp_path)
+
+
+def test_a_schema_3_analysis_is_read_as_one_without_interventions(tmp_path):
+    d = tmp_path / "old"
+    make_run(d, Plan(n_tasks=6, seed=1))
+    analyze_run(d, AnalysisSection(), fill_similarity=False)
+    data = json.loads((d / "analysis.json").read_text())
+    data["schema"] = 3
+    del data["interventions"]
+    (d / "analysis.json").write_text(json.dumps(data))
+    a = read_analysis(d)
+    assert a.schema == 3 and a.interventions is None
+
+
+# ------------------------------------------------------------------------------------------------- report
+
+
+def test_report_section_renders_the_table_the_curve_and_the_heads(run):
+    html = render_report(run).read_text()
+    assert "Causal tests: interventions" in html and "recovered share [CI]" in html
+    assert "ko-ext" in html and "(vs ko-rand)" in html and "a causal effect of attention" in html
+    assert "L1.H0, L1.H2, L2.H1, L3.0" not in html and "L1.H0, L1.H2, L2.H1, L3.H0" in html
+    assert "random control of top4" in html
+    assert (run / "figures" / "intervention_sweep_model-a_Saturation_80_sweep.png").is_file()
+    assert html.count('alt="intervention_sweep_') == 1
+    (sw,) = read_analysis(run).interventions.sweeps
+    fig = draw_sweep(sw)  # the curve plots each window's paired difference and share at its centre
+    assert list(fig.axes[0].lines[0].get_xdata()) == [0.5, 2.5]
+    assert list(fig.axes[0].lines[0].get_ydata()) == pytest.approx([p.diff.delta for p in sw.points])
+    assert list(fig.axes[1].lines[0].get_ydata()) == pytest.approx([p.recovered.estimate for p in sw.points])
+    written = {p.name for p in write_tables(read_analysis(run), run)}
+    assert {"interventions.csv", "intervention_contrasts.csv", "intervention_sweeps.csv"} <= written
+    assert "## Causal tests: interventions" in (run / "analysis.md").read_text()
+
+
+def test_report_has_no_intervention_section_without_interventions(tmp_path):
+    d = tmp_path / "plain"
+    make_run(d, Plan(n_tasks=6, seed=1, loads=(80,)))
+    analyze_run(d, AnalysisSection(), fill_similarity=False)
+    html = render_report(d).read_text()
+    assert "Causal tests" not in html and "intervention_sweep" not in html
+    written = {p.name for p in write_tables(read_analysis(d), d)}
+    assert "interventions.csv" not in written
+
+
+def test_undeclared_interventions_are_estimated_against_baseline_but_never_claimed(tmp_path):
+    d = tmp_path / "undeclared"
+    make_run(d, PLAN)
+    add_interventions(d, SPECS[:2], P_OF)
+    (d / "interventions.json").unlink()
+    res = analyze_run(d, AnalysisSection(), seed=0, fill_similarity=False).interventions
+    assert res is not None and res.specs == () and {r.intervention for r in res.rows} == {"ko-ext", "ko-rand"}
+    assert all(r.keys is None for r in res.rows) and res.specific == () and not res.claims()
+    assert any("no entry in interventions.json" in n for n in res.notes)
+    assert "No causal effect shown" in " ".join(summary_lines(res))
+
+
+def test_compare_puts_the_causal_tests_of_runs_side_by_side(run, tmp_path):
+    page = compare_runs([run, run], tmp_path / "cmp").read_text()
+    assert "Causal tests: interventions" in page and "run: model-a" in page and "run#1: model-a" in page
