@@ -37,7 +37,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
@@ -45,17 +44,16 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
+from probe.config import INTERVENTION_KEYS as KEY_SETS
+from probe.config import INTERVENTION_KINDS as KINDS
+from probe.config import INTERVENTION_QUERIES as QUERY_SETS
 from probe.errors import ConfigError, SpanError
 from probe.types import TokenizedPrompt
 
 log = logging.getLogger(__name__)
 
-KINDS: tuple[str, ...] = ("knockout", "steer")
-KEY_SETS: tuple[str, ...] = ("extraneous", "filler", "germane", "matched-random")
-QUERY_SETS: tuple[str, ...] = ("answer", "after")
 # Span kinds matched-random keys are drawn from: content that is neither extraneous, question nor markup.
 RANDOM_KEY_KINDS: tuple[str, ...] = ("instruction", "germane", "filler")
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.@+-]+$")
 
 # Most elements of one block's bias (batch x heads x rows x keys, float32): 4 Mi elements = 16 MiB.
 BLOCK_ELEMENTS = 4 * 1024 * 1024
