@@ -171,7 +171,7 @@ def resolve_interventions(cfg: ExperimentConfig, model: str, n_layers: int, n_he
             for a, b in sweep_windows(s.layers, n_layers, s.name):
                 out.append(ResolvedIntervention(f"{s.name}@L{a}-{b}", s, tuple(range(a, b + 1)), window=(a, b)))
             continue
-        layers = everything if s.layers == "all" else tuple(s.layers)  # type: ignore[arg-type]
+        layers: tuple[int, ...] = s.layers if isinstance(s.layers, tuple) else everything
         bad = [x for x in layers if x >= n_layers]
         if bad:
             raise ConfigError(f"interventions: {s.name}: layers {bad} are outside model {model!r}'s {n_layers} "

@@ -467,11 +467,10 @@ def run_experiment(cfg: ExperimentConfig, progress: bool = True, force: bool = F
             write_manifest(run_dir, cfg, cards, revisions)
         resolved: list[ResolvedIntervention] = []
         if cfg.interventions and isinstance(backend, LocalBackend):
-            from probe.attention.engine import text_config_of
+            from probe.attention.engine import layers_and_heads
 
-            shape = text_config_of(backend.loaded.model)
-            resolved = resolve_interventions(cfg, card.name, int(shape.num_hidden_layers),
-                                             int(shape.num_attention_heads), by_model[card.name])
+            n_layers, n_heads = layers_and_heads(backend.loaded.model)
+            resolved = resolve_interventions(cfg, card.name, n_layers, n_heads, by_model[card.name])
             if rank == 0:
                 write_interventions(run_dir, card.name, resolved)
         run_model(cfg, backend, by_model[card.name], tasks, rank=rank, world=world, progress=progress,

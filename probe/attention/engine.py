@@ -91,6 +91,12 @@ def text_config_of(model: PreTrainedModel) -> object:
     return model.config.get_text_config()
 
 
+def layers_and_heads(model: PreTrainedModel) -> tuple[int, int]:
+    """The model's number of layers and of query heads per layer."""
+    cfg = model.config.get_text_config()
+    return int(cfg.num_hidden_layers), int(cfg.num_attention_heads)
+
+
 def check_architecture(model: PreTrainedModel) -> None:
     """Raise :class:`HookError` unless the model's architecture is one the engine supports.
 

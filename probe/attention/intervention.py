@@ -39,7 +39,7 @@ import logging
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -49,6 +49,9 @@ from probe.config import INTERVENTION_KINDS as KINDS
 from probe.config import INTERVENTION_QUERIES as QUERY_SETS
 from probe.errors import ConfigError, SpanError
 from probe.types import TokenizedPrompt
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 
@@ -429,7 +432,7 @@ class EditedBatch:
 
 @contextmanager
 def intervention(
-    model: object,
+    model: PreTrainedModel,
     prompts: Sequence[TokenizedPrompt],
     spec: Intervention,
     *,
@@ -461,7 +464,7 @@ def intervention(
         HookError: an unsupported architecture. ConfigError: a layer or head outside the model, mismatched edits.
         SpanError: queries ``answer`` on a prompt without a question.
     """
-    from probe.attention.engine import attach_edit, left_pad, text_config_of
+    from probe.attention.engine import attach_edit, layers_and_heads, left_pad
     from probe.loading import input_device
 
     if not prompts:
@@ -474,12 +477,11 @@ def intervention(
     if len(rows) != len(prompts):
         raise ConfigError(f"intervention: {len(prompts)} prompts but {len(rows)} row edits")
     input_ids, mask, pads = left_pad([tp.input_ids for tp in prompts], pad_id)
-    cfg = text_config_of(model)  # type: ignore[arg-type]
-    device = input_device(model)  # type: ignore[arg-type]
-    edit = BatchEdit(rows, pads, spec, int(cfg.num_hidden_layers), int(cfg.num_attention_heads), device,
-                     lengths=[len(tp.input_ids) for tp in prompts])
+    n_layers, n_heads = layers_and_heads(model)
+    device = input_device(model)
+    edit = BatchEdit(rows, pads, spec, n_layers, n_heads, device, lengths=[len(tp.input_ids) for tp in prompts])
     batch = EditedBatch(input_ids.to(device), mask.to(device), pads, rows, edit)
-    with attach_edit(model, edit):  # type: ignore[arg-type]
+    with attach_edit(model, edit):
         yield batch
 
 

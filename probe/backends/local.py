@@ -63,7 +63,7 @@ class LocalBackend:
         import torch
 
         from probe.attention import is_prompt_query, left_pad, probe_batch, probe_generation
-        from probe.attention.engine import attach_edit, text_config_of
+        from probe.attention.engine import attach_edit, layers_and_heads
         from probe.attention.intervention import BatchEdit, row_edit
 
         tok = self.loaded.tokenizer
@@ -84,8 +84,7 @@ class LocalBackend:
         pad = tok.pad_token_id
         device = self.loaded.device  # the input embedding's (a dispatched model's first weights may be on `meta`)
         ride_along = probe is not None and is_prompt_query(probe)
-        shape = text_config_of(model)
-        n_layers, n_heads = int(shape.num_hidden_layers), int(shape.num_attention_heads)
+        n_layers, n_heads = layers_and_heads(model)
         for b in range(0, len(runnable), gen.batch_size):
             batch = runnable[b : b + gen.batch_size]
             prompts_tok = [tp for _, tp in batch]
