@@ -1,4 +1,9 @@
-"""An experiment's ``[[interventions]]`` resolved for one model: layer sweeps expanded, top-k heads selected.
+"""What an intervention is (:class:`Intervention`, :class:`RowEdit`), and an experiment's ``[[interventions]]``
+resolved for one model: layer sweeps expanded, top-k heads selected.
+
+:class:`Intervention` names what to edit (kind, α, keys, queries, layers, heads); :class:`RowEdit` is one prompt's
+key mask and first query; :mod:`probe.attention.intervention` applies them in the model's attention. This module
+imports neither torch nor numpy (``probe.Intervention`` is cheap to reach).
 
 Each :class:`~probe.config.InterventionSection` becomes one or more :class:`ResolvedIntervention` (an
 :class:`~probe.attention.intervention.Intervention` with explicit layers and heads, plus where it came from):
@@ -19,18 +24,120 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-import numpy as np
-
-from probe.config import ExperimentConfig, InterventionSection, LayerWindow, TopHeads
+from probe.config import (INTERVENTION_KEYS, INTERVENTION_KINDS, INTERVENTION_QUERIES, ExperimentConfig,
+                          InterventionSection, LayerWindow, TopHeads)
 from probe.errors import ConfigError
 from probe.runfolder import RunFolder
 from probe.types import Prompt
 
+if TYPE_CHECKING:
+    import numpy as np
+
 log = logging.getLogger(__name__)
+
+KINDS, KEY_SETS, QUERY_SETS = INTERVENTION_KINDS, INTERVENTION_KEYS, INTERVENTION_QUERIES
+
+
+@dataclass(frozen=True)
+class Intervention:
+    """What to edit: kind, keys, queries, layers and heads (resolved: explicit layer and head lists, or all).
+
+    Attributes:
+        kind: ``knockout`` or ``steer``.
+        keys: ``extraneous``, ``filler``, ``germane`` or ``matched-random``.
+        queries: ``answer`` or ``after`` (:mod:`probe.attention.intervention`).
+        alpha: the steering coefficient (``steer`` only, ≥ 0; 0 equals the knockout).
+        layers: the layers edited (0-based), None for every layer.
+        heads: ``(layer, head)`` pairs edited, None for every head of ``layers``; when given, only these heads are
+            edited (``layers`` must then be None or hold their layers).
+        name: the name trials and records carry.
+
+    Raises:
+        ConfigError: an unknown kind, key set or query set, or an α that does not fit the kind.
+    """
+
+    kind: str
+    keys: str = "extraneous"
+    queries: str = "answer"
+    alpha: float | None = None
+    layers: tuple[int, ...] | None = None
+    heads: tuple[tuple[int, int], ...] | None = None
+    name: str = "intervention"
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ConfigError(f"intervention {self.name!r}: kind {self.kind!r}; use {' or '.join(KINDS)}")
+        if self.keys not in KEY_SETS:
+            raise ConfigError(f"intervention {self.name!r}: keys {self.keys!r}; use one of {', '.join(KEY_SETS)}")
+        if self.queries not in QUERY_SETS:
+            raise ConfigError(f"intervention {self.name!r}: queries {self.queries!r}; use {' or '.join(QUERY_SETS)}")
+        if self.kind == "knockout" and self.alpha is not None:
+            raise ConfigError(f"intervention {self.name!r}: alpha = {self.alpha} has no effect on a knockout; "
+                              "remove it (or use kind = \"steer\")")
+        if self.kind == "steer" and (self.alpha is None or not self.alpha >= 0 or math.isinf(self.alpha)):
+            raise ConfigError(f"intervention {self.name!r}: a steer needs a finite alpha >= 0 (got {self.alpha})")
+        if self.layers is not None and any(layer < 0 for layer in self.layers):
+            raise ConfigError(f"intervention {self.name!r}: layers {list(self.layers)} must be >= 0")
+        if self.heads is not None:
+            if any(layer < 0 or head < 0 for layer, head in self.heads):
+                raise ConfigError(f"intervention {self.name!r}: heads {[list(h) for h in self.heads]} must be >= 0")
+            if self.layers is not None and not {lh[0] for lh in self.heads} <= set(self.layers):
+                raise ConfigError(f"intervention {self.name!r}: heads name layers outside layers {list(self.layers)}")
+
+    @property
+    def score_bias(self) -> float:
+        """What the edit adds to a chosen pre-softmax score: −inf (knockout, α = 0) or ``log α``."""
+        if self.kind == "knockout" or self.alpha == 0:
+            return float("-inf")
+        return math.log(float(self.alpha))  # type: ignore[arg-type]  # steer: alpha is set (checked above)
+
+
+
+
+@dataclass(frozen=True)
+class RowEdit:
+    """The edit of one prompt: which of its tokens are keys, and where its queries start.
+
+    Attributes:
+        keys: (T,) bool numpy array over the prompt's tokens, True = a key whose edges are edited.
+        query_start: the first query position (prompt coordinates); every later position, generated tokens
+            included, is a query.
+        wanted: the number of key tokens asked for (``matched-random``: the prompt's extraneous tokens); more than
+            ``n_keys`` when the prompt had too few tokens to draw from (default: ``n_keys``).
+
+    Raises:
+        ConfigError: keys that are not a 1-D bool array, a negative query start.
+    """
+
+    keys: np.ndarray
+    query_start: int
+    wanted: int = -1
+
+    def __post_init__(self) -> None:
+        import numpy as np
+
+        if not isinstance(self.keys, np.ndarray) or self.keys.ndim != 1 or self.keys.dtype != np.bool_:
+            raise ConfigError(f"RowEdit.keys: a 1-D bool numpy array over the prompt's tokens, got "
+                              f"{getattr(self.keys, 'dtype', type(self.keys).__name__)} of shape "
+                              f"{getattr(self.keys, 'shape', '?')}")
+        if self.query_start < 0:
+            raise ConfigError(f"RowEdit.query_start: {self.query_start} must be >= 0")
+        if self.wanted < 0:
+            object.__setattr__(self, "wanted", self.n_keys)
+
+    @property
+    def n_keys(self) -> int:
+        return int(self.keys.sum())
+
+    @property
+    def short(self) -> int:
+        """Key tokens that could not be drawn (``wanted - n_keys``)."""
+        return self.wanted - self.n_keys
 
 
 @dataclass(frozen=True)
@@ -59,10 +166,8 @@ class ResolvedIntervention:
     def group(self) -> str:
         return self.section.name
 
-    def spec(self) -> Any:
-        """The :class:`~probe.attention.intervention.Intervention` the engine applies (imports torch)."""
-        from probe.attention.intervention import Intervention
-
+    def spec(self) -> Intervention:
+        """The :class:`Intervention` the engine applies."""
         s = self.section
         return Intervention(kind=s.kind, keys=s.keys, queries=s.queries, alpha=s.alpha, layers=self.layers,
                             heads=self.heads, name=self.name)
@@ -98,6 +203,8 @@ def select_heads(from_run: str | Path, model: str, k: int, by: str, n_layers: in
         ConfigError: no such run or records, a shape that differs, shared questions, or fewer than ``k`` heads
             with a finite value.
     """
+    import numpy as np
+
     from probe.attention.result import SegmentAttention
     from probe.records import load_prompts
 
@@ -135,6 +242,8 @@ def select_heads(from_run: str | Path, model: str, k: int, by: str, n_layers: in
 def random_heads(seed: int, name: str, k: int, n_layers: int, n_heads: int,
                  exclude: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
     """``k`` heads drawn without replacement from those not in ``exclude``, seeded by ``seed`` and ``name``."""
+    import numpy as np
+
     pool = [(layer, h) for layer in range(n_layers) for h in range(n_heads) if (layer, h) not in set(exclude)]
     if len(pool) < k:
         raise ConfigError(f"interventions: {name}: {k} random heads asked, only {len(pool)} heads are not selected")
@@ -233,5 +342,5 @@ def read_interventions(run: str | Path | RunFolder) -> list[dict[str, Any]]:
     return data
 
 
-__all__ = ["ResolvedIntervention", "random_heads", "read_interventions", "resolve_interventions", "select_heads",
+__all__ = ["Intervention", "ResolvedIntervention", "RowEdit", "random_heads", "read_interventions", "resolve_interventions", "select_heads",
            "sweep_windows", "write_interventions"]

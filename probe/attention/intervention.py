@@ -48,6 +48,7 @@ from probe.config import INTERVENTION_KEYS as KEY_SETS
 from probe.config import INTERVENTION_KINDS as KINDS
 from probe.config import INTERVENTION_QUERIES as QUERY_SETS
 from probe.errors import ConfigError, SpanError
+from probe.interventions import Intervention, RowEdit
 from probe.types import TokenizedPrompt
 
 if TYPE_CHECKING:
@@ -62,115 +63,27 @@ RANDOM_KEY_KINDS: tuple[str, ...] = ("instruction", "germane", "filler")
 BLOCK_ELEMENTS = 4 * 1024 * 1024
 
 
-@dataclass(frozen=True)
-class Intervention:
-    """What to edit: kind, keys, queries, layers and heads (resolved: explicit layer and head lists, or all).
-
-    Attributes:
-        kind: ``knockout`` or ``steer``.
-        keys: ``extraneous``, ``filler``, ``germane`` or ``matched-random``.
-        queries: ``answer`` or ``after`` (module docstring).
-        alpha: the steering coefficient (``steer`` only, ≥ 0; 0 equals the knockout).
-        layers: the layers edited (0-based), None for every layer.
-        heads: ``(layer, head)`` pairs edited, None for every head of ``layers``; when given, only these heads are
-            edited (``layers`` must then be None or hold their layers).
-        name: the name trials and records carry.
+def head_bias(intervention: Intervention, n_layers: int, n_heads: int) -> torch.Tensor:
+    """(n_layers, n_heads) float32: the bias of each layer's heads (0 where not edited).
 
     Raises:
-        ConfigError: an unknown kind, key set or query set, or an α that does not fit the kind.
+        ConfigError: a layer or head outside the model.
     """
-
-    kind: str
-    keys: str = "extraneous"
-    queries: str = "answer"
-    alpha: float | None = None
-    layers: tuple[int, ...] | None = None
-    heads: tuple[tuple[int, int], ...] | None = None
-    name: str = "intervention"
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ConfigError(f"intervention {self.name!r}: kind {self.kind!r}; use {' or '.join(KINDS)}")
-        if self.keys not in KEY_SETS:
-            raise ConfigError(f"intervention {self.name!r}: keys {self.keys!r}; use one of {', '.join(KEY_SETS)}")
-        if self.queries not in QUERY_SETS:
-            raise ConfigError(f"intervention {self.name!r}: queries {self.queries!r}; use {' or '.join(QUERY_SETS)}")
-        if self.kind == "knockout" and self.alpha is not None:
-            raise ConfigError(f"intervention {self.name!r}: alpha = {self.alpha} has no effect on a knockout; "
-                              "remove it (or use kind = \"steer\")")
-        if self.kind == "steer" and (self.alpha is None or not self.alpha >= 0 or math.isinf(self.alpha)):
-            raise ConfigError(f"intervention {self.name!r}: a steer needs a finite alpha >= 0 (got {self.alpha})")
-        if self.layers is not None and any(layer < 0 for layer in self.layers):
-            raise ConfigError(f"intervention {self.name!r}: layers {list(self.layers)} must be >= 0")
-        if self.heads is not None:
-            if any(layer < 0 or head < 0 for layer, head in self.heads):
-                raise ConfigError(f"intervention {self.name!r}: heads {[list(h) for h in self.heads]} must be >= 0")
-            if self.layers is not None and not {lh[0] for lh in self.heads} <= set(self.layers):
-                raise ConfigError(f"intervention {self.name!r}: heads name layers outside layers {list(self.layers)}")
-
-    @property
-    def score_bias(self) -> float:
-        """What the edit adds to a chosen pre-softmax score: −inf (knockout, α = 0) or ``log α``."""
-        if self.kind == "knockout" or self.alpha == 0:
-            return float("-inf")
-        return math.log(float(self.alpha))  # type: ignore[arg-type]  # steer: alpha is set (checked above)
-
-    def head_bias(self, n_layers: int, n_heads: int) -> torch.Tensor:
-        """(n_layers, n_heads) float32: the bias of each layer's heads (0 where not edited).
-
-        Raises:
-            ConfigError: a layer or head outside the model.
-        """
-        out = torch.zeros(n_layers, n_heads, dtype=torch.float32)
-        layers = range(n_layers) if self.layers is None else self.layers
-        for layer in layers:
-            if layer >= n_layers:
-                raise ConfigError(f"intervention {self.name!r}: layer {layer} is outside the model's "
-                                  f"{n_layers} layers (0..{n_layers - 1})")
-        if self.heads is None:
-            out[list(layers)] = self.score_bias
-            return out
-        for layer, head in self.heads:
-            if layer >= n_layers or head >= n_heads:
-                raise ConfigError(f"intervention {self.name!r}: head ({layer}, {head}) is outside the model's "
-                                  f"{n_layers} layers x {n_heads} heads")
-            out[layer, head] = self.score_bias
+    out = torch.zeros(n_layers, n_heads, dtype=torch.float32)
+    layers = range(n_layers) if intervention.layers is None else intervention.layers
+    for layer in layers:
+        if layer >= n_layers:
+            raise ConfigError(f"intervention {intervention.name!r}: layer {layer} is outside the model's "
+                              f"{n_layers} layers (0..{n_layers - 1})")
+    if intervention.heads is None:
+        out[list(layers)] = intervention.score_bias
         return out
-
-
-@dataclass(frozen=True)
-class RowEdit:
-    """The edit of one prompt: which of its tokens are keys, and where its queries start.
-
-    Attributes:
-        keys: (T,) bool over the prompt's tokens, True = a key whose edges are edited.
-        query_start: the first query position (prompt coordinates); every later position, generated tokens
-            included, is a query.
-        wanted: the number of key tokens asked for (``matched-random``: the prompt's extraneous tokens); more than
-            ``n_keys`` when the prompt had too few tokens to draw from.
-    """
-
-    keys: np.ndarray
-    query_start: int
-    wanted: int = -1
-
-    def __post_init__(self) -> None:
-        if self.keys.ndim != 1 or self.keys.dtype != np.bool_:
-            raise ConfigError(f"RowEdit.keys: a 1-D bool array over the prompt's tokens, got {self.keys.dtype} "
-                              f"of shape {self.keys.shape}")
-        if self.query_start < 0:
-            raise ConfigError(f"RowEdit.query_start: {self.query_start} must be >= 0")
-        if self.wanted < 0:
-            object.__setattr__(self, "wanted", self.n_keys)
-
-    @property
-    def n_keys(self) -> int:
-        return int(self.keys.sum())
-
-    @property
-    def short(self) -> int:
-        """Key tokens that could not be drawn (``wanted - n_keys``)."""
-        return self.wanted - self.n_keys
+    for layer, head in intervention.heads:
+        if layer >= n_layers or head >= n_heads:
+            raise ConfigError(f"intervention {intervention.name!r}: head ({layer}, {head}) is outside the model's "
+                              f"{n_layers} layers x {n_heads} heads")
+        out[layer, head] = intervention.score_bias
+    return out
 
 
 def random_key_seed(seed: int, prompt_id: str) -> int:
@@ -262,7 +175,7 @@ class BatchEdit:
                                         device=self.device)  # (B,)
         self.has_keys = self.keys.any(dim=1)  # (B,)
         self.empty = not bool(self.has_keys.any())
-        bias = intervention.head_bias(n_layers, n_heads)
+        bias = head_bias(intervention, n_layers, n_heads)
         self.layer_bias: dict[int, torch.Tensor] = {
             layer: bias[layer].to(self.device) for layer in range(n_layers) if bool((bias[layer] != 0).any())
         }
