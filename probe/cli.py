@@ -251,8 +251,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     elif args.what == "generate":
         from probe.bench.generate import format_generate_bench, run_generate_bench
 
+        from probe.bench.generate import format_intervention_bench, run_intervention_bench
+
         bench = run_generate_bench(args.experiment, n_prompts=args.n or 32, batch_size=args.batch_size)
         print(format_generate_bench(bench))
+        row = run_intervention_bench(args.experiment, n_prompts=args.n or 32, batch_size=args.batch_size)
+        print(format_intervention_bench(row))
     else:
         from probe.bench.attention import (
             DEFAULT_MODEL,

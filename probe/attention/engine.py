@@ -529,7 +529,7 @@ def _probe_attention(
         raise HookError(f"layer {layer}: a batch of {query.shape[0]} rows, the intervention was built for "
                         f"{edit.keys.shape[0]}")  # type: ignore[union-attr]
     # A decode step in which every row is edited needs no unedited output.
-    skip_base = editing and query.shape[2] == 1 and bool(edit.has_keys.all())  # type: ignore[union-attr]
+    skip_base = editing and query.shape[2] == 1 and edit.every_row_keyed  # type: ignore[union-attr]
     out: torch.Tensor | None = None
     if not skip_base:
         if softcap is None:

@@ -39,7 +39,7 @@ import logging
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -175,11 +175,35 @@ class BatchEdit:
                                         device=self.device)  # (B,)
         self.has_keys = self.keys.any(dim=1)  # (B,)
         self.empty = not bool(self.has_keys.any())
+        self.every_row_keyed = bool(self.has_keys.all())
         bias = head_bias(intervention, n_layers, n_heads)
         self.layer_bias: dict[int, torch.Tensor] = {
             layer: bias[layer].to(self.device) for layer in range(n_layers) if bool((bias[layer] != 0).any())
         }
+        self._bias_key = {layer: tuple(float(x) for x in b.tolist()) for layer, b in self.layer_bias.items()}
         self._seen: dict[int, int] = {}  # per layer: positions processed so far (prefill + decode steps)
+        # The additive masks of the current step, shared by the layers that have the same mask and head biases
+        # (every layer of a decode step, for an edit of all heads): built once per step, not once per layer.
+        self._step = -1
+        self._additive: dict[tuple, torch.Tensor] = {}
+
+    def step_additive(self, layer: int, mask: torch.Tensor | None, rows: slice, query_positions: torch.Tensor,
+                      key_positions: torch.Tensor, build: "Callable[[], torch.Tensor]") -> torch.Tensor:
+        """The (B, H, n, K) additive mask of a block, built by ``build`` or reused from a layer of the same step with
+        the same model mask and head biases (only single-block calls are kept: a decode step or a short tail)."""
+        step = int(query_positions[-1])
+        if step != self._step:
+            self._step = step
+            self._additive.clear()
+        mask_key = None if mask is None else (mask.data_ptr(), tuple(mask.shape))
+        key = (mask_key, rows.start, rows.stop, int(key_positions[0]), int(key_positions.shape[0]),
+               self._bias_key[layer])
+        hit = self._additive.get(key)
+        if hit is None:
+            hit = build()
+            if hit.numel() <= BLOCK_ELEMENTS:
+                self._additive[key] = hit
+        return hit
 
     def last_position(self, layer: int, n_queries: int, n_keys: int) -> int:
         """The absolute (padded) position of a layer call's last query, counted over the calls of a forward pass
@@ -187,8 +211,11 @@ class BatchEdit:
         without cache); any other call continues after the previous one (a decode step against the cache, which
         under a sliding window holds only the last keys).
         """
-        if n_queries == n_keys:
+        if n_queries == n_keys:  # a new forward pass: nothing of an earlier one is reused
             self._seen[layer] = n_queries
+            if layer == min(self.layer_bias):
+                self._step = -1
+                self._additive.clear()
         else:
             self._seen[layer] = self._seen.get(layer, 0) + n_queries
         return self._seen[layer] - 1
@@ -258,14 +285,14 @@ def _rows_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     n_heads, n_kv = query.shape[1], key.shape[1]
     if softcap is None:
         out = torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=additive.to(query.dtype), scale=scaling, enable_gqa=n_heads != n_kv)
+            query, key, value, attn_mask=additive, scale=scaling, enable_gqa=n_heads != n_kv)
         return out.transpose(1, 2)
     rep = n_heads // n_kv
     dtype = torch.promote_types(query.dtype, torch.float32)
     k = key.to(dtype).repeat_interleave(rep, dim=1)
     v = value.to(dtype).repeat_interleave(rep, dim=1)
     scores = torch.matmul(query.to(dtype), k.transpose(-1, -2)).mul_(scaling)
-    scores = scores.div_(softcap).tanh_().mul_(softcap) + additive
+    scores = scores.div_(softcap).tanh_().mul_(softcap) + additive.to(dtype)
     probs = torch.nan_to_num(torch.softmax(scores, dim=-1))  # a padding row that sees no key
     return torch.matmul(probs, v).to(query.dtype).transpose(1, 2)
 
@@ -314,8 +341,11 @@ def edited_attention(
     for a in range(first, n_q, block):
         b = min(n_q, a + block)
         pos = positions[a:b]
-        additive = _base_additive(mask, slice(a, b), pos, key_positions) + edit.bias(
-            layer, pos.to(edit.device), lo, last + 1).to(query.device)
+        def build(a: int = a, b: int = b, pos: torch.Tensor = pos) -> torch.Tensor:
+            return (_base_additive(mask, slice(a, b), pos, key_positions)
+                    + edit.bias(layer, pos.to(edit.device), lo, last + 1).to(query.device)).to(query.dtype)
+
+        additive = edit.step_additive(layer, mask, slice(a, b), pos, key_positions, build)
         new = _rows_attention(query[:, :, a:b], key, value, additive, scaling, softcap)
         if base is None:
             out[:, a:b] = new
