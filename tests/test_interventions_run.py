@@ -189,3 +189,27 @@ def test_validate_checks_the_section(tmp_path, tiny_card, capsys) -> None:
     exp.write_text(exp.read_text().replace("alpha = 0.2\n", 'heads = {top_k = 2, from = "nowhere"}\n'))
     assert main(["validate", str(exp)]) != 0
     assert "nowhere" in capsys.readouterr().err
+
+
+def test_probe_records_under_an_intervention_equal_a_separate_probe_of_the_edited_model(tmp_path, tiny_card) -> None:
+    """The runner's probe record of a prompt under ``ko`` (computed during batched generation) equals probing that
+    prompt alone inside ``probe.intervention`` with the same edit; and differs from its baseline record."""
+    import probe
+    from probe.attention import SegmentAttention
+    from probe.interventions import Intervention
+    from probe.runfolder import RunFolder
+
+    cfg = make_cfg(tmp_path, tiny_card, interventions=INTERVENTIONS[:1])
+    run_dir = runner.run_experiment(cfg, progress=False)
+    folder = RunFolder(run_dir)
+    lm = probe.load_model(str(tiny_card), device="cpu")
+    residue = [p for p in load_prompts(folder.prompts) if p.condition == "Residue"]
+    assert residue
+    for p in residue:
+        got = SegmentAttention.load(folder.attention_record("tiny-llama", p.prompt_id, "ko"))
+        base = SegmentAttention.load(folder.attention_record("tiny-llama", p.prompt_id))
+        tp = probe.tokenize_prompt(p, lm)
+        with probe.intervention(lm, [tp], Intervention(kind="knockout", keys="extraneous", name="ko")):
+            want = probe.probe_prompt(lm, tp, cfg.probe)
+        np.testing.assert_allclose(got.seg_mass, want.seg_mass, atol=1e-5)
+        assert np.abs(got.seg_mass - base.seg_mass).max() > 1e-4
