@@ -26,6 +26,11 @@ Generation (:func:`probe_generation`): the capture is told the batch's width and
 and keys both span it — ``generate``'s prefill, which sees the whole prompt — and lets every decode step (one
 query, a longer cache) through untouched. The generated tokens are those of the ``sdpa`` implementation.
 
+Interventions (:mod:`probe.attention.intervention`, :func:`attach_edit`): the same registered function applies an
+active :class:`~probe.attention.intervention.BatchEdit` to the layers it names (knockout or steer of the edges from
+chosen queries to chosen keys), during a forward pass or every step of ``generate``; a probe active at the same
+time adds the same edit to its rows, so it measures the intervened attention.
+
 No L × H × T² tensor ever exists: the largest probe tensor is one block, ``(heads, rows, keys)``, with the rows
 chosen so that it stays within a few per cent of the forward's own activations
 (:func:`~probe.attention.capacity.block_elements`). After the forward pass the capture checks that every layer
