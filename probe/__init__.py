@@ -17,6 +17,8 @@ neither torch nor transformers):
 - ``analyze(run)`` / ``render_report(run)`` — ``analysis.json`` / ``report.html`` of a run folder.
 - ``load_run(path)`` — a run folder's config, prompts, trials and attention records (``Run``).
 - ``show(run, prompt_id, layer=None, head=None)`` — one prompt's tokens shaded by attention, as an HTML page.
+- ``intervention(model, prompts, Intervention(...) | **fields)`` — a context manager under which the model's
+  attention from answering positions to chosen segments (or any key mask, ``RowEdit``) is knocked out or steered.
 """
 
 from __future__ import annotations
@@ -39,13 +41,17 @@ _EXPORTS: dict[str, str] = {
     "render_report": "probe.api",
     "load_run": "probe.api",
     "show": "probe.api",
+    "intervention": "probe.api",
+    "Intervention": "probe.interventions",
+    "RowEdit": "probe.interventions",
     "Run": "probe.loaded_run",
     "ProbeError": "probe.errors",
 }
 
 if TYPE_CHECKING:  # what type checkers and editors see; at run time each name is imported on first use
-    from probe.api import (analyze, build_prompt, build_prompts, load_model, load_run, load_tasks, probe_prompt,
-                           render_report, run, show, tokenize_prompt)
+    from probe.api import (analyze, build_prompt, build_prompts, intervention, load_model, load_run, load_tasks,
+                           probe_prompt, render_report, run, show, tokenize_prompt)
+    from probe.interventions import Intervention, RowEdit
     from probe.errors import ProbeError
     from probe.loaded_run import Run
 
@@ -63,5 +69,6 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *_EXPORTS])
 
 
-__all__ = ["ProbeError", "Run", "__version__", "analyze", "build_prompt", "build_prompts", "load_model", "load_run",
-           "load_tasks", "probe_prompt", "render_report", "run", "show", "tokenize_prompt"]
+__all__ = ["Intervention", "ProbeError", "RowEdit", "Run", "__version__", "analyze", "build_prompt", "build_prompts",
+           "intervention", "load_model", "load_run", "load_tasks", "probe_prompt", "render_report", "run", "show",
+           "tokenize_prompt"]

@@ -24,16 +24,18 @@ transformers are imported only when a function that needs them is called.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence, Union
 
 from probe.errors import ConfigError, ProbeError
 from probe.loaded_run import Run, load_run
 
 if TYPE_CHECKING:
     from probe.analysis.results import Analysis
+    from probe.attention.intervention import EditedBatch, Intervention, RowEdit
     from probe.attention.result import SegmentAttention
     from probe.config import ExperimentConfig, IceSection, ProbeSection
     from probe.loading import LoadedModel, ModelCard
@@ -289,6 +291,67 @@ def probe_prompt(model: Any, prompt: Prompt | TokenizedPrompt, options: ProbeSec
         prompt = tokenize_prompt(prompt, model)
     hf_model = model.model if isinstance(model, LoadedModel) else model
     return _probe(hf_model, prompt, opts, generated_ids=generated_ids, compute_residue=compute_residue)
+
+
+@contextlib.contextmanager
+def intervention(model: Any, prompts: Prompt | TokenizedPrompt | Sequence[Prompt | TokenizedPrompt],
+                 spec: Intervention | None = None, *, row_edits: Sequence[RowEdit] | None = None, seed: int = 0,
+                 **spec_values: Any) -> Iterator[EditedBatch]:
+    """Run a model under an attention intervention on some prompts (:mod:`probe.attention.intervention`).
+
+    Inside the block, ``model.generate(batch.input_ids, attention_mask=batch.attention_mask, ...)`` (or a forward
+    pass) runs with the edit: in the chosen layers and heads, the attention of the queries to the keys is knocked
+    out (−inf before the softmax) or steered (post-softmax weights × α, rows renormalised). The model's attention
+    implementation is restored afterwards.
+
+    Args:
+        model: a loaded model (``probe.load_model``), or a transformers causal LM when the prompts are tokenized.
+        prompts: built prompts (tokenized with the model's tokenizer) or TokenizedPrompts (any segment spans); one
+            or several, left-padded into one batch in the order given.
+        spec: the :class:`~probe.attention.intervention.Intervention`; or give its fields as ``spec_values``
+            (``kind="knockout", keys="extraneous", queries="answer", layers=(10, 11), heads=None, alpha=None``).
+        row_edits: per prompt, a :class:`~probe.attention.intervention.RowEdit` (any key mask over its tokens and
+            the first query position) instead of the keys and queries derived from the spans.
+        seed: seeds ``matched-random`` keys (with each prompt's id, or its index for a TokenizedPrompt).
+
+    Yields:
+        The :class:`~probe.attention.intervention.EditedBatch` (``input_ids``, ``attention_mask``, ``pads``,
+        ``rows``).
+
+    Raises:
+        ProbeError: a Prompt with a bare transformers model, or both ``spec`` and ``spec_values``.
+        ConfigError: a bad field or a layer/head outside the model. HookError: an unsupported architecture.
+        SpanError: queries ``answer`` on a prompt without a question.
+    """
+    from probe.attention.intervention import Intervention
+    from probe.attention.intervention import intervention as _intervention
+    from probe.loading import LoadedModel
+    from probe.types import Prompt, TokenizedPrompt
+
+    if spec is not None and spec_values:
+        raise ProbeError("intervention: give an Intervention or its fields, not both")
+    if spec is None:
+        spec = Intervention(**spec_values)
+    items = [prompts] if isinstance(prompts, (Prompt, TokenizedPrompt)) else list(prompts)
+    tokenized: list[TokenizedPrompt] = []
+    ids: list[str] = []
+    for i, p in enumerate(items):
+        if isinstance(p, Prompt):
+            if not isinstance(model, LoadedModel):
+                raise ProbeError("intervention: a built Prompt needs the loaded model (probe.load_model) to tokenize "
+                                 "it; or pass probe.tokenize_prompt(prompt, tokenizer)")
+            tokenized.append(tokenize_prompt(p, model))
+            ids.append(p.prompt_id)
+        else:
+            tokenized.append(p)
+            ids.append(str(i))
+    hf_model = model.model if isinstance(model, LoadedModel) else model
+    pad_id = 0
+    if isinstance(model, LoadedModel) and model.tokenizer.pad_token_id is not None:
+        pad_id = int(model.tokenizer.pad_token_id)
+    with _intervention(hf_model, tokenized, spec, row_edits=row_edits, seed=seed, prompt_ids=ids,
+                       pad_id=pad_id) as batch:
+        yield batch
 
 
 def experiment_config(experiment: Experiment, overrides: Mapping[str, Mapping[str, Any]] | None = None

@@ -66,11 +66,21 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     from probe.backends.openai import check_probe_supported
 
+    from probe.runner import check_interventions_supported
+
     cfg = _load(args)
+    cards = []
     for m in cfg.experiment.models:
         card = get_card(m)
+        cards.append(card)
         if cfg.probe.enabled:
             check_probe_supported(card)
+    check_interventions_supported(cfg, cards)
+    for iv in cfg.interventions:
+        heads = iv.heads
+        if not isinstance(heads, (str, tuple)) and not Path(heads.from_run).is_dir():
+            raise ProbeError(f"{args.experiment}: interventions {iv.name!r}: heads.from = {heads.from_run!r} is not a "
+                             "run folder; run the selection experiment first (probe.enabled = true)")
     print(f"{args.experiment}: ok ({len(cfg.tasks)} task source(s), models: {', '.join(cfg.experiment.models)})")
     return 0
 
@@ -241,8 +251,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     elif args.what == "generate":
         from probe.bench.generate import format_generate_bench, run_generate_bench
 
+        from probe.bench.generate import format_intervention_bench, run_intervention_bench
+
         bench = run_generate_bench(args.experiment, n_prompts=args.n or 32, batch_size=args.batch_size)
         print(format_generate_bench(bench))
+        row = run_intervention_bench(args.experiment, n_prompts=args.n or 32, batch_size=args.batch_size)
+        print(format_intervention_bench(row))
     else:
         from probe.bench.attention import (
             DEFAULT_MODEL,

@@ -8,6 +8,8 @@ backslashes, control characters); the run folder keeps that text (:func:`read_ru
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -122,6 +124,166 @@ class ProbeSection:
             raise ConfigError(f"probe.residue_mode: {self.residue_mode!r} is not 'cosine' or 'mass'")
 
 
+INTERVENTION_KINDS: tuple[str, ...] = ("knockout", "steer")
+INTERVENTION_KEYS: tuple[str, ...] = ("extraneous", "filler", "germane", "matched-random")
+INTERVENTION_QUERIES: tuple[str, ...] = ("answer", "after")
+HEAD_RANKINGS: tuple[str, ...] = ("enrichment", "p_ext")
+INTERVENTION_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+@dataclass(frozen=True)
+class LayerWindow:
+    """A window of ``window`` consecutive layers swept over the depth in steps of ``stride`` (``layers = {window =
+    W, stride = S}``): one intervention per window, named ``<name>@L<first>-<last>``."""
+
+    window: int
+    stride: int = 1
+
+    def __post_init__(self) -> None:
+        if self.window < 1 or self.stride < 1:
+            raise ConfigError(f"layers = {{window = {self.window}, stride = {self.stride}}}: both must be >= 1")
+
+
+@dataclass(frozen=True)
+class TopHeads:
+    """The ``top_k`` heads by ``by`` (mean over the prompts of a separate probe run, the run folder ``from_run``;
+    TOML key ``from``), and with ``random_control`` a second intervention ``<name>+random`` on as many random
+    heads."""
+
+    top_k: int
+    from_run: str
+    by: str = "enrichment"
+    random_control: bool = False
+
+    def __post_init__(self) -> None:
+        if self.top_k < 1:
+            raise ConfigError(f"heads.top_k: {self.top_k} must be >= 1")
+        if not self.from_run:
+            raise ConfigError("heads.from: name the run folder of a separate probe run to take the heads from")
+        if self.by not in HEAD_RANKINGS:
+            raise ConfigError(f"heads.by: {self.by!r}; use one of {', '.join(HEAD_RANKINGS)}")
+
+
+@dataclass(frozen=True)
+class InterventionSection:
+    """One ``[[interventions]]`` table (see :mod:`probe.attention.intervention` for what each value does).
+
+    ``layers``: ``"all"``, a list of layers, or a :class:`LayerWindow` sweep. ``heads``: ``"all"``, a list of
+    ``[layer, head]`` pairs, or :class:`TopHeads` from a separate probe run.
+    """
+
+    name: str
+    kind: str
+    alpha: float | None = None
+    keys: str = "extraneous"
+    queries: str = "answer"
+    layers: str | tuple[int, ...] | LayerWindow = "all"
+    heads: str | tuple[tuple[int, int], ...] | TopHeads = "all"
+
+    def __post_init__(self) -> None:
+        what = f"interventions[{self.name!r}]"
+        if not INTERVENTION_NAME.match(self.name):
+            raise ConfigError(f"interventions.name: {self.name!r}; use letters, digits, '_', '.' or '-'")
+        if self.kind not in INTERVENTION_KINDS:
+            raise ConfigError(f"{what}.kind: {self.kind!r}; use {' or '.join(INTERVENTION_KINDS)}")
+        if self.kind == "knockout" and self.alpha is not None:
+            raise ConfigError(f"{what}.alpha: {self.alpha} has no effect on a knockout; remove it or use "
+                              "kind = \"steer\"")
+        if self.kind == "steer" and (self.alpha is None or not self.alpha >= 0 or math.isinf(self.alpha)):
+            raise ConfigError(f"{what}.alpha: a steer needs a finite alpha >= 0 (0 equals the knockout), got "
+                              f"{self.alpha}")
+        if self.keys not in INTERVENTION_KEYS:
+            raise ConfigError(f"{what}.keys: {self.keys!r}; use one of {', '.join(INTERVENTION_KEYS)}")
+        if self.queries not in INTERVENTION_QUERIES:
+            raise ConfigError(f"{what}.queries: {self.queries!r}; use {' or '.join(INTERVENTION_QUERIES)}")
+        if isinstance(self.layers, str) and self.layers != "all":
+            raise ConfigError(f"{what}.layers: {self.layers!r}; use \"all\", a list of layers or "
+                              "{window = W, stride = S}")
+        if isinstance(self.layers, tuple) and (not self.layers or any(x < 0 for x in self.layers)
+                                               or len(set(self.layers)) != len(self.layers)):
+            raise ConfigError(f"{what}.layers: {list(self.layers)} must be distinct layer indices >= 0")
+        if isinstance(self.heads, str) and self.heads != "all":
+            raise ConfigError(f"{what}.heads: {self.heads!r}; use \"all\", a list of [layer, head] pairs or "
+                              "{top_k = K, from = \"<run folder>\"}")
+        if isinstance(self.heads, tuple):
+            if not self.heads or any(x < 0 for pair in self.heads for x in pair):
+                raise ConfigError(f"{what}.heads: {[list(h) for h in self.heads]} must be [layer, head] pairs >= 0")
+        if self.heads != "all" and self.layers != "all" and not (
+                isinstance(self.layers, tuple) and isinstance(self.heads, tuple)):
+            raise ConfigError(f"{what}: a layer sweep or top-k heads need the other of layers / heads to be \"all\"")
+        if isinstance(self.layers, tuple) and isinstance(self.heads, tuple):
+            outside = sorted({layer for layer, _ in self.heads} - set(self.layers))
+            if outside:
+                raise ConfigError(f"{what}.heads: layers {outside} are not in layers {list(self.layers)}")
+
+    @staticmethod
+    def from_table(data: Any, where: str) -> "InterventionSection":
+        """Build the section from one TOML table; errors name ``where`` and the key."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"{where}: expected a table, got {type(data).__name__}")
+        names = {f.name for f in fields(InterventionSection)}
+        unknown = set(data) - names
+        if unknown:
+            raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; valid keys: "
+                              f"{', '.join(sorted(names))}")
+        kw: dict[str, Any] = {}
+        for k in ("name", "kind", "keys", "queries"):
+            if k in data:
+                kw[k] = _coerce(str, data[k], f"{where}.{k}")
+        if "alpha" in data:
+            kw["alpha"] = _coerce(float, data["alpha"], f"{where}.alpha")
+        layers = data.get("layers", "all")
+        if isinstance(layers, list):
+            kw["layers"] = tuple(_coerce(int, x, f"{where}.layers") for x in layers)
+        elif isinstance(layers, dict):
+            kw["layers"] = _build(LayerWindow, layers, f"{where}.layers")
+        elif isinstance(layers, str):
+            kw["layers"] = layers
+        else:
+            raise ConfigError(f"{where}.layers: {layers!r}; use \"all\", a list or {{window = W, stride = S}}")
+        heads = data.get("heads", "all")
+        if isinstance(heads, list):
+            pairs = []
+            for h in heads:
+                if not (isinstance(h, list) and len(h) == 2):
+                    raise ConfigError(f"{where}.heads: {h!r} is not a [layer, head] pair")
+                pairs.append((_coerce(int, h[0], f"{where}.heads"), _coerce(int, h[1], f"{where}.heads")))
+            kw["heads"] = tuple(pairs)
+        elif isinstance(heads, dict):
+            table = dict(heads)
+            if "from_run" in table:
+                raise ConfigError(f"{where}.heads: write the run folder as `from`")
+            if "from" in table:
+                table["from_run"] = table.pop("from")
+            kw["heads"] = _build(TopHeads, table, f"{where}.heads")
+        elif isinstance(heads, str):
+            kw["heads"] = heads
+        else:
+            raise ConfigError(f"{where}.heads: {heads!r}; use \"all\", a list of pairs or {{top_k = K, from = ...}}")
+        try:
+            return InterventionSection(**kw)
+        except TypeError as e:  # a required key is missing
+            raise ConfigError(f"{where}: {e}") from None
+
+    def to_table(self) -> dict[str, Any]:
+        """The TOML table (``from_table(to_table())`` is this section)."""
+        d: dict[str, Any] = {"name": self.name, "kind": self.kind}
+        if self.alpha is not None:
+            d["alpha"] = self.alpha
+        d["keys"] = self.keys
+        d["queries"] = self.queries
+        if isinstance(self.layers, LayerWindow):
+            d["layers"] = {"window": self.layers.window, "stride": self.layers.stride}
+        else:
+            d["layers"] = list(self.layers) if isinstance(self.layers, tuple) else self.layers
+        if isinstance(self.heads, TopHeads):
+            d["heads"] = {"top_k": self.heads.top_k, "from": self.heads.from_run, "by": self.heads.by,
+                          "random_control": self.heads.random_control}
+        else:
+            d["heads"] = [list(h) for h in self.heads] if isinstance(self.heads, tuple) else self.heads
+        return d
+
+
 @dataclass(frozen=True)
 class AnalysisSection:
     brittle_em: float = 0.10  # Control EM below this -> intrinsic-load brittle
@@ -139,6 +301,7 @@ class ExperimentConfig:
     generation: GenerationSection = field(default_factory=GenerationSection)
     probe: ProbeSection = field(default_factory=ProbeSection)
     analysis: AnalysisSection = field(default_factory=AnalysisSection)
+    interventions: tuple[InterventionSection, ...] = ()
 
     @property
     def run_dir(self) -> Path:
@@ -198,7 +361,7 @@ def _coerce(tp: Any, v: Any, where: str) -> Any:
 
 
 def config_from_dict(data: dict[str, Any], where: str = "<config>") -> ExperimentConfig:
-    sections = {"experiment", "tasks", "ice", "generation", "probe", "analysis"}
+    sections = {"experiment", "tasks", "ice", "generation", "probe", "analysis", "interventions"}
     unknown = set(data) - sections
     if unknown:
         raise ConfigError(f"{where}: unknown section(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(sections))}")
@@ -209,6 +372,9 @@ def config_from_dict(data: dict[str, Any], where: str = "<config>") -> Experimen
         raise ConfigError(f"{where}: missing [[tasks]] (at least one task source)")
     if isinstance(raw_tasks, dict):
         raw_tasks = [raw_tasks]
+    raw_interventions = data.get("interventions", [])
+    if isinstance(raw_interventions, dict):
+        raw_interventions = [raw_interventions]
     try:
         cfg = ExperimentConfig(
             experiment=_build(ExperimentSection, data["experiment"], f"{where}: experiment"),
@@ -217,12 +383,24 @@ def config_from_dict(data: dict[str, Any], where: str = "<config>") -> Experimen
             generation=_build(GenerationSection, data.get("generation", {}), f"{where}: generation"),
             probe=_build(ProbeSection, data.get("probe", {}), f"{where}: probe"),
             analysis=_build(AnalysisSection, data.get("analysis", {}), f"{where}: analysis"),
+            interventions=tuple(InterventionSection.from_table(t, f"{where}: interventions[{i}]")
+                                for i, t in enumerate(raw_interventions)),
         )
+        _check_intervention_names(cfg.interventions)
         _refuse_idle_options(raw_tasks, data.get("ice", {}), where)
     except ConfigError as e:
         msg = str(e)
         raise ConfigError(msg if msg.startswith(where) else f"{where}: {msg}") from None
     return cfg
+
+
+def _check_intervention_names(sections: tuple[InterventionSection, ...]) -> None:
+    """Intervention names must be unique (trial ids and record folders carry them)."""
+    seen: set[str] = set()
+    for s in sections:
+        if s.name in seen:
+            raise ConfigError(f"interventions.name: {s.name!r} is used twice; give each intervention its own name")
+        seen.add(s.name)
 
 
 def _refuse_idle_options(raw_tasks: list[dict[str, Any]], raw_ice: dict[str, Any], where: str) -> None:
@@ -312,6 +490,10 @@ def dump_config(cfg: ExperimentConfig) -> str:
         lines.append("[[tasks]]")
         lines += [f"{k} = {_toml_value(v)}" for k, v in t.items() if k == "source" or k in source.options]
         lines.append("")
+    for iv in cfg.interventions:
+        lines.append("[[interventions]]")
+        lines += [f"{k} = {_toml_value(v)}" for k, v in iv.to_table().items()]
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -348,4 +530,6 @@ def _toml_value(v: Any) -> str:
         return toml_string(v)
     if isinstance(v, list):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + " }"
     raise ConfigError(f"cannot write {v!r} (a {type(v).__name__}) as a TOML value")

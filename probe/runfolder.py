@@ -7,7 +7,9 @@ A run of an experiment lives in ``outputs/<name>/``; this module is the only pla
     prompts.jsonl             one built prompt per line (probe.types.Prompt)
     trials.jsonl              one trial per line (probe.records.TrialRecord); trials.rank<r>.jsonl while a
                               data-parallel run is in flight
+    interventions.json        the run's [[interventions]] as each model runs them (probe.interventions)
     attention/<model>/<stem>.npz   one probe record per prompt (probe.attention.SegmentAttention)
+    attention/<model>/intervention=<name>/<stem>.npz   the same under an intervention
     analysis.json, analysis.md, attention_summary.npz, tables/*.csv     probe analyze
     report.html, figures/*.png                                          probe report
     show/<model>/<stem>[.L<layer>][.H<head>].html                       probe show (one prompt's attention)
@@ -37,6 +39,7 @@ CONFIG = "config.toml"
 MANIFEST = "manifest.json"
 PROMPTS = "prompts.jsonl"
 TRIALS = "trials.jsonl"
+INTERVENTIONS = "interventions.json"
 ANALYSIS = "analysis.json"
 ANALYSIS_MD = "analysis.md"
 ATTENTION_SUMMARY = "attention_summary.npz"
@@ -174,6 +177,11 @@ class RunFolder:
     @property
     def analysis(self) -> Path:
         return self.root / ANALYSIS
+
+    @property
+    def interventions(self) -> Path:
+        """The resolved interventions of the run, one JSON list (:mod:`probe.interventions`)."""
+        return self.root / INTERVENTIONS
 
     @property
     def analysis_md(self) -> Path:

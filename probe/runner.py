@@ -24,6 +24,7 @@ from typing import Any, Callable, Sequence
 from probe.backends import LocalBackend, make_backend
 from probe.backends.base import Backend, Generation
 from probe.config import ExperimentConfig, ProbeSection, dump_config, read_run_config
+from probe.interventions import ResolvedIntervention, resolve_interventions, write_interventions
 from probe.errors import ConfigError
 from probe.loading import ModelCard, get_card, load_tokenizer
 from probe.prompts.builder import IceBuilder
@@ -222,13 +223,26 @@ def build_prompts(cfg: ExperimentConfig, progress: bool = True,
 # Trials
 
 
-def make_record(model: str, prompt: Prompt, task: Task, gen: Generation) -> TrialRecord:
-    """Score a generation with its family's scorer (:mod:`probe.tasks`) and flatten it into a trial record."""
-    base = dict(trial_id=make_trial_id(model, prompt.prompt_id), model=model, prompt_id=prompt.prompt_id,
-                task_id=prompt.task_id, source=prompt.source, condition=prompt.condition, load=prompt.load,
-                achieved_load=prompt.achieved_load, replication=prompt.replication,
+def make_record(model: str, prompt: Prompt, task: Task, gen: Generation,
+                intervention: str | None = None) -> TrialRecord:
+    """Score a generation with its family's scorer (:mod:`probe.tasks`) and flatten it into a trial record.
+
+    ``intervention`` names the intervention the model ran under (None: the baseline); such a record's ``meta``
+    holds ``intervention_keys`` (the key tokens edited) and, when a matched-random draw found too few tokens,
+    ``intervention_keys_wanted``.
+    """
+    meta = dict(task.meta)
+    if intervention is not None and gen.intervention_keys is not None:
+        n_keys, wanted = gen.intervention_keys
+        meta["intervention_keys"] = n_keys
+        if wanted != n_keys:
+            meta["intervention_keys_wanted"] = wanted
+    base = dict(trial_id=make_trial_id(model, prompt.prompt_id, intervention), model=model,
+                prompt_id=prompt.prompt_id, task_id=prompt.task_id, source=prompt.source, condition=prompt.condition,
+                load=prompt.load, achieved_load=prompt.achieved_load, replication=prompt.replication,
                 prompt_tokens=gen.prompt_tokens or 0, gold=task.gold, s_sim=prompt.s_sim,
-                completion_tokens=gen.completion_tokens, meta=dict(task.meta) or None, family=prompt.family)
+                completion_tokens=gen.completion_tokens, meta=meta or None, family=prompt.family,
+                intervention=intervention)
     if gen.skip_reason or gen.error:
         return TrialRecord(**base, output=gen.text, answer=None, em=None, hop_recall=None, truncated=False,
                            uninterpretable=False, skipped=gen.skip_reason is not None, skip_reason=gen.skip_reason,
@@ -281,42 +295,73 @@ def done_ids(run: str | Path | RunFolder) -> set[str]:
 
 def run_model(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], tasks: dict[str, Task],
               rank: int = 0, world: int = 1, progress: bool = True,
-              on_batch: Callable[[list[TrialRecord]], None] | None = None) -> int:
+              on_batch: Callable[[list[TrialRecord]], None] | None = None,
+              interventions: Sequence[ResolvedIntervention] = ()) -> int:
     """Run one model over its prompts, appending trial records; returns the number of new trials.
 
-    Under greedy decoding, prompts with the same text (Control replications) are generated once and recorded
-    once per prompt. Records are written after every generation batch.
+    Each prompt runs once as the baseline and once under each intervention (trial ids and probe records name it),
+    one intervention at a time, batched. Under greedy decoding, prompts with the same text (Control replications)
+    are generated once and recorded once per prompt (per prompt id under ``matched-random`` keys, which are drawn
+    per prompt id). Records are written after every generation batch.
+
+    Raises:
+        ConfigError: interventions on a served model (they edit attention inside the model).
     """
+    if interventions and not isinstance(backend, LocalBackend):
+        raise ConfigError(f"model {backend.model_name!r}: interventions edit attention inside the model and need "
+                          "local weights (a served model gives text only); remove [[interventions]] or the model")
+    written = 0
+    for iv in [None, *interventions]:
+        written += _run_arm(cfg, backend, prompts, tasks, iv, rank, world, progress, on_batch)
+    return written
+
+
+def _run_arm(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], tasks: dict[str, Task],
+             iv: ResolvedIntervention | None, rank: int, world: int, progress: bool,
+             on_batch: Callable[[list[TrialRecord]], None] | None) -> int:
+    """The baseline (``iv`` None) or one intervention over the model's prompts (see :func:`run_model`)."""
     from tqdm import tqdm
 
     run = cfg.run_folder
     model = backend.model_name
+    name = iv.name if iv is not None else None
     done = done_ids(run)
     mine = shard_of(prompts, rank, world)
-    pending = [p for p in mine if make_trial_id(model, p.prompt_id) not in done]
-    log.info("%s: rank %d of %d: %d trials to run, %d already recorded", model, rank, world, len(pending),
-             len(mine) - len(pending))
+    pending = [p for p in mine if make_trial_id(model, p.prompt_id, name) not in done]
+    log.info("%s%s: rank %d of %d: %d trials to run, %d already recorded", model,
+             "" if name is None else f" [{name}]", rank, world, len(pending), len(mine) - len(pending))
     if not pending:
         return 0
     greedy = cfg.generation.temperature == 0
+    per_id = iv is not None and iv.section.keys == "matched-random"
+
+    def group_key(p: Prompt) -> str:
+        return p.text if greedy and not per_id else p.prompt_id
+
     by_text: dict[str, list[Prompt]] = {}
     for p in pending:
-        by_text.setdefault(p.text if greedy else p.prompt_id, []).append(p)
+        by_text.setdefault(group_key(p), []).append(p)
     unique = [group[0] for group in by_text.values()]
     out_path = trials_path(run, rank, world)
     probe_opts = cfg.probe if cfg.probe.enabled else None
     written = 0
-    bar = tqdm(total=len(pending), desc=f"{model}", disable=not progress, unit="trial")
+    bar = tqdm(total=len(pending), desc=model if name is None else f"{model} [{name}]", disable=not progress,
+               unit="trial")
     buffer: list[TrialRecord] = []
     # a local model computes the probe while it generates (LocalBackend.generate), batch by batch
-    probe_kwargs = {"probe": probe_opts} if probe_opts is not None and isinstance(backend, LocalBackend) else {}
+    kwargs: dict[str, Any] = {}
+    if isinstance(backend, LocalBackend):
+        if probe_opts is not None:
+            kwargs["probe"] = probe_opts
+        if iv is not None:
+            kwargs["intervention"] = iv.spec()
     try:
-        for prompt, gen in backend.generate(unique, cfg.generation, **probe_kwargs):
-            key = prompt.text if greedy else prompt.prompt_id
+        for prompt, gen in backend.generate(unique, cfg.generation, **kwargs):
+            key = group_key(prompt)
             if probe_opts is not None and gen.error is None and gen.skip_reason is None:
-                probe_and_save(cfg, backend, by_text[key], gen, probe_opts)
+                probe_and_save(cfg, backend, by_text[key], gen, probe_opts, name)
             for p in by_text[key]:
-                buffer.append(make_record(model, p, tasks[p.task_id], gen))
+                buffer.append(make_record(model, p, tasks[p.task_id], gen, name))
             if len(buffer) >= cfg.generation.batch_size:
                 rows, buffer = buffer, []
                 written += _flush(out_path, rows, on_batch)
@@ -338,23 +383,28 @@ def _flush(path: Path, rows: list[TrialRecord], on_batch: Callable[[list[TrialRe
 
 
 def probe_and_save(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], gen: Generation,
-                   opts: ProbeSection) -> None:
+                   opts: ProbeSection, intervention: str | None = None) -> None:
     """Store the probe of one prompt text (computed by the backend while generating, else here) under every prompt
     id that shares the text.
 
-    Records go to :meth:`probe.runfolder.RunFolder.attention_record` of (model, prompt id), where the analysis
-    reads them; one that exists already (a resumed run) is not probed again.
+    Records go to :meth:`probe.runfolder.RunFolder.attention_record` of (model, prompt id, intervention), where the
+    analysis reads them; one that exists already (a resumed run) is not probed again. Under an intervention the
+    backend always computes the probe (of the intervened model) while generating.
     """
     from probe.attention import probe_prompt
 
     if not isinstance(backend, LocalBackend):
         raise ConfigError(f"model {backend.model_name!r}: probes need local weights (a served model gives text only)")
     run = cfg.run_folder
-    paths = [run.attention_record(backend.model_name, p.prompt_id) for p in prompts]
+    paths = [run.attention_record(backend.model_name, p.prompt_id, intervention) for p in prompts]
     todo = [p for p in paths if not p.exists()]
     if not todo:
         return
     result = gen.attention
+    if result is None and intervention is not None:
+        log.warning("%s: no probe of prompt %s under intervention %r (an empty answer cannot be probed with query "
+                    "'generated')", backend.model_name, prompts[0].prompt_id, intervention)
+        return
     if result is None:
         tp = backend.tokenize(prompts[0])
         generated = gen.output_ids if opts.query == "generated" else None
@@ -365,6 +415,21 @@ def probe_and_save(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt
         tmp = p.with_name(p.name + ".tmp")
         shutil.copyfile(todo[0], tmp)
         tmp.replace(p)
+
+
+def check_interventions_supported(cfg: ExperimentConfig, cards: Sequence[ModelCard]) -> None:
+    """Refuse ``[[interventions]]`` on a served model (they edit attention inside the model).
+
+    Raises:
+        ConfigError: naming the card and what to do.
+    """
+    if not cfg.interventions:
+        return
+    for c in cards:
+        if not c.is_local:
+            raise ConfigError(f"{c.card_path or c.name}: model {c.name!r} is served; [[interventions]] edit attention "
+                              "inside the model and need local weights. Run the interventions in an experiment of "
+                              "local models (source = package | gguf | local | hub)")
 
 
 def run_experiment(cfg: ExperimentConfig, progress: bool = True, force: bool = False, rank: int = 0,
@@ -389,6 +454,7 @@ def run_experiment(cfg: ExperimentConfig, progress: bool = True, force: bool = F
 
         for c in cards:
             check_probe_supported(c)
+    check_interventions_supported(cfg, cards)
     task_list = load_all_tasks(cfg)
     by_model = build_prompts(cfg, progress=progress and rank == 0, tasks=task_list)
     tasks = {t.task_id: t for t in task_list}
@@ -399,12 +465,21 @@ def run_experiment(cfg: ExperimentConfig, progress: bool = True, force: bool = F
             revisions[card.name] = backend.loaded.revision
         if rank == 0:
             write_manifest(run_dir, cfg, cards, revisions)
-        run_model(cfg, backend, by_model[card.name], tasks, rank=rank, world=world, progress=progress)
+        resolved: list[ResolvedIntervention] = []
+        if cfg.interventions and isinstance(backend, LocalBackend):
+            from probe.attention.engine import layers_and_heads
+
+            n_layers, n_heads = layers_and_heads(backend.loaded.model)
+            resolved = resolve_interventions(cfg, card.name, n_layers, n_heads, by_model[card.name])
+            if rank == 0:
+                write_interventions(run_dir, card.name, resolved)
+        run_model(cfg, backend, by_model[card.name], tasks, rank=rank, world=world, progress=progress,
+                  interventions=resolved)
         del backend
     if world == 1:  # shard files left by an interrupted data-parallel run are folded in once this run is done
         merge_shards(run_dir)
     return run_dir
 
 
-__all__ = ["build_prompts", "make_record", "merge_shards", "prepare_run_dir", "run_experiment",
+__all__ = ["build_prompts", "check_interventions_supported", "make_record", "merge_shards", "prepare_run_dir", "run_experiment",
            "run_model"]

@@ -26,6 +26,11 @@ Generation (:func:`probe_generation`): the capture is told the batch's width and
 and keys both span it — ``generate``'s prefill, which sees the whole prompt — and lets every decode step (one
 query, a longer cache) through untouched. The generated tokens are those of the ``sdpa`` implementation.
 
+Interventions (:mod:`probe.attention.intervention`, :func:`attach_edit`): the same registered function applies an
+active :class:`~probe.attention.intervention.BatchEdit` to the layers it names (knockout or steer of the edges from
+chosen queries to chosen keys), during a forward pass or every step of ``generate``; a probe active at the same
+time adds the same edit to its rows, so it measures the intervened attention.
+
 No L × H × T² tensor ever exists: the largest probe tensor is one block, ``(heads, rows, keys)``, with the rows
 chosen so that it stays within a few per cent of the forward's own activations
 (:func:`~probe.attention.capacity.block_elements`). After the forward pass the capture checks that every layer
@@ -51,6 +56,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from probe.attention.capacity import ModelShape, block_elements
+from probe.attention.intervention import BatchEdit, edited_attention
 from probe.attention.plan import ProbePlan, build_plan
 from probe.attention.reduce import SCRATCH_COPIES, LayerAggregates, LayerReducer, PlanTensors, RowBlock, assemble_result
 from probe.attention.result import SegmentAttention
@@ -71,6 +77,7 @@ SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3", 
 PROMPT_QUERY_SETS = ("question", "last")
 
 _ACTIVE: contextvars.ContextVar["Capture | None"] = contextvars.ContextVar("ice_probe_capture", default=None)
+_ACTIVE_EDIT: contextvars.ContextVar["BatchEdit | None"] = contextvars.ContextVar("ice_probe_edit", default=None)
 _registered = False
 
 
@@ -87,6 +94,12 @@ def _register() -> None:
 def text_config_of(model: PreTrainedModel) -> object:
     """The model's text (decoder) config."""
     return model.config.get_text_config()
+
+
+def layers_and_heads(model: PreTrainedModel) -> tuple[int, int]:
+    """The model's number of layers and of query heads per layer."""
+    cfg = model.config.get_text_config()
+    return int(cfg.num_hidden_layers), int(cfg.num_attention_heads)
 
 
 def check_architecture(model: PreTrainedModel) -> None:
@@ -288,6 +301,7 @@ class Capture:
         attention_mask: torch.Tensor | None,
         scaling: float,
         softcap: float | None,
+        edit: BatchEdit | None = None,
     ) -> None:
         """Compute the needed rows of one layer for every prompt of the batch, in blocks, and keep their aggregates.
 
@@ -298,6 +312,8 @@ class Capture:
             attention_mask: (B or 1, 1, W, W) bool (True = may attend) or additive float mask, or None (causal).
             scaling: multiplier of ``q·kᵀ``.
             softcap: logit soft-capping value, or None.
+            edit: an intervention acting on this layer (its bias is added to the rows' scores, so the probe
+                measures the intervened attention), or None.
         """
         n_batch, n_heads, n_q, _ = query.shape
         n_kv, n_k = key.shape[1], key.shape[2]
@@ -330,8 +346,9 @@ class Capture:
                     b = i if attention_mask.shape[0] > 1 else 0
                     mask = attention_mask[b, 0, p:, p:]  # (T, T): the prompt's own rows and keys
                     mask_key = (attention_mask.data_ptr(), tuple(attention_mask.shape), b, p)
+                row_edit = (edit, layer, i) if edit is not None and edit.edits_layer(layer) else None
                 row.layers[layer] = self._reduce(row, query[i, :, p:, :], key[i, :, p:, :], mask, mask_key, scaling,
-                                                 softcap)
+                                                 softcap, row_edit)
 
     def _reduce(
         self,
@@ -342,8 +359,10 @@ class Capture:
         mask_key: tuple,
         scaling: float,
         softcap: float | None,
+        row_edit: tuple[BatchEdit, int, int] | None = None,
     ) -> LayerAggregates:
-        """One prompt's aggregates in one layer from its (H, T, D) queries and (H_kv, T, D) keys."""
+        """One prompt's aggregates in one layer from its (H, T, D) queries and (H_kv, T, D) keys; ``row_edit`` =
+        (the batch's edit, layer, batch row) adds the intervention's bias to the scores."""
         n_heads, dim = query.shape[0], query.shape[2]
         n_kv = key.shape[0]
         tensors = row.tensors_on(query.device)
@@ -365,6 +384,11 @@ class Capture:
             if softcap is not None:
                 scores = scores.div_(softcap).tanh_().mul_(softcap)
             bm.apply(scores)
+            if row_edit is not None:
+                edit, layer, i = row_edit
+                rows = torch.tensor([i], device=edit.device)
+                scores += edit.bias(layer, (block.positions + row.pad).to(edit.device), bm.lo + row.pad,
+                                    bm.hi + row.pad, rows)[0].to(scores.device)
             probs = torch.softmax(scores, dim=-1)
             del scores
             reducer.add(block, probs, bm.lo)
@@ -485,11 +509,13 @@ def _probe_attention(
     softcap: float | None = None,
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
-    """The registered attention function: the model's output through SDPA, the probe's aggregates on the side."""
+    """The registered attention function: the model's output through SDPA (edited where an intervention is active,
+    :mod:`probe.attention.intervention`), the probe's aggregates of that attention on the side."""
     capture = _ACTIVE.get()
-    if capture is None:
+    edit = _ACTIVE_EDIT.get()
+    if capture is None and edit is None:
         raise HookError(
-            f"attention implementation {IMPLEMENTATION!r} was called outside probe_prompt; "
+            f"attention implementation {IMPLEMENTATION!r} was called outside a probe or an intervention; "
             "set the model's attention implementation back (model.set_attn_implementation('sdpa'))"
         )
     layer = getattr(module, "layer_idx", None)
@@ -503,12 +529,51 @@ def _probe_attention(
         mask = attention_mask
     else:
         raise HookError(f"layer {layer}: unsupported attention mask type {type(attention_mask).__name__}")
-    if softcap is None:
-        out, _ = sdpa_attention_forward(module, query, key, value, mask, dropout=0.0, scaling=scaling, **kwargs)
-    else:
-        out = _blocked_attention(query, key, value, mask, scaling, softcap, capture.options.block_size)
-    capture.report(int(layer), query, key, mask, float(scaling), softcap)
+    editing = edit is not None and edit.edits_layer(int(layer))
+    if editing and query.shape[0] != edit.keys.shape[0]:  # type: ignore[union-attr]
+        raise HookError(f"layer {layer}: a batch of {query.shape[0]} rows, the intervention was built for "
+                        f"{edit.keys.shape[0]}")  # type: ignore[union-attr]
+    # A decode step in which every row is edited needs no unedited output.
+    skip_base = editing and query.shape[2] == 1 and edit.every_row_keyed  # type: ignore[union-attr]
+    out: torch.Tensor | None = None
+    if not skip_base:
+        if softcap is None:
+            out, _ = sdpa_attention_forward(module, query, key, value, mask, dropout=0.0, scaling=scaling, **kwargs)
+        else:
+            block = capture.options.block_size if capture is not None else ProbeSection().block_size
+            out = _blocked_attention(query, key, value, mask, scaling, softcap, block)
+    if editing:
+        out = edited_attention(edit, int(layer), query, key, value, mask, float(scaling), softcap,  # type: ignore[arg-type]
+                               out)
+    if capture is not None:
+        capture.report(int(layer), query, key, mask, float(scaling), softcap, edit)
+    assert out is not None
     return out, None
+
+
+@contextmanager
+def attention_implementation(model: PreTrainedModel, name: str) -> Iterator[PreTrainedModel]:
+    """Switch ``model`` to attention implementation ``name`` for the block, then restore the previous one.
+
+    Nested blocks that ask for the implementation already in force change nothing.
+
+    Raises:
+        HookError: the model did not accept ``name`` (it does not dispatch through transformers'
+            ``AttentionInterface``).
+    """
+    previous = model.config._attn_implementation
+    try:
+        if previous != name:
+            model.set_attn_implementation(name)
+        if text_config_of(model)._attn_implementation != name:
+            raise HookError(
+                f"{type(model).__name__} did not accept attention implementation {name!r} "
+                "(it does not dispatch through transformers' AttentionInterface)"
+            )
+        yield model
+    finally:
+        if previous is not None and model.config._attn_implementation != previous:
+            model.set_attn_implementation(previous)
 
 
 @contextmanager
@@ -527,20 +592,32 @@ def attach_probe(model: PreTrainedModel, capture: Capture) -> Iterator[Capture]:
     """
     check_architecture(model)
     _register()
-    previous = model.config._attn_implementation
     token = _ACTIVE.set(capture)
     try:
-        model.set_attn_implementation(IMPLEMENTATION)
-        if text_config_of(model)._attn_implementation != IMPLEMENTATION:
-            raise HookError(
-                f"{type(model).__name__} did not accept attention implementation {IMPLEMENTATION!r} "
-                "(it does not dispatch through transformers' AttentionInterface)"
-            )
-        yield capture
+        with attention_implementation(model, IMPLEMENTATION):
+            yield capture
     finally:
         _ACTIVE.reset(token)
-        if previous is not None and model.config._attn_implementation != previous:
-            model.set_attn_implementation(previous)
+
+
+@contextmanager
+def attach_edit(model: PreTrainedModel, edit: BatchEdit) -> Iterator[BatchEdit]:
+    """Switch ``model`` to the engine's attention with an intervention's edit for the block, then restore it.
+
+    Composes with :func:`attach_probe` (either may be outside): a probe inside the block measures the edited
+    attention.
+
+    Raises:
+        HookError: unsupported architecture, or the model refused the attention implementation.
+    """
+    check_architecture(model)
+    _register()
+    token = _ACTIVE_EDIT.set(edit)
+    try:
+        with attention_implementation(model, IMPLEMENTATION):
+            yield edit
+    finally:
+        _ACTIVE_EDIT.reset(token)
 
 
 # ---------------------------------------------------------------------------------------------------------------

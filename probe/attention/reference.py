@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
+from probe.attention.engine import attention_implementation
 from probe.attention.result import KEY_KINDS, SegmentAttention
 from probe.config import ProbeSection
 from probe.errors import HookError
@@ -88,14 +89,9 @@ def reference_segment_attention(
         i = int(opts.query.split(":")[1])
         queries = list(range(*seg_bounds[i]))
 
-    previous = model.config._attn_implementation
-    model.set_attn_implementation("eager")
-    try:
-        with torch.no_grad():
-            ids = torch.tensor([list(tokenized.input_ids) + gen], device=input_device(model))
-            out = model(ids, output_attentions=True, use_cache=False)
-    finally:
-        model.set_attn_implementation(previous)
+    with torch.no_grad(), attention_implementation(model, "eager"):
+        ids = torch.tensor([list(tokenized.input_ids) + gen], device=input_device(model))
+        out = model(ids, output_attentions=True, use_cache=False)
     attentions = [a[0].double().cpu().numpy() for a in out.attentions]  # L x (H, T, T)
     config = model.config.get_text_config()
 

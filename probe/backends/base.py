@@ -29,6 +29,9 @@ class Generation:
     skip_reason: str | None = None
     output_ids: tuple[int, ...] | None = None  # local backends: generated token ids (for probe query "generated")
     attention: "SegmentAttention | None" = None  # local backends asked to probe: the prompt's attention aggregates
+    # under an intervention: (key tokens edited, key tokens asked for); they differ when a matched-random draw
+    # found too few tokens
+    intervention_keys: tuple[int, int] | None = None
 
 
 def build_messages(prompt: Prompt) -> list[dict[str, str]]:

@@ -17,13 +17,16 @@ import contextlib
 import hashlib
 import logging
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from probe.backends.base import Generation
 from probe.config import GenerationSection, ProbeSection
 from probe.loading import LoadedModel
 from probe.prompts.tokenize import tokenize_prompt
 from probe.types import Prompt, TokenizedPrompt
+
+if TYPE_CHECKING:
+    from probe.attention.intervention import Intervention, RowEdit
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +45,8 @@ class LocalBackend:
     def tokenize(self, prompt: Prompt) -> TokenizedPrompt:
         return tokenize_prompt(prompt, self.loaded.tokenizer, self.loaded.card.use_chat_template)
 
-    def generate(self, prompts: list[Prompt], gen: GenerationSection,
-                 probe: ProbeSection | None = None) -> Iterator[tuple[Prompt, Generation]]:
+    def generate(self, prompts: list[Prompt], gen: GenerationSection, probe: ProbeSection | None = None,
+                 intervention: Intervention | None = None) -> Iterator[tuple[Prompt, Generation]]:
         """Yield each prompt's generation; prompts are batched by similar length to waste little padding.
 
         Args:
@@ -53,10 +56,15 @@ class LocalBackend:
                 :class:`Generation` carries its ``attention`` (a ``SegmentAttention``): computed during the batch's
                 prefill, or for query ``generated`` in one forward pass per batch after generation (None for an
                 empty answer, which that query cannot probe).
+            intervention: an attention intervention the model generates (and is probed) under, or None. Each
+                prompt's keys come from its spans (``matched-random`` draws seeded by the backend's seed and the
+                prompt id); its :class:`Generation` carries ``intervention_keys``.
         """
         import torch
 
         from probe.attention import is_prompt_query, left_pad, probe_batch, probe_generation
+        from probe.attention.engine import attach_edit, layers_and_heads
+        from probe.attention.intervention import BatchEdit, row_edit
 
         tok = self.loaded.tokenizer
         model = self.loaded.model
@@ -76,10 +84,17 @@ class LocalBackend:
         pad = tok.pad_token_id
         device = self.loaded.device  # the input embedding's (a dispatched model's first weights may be on `meta`)
         ride_along = probe is not None and is_prompt_query(probe)
+        n_layers, n_heads = layers_and_heads(model)
         for b in range(0, len(runnable), gen.batch_size):
             batch = runnable[b : b + gen.batch_size]
             prompts_tok = [tp for _, tp in batch]
             input_ids, mask, pads = left_pad([tp.input_ids for tp in prompts_tok], pad)
+            edits = ([row_edit(tp, intervention, self.seed, p.prompt_id) for p, tp in batch]
+                     if intervention is not None else None)
+            editing: Any = contextlib.nullcontext()
+            if edits is not None:
+                editing = attach_edit(model, BatchEdit(edits, pads, intervention, n_layers, n_heads,  # type: ignore[arg-type]
+                                                       device))
             width = input_ids.shape[1]
             kwargs: dict[str, Any] = {"max_new_tokens": gen.max_new_tokens, "pad_token_id": pad}
             if gen.temperature > 0:
@@ -93,12 +108,13 @@ class LocalBackend:
                                           else contextlib.nullcontext()):
                 if sampling:
                     torch.manual_seed(sample_seed(self.seed, [p.prompt_id for p, _ in batch]))
-                if ride_along:
-                    with probe_generation(model, prompts_tok, pads, probe) as capture:
+                with editing:
+                    if ride_along:
+                        with probe_generation(model, prompts_tok, pads, probe) as capture:
+                            out = model.generate(**inputs, **kwargs)
+                        attention = list(capture.results())
+                    else:
                         out = model.generate(**inputs, **kwargs)
-                    attention = list(capture.results())
-                else:
-                    out = model.generate(**inputs, **kwargs)
             answers: list[tuple[list[int], bool]] = []
             for i in range(len(batch)):
                 new = out[i, width:].tolist()
@@ -108,13 +124,33 @@ class LocalBackend:
             if probe is not None and not ride_along:  # query "generated": prompt + answer, one forward per batch
                 rows = [i for i, (kept, _) in enumerate(answers) if kept]
                 if rows:
-                    results = probe_batch(model, [prompts_tok[i] for i in rows], probe, [answers[i][0] for i in rows])
+                    editing = contextlib.nullcontext()
+                    if edits is not None:  # the same edit, laid out for the batch of prompt + answer
+                        full = [len(prompts_tok[i].input_ids) + len(answers[i][0]) for i in rows]
+                        answer_pads = [max(full) - n for n in full]
+                        answer_edits = [_extend(edits[i], len(answers[i][0])) for i in rows]
+                        editing = attach_edit(model, BatchEdit(answer_edits, answer_pads, intervention,  # type: ignore[arg-type]
+                                                               n_layers, n_heads, device))
+                    with editing:
+                        results = probe_batch(model, [prompts_tok[i] for i in rows], probe,
+                                              [answers[i][0] for i in rows])
                     for i, r in zip(rows, results):
                         attention[i] = r
-            for (p, tp), (kept, truncated), att in zip(batch, answers, attention):
+            for i, ((p, tp), (kept, truncated), att) in enumerate(zip(batch, answers, attention)):
                 text = tok.decode(kept, skip_special_tokens=True)
+                keys = (edits[i].n_keys, edits[i].wanted) if edits is not None else None
                 yield p, Generation(text, truncated, prompt_tokens=len(tp.input_ids), completion_tokens=len(kept),
-                                    output_ids=tuple(kept), attention=att)
+                                    output_ids=tuple(kept), attention=att, intervention_keys=keys)
+
+
+def _extend(edit: "RowEdit", n_answer: int) -> "RowEdit":
+    """A prompt's edit over prompt + answer: the answer tokens are queries, never keys."""
+    import numpy as np
+
+    from probe.attention.intervention import RowEdit
+
+    return RowEdit(keys=np.concatenate([edit.keys, np.zeros(n_answer, dtype=bool)]), query_start=edit.query_start,
+                   wanted=edit.wanted)
 
 
 def sample_seed(seed: int, prompt_ids: list[str]) -> int:

@@ -35,6 +35,7 @@ import torch
 from transformers import PreTrainedModel
 
 from probe.attention import SegmentAttention, probe_batch, probe_prompt
+from probe.attention.engine import attention_implementation
 from probe.config import ProbeSection
 from probe.errors import ConfigError
 from probe.loading import input_device
@@ -247,14 +248,9 @@ def run_attention_bench(
 
 
 def _eager(model: PreTrainedModel, ids: torch.Tensor) -> None:
-    previous = model.config._attn_implementation
-    model.set_attn_implementation("eager")
-    try:
-        with torch.no_grad():
-            out = model.base_model(input_ids=ids, use_cache=False, output_attentions=True)
-        del out
-    finally:
-        model.set_attn_implementation(previous)
+    with torch.no_grad(), attention_implementation(model, "eager"):
+        out = model.base_model(input_ids=ids, use_cache=False, output_attentions=True)
+    del out
 
 
 def _boot_bridge(model: PreTrainedModel, name: str) -> object:

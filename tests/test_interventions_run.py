@@ -1,0 +1,215 @@
+"""Interventions in experiments: the ``[[interventions]]`` section, resolution (sweeps, top-k heads), the runner's
+trials and probe records per intervention, resumption, and refusals."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from probe import runner
+from probe.config import config_from_dict, dump_config
+from probe.errors import ConfigError
+from probe.interventions import read_interventions, resolve_interventions
+from probe.loading import ModelCard
+from probe.records import load_prompts, load_trials, make_trial_id
+
+pytestmark = pytest.mark.integration
+
+INTERVENTIONS = [
+    {"name": "ko", "kind": "knockout", "keys": "extraneous"},
+    {"name": "ko-random", "kind": "knockout", "keys": "matched-random"},
+    {"name": "sweep", "kind": "steer", "alpha": 0.0, "layers": {"window": 1, "stride": 1}},
+]
+
+
+def make_cfg(tmp_path: Path, card: Path, interventions=INTERVENTIONS, name: str = "iv", seed: int = 3,
+             probe: bool = True):
+    return config_from_dict({
+        "experiment": {"name": name, "seed": seed, "models": [str(card)], "output_dir": str(tmp_path)},
+        "tasks": [{"source": "synthetic", "n": 2, "hops": 2}],
+        "ice": {"conditions": ["Control", "Residue"], "loads": [50], "replications": 1},
+        "generation": {"max_new_tokens": 4, "batch_size": 3},
+        "probe": {"enabled": probe},
+        "analysis": {"embedder": ""},
+        "interventions": interventions,
+    })
+
+
+def test_run_records_every_prompt_once_per_intervention(tmp_path, tiny_card) -> None:
+    from probe.runfolder import RunFolder
+
+    cfg = make_cfg(tmp_path, tiny_card)
+    run_dir = runner.run_experiment(cfg, progress=False)
+    trials = load_trials(run_dir / "trials.jsonl")
+    prompts = {p.prompt_id for p in load_prompts(RunFolder(run_dir).prompts)}
+    names = [None, "ko", "ko-random", "sweep@L0-0", "sweep@L1-1"]  # the tiny model has 2 layers
+    assert len(trials) == len(prompts) * len(names) == 4 * 5
+    assert {(t.prompt_id, t.intervention) for t in trials} == {(p, n) for p in prompts for n in names}
+    assert all(t.trial_id == make_trial_id(t.model, t.prompt_id, t.intervention) for t in trials)
+    by = {(t.prompt_id, t.intervention): t for t in trials}
+    for t in trials:
+        if t.intervention in ("ko", "ko-random"):
+            ext_keys = t.meta["intervention_keys"]
+            assert (ext_keys == 0) == (t.condition == "Control")
+            # a Control prompt has no extraneous tokens: its knockout is the baseline, token for token
+            if t.condition == "Control":
+                assert t.output == by[(t.prompt_id, None)].output
+    # the matched-random control edits as many tokens as the extraneous knockout
+    for p in prompts:
+        assert by[(p, "ko-random")].meta["intervention_keys"] == by[(p, "ko")].meta["intervention_keys"]
+    # probe records per intervention, where the run folder names them
+    folder = RunFolder(run_dir)
+    for p in prompts:
+        for n in names:
+            assert folder.attention_record("tiny-llama", p, n).is_file()
+    entries = read_interventions(run_dir)
+    assert [e["name"] for e in entries] == names[1:]
+    sweep = [e for e in entries if e["group"] == "sweep"]
+    assert [e["window"] for e in sweep] == [[0, 0], [1, 1]] and [e["layers"] for e in sweep] == [[0], [1]]
+    ko = entries[0]
+    assert ko["layers"] == [0, 1] and ko["heads"] == "all" and ko["alpha"] is None and ko["kind"] == "knockout"
+    assert ko["window"] is None and ko["selection"] is None and ko["model"] == "tiny-llama"
+
+
+def test_interrupted_intervention_run_resumes_without_duplicates(tmp_path, tiny_card, monkeypatch) -> None:
+    cfg = make_cfg(tmp_path, tiny_card, interventions=INTERVENTIONS[:1], probe=False)
+    real_generate = runner.LocalBackend.generate
+    calls = {"n": 0}
+
+    def crashing(self, prompts, gen, **kw):
+        for item in real_generate(self, prompts, gen, **kw):
+            if kw.get("intervention") is not None:
+                calls["n"] += 1
+                if calls["n"] == 2:
+                    raise KeyboardInterrupt
+            yield item
+
+    monkeypatch.setattr(runner.LocalBackend, "generate", crashing)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_experiment(cfg, progress=False)
+    path = cfg.run_dir / "trials.jsonl"
+    first = path.read_text().splitlines()
+    assert 4 <= len(first) < 8
+    monkeypatch.setattr(runner.LocalBackend, "generate", real_generate)
+    runner.run_experiment(cfg, progress=False)
+    ids = [json.loads(x)["trial_id"] for x in path.read_text().splitlines()]
+    assert len(ids) == len(set(ids)) == 8
+    before = path.read_text()
+    runner.run_experiment(cfg, progress=False)
+    assert path.read_text() == before
+
+
+def test_top_k_heads_come_from_a_separate_probe_run(tmp_path, tiny_card) -> None:
+    from probe.attention import SegmentAttention
+    from probe.runfolder import RunFolder
+
+    selection = make_cfg(tmp_path, tiny_card, interventions=[], name="select", seed=11)
+    sel_dir = runner.run_experiment(selection, progress=False)
+    top = {"name": "top", "kind": "knockout", "heads": {"top_k": 3, "from": str(sel_dir), "random_control": True}}
+    cfg = make_cfg(tmp_path, tiny_card, interventions=[top], seed=3)
+    runner.prepare_run_dir(cfg)
+    prompts = runner.build_prompts(cfg, progress=False)["tiny-llama"]
+    resolved = resolve_interventions(cfg, "tiny-llama", 2, 4, prompts)
+    # the reference ranking: mean enrichment over the selection run's records, computed here
+    recs = [SegmentAttention.load(p) for p in sorted(RunFolder(sel_dir).attention_dir("tiny-llama").glob("*.npz"))]
+    mean = np.nanmean(np.stack([r.enrichment for r in recs]), axis=0)
+    want = sorted(((int(i) // 4, int(i) % 4) for i in np.argsort(-mean, axis=None)[:3]))
+    assert [r.name for r in resolved] == ["top", "top+random"]
+    assert sorted(resolved[0].heads) == want
+    assert not set(resolved[1].heads) & set(resolved[0].heads) and len(resolved[1].heads) == 3
+    assert resolved[0].selection["from"] == str(sel_dir) and resolved[0].selection["k"] == 3
+    assert resolved[1].selection["control_of"] == "top"
+    # the same questions in selection and test are refused
+    same = make_cfg(tmp_path, tiny_card, interventions=[top], name="same", seed=11)
+    runner.prepare_run_dir(same)
+    with pytest.raises(ConfigError, match="questions"):
+        resolve_interventions(same, "tiny-llama", 2, 4, runner.build_prompts(same, progress=False)["tiny-llama"])
+
+
+def test_interventions_on_a_served_model_are_refused(tmp_path, tiny_card) -> None:
+    cfg = make_cfg(tmp_path, tiny_card)
+    served = ModelCard(name="served-test", source="api", backend="openai", base_url="http://127.0.0.1:1/v1",
+                       served_model="m")
+    with pytest.raises(ConfigError, match="local weights"):
+        runner.check_interventions_supported(cfg, [served])
+
+
+def test_section_round_trips_through_the_run_config(tmp_path, tiny_card) -> None:
+    sections = [*INTERVENTIONS,
+                {"name": "pairs", "kind": "steer", "alpha": 0.5, "queries": "after", "layers": [0, 1],
+                 "heads": [[0, 1], [1, 2]]},
+                {"name": "top", "kind": "knockout", "heads": {"top_k": 2, "from": "outputs/x", "by": "p_ext"}}]
+    cfg = make_cfg(tmp_path, tiny_card, interventions=sections)
+    assert config_from_dict(tomllib.loads(dump_config(cfg))) == cfg
+
+
+@pytest.mark.parametrize("section, match", [
+    ({"name": "a", "kind": "knockout", "alpha": 0.5}, r"interventions\['a'\]\.alpha"),
+    ({"name": "a", "kind": "steer"}, r"\.alpha"),
+    ({"name": "a", "kind": "steer", "alpha": -0.1}, r"\.alpha"),
+    ({"name": "a b", "kind": "knockout"}, "interventions.name"),
+    ({"name": "a", "kind": "cut"}, r"\.kind"),
+    ({"name": "a", "kind": "knockout", "keys": "noise"}, r"\.keys"),
+    ({"name": "a", "kind": "knockout", "queries": "all"}, r"\.queries"),
+    ({"name": "a", "kind": "knockout", "layers": "some"}, r"\.layers"),
+    ({"name": "a", "kind": "knockout", "layers": {"window": 0}}, "window"),
+    ({"name": "a", "kind": "knockout", "layers": {"window": 2}, "heads": [[0, 1]]}, "sweep"),
+    ({"name": "a", "kind": "knockout", "heads": [[0]]}, r"\.heads"),
+    ({"name": "a", "kind": "knockout", "heads": {"top_k": 0, "from": "x"}}, "top_k"),
+    ({"name": "a", "kind": "knockout", "colour": 1}, "unknown key"),
+])
+def test_section_errors_name_the_field(tmp_path, tiny_card, section, match) -> None:
+    with pytest.raises(ConfigError, match=match):
+        make_cfg(tmp_path, tiny_card, interventions=[section])
+
+
+def test_duplicate_names_and_layers_outside_the_model_are_refused(tmp_path, tiny_card) -> None:
+    with pytest.raises(ConfigError, match="used twice"):
+        make_cfg(tmp_path, tiny_card, interventions=[INTERVENTIONS[0], INTERVENTIONS[0]])
+    cfg = make_cfg(tmp_path, tiny_card, interventions=[{"name": "a", "kind": "knockout", "layers": [0, 2]}])
+    with pytest.raises(ConfigError, match=r"layers \[2\]"):
+        resolve_interventions(cfg, "tiny-llama", 2, 4)
+    cfg = make_cfg(tmp_path, tiny_card, interventions=[{"name": "a", "kind": "knockout", "layers": {"window": 3}}])
+    with pytest.raises(ConfigError, match="window = 3"):
+        resolve_interventions(cfg, "tiny-llama", 2, 4)
+
+
+def test_validate_checks_the_section(tmp_path, tiny_card, capsys) -> None:
+    from probe.cli import main
+
+    exp = tmp_path / "e.toml"
+    exp.write_text(f'[experiment]\nname = "v"\nmodels = ["{tiny_card}"]\n[[tasks]]\nsource = "synthetic"\n'
+                   '[[interventions]]\nname = "ko"\nkind = "knockout"\nalpha = 0.2\n')
+    assert main(["validate", str(exp)]) != 0
+    assert "alpha" in capsys.readouterr().err
+    exp.write_text(exp.read_text().replace("alpha = 0.2\n", 'heads = {top_k = 2, from = "nowhere"}\n'))
+    assert main(["validate", str(exp)]) != 0
+    assert "nowhere" in capsys.readouterr().err
+
+
+def test_probe_records_under_an_intervention_equal_a_separate_probe_of_the_edited_model(tmp_path, tiny_card) -> None:
+    """The runner's probe record of a prompt under ``ko`` (computed during batched generation) equals probing that
+    prompt alone inside ``probe.intervention`` with the same edit; and differs from its baseline record."""
+    import probe
+    from probe.attention import SegmentAttention
+    from probe.interventions import Intervention
+    from probe.runfolder import RunFolder
+
+    cfg = make_cfg(tmp_path, tiny_card, interventions=INTERVENTIONS[:1])
+    run_dir = runner.run_experiment(cfg, progress=False)
+    folder = RunFolder(run_dir)
+    lm = probe.load_model(str(tiny_card), device="cpu")
+    residue = [p for p in load_prompts(folder.prompts) if p.condition == "Residue"]
+    assert residue
+    for p in residue:
+        got = SegmentAttention.load(folder.attention_record("tiny-llama", p.prompt_id, "ko"))
+        base = SegmentAttention.load(folder.attention_record("tiny-llama", p.prompt_id))
+        tp = probe.tokenize_prompt(p, lm)
+        with probe.intervention(lm, [tp], Intervention(kind="knockout", keys="extraneous", name="ko")):
+            want = probe.probe_prompt(lm, tp, cfg.probe)
+        np.testing.assert_allclose(got.seg_mass, want.seg_mass, atol=1e-5)
+        assert np.abs(got.seg_mass - base.seg_mass).max() > 1e-4
