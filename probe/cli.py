@@ -12,10 +12,13 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from probe import runfolder
 from probe.errors import ProbeError
+
+if TYPE_CHECKING:  # imported lazily at run time: `probe --help` stays fast
+    from probe.config import ExperimentConfig
 
 
 def positive_int(text: str) -> int:
@@ -55,7 +58,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     return {k: v for k, v in o.items() if v}
 
 
-def _load(args: argparse.Namespace):  # -> ExperimentConfig
+def _load(args: argparse.Namespace) -> ExperimentConfig:
     from probe.config import load_config
 
     return load_config(args.experiment, _overrides(args))

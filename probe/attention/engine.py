@@ -48,10 +48,10 @@ import logging
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
-from transformers import AttentionInterface, PreTrainedModel
+from transformers import AttentionInterface, PreTrainedConfig, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
@@ -91,7 +91,7 @@ def _register() -> None:
         _registered = True
 
 
-def text_config_of(model: PreTrainedModel) -> object:
+def text_config_of(model: PreTrainedModel) -> PreTrainedConfig:
     """The model's text (decoder) config."""
     return model.config.get_text_config()
 
@@ -507,7 +507,7 @@ def _probe_attention(
     dropout: float = 0.0,
     scaling: float | None = None,
     softcap: float | None = None,
-    **kwargs: object,
+    **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """The registered attention function: the model's output through SDPA (edited where an intervention is active,
     :mod:`probe.attention.intervention`), the probe's aggregates of that attention on the side."""

@@ -73,7 +73,7 @@ def reference_segment_attention(
 
     # Query set Q.
     if opts.query == "question":
-        qs = set()
+        qs: set[int] = set()
         for (a, b), kind in zip(seg_bounds, seg_kinds):
             if kind == "question":
                 qs.update(range(a, b))

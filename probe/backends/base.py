@@ -42,6 +42,9 @@ def build_messages(prompt: Prompt) -> list[dict[str, str]]:
 class Backend(Protocol):
     """Produces generations; ``generate`` may yield in any order but yields each prompt exactly once."""
 
-    model_name: str
+    @property
+    def model_name(self) -> str:
+        """The model card's name (read-only: a backend may hold it as a plain attribute or derive it)."""
+        ...
 
     def generate(self, prompts: list[Prompt], gen: GenerationSection) -> Iterator[tuple[Prompt, Generation]]: ...

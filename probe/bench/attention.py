@@ -298,7 +298,7 @@ def format_attention_bench(rows: list[dict]) -> str:
 
 
 def run_probe_batch_bench(
-    model: torch.nn.Module,
+    model: PreTrainedModel,
     model_name: str = DEFAULT_MODEL,
     n_prompts: int = 16,
     batch_size: int = 8,
