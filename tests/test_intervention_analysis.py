@@ -274,3 +274,23 @@ def test_undeclared_interventions_are_estimated_against_baseline_but_never_claim
 def test_compare_puts_the_causal_tests_of_runs_side_by_side(run, tmp_path):
     page = compare_runs([run, run], tmp_path / "cmp").read_text()
     assert "Causal tests: interventions" in page and "run: model-a" in page and "run#1: model-a" in page
+
+
+def test_a_matched_random_control_that_drew_too_few_tokens_supports_no_claim(tmp_path):
+    """The same significant contrast as in the fixture run, but the control's draws fell short in some prompts (as
+    at load 80 on the default model): the contrast is reported, marked unmatched, and never claimed."""
+    d = tmp_path / "run"
+    make_run(d, PLAN)
+    add_interventions(d, SPECS, P_OF)
+    folder = RunFolder(d)
+    trials = load_trials(folder.trials)
+    short = [dataclasses.replace(t, meta={**(t.meta or {}), "intervention_keys": 90, "intervention_keys_wanted": 212})
+             if t.intervention == "ko-rand" and t.task_id.endswith("1") else t for t in trials]
+    folder.trials.write_text("".join(json.dumps(t.to_dict()) + "\n" for t in short), encoding="utf-8")
+    res = analyze_run(d, AnalysisSection(), seed=0, fill_similarity=False).interventions
+    assert res is not None
+    (c,) = res.specific
+    assert c.test.delta > 0 and c.q is not None and c.q < 0.05  # the test alone would support a claim
+    assert c.unmatched is not None and "122 short" in c.unmatched and not c.claim and not res.claims()
+    assert any("control not matched" in line for line in summary_lines(res))
+    assert read_analysis(d).interventions == res

@@ -35,6 +35,13 @@ _COLUMNS = [
 ]
 
 
+def _keys_shortfall(meta: dict | None) -> int:
+    """Tokens a matched-random intervention wanted but could not draw (``meta`` of an intervened trial), else 0."""
+    if not meta or "intervention_keys_wanted" not in meta:
+        return 0
+    return max(0, int(meta["intervention_keys_wanted"]) - int(meta.get("intervention_keys", 0)))
+
+
 def trials_frame(trials: list[TrialRecord]) -> pd.DataFrame:
     """One row per trial with the analysis columns (see the module docstring).
 
@@ -58,6 +65,7 @@ def trials_frame(trials: list[TrialRecord]) -> pd.DataFrame:
     df["skipped"] = df["skipped"].fillna(False).astype(bool)
     df["has_output"] = ~df["skipped"] & df["error"].isna()
     df["is_scored"] = df["has_output"] & df["em"].notna()
+    df["keys_shortfall"] = [_keys_shortfall(t.meta) for t in trials]
     return df
 
 

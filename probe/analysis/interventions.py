@@ -428,7 +428,10 @@ class Contrast:
         a, b: the intervention names.
         test: the paired difference EM(a) − EM(b).
         q: BH q-value within the model's family of ``specific`` contrasts (None for ``heads`` or when descriptive).
-        claim: a causal effect is shown: ``specific``, q < alpha and a positive difference.
+        claim: a causal effect is shown: ``specific``, q < alpha, a positive difference and a matched control.
+        unmatched: why the control ``b`` is no matched control in this cell (a matched-random draw that found fewer
+            tokens than the extraneous segments hold, so it knocked out other content too); None when matched. An
+            unmatched contrast is reported but never claimed.
     """
 
     kind: Literal["specific", "heads"]
@@ -441,6 +444,7 @@ class Contrast:
     test: PairedDifference
     q: float | None
     claim: bool
+    unmatched: str | None = None
 
 
 @dataclass(frozen=True)
@@ -596,8 +600,14 @@ def analyze_interventions(data: RunData, specs: Sequence[InterventionSpec], alph
             p = _pairs(under[a], under[b])
             t = paired_difference(p["em_a"].to_numpy(float), p["em_b"].to_numpy(float), p["task_id"].to_numpy(),
                                   alpha, _seed(seed, model, condition, load, a, b))
+            short = under[b]["keys_shortfall"].to_numpy(int) if "keys_shortfall" in under[b] else np.zeros(0, int)
+            unmatched = None
+            if kind == "specific" and (short > 0).any():
+                unmatched = (f"{b} drew fewer random tokens than the extraneous segments hold in {int((short > 0).sum())}"
+                             f" of {len(short)} trials (up to {int(short.max())} short), so it also removed germane "
+                             "or instruction text: it is no matched control here")
             return Contrast(kind=kind, model=model, family=family, condition=condition, load=load, a=a, b=b, test=t,
-                            q=None, claim=False)
+                            q=None, claim=False, unmatched=unmatched)
 
         for n in cell_rows:
             spec = by_name.get(n)
@@ -639,7 +649,8 @@ def _with_claims(contrasts: list[Contrast], alpha: float) -> list[Contrast]:
         for i, qi in zip(idx, q):
             c = contrasts[i]
             qv = float(qi) if math.isfinite(qi) else None
-            claim = bool(qv is not None and qv < alpha and c.test.delta is not None and c.test.delta > 0)
+            claim = bool(qv is not None and qv < alpha and c.test.delta is not None and c.test.delta > 0
+                         and c.unmatched is None)
             out[i] = replace(c, q=qv, claim=claim)
     return out
 

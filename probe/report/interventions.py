@@ -86,7 +86,7 @@ def summary_lines(result: InterventionResult) -> list[str]:
                          f"{c.b} (BH q = {c.q:.3g} < {alpha}): a causal effect of attention to the extraneous "
                          "segments is shown.")
         else:
-            why = (t.reason if t.p is None else
+            why = (f"control not matched: {c.unmatched}" if c.unmatched is not None else t.reason if t.p is None else
                    f"q = {fmt.p_value(c.q)}" + ("" if c.q is not None and c.q < alpha else f" >= {alpha}")
                    + ("" if t.delta is None or t.delta > 0 else ", and the contrast is not positive"))
             est = fmt.DASH if t.delta is None else f"{t.delta:+.3f}"
