@@ -179,9 +179,7 @@ def section_html(result: InterventionResult, ctx: ReportContext) -> str:
                         [[esc(v) for v in r] for r in heads_rows(result)], left=2, text=(4,)),
                   table(["model", "condition", "load", "top-k", "random", "n (questions)", "diff [CI]", "p"],
                         [[esc(v) for v in r] for r in heads_contrast_rows(result)], left=5)]
-    if result.notes:
-        parts.append("<ul>" + "".join(f"<li>{esc(n)}</li>" for n in result.notes) + "</ul>")
-    return "".join(parts)
+    return "".join(parts)  # the section's notes are listed once, under the report's Notes
 
 
 def markdown(result: InterventionResult, settings: AnalysisSection) -> list[str]:
