@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, replace
 
 from probe.backends import LocalBackend
-from probe.config import load_config
+from probe.config import ExperimentConfig, load_config
 from probe.errors import ConfigError
 from probe.loading import load_model
 from probe.runner import build_prompts, prepare_run_dir
@@ -62,6 +62,24 @@ def _spread(prompts: list[Prompt], n: int) -> list[Prompt]:
     return uniq[::step][:n]
 
 
+
+def _bench_setup(experiment: str, **counts: int | None) -> tuple[ExperimentConfig, str, list[Prompt], LocalBackend]:
+    """Check the counts (each >= 1 or None), build the experiment's prompts in a ``<name>-bench`` run folder and load
+    its first model: (config, model name, that model's prompts, its backend).
+
+    Raises:
+        ConfigError: a count below 1.
+    """
+    for name, value in counts.items():
+        if value is not None and value < 1:
+            raise ConfigError(f"bench generate: {name} = {value} must be >= 1")
+    cfg = load_config(experiment)
+    cfg = replace(cfg, experiment=replace(cfg.experiment, name=cfg.experiment.name + "-bench"))
+    prepare_run_dir(cfg, force=True)
+    model_name = cfg.experiment.models[0]
+    prompts = build_prompts(cfg, progress=False)[model_name]
+    return cfg, model_name, prompts, LocalBackend(load_model(model_name), seed=cfg.experiment.seed)
+
 def run_generate_bench(experiment: str, n_prompts: int = 32, batch_size: int | None = None,
                        rounds: int = 2) -> GenerateBench:
     """Time batch-1 against batched generation of the experiment's first model on ``n_prompts`` of its prompts.
@@ -75,15 +93,9 @@ def run_generate_bench(experiment: str, n_prompts: int = 32, batch_size: int | N
     Raises:
         ConfigError: a count below 1.
     """
-    for name, value in (("n_prompts", n_prompts), ("batch_size", batch_size), ("rounds", rounds)):
-        if value is not None and value < 1:
-            raise ConfigError(f"bench generate: {name} = {value} must be >= 1")
-    cfg = load_config(experiment)
-    cfg = replace(cfg, experiment=replace(cfg.experiment, name=cfg.experiment.name + "-bench"))
-    prepare_run_dir(cfg, force=True)
-    model_name = cfg.experiment.models[0]
-    prompts = _spread(build_prompts(cfg, progress=False)[model_name], n_prompts)
-    backend = LocalBackend(load_model(model_name), seed=cfg.experiment.seed)
+    cfg, model_name, all_prompts, backend = _bench_setup(experiment, n_prompts=n_prompts, batch_size=batch_size,
+                                                         rounds=rounds)
+    prompts = _spread(all_prompts, n_prompts)
     bs = batch_size if batch_size is not None else cfg.generation.batch_size
     g1 = replace(cfg.generation, batch_size=1)
     gb = replace(cfg.generation, batch_size=bs)
@@ -141,16 +153,9 @@ def run_intervention_bench(experiment: str, n_prompts: int = 16, batch_size: int
     from probe.config import TopHeads
     from probe.interventions import Intervention, resolve_interventions
 
-    for name, value in (("n_prompts", n_prompts), ("batch_size", batch_size), ("rounds", rounds)):
-        if value is not None and value < 1:
-            raise ConfigError(f"bench generate: {name} = {value} must be >= 1")
-    cfg = load_config(experiment)
-    cfg = replace(cfg, experiment=replace(cfg.experiment, name=cfg.experiment.name + "-bench"))
-    prepare_run_dir(cfg, force=True)
-    model_name = cfg.experiment.models[0]
-    all_prompts = build_prompts(cfg, progress=False)[model_name]
+    cfg, model_name, all_prompts, backend = _bench_setup(experiment, n_prompts=n_prompts, batch_size=batch_size,
+                                                         rounds=rounds)
     prompts = _spread([p for p in all_prompts if p.condition != "Control"] or all_prompts, n_prompts)
-    backend = LocalBackend(load_model(model_name), seed=cfg.experiment.seed)
     spec = Intervention(kind="knockout", keys="extraneous", name="knockout-extraneous")
     sections = [s for s in cfg.interventions if not isinstance(s.heads, TopHeads)]
     if sections:
