@@ -590,14 +590,8 @@ def attach_probe(model: PreTrainedModel, capture: Capture) -> Iterator[Capture]:
     Raises:
         HookError: unsupported architecture, or the model refused the attention implementation.
     """
-    check_architecture(model)
-    _register()
-    token = _ACTIVE.set(capture)
-    try:
-        with attention_implementation(model, IMPLEMENTATION):
-            yield capture
-    finally:
-        _ACTIVE.reset(token)
+    with _engine_attention(model, _ACTIVE, capture):
+        yield capture
 
 
 @contextmanager
@@ -610,14 +604,21 @@ def attach_edit(model: PreTrainedModel, edit: BatchEdit) -> Iterator[BatchEdit]:
     Raises:
         HookError: unsupported architecture, or the model refused the attention implementation.
     """
+    with _engine_attention(model, _ACTIVE_EDIT, edit):
+        yield edit
+
+
+@contextmanager
+def _engine_attention(model: PreTrainedModel, slot: contextvars.ContextVar[Any], value: Any) -> Iterator[None]:
+    """The engine's attention on ``model`` with ``value`` in ``slot`` (the probe's or the edit's) for the block."""
     check_architecture(model)
     _register()
-    token = _ACTIVE_EDIT.set(edit)
+    token = slot.set(value)
     try:
         with attention_implementation(model, IMPLEMENTATION):
-            yield edit
+            yield
     finally:
-        _ACTIVE_EDIT.reset(token)
+        slot.reset(token)
 
 
 # ---------------------------------------------------------------------------------------------------------------
