@@ -214,7 +214,9 @@ def test_generation_with_cache_equals_without(gen_models, arch: str, spec: Inter
     assert cached == uncached
     torch.testing.assert_close(cached_logits, uncached_logits, atol=1e-5, rtol=0)
     _, plain_logits = _generate(model, prompts, None, 12, scores=True)
-    assert (cached_logits - plain_logits).abs().amax(dim=(0, 2)).min() > 1e-3  # the edit acts on every row
+    steps = min(len(cached_logits), len(plain_logits))  # either run may stop early, once every row has ended
+    diff = (cached_logits[:steps] - plain_logits[:steps]).abs().amax(dim=(0, 2))
+    assert diff.min() > 1e-3  # the edit acts on every row
 
 
 @pytest.mark.parametrize("arch", GEN_ARCHS)
