@@ -45,6 +45,24 @@ def test_prompts_are_byte_identical_to_the_original_builder(design: str, tmp_pat
     assert hashlib.sha256(path.read_bytes()).hexdigest() == GOLDEN["sha256"][design]
 
 
+def _hash_without_s_sim(path: Path) -> str:
+    rows = []
+    for d in read_jsonl(path):
+        assert d["s_sim"] is None or -1.0 <= d["s_sim"] <= 1.0
+        rows.append(json.dumps({k: v for k, v in d.items() if k != "s_sim"}, sort_keys=True))
+    return hashlib.sha256("\n".join(rows).encode()).hexdigest()
+
+
+@pytest.mark.integration
+def test_stratified_prompts_are_unchanged(tmp_path: Path) -> None:
+    """The stratified strategy's prompts (pool, sample, tercile, sentences) as first built from the shared pool;
+    S_sim values are left out of the hash (the embedder's float arithmetic may differ in the last bits across
+    CPUs) and checked for range."""
+    path = _build("ice-stratified", tmp_path)
+    assert sum(1 for _ in read_jsonl(path)) == GOLDEN["n_prompts"]["ice-stratified"]
+    assert _hash_without_s_sim(path) == GOLDEN["sha256_without_s_sim"]["ice-stratified"]
+
+
 @pytest.mark.integration
 def test_fast_tokenization_equals_the_reference(tokenizers, tmp_path: Path) -> None:
     """Vectorised token ownership = the per-token loop, on ICE and CogniLoad prompts, with and without a chat

@@ -36,6 +36,7 @@ import numpy as np
 
 from probe.config import IceSection
 from probe.errors import ProbeError
+from probe.prompts.distractors import FactPool, fact_pool
 from probe.prompts.tokenize import PieceCounter, filler_share, measured_load, tokenize_prompt
 from probe.runfolder import make_prompt_id
 from probe.tasks import CUSTOM_CONDITION, get_family, get_source
@@ -49,6 +50,8 @@ DEFAULT_INSTRUCTION = (
 )
 QUESTION_PREFIX = "Question: "
 _POOL_SIZE = 64  # distractor candidates drawn per (task, load, replication); more than any load needs
+# stratified draws: facts of one pool per experiment, embedded once; each draw samples 3 * _POOL_SIZE of them
+_STRATIFIED_POOL = 3072
 _EXACT_TRIES = 12  # LongControl: sentences tried as the last, cut piece to hit the exact token length
 
 
@@ -182,6 +185,8 @@ class IceBuilder:
         # Saturation and Residue of one (task, load, replication) share their extraneous pieces: chosen once
         self._extraneous_memo: dict[tuple[str, int, int], list[Piece]] = {}
         self._countable_memo: dict[str, bool] = {}
+        self._fact_pool: FactPool | None = None  # stratified draws: the experiment's pool, made on first use
+        self._pool_views: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # task id -> (eligible facts, similarity)
 
     @property
     def instruction(self) -> str:
@@ -281,16 +286,37 @@ class IceBuilder:
         avoid = [task.question, *(h.fact for h in task.hops)]  # no distractor names an entity of the task
         if self.ice.distractor_strategy == "random":
             return self.distractors(rng, task.topic, _POOL_SIZE, avoid=avoid)
-        # stratified: a larger pool of any topic, cut into similarity terciles; this (task, rep) draws from one,
-        # so that across tasks the distractors span low to high similarity (H3 needs that variance).
+        # stratified: a sample of the experiment's fact pool (any topic, no fact naming an entity of the task), cut
+        # into similarity terciles; this (task, rep) draws from one, so that across tasks the distractors span low
+        # to high similarity (H3 needs that variance).
         if self.similarity is None:
             raise BuildError("distractor_strategy = 'stratified' needs a sentence embedder (S_sim)")
-        pool = self.distractors(rng, "", 3 * _POOL_SIZE, avoid=avoid)
-        sims = self.similarity(task.question, pool)
-        order = np.argsort(sims)
+        pool = self.stratified_pool()
+        eligible, similarity = self._pool_view(task, avoid)
+        sample = rng.choice(eligible, size=min(3 * _POOL_SIZE, len(eligible)), replace=False)
+        sims = similarity[sample]
+        order = sample[np.argsort(sims, kind="stable")]
         stratum = (stable_hash(task.task_id) + rep) % 3
-        chosen = order[stratum * len(pool) // 3 : (stratum + 1) * len(pool) // 3]
-        return [pool[i] for i in rng.permutation(chosen)]
+        chosen = order[stratum * len(order) // 3 : (stratum + 1) * len(order) // 3]
+        return [pool.facts[i] for i in rng.permutation(chosen)]
+
+    def stratified_pool(self) -> FactPool:
+        """The facts stratified draws sample from: one pool per experiment seed, the same for every tokenizer."""
+        if self._fact_pool is None:
+            self._fact_pool = fact_pool(draw_rng(self.seed, "stratified-pool"), _STRATIFIED_POOL)
+        return self._fact_pool
+
+    def _pool_view(self, task: Task, avoid: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The pool as one task sees it: the indices of the facts it may draw (none names an entity of ``avoid``)
+        and the similarity of its question to every fact (the first call embeds the whole pool, in one batch)."""
+        if task.task_id not in self._pool_views:
+            assert self.similarity is not None
+            if len(self._pool_views) >= 256:  # a task's loads and replications are drawn together
+                self._pool_views.clear()
+            pool = self.stratified_pool()
+            sims = np.asarray(self.similarity(task.question, list(pool.facts)), dtype=np.float64)
+            self._pool_views[task.task_id] = (pool.eligible(avoid), sims)
+        return self._pool_views[task.task_id]
 
     def _fill(self, sentences: list[str], kind: str, label: str, need: Callable[[list[Piece]], int],
               exact: bool = False) -> list[Piece]:

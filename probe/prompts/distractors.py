@@ -3,16 +3,23 @@
 Distractors are drawn from the synthetic source's generator (:mod:`probe.tasks.synthetic`), from topics other than
 the task's own, so they read like germane facts but belong to no question asked. Every draw comes from the seeded
 ``numpy.random.Generator`` the builder passes in.
+
+Two ways to draw: :func:`distractor_facts` invents fresh chains for each (task, load, replication) (the ``random``
+strategy); :func:`fact_pool` invents one larger pool per experiment, each fact tagged with the invented names of
+its chain, from which the ``stratified`` strategy samples per (task, load, replication) after leaving out the facts
+that name an entity of the task. The pool is what makes stratified draws affordable: its facts are embedded once
+for the whole experiment, not once per draw.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterable
 
 import numpy as np
 
 from probe.rng import scalar_draws
-from probe.tasks.synthetic import TOPIC_TEMPLATES, NameDraw, draw_chain, render_facts
+from probe.tasks.synthetic import NAME_KINDS, TOPIC_TEMPLATES, NameDraw, draw_chain, name_words, render_facts
 
 
 def distractor_facts(
@@ -43,3 +50,46 @@ def distractor_facts(
             entities, extras = draw_chain(topic, names, draws)
             facts += render_facts(topic, entities, extras, draws)
     return facts[:n]
+
+
+@dataclass(frozen=True)
+class FactPool:
+    """Facts of fictional chains, each with the lowercased words of its chain's invented names.
+
+    Attributes:
+        facts: the fact sentences, three per chain in chain order.
+        names: for each fact, the name words of its chain (a fact that shares one with a task must not be its
+            distractor).
+    """
+
+    facts: tuple[str, ...]
+    names: tuple[frozenset[str], ...]
+
+    def eligible(self, avoid: Iterable[str]) -> np.ndarray:
+        """Indices of the facts whose chain names no word of ``avoid`` (the task's question and hop facts)."""
+        words = frozenset(name_words(avoid))
+        return np.array([i for i, n in enumerate(self.names) if not (n & words)], dtype=np.int64)
+
+
+def fact_pool(rng: np.random.Generator, n: int) -> FactPool:
+    """``n`` facts of fictional chains of any topic, no name word repeated across the pool.
+
+    Args:
+        rng: the seeded generator.
+        n: number of facts (>= 0).
+
+    Returns:
+        The pool, facts in draw order.
+    """
+    facts: list[str] = []
+    names: list[frozenset[str]] = []
+    with scalar_draws(rng) as draws:
+        namer = NameDraw(draws)
+        while len(facts) < n:
+            topic = TOPIC_TEMPLATES[int(draws.integers(len(TOPIC_TEMPLATES)))]
+            entities, extras = draw_chain(topic, namer, draws)
+            chain_names = frozenset(name_words(e for e, kind in zip(entities, topic.kinds) if kind in NAME_KINDS))
+            rendered = render_facts(topic, entities, extras, draws)
+            facts += rendered
+            names += [chain_names] * len(rendered)
+    return FactPool(tuple(facts[:n]), tuple(names[:n]))

@@ -234,6 +234,12 @@ TOPIC_TEMPLATES: tuple[_Topic, ...] = (
 TOPICS: tuple[str, ...] = tuple(t.name for t in TOPIC_TEMPLATES)
 
 _WORD = re.compile(r"[A-Za-z]+")
+NAME_KINDS = frozenset({"person", "place", "thing"})  # entity kinds that get invented names (not years, professions)
+
+
+def name_words(texts: Iterable[str]) -> set[str]:
+    """The lowercased words of ``texts``, as :class:`NameDraw` compares names with words to avoid."""
+    return {w.lower() for s in texts for w in _WORD.findall(s)}
 
 
 def _template_words() -> frozenset[str]:
@@ -254,7 +260,7 @@ class NameDraw:
 
     def __init__(self, rng: ScalarRng, avoid: Iterable[str] = ()) -> None:
         self._rng = rng
-        self._used: set[str] = {w.lower() for s in avoid for w in _WORD.findall(s)}
+        self._used: set[str] = name_words(avoid)
 
     def _pick(self, options: tuple[str, ...]) -> str:
         return options[int(self._rng.integers(len(options)))]
