@@ -330,15 +330,19 @@ def test_bench_rows_on_tiny_model() -> None:
     from probe.bench.attention import format_attention_bench, run_attention_bench
 
     model = _build("llama")
-    rows = run_attention_bench(lengths=(60, 96), model=model, model_name="tiny", include_lens=False,
+    rows = run_attention_bench(lengths=(60, 96), model=model, model_name="tiny", include_lens=False, repeats=3,
                                full_attention_limit_gb=2e-4)  # L·H·T²·4 B: 0.12 MB at 60, 0.29 MB at 96
     assert [r["n_tokens"] for r in rows] == [60, 96]
     assert rows[0]["eager_s"] is not None and rows[1]["eager_s"] is None
     for r in rows:
-        assert r["plain_s"] > 0 and r["engine_s"] > 0 and r["engine_ar_s"] > 0
+        assert r["plain_s"] > 0 and r["engine_s"] > 0 and r["engine_ar_s"] > 0 and r["rounds"] == 3
         assert r["engine_time_ratio"] == pytest.approx(r["engine_s"] / r["plain_s"])
+        for arm in ("engine", "engine_ar"):  # the spread of the per-round ratios
+            lo, hi = r[f"{arm}_time_ratio_range"]
+            assert 0 < lo <= hi
     table = format_attention_bench(rows)
-    assert "skipped" in table and "eager/lens skipped" in table
+    assert "skipped" in table and "eager/lens skipped" in table and "fastest of 3 round(s)" in table
+    assert "per-round time ratios" in table
 
 
 def test_probe_batch_bench_on_tiny_model() -> None:

@@ -12,11 +12,12 @@ sink / instruction / germane and extraneous segments alternating / question / si
 The last two are skipped (with a note) when their L·H·T² attention would exceed ``full_attention_limit_gb``.
 :func:`run_probe_batch_bench` adds probed prompts per second at batch 1 and batched (:func:`probe_batch`, left
 padding) on prompts of a spread of lengths, with AR_k, and the largest difference between the two arms' results.
-Time is wall-clock seconds of one call; memory is the peak above the memory in use just before the call: on a
-GPU ``torch.cuda.max_memory_allocated``, on the CPU the process's resident set size sampled every 2 ms in a
-thread, with glibc told to return freed blocks to the system at once (``mallopt``/``malloc_trim``) so that
-memory freed by an earlier arm cannot hide a later arm's peak. The arms run in turn ``repeats`` times and each
-keeps its fastest call (with its peak); ``engine/plain`` ratios are of figures measured in the same run.
+Time is wall-clock seconds of one call; the arms run in turn ``repeats`` times and each keeps its fastest call;
+``engine/plain`` ratios are of figures measured in the same run, with the range of the per-round ratios beside
+them. Memory is measured in one more call of each arm, not a timed one: the peak above the memory in use just
+before the call, on a GPU ``torch.cuda.max_memory_allocated``, on the CPU the process's resident set size sampled
+every 2 ms in a thread, with glibc told to return freed blocks to the system at once (``mallopt``/``malloc_trim``)
+so that memory freed by an earlier arm cannot hide a later arm's peak.
 """
 
 from __future__ import annotations
@@ -140,15 +141,25 @@ class _PeakMemory:
             self.peak = self.max_rss - self.start
 
 
-def _measure(fn: Callable[[], object], device: torch.device) -> tuple[float, float]:
-    """(seconds, peak bytes above the starting level) of one call of ``fn``."""
+def _time(fn: Callable[[], object], device: torch.device) -> float:
+    """Seconds of one call of ``fn``, nothing else running in the process."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def _peak(fn: Callable[[], object], device: torch.device) -> float:
+    """Peak bytes above the starting level during one call of ``fn`` (a separate call from the timed ones: on the
+    CPU the RSS sampler is a second thread wanting the interpreter every 2 ms, which would slow the arm it
+    watches, and the more so the more small operations the arm runs)."""
     with _PeakMemory(device) as mem:
-        t0 = time.perf_counter()
         fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        dt = time.perf_counter() - t0
-    return dt, float(mem.peak)
+    return float(mem.peak)
 
 
 def run_attention_bench(
@@ -173,9 +184,10 @@ def run_attention_bench(
         include_lens: measure the TransformerLens arm.
 
     Returns:
-        One dict per T: ``n_tokens``, ``<arm>_s`` and ``<arm>_gb`` (None when skipped), ``notes``, and the
-        ratios ``engine_time_ratio``, ``engine_mem_ratio``, ``engine_ar_time_ratio``, ``engine_ar_mem_ratio``
-        (engine / plain).
+        One dict per T: ``n_tokens``, ``<arm>_s`` and ``<arm>_gb`` (None when skipped), ``notes``, ``rounds``,
+        the ratios ``engine_time_ratio``, ``engine_mem_ratio``, ``engine_ar_time_ratio``, ``engine_ar_mem_ratio``
+        (engine / plain) and ``engine_time_ratio_range``, ``engine_ar_time_ratio_range`` (lowest, highest
+        per-round ratio).
     """
     if model is None:
         from probe.loading import load_model
@@ -225,19 +237,23 @@ def run_attention_bench(
                 arms["lens"] = lambda: _lens(bridge, ids, n_layers)
             else:
                 arms["lens"] = None
-        best: dict[str, tuple[float, float]] = {}
+        active = {arm: fn for arm in ARMS if (fn := arms.get(arm)) is not None}
+        times: dict[str, list[float]] = {arm: [] for arm in active}
         for _ in range(repeats):  # arms interleaved, so that a slow spell of the machine falls on all of them
-            for arm in ARMS:
-                fn = arms.get(arm)
-                if fn is None:
-                    continue
+            for arm, fn in active.items():
                 log.info("bench attention: T=%d %s", n, arm)
-                t, m = _measure(fn, device)
-                if arm not in best or t < best[arm][0]:
-                    best[arm] = (t, m)
+                times[arm].append(_time(fn, device))
         for arm in ARMS:
-            t_m = best.get(arm)
-            row[f"{arm}_s"], row[f"{arm}_gb"] = (None, None) if t_m is None else (t_m[0], t_m[1] / 1e9)
+            if arm in active:
+                row[f"{arm}_s"], row[f"{arm}_gb"] = min(times[arm]), _peak(active[arm], device) / 1e9
+            else:
+                row[f"{arm}_s"] = row[f"{arm}_gb"] = None
+        # the spread of the ratios: each round's arm over the same round's plain forward
+        for arm in ("engine", "engine_ar"):
+            if arm in times:
+                per_round = [a / p for a, p in zip(times[arm], times["plain"])]
+                row[f"{arm}_time_ratio_range"] = (min(per_round), max(per_round))
+        row["rounds"] = repeats
         row["engine_time_ratio"] = row["engine_s"] / row["plain_s"]
         row["engine_mem_ratio"] = row["engine_gb"] / row["plain_gb"] if row["plain_gb"] else None
         row["engine_ar_time_ratio"] = row["engine_ar_s"] / row["plain_s"] if row["engine_ar_s"] is not None else None
@@ -292,9 +308,18 @@ def format_attention_bench(rows: list[dict]) -> str:
                      f"   {ratio(r['engine_ar_time_ratio']):>20}  {ratio(r.get('engine_ar_mem_ratio')):>4}")
     notes = sorted({n for r in rows for n in r["notes"]})
     if rows:
-        lines.append(f"model {rows[0]['model']} on {rows[0]['device']}; memory = peak above the level before the call")
+        lines.append(f"model {rows[0]['model']} on {rows[0]['device']}; time = fastest of {rows[0]['rounds']} "
+                     "round(s); memory = peak above the level before the call, in a separate call")
+        spread = [f"T={r['n_tokens']}: engine/plain {_span(r.get('engine_time_ratio_range'))}, engine_ar/plain "
+                  f"{_span(r.get('engine_ar_time_ratio_range'))}" for r in rows]
+        if rows[0]["rounds"] > 1:
+            lines.append("per-round time ratios (lowest-highest): " + "; ".join(spread))
     lines += [f"note: {n}" for n in notes]
     return "\n".join(lines)
+
+
+def _span(r: tuple[float, float] | None) -> str:
+    return "n/a" if r is None else f"{r[0]:.2f}-{r[1]:.2f}"
 
 
 def run_probe_batch_bench(
