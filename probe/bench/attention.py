@@ -14,10 +14,14 @@ The last two are skipped (with a note) when their L·H·T² attention would exce
 padding) on prompts of a spread of lengths, with AR_k, and the largest difference between the two arms' results.
 Time is wall-clock seconds of one call; the arms run in turn ``repeats`` times and each keeps its fastest call;
 ``engine/plain`` ratios are of figures measured in the same run, with the range of the per-round ratios beside
-them. Memory is measured in one more call of each arm, not a timed one: the peak above the memory in use just
-before the call, on a GPU ``torch.cuda.max_memory_allocated``, on the CPU the process's resident set size sampled
-every 2 ms in a thread, with glibc told to return freed blocks to the system at once (``mallopt``/``malloc_trim``)
-so that memory freed by an earlier arm cannot hide a later arm's peak.
+them. Memory is measured before the timed calls, in one more call of each arm: the peak above the memory in use
+just before the call, on a GPU ``torch.cuda.max_memory_allocated``, on the CPU the process's resident set size
+sampled every 2 ms in a thread, with glibc told to return freed blocks to the system at once
+(``mallopt``/``malloc_trim``) so that memory freed by an earlier arm cannot hide a later arm's peak. Neither
+belongs in a timed call: the sampler is a second thread that wants the interpreter every 2 ms, and that glibc
+setting turns every temporary above 256 KiB into fresh pages (at T = 4096 on two cores it made the probe with
+AR_k 45 % slower and the plain forward 15 %); the timed calls run with glibc's thresholds where its own dynamic
+rule settles in a long run (:func:`_settled_allocator`).
 """
 
 from __future__ import annotations
@@ -82,6 +86,7 @@ def bench_prompt(n_tokens: int, vocab_size: int, n_pairs: int = 8, seed: int = 0
 
 
 _M_MMAP_THRESHOLD = -3
+_M_TRIM_THRESHOLD = -1
 
 
 def _libc() -> ctypes.CDLL | None:
@@ -89,6 +94,16 @@ def _libc() -> ctypes.CDLL | None:
         return ctypes.CDLL("libc.so.6")
     except OSError:
         return None
+
+
+def _settled_allocator() -> None:
+    """Put glibc's large-block threshold where its own dynamic setting settles in a long run (mmap above 32 MiB,
+    trim above 64 MiB): the timed calls see the allocator a run sees, whatever :func:`_return_freed_memory` set
+    before (a glibc setting cannot be handed back to the dynamic rule)."""
+    libc = _libc()
+    if libc is not None:
+        libc.mallopt(_M_MMAP_THRESHOLD, 32 * 1024 * 1024)
+        libc.mallopt(_M_TRIM_THRESHOLD, 64 * 1024 * 1024)
 
 
 def _return_freed_memory() -> bool:
@@ -200,6 +215,7 @@ def run_attention_bench(
     base = model.base_model
     bridge = None
     rows: list[dict] = []
+    measured: list[tuple[dict, dict[str, Callable[[], object]]]] = []
     exact_rss = device.type == "cuda" or _return_freed_memory()
     if lengths:  # warm-up: first-call costs (kernels, allocator) should not land on the first arm measured
         with torch.no_grad():
@@ -208,52 +224,39 @@ def run_attention_bench(
     for n in lengths:
         tp = bench_prompt(n, int(cfg.vocab_size))
         ids = torch.tensor([tp.input_ids], device=device)
-        row: dict = {"model": model_name, "n_tokens": n, "device": device.type, "notes": []}
+        row: dict = {"model": model_name, "n_tokens": n, "device": device.type, "notes": [], "rounds": repeats}
         if not exact_rss:
             row["notes"].append("not glibc: freed memory may stay resident, memory figures are lower bounds")
         full_gb = n_layers * n_heads * n * n * 4 / 1e9
-
-        def plain() -> None:
-            with torch.no_grad():
-                base(input_ids=ids, use_cache=False)
-
-        arms: dict[str, Callable[[], object] | None] = {
-            "plain": plain,
-            "engine": lambda: probe_prompt(model, tp, ProbeSection(), compute_residue=False),
-            "engine_ar": lambda: probe_prompt(model, tp, ProbeSection(), compute_residue=True),
-        }
-        if residue_max_tokens is not None and n > residue_max_tokens:
-            arms["engine_ar"] = None
+        skip_ar = residue_max_tokens is not None and n > residue_max_tokens
+        if skip_ar:
             row["notes"].append(f"engine_ar skipped above {residue_max_tokens} tokens")
-        if full_gb > full_attention_limit_gb:
-            arms["eager"] = None
-            arms["lens"] = None
+        full = full_gb <= full_attention_limit_gb
+        if not full:
             row["notes"].append(f"eager/lens skipped: L*H*T^2 attention = {full_gb:.1f} GB")
-        else:
-            arms["eager"] = lambda: _eager(model, ids)
-            if include_lens:
-                if bridge is None:
-                    bridge = _boot_bridge(model, model_name)
-                arms["lens"] = lambda: _lens(bridge, ids, n_layers)
-            else:
-                arms["lens"] = None
-        active = {arm: fn for arm in ARMS if (fn := arms.get(arm)) is not None}
+        elif include_lens and bridge is None:
+            bridge = _boot_bridge(model, model_name)
+        active = _arms(model, tp, ids, n_layers, residue=not skip_ar, full=full, bridge=bridge)
+        for arm in ARMS:
+            row[f"{arm}_gb"] = _peak(active[arm], device) / 1e9 if arm in active else None
+        measured.append((row, active))
+    # Every memory figure first, from a heap that large temporaries never entered; then the timed rounds, with
+    # glibc's thresholds where its own dynamic rule settles in a long run (what a run sees).
+    if device.type == "cpu":
+        _settled_allocator()
+    for row, active in measured:
         times: dict[str, list[float]] = {arm: [] for arm in active}
         for _ in range(repeats):  # arms interleaved, so that a slow spell of the machine falls on all of them
             for arm, fn in active.items():
-                log.info("bench attention: T=%d %s", n, arm)
+                log.info("bench attention: T=%d %s", row["n_tokens"], arm)
                 times[arm].append(_time(fn, device))
         for arm in ARMS:
-            if arm in active:
-                row[f"{arm}_s"], row[f"{arm}_gb"] = min(times[arm]), _peak(active[arm], device) / 1e9
-            else:
-                row[f"{arm}_s"] = row[f"{arm}_gb"] = None
+            row[f"{arm}_s"] = min(times[arm]) if arm in times else None
         # the spread of the ratios: each round's arm over the same round's plain forward
         for arm in ("engine", "engine_ar"):
             if arm in times:
                 per_round = [a / p for a, p in zip(times[arm], times["plain"])]
                 row[f"{arm}_time_ratio_range"] = (min(per_round), max(per_round))
-        row["rounds"] = repeats
         row["engine_time_ratio"] = row["engine_s"] / row["plain_s"]
         row["engine_mem_ratio"] = row["engine_gb"] / row["plain_gb"] if row["plain_gb"] else None
         row["engine_ar_time_ratio"] = row["engine_ar_s"] / row["plain_s"] if row["engine_ar_s"] is not None else None
@@ -261,6 +264,29 @@ def run_attention_bench(
                                       if row["engine_ar_gb"] is not None and row["plain_gb"] else None)
         rows.append(row)
     return rows
+
+
+def _arms(model: PreTrainedModel, tp: TokenizedPrompt, ids: torch.Tensor, n_layers: int, residue: bool, full: bool,
+          bridge: object | None) -> dict[str, Callable[[], object]]:
+    """The bench's arms on one prompt, in :data:`ARMS` order (``residue``: with ``engine_ar``; ``full``: with the
+    arms that keep every attention weight, ``lens`` when a bridge is given)."""
+    base = model.base_model
+
+    def plain() -> None:
+        with torch.no_grad():
+            base(input_ids=ids, use_cache=False)
+
+    arms: dict[str, Callable[[], object]] = {
+        "plain": plain,
+        "engine": lambda: probe_prompt(model, tp, ProbeSection(), compute_residue=False),
+    }
+    if residue:
+        arms["engine_ar"] = lambda: probe_prompt(model, tp, ProbeSection(), compute_residue=True)
+    if full:
+        arms["eager"] = lambda: _eager(model, ids)
+        if bridge is not None:
+            arms["lens"] = lambda: _lens(bridge, ids, n_layers)
+    return arms
 
 
 def _eager(model: PreTrainedModel, ids: torch.Tensor) -> None:
@@ -360,6 +386,8 @@ def run_probe_batch_bench(
             out += probe_batch(model, ordered[i : i + batch_size])
         return out
 
+    if input_device(model).type == "cpu":
+        _settled_allocator()
     probe_batch(model, ordered[:2])  # warm-up
     best = {"b1": float("inf"), "batched": float("inf")}
     results: dict[str, list[SegmentAttention]] = {}
