@@ -98,6 +98,18 @@ def test_paired_difference_equals_the_per_question_t_interval_and_the_enumerated
     assert d.p == pytest.approx(np.mean(stats >= abs(dq.mean()) - 1e-12)) and d.is_exact and d.is_test
 
 
+def test_paired_difference_interval_stays_within_minus_one_and_one():
+    """Six of seven questions lose everything, one nothing: the t interval reaches below -1; a difference of
+    proportions cannot, so the reported interval stops there and keeps the t interval's other end."""
+    g = np.repeat(np.arange(7), 2)
+    a = np.zeros(14)
+    b = np.r_[np.ones(12), 0.0, 0.0]
+    d = paired_difference(a, b, g)
+    ci = scipy.stats.ttest_1samp(_per_question(a, b, g), 0).confidence_interval(0.95)
+    assert ci.low < -1.0
+    assert (d.ci_low, d.ci_high) == pytest.approx((-1.0, ci.high)) and d.delta == pytest.approx(-6 / 7)
+
+
 def test_paired_difference_below_the_minimum_questions_is_descriptive():
     d = paired_difference(np.array([1.0, 1, 1, 0]), np.array([0.0, 0, 1, 0]), np.array(["a", "a", "b", "b"]))
     assert d.delta == pytest.approx(0.5) and d.p is None and d.ci_low is None and not d.is_test

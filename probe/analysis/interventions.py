@@ -237,7 +237,8 @@ class PairedDifference:
         n_questions: questions (clusters) among them.
         em_a, em_b: mean EM of ``a`` and of ``b`` over the paired prompts.
         delta: mean over questions of the per-question mean difference (None without pairs).
-        ci_low, ci_high: CR2 interval of ``delta`` (None when descriptive or the differences do not vary).
+        ci_low, ci_high: CR2 interval of ``delta``, cut to [-1, 1] (None when descriptive or the differences do
+            not vary).
         se: its standard error; df: its t reference's degrees of freedom.
         p: two-sided question-level sign-flip p-value (None when descriptive).
         is_exact: the p-value enumerates every sign assignment.
@@ -280,7 +281,8 @@ def paired_difference(em_a: np.ndarray, em_b: np.ndarray, questions: np.ndarray,
     b = np.asarray(em_b, dtype=float)
     g = np.asarray(questions)
     t = inf.paired_sign_flip(a, b, g, alpha=alpha, seed=seed)
-    method = (f"{t.method}; interval: CR2 t interval of the mean per-question difference (Bell-McCaffrey df)")
+    method = (f"{t.method}; interval: CR2 t interval of the mean per-question difference (Bell-McCaffrey df), "
+              "cut to [-1, 1]")
     out = PairedDifference(n_prompts=t.n_pairs, n_questions=t.n_questions, em_a=t.em_a, em_b=t.em_b, delta=t.delta,
                            ci_low=None, ci_high=None, se=None, df=None, p=t.p, is_exact=t.is_exact,
                            is_test=t.is_test, method=method, reason=t.reason)
@@ -291,7 +293,8 @@ def paired_difference(em_a: np.ndarray, em_b: np.ndarray, questions: np.ndarray,
     fit = inf.clustered_ols(d, np.ones((d.size, 1)), qs, term=0, alpha=alpha)
     if not fit.is_test:
         return replace(out, reason=t.reason or f"no interval: {fit.reason}")
-    return replace(out, ci_low=fit.ci_low, ci_high=fit.ci_high, se=fit.se, df=fit.df)
+    # a difference of two proportions lies in [-1, 1]: the t interval is cut there (its coverage can only grow)
+    return replace(out, ci_low=max(-1.0, fit.ci_low), ci_high=min(1.0, fit.ci_high), se=fit.se, df=fit.df)
 
 
 @dataclass(frozen=True)
