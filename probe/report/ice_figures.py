@@ -217,7 +217,8 @@ def draw_p_ext_layers(result: IceResult, arrays: Mapping[str, np.ndarray], model
     if not cells:
         return None
     loads = sorted({c.load for c in cells})
-    fig = Figure(figsize=(4.2 * len(loads), 3.6), layout="constrained")
+    # one panel per load, wide enough for the figure title when there is a single load
+    fig = Figure(figsize=(max(6.4, 4.2 * len(loads)), 3.6), layout="constrained")
     axes = fig.subplots(1, len(loads), squeeze=False, sharey=True)[0]
     for ax, load in zip(axes, loads):
         for cell in (c for c in cells if c.load == load):
@@ -233,7 +234,8 @@ def draw_p_ext_layers(result: IceResult, arrays: Mapping[str, np.ndarray], model
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("head-mean P_ext")
     axes[0].legend(fontsize=7)
-    fig.suptitle(f"{short(model)}: share of (non-sink) attention on extraneous text, by layer", fontsize=11)
+    fig.suptitle(f"{short(model)}: share of (non-sink) attention on extraneous text, by layer", fontsize=11,
+                 wrap=True)
     return fig
 
 
@@ -248,7 +250,8 @@ def draw_ar_k(result: IceResult, arrays: Mapping[str, np.ndarray], model: str) -
     for c in cells:
         targets += [t for t in c.ar_targets if t not in targets]
     colours = dict(zip(targets, palette(len(targets))))
-    fig = Figure(figsize=(4.2 * len(loads), 3.6), layout="constrained")
+    # one panel per load, wide enough for the figure title when there is a single load
+    fig = Figure(figsize=(max(6.4, 4.2 * len(loads)), 3.6), layout="constrained")
     axes = fig.subplots(1, len(loads), squeeze=False, sharey=True)[0]
     for ax, load in zip(axes, loads):
         for cell in (c for c in cells if c.load == load):
@@ -263,7 +266,7 @@ def draw_ar_k(result: IceResult, arrays: Mapping[str, np.ndarray], model: str) -
     axes[0].set_ylabel("AR_k (head mean)")
     axes[-1].legend(fontsize=7, loc="best")
     fig.suptitle(f"{short(model)}: attentional residue per target segment (solid Residue, dashed Saturation)",
-                 fontsize=11)
+                 fontsize=11, wrap=True)
     return fig
 
 
