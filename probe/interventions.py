@@ -324,11 +324,15 @@ def write_interventions(run: str | Path | RunFolder, model: str, resolved: Seque
     return path
 
 
+class InterventionsFileError(ConfigError):
+    """``interventions.json`` cannot be read: not JSON, not a list of objects, or a field of the wrong type."""
+
+
 def read_interventions(run: str | Path | RunFolder) -> list[dict[str, Any]]:
     """The entries of a run folder's ``interventions.json`` (empty when the run has none).
 
     Raises:
-        ConfigError: the file is not a JSON list.
+        InterventionsFileError: the file is not a JSON list.
     """
     path = RunFolder(run).interventions
     if not path.is_file():
@@ -336,11 +340,12 @@ def read_interventions(run: str | Path | RunFolder) -> list[dict[str, Any]]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: not valid JSON ({e.msg}); `probe run` writes it again") from None
+        raise InterventionsFileError(f"{path}: not valid JSON ({e.msg}); `probe run` writes it again") from None
     if not isinstance(data, list):
-        raise ConfigError(f"{path}: expected a list of interventions; `probe run` writes it again")
+        raise InterventionsFileError(f"{path}: expected a list of interventions, got {type(data).__name__}; "
+                                     "`probe run` writes it again")
     return data
 
 
-__all__ = ["Intervention", "ResolvedIntervention", "RowEdit", "random_heads", "read_interventions", "resolve_interventions", "select_heads",
+__all__ = ["Intervention", "InterventionsFileError", "ResolvedIntervention", "RowEdit", "random_heads", "read_interventions", "resolve_interventions", "select_heads",
            "sweep_windows", "write_interventions"]

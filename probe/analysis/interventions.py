@@ -36,7 +36,6 @@ Estimates, per model × family × condition × load × intervention (:class:`Int
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from dataclasses import dataclass, replace
@@ -49,12 +48,12 @@ import scipy.stats
 
 from probe.analysis import inference as inf
 from probe.analysis.frame import RunData
-from probe.errors import ProbeError
-from probe.runfolder import RunFolder
+from probe.interventions import InterventionsFileError, read_interventions
+from probe.runfolder import INTERVENTIONS, RunFolder
 
 log = logging.getLogger(__name__)
 
-INTERVENTIONS_FILE = "interventions.json"
+INTERVENTIONS_FILE = INTERVENTIONS  # the run folder's file name (probe.runfolder)
 KEYS = ("extraneous", "filler", "germane", "matched-random")
 CONTROL_CONDITION = "Control"
 
@@ -68,10 +67,6 @@ METHODS = {
                          "BH q-values across a model's specific contrasts; a causal effect is claimed only where "
                          "q < alpha and the contrast is positive",
 }
-
-
-class InterventionsFileError(ProbeError):
-    """``interventions.json`` cannot be read: not JSON, not a list of objects, or a field of the wrong type."""
 
 
 # ------------------------------------------------------------------------------------------------- declaration
@@ -198,16 +193,8 @@ def load_interventions(run: RunFolder | str | Path) -> tuple[InterventionSpec, .
         InterventionsFileError: the file is not JSON, not a list of objects, misses a field or has a wrong type
             (names the file, the entry and the field), or two entries share a name.
     """
-    root = run.root if isinstance(run, RunFolder) else Path(run)
-    path = root / INTERVENTIONS_FILE
-    if not path.is_file():
-        return ()
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise InterventionsFileError(f"{path}: not valid JSON ({e}); re-run `probe run` to rewrite it") from None
-    if not isinstance(data, list):
-        raise InterventionsFileError(f"{path}: expected a list of interventions, got {type(data).__name__}")
+    path = RunFolder(run).interventions
+    data = read_interventions(run)
     specs = tuple(_spec(path, i, d) for i, d in enumerate(data))
     names = [s.name for s in specs]
     dup = sorted({n for n in names if names.count(n) > 1})

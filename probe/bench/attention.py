@@ -336,9 +336,9 @@ def format_attention_bench(rows: list[dict]) -> str:
     if rows:
         lines.append(f"model {rows[0]['model']} on {rows[0]['device']}; time = fastest of {rows[0]['rounds']} "
                      "round(s); memory = peak above the level before the call, in a separate call")
-        spread = [f"T={r['n_tokens']}: engine/plain {_span(r.get('engine_time_ratio_range'))}, engine_ar/plain "
-                  f"{_span(r.get('engine_ar_time_ratio_range'))}" for r in rows]
         if rows[0]["rounds"] > 1:
+            spread = [f"T={r['n_tokens']}: engine/plain {_span(r.get('engine_time_ratio_range'))}, engine_ar/plain "
+                      f"{_span(r.get('engine_ar_time_ratio_range'))}" for r in rows]
             lines.append("per-round time ratios (lowest-highest): " + "; ".join(spread))
     lines += [f"note: {n}" for n in notes]
     return "\n".join(lines)

@@ -14,12 +14,13 @@ for the whole experiment, not once per draw.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import numpy as np
 
 from probe.rng import scalar_draws
-from probe.tasks.synthetic import NAME_KINDS, TOPIC_TEMPLATES, NameDraw, draw_chain, name_words, render_facts
+from probe.tasks.synthetic import (NAME_KINDS, TOPIC_TEMPLATES, NameDraw, _Topic, draw_chain, name_words,
+                                   render_facts)
 
 
 def distractor_facts(
@@ -42,14 +43,22 @@ def distractor_facts(
         ``n`` fact sentences.
     """
     allowed = [t for t in TOPIC_TEMPLATES if t.name != exclude_topic]
-    facts: list[str] = []
+    return [fact for fact, _ in _draw_facts(rng, allowed, n, avoid)]
+
+
+def _draw_facts(rng: np.random.Generator, topics: Sequence[_Topic], n: int,
+                avoid: Iterable[str] = ()) -> list[tuple[str, frozenset[str]]]:
+    """``n`` facts of chains drawn one after another (topic uniform over ``topics``), each with the lowercased
+    words of its chain's invented names; no name word repeats, nor is a word of ``avoid``."""
+    out: list[tuple[str, frozenset[str]]] = []
     with scalar_draws(rng) as draws:  # numpy's draws, without numpy's cost per scalar call
-        names = NameDraw(draws, avoid)
-        while len(facts) < n:
-            topic = allowed[int(draws.integers(len(allowed)))]
-            entities, extras = draw_chain(topic, names, draws)
-            facts += render_facts(topic, entities, extras, draws)
-    return facts[:n]
+        namer = NameDraw(draws, avoid)
+        while len(out) < n:
+            topic = topics[int(draws.integers(len(topics)))]
+            entities, extras = draw_chain(topic, namer, draws)
+            chain_names = frozenset(name_words(e for e, kind in zip(entities, topic.kinds) if kind in NAME_KINDS))
+            out += [(fact, chain_names) for fact in render_facts(topic, entities, extras, draws)]
+    return out[:n]
 
 
 @dataclass(frozen=True)
@@ -81,15 +90,5 @@ def fact_pool(rng: np.random.Generator, n: int) -> FactPool:
     Returns:
         The pool, facts in draw order.
     """
-    facts: list[str] = []
-    names: list[frozenset[str]] = []
-    with scalar_draws(rng) as draws:
-        namer = NameDraw(draws)
-        while len(facts) < n:
-            topic = TOPIC_TEMPLATES[int(draws.integers(len(TOPIC_TEMPLATES)))]
-            entities, extras = draw_chain(topic, namer, draws)
-            chain_names = frozenset(name_words(e for e, kind in zip(entities, topic.kinds) if kind in NAME_KINDS))
-            rendered = render_facts(topic, entities, extras, draws)
-            facts += rendered
-            names += [chain_names] * len(rendered)
-    return FactPool(tuple(facts[:n]), tuple(names[:n]))
+    drawn = _draw_facts(rng, TOPIC_TEMPLATES, n)
+    return FactPool(tuple(f for f, _ in drawn), tuple(names for _, names in drawn))
