@@ -8,6 +8,7 @@ argparse's usage message and exit status 2, as a :class:`~probe.errors.ProbeErro
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import sys
@@ -89,11 +90,16 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from probe.runner import build_prompts, prepare_run_dir
+    from probe.runfolder import RunLock
+    from probe.runner import build_prompts, check_run_dir, load_all_tasks, prepare_run_dir, tokenizer_groups
 
     cfg = _load(args)
-    prepare_run_dir(cfg, force=args.force)
-    by_model = build_prompts(cfg, progress=not args.quiet)
+    tokenizer_groups(cfg)  # the model cards, read before anything is written
+    tasks = load_all_tasks(cfg)
+    check_run_dir(cfg, force=args.force)
+    with RunLock(cfg.run_folder):
+        prepare_run_dir(cfg, force=args.force)
+        by_model = build_prompts(cfg, progress=not args.quiet, tasks=tasks)
     n = len({p.prompt_id for ps in by_model.values() for p in ps})
     print(f"{n} prompts in {cfg.run_folder.prompts}")
     return 0
@@ -119,7 +125,9 @@ def _dp_rank() -> tuple[int, int]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from probe.runner import build_prompts, merge_shards, prepare_run_dir, run_experiment
+    from probe.runfolder import RunLock
+    from probe.runner import (build_prompts, check_run_dir, load_all_tasks, merge_shards, prepare_run_dir,
+                              run_experiment)
 
     cfg = _load(args)
     rank, world = _dp_rank()
@@ -128,8 +136,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         state = PartialState(cpu=not _cuda())
         if rank == 0:  # one process writes the config and the prompts; the others wait and reuse them
-            prepare_run_dir(cfg, force=args.force)
-            build_prompts(cfg, progress=not args.quiet)
+            tasks = load_all_tasks(cfg)
+            check_run_dir(cfg, force=args.force)
+            with RunLock(cfg.run_folder):
+                prepare_run_dir(cfg, force=args.force)
+                build_prompts(cfg, progress=not args.quiet, tasks=tasks)
         state.wait_for_everyone()
         run_experiment(cfg, progress=not args.quiet and rank == 0, force=args.force, rank=rank, world=world,
                        device=f"cuda:{state.local_process_index}" if _cuda() else "cpu")
@@ -290,7 +301,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--models", help="comma-separated model card names, replacing experiment.models")
         sp.add_argument("--output-dir", help="parent folder of run folders (default outputs)")
         sp.add_argument("--replications", type=positive_int, help="replications per (task, condition, load)")
-        sp.add_argument("--force", action="store_true", help="overwrite a run folder's differing config")
+        sp.add_argument("--force", action="store_true",
+                        help="start the run over when the folder holds records of another configuration (they are "
+                             "moved into <run>/superseded-<time>/)")
         sp.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
 
     sp = sub.add_parser("validate", help="check an experiment file without loading a model")
@@ -357,6 +370,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+_WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.EFBIG}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
@@ -366,6 +382,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ProbeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a full disk, a read-only folder: records are appended or renamed whole, none is lost
+        if e.errno not in _WRITE_ERRORS:
+            raise
+        where = f" {e.filename}" if e.filename else ""
+        print(f"error: writing or reading{where} failed: {e.strerror or e}. Nothing already recorded is lost (every "
+              "record is appended whole or written under a temporary name and renamed); free space or fix the "
+              "folder's permissions, then run the same command again to finish", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -144,6 +144,9 @@ def test_an_unreadable_run_config_is_a_config_error_naming_the_file(tmp_path):
     cfg = config_from_dict({"experiment": {"name": "x", "output_dir": str(tmp_path)},
                             "tasks": [{"source": "synthetic"}]})
     runner.prepare_run_dir(cfg)
+    record = cfg.run_folder.attention_record("m", "t|Control|L0|r0")  # the folder holds a record of its run
+    record.parent.mkdir(parents=True)
+    record.write_bytes(b"npz")
     path = cfg.run_folder.config
     path.write_text('[ice]\ninstruction = "two\nlines"\n', encoding="utf-8")  # what an old toolkit version wrote
     for read in (lambda: read_run_config(cfg.run_dir), lambda: runner.prepare_run_dir(cfg)):
@@ -153,8 +156,8 @@ def test_an_unreadable_run_config_is_a_config_error_naming_the_file(tmp_path):
     path.write_bytes(b'[experiment]\nname = "\xff"\n')
     with pytest.raises(ConfigError, match="not UTF-8"):
         read_run_config(cfg.run_dir)
-    runner.prepare_run_dir(cfg, force=True)  # --force writes it again from the experiment
-    assert read_run_config(cfg.run_dir) == cfg
+    runner.prepare_run_dir(cfg, force=True)  # --force writes it again from the experiment, the record moved aside
+    assert read_run_config(cfg.run_dir) == cfg and not record.exists()
     assert read_run_config(tmp_path / "no-run-here") is None
 
 
