@@ -66,36 +66,29 @@ def _load(args: argparse.Namespace) -> ExperimentConfig:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from probe.loading import get_card
-
-    from probe.backends.openai import check_probe_supported
-
-    from probe.runner import check_interventions_supported
+    """Check an experiment as far as it can be checked without loading a model: the file, the model cards and
+    their weights (packages, GGUF files, folders), probes and interventions against the cards, the generation
+    budget against each context window, every task file, and a separate probe run named by ``heads.from``."""
+    from probe.runner import check_inputs
 
     cfg = _load(args)
-    cards = []
-    for m in cfg.experiment.models:
-        card = get_card(m)
-        cards.append(card)
-        if cfg.probe.enabled:
-            check_probe_supported(card)
-    check_interventions_supported(cfg, cards)
+    cards, tasks = check_inputs(cfg)
     for iv in cfg.interventions:
         heads = iv.heads
         if not isinstance(heads, (str, tuple)) and not Path(heads.from_run).is_dir():
             raise ProbeError(f"{args.experiment}: interventions {iv.name!r}: heads.from = {heads.from_run!r} is not a "
                              "run folder; run the selection experiment first (probe.enabled = true)")
-    print(f"{args.experiment}: ok ({len(cfg.tasks)} task source(s), models: {', '.join(cfg.experiment.models)})")
+    print(f"{args.experiment}: ok ({len(cfg.tasks)} task source(s), {len(tasks)} tasks, models: "
+          f"{', '.join(c.name for c in cards)})")
     return 0
 
 
 def cmd_build(args: argparse.Namespace) -> int:
     from probe.runfolder import RunLock
-    from probe.runner import build_prompts, check_run_dir, load_all_tasks, prepare_run_dir, tokenizer_groups
+    from probe.runner import build_prompts, check_inputs, check_run_dir, prepare_run_dir
 
     cfg = _load(args)
-    tokenizer_groups(cfg)  # the model cards, read before anything is written
-    tasks = load_all_tasks(cfg)
+    _, tasks = check_inputs(cfg)  # bad input stops the build before anything is written
     check_run_dir(cfg, force=args.force)
     with RunLock(cfg.run_folder):
         prepare_run_dir(cfg, force=args.force)
@@ -126,7 +119,7 @@ def _dp_rank() -> tuple[int, int]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from probe.runfolder import RunLock
-    from probe.runner import (build_prompts, check_run_dir, load_all_tasks, merge_shards, prepare_run_dir,
+    from probe.runner import (build_prompts, check_inputs, check_run_dir, merge_shards, prepare_run_dir,
                               run_experiment)
 
     cfg = _load(args)
@@ -136,7 +129,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         state = PartialState(cpu=not _cuda())
         if rank == 0:  # one process writes the config and the prompts; the others wait and reuse them
-            tasks = load_all_tasks(cfg)
+            _, tasks = check_inputs(cfg)
             check_run_dir(cfg, force=args.force)
             with RunLock(cfg.run_folder):
                 prepare_run_dir(cfg, force=args.force)
@@ -229,12 +222,23 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from probe.loading import availability, list_cards
+    from concurrent.futures import ThreadPoolExecutor
 
+    from probe.loading import availability, list_cards, served_reachability
+
+    cards = list_cards()
+    served = [c for c in cards if not c.is_local]
+    with ThreadPoolExecutor(max_workers=8) as pool:  # a short probe of each server's URL, all at once
+        reach = dict(zip([c.name for c in served], pool.map(served_reachability, served)))
     rows = []
-    for c in list_cards():
+    for c in cards:
         ok, why = availability(c)
-        rows.append((c.name, c.backend, "yes" if ok else "no", why))
+        if c.is_local or not ok:
+            rows.append((c.name, c.backend, "yes" if ok else "no", why))
+        else:
+            state = reach[c.name]
+            rows.append((c.name, c.backend, "yes" if state == "reachable" else state.split(" (")[0],
+                         f"{why}: {state}"))
     w = [max(len(r[i]) for r in rows + [("model", "backend", "loadable", "")]) for i in range(3)]
     print(f"{'model':<{w[0]}}  {'backend':<{w[1]}}  {'loadable':<{w[2]}}  where")
     for r in rows:

@@ -238,8 +238,8 @@ def done_trial_ids(path: Path) -> set[str]:
     return {t.trial_id for t in load_trials(path) if t.error is None}
 
 
-__all__ = ["DuplicateTrialError", "RecordError", "TrialRecord", "append_jsonl", "done_trial_ids", "iter_jsonl", "load_prompts",
-           "load_trials", "make_trial_id", "read_jsonl", "write_jsonl"]
+__all__ = ["DuplicateTrialError", "RecordError", "TrialRecord", "append_jsonl", "done_trial_ids", "iter_jsonl",
+           "load_prompts", "load_trials", "make_trial_id", "read_jsonl", "write_jsonl"]
 
 
 def check_records(run: str | Path | RunFolder) -> None:

@@ -13,7 +13,7 @@ A run of an experiment lives in ``outputs/<name>/``; this module is the only pla
     analysis.json, analysis.md, attention_summary.npz, tables/*.csv     probe analyze
     report.html, figures/*.png                                          probe report
     show/<model>/<stem>[.L<layer>][.H<head>].html                       probe show (one prompt's attention)
-    run.lock                  held (``flock``) by the one ``probe run`` / ``probe build`` writing the folder; holds its pid
+    run.lock                  locked (flock) by the one probe run / probe build writing the folder; holds its pid
     superseded-<time>/        the records of an earlier configuration, moved aside by ``probe run --force``
 
 **Prompt ids.** ``<task_id>|<condition>|L<load>|r<replication>``, plus ``|@<tokenizer>`` when an experiment builds

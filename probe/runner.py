@@ -507,6 +507,45 @@ def probe_and_save(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt
         write_atomic(p, todo[0].read_bytes())
 
 
+def check_generation_budget(cfg: ExperimentConfig, cards: Sequence[ModelCard]) -> None:
+    """Refuse a ``generation.max_new_tokens`` that leaves no room for a prompt in a model's context window (every
+    trial would be recorded as skipped).
+
+    Raises:
+        ConfigError: naming the field, the card and its context window.
+    """
+    n = cfg.generation.max_new_tokens
+    for c in cards:
+        if n >= c.context_window:
+            raise ConfigError(
+                f"generation.max_new_tokens: {n} leaves no room for a prompt in the context window of "
+                f"{c.context_window} tokens of model {c.name!r} ({c.card_path or 'its card'}: context_window); every "
+                f"trial would be skipped. Give a budget well below {c.context_window} (answers need tens of tokens)"
+            )
+
+
+def check_inputs(cfg: ExperimentConfig) -> tuple[list[ModelCard], list[Task]]:
+    """Everything about an experiment that can be checked without loading a model or writing a file: the model
+    cards and their weights, probes and interventions against the cards, the generation budget against each
+    context window, and every task file (the tasks are returned).
+
+    Raises:
+        ConfigError, ModelUnavailableError, TaskFormatError, DataUnavailableError: naming the file and field.
+    """
+    from probe.backends.openai import check_probe_supported
+    from probe.loading import check_weights_present
+
+    cards = [get_card(m) for m in cfg.experiment.models]
+    tokenizer_groups(cfg)  # an experiment of served models alone has no tokenizer to count loads in
+    for c in cards:
+        check_weights_present(c)
+        if cfg.probe.enabled:
+            check_probe_supported(c)
+    check_interventions_supported(cfg, cards)
+    check_generation_budget(cfg, cards)
+    return cards, load_all_tasks(cfg)
+
+
 def check_interventions_supported(cfg: ExperimentConfig, cards: Sequence[ModelCard]) -> None:
     """Refuse ``[[interventions]]`` on a served model (they edit attention inside the model).
 
@@ -543,14 +582,7 @@ def run_experiment(cfg: ExperimentConfig, progress: bool = True, force: bool = F
             written.
     """
     # everything that can be checked without writing is checked first: bad input leaves the folder as it was
-    cards = [get_card(m) for m in cfg.experiment.models]
-    if cfg.probe.enabled:
-        from probe.backends.openai import check_probe_supported
-
-        for c in cards:
-            check_probe_supported(c)
-    check_interventions_supported(cfg, cards)
-    task_list = load_all_tasks(cfg)
+    cards, task_list = check_inputs(cfg)
     if rank != 0:
         check_records(cfg.run_dir)
         _run_models(cfg, cards, task_list, progress, rank, world, device)
@@ -590,5 +622,5 @@ def _run_models(cfg: ExperimentConfig, cards: list[ModelCard], task_list: list[T
         del backend
 
 
-__all__ = ["build_prompts", "check_interventions_supported", "check_run_dir", "make_record", "merge_shards",
-           "prepare_run_dir", "record_differences", "run_experiment", "run_model"]
+__all__ = ["build_prompts", "check_generation_budget", "check_inputs", "check_interventions_supported", "check_run_dir",
+           "make_record", "merge_shards", "prepare_run_dir", "record_differences", "run_experiment", "run_model"]

