@@ -72,7 +72,10 @@ def record_differences(old: ExperimentConfig, new: ExperimentConfig) -> list[str
     ignored = set(NOT_RECORD_KEYS)
     if old.generation.temperature == 0 and new.generation.temperature == 0:
         ignored |= set(GREEDY_ONLY_KEYS)
-    return [f"{key}: {a.get(key, '(unset)')!r} -> {b.get(key, '(unset)')!r}" for key in sorted(set(a) | set(b))
+    def show(d: dict[str, Any], key: str) -> str:
+        return repr(d[key]) if key in d else "(unset)"
+
+    return [f"{key}: {show(a, key)} -> {show(b, key)}" for key in sorted(set(a) | set(b))
             if key not in ignored and a.get(key) != b.get(key)]
 
 

@@ -223,22 +223,25 @@ def test_show_names_a_truncated_probe_record(tmp_path, tiny_card, capsys):
     assert str(victim) in err and "not a readable probe record" in err
 
 
-@pytest.mark.parametrize("failing", ["prompts.jsonl.tmp", "manifest.json.tmp", "trials.jsonl"])
+@pytest.mark.parametrize("failing, code", [("prompts.jsonl.tmp", errno.ENOSPC), ("manifest.json.tmp", errno.ENOSPC),
+                                           ("trials.jsonl", errno.ENOSPC), ("trials.jsonl", errno.EROFS)],
+                         ids=["prompts-full", "manifest-full", "trials-full", "trials-read-only"])
 def test_a_full_disk_says_what_to_do_leaves_no_temporary_file_and_a_rerun_finishes(tmp_path, tiny_card, capsys,
-                                                                                    monkeypatch, failing):
+                                                                                    monkeypatch, failing, code):
+    # the writer fails as the kernel would (tests run as root, where chmod does not stop a write)
     exp = write_exp(tmp_path / "a.toml", tiny_card, tmp_path / "outputs", probe=True)
     real_fsync = os.fsync
 
-    def full(fd: int) -> None:  # the disk fills up while this file is written
+    def full(fd: int) -> None:  # the disk fills up (or the folder turns read-only) while this file is written
         if os.readlink(f"/proc/self/fd/{fd}").endswith(failing):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            raise OSError(code, os.strerror(code))
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", full)
     capsys.readouterr()
     assert main(["run", str(exp), "-q"]) == 1
     err = capsys.readouterr().err
-    assert "No space left on device" in err and "Nothing already recorded is lost" in err
+    assert os.strerror(code) in err and "Nothing already recorded is lost" in err
     assert "run the same command again" in err and "Traceback" not in err
     run = RunFolder(tmp_path / "outputs" / "integrity")
     assert not [p for p in run.root.rglob("*") if p.name.endswith(".tmp")]
