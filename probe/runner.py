@@ -28,8 +28,8 @@ from probe.interventions import ResolvedIntervention, resolve_interventions, wri
 from probe.errors import ConfigError
 from probe.loading import ModelCard, get_card, load_tokenizer
 from probe.prompts.builder import IceBuilder
-from probe.records import (TrialRecord, append_jsonl, check_records, load_prompts, load_trials, make_trial_id,
-                           write_jsonl)
+from probe.records import (RecordError, TrialRecord, append_jsonl, check_records, load_prompts, load_trials,
+                           make_trial_id, write_jsonl)
 from probe.runfolder import RunFolder, RunLock, write_atomic
 from probe.tasks import get_family, get_source, load_tasks
 from probe.types import Prompt, Task
@@ -87,14 +87,20 @@ def check_run_dir(cfg: ExperimentConfig, force: bool = False) -> list[str]:
         the same experiment, or holds no record yet).
 
     Raises:
-        RecordError: a record file of the folder holds a damaged line (checked also with ``force``: the records
-            would be moved aside as they are, but a damaged file is worth a look first).
+        RecordError: a record file of the folder holds a damaged line (unless ``force`` starts a run of another
+            configuration over, which moves the file aside as it is).
         ConfigError: the folder holds records of a different configuration, or a config that cannot be read,
             and ``force`` is not given; the message names the keys that differ.
     """
     run = cfg.run_folder
-    check_records(run)
+    damaged: RecordError | None = None
+    try:
+        check_records(run)
+    except RecordError as e:
+        damaged = e
     if not run.config.exists():
+        if damaged is not None:
+            raise damaged
         return []
     has_records = bool(run.record_paths())
     try:
@@ -104,6 +110,8 @@ def check_run_dir(cfg: ExperimentConfig, force: bool = False) -> list[str]:
             return ["config.toml (unreadable)"]
         raise
     diffs = record_differences(old, cfg) if old is not None else []
+    if damaged is not None and not (force and diffs):  # a run started over moves the damaged file aside too
+        raise damaged
     if diffs and has_records and not force:
         raise ConfigError(
             f"{run.config}: this run folder holds records of a different configuration ({'; '.join(diffs)}); "

@@ -265,3 +265,24 @@ def test_every_file_of_a_run_has_one_mode(tmp_path, tiny_card):
     modes = {str(p.relative_to(run.root)): stat.S_IMODE(p.stat().st_mode) for p in run.root.rglob("*")
              if p.is_file()}
     assert _probe_records(run) and set(modes.values()) == {stat.S_IMODE(run.trials.stat().st_mode)}, modes
+
+
+def test_force_starts_over_past_a_damaged_record_file_only_for_another_configuration(tmp_path):
+    from dataclasses import replace
+
+    from probe.config import config_from_dict
+    from probe.records import RecordError
+
+    cfg = config_from_dict({"experiment": {"name": "x", "output_dir": str(tmp_path)},
+                            "tasks": [{"source": "synthetic"}]})
+    runner.prepare_run_dir(cfg)
+    run = cfg.run_folder
+    run.trials.write_text("not a record\n{}\n")
+    for force in (False, True):  # the same configuration: the damage is named, --force or not
+        with pytest.raises(RecordError, match=rf"{run.trials}:1: not valid JSON"):
+            runner.prepare_run_dir(cfg, force=force)
+    other = replace(cfg, experiment=replace(cfg.experiment, seed=8))
+    runner.prepare_run_dir(other, force=True)
+    assert not run.trials.exists() and runner.read_run_config(run) == other
+    (moved,) = [p for p in run.root.iterdir() if p.name.startswith("superseded-")]
+    assert (moved / "trials.jsonl").read_text() == "not a record\n{}\n"

@@ -31,12 +31,25 @@ from pathlib import Path
 import numpy as np
 
 from probe.errors import ProbeError
-from probe.runfolder import file_mode
 from probe.types import SEGMENT_KINDS
 
 
 class AttentionRecordError(ProbeError):
     """A probe record file cannot be read (names the file and what to do)."""
+
+
+def _file_mode() -> int:
+    """The mode of every file of a run folder, as ``open()`` makes one: 0666 less the umask (the records' writers
+    use :func:`probe.runfolder.file_mode`, the same value; this module stays free of the run folder)."""
+    global _MODE
+    if _MODE is None:
+        mask = os.umask(0)
+        os.umask(mask)
+        _MODE = 0o666 & ~mask
+    return _MODE
+
+
+_MODE: int | None = None
 
 
 # Key kinds of ``seg_mass``'s last axis: the segment kinds, then the answer tokens of a ``generated`` probe.
@@ -152,7 +165,7 @@ class SegmentAttention:
             arrays["ar_k"] = self.ar_k.astype(np.float32)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
-            os.fchmod(fd, file_mode())  # mkstemp makes 0600; every file of a run folder has one mode
+            os.fchmod(fd, _file_mode())  # mkstemp makes 0600; every file of a run folder has one mode
             with os.fdopen(fd, "wb") as fh:
                 # numpy's stub types **kwds so that a str-keyed dict could reach allow_pickle: bool
                 np.savez_compressed(fh, **arrays)  # type: ignore[arg-type]
