@@ -316,7 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("build", help=f"build the prompts (outputs/<name>/{runfolder.PROMPTS})")
     exp_args(sp)
     sp.set_defaults(fn=cmd_build)
-    sp = sub.add_parser("run", help="build prompts and run every model (resumable)")
+    sp = sub.add_parser("run", help="build prompts and run every model (resumable; one process per run folder at a "
+                                    "time, a second stops naming the first's pid)")
     exp_args(sp)
     sp.add_argument("--batch-size", type=positive_int, help="prompts generated together")
     sp.add_argument("--max-new-tokens", type=positive_int, help="generation limit in tokens")
