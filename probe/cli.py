@@ -80,6 +80,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
                              "run folder; run the selection experiment first (probe.enabled = true)")
     print(f"{args.experiment}: ok ({len(cfg.tasks)} task source(s), {len(tasks)} tasks, models: "
           f"{', '.join(c.name for c in cards)})")
+    for c in cards:
+        if c.is_local and c.source == "hub":
+            print(f"  {c.name}: weights not checked (hub id {c.hub_id}, downloaded on first load; `probe models` "
+                  "says whether they are cached here)")
+        elif not c.is_local:
+            print(f"  {c.name}: served at {c.base_url}; the server is not contacted (`probe models` probes it)")
     return 0
 
 
@@ -88,7 +94,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     from probe.runner import build_prompts, check_inputs, check_run_dir, prepare_run_dir
 
     cfg = _load(args)
-    _, tasks = check_inputs(cfg)  # bad input stops the build before anything is written
+    _, tasks = check_inputs(cfg, generating=False)  # bad input stops the build before anything is written
     check_run_dir(cfg, force=args.force)
     with RunLock(cfg.run_folder):
         prepare_run_dir(cfg, force=args.force)

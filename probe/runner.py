@@ -536,10 +536,11 @@ def check_generation_budget(cfg: ExperimentConfig, cards: Sequence[ModelCard]) -
             )
 
 
-def check_inputs(cfg: ExperimentConfig) -> tuple[list[ModelCard], list[Task]]:
+def check_inputs(cfg: ExperimentConfig, generating: bool = True) -> tuple[list[ModelCard], list[Task]]:
     """Everything about an experiment that can be checked without loading a model or writing a file: the model
     cards and their weights, probes and interventions against the cards, the generation budget against each
-    context window, and every task file (the tasks are returned).
+    context window (when ``generating``: ``probe build`` generates nothing), and every task file (the tasks are
+    returned).
 
     Raises:
         ConfigError, ModelUnavailableError, TaskFormatError, DataUnavailableError: naming the file and field.
@@ -554,7 +555,8 @@ def check_inputs(cfg: ExperimentConfig) -> tuple[list[ModelCard], list[Task]]:
         if cfg.probe.enabled:
             check_probe_supported(c)
     check_interventions_supported(cfg, cards)
-    check_generation_budget(cfg, cards)
+    if generating:
+        check_generation_budget(cfg, cards)
     return cards, load_all_tasks(cfg)
 
 

@@ -94,7 +94,8 @@ CASES = [
          extra='[[tasks]]\nsource = "synthetic"\nn = 0'),
     Case("second-tasks-source", ("exp.toml", "tasks[1].source (source 'wiki')"), extra='[[tasks]]\nsource = "wiki"'),
     Case("budget-beyond-context", ("generation.max_new_tokens: 1000000000", "context window of 4096",
-                                   "tiny-llama.toml"), generation="max_new_tokens = 1000000000"),
+                                   "tiny-llama.toml"), generation="max_new_tokens = 1000000000",
+         commands=("validate", "run")),  # building prompts generates nothing
     Case("unknown-card", ("unknown model card 'smollm-135m'",), models='["smollm-135m"]'),
     # task files
     Case("empty-question", ("{tmp}/tasks.jsonl:2: question: must be a non-empty string",),
