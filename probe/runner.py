@@ -16,6 +16,7 @@ import platform
 import subprocess
 import sys
 import time
+import zipfile
 from functools import partial
 from importlib import metadata
 from pathlib import Path
@@ -72,6 +73,7 @@ def record_differences(old: ExperimentConfig, new: ExperimentConfig) -> list[str
     ignored = set(NOT_RECORD_KEYS)
     if old.generation.temperature == 0 and new.generation.temperature == 0:
         ignored |= set(GREEDY_ONLY_KEYS)
+
     def show(d: dict[str, Any], key: str) -> str:
         return repr(d[key]) if key in d else "(unset)"
 
@@ -460,19 +462,23 @@ def _run_arm(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], tas
 
 def _unreadable_probes(cfg: ExperimentConfig, model: str, prompts: list[Prompt],
                        intervention: str | None) -> list[Prompt]:
-    """The prompts whose probe record exists but cannot be read (cut short by a full disk, a bad copy); each such
-    file is removed, with a warning, so that the run probes the prompt again."""
-    from probe.attention.result import AttentionRecordError, SegmentAttention
-
+    """The prompts whose probe record exists but is not a whole ``.npz`` (cut short by a full disk or a bad copy:
+    its zip directory, at the end of the file, is missing or names no ``meta``); each such file is removed, with a
+    warning, so that the run probes the prompt again. Only the directory is read, so a resumed run of many
+    records checks them quickly; damage inside a whole file is named when the analysis reads it."""
     out = []
     for p in prompts:
         path = cfg.run_folder.attention_record(model, p.prompt_id, intervention)
         if not path.is_file():
             continue
         try:
-            SegmentAttention.load(path)
-        except AttentionRecordError as e:
-            log.warning("%s; removing it: the run probes the prompt again", e)
+            with zipfile.ZipFile(path) as z:
+                whole = "meta.npy" in z.namelist()
+        except (zipfile.BadZipFile, OSError, EOFError):
+            whole = False
+        if not whole:
+            log.warning("%s: not a readable probe record (cut short?); removing it: the run probes the prompt again",
+                        path)
             path.unlink()
             out.append(p)
     return out
