@@ -29,8 +29,6 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from probe.errors import ConfigError
 from probe.tasks.family import CUSTOM_CONDITION, FAMILIES, Family, get_family, register_family
 from probe.tasks.section import SOURCES, Layout, TaskSection, TaskSource, get_source, register_source
@@ -59,6 +57,8 @@ def _score_cogniload(output: str | None, task: "Task", truncated: bool) -> "Scor
 
 
 def _load_synthetic(section: TaskSection, seed: int) -> list["Task"]:
+    import numpy as np  # here, not at the top: `import probe.config` (and so `probe.Intervention`) stays numpy-free
+
     from probe.tasks.synthetic import generate_synthetic
 
     return generate_synthetic(section.n, section.hops, np.random.default_rng((seed, section.hops)))
