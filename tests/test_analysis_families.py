@@ -28,7 +28,7 @@ PROBE = Path(probe.__file__).parent
 SHARED = ["analysis/__init__.py", "analysis/run.py", "analysis/results.py", "analysis/families.py",
           "analysis/frame.py", "analysis/estimates.py", "analysis/glm.py", "report/__init__.py", "report/render.py",
           "report/compare.py", "report/tables.py", "report/text.py", "report/sections.py", "report/html.py",
-          "report/figures.py", "format.py"]
+          "report/figures.py", "formatting.py"]
 FAMILY_NAMES = ("ice", "cogniload")
 
 
