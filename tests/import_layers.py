@@ -81,7 +81,6 @@ def imports(root: Path, package: str = "probe") -> list[Import]:
     for name, path in modules.items():
         here = name if path.name == "__init__.py" else name.rpartition(".")[0]
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-            targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):
@@ -92,6 +91,8 @@ def imports(root: Path, package: str = "probe") -> list[Import]:
                     origin = node.module or ""
                 # `from pkg import sub` names the submodule; `from pkg import name` the package itself
                 targets = [f"{origin}.{a.name}" for a in node.names]
+            else:
+                continue
             for t in targets:
                 target = _resolve(t, modules)
                 if target is not None and target != name:
