@@ -49,7 +49,7 @@ def no_model_loads(test: str) -> Iterator[None]:
         _refuse(test, "probe.loading.load_model")
 
     model_cls.from_pretrained = classmethod(from_pretrained)
-    probe.loading.load_model = load_model  # type: ignore[assignment]
+    probe.loading.load_model = load_model
     try:
         yield
     finally:
