@@ -20,8 +20,9 @@ A family is a kind of benchmark: ``ice`` (multi-hop questions: SPEC §3 scoring,
 record carries its family, so the analysis groups trials by it without guessing from sources or conditions.
 
 Adding a benchmark: one loader module here, one :class:`TaskSource` passed to :func:`register_source` (and a
-:class:`Family` passed to :func:`register_family` if it is scored or analysed differently), one scorer under :mod:`probe.scoring`, one analysis and one report section registered for
-the family.
+:class:`Family` passed to :func:`register_family` if it is scored or analysed differently), one scorer under
+:mod:`probe.scoring`, one analysis and one report section registered for the family. A name registered twice is
+refused; a misspelt one is answered with the close names.
 """
 
 from __future__ import annotations
@@ -108,7 +109,8 @@ for _source in (
 
 def family_of(source: str) -> str:
     """The family of a source's trials; for a source this registry does not know (another tool's file, a record
-    written before records named their family), the family such a record had (:func:`probe.types.family_of_old_record`).
+    written before records named their family), the family such a record had
+    (:func:`probe.types.family_of_old_record`).
     """
     return SOURCES.get(source).family if source in SOURCES else family_of_old_record(source)
 
