@@ -66,3 +66,9 @@ def test_the_guard_applies_to_unmarked_tests_only_and_gpu_tests_skip_without_cud
     assert "1 failed, 1 passed" in text, text
     if not tiers.cuda_available():
         assert "needs a CUDA device" in text and "1 skipped" in text, text
+
+
+def test_make_test_unit_selects_the_unit_tier() -> None:
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    recipe = makefile.split("\ntest-unit:", 1)[1].split("\n\n", 1)[0]
+    assert f'-m "{tiers.UNIT_MARKS}"' in recipe, recipe
