@@ -15,9 +15,9 @@ registry instead of naming a source:
 The section type (:class:`TaskSection`) and the source registry live in :mod:`probe.tasks.section`, the family
 registry in :mod:`probe.tasks.family`; this module registers the built-in entries in both.
 
-A family is a kind of benchmark: ``ice`` (multi-hop questions: SPEC §3 scoring, the ICE estimates H1-H3) and
-``cogniload`` (logic-grid puzzles: progressive exact match, the CogniLoad GLM; SPEC §7). Each prompt and trial
-record carries its family, so the analysis groups trials by it without guessing from sources or conditions.
+A family is a kind of benchmark: ``ice`` (multi-hop questions: docs/method.md#scoring, the ICE estimates H1-H3) and
+``cogniload`` (logic-grid puzzles: progressive exact match, the CogniLoad GLM; docs/cogniload.md). Each prompt and
+trial record carries its family, so the analysis groups trials by it without guessing from sources or conditions.
 
 Adding a benchmark: one loader module here, one :class:`TaskSource` passed to :func:`register_source` (and a
 :class:`Family` passed to :func:`register_family` if it is scored or analysed differently), one scorer under
@@ -87,9 +87,9 @@ def _load_cogniload(section: TaskSection, seed: int) -> list["Task"]:
 
 for _family in (
     Family("ice", _score_answers, None, True,
-           "multi-hop questions under the ICE conditions: EM, hop recall, H1-H3 (SPEC §3, §6)"),
+           "multi-hop questions under the ICE conditions: EM, hop recall, H1-H3 (docs/method.md)"),
     Family("cogniload", _score_cogniload, "CogniLoad", False,
-           "logic-grid puzzles: progressive exact match, GLM and thresholds (SPEC §7)"),
+           "logic-grid puzzles: progressive exact match, GLM and thresholds (docs/cogniload.md)"),
 ):
     register_family(_family)
 

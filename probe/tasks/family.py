@@ -28,8 +28,8 @@ class Family:
         score: ``(output, task, truncated) -> Score`` (:mod:`probe.scoring`).
         native_condition: the condition of a natively laid out prompt (CogniLoad: ``"CogniLoad"``); None lets the
             task name its condition (``meta["condition"]``), else :data:`CUSTOM_CONDITION`.
-        has_s_sim: S_sim (the question's similarity to the extraneous segments, docs/method.md) is defined for its
-            prompts.
+        has_s_sim: S_sim (docs/method.md#task-similarity-s_sim: the question against the extraneous segments) is
+            defined for its prompts.
         description: one line for listings.
     """
 
