@@ -4,8 +4,10 @@ The runner writes a run folder; :class:`probe.runfolder.RunFolder` names every f
 the manifest, the prompts, the trials and their data-parallel shards, one attention record per model and prompt).
 Every write is an fsynced append or an atomic rename, so a run stopped at any point (crash, Ctrl-C) is finished by
 running the same command again: trials already recorded are not redone, none is recorded twice, and a trial that
-failed in a backend (API error) is retried. Before it writes anything, a run reads the records already in the
-folder: a damaged line stops it (:class:`probe.records.RecordError`) with the folder as it was.
+failed in a backend (API error) is retried. Before it writes anything, a run checks its inputs (:func:`check_inputs`)
+and reads the records already in the folder: bad input or a damaged line (:class:`probe.records.RecordError`) stops
+it with the folder as it was. One process writes a folder at a time (:class:`probe.runfolder.RunLock`); a folder
+holds the records of one configuration (:func:`prepare_run_dir`: ``--force`` moves an earlier run aside).
 """
 
 from __future__ import annotations
