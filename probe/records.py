@@ -102,15 +102,22 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     path = Path(path)
     if not path.exists():
         return
-    with path.open("r", encoding="utf-8") as fh:
-        lines = fh.readlines()
-    for i, line in enumerate(lines, 1):
+    lines = path.read_bytes().splitlines(keepends=True)
+    for i, raw in enumerate(lines, 1):
+        partial = i == len(lines) and not raw.endswith(b"\n")  # a crash mid-write (maybe mid-character)
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            if partial:
+                log.warning("%s:%d: ignoring a half-written last line (interrupted run)", path, i)
+                continue
+            raise _damaged(path, i, f"not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1})") from None
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            if i == len(lines) and not line.endswith("\n"):
+            if partial:
                 log.warning("%s:%d: ignoring a half-written last line (interrupted run)", path, i)
                 continue
             raise _damaged(path, i, f"not valid JSON ({e.msg} at column {e.colno})") from None
