@@ -190,7 +190,7 @@ def family_of(source: str) -> str:
     return SOURCES[source].family if source in SOURCES else "ice"
 
 
-def load_tasks(section: "TaskSection", seed: int) -> list["Task"]:
+def load_section(section: "TaskSection", seed: int) -> list["Task"]:
     """The tasks of one ``[[tasks]]`` section.
 
     Args:
@@ -213,4 +213,4 @@ def load_tasks(section: "TaskSection", seed: int) -> list["Task"]:
 
 
 __all__ = ["CUSTOM_CONDITION", "FAMILIES", "Family", "SOURCES", "TaskSource", "family_of", "get_family",
-           "get_source", "load_tasks"]
+           "get_source", "load_section"]
