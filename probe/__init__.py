@@ -51,7 +51,7 @@ _EXPORTS: dict[str, str] = {
     "show": "probe.api",
     "intervention": "probe.api",
     "Model": "probe.api",
-    "ArgumentError": "probe.api",
+    "ArgumentError": "probe.errors",
     "Intervention": "probe.interventions",
     "RowEdit": "probe.interventions",
     "Run": "probe.loaded_run",
@@ -59,10 +59,10 @@ _EXPORTS: dict[str, str] = {
 }
 
 if TYPE_CHECKING:  # what type checkers and editors see; at run time each name is imported on first use
-    from probe.api import (ArgumentError, Model, analyze, build_prompt, build_prompts, intervention, load_model,
+    from probe.api import (Model, analyze, build_prompt, build_prompts, intervention, load_model,
                            load_run, load_tasks, probe_prompt, render_report, run, show, tokenize_prompt)
     from probe.interventions import Intervention, RowEdit
-    from probe.errors import ProbeError
+    from probe.errors import ArgumentError, ProbeError
     from probe.loaded_run import Run
 
 

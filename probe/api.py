@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence, Union
 
-from probe.errors import ConfigError, ProbeError
+from probe.errors import ArgumentError, ConfigError, ProbeError
 from probe.loaded_run import Run, load_run
 from probe.loading import LoadedModel
 
@@ -63,13 +63,6 @@ PromptLike = Union["Prompt", "TokenizedPrompt"]
 
 # the sections of an experiment that ``run`` / ``experiment_config`` overrides change key by key
 OVERRIDABLE = ("experiment", "ice", "generation", "probe", "analysis")
-
-
-class ArgumentError(ProbeError, TypeError):
-    """A public function was given an argument of the wrong kind (the message names it and what to pass).
-
-    A ``TypeError`` too, since that is what Python raises for a call that does not fit a function's signature.
-    """
 
 
 @dataclass(repr=False)

@@ -9,6 +9,13 @@ class ProbeError(Exception):
     """Base class of every toolkit error."""
 
 
+class ArgumentError(ProbeError, TypeError):
+    """A public function was given an argument of the wrong kind (the message names it and what to pass).
+
+    A ``TypeError`` too, as Python raises for a call that does not fit a function's signature.
+    """
+
+
 class ConfigError(ProbeError):
     """An experiment or model card is malformed (names the file and field)."""
 

@@ -301,6 +301,9 @@ def test_a_run_folder_is_recognised_by_its_config(tmp_path: Path) -> None:
     (tmp_path / "r").mkdir()
     with pytest.raises(RunNotFoundError):
         probe.load_run(tmp_path / "r")
+    for call in (probe.load_run, probe.analyze, probe.render_report):
+        with pytest.raises(probe.ArgumentError, match=r"path|run must be a run folder \(a path"):
+            call(42)
     exp = config_from_dict({"experiment": {"name": "r", "output_dir": str(tmp_path)},
                             "tasks": [{"source": "synthetic", "n": 1}]})
     from probe.config import dump_config
@@ -311,3 +314,29 @@ def test_a_run_folder_is_recognised_by_its_config(tmp_path: Path) -> None:
     assert run.models == ("smollm2-135m-instruct",)
     assert dataclasses.asdict(run.config) == dataclasses.asdict(exp)
     assert json.loads(json.dumps(run.config.to_dict())) == exp.to_dict()
+
+
+# the public names that a stage also defines, with the same contract (the public one only adds defaults): a call
+# that one accepts, the other accepts and answers the same way
+SAME_CONTRACT = {("load_model", "probe.loading"), ("render_report", "probe.report.render")}
+
+
+def test_no_stage_defines_a_public_name_of_probe_with_another_contract() -> None:
+    import importlib
+    import inspect
+    import pkgutil
+
+    public = {n for n in probe.__all__ if inspect.isfunction(getattr(probe, n, None))}
+    clashes = []
+    for info in pkgutil.walk_packages(probe.__path__, "probe."):
+        if info.name in ("probe.api", "probe.__main__"):
+            continue
+        try:
+            module = importlib.import_module(info.name)
+        except ImportError:  # an optional dependency (a weights package, a data set) that is not installed
+            continue
+        for name, obj in vars(module).items():
+            if name in public and inspect.isfunction(obj) and obj.__module__ == info.name \
+                    and obj is not getattr(probe, name) and (name, info.name) not in SAME_CONTRACT:
+                clashes.append(f"{info.name}.{name}")
+    assert clashes == []
