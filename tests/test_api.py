@@ -302,7 +302,7 @@ def test_a_run_folder_is_recognised_by_its_config(tmp_path: Path) -> None:
     with pytest.raises(RunNotFoundError):
         probe.load_run(tmp_path / "r")
     for call in (probe.load_run, probe.analyze, probe.render_report):
-        with pytest.raises(probe.ArgumentError, match=r"path|run must be a run folder \(a path"):
+        with pytest.raises(probe.ArgumentError, match=r"(load_run: path|analyze: run|render_report: run) must be a run folder"):
             call(42)
     exp = config_from_dict({"experiment": {"name": "r", "output_dir": str(tmp_path)},
                             "tasks": [{"source": "synthetic", "n": 1}]})
