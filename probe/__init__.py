@@ -6,7 +6,7 @@ Data flows one way: task source -> ICE prompt builder -> model runner (generatio
 The public API (:mod:`probe.api`; each name is imported on first use, so ``import probe`` stays cheap and loads
 neither torch nor transformers). Every call that uses a model takes it first; the model is a loaded :class:`Model`
 (or a card name, loaded once per process), which also offers the stages as methods (``m.build_prompt``,
-``m.tokenize``, ``m.probe``, ``m.intervention``, ``m.show``):
+``m.tokenize``, ``m.probe``, ``m.generate``, ``m.intervention``, ``m.show``):
 
 - ``load_model(card=None, device=None)`` — a model card's model and tokenizer as a ``Model`` (default:
   SmolLM2-135M-Instruct).
@@ -17,6 +17,7 @@ neither torch nor transformers). Every call that uses a model takes it first; th
 - ``tokenize_prompt(model, prompt)`` — the model input with one exact token span per segment.
 - ``probe_prompt(model, prompt, options=None, generated_ids=None, **option_values)`` — per-layer, per-head segment
   attention, P_ext, chance, enrichment, AR_k (docs/probes.md).
+- ``generate(model, prompts, intervention=None, probe=None, **generation)`` — the answers a run would record.
 - ``intervention(model, prompts, Intervention(...) | **fields)`` — a context manager under which the model's
   attention from answering positions to chosen segments (or any key mask, ``RowEdit``) is knocked out or steered.
 - ``run(experiment, overrides=None, analyze=False, report=False)`` — an experiment end to end -> ``Run``.
@@ -50,6 +51,7 @@ _EXPORTS: dict[str, str] = {
     "load_run": "probe.api",
     "show": "probe.api",
     "intervention": "probe.api",
+    "generate": "probe.api",
     "Model": "probe.api",
     "ArgumentError": "probe.errors",
     "Intervention": "probe.interventions",
@@ -59,7 +61,7 @@ _EXPORTS: dict[str, str] = {
 }
 
 if TYPE_CHECKING:  # what type checkers and editors see; at run time each name is imported on first use
-    from probe.api import (Model, analyze, build_prompt, build_prompts, intervention, load_model,
+    from probe.api import (Model, analyze, build_prompt, build_prompts, generate, intervention, load_model,
                            load_run, load_tasks, probe_prompt, render_report, run, show, tokenize_prompt)
     from probe.interventions import Intervention, RowEdit
     from probe.errors import ArgumentError, ProbeError
@@ -80,5 +82,5 @@ def __dir__() -> list[str]:
 
 
 __all__ = ["ArgumentError", "Intervention", "Model", "ProbeError", "RowEdit", "Run", "__version__", "analyze",
-           "build_prompt", "build_prompts", "intervention", "load_model", "load_run", "load_tasks", "probe_prompt",
-           "render_report", "run", "show", "tokenize_prompt"]
+           "build_prompt", "build_prompts", "generate", "intervention", "load_model", "load_run", "load_tasks",
+           "probe_prompt", "render_report", "run", "show", "tokenize_prompt"]

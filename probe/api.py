@@ -13,6 +13,7 @@ One trial's path, by hand::
     p = m.build_prompt(task, "Saturation", load=50)           # = probe.build_prompt(m, task, "Saturation", load=50)
     tp = m.tokenize(p)                                        # = probe.tokenize_prompt(m, p): ids + segment spans
     att = m.probe(p)                                          # = probe.probe_prompt(m, p): p_ext, chance, ...
+    answer = m.generate(p, max_new_tokens=32)[0].text         # = probe.generate(m, p, ...): as a run answers
     with m.intervention(p, kind="knockout", keys="extraneous") as batch:   # = probe.intervention(m, p, ...)
         out = m.model.generate(batch.input_ids, attention_mask=batch.attention_mask, max_new_tokens=32)
 
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
     from probe.analysis.results import Analysis
     from probe.attention.intervention import EditedBatch
     from probe.attention.result import SegmentAttention
+    from probe.backends.base import Generation
     from probe.config import ExperimentConfig, IceSection, ProbeSection, TaskSection
     from probe.interventions import Intervention, RowEdit
     from probe.loading import ModelCard
@@ -306,13 +308,46 @@ class Model(LoadedModel):
             spec = Intervention(**spec_values)
         elif not isinstance(spec, Intervention):
             raise ArgumentError(f"intervention: spec must be a probe.Intervention, got {_kind(spec)}")
-        items = [prompts] if isinstance(prompts, (Prompt, TokenizedPrompt)) else list(prompts)
+        items = _items("intervention", prompts, (Prompt, TokenizedPrompt),
+                       "prompts must be built Prompts or TokenizedPrompts")
         tokenized = [self._tokenized("intervention", p) for p in items]
         ids = [p.prompt_id if isinstance(p, Prompt) else str(i) for i, p in enumerate(items)]
         pad_id = 0 if self.tokenizer.pad_token_id is None else int(self.tokenizer.pad_token_id)
         with apply_intervention(self.model, tokenized, spec, row_edits=row_edits, seed=seed, prompt_ids=ids,
                                 pad_id=pad_id) as batch:
             yield batch
+
+    def generate(self, prompts: Prompt | Sequence[Prompt], *, intervention: Intervention | None = None,
+                 probe: ProbeSection | None = None, seed: int = 0, **generation: Any) -> list[Generation]:
+        """Answer prompts as a run does (:class:`probe.backends.local.LocalBackend`: batched, greedy by default).
+
+        Args:
+            prompts: one built prompt or several.
+            intervention: an :class:`~probe.interventions.Intervention` to generate under (None: the model as it is).
+            probe: probe options, to get each prompt's attention in ``Generation.attention`` (None: no probe).
+            seed: the seed of sampled decoding and of ``matched-random`` keys (an experiment's seed).
+            **generation: ``[generation]`` keys: ``max_new_tokens`` (default 96), ``batch_size``, ``temperature``,
+                ``top_p``.
+
+        Returns:
+            One :class:`~probe.backends.base.Generation` per prompt, in order: ``text`` (the answer), ``truncated``,
+            ``output_ids``; ``skip_reason`` for a prompt longer than the context window allows.
+
+        Raises:
+            ArgumentError: a prompt that is not a Prompt. ConfigError: an unknown or invalid ``[generation]`` key.
+        """
+        from probe.backends.local import LocalBackend
+        from probe.config import GenerationSection
+        from probe.types import Prompt
+
+        items = _items("generate", prompts, (Prompt,), "prompts must be built Prompts (build_prompt)")
+        keys = {f.name for f in dataclasses.fields(GenerationSection)}
+        unknown = sorted(set(generation) - keys)
+        if unknown:
+            raise ConfigError(f"generate: {unknown[0]!r} is not a [generation] key ({', '.join(sorted(keys))})")
+        gen = GenerationSection(**generation)
+        by_id = {p.prompt_id: g for p, g in LocalBackend(self, seed=seed).generate(items, gen, probe, intervention)}
+        return [by_id[p.prompt_id] for p in items]
 
     def show(self, run: str | Path | Run, prompt_id: str, *, layer: int | None = None, head: int | None = None,
              query: str | None = None, out: str | Path | None = None) -> Path:
@@ -333,14 +368,19 @@ def _kind(value: Any) -> str:
     return f"{type(value).__module__}.{type(value).__qualname__}"
 
 
+def _items(call: str, value: Any, types: tuple[type, ...], what: str) -> list[Any]:
+    """``value`` as a list of ``types``: one of them, or a sequence of them (else ArgumentError: ``call: what``)."""
+    items = [value] if isinstance(value, types) else list(value) if isinstance(value, Sequence) else None
+    bad = [value] if items is None else [x for x in items if not isinstance(x, types)]
+    if bad:
+        raise ArgumentError(f"{call}: {what}, got {_kind(bad[0])}")
+    return items or []
+
+
 def _tasks_argument(call: str, task: Any) -> list[Task]:
     from probe.types import Task
 
-    tasks = [task] if isinstance(task, Task) else list(task) if isinstance(task, Sequence) else None
-    if tasks is None or not all(isinstance(t, Task) for t in tasks):
-        raise ArgumentError(f"{call}: task must be a Task or a sequence of Tasks (probe.load_tasks), got "
-                            f"{_kind(task)}")
-    return tasks
+    return _items(call, task, (Task,), "task must be a Task or a sequence of Tasks (probe.load_tasks)")
 
 
 # card key -> the model a card name resolved to (kept for the process: a notebook's later calls reuse it)
@@ -542,6 +582,18 @@ def intervention(model: ModelLike, prompts: PromptLike | Sequence[PromptLike], s
         yield batch
 
 
+def generate(model: ModelLike, prompts: Prompt | Sequence[Prompt], *, intervention: Intervention | None = None,
+             probe: ProbeSection | None = None, seed: int = 0, **generation: Any) -> list[Generation]:
+    """Answer prompts as a run does: :meth:`Model.generate`.
+
+    Args:
+        model: a loaded model, or a card name (loaded once, see :func:`as_model`).
+        prompts: one built prompt or several. The other arguments: :meth:`Model.generate`.
+    """
+    return as_model(model, "generate").generate(prompts, intervention=intervention, probe=probe, seed=seed,
+                                                **generation)
+
+
 def _check_overrides(overrides: Any) -> dict[str, dict[str, Any]]:
     """``overrides`` checked (section -> key -> value, sections of :data:`OVERRIDABLE`), None values dropped."""
     if overrides is None:
@@ -724,5 +776,5 @@ def show(run: str | Path | Run, prompt_id: str, *, model: LoadedModel | str | No
 
 
 __all__ = ["ArgumentError", "Model", "Run", "analyze", "as_model", "build_prompt", "build_prompts",
-           "experiment_config", "intervention", "load_model", "load_run", "load_tasks", "probe_prompt",
+           "experiment_config", "generate", "intervention", "load_model", "load_run", "load_tasks", "probe_prompt",
            "render_report", "run", "show", "tokenize_prompt"]

@@ -340,3 +340,32 @@ def test_no_stage_defines_a_public_name_of_probe_with_another_contract() -> None
                     and obj is not getattr(probe, name) and (name, info.name) not in SAME_CONTRACT:
                 clashes.append(f"{info.name}.{name}")
     assert clashes == []
+
+
+@pytest.mark.integration
+def test_generate_answers_as_greedy_decoding_does_and_under_an_intervention(tiny_card: Path) -> None:
+    import torch
+
+    m = probe.load_model(str(tiny_card), device="cpu")
+    tasks = probe.load_tasks("synthetic", n=2)
+    prompts = [m.build_prompt(t, "Saturation", load=50) for t in tasks]
+    got = m.generate(prompts, max_new_tokens=4, batch_size=1)
+    assert [g.text for g in got] == [g.text for g in probe.generate(m, prompts, max_new_tokens=4)]  # batched too
+    for p, g in zip(prompts, got):  # transformers' own greedy decoding of the same input
+        ids = torch.tensor([m.tokenize(p).input_ids])
+        with torch.no_grad():
+            out = m.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False,
+                                   pad_token_id=m.tokenizer.pad_token_id)
+        new = out[0, ids.shape[1]:].tolist()
+        assert list(g.output_ids or ()) == new[:len(g.output_ids or ())]
+        assert g.text == m.tokenizer.decode(list(g.output_ids or ()), skip_special_tokens=True)
+    spec = probe.Intervention(kind="knockout", keys="extraneous")
+    edited = m.generate(prompts[0], intervention=spec, max_new_tokens=4)[0]
+    with torch.no_grad(), m.intervention(prompts[0], spec) as b:
+        out = m.model.generate(b.input_ids, attention_mask=b.attention_mask, max_new_tokens=4, do_sample=False,
+                               pad_token_id=m.tokenizer.pad_token_id)
+    assert list(edited.output_ids or ())[:4] == out[0, b.input_ids.shape[1]:].tolist()[:len(edited.output_ids or ())]
+    with pytest.raises(ConfigError, match="'max_tokens' is not a \\[generation\\] key"):
+        m.generate(prompts[0], max_tokens=3)
+    with pytest.raises(probe.ArgumentError, match="prompts must be built Prompts .* got a Task"):
+        m.generate(tasks[0])
