@@ -71,7 +71,7 @@ class IceSection:
     conditions: tuple[str, ...] = CONDITIONS
     loads: tuple[int, ...] = (20, 50, 80)
     replications: int = 2
-    distractor_strategy: str = "random"  # or "stratified" by S_sim (SPEC §5)
+    distractor_strategy: str = "random"  # or "stratified" by S_sim (docs/method.md#distractors-and-replications)
     load_tolerance: float = 5.0  # percentage points
     instruction: str | None = None  # None: the default step-by-step + \boxed{} instruction
 
@@ -92,7 +92,7 @@ class IceSection:
 class GenerationSection:
     max_new_tokens: int = 96
     batch_size: int = 8
-    temperature: float = 0.0  # 0 = greedy (SPEC §3)
+    temperature: float = 0.0  # 0 = greedy (docs/method.md#scoring)
     top_p: float = 1.0
 
     def __post_init__(self) -> None:

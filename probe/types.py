@@ -13,7 +13,7 @@ from probe.errors import SpanError
 
 SegmentKind = Literal["instruction", "germane", "extraneous", "filler", "question", "sink"]
 SEGMENT_KINDS: tuple[str, ...] = ("instruction", "germane", "extraneous", "filler", "question", "sink")
-# Kinds whose tokens count towards the load ℓ (SPEC §1): everything but sink, instruction and question.
+# Kinds whose tokens count towards the load ℓ (docs/method.md#load): everything but sink, instruction and question.
 LOAD_KINDS: tuple[str, ...] = ("germane", "extraneous", "filler")
 
 Condition = Literal["Control", "LongControl", "Saturation", "Residue"]

@@ -32,7 +32,8 @@ How each row is classified (never as a wrong answer unless it is one):
 - **error**: the output matches ``error_pattern`` (default: it starts with ``API_ERROR``) → ``error`` is set and
   the trial is not scored.
 - **skipped**: the output cell is empty → ``skipped`` with reason; not scored.
-- **truncated** (SPEC §3: generation hit the token limit), decided by the first rule that applies:
+- **truncated** (docs/method.md#truncated-and-uninterpretable: generation hit the token limit), decided by the first
+  rule that applies:
   1. a mapped ``truncated`` column;
   2. ``max_new_tokens`` with token counts (a mapped ``completion_tokens`` column, or a ``tokenizer`` — a local
      Hugging Face tokenizer folder, ideally the generating model's — to count with): truncated iff the output

@@ -1,4 +1,4 @@
-"""Model taxonomy (SPEC §6, paper §5.4), gated on baseline competence and on output quality.
+"""Model taxonomy (docs/method.md#taxonomy; the ICE paper's §5.4), gated on baseline competence and on output quality.
 
 Per model, with the gates of :class:`probe.config.AnalysisSection`:
 

@@ -12,8 +12,8 @@ registry instead of naming a source:
 - ``options``: the ``[[tasks]]`` keys the source reads; ``probe validate`` refuses any other key, naming it;
 - ``family``: the :class:`Family` whose scorer and analysis its trials get.
 
-A family is a kind of benchmark: ``ice`` (multi-hop questions: SPEC §3 scoring, the ICE estimates H1-H3) and
-``cogniload`` (logic-grid puzzles: progressive exact match, the CogniLoad GLM; SPEC §7). Each prompt and trial
+A family is a kind of benchmark: ``ice`` (multi-hop questions: docs/method.md#scoring, the ICE estimates H1-H3) and
+``cogniload`` (logic-grid puzzles: progressive exact match, the CogniLoad GLM; docs/cogniload.md). Each prompt and trial
 record carries its family, so the analysis groups trials by it without guessing from sources or conditions.
 
 Adding a benchmark: one loader module here, one :class:`TaskSource` (and a :class:`Family` if it is scored or
@@ -53,7 +53,8 @@ class Family:
         score: ``(output, task, truncated) -> Score`` (:mod:`probe.scoring`).
         native_condition: the condition of a natively laid out prompt (CogniLoad: ``"CogniLoad"``); None lets the
             task name its condition (``meta["condition"]``), else :data:`CUSTOM_CONDITION`.
-        has_s_sim: S_sim (SPEC §5: the question against the extraneous segments) is defined for its prompts.
+        has_s_sim: S_sim (docs/method.md#task-similarity-s_sim: the question against the extraneous segments) is defined
+        for its prompts.
         description: one line for listings.
     """
 
@@ -141,9 +142,9 @@ FAMILIES: dict[str, Family] = {
     f.name: f
     for f in (
         Family("ice", _score_answers, None, True,
-               "multi-hop questions under the ICE conditions: EM, hop recall, H1-H3 (SPEC §3, §6)"),
+               "multi-hop questions under the ICE conditions: EM, hop recall, H1-H3 (docs/method.md)"),
         Family("cogniload", _score_cogniload, "CogniLoad", False,
-               "logic-grid puzzles: progressive exact match, GLM and thresholds (SPEC §7)"),
+               "logic-grid puzzles: progressive exact match, GLM and thresholds (docs/cogniload.md)"),
     )
 }
 
