@@ -155,6 +155,11 @@ class Model(LoadedModel):
             BuildError: a load cannot be reached within tolerance. ConfigError: an unknown condition or bad load.
         """
         tasks = _tasks_argument("build_prompts", task)
+        seed = _whole("build_prompts", "seed", seed)
+        if loads is not None:
+            loads = [_whole("build_prompts", "each of loads", x) for x in loads]
+        if replications is not None:
+            replications = _whole("build_prompts", "replications", replications)
         builder = self.builder(seed=seed, ice=_ice_section(ice, conditions, loads, replications), embedder=embedder)
         return builder.build_all(tasks)
 
@@ -188,6 +193,11 @@ class Model(LoadedModel):
         if not isinstance(task, Task):
             raise ArgumentError(f"build_prompt: task must be a Task (probe.load_tasks(...)[i]), got "
                                 f"{_kind(task)}")
+        if condition is not None and not isinstance(condition, str):
+            raise ArgumentError(f"build_prompt: condition must be a condition name ({', '.join(CONDITIONS)}), got "
+                                f"{condition!r}")
+        load, replication = _whole("build_prompt", "load", load), _whole("build_prompt", "replication", replication)
+        seed = _whole("build_prompt", "seed", seed)
         builder = self.builder(seed=seed, ice=ice, embedder=embedder)
         if get_source(task.source).is_native(task):
             if condition is not None:
@@ -368,6 +378,17 @@ def _kind(value: Any) -> str:
     return f"{type(value).__module__}.{type(value).__qualname__}"
 
 
+def _whole(call: str, name: str, value: Any) -> int:
+    """``value`` as an int when it is a whole number (a numpy integer, 50.0), else ArgumentError naming ``name``."""
+    import numbers
+
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ArgumentError(f"{call}: {name} must be a whole number, got {value!r} ({_kind(value)})")
+    return int(value)
+
+
 def _items(call: str, value: Any, types: tuple[type, ...], what: str) -> list[Any]:
     """``value`` as a list of ``types``: one of them, or a sequence of them (else ArgumentError: ``call: what``)."""
     items = [value] if isinstance(value, types) else list(value) if isinstance(value, Sequence) else None
@@ -485,6 +506,9 @@ def load_tasks(source: str | TaskSection = "synthetic", n: int | None = None, se
     from probe.config import TaskSection
     from probe.tasks import get_source, load_section
 
+    seed = _whole("load_tasks", "seed", seed)
+    if n is not None:
+        n = _whole("load_tasks", "n", n)
     if isinstance(source, TaskSection):
         if n is not None or options:
             given = ["n"] * (n is not None) + sorted(options)

@@ -40,7 +40,7 @@ class UnknownNameError(ProbeError):
     """An unknown name (model, metric, condition...); the message suggests close matches."""
 
     def __init__(self, what: str, name: str, valid: list[str] | tuple[str, ...]) -> None:
-        close = difflib.get_close_matches(name, list(valid), n=3)
+        close = difflib.get_close_matches(str(name), [str(v) for v in valid], n=3)  # a non-str name too
         hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
         super().__init__(f"unknown {what} {name!r}{hint} (valid: {', '.join(sorted(valid))})")
         self.name = name

@@ -136,8 +136,11 @@ class Run:
         """One prompt by id.
 
         Raises:
-            UnknownPromptError: no such prompt in ``prompts.jsonl`` (close ids suggested).
+            UnknownPromptError: no such prompt in ``prompts.jsonl`` (close ids suggested). ArgumentError: not a str.
         """
+        if not isinstance(prompt_id, str):
+            raise ArgumentError(f"prompt_id: a prompt id as in {self.folder.prompts.name} (e.g. "
+                                f"{next(iter(self.prompts), 't0|Control|L0|r0')!r}), got {prompt_id!r}")
         if prompt_id in self.prompts:
             return self.prompts[prompt_id]
         close = difflib.get_close_matches(prompt_id, list(self.prompts), n=3, cutoff=0.5)

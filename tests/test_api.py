@@ -311,6 +311,8 @@ def test_a_run_folder_is_recognised_by_its_config(tmp_path: Path) -> None:
     (tmp_path / "r" / "config.toml").write_text(dump_config(exp))
     run = probe.load_run(tmp_path / "r")
     assert run.prompts == {} and run.trials == [] and run.manifest is None
+    with pytest.raises(probe.ArgumentError, match="prompt_id: a prompt id as in prompts.jsonl .* got 42"):
+        run.prompt(42)
     assert run.models == ("smollm2-135m-instruct",)
     assert dataclasses.asdict(run.config) == dataclasses.asdict(exp)
     assert json.loads(json.dumps(run.config.to_dict())) == exp.to_dict()
@@ -369,3 +371,25 @@ def test_generate_answers_as_greedy_decoding_does_and_under_an_intervention(tiny
         m.generate(prompts[0], max_tokens=3)
     with pytest.raises(probe.ArgumentError, match="prompts must be built Prompts .* got a Task"):
         m.generate(tasks[0])
+
+
+@pytest.mark.integration
+def test_a_number_or_a_name_of_the_wrong_type_is_named_with_what_to_pass(tiny_card: Path) -> None:
+    from probe.errors import UnknownNameError
+
+    m = probe.load_model(str(tiny_card), device="cpu")
+    task = probe.load_tasks("synthetic", n=1)[0]
+    assert m.build_prompt(task, "Saturation", load=50.0) == m.build_prompt(task, "Saturation", load=50)
+    assert m.build_prompt(task, "Saturation", load=np.int64(50)) == m.build_prompt(task, "Saturation", load=50)
+    cases = [(lambda: m.build_prompt(task, 42), "condition must be a condition name .* got 42"),
+             (lambda: m.build_prompt(task, "Saturation", load="50"), "load must be a whole number, got '50'"),
+             (lambda: m.build_prompt(task, "Saturation", load=True), "load must be a whole number, got True"),
+             (lambda: m.build_prompt(task, "Saturation", replication=0.5), "replication must be a whole number"),
+             (lambda: m.build_prompts(task, loads=["20"]), "each of loads must be a whole number, got '20'"),
+             (lambda: probe.load_tasks("synthetic", n="2"), "n must be a whole number, got '2'"),
+             (lambda: probe.load_tasks("synthetic", seed=None), "seed must be a whole number, got None")]
+    for call, message in cases:
+        with pytest.raises(probe.ArgumentError, match=message):
+            call()
+    err = UnknownNameError("condition", 42, ["Control", "42x"])  # a name of another type still gets its hint
+    assert "unknown condition 42; did you mean '42x'?" in str(err)
