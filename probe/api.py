@@ -49,7 +49,8 @@ if TYPE_CHECKING:
     from probe.attention.intervention import EditedBatch
     from probe.attention.result import SegmentAttention
     from probe.backends.base import Generation
-    from probe.config import ExperimentConfig, IceSection, ProbeSection, TaskSection
+    from probe.config import ExperimentConfig, IceSection, ProbeSection
+    from probe.tasks import TaskSection
     from probe.interventions import Intervention, RowEdit
     from probe.loading import ModelCard
     from probe.prompts.builder import IceBuilder
@@ -490,7 +491,7 @@ def load_tasks(source: str | TaskSection = "synthetic", n: int | None = None, se
 
     Args:
         source: a registered task source (``synthetic``, ``fanoutqa``, ``jsonl``, ``cogniload``; :mod:`probe.tasks`),
-            or a whole ``[[tasks]]`` section (:class:`probe.config.TaskSection`, then without ``n`` or options).
+            or a whole ``[[tasks]]`` section (:class:`probe.tasks.TaskSection`, then without ``n`` or options).
         n: number of tasks (CogniLoad: puzzles per grid cell); default 1.
         seed: the seed (an experiment's first section uses the experiment seed).
         **options: the source's other keys (``hops``, ``path``, ``max_hops``, ``difficulty``, ``length``,
@@ -503,7 +504,7 @@ def load_tasks(source: str | TaskSection = "synthetic", n: int | None = None, se
         ConfigError: an unknown source, or an option the source does not read (named).
         ArgumentError: ``source`` is neither a source name nor a TaskSection, or a section with ``n`` or options.
     """
-    from probe.config import TaskSection
+    from probe.tasks import TaskSection
     from probe.tasks import get_source, load_section
 
     seed = _whole("load_tasks", "seed", seed)

@@ -191,7 +191,7 @@ def test_a_row_edit_takes_a_torch_mask_a_list_or_a_numpy_array(tiny_card: Path) 
 
 
 def test_load_tasks_takes_a_source_name_or_a_task_section() -> None:
-    from probe.config import TaskSection
+    from probe.tasks import TaskSection
     from probe.tasks import get_source
 
     section = TaskSection(source="synthetic", n=3, hops=3)

@@ -314,10 +314,3 @@ def format_gpu_check(report: GpuCheckReport) -> str:
     lines += ["", f"{'PASSED' if report.ok else 'FAILED'} in {report.seconds:.0f} s"]
     return "\n".join(lines)
 
-
-if __name__ == "__main__":
-    import sys
-
-    from probe.cli import main
-
-    sys.exit(main(["bench", "gpu-check", *sys.argv[1:]]))

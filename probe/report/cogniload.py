@@ -23,7 +23,7 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-from probe import format as fmt
+from probe import formatting as fmt
 from probe.analysis.cogniload import (
     FAMILY,
     KNOBS,

@@ -47,7 +47,7 @@ from operator import itemgetter
 
 import numpy as np
 
-from probe.config import TaskSection
+from probe.tasks.section import TaskSection
 from probe.errors import ConfigError, ProbeError
 from probe.types import Hop, Task
 
