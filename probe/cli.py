@@ -91,14 +91,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_build(args: argparse.Namespace) -> int:
     from probe.runfolder import RunLock
-    from probe.runner import build_prompts, check_inputs, check_run_dir, prepare_run_dir
+    from probe.runner import build_run_prompts, check_inputs, check_run_dir, prepare_run_dir
 
     cfg = _load(args)
     _, tasks = check_inputs(cfg, generating=False)  # bad input stops the build before anything is written
     check_run_dir(cfg, force=args.force)
     with RunLock(cfg.run_folder):
         prepare_run_dir(cfg, force=args.force)
-        by_model = build_prompts(cfg, progress=not args.quiet, tasks=tasks)
+        by_model = build_run_prompts(cfg, progress=not args.quiet, tasks=tasks)
     n = len({p.prompt_id for ps in by_model.values() for p in ps})
     print(f"{n} prompts in {cfg.run_folder.prompts}")
     return 0
@@ -125,7 +125,7 @@ def _dp_rank() -> tuple[int, int]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from probe.runfolder import RunLock
-    from probe.runner import (build_prompts, check_inputs, check_run_dir, merge_shards, prepare_run_dir,
+    from probe.runner import (build_run_prompts, check_inputs, check_run_dir, merge_shards, prepare_run_dir,
                               run_experiment)
 
     cfg = _load(args)
@@ -139,7 +139,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             check_run_dir(cfg, force=args.force)
             with RunLock(cfg.run_folder):
                 prepare_run_dir(cfg, force=args.force)
-                build_prompts(cfg, progress=not args.quiet, tasks=tasks)
+                build_run_prompts(cfg, progress=not args.quiet, tasks=tasks)
         state.wait_for_everyone()
         run_experiment(cfg, progress=not args.quiet and rank == 0, force=args.force, rank=rank, world=world,
                        device=f"cuda:{state.local_process_index}" if _cuda() else "cpu")

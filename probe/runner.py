@@ -34,7 +34,7 @@ from probe.prompts.builder import IceBuilder
 from probe.records import (RecordError, TrialRecord, append_jsonl, check_records, load_prompts, load_trials,
                            make_trial_id, write_jsonl)
 from probe.runfolder import RunFolder, RunLock, write_atomic
-from probe.tasks import get_family, get_source, load_tasks
+from probe.tasks import get_family, get_source, load_section
 from probe.types import Prompt, Task
 
 log = logging.getLogger(__name__)
@@ -201,7 +201,7 @@ def load_all_tasks(cfg: ExperimentConfig) -> list[Task]:
     tasks: list[Task] = []
     seen: set[str] = set()
     for i, section in enumerate(cfg.tasks):
-        for t in load_tasks(section, cfg.experiment.seed + i):
+        for t in load_section(section, cfg.experiment.seed + i):
             if t.task_id in seen:
                 raise ConfigError(f"task id {t.task_id!r} comes from two task sources; give them distinct ids")
             seen.add(t.task_id)
@@ -262,7 +262,7 @@ def make_builder(cfg: ExperimentConfig, card: ModelCard, tokenizer: Any, id_toke
                       shared_candidates=shared_candidates)
 
 
-def build_prompts(cfg: ExperimentConfig, progress: bool = True,
+def build_run_prompts(cfg: ExperimentConfig, progress: bool = True,
                   tasks: list[Task] | None = None) -> dict[str, list[Prompt]]:
     """Build (or reuse from the run folder's prompts file) the prompts of every tokenizer group.
 
@@ -502,7 +502,7 @@ def probe_and_save(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt
     analysis reads them; one that exists already (a resumed run) is not probed again. Under an intervention the
     backend always computes the probe (of the intervened model) while generating.
     """
-    from probe.attention import probe_prompt
+    from probe.attention import probe_tokenized
 
     if not isinstance(backend, LocalBackend):
         raise ConfigError(f"model {backend.model_name!r}: probes need local weights (a served model gives text only)")
@@ -519,7 +519,7 @@ def probe_and_save(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt
     if result is None:
         tp = backend.tokenize(prompts[0])
         generated = gen.output_ids if opts.query == "generated" else None
-        result = probe_prompt(backend.loaded.model, tp, opts, generated_ids=generated)
+        result = probe_tokenized(backend.loaded.model, tp, opts, generated_ids=generated)
     todo[0].parent.mkdir(parents=True, exist_ok=True)
     result.save(todo[0])
     for p in todo[1:]:
@@ -622,7 +622,7 @@ def _run_models(cfg: ExperimentConfig, cards: list[ModelCard], task_list: list[T
                 world: int, device: str | None) -> None:
     """Build (or reuse) the prompts, then run every model in turn (see :func:`run_experiment`)."""
     run_dir = cfg.run_dir
-    by_model = build_prompts(cfg, progress=progress and rank == 0, tasks=task_list)
+    by_model = build_run_prompts(cfg, progress=progress and rank == 0, tasks=task_list)
     tasks = {t.task_id: t for t in task_list}
     revisions: dict[str, str] = {}
     for card in cards:
@@ -644,5 +644,5 @@ def _run_models(cfg: ExperimentConfig, cards: list[ModelCard], task_list: list[T
         del backend
 
 
-__all__ = ["build_prompts", "check_generation_budget", "check_inputs", "check_interventions_supported", "check_run_dir",
+__all__ = ["build_run_prompts", "check_generation_budget", "check_inputs", "check_interventions_supported", "check_run_dir",
            "make_record", "merge_shards", "prepare_run_dir", "record_differences", "run_experiment", "run_model"]
