@@ -138,7 +138,7 @@ class LocalBackend:
                         attention[i] = r
             for i, ((p, tp), (kept, truncated), att) in enumerate(zip(batch, answers, attention)):
                 text = tok.decode(kept, skip_special_tokens=True)
-                keys = (edits[i].n_keys, edits[i].wanted) if edits is not None else None
+                keys = edits[i].count if edits is not None else None
                 yield p, Generation(text, truncated, prompt_tokens=len(tp.input_ids), completion_tokens=len(kept),
                                     output_ids=tuple(kept), attention=att, intervention_keys=keys)
 
