@@ -119,6 +119,7 @@ def test_trials_frame_shortfall_comes_from_the_count() -> None:
     trials = [TrialRecord(trial_id="a", meta=None, **base),  # type: ignore[arg-type]
               TrialRecord(trial_id="b", meta={"intervention_keys": 90, "intervention_keys_wanted": 212},
                           intervention="ko-random", **base),  # type: ignore[arg-type]
-              TrialRecord(trial_id="c", meta={"intervention_keys": 5}, intervention="ko", **base)]  # type: ignore[arg-type]
+              TrialRecord(trial_id="c", meta={"intervention_keys": 5}, intervention="ko",
+                          **base)]  # type: ignore[arg-type]
     frame = trials_frame(trials)
     assert frame.set_index("trial_id")["keys_shortfall"].to_dict() == {"a": 0, "b": 212 - 90, "c": 0}
