@@ -104,7 +104,8 @@ class RowEdit:
     """The edit of one prompt: which of its tokens are keys, and where its queries start.
 
     Attributes:
-        keys: (T,) bool numpy array over the prompt's tokens, True = a key whose edges are edited.
+        keys: (T,) bool mask over the prompt's tokens, True = a key whose edges are edited: a numpy array, a torch
+            tensor or a list of bools (kept as a numpy array).
         query_start: the first query position (prompt coordinates); every later position, generated tokens
             included, is a query.
         wanted: the number of key tokens asked for (``matched-random``: the prompt's extraneous tokens); more than
@@ -121,10 +122,16 @@ class RowEdit:
     def __post_init__(self) -> None:
         import numpy as np
 
-        if not isinstance(self.keys, np.ndarray) or self.keys.ndim != 1 or self.keys.dtype != np.bool_:
-            raise ConfigError(f"RowEdit.keys: a 1-D bool numpy array over the prompt's tokens, got "
-                              f"{getattr(self.keys, 'dtype', type(self.keys).__name__)} of shape "
-                              f"{getattr(self.keys, 'shape', '?')}")
+        keys: Any = self.keys
+        if hasattr(keys, "detach") and hasattr(keys, "cpu"):  # a torch tensor (torch is not imported here)
+            keys = keys.detach().cpu().numpy()
+        elif isinstance(keys, (list, tuple)):
+            keys = np.asarray(keys)
+        if not isinstance(keys, np.ndarray) or keys.ndim != 1 or keys.dtype != np.bool_:
+            raise ConfigError(f"RowEdit.keys: a 1-D bool mask over the prompt's tokens (numpy array, torch tensor or "
+                              f"list of bools), got {getattr(self.keys, 'dtype', type(self.keys).__name__)} of shape "
+                              f"{tuple(getattr(keys, 'shape', ())) or '?'}")
+        object.__setattr__(self, "keys", keys)
         if self.query_start < 0:
             raise ConfigError(f"RowEdit.query_start: {self.query_start} must be >= 0")
         if self.wanted < 0:

@@ -57,7 +57,7 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
-from probe import format as fmt
+from probe import formatting as fmt
 from probe.analysis.cogniload_attention import NeedleHaySummary, cogniload_attention
 from probe.analysis.estimates import Cell, cell_summaries
 from probe.analysis.families import FamilyAnalysis, FamilyData, FamilyOutput, register_family_analysis

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from probe import format as fmt
+from probe import formatting as fmt
 from probe.analysis.hypotheses import H1Fit
 from probe.config import AnalysisSection
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from probe.backends.base import Generation
 from probe.config import GenerationSection, ProbeSection
 from probe.loading import LoadedModel
-from probe.prompts.tokenize import tokenize_prompt
+from probe.prompts.tokenize import encode_prompt
 from probe.types import Prompt, TokenizedPrompt
 
 if TYPE_CHECKING:
@@ -70,7 +70,7 @@ class LocalBackend:
         return self.loaded.card.name
 
     def tokenize(self, prompt: Prompt) -> TokenizedPrompt:
-        return tokenize_prompt(prompt, self.loaded.tokenizer, self.loaded.card.use_chat_template)
+        return encode_prompt(prompt, self.loaded.tokenizer, self.loaded.card.use_chat_template)
 
     def generate(self, prompts: list[Prompt], gen: GenerationSection, probe: ProbeSection | None = None,
                  intervention: Intervention | None = None) -> Iterator[tuple[Prompt, Generation]]:

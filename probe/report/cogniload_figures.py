@@ -14,7 +14,7 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-from probe import format as fmt
+from probe import formatting as fmt
 from probe.analysis.cogniload import CogniloadFits, CogniloadResult, DeltaRho
 from probe.report.figures import palette, short
 from probe.report.cogniload_text import KNOB_AXES, attention_of

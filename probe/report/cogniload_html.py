@@ -6,7 +6,7 @@ also the section's part of a ``probe compare`` page.
 
 from __future__ import annotations
 
-from probe import format as fmt
+from probe import formatting as fmt
 from probe.analysis.cogniload import CogniloadResult, GlmFit, Threshold
 from probe.analysis.cogniload_attention import NeedleHaySummary
 from probe.analysis.estimates import Cell

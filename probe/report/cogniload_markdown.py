@@ -4,7 +4,7 @@ thresholds and the attention summary.
 
 from __future__ import annotations
 
-from probe import format as fmt
+from probe import formatting as fmt
 from probe.analysis.cogniload import KNOBS, CogniloadResult
 from probe.config import AnalysisSection
 from probe.report.tables import md_table

@@ -7,7 +7,7 @@ that caveat first; the shape in œÅ is called U-shaped only when the main fit's œ
 
 from __future__ import annotations
 
-from probe import format as fmt
+from probe import formatting as fmt
 from probe.analysis.cogniload import KNOBS, CogniloadFits, CogniloadResult, DeltaRho, Threshold
 from probe.analysis.cogniload_attention import NeedleHayModel
 from probe.analysis.estimates import Cell

@@ -48,7 +48,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from probe.config import TaskSection
+from probe.tasks.section import TaskSection
 from probe.errors import ConfigError, ProbeError
 from probe.types import Hop, Task
 
