@@ -27,11 +27,11 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from probe.config import (INTERVENTION_KEYS, INTERVENTION_KINDS, INTERVENTION_QUERIES, ExperimentConfig,
                           InterventionSection, LayerWindow, TopHeads)
-from probe.errors import ConfigError
+from probe.errors import ConfigError, ProbeError
 from probe.runfolder import RunFolder, write_atomic
 from probe.types import Prompt
 
@@ -145,6 +145,62 @@ class RowEdit:
     def short(self) -> int:
         """Key tokens that could not be drawn (``wanted - n_keys``)."""
         return self.wanted - self.n_keys
+
+    @property
+    def count(self) -> "KeyCount":
+        """The key tokens this edit edits and asks for, as trial records carry them."""
+        return KeyCount(edited=self.n_keys, wanted=self.wanted)
+
+
+@dataclass(frozen=True)
+class KeyCount:
+    """How many key tokens an intervention edited in one prompt, and how many it asked for.
+
+    They differ only for ``keys = "matched-random"`` when the prompt had fewer content tokens to draw from than
+    extraneous tokens (docs/interventions.md). A trial record under an intervention carries the count in its
+    ``meta`` (:meth:`to_meta`: ``intervention_keys``, and ``intervention_keys_wanted`` when short);
+    :meth:`from_meta` is the one reader.
+    """
+
+    edited: int
+    wanted: int
+
+    @property
+    def shortfall(self) -> int:
+        """Key tokens wanted but not drawn (0 when the edit got all it asked for)."""
+        return max(0, self.wanted - self.edited)
+
+    def to_meta(self) -> dict[str, int]:
+        """The ``meta`` entries of a trial record: ``intervention_keys`` (+ ``intervention_keys_wanted`` if short)."""
+        return ({"intervention_keys": self.edited} if self.wanted == self.edited else
+                {"intervention_keys": self.edited, "intervention_keys_wanted": self.wanted})
+
+    @staticmethod
+    def from_meta(meta: Mapping[str, Any] | None, where: str = "trial") -> "KeyCount | None":
+        """The count a trial record's ``meta`` holds, or None (a baseline trial, or one recorded without it).
+
+        A record with only ``intervention_keys_wanted`` (none written so far) reads as 0 keys edited.
+
+        Args:
+            meta: a trial record's ``meta`` (None reads as empty).
+            where: what it belongs to (``trial <id>``), for the error message.
+
+        Raises:
+            ProbeError: a count that is not a whole number >= 0 (names the trial and the key).
+        """
+        m = meta or {}
+        if "intervention_keys" not in m and "intervention_keys_wanted" not in m:
+            return None
+        edited = _count(m, "intervention_keys", 0, where)
+        return KeyCount(edited=edited, wanted=_count(m, "intervention_keys_wanted", edited, where))
+
+
+def _count(meta: Mapping[str, Any], key: str, default: int, where: str) -> int:
+    v = meta.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or float(v) != int(v):
+        raise ProbeError(f"{where}: meta {key}={v!r} must be a whole number of key tokens >= 0 (the record is "
+                         "damaged there: repair the value, or delete the trial to run it again)")
+    return int(v)
 
 
 @dataclass(frozen=True)

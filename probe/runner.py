@@ -311,15 +311,12 @@ def make_record(model: str, prompt: Prompt, task: Task, gen: Generation,
     """Score a generation with its family's scorer (:mod:`probe.tasks`) and flatten it into a trial record.
 
     ``intervention`` names the intervention the model ran under (None: the baseline); such a record's ``meta``
-    holds ``intervention_keys`` (the key tokens edited) and, when a matched-random draw found too few tokens,
-    ``intervention_keys_wanted``.
+    holds its :class:`~probe.interventions.KeyCount` (``intervention_keys``, the key tokens edited, and, when a
+    matched-random draw found too few tokens, ``intervention_keys_wanted``).
     """
     meta = dict(task.meta)
     if intervention is not None and gen.intervention_keys is not None:
-        n_keys, wanted = gen.intervention_keys
-        meta["intervention_keys"] = n_keys
-        if wanted != n_keys:
-            meta["intervention_keys_wanted"] = wanted
+        meta.update(gen.intervention_keys.to_meta())
     record = partial(TrialRecord, trial_id=make_trial_id(model, prompt.prompt_id, intervention), model=model,
                      prompt_id=prompt.prompt_id, task_id=prompt.task_id, source=prompt.source,
                      condition=prompt.condition, load=prompt.load, achieved_load=prompt.achieved_load,
