@@ -381,7 +381,7 @@ def test_correlation_test_and_interval_agree() -> None:
         n = int(rng.integers(4, 12))
         x = rng.normal(size=n)
         y = 0.8 * x + rng.normal(size=n)
-        c = inf.similarity_correlation(x, y)
+        c = inf.similarity_correlation(x, y, min_n=4)
         ref = scipy.stats.pearsonr(x, y)
         ci = ref.confidence_interval()
         assert (c.r, c.ci_low, c.ci_high) == pytest.approx((ref.statistic, ci.low, ci.high))
@@ -389,7 +389,7 @@ def test_correlation_test_and_interval_agree() -> None:
 
 
 def test_correlation_at_n_four_reproduces_the_issue_and_refuses_n_three() -> None:
-    c = inf.similarity_correlation(np.array([0.1, 0.2, 0.3, 0.5]), np.array([0.0, 0.5, 0.5, 1.0]))
+    c = inf.similarity_correlation(np.array([0.1, 0.2, 0.3, 0.5]), np.array([0.0, 0.5, 0.5, 1.0]), min_n=4)
     assert c.r == pytest.approx(0.956, abs=1e-3) and c.ci_low < 0 < c.p - 0.05
     assert scipy.stats.pearsonr([0.1, 0.2, 0.3, 0.5], [0.0, 0.5, 0.5, 1.0]).pvalue < 0.05  # the old, inconsistent p
     three = inf.similarity_correlation(np.array([0.1, 0.2, 0.3]), np.array([0.0, 0.5, 1.0]))
@@ -437,3 +437,101 @@ def test_simulation_entry_prints_tables(capsys: pytest.CaptureFixture[str]) -> N
     assert "H1 power" in out and "| 7 |" in out
     with pytest.raises(SystemExit):
         sim.main(["--runs", "0"])
+
+
+# ------------------------------------------------------------------ questions that carry the contrast (issue 18)
+
+
+def _one_question_carries(rng: np.random.Generator, n_clusters: int, per: int = 16,
+                          n_out: int = 3) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every failure falls in question 0; the outcome is noise plus a question effect (no link to failure)."""
+    q = clusters(n_clusters, per)
+    failed = (q == 0) & (np.arange(q.size) % 2 == 0)
+    load = np.tile(np.array([20.0, 50.0, 80.0, 20.0]), q.size // 4)
+    y = rng.normal(size=(q.size, n_out)) + rng.normal(size=(n_clusters, n_out))[q]
+    return y, failed, load, q
+
+
+@pytest.mark.parametrize("vcov", ["CR2", "CR1"])
+def test_one_question_carrying_the_contrast_is_descriptive(vcov: str) -> None:
+    rng = np.random.default_rng(18)
+    y, failed, load, q = _one_question_carries(rng, 7)
+    res = inf.attention_failure_tests(y, failed, load, q, vcov=vcov)  # type: ignore[arg-type]
+    assert not res.is_test and np.all(np.isnan(res.p)) and np.all(np.isfinite(res.estimate))
+    assert "1 of 7 questions" in str(res.reason)
+    fit = inf.clustered_ols(y[:, 0], np.column_stack([np.ones(q.size), failed, load]), q, vcov=vcov)  # type: ignore[arg-type]
+    assert not fit.is_test and fit.p is None and "1 of 7 questions" in str(fit.reason)
+    y01 = failed.astype(float)  # a 0/1 outcome that varies in one question only
+    lfit = inf.clustered_logit(y01, np.column_stack([np.ones(q.size), y[:, 0]]), q, vcov=vcov)  # type: ignore[arg-type]
+    assert not lfit.is_test and lfit.p is None and "1 of 7 questions" in str(lfit.reason)
+
+
+def test_contrast_clusters_counts_the_questions_off_the_common_value() -> None:
+    q = clusters(7, 4)
+    assert inf.contrast_clusters(np.ones(q.size), q) == 7  # the intercept: every question
+    assert inf.contrast_clusters(((q < 2) & (np.arange(q.size) % 2 == 0)).astype(float), q) == 2
+    assert inf.contrast_clusters((q < 3).astype(float), q) == 3  # all-1 in 3 questions, all-0 in 4
+    assert inf.contrast_clusters(np.tile([0.0, 20, 50, 80], 7), q) == 7  # load varies in every question
+    s_sim = np.repeat(np.linspace(0.1, 0.7, 7), 4)  # a between-question regressor, all values distinct
+    assert inf.contrast_clusters(s_sim, q) == 7
+    # only question 0 has Saturation trials: the others sit at load 0 throughout
+    assert inf.contrast_clusters(np.where(q == 0, np.tile([0.0, 20, 50, 80], 7), 0.0), q) == 1
+
+
+def test_cr2_degenerate_direction_is_reported_not_dropped() -> None:
+    """A regressor non-zero in one cluster only: CR2's I - H_gg is singular in exactly the tested direction."""
+    rng = np.random.default_rng(3)
+    q = clusters(8, 6)
+    x = np.where(q == 0, rng.normal(size=q.size), 0.0)
+    X = np.column_stack([np.ones(q.size), x])
+    w, df = inf.sandwich_weights(X, q, 8, 1, "CR2")
+    assert math.isnan(df)
+    w0, df0 = inf.sandwich_weights(X, q, 8, 0, "CR2")  # the intercept is estimable as before
+    assert math.isfinite(df0)
+
+
+def test_null_rate_when_one_question_carries_the_contrast() -> None:
+    rows = sim.null_one_question(7, 7, 60)
+    assert all(r.after is not None and r.after <= 0.05 for r in rows)
+    assert any(r.before is not None and r.before > 0.2 for r in rows)  # what the old rule did
+
+
+def test_correlation_below_six_questions_is_descriptive() -> None:
+    """H3 obeys the minimum-G rule of every other test; r = +-1 is never a test with p = 0 and [1, 1]."""
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=5)
+    y = 3 * x + 0.1 * rng.normal(size=5)
+    five = inf.similarity_correlation(x, y)
+    assert not five.is_test and five.p is None and five.ci_low is None
+    assert five.r == pytest.approx(scipy.stats.pearsonr(x, y).statistic) and "minimum of 6" in str(five.reason)
+    line = inf.similarity_correlation(np.arange(8.0), 2 * np.arange(8.0) + 1, min_n=4)
+    assert not line.is_test and line.p is None and line.ci_low is None and "one line" in str(line.reason)
+    four = inf.similarity_correlation(np.arange(4.0), -np.arange(4.0), min_n=4)
+    assert not four.is_test and four.p is None
+    six = inf.similarity_correlation(np.r_[x, 0.3], np.r_[y, 0.0])
+    assert six.is_test and six.p is not None
+
+
+# ------------------------------------------------------------------------------------- logistic separation
+
+
+def test_h1_logistic_under_quasi_separation_is_descriptive() -> None:
+    """Control right for every question, Saturation wrong but for a few trials at the lowest load: the logistic
+    slope's MLE is infinite (quasi-complete separation), so no finite coefficient and p may be reported."""
+    from probe.analysis.glm import fit_logit, separation
+
+    q = clusters(8, 8)
+    load = np.tile(np.array([0.0, 0.0, 20, 20, 50, 50, 80, 80]), 8)
+    y = (load == 0).astype(float)
+    y[(load == 20) & (q < 3) & (np.arange(q.size) % 2 == 0)] = 1.0  # a few right answers at 20 %: quasi
+    X = sm.add_constant(load)
+    sm_fit = sm.GLM(y, X, family=sm.families.Binomial()).fit()  # statsmodels itself stops at a finite slope
+    assert np.isfinite(sm_fit.params[1]) and sm_fit.converged
+    assert separation(y, X) is not None and "quasi-complete" in str(separation(y, X))
+    fit = fit_logit(y, X, q)
+    assert fit.status == "separation" and "infinite" in str(fit.reason)
+    lfit = inf.clustered_logit(y, X, q)
+    assert not lfit.is_test and lfit.p is None
+    y2 = y.copy()
+    y2[(load == 50) & (q == 5)] = 1.0  # right answers at two loads: the MLE is finite again
+    assert separation(y2, X) is None and fit_logit(y2, X, q).ok

@@ -17,8 +17,11 @@ Coefficients come from ``statsmodels`` ``GLM(family=Binomial())``. Standard erro
   its own cluster (CogniLoad puzzles answered once, its bootstrap refits): independent trials, many of them, the
   usual likelihood theory.
 
-A fit is not usable (``status`` other than ``ok``) when statsmodels raises, reports perfect separation, does not
-converge, or gives a non-finite coefficient or standard error; ``reason`` says which in a sentence.
+A fit is not usable (``status`` other than ``ok``) when the outcomes are (quasi-)completely separated
+(:func:`separation`, a linear program run before the fit; or a coefficient times its column's standard deviation
+above ``MAX_STD_COEF``), when statsmodels raises or reports perfect separation, does not converge, or gives a
+non-finite coefficient or standard error; ``reason`` says which in a sentence. ICE's logistic fits and CogniLoad's
+GLMs share these checks.
 """
 
 from __future__ import annotations
@@ -30,16 +33,19 @@ from typing import Literal
 
 import numpy as np
 import pandas as pd
+import scipy.optimize
 import scipy.stats
 import statsmodels.api as sm
 from statsmodels.genmod.generalized_linear_model import GLMResults
 from statsmodels.tools.sm_exceptions import ConvergenceWarning, PerfectSeparationError, PerfectSeparationWarning
 
 from probe.analysis.inference import (
+    DEGENERATE_REASON,
     MIN_CLUSTERS,
     InferenceInputError,
     VarianceType,
     cluster_se,
+    contrast_guard,
     few_clusters_reason,
     sandwich_weights,
 )
@@ -83,6 +89,7 @@ class LogitFit:
         test_reason: why the fit gives coefficients only (fewer clusters than the minimum, fitted probabilities of
             0 or 1); None when :meth:`coefficient` gives standard errors.
         codes: (n,) cluster codes 0..G−1 (None without groups).
+        min_clusters: the minimum-G rule, applied also to the clusters that carry a coefficient's contrast.
     """
 
     status: FitStatus
@@ -93,6 +100,7 @@ class LogitFit:
     vcov: VarianceType | None = None
     test_reason: str | None = None
     codes: np.ndarray | None = None
+    min_clusters: int = MIN_CLUSTERS
 
     @property
     def ok(self) -> bool:
@@ -121,6 +129,12 @@ class LogitFit:
         est = float(res.params[index])
         if self.test_reason is not None:
             return Coefficient(est, None, None, None, None, None, self.test_reason)
+        if self.codes is not None and self.n_clusters is not None:
+            few = contrast_guard(np.asarray(res.model.exog, dtype=float)[:, index],
+                                 np.asarray(res.model.endog, dtype=float), self.codes, self.min_clusters,
+                                 "the tested variable")
+            if few is not None:
+                return Coefficient(est, None, None, None, None, None, few)
         if self.vcov is None or self.vcov == "CR1":  # statsmodels' own SE: model-based (normal) or CR1 (t, G - 1)
             se = float(res.bse[index])
             df = None if self.vcov is None else float(res.df_resid_inference)
@@ -131,6 +145,8 @@ class LogitFit:
             mu = np.asarray(res.fittedvalues, dtype=float)
             sw = np.sqrt(mu * (1 - mu))  # (n,) square root of the working weights
             w, df = sandwich_weights(X * sw[:, None], self.codes, self.n_clusters, index, "CR2")
+            if not math.isfinite(df):
+                return Coefficient(est, None, None, None, None, None, DEGENERATE_REASON)
             se = cluster_se(w, (y - mu) / sw, self.codes, self.n_clusters)
         if not math.isfinite(se) or se <= 1e-12 * max(1.0, abs(est)):
             return Coefficient(est, None, None, None, None, None,
@@ -144,6 +160,47 @@ class LogitFit:
                            p=float(p), df=df, reason=None)
 
 
+MAX_STD_COEF = 12.0  # |coef * sd(x)| above this: an odds ratio of e^12 per standard deviation is separation
+
+
+def separation(y: np.ndarray, X: np.ndarray, weights: np.ndarray | None = None) -> str | None:
+    """Whether the 0/1 outcomes are (quasi-)completely separated by a combination of the columns of ``X``.
+
+    Method (the linear program of Konis 2007, the check of R's ``detectseparation``): maximise Σ s_i x_i'b subject to
+    s_i x_i'b ≥ 0 for every trial and −1 ≤ b ≤ 1, s_i = +1 for a 1 and −1 for a 0 (scipy ``linprog``, HiGHS, on
+    columns scaled to unit maximum). A positive optimum is a direction b along which the likelihood rises for
+    ever: some coefficient's maximum-likelihood estimate is infinite, and a finite coefficient that IRLS stops at,
+    with its standard error, means nothing (e.g. every Control trial right and every Saturation trial wrong but a
+    few at the lowest load). The optimum is 0 (b = 0) exactly when no such direction exists.
+
+    Args:
+        y: (n,) outcomes in {0, 1}.
+        X: (n, p) design.
+        weights: (n,) frequency weights; rows with weight 0 are left out.
+
+    Returns:
+        A sentence naming the separation (how many trials the separating combination predicts exactly), or None.
+    """
+    y = np.asarray(y, dtype=float)
+    X = np.asarray(X, dtype=float)
+    if weights is not None:
+        keep = np.asarray(weights) > 0
+        y, X = y[keep], X[keep]
+    if y.size == 0 or np.all(y == y[0]):
+        return None
+    scale = np.abs(X).max(axis=0)
+    scale[scale == 0] = 1.0
+    A = (2 * y - 1)[:, None] * (X / scale)  # (n, p): rows s_i x_i
+    res = scipy.optimize.linprog(-A.sum(axis=0), A_ub=-A, b_ub=np.zeros(y.size), bounds=(-1, 1), method="highs")
+    if res.status != 0 or -float(res.fun) <= 1e-7 * y.size:
+        return None
+    exact = int(np.sum(A @ res.x > 1e-7))
+    kind = "complete" if exact == y.size else "quasi-complete"
+    return (f"{kind} separation: a combination of the predictors predicts {exact} of the {y.size} outcomes exactly "
+            f"(e.g. every trial right at one load), so the maximum-likelihood coefficients are infinite and the "
+            f"logistic fit is descriptive only")
+
+
 def fit_logit(
     y: np.ndarray,
     X: np.ndarray,
@@ -153,6 +210,7 @@ def fit_logit(
     cluster_name: str = "task_id",
     vcov: VarianceType = "CR2",
     min_clusters: int = MIN_CLUSTERS,
+    names: tuple[str, ...] | None = None,
 ) -> LogitFit:
     """Binomial GLM (logit link) of ``y`` on ``X`` (see the module docstring for the standard errors).
 
@@ -164,6 +222,7 @@ def fit_logit(
         cluster_name: what a cluster is, for ``se_method``.
         vcov: ``CR2`` (default) or ``CR1`` when ``groups`` are given.
         min_clusters: fewer clusters than this: coefficients only (the minimum-G rule).
+        names: the columns' names, for the reasons (else "column j").
 
     Returns:
         The :class:`LogitFit`; never raises for a fit that statsmodels cannot make.
@@ -186,6 +245,9 @@ def fit_logit(
         se_method = f"CR2 clustered by {cluster_name} (G={n_clusters}), t with Bell-McCaffrey df"
     else:
         se_method = f"CR1 clustered by {cluster_name} (G={n_clusters}), t with G-1 df"
+    separated = separation(y, X, freq_weights)
+    if separated is not None:
+        return LogitFit("separation", f"logistic fit not usable: {separated}", None, n_clusters, None)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -209,6 +271,15 @@ def fit_logit(
             and np.all(np.isfinite(np.asarray(res.bse, dtype=float)))):
         return LogitFit("not_finite", "logistic fit not usable: no finite coefficient or standard error (separation)",
                         se_method, n_clusters, None)
+    sd = np.asarray(X, dtype=float).std(axis=0)
+    big = [j for j, (b, v) in enumerate(zip(np.asarray(res.params, dtype=float), sd)) if v > 0 and abs(b * v) >
+           MAX_STD_COEF]
+    if big:
+        j = big[0]
+        name = names[j] if names is not None and j < len(names) else f"column {j}"
+        return LogitFit("separation", f"logistic fit not usable: quasi-separation: the {name} coefficient "
+                        f"({float(res.params[j]):.4g}) is implausibly large (|coef x sd| = "
+                        f"{abs(float(res.params[j]) * sd[j]):.4g} > {MAX_STD_COEF:g})", se_method, n_clusters, None)
     if groups is None:
         return LogitFit("ok", None, se_method, None, res, vcov=None)
     test_reason = None
@@ -218,7 +289,8 @@ def fit_logit(
         mu = np.asarray(res.fittedvalues, dtype=float)
         if np.any(np.sqrt(mu * (1 - mu)) < 1e-8):
             test_reason = "fitted probabilities of 0 or 1 (quasi-separation): no usable working weights"
-    return LogitFit("ok", None, se_method, n_clusters, res, vcov=vcov, test_reason=test_reason, codes=codes)
+    return LogitFit("ok", None, se_method, n_clusters, res, vcov=vcov, test_reason=test_reason, codes=codes,
+                    min_clusters=min_clusters)
 
 
 def exp_or_none(x: float) -> float | None:
@@ -226,4 +298,4 @@ def exp_or_none(x: float) -> float | None:
     return math.exp(x) if abs(x) < 700 else None
 
 
-__all__ = ["Coefficient", "FitStatus", "LogitFit", "exp_or_none", "fit_logit"]
+__all__ = ["MAX_STD_COEF", "Coefficient", "FitStatus", "LogitFit", "exp_or_none", "fit_logit", "separation"]

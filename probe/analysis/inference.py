@@ -95,6 +95,84 @@ def few_clusters_reason(n_clusters: int, min_clusters: int) -> str:
             f"clusters the clustered variance cannot be estimated reliably; see docs/statistics.md)")
 
 
+def contrast_clusters(x: np.ndarray, groups: np.ndarray) -> int:
+    """The number of questions that carry the contrast of a regressor (or of a 0/1 outcome).
+
+    A question carries it unless it holds the regressor constant at the value that most such questions share:
+    for a failure indicator, the questions with a failure (or, where most questions fail every trial, those with
+    a right answer); for load, every question with trials at two loads; for a between-question regressor such as
+    S_sim, every question unless several share one value. A constant column (the intercept) is carried by every
+    question. This is the count the minimum-G rule applies to: a clustered variance estimates the spread of the
+    contrast from these questions alone, so when one question carries the contrast its residuals are orthogonal
+    to it and the variance misses it while the degrees of freedom stay near G − 1 (docs/statistics.md: 38–68 %
+    rejections under no effect before the rule counted these questions).
+
+    Args:
+        x: (n,) the regressor of interest (or a 0/1 outcome).
+        groups: (n,) question ids.
+
+    Returns:
+        The number of carrying questions (0..G).
+    """
+    x = _vector("x", x)
+    codes, n_clusters = _codes(groups, x.shape[0])
+    scale = max(1.0, float(np.abs(x).max())) if x.size else 1.0
+    tol = 1e-9 * scale
+    if x.size == 0 or np.ptp(x) <= tol:
+        return n_clusters
+    lo = np.full(n_clusters, np.inf)
+    hi = np.full(n_clusters, -np.inf)
+    np.minimum.at(lo, codes, x)
+    np.maximum.at(hi, codes, x)
+    flat = hi - lo <= tol
+    if not flat.any():
+        return n_clusters
+    _, counts = np.unique(np.round(lo[flat] / tol), return_counts=True)
+    common = int(counts.max())
+    return n_clusters if common < 2 else n_clusters - common
+
+
+def few_contrast_reason(n_carry: int, n_clusters: int, min_clusters: int, what: str) -> str:
+    """The reason a test is descriptive because fewer than ``min_clusters`` questions carry its contrast."""
+    return (f"only {n_carry} of {n_clusters} questions carry the contrast ({what}), fewer than the minimum of "
+            f"{min_clusters}: descriptive only (a clustered variance cannot see the spread of a contrast that so few "
+            f"questions carry; see docs/statistics.md#the-minimum-number-of-questions)")
+
+
+def contrast_guard(x: np.ndarray, y: np.ndarray | None, groups: np.ndarray, min_clusters: int,
+                   x_name: str = "the tested regressor") -> str | None:
+    """The minimum-G rule on the questions that carry a test's contrast: a reason when too few do, else None.
+
+    Counts :func:`contrast_clusters` of the tested regressor ``x`` and, for a 0/1 outcome ``y``, of the outcome
+    (the questions with a failure, or with a right answer), and applies the smaller count.
+
+    Args:
+        x: (n,) the tested column of the design.
+        y: (n,) the outcome, or None (only a 0/1 outcome is counted).
+        groups: (n,) question ids.
+        min_clusters: the minimum-G rule.
+        x_name: what ``x`` is, for the reason.
+    """
+    _, n_clusters = _codes(groups, np.asarray(x).shape[0])
+    k = contrast_clusters(x, groups)
+    if k < min_clusters:
+        return few_contrast_reason(k, n_clusters, min_clusters,
+                                   f"the other questions hold {x_name} at one common value")
+    if y is not None:
+        yv = np.asarray(y, dtype=float)
+        if yv.size and np.all((yv == 0) | (yv == 1)):
+            ky = contrast_clusters(yv, groups)
+            if ky < min_clusters:
+                return few_contrast_reason(ky, n_clusters, min_clusters,
+                                           "the other questions give the same 0/1 outcome in every trial")
+    return None
+
+
+DEGENERATE_REASON = ("one question alone identifies the tested coefficient (its leverage on it is 1), so its "
+                     "residuals are orthogonal to the contrast and no clustered variance can be estimated: "
+                     "descriptive only")
+
+
 def bh_qvalues(p: np.ndarray) -> np.ndarray:
     """Benjamini–Hochberg q-values within one family, tolerant of missing p-values.
 
@@ -264,7 +342,8 @@ VarianceType = Literal["CR2", "CR1"]
 
 
 def sandwich_weights(Xw: np.ndarray, codes: np.ndarray, n_clusters: int, term: int,
-                     vcov: VarianceType = "CR2") -> tuple[np.ndarray, float]:
+                     vcov: VarianceType = "CR2",
+                     on_degenerate: Literal["nan", "drop"] = "nan") -> tuple[np.ndarray, float]:
     """Row weights of a cluster-robust variance for one coefficient, and the degrees of freedom of its t reference.
 
     With residuals e (n,), the variance of coefficient ``term`` is Σ_g (Σ_{i∈g} w_i e_i)², so one weight vector
@@ -276,7 +355,10 @@ def sandwich_weights(Xw: np.ndarray, codes: np.ndarray, n_clusters: int, term: i
       freedom df = (tr M)² / ‖M‖²_F, M = diag(‖w_g‖²) − C'(X'X)⁻¹C, C_g = X_g'w_g (the moments of the variance
       estimator under a working model of independent, equal-variance errors). The df depend on the design only and
       fall below G − 1 where a few questions carry the contrast (a regressor that varies mainly between questions),
-      which is where CR1 with t(G − 1) over-rejects.
+      which is where CR1 with t(G − 1) over-rejects. When the tested direction is identified by one cluster
+      alone (a regressor non-zero in that cluster only), I − H_gg is singular in exactly that direction and the
+      pseudo-inverse would drop it, leaving a variance that misses the contrast: the df are then NaN (the test is
+      not estimable; ``on_degenerate="drop"`` keeps the old pseudo-inverse, for the simulations' "before").
     - ``CR1``: w = √c · X (X'X)⁻¹ ℓ, c = G/(G − 1) · (n − 1)/(n − k) (statsmodels' small-sample factor), df = G − 1.
 
     Args:
@@ -285,9 +367,10 @@ def sandwich_weights(Xw: np.ndarray, codes: np.ndarray, n_clusters: int, term: i
         n_clusters: G.
         term: index of the coefficient.
         vcov: ``CR2`` or ``CR1``.
+        on_degenerate: ``nan`` (df NaN when one cluster alone identifies the term) or ``drop`` (pseudo-inverse).
 
     Returns:
-        (w, df): (n,) weights and the degrees of freedom of the t reference.
+        (w, df): (n,) weights and the degrees of freedom of the t reference (NaN: not estimable).
     """
     n, k = Xw.shape
     bread = np.linalg.inv(Xw.T @ Xw)  # (k, k)
@@ -296,17 +379,22 @@ def sandwich_weights(Xw: np.ndarray, codes: np.ndarray, n_clusters: int, term: i
         return math.sqrt(n_clusters / (n_clusters - 1) * (n - 1) / (n - k)) * u, float(n_clusters - 1)
     w = np.empty(n)
     C = np.empty((k, n_clusters))
+    degenerate = False
     for g in range(n_clusters):
         idx = np.flatnonzero(codes == g)
         Xg = Xw[idx]  # (n_g, k)
         ev, vec = np.linalg.eigh(np.eye(idx.size) - Xg @ bread @ Xg.T)
-        inv_sqrt = np.where(ev > 1e-10, 1.0 / np.sqrt(np.clip(ev, 1e-10, None)), 0.0)
-        w[idx] = vec @ (inv_sqrt * (vec.T @ u[idx]))
+        null = ev <= 1e-10
+        proj = vec.T @ u[idx]
+        if on_degenerate == "nan" and null.any() and np.sum(proj[null] ** 2) > 1e-12 * max(float(u @ u), 1e-300):
+            degenerate = True  # the tested direction lies in cluster g alone: CR2's pseudo-inverse would drop it
+        inv_sqrt = np.where(~null, 1.0 / np.sqrt(np.clip(ev, 1e-10, None)), 0.0)
+        w[idx] = vec @ (inv_sqrt * proj)
         C[:, g] = Xg.T @ w[idx]
     M = -C.T @ bread @ C  # (G, G)
     M[np.diag_indices(n_clusters)] += np.bincount(codes, weights=w**2, minlength=n_clusters)
     df = float(np.trace(M) ** 2 / np.sum(M**2))
-    return w, df
+    return w, (math.nan if degenerate else df)
 
 
 @dataclass(frozen=True)
@@ -382,6 +470,8 @@ def _descriptive(model: Literal["ols", "logit"], term: int, vcov: VarianceType, 
 
 def _test(model: Literal["ols", "logit"], term: int, vcov: VarianceType, params: tuple[float, ...], se: float,
           df: float, n: int, n_clusters: int, method: str, alpha: float) -> ClusteredFit:
+    if not math.isfinite(df):
+        return _descriptive(model, term, vcov, n, n_clusters, method, DEGENERATE_REASON, params)
     if not math.isfinite(se) or se <= 1e-12 * max(1.0, abs(params[term])):
         return _descriptive(model, term, vcov, n, n_clusters, method,
                             "the clustered standard error is 0 or not finite: the outcome does not vary within "
@@ -411,8 +501,9 @@ def clustered_ols(y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: int = 
     Method: coefficients and residuals from statsmodels ``OLS``; the variance of the tested coefficient is CR2 with
     Bell–McCaffrey degrees of freedom (:func:`sandwich_weights`), or with ``vcov="CR1"`` statsmodels'
     ``cov_type="cluster"`` with t(G − 1). p-value and interval on that t; power and MDE from :func:`t_power` on the
-    same df. Descriptive only (estimate, no SE or p) with fewer than ``min_clusters`` questions, a rank-deficient
-    design or an outcome that does not vary. Used for H1 (EM on load, Control as load 0) and the Residue trend.
+    same df. Descriptive only (estimate, no SE or p) with fewer than ``min_clusters`` questions, fewer than
+    ``min_clusters`` questions carrying the contrast (:func:`contrast_guard`: of the tested column, and of a 0/1
+    outcome), a rank-deficient design or an outcome that does not vary. Used for H1 (EM on load, Control as load 0) and the Residue trend.
 
     Args:
         y: (n,) outcome.
@@ -441,6 +532,9 @@ def clustered_ols(y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: int = 
     if np.all(y == y[0]):
         return _descriptive("ols", term, vcov, n, n_clusters, method,
                             f"the outcome has no variance (every value {y[0]:g})", params)
+    few = contrast_guard(X[:, term], y, codes, min_clusters)
+    if few is not None:
+        return _descriptive("ols", term, vcov, n, n_clusters, method, few, params)
     if vcov == "CR1":
         with np.errstate(invalid="ignore"):  # a singular CR1 matrix gives a NaN SE, turned into a reason below
             cr1 = sm.OLS(y, X).fit(cov_type="cluster", cov_kwds={"groups": codes}, use_t=True)
@@ -555,7 +649,9 @@ def clustered_ols_many(Y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: i
     default; CR1 with t(G − 1) gives statsmodels' ``cov_type="cluster"`` numbers), Var = Σ_g (Σ_{i∈g} w_i e_i)²
     per column. A column with non-finite values is fitted by itself on its finite rows with :func:`clustered_ols`
     (its own G and df). BH q-values (:func:`bh_qvalues`) over the whole grid, one family. Descriptive (estimates
-    only) with fewer than ``min_clusters`` questions or a rank-deficient design.
+    only) with fewer than ``min_clusters`` questions, fewer than ``min_clusters`` questions that carry the tested
+    column's contrast (:func:`contrast_clusters`), a tested direction that one question alone identifies, or a
+    rank-deficient design.
 
     Args:
         Y: (n, *grid) outcomes, e.g. (trial, layer, head).
@@ -606,8 +702,13 @@ def clustered_ols_many(Y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: i
     beta = np.linalg.solve(X.T @ X, X.T @ Yf[:, cols])  # (k, m_finite)
     est[cols] = beta[term]
     n_used[cols] = n
-    if n_clusters < min_clusters:
-        reason = few_clusters_reason(n_clusters, min_clusters)
+    few = few_clusters_reason(n_clusters, min_clusters) if n_clusters < min_clusters else \
+        contrast_guard(X[:, term], None, codes, min_clusters)
+    w, dof = sandwich_weights(X, codes, n_clusters, term, vcov) if few is None else (np.zeros(n), 0.0)
+    if few is None and not math.isfinite(dof):
+        few = DEGENERATE_REASON
+    if few is not None:
+        reason = few
         for j in np.flatnonzero(~finite):
             ok = np.isfinite(Yf[:, j])
             if ok.sum() > k and np.linalg.matrix_rank(X[ok]) == k:
@@ -615,7 +716,6 @@ def clustered_ols_many(Y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: i
                 n_used[j] = int(ok.sum())
         return done(False)
     if cols.size:
-        w, dof = sandwich_weights(X, codes, n_clusters, term, vcov)
         resid = Yf[:, cols] - X @ beta  # (n, m_finite)
         onehot = np.zeros((n_clusters, n))
         onehot[codes, np.arange(n)] = 1.0
@@ -910,19 +1010,24 @@ class Correlation:
     reason: str | None
 
 
-def similarity_correlation(s_sim: np.ndarray, degradation: np.ndarray, alpha: float = 0.05) -> Correlation:
+def similarity_correlation(s_sim: np.ndarray, degradation: np.ndarray, alpha: float = 0.05,
+                           min_n: int = MIN_CLUSTERS) -> Correlation:
     """H3: Pearson r between per-question S_sim and degradation, Fisher-z interval and the p-value of that pivot.
 
     Method: r from ``scipy.stats.pearsonr``; interval from its ``confidence_interval`` (Fisher z,
     tanh(atanh r ± z_{1−α/2}/√(n − 3))); p = 2·Φ(−|atanh r|·√(n − 3)), the test that this interval inverts, so the
     test and the interval never disagree (the t-test p-value of ``pearsonr`` can be < 0.05 at n = 4 while the
-    Fisher interval spans 0). At n = 4–5 this test is slightly conservative under the null (docs/statistics.md).
-    Spearman's ρ (``scipy.stats.spearmanr``) is the robustness figure. Refused (descriptive r only) for n < 4.
+    Fisher interval spans 0). Spearman's ρ (``scipy.stats.spearmanr``) is the robustness figure. Like every
+    other test of the analysis it is descriptive (r only) below ``min_n`` questions (the minimum-G rule, module
+    docstring; forced at n = 4–5 the test is slightly conservative, docs/statistics.md), and when |r| = 1 (every
+    point on one line: the Fisher-z pivot is infinite, so neither an interval nor a p-value can be given).
 
     Args:
         s_sim: (n,) per-question mean S_sim.
         degradation: (n,) per-question EM(Control) − EM(Residue).
         alpha: test level and 1 − confidence level.
+        min_n: fewer questions: r is descriptive only (at least :data:`MIN_CORRELATION_N`, which the Fisher-z
+            interval needs).
 
     Returns:
         The :class:`Correlation`.
@@ -943,13 +1048,18 @@ def similarity_correlation(s_sim: np.ndarray, degradation: np.ndarray, alpha: fl
     res = scipy.stats.pearsonr(x, y)
     r = float(res.statistic)
     line = scipy.stats.linregress(x, y)
-    if n < MIN_CORRELATION_N:
-        return replace(none, r=r, slope=float(line.slope), intercept=float(line.intercept),
-                       reason=f"{n} questions: the Fisher-z interval and its test need at least {MIN_CORRELATION_N}; "
-                              f"r is descriptive only")
+    min_n = max(min_n, MIN_CORRELATION_N)
+    described = replace(none, r=r, slope=float(line.slope), intercept=float(line.intercept))
+    if n < min_n:
+        need = ("the Fisher-z interval and its test need at least" if min_n == MIN_CORRELATION_N else
+                "fewer than the minimum of")
+        return replace(described, reason=f"{n} questions, {need} {min_n}: r is descriptive only (see "
+                                         f"docs/statistics.md#the-minimum-number-of-questions)")
+    if abs(r) >= 1 - 1e-12:
+        return replace(described, reason=f"r = {r:+.0f}: every question lies on one line, so the Fisher-z pivot is "
+                                         f"infinite and no interval or p-value can be given; r is descriptive only")
     ci = res.confidence_interval(confidence_level=1 - alpha)
-    z = math.atanh(r) if abs(r) < 1 else math.copysign(math.inf, r)
-    p = float(2 * scipy.stats.norm.sf(abs(z) * math.sqrt(n - 3)))
+    p = float(2 * scipy.stats.norm.sf(abs(math.atanh(r)) * math.sqrt(n - 3)))
     sp = scipy.stats.spearmanr(x, y)
     return Correlation(n=n, r=r, ci_low=float(ci.low), ci_high=float(ci.high), p=p,
                        spearman_rho=_float(sp.statistic), spearman_p=_float(sp.pvalue), slope=float(line.slope),

@@ -27,6 +27,10 @@ Data-generating processes (all under "no effect" except the power table):
 - **H3** (behaviour): per question S_sim ~ N(0.3, 0.1²), EM(Control) the mean of 2 Bernoulli(p_q), EM(Residue) of
   6 Bernoulli(0.8·p_q), p_q ~ Beta(1, 1), independent of S_sim.
 - **H1 power**: p_q ~ U(0.4, 0.9) and EM falls by β per point of load for every question (no clipping needed).
+- **One question carries every failure** (per head): 16 trials per question at loads 20/50/80/20, half the trials
+  of question 0 failed and none elsewhere; enrichment = 1 + 0.3·ℓ/100 + question and trial effects N(0, 0.1²) per
+  head, independent of failure. "before" is the CR2 test as it was (the pseudo-inverse, G counted over all
+  questions).
 """
 
 from __future__ import annotations
@@ -480,11 +484,71 @@ def null_residue_similarity(seed: int, clusters: int, n_runs: int, replications:
     ]
 
 
+def _before_many(values: np.ndarray, X: np.ndarray, codes: np.ndarray, n_clusters: int, term: int = 1) -> np.ndarray:
+    """p-values of the per-outcome CR2 test as it was before the contrast rule: the CR2 pseudo-inverse (which drops
+    a direction that one cluster alone carries) with Bell–McCaffrey df, G counted over all questions."""
+    Yf = values.reshape(values.shape[0], -1)
+    beta = np.linalg.lstsq(X, Yf, rcond=None)[0]
+    w, dof = inf.sandwich_weights(X, codes, n_clusters, term, "CR2", on_degenerate="drop")
+    resid = Yf - X @ beta
+    onehot = np.zeros((n_clusters, X.shape[0]))
+    onehot[codes, np.arange(X.shape[0])] = 1.0
+    se = np.sqrt(np.sum((onehot @ (w[:, None] * resid)) ** 2, axis=0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return 2 * scipy.stats.t.sf(np.abs(beta[term] / se), dof)
+
+
+def one_question_data(rng: np.random.Generator, clusters: int, per_question: int = 16, n_layers: int = 30,
+                      n_heads: int = 9) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every failure falls in question 0 (half its trials); attention is noise plus question effects, no link.
+
+    Returns:
+        (values (trial, layer, head), failed, load, codes).
+    """
+    codes = np.repeat(np.arange(clusters), per_question)
+    n = codes.size
+    failed = (codes == 0) & (np.arange(n) % 2 == 0)
+    load = np.tile(np.array([20.0, 50.0, 80.0, 20.0]), n // 4)
+    s = 0.1
+    values = (1.0 + 0.3 * load[:, None, None] / 100 + s * rng.normal(size=(clusters, n_layers, n_heads))[codes]
+              + s * rng.normal(size=(n, n_layers, n_heads)))
+    return values, failed, load, codes
+
+
+def null_one_question(seed: int, clusters: int, n_runs: int, n_layers: int = 30,
+                      n_heads: int = 9) -> list[RejectionRow]:
+    """The per-head failed − correct test when one question carries every failure (issue of false discoveries)."""
+    rng = _rng(seed, 9, clusters, n_layers, n_heads)
+    rej = dict.fromkeys(["before", "CR1", "CR2"], 0)
+    fw = dict.fromkeys(["before", "CR1", "CR2"], 0)
+    grid = n_layers * n_heads
+    for _ in range(n_runs):
+        values, failed, load, codes = one_question_data(rng, clusters, n_layers=n_layers, n_heads=n_heads)
+        X = np.column_stack([np.ones(codes.size), failed, load])
+        p_before = _before_many(values, X, codes, clusters)
+        rej["before"] += int(np.sum(np.nan_to_num(p_before, nan=1.0) < ALPHA))
+        fw["before"] += bool(np.any(np.nan_to_num(inf.bh_qvalues(p_before), nan=1.0) < ALPHA))
+        for vcov in ("CR1", "CR2"):
+            res = inf.attention_failure_tests(values, failed, load, codes, vcov=vcov)
+            rej[vcov] += int(np.sum(np.nan_to_num(res.p, nan=1.0) < ALPHA))
+            fw[vcov] += res.significant(ALPHA).shape[0] > 0
+    return [
+        RejectionRow("per-head failed - correct, every failure in one question", clusters, n_runs, "test",
+                     rej["before"] / (n_runs * grid), rej["CR1"] / (n_runs * grid), rej["CR2"] / (n_runs * grid),
+                     "before CR2 BM df counting all questions; after: 1 question carries the contrast, descriptive"),
+        RejectionRow(f"per-head family of {grid}, every failure in one question", clusters, n_runs, "family",
+                     fw["before"] / n_runs, fw["CR1"] / n_runs, fw["CR2"] / n_runs,
+                     "BH q < 0.05 across the grid"),
+    ]
+
+
 # ------------------------------------------------------------------------------------------------------- H3
 
 
-def null_h3(seed: int, n_questions: int, n_runs: int) -> list[RejectionRow]:
-    """H3's correlation test under independence: Pearson t-test p (before) and Fisher-z p (after)."""
+def null_h3(seed: int, n_questions: int, n_runs: int, min_n: int = inf.MIN_CLUSTERS) -> list[RejectionRow]:
+    """H3's correlation test under independence: Pearson t-test p (before) and Fisher-z p (after).
+
+    Below the minimum of 6 questions the test is descriptive; ``min_n=4`` forces it (the below-minimum table)."""
     rng = _rng(seed, 8, n_questions)
     before = after = disagree = 0
     done = 0
@@ -493,7 +557,7 @@ def null_h3(seed: int, n_questions: int, n_runs: int) -> list[RejectionRow]:
         p = rng.beta(1.0, 1.0, size=n_questions)
         control = (rng.random((n_questions, 2)) < p[:, None]).mean(axis=1)
         residue = (rng.random((n_questions, 6)) < 0.8 * p[:, None]).mean(axis=1)
-        res = inf.similarity_correlation(s_sim, control - residue)
+        res = inf.similarity_correlation(s_sim, control - residue, min_n=min_n)
         if not res.is_test:
             continue
         done += 1
@@ -515,7 +579,7 @@ def null_h3(seed: int, n_questions: int, n_runs: int) -> list[RejectionRow]:
 
 
 def rejection_tables(seed: int, n_runs: int, clusters: Sequence[int] = (7, 30),
-                     h3_sizes: Sequence[int] = (4, 5, 7, 30)) -> list[RejectionRow]:
+                     h3_sizes: Sequence[int] = (7, 30)) -> list[RejectionRow]:
     """Every null rejection table at each G (each setting with its own generator).
 
     The H3 correlation rows are cheap and use ``H3_RUN_FACTOR`` times as many runs.
@@ -540,6 +604,9 @@ def below_minimum_tables(seed: int, n_runs: int, clusters: Sequence[int] = (4, 5
     for g in clusters:
         rows += null_h1(seed, g, n_runs, min_clusters=2)
         rows += [r for r in null_heads(seed, g, n_runs, n_layers=10, min_clusters=2) if r.per == "test"]
+    for g in clusters:
+        if g < inf.MIN_CLUSTERS:
+            rows += null_h3(seed, g, H3_RUN_FACTOR * n_runs, min_n=inf.MIN_CORRELATION_N)
     return rows
 
 
@@ -588,8 +655,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--kappas", type=float, nargs="+", default=[2.0, 1.0, 4.0],
                     help="Beta concentrations of the coverage table (ICC = 1/(kappa+1))")
     ap.add_argument("--quick", action="store_true", help="a small version (200 runs, kappa 2 only)")
-    ap.add_argument("--only", choices=["coverage", "null", "power", "minimum"], nargs="+",
-                    default=["coverage", "null", "power", "minimum"])
+    ap.add_argument("--only", choices=["coverage", "null", "power", "minimum", "one-question"], nargs="+",
+                    default=["coverage", "null", "power", "minimum", "one-question"])
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
     for name, value in (("--runs", args.runs), ("--coverage-runs", args.coverage_runs)):
@@ -614,6 +681,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows_m = below_minimum_tables(args.seed, args.runs)
         out.write(f"## Below the minimum G ({args.runs} runs per setting, tests forced)\n\n"
                   f"{format_rejections(rows_m)}\n\n")
+    if "one-question" in args.only:
+        t0 = time.perf_counter()
+        rows_o = [r for g in (7, 20) for r in null_one_question(args.seed, g, args.runs)]
+        out.write(f"## Every failure in one question ({args.runs} runs per setting, "
+                  f"{time.perf_counter() - t0:.0f} s)\n\n{format_rejections(rows_o)}\n\n")
     if "power" in args.only:
         rows_p = [power_h1(args.seed, g, args.runs) for g in (7, 20, 30)]
         out.write(f"## H1 power at a planted effect ({args.runs} runs per setting)\n\n{format_power(rows_p)}\n")
