@@ -535,3 +535,42 @@ def test_h1_logistic_under_quasi_separation_is_descriptive() -> None:
     y2 = y.copy()
     y2[(load == 50) & (q == 5)] = 1.0  # right answers at two loads: the MLE is finite again
     assert separation(y2, X) is None and fit_logit(y2, X, q).ok
+
+
+# ------------------------------------------------------------------------------------------ edge cases (issue 18)
+
+
+def test_t_power_at_large_noncentrality_is_a_number() -> None:
+    """scipy's noncentral t is NaN at nc = 20 with 1.5 df; the power is checked against a direct simulation."""
+    rng = np.random.default_rng(11)
+    for nc, df in ((20.0, 1.5), (10.0, 20.0), (40.0, 20.0)):
+        pw = inf.t_power(nc, 1.0, df)
+        assert pw.power is not None
+        t = (rng.normal(size=400_000) + nc) / np.sqrt(rng.chisquare(df, 400_000) / df)
+        crit = scipy.stats.t.ppf(0.975, df)
+        assert pw.power == pytest.approx(float(np.mean(np.abs(t) > crit)), abs=3e-3)
+
+
+def test_sign_flip_is_exact_when_the_mean_difference_is_zero_up_to_rounding() -> None:
+    d = np.array([-0.7, -0.6, 0.4, 0.2, 0.3, 0.1, 0.1, 0.2])  # cancels only up to rounding
+    assert d.mean() != 0 and abs(d.mean()) < 1e-15
+    flips = np.array(list(itertools.product([-1, 1], repeat=8)))
+    observed = abs(float(np.sum(d)) / 8)
+    # enumeration in exact arithmetic: the observed mean is 0, so every assignment is at least as extreme
+    exact = float(np.mean(np.abs((flips * np.round(d * 10)).sum(axis=1)) >= 0))
+    t = inf.paired_sign_flip(np.full(8, 0.8), 0.8 - d, np.arange(8))
+    assert observed < 1e-15 and t.p == exact == 1.0 and t.is_exact and t.delta == 0.0
+
+
+def test_fit_logit_takes_a_none_question_label_like_clustered_ols() -> None:
+    from probe.analysis.glm import fit_logit
+
+    rng = np.random.default_rng(4)
+    g = np.array([None, "a", "b", "c", "d", "e", "f"], dtype=object)[clusters(7, 10)]
+    x = rng.normal(size=g.size)
+    y = (rng.random(g.size) < 1 / (1 + np.exp(-x))).astype(float)
+    X = sm.add_constant(x)
+    fit = fit_logit(y, X, g)
+    assert fit.ok and fit.n_clusters == 7
+    as_str = fit_logit(y, X, g.astype(str))
+    assert fit.coefficient(1).se == pytest.approx(as_str.coefficient(1).se)

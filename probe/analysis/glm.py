@@ -237,7 +237,7 @@ def fit_logit(
                                   "pass one or the other")
     codes = n_clusters = None
     if groups is not None:
-        codes = pd.factorize(pd.Series(np.asarray(groups)))[0]
+        codes = pd.factorize(pd.Series(np.asarray(groups)), use_na_sentinel=False)[0]  # None is a question too
         n_clusters = int(codes.max()) + 1 if codes.size else 0
     if groups is None:
         se_method = "model-based (information matrix), normal reference"

@@ -220,12 +220,34 @@ class Power:
     method: str
 
 
+def _nct_power(nc: float, df: float, alpha: float) -> float:
+    """P(|T| > t_{1−α/2}(df)) for T noncentral t(df, nc), by one-dimensional quadrature over the chi-square.
+
+    T = (Z + nc) / √(V/df) with V ~ χ²(df), so P(T > c) = E Φ(nc − c√(V/df)) and P(T < −c) = E Φ(−nc − c√(V/df)):
+    well defined where scipy's ``nct`` returns NaN (noncentralities of 10–40 at small df).
+    """
+    import scipy.integrate
+
+    c = float(scipy.stats.t.ppf(1 - alpha / 2, df))
+    chi2 = scipy.stats.chi2(df)
+    lo, hi = float(chi2.ppf(1e-14)), float(chi2.ppf(1 - 1e-14))
+
+    def tails(v: float) -> float:
+        s = c * math.sqrt(v / df)
+        return float((scipy.stats.norm.cdf(nc - s) + scipy.stats.norm.cdf(-nc - s)) * chi2.pdf(v))
+
+    val, _ = scipy.integrate.quad(tails, lo, hi, limit=200, points=[float(df)])
+    return min(1.0, max(0.0, val))
+
+
 def t_power(estimate: float, se: float, df: float, alpha: float = 0.05, target: float = POWER_TARGET) -> Power:
     """Power and minimum detectable effect of a two-sided t test, on the test's own reference.
 
     Method: statsmodels ``TTestPower`` with ``nobs = df + 1`` and effect size |estimate| / se / sqrt(nobs), so that
     the noncentrality is |estimate| / se and the reference is t(df) — exactly the reference of the clustered test
-    it accompanies (Bell–McCaffrey df for CR2, G − 1 for CR1). Post-hoc power at the observed effect is a
+    it accompanies (Bell–McCaffrey df for CR2, G − 1 for CR1); where scipy's noncentral t gives NaN (large
+    noncentrality) the power is the same probability by quadrature over the chi-square. Post-hoc power at the
+    observed effect is a
     re-expression of the p-value, not evidence of its own; the MDE is the useful number for planning.
 
     Args:
@@ -244,6 +266,8 @@ def t_power(estimate: float, se: float, df: float, alpha: float = 0.05, target: 
     analysis = TTestPower()
     power = analysis.power(effect_size=abs(estimate) / se / math.sqrt(nobs), nobs=nobs, alpha=alpha,
                            alternative="two-sided")
+    if not math.isfinite(float(power)):  # scipy's noncentral t gives NaN far in its tail (large noncentrality)
+        power = _nct_power(abs(estimate) / se, df, alpha)
     d_target = analysis.solve_power(effect_size=None, nobs=nobs, alpha=alpha, power=target, alternative="two-sided")
     return Power(power=_float(power), mde=_float(float(d_target) * math.sqrt(nobs) * se), target=target, df=df,
                  alpha=alpha,
@@ -960,10 +984,13 @@ def paired_sign_flip(em_a: np.ndarray, em_b: np.ndarray, groups: np.ndarray, alp
     if n_q < min_clusters:
         return replace(base, reason=few_clusters_reason(n_q, min_clusters) + f"; the smallest attainable sign-flip p is "
                                                                         f"2/2^{n_q} = {2 / 2 ** n_q:.3g}")
-    if np.all(d == 0):
-        return replace(base, p=1.0, is_test=True, is_exact=n_q <= exact_max,
-                       n_resamples=2**n_q if n_q <= exact_max else None,
-                       reason="no question has a non-zero mean difference: the test has no information (p = 1)")
+    if abs(float(d.mean())) <= 1e-12 * max(1.0, float(np.abs(d).max())):
+        # the observed mean is 0 up to rounding: every sign assignment is at least as extreme, p = 1 exactly
+        # (scipy's comparison of rounded sums would call some assignments less extreme)
+        why = ("no question has a non-zero mean difference: the test has no information (p = 1)" if np.all(d == 0)
+               else "the mean difference is 0: every sign assignment is at least as extreme (p = 1)")
+        return replace(base, p=1.0, is_test=True, is_exact=n_q <= exact_max, delta=0.0,
+                       n_resamples=2**n_q if n_q <= exact_max else None, reason=why)
     is_exact = n_q <= exact_max
     rng = None if is_exact else np.random.default_rng(seed)
     res = scipy.stats.permutation_test((d,), _mean_along, permutation_type="samples", vectorized=True,

@@ -373,6 +373,11 @@ def recovered_share(em_int: np.ndarray, em_base: np.ndarray, em_control: np.ndar
     out = replace(out, estimate=nm / dm)
     if G < min_clusters:
         return replace(out, reason=inf.few_clusters_reason(G, min_clusters))
+    resid = num - (nm / dm) * den
+    if float(np.max(np.abs(resid))) <= 1e-12 * max(1.0, float(np.max(np.abs(num))), float(np.max(np.abs(den)))):
+        return replace(out, reason="every question recovers the same share of its loss (EM_int - EM_base is "
+                                   "proportional to EM_Control - EM_base): the questions give no spread to build an "
+                                   "interval from, so the share is descriptive only")
     ci = fieller_interval(num, den, alpha)
     if ci is None:
         return replace(out, reason="the loss EM_Control - EM_base is not distinguishable from 0 at this level: "
