@@ -88,6 +88,22 @@ def test_coverage_quick(n_clusters: int, replications: int, em: float, kappa: fl
     assert row.n_runs == 400
 
 
+def test_proportion_ci_all_equal_cell_assumes_one_observation_per_question() -> None:
+    """All 50 answers wrong over 10 questions: the clustering cannot be estimated, so n_eff = G (ICC 1)."""
+    y, g = np.zeros(50), clusters(10, 5)
+    ci = inf.proportion_ci(y, g)
+    n_star = 10 * (scipy.stats.t.ppf(0.975, 49) / scipy.stats.t.ppf(0.975, 9)) ** 2
+    lo, hi = proportion_confint(0.0, n_star, alpha=0.05, method="wilson")
+    assert ci.design_effect == pytest.approx(5.0) and ci.n_effective == pytest.approx(n_star)
+    assert (ci.ci_low, ci.ci_high) == pytest.approx((0.0, hi))
+
+
+def test_coverage_at_ten_questions_with_all_wrong_cells() -> None:
+    """The issue's setting (G = 10, EM 0.1, ICC 0.5, 5 replications): 0.892 with the design effect floored at 1."""
+    row = sim.coverage(sim.DEFAULT_SEED, 10, 5, 0.1, 1.0, n_runs=1000)
+    assert 0.92 <= row.coverage <= 0.99, row
+
+
 def test_before_interval_leaves_unit_interval() -> None:
     # the demo's failure: the clustered t-interval of a 0/1 mean at G = 7
     y = np.array([1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 0], dtype=float)

@@ -218,7 +218,7 @@ def coverage(seed: int, clusters: int, replications: int, em: float, kappa: floa
                        outside_before=outside / n_runs)
 
 
-def coverage_table(seed: int, n_runs: int, clusters: Sequence[int] = (7, 20, 50),
+def coverage_table(seed: int, n_runs: int, clusters: Sequence[int] = (7, 10, 20, 50),
                    ems: Sequence[float] = (0.1, 0.5, 0.9), replications: Sequence[int] = (2, 1, 5),
                    kappas: Sequence[float] = (2.0,)) -> list[CoverageRow]:
     """Coverage in every combination of the settings (each with its own generator; see :func:`coverage`)."""
