@@ -604,3 +604,23 @@ def test_no_interval_leaves_its_range_and_no_attention_claim_skips_its_correctio
     data["families"]["ice"]["cells"][0]["em_ci_high"] = 1.05
     with pytest.raises(AssertionError):
         assert_claims_survive(data)
+
+
+def test_taxonomy_calls_a_significant_rise_a_rise_not_no_decline() -> None:
+    """The summary said "no significant decline with load (β = +0.0052, p = 0.026)" for a significant rise."""
+    import dataclasses
+
+    from probe.analysis.hypotheses import H1Fit
+    from probe.analysis.taxonomy import classify_model
+    from probe.config import AnalysisSection
+
+    df = pd.DataFrame({"model": ["m"] * 4, "condition": ["Control"] * 4, "is_scored": [True] * 4,
+                       "em": [1.0, 1.0, 0.0, 1.0], "has_output": [True] * 4, "truncated": [False] * 4,
+                       "uninterpretable": [False] * 4, "error": [None] * 4, "skipped": [False] * 4})
+    h1 = H1Fit(model="m", condition="Saturation", n=40, n_clusters=10, loads=(0, 20, 80), beta=0.0052, se=0.002,
+               ci_low=0.001, ci_high=0.009, p=0.026, df=9.0, intercept=0.5, is_test=True, se_method="CR2",
+               logit=None, power=None, reason=None)
+    tax = classify_model(df, "m", h1, AnalysisSection())
+    assert "no significant" not in tax.reason and "rises" in tax.reason and not tax.is_load_sensitive
+    flat = classify_model(df, "m", dataclasses.replace(h1, p=0.4), AnalysisSection())
+    assert "no significant change" in flat.reason
