@@ -19,6 +19,7 @@ from statsmodels.stats.multitest import multipletests
 
 from probe.analysis import Analysis, AnalysisConfigError, analyze_run
 from probe.analysis import inference as inf
+from probe.analysis.glm import clustered_logit
 from probe.analysis.ice import IceResult
 from probe.config import AnalysisSection
 from probe.records import TrialRecord, append_jsonl
@@ -138,7 +139,7 @@ def test_h1_recovers_planted_beta_and_matches_statsmodels(effect_run):
         assert h.ci_low <= beta_true <= h.ci_high
         assert h.p < 0.001
         assert h.logit.coef == pytest.approx(glm.params[1], rel=1e-5)
-        lref = inf.clustered_logit(y, X, groups)
+        lref = clustered_logit(y, X, groups)
         assert (h.logit.se, h.logit.p, h.logit.df) == pytest.approx((lref.se, lref.p, lref.df), rel=1e-6)
         assert h.logit.coef < 0
     tax = ice(analysis).taxonomy[0]
@@ -306,7 +307,8 @@ def test_every_answer_the_same_still_gets_a_bounded_interval(tmp_path):
     trials = [_trial(i, f"q{i % 7}", "Control", 0, i // 7, 1.0) for i in range(14)]
     analysis = analyze_run(_write(tmp_path / "same", trials), AnalysisSection(), fill_similarity=False)
     c = ice(analysis).cells[0]
-    n_star = 14 * (scipy.stats.t.ppf(0.975, 13) / scipy.stats.t.ppf(0.975, 6)) ** 2  # design effect 1
+    # every answer the same: one observation per question (design effect n/G = 2), docs/statistics.md
+    n_star = 7 * (scipy.stats.t.ppf(0.975, 13) / scipy.stats.t.ppf(0.975, 6)) ** 2
     lo, hi = proportion_confint(n_star, n_star, alpha=0.05, method="wilson")
     assert (c.em_ci_low, c.em_ci_high) == pytest.approx((lo, hi)) and c.em_ci_high == 1.0 and lo < 0.9
 
@@ -428,7 +430,7 @@ def test_attention_behaviour_finds_the_planted_layer_and_heads_and_matches_stats
     layer = a.layers[plan.tracking_layer]
     assert layer.n == len(d)
     assert layer.coef == pytest.approx(fit.params[1], rel=1e-5)
-    lref = inf.clustered_logit(failed, X, groups)
+    lref = clustered_logit(failed, X, groups)
     assert (layer.ci_low, layer.ci_high, layer.df) == pytest.approx((lref.ci_low, lref.ci_high, lref.df), rel=1e-5)
     cells = {(c.condition, c.load): c for c in ice(analysis).attention_cells}
     assert set(cells) == {("Control", 0), ("Saturation", 20), ("Saturation", 80), ("Residue", 20), ("Residue", 80)}

@@ -17,6 +17,8 @@ from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.proportion import proportion_confint
 
 from probe.analysis import inference as inf
+from probe.analysis.attention_tests import attention_failure_tests, residue_similarity_tests
+from probe.analysis.glm import clustered_logit
 from probe.analysis import simulate as sim
 
 
@@ -187,7 +189,7 @@ def test_logit_cr2_with_singleton_clusters_is_the_hc2_sandwich() -> None:
     n = 80
     X = sm.add_constant(rng.normal(size=(n, 2)))
     y = (rng.random(n) < 1 / (1 + np.exp(-X @ [0.2, 0.8, -0.5]))).astype(float)
-    fit = inf.clustered_logit(y, X, np.arange(n), term=1)
+    fit = clustered_logit(y, X, np.arange(n), term=1)
     glm = sm.GLM(y, X, family=sm.families.Binomial()).fit()
     mu = glm.fittedvalues
     W = mu * (1 - mu)
@@ -206,7 +208,7 @@ def test_cr1_options_are_statsmodels() -> None:
     fit = inf.clustered_ols(y, X, codes, vcov="CR1")
     assert (fit.se, fit.p, fit.ci_low, fit.df) == pytest.approx((ref.bse[1], ref.pvalues[1], ref.conf_int()[1, 0], 9))
     ref = sm.GLM(y, X, family=sm.families.Binomial()).fit(cov_type="cluster", cov_kwds={"groups": codes}, use_t=True)
-    fit = inf.clustered_logit(y, X, codes, vcov="CR1")
+    fit = clustered_logit(y, X, codes, vcov="CR1")
     assert (fit.se, fit.p, fit.ci_high) == pytest.approx((ref.bse[1], ref.pvalues[1], ref.conf_int()[1, 1]))
 
 
@@ -216,7 +218,7 @@ def test_fits_below_the_minimum_number_of_questions_are_descriptive() -> None:
     x = np.tile([0.0, 20, 50, 80], codes.size // 4)
     y = (rng.random(codes.size) < 0.6 - 0.004 * x).astype(float)
     X = sm.add_constant(x)
-    for fit in (inf.clustered_ols(y, X, codes), inf.clustered_logit(y, X, codes)):
+    for fit in (inf.clustered_ols(y, X, codes), clustered_logit(y, X, codes)):
         assert not fit.is_test and fit.p is None and fit.se is None and fit.power is None
         assert fit.estimate is not None and "fewer than the minimum of 6" in fit.reason
     many = inf.clustered_ols_many(rng.normal(size=(codes.size, 3, 2)), X, codes)
@@ -231,9 +233,9 @@ def test_degenerate_fits_say_why() -> None:
     assert "no variance" in inf.clustered_ols(np.ones(32), X, codes).reason
     assert "rank deficient" in inf.clustered_ols(np.ones(32), np.ones((32, 2)), codes).reason
     y = (X[:, 1] > 30).astype(float)  # perfectly separated
-    assert not inf.clustered_logit(y, X, codes).is_test
+    assert not clustered_logit(y, X, codes).is_test
     with pytest.raises(inf.InferenceInputError, match="0/1"):
-        inf.clustered_logit(np.full(32, 0.5), X, codes)
+        clustered_logit(np.full(32, 0.5), X, codes)
     with pytest.raises(inf.InferenceInputError, match="vcov"):
         inf.clustered_ols(np.ones(32), X, codes, vcov="HC3")  # type: ignore[arg-type]
 
@@ -299,7 +301,7 @@ def test_per_head_test_finds_planted_heads_only() -> None:
     rng = np.random.default_rng(9)
     planted = {(2, 1): 0.25, (4, 3): -0.25}
     values, failed, load, residue, codes = attention_trials(rng, 30, planted)
-    res = inf.attention_failure_tests(values, failed, load, codes, covariates=residue[:, None])
+    res = attention_failure_tests(values, failed, load, codes, covariates=residue[:, None])
     assert res.estimate.shape == (6, 4)
     found = {tuple(int(i) for i in ix) for ix in res.significant(0.05)}
     assert found == set(planted)
@@ -314,7 +316,7 @@ def test_per_head_test_finds_planted_heads_only() -> None:
 def test_per_head_test_without_a_contrast() -> None:
     rng = np.random.default_rng(10)
     values, _, load, _, codes = attention_trials(rng, 8, {})
-    res = inf.attention_failure_tests(values, np.zeros(codes.size, dtype=bool), load, codes)
+    res = attention_failure_tests(values, np.zeros(codes.size, dtype=bool), load, codes)
     assert not res.is_test and "every trial is correct" in res.reason
 
 
@@ -327,7 +329,7 @@ def test_residue_similarity_finds_a_planted_slope() -> None:
     noise = 0.03 * rng.normal(size=(g, 5))[codes] + 0.03 * rng.normal(size=(codes.size, 5))
     ar = 0.2 + 0.1 * load[:, None] / 100 + noise
     ar[:, 3] += 0.5 * s_sim
-    out = inf.residue_similarity_tests(ar, s_sim, codes, load)
+    out = residue_similarity_tests(ar, s_sim, codes, load)
     assert out.is_load_adjusted
     assert [int(i[0]) for i in out.fits.significant()] == [3]
     assert out.fits.estimate[3] == pytest.approx(0.5, abs=0.2)
@@ -472,13 +474,14 @@ def _one_question_carries(rng: np.random.Generator, n_clusters: int, per: int = 
 def test_one_question_carrying_the_contrast_is_descriptive(vcov: str) -> None:
     rng = np.random.default_rng(18)
     y, failed, load, q = _one_question_carries(rng, 7)
-    res = inf.attention_failure_tests(y, failed, load, q, vcov=vcov)  # type: ignore[arg-type]
+    res = attention_failure_tests(y, failed, load, q, vcov=vcov)  # type: ignore[arg-type]
     assert not res.is_test and np.all(np.isnan(res.p)) and np.all(np.isfinite(res.estimate))
     assert "1 of 7 questions" in str(res.reason)
-    fit = inf.clustered_ols(y[:, 0], np.column_stack([np.ones(q.size), failed, load]), q, vcov=vcov)  # type: ignore[arg-type]
+    X = np.column_stack([np.ones(q.size), failed, load])
+    fit = inf.clustered_ols(y[:, 0], X, q, vcov=vcov)  # type: ignore[arg-type]
     assert not fit.is_test and fit.p is None and "1 of 7 questions" in str(fit.reason)
     y01 = failed.astype(float)  # a 0/1 outcome that varies in one question only
-    lfit = inf.clustered_logit(y01, np.column_stack([np.ones(q.size), y[:, 0]]), q, vcov=vcov)  # type: ignore[arg-type]
+    lfit = clustered_logit(y01, np.column_stack([np.ones(q.size), y[:, 0]]), q, vcov=vcov)  # type: ignore[arg-type]
     assert not lfit.is_test and lfit.p is None and "1 of 7 questions" in str(lfit.reason)
 
 
@@ -546,7 +549,7 @@ def test_h1_logistic_under_quasi_separation_is_descriptive() -> None:
     assert separation(y, X) is not None and "quasi-complete" in str(separation(y, X))
     fit = fit_logit(y, X, q)
     assert fit.status == "separation" and "infinite" in str(fit.reason)
-    lfit = inf.clustered_logit(y, X, q)
+    lfit = clustered_logit(y, X, q)
     assert not lfit.is_test and lfit.p is None
     y2 = y.copy()
     y2[(load == 50) & (q == 5)] = 1.0  # right answers at two loads: the MLE is finite again

@@ -15,13 +15,13 @@ import scipy.stats
 from statsmodels.stats.multitest import multipletests
 
 from probe.analysis import analyze_run, read_analysis
+from probe.analysis.simulate import recovered_share_coverage
 from probe.analysis.interventions import (
     InterventionsFileError,
     fieller_interval,
     load_interventions,
     paired_difference,
     recovered_share,
-    recovered_share_coverage,
 )
 from probe.analysis.results import to_json
 from probe.config import AnalysisSection

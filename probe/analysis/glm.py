@@ -2,7 +2,9 @@
 reference of :mod:`probe.analysis.inference`, every way it can fail turned into a status and a reason.
 
 Callers: H1's robustness line (:mod:`probe.analysis.hypotheses`), the per-layer logistic fits of attention ↔
-behaviour (:mod:`probe.analysis.attention_link`), :func:`probe.analysis.inference.clustered_logit` and the CogniLoad
+behaviour (:mod:`probe.analysis.attention_link`), :func:`clustered_logit` (the same fit as a
+:class:`probe.analysis.inference.ClusteredFit`; it lives here so that this module builds on
+:mod:`probe.analysis.inference` and not the other way round) and the CogniLoad
 GLMs and their bootstrap refits (:mod:`probe.analysis.cogniload`).
 
 Coefficients come from ``statsmodels`` ``GLM(family=Binomial())``. Standard errors:
@@ -42,12 +44,18 @@ from statsmodels.tools.sm_exceptions import ConvergenceWarning, PerfectSeparatio
 from probe.analysis.inference import (
     DEGENERATE_REASON,
     MIN_CLUSTERS,
+    ClusteredFit,
     InferenceInputError,
     VarianceType,
+    check_vcov,
     cluster_se,
     contrast_guard,
+    descriptive_fit,
+    design_arrays,
     few_clusters_reason,
+    fit_method,
     sandwich_weights,
+    tested_fit,
 )
 
 FitStatus = Literal["ok", "failed", "separation", "not_converged", "not_finite"]
@@ -293,9 +301,58 @@ def fit_logit(
                     min_clusters=min_clusters)
 
 
+def clustered_logit(y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: int = 1, alpha: float = 0.05,
+                    vcov: VarianceType = "CR2", min_clusters: int = MIN_CLUSTERS) -> ClusteredFit:
+    """Logistic regression (Binomial GLM), question-clustered SEs, small-sample t reference; log-odds.
+
+    Method: the analysis' one logistic fit, :func:`fit_logit` (statsmodels
+    ``GLM(family=Binomial())``); the variance of the tested coefficient is
+    CR2 with Bell–McCaffrey degrees of freedom applied to the converged working regression (design scaled by
+    √(μ(1 − μ)), Pearson residuals (y − μ)/√(μ(1 − μ)); the CR0 version of this is the usual GLM sandwich), or
+    with ``vcov="CR1"`` statsmodels' ``cov_type="cluster"`` with t(G − 1) — never the normal reference, which
+    over-rejects with few questions. Descriptive only with fewer than ``min_clusters`` questions, an outcome that
+    does not vary, a rank-deficient design, or a fit that separates or does not converge (the reason names it).
+
+    Args:
+        y: (n,) 0/1 outcome.
+        X: (n, k) design matrix, constant included.
+        groups: (n,) question ids.
+        term: column of ``X`` whose coefficient is tested.
+        alpha: test level and 1 − confidence level.
+        vcov: ``CR2`` (default) or ``CR1``.
+        min_clusters: the minimum-G rule (module docstring).
+
+    Returns:
+        The :class:`ClusteredFit` of column ``term`` (log-odds scale).
+    """
+    check_vcov(vcov)
+    y, X, codes, n_clusters = design_arrays(y, X, groups, term)
+    n = int(y.shape[0])
+    if np.any((y != 0) & (y != 1)):
+        raise InferenceInputError("y: a logistic fit needs 0/1 outcomes")
+    method = fit_method("Binomial GLM (logit)", vcov, n_clusters)
+    if n <= X.shape[1] or np.linalg.matrix_rank(X) < X.shape[1]:
+        return descriptive_fit("logit", term, vcov, n, n_clusters, method,
+                            "the design matrix is rank deficient (a covariate is constant or collinear)")
+    if np.all(y == y[0]):
+        return descriptive_fit("logit", term, vcov, n, n_clusters, method,
+                            f"the outcome has no variance (every value {y[0]:g})")
+    fit = fit_logit(y, X, codes, vcov=vcov, min_clusters=min_clusters, cluster_name="question")
+    if not fit.ok:
+        return descriptive_fit("logit", term, vcov, n, n_clusters, method, str(fit.reason))
+    params = tuple(float(v) for v in fit.params)
+    if fit.test_reason is not None:
+        return descriptive_fit("logit", term, vcov, n, n_clusters, method, fit.test_reason, params)
+    c = fit.coefficient(term, alpha)
+    if c.se is None or c.df is None:
+        return descriptive_fit("logit", term, vcov, n, n_clusters, method, str(c.reason), params)
+    return tested_fit("logit", term, vcov, params, c.se, c.df, n, n_clusters, method, alpha)
+
+
 def exp_or_none(x: float) -> float | None:
     """exp(x), or None where it would overflow a float (an odds ratio too large to write)."""
     return math.exp(x) if abs(x) < 700 else None
 
 
-__all__ = ["MAX_STD_COEF", "Coefficient", "FitStatus", "LogitFit", "exp_or_none", "fit_logit", "separation"]
+__all__ = ["MAX_STD_COEF", "Coefficient", "FitStatus", "LogitFit", "clustered_logit", "exp_or_none", "fit_logit",
+           "separation"]

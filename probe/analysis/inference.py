@@ -59,7 +59,7 @@ class InferenceInputError(ProbeError):
 # ------------------------------------------------------------------------------------------------------ helpers
 
 
-def _vector(name: str, x: np.ndarray, n: int | None = None, *, finite: bool = True) -> np.ndarray:
+def as_vector(name: str, x: np.ndarray, n: int | None = None, *, finite: bool = True) -> np.ndarray:
     a = np.asarray(x)
     if a.ndim != 1:
         raise InferenceInputError(f"{name}: expected a 1-D array, got shape {a.shape}")
@@ -73,7 +73,7 @@ def _vector(name: str, x: np.ndarray, n: int | None = None, *, finite: bool = Tr
     return a
 
 
-def _codes(groups: np.ndarray, n: int) -> tuple[np.ndarray, int]:
+def cluster_codes(groups: np.ndarray, n: int) -> tuple[np.ndarray, int]:
     """Integer cluster codes 0..G−1 of ``groups`` (question ids of any hashable dtype) and G."""
     g = np.asarray(groups)
     if g.ndim != 1 or g.shape[0] != n:
@@ -114,8 +114,8 @@ def contrast_clusters(x: np.ndarray, groups: np.ndarray) -> int:
     Returns:
         The number of carrying questions (0..G).
     """
-    x = _vector("x", x)
-    codes, n_clusters = _codes(groups, x.shape[0])
+    x = as_vector("x", x)
+    codes, n_clusters = cluster_codes(groups, x.shape[0])
     scale = max(1.0, float(np.abs(x).max())) if x.size else 1.0
     tol = 1e-9 * scale
     if x.size == 0 or np.ptp(x) <= tol:
@@ -153,7 +153,7 @@ def contrast_guard(x: np.ndarray, y: np.ndarray | None, groups: np.ndarray, min_
         min_clusters: the minimum-G rule.
         x_name: what ``x`` is, for the reason.
     """
-    _, n_clusters = _codes(groups, np.asarray(x).shape[0])
+    _, n_clusters = cluster_codes(groups, np.asarray(x).shape[0])
     k = contrast_clusters(x, groups)
     if k < min_clusters:
         return few_contrast_reason(k, n_clusters, min_clusters,
@@ -331,11 +331,11 @@ def proportion_ci(y: np.ndarray, groups: np.ndarray, alpha: float = 0.05) -> Pro
     Returns:
         The :class:`ProportionInterval`.
     """
-    y = _vector("y", y)
+    y = as_vector("y", y)
     n = int(y.shape[0])
     if np.any((y < 0) | (y > 1)):
         raise InferenceInputError(f"y: outcomes must lie in [0, 1] (EM); got min {y.min()}, max {y.max()}")
-    codes, n_clusters = _codes(groups, n)
+    codes, n_clusters = cluster_codes(groups, n)
     method = ("Wilson score interval at the Korn-Graubard effective sample size (CR1 design effect by question, "
               "floored at 1, n/G where every answer is the same; df adjustment (t_{n-1}/t_{G-1})^2)")
     empty = ProportionInterval(mean=None, ci_low=None, ci_high=None, se=None, design_effect=None, n_effective=None,
@@ -464,9 +464,9 @@ class ClusteredFit:
     power: Power | None
 
 
-def _design(y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: int) -> tuple[np.ndarray, np.ndarray,
+def design_arrays(y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: int) -> tuple[np.ndarray, np.ndarray,
                                                                                    np.ndarray, int]:
-    y = _vector("y", y)
+    y = as_vector("y", y)
     X = np.asarray(X, dtype=float)
     if X.ndim != 2 or X.shape[0] != y.shape[0]:
         raise InferenceInputError(f"X: expected shape ({y.shape[0]}, k), got {X.shape}")
@@ -474,21 +474,21 @@ def _design(y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: int) -> tupl
         raise InferenceInputError("X: the design matrix has non-finite values; drop such rows first")
     if not 0 <= term < X.shape[1]:
         raise InferenceInputError(f"term: column {term} is not in a design matrix with {X.shape[1]} columns")
-    codes, n_clusters = _codes(groups, y.shape[0])
+    codes, n_clusters = cluster_codes(groups, y.shape[0])
     return y, X, codes, n_clusters
 
 
-def _check_vcov(vcov: str) -> None:
+def check_vcov(vcov: str) -> None:
     if vcov not in ("CR2", "CR1"):
         raise InferenceInputError(f"vcov: {vcov!r} is not one of 'CR2', 'CR1'")
 
 
-def _method(model: str, vcov: VarianceType, n_clusters: int) -> str:
+def fit_method(model: str, vcov: VarianceType, n_clusters: int) -> str:
     ref = "t with Bell-McCaffrey df" if vcov == "CR2" else f"t with G-1 = {n_clusters - 1} df"
     return f"{model}, {vcov} standard errors clustered by question, {ref}"
 
 
-def _descriptive(model: Literal["ols", "logit"], term: int, vcov: VarianceType, n: int, n_clusters: int,
+def descriptive_fit(model: Literal["ols", "logit"], term: int, vcov: VarianceType, n: int, n_clusters: int,
                  method: str, reason: str, params: tuple[float, ...] = ()) -> ClusteredFit:
     estimate = params[term] if params else None
     return ClusteredFit(model=model, term=term, estimate=estimate, se=None, ci_low=None, ci_high=None, p=None,
@@ -496,12 +496,12 @@ def _descriptive(model: Literal["ols", "logit"], term: int, vcov: VarianceType, 
                         reason=reason, power=None)
 
 
-def _test(model: Literal["ols", "logit"], term: int, vcov: VarianceType, params: tuple[float, ...], se: float,
+def tested_fit(model: Literal["ols", "logit"], term: int, vcov: VarianceType, params: tuple[float, ...], se: float,
           df: float, n: int, n_clusters: int, method: str, alpha: float) -> ClusteredFit:
     if not math.isfinite(df):
-        return _descriptive(model, term, vcov, n, n_clusters, method, DEGENERATE_REASON, params)
+        return descriptive_fit(model, term, vcov, n, n_clusters, method, DEGENERATE_REASON, params)
     if not math.isfinite(se) or se <= 1e-12 * max(1.0, abs(params[term])):
-        return _descriptive(model, term, vcov, n, n_clusters, method,
+        return descriptive_fit(model, term, vcov, n, n_clusters, method,
                             "the clustered standard error is 0 or not finite: the outcome does not vary within "
                             "the tested contrast, so it cannot be tested", params)
     est = params[term]
@@ -531,7 +531,8 @@ def clustered_ols(y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: int = 
     ``cov_type="cluster"`` with t(G − 1). p-value and interval on that t; power and MDE from :func:`t_power` on the
     same df. Descriptive only (estimate, no SE or p) with fewer than ``min_clusters`` questions, fewer than
     ``min_clusters`` questions carrying the contrast (:func:`contrast_guard`: of the tested column, and of a 0/1
-    outcome), a rank-deficient design or an outcome that does not vary. Used for H1 (EM on load, Control as load 0) and the Residue trend.
+    outcome), a rank-deficient design or an outcome that does not vary. Used for H1 (EM on load, Control as load
+    0) and the Residue trend.
 
     Args:
         y: (n,) outcome.
@@ -545,82 +546,32 @@ def clustered_ols(y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: int = 
     Returns:
         The :class:`ClusteredFit` of column ``term``.
     """
-    _check_vcov(vcov)
-    y, X, codes, n_clusters = _design(y, X, groups, term)
+    check_vcov(vcov)
+    y, X, codes, n_clusters = design_arrays(y, X, groups, term)
     n = int(y.shape[0])
-    method = _method("OLS", vcov, n_clusters)
+    method = fit_method("OLS", vcov, n_clusters)
     if n <= X.shape[1] or np.linalg.matrix_rank(X) < X.shape[1]:
-        return _descriptive("ols", term, vcov, n, n_clusters, method,
+        return descriptive_fit("ols", term, vcov, n, n_clusters, method,
                             "the design matrix is rank deficient (a covariate is constant or collinear)")
     res = sm.OLS(y, X).fit()
     params = tuple(float(v) for v in res.params)
     if n_clusters < min_clusters:
-        return _descriptive("ols", term, vcov, n, n_clusters, method, few_clusters_reason(n_clusters, min_clusters),
+        return descriptive_fit("ols", term, vcov, n, n_clusters, method, few_clusters_reason(n_clusters, min_clusters),
                             params)
     if np.all(y == y[0]):
-        return _descriptive("ols", term, vcov, n, n_clusters, method,
+        return descriptive_fit("ols", term, vcov, n, n_clusters, method,
                             f"the outcome has no variance (every value {y[0]:g})", params)
     few = contrast_guard(X[:, term], y, codes, min_clusters)
     if few is not None:
-        return _descriptive("ols", term, vcov, n, n_clusters, method, few, params)
+        return descriptive_fit("ols", term, vcov, n, n_clusters, method, few, params)
     if vcov == "CR1":
         with np.errstate(invalid="ignore"):  # a singular CR1 matrix gives a NaN SE, turned into a reason below
             cr1 = sm.OLS(y, X).fit(cov_type="cluster", cov_kwds={"groups": codes}, use_t=True)
             se1 = float(cr1.bse[term])
-        return _test("ols", term, vcov, params, se1, float(cr1.df_resid_inference), n, n_clusters, method, alpha)
+        return tested_fit("ols", term, vcov, params, se1, float(cr1.df_resid_inference), n, n_clusters, method, alpha)
     w, df = sandwich_weights(X, codes, n_clusters, term, "CR2")
-    return _test("ols", term, vcov, params, cluster_se(w, np.asarray(res.resid), codes, n_clusters), df, n,
+    return tested_fit("ols", term, vcov, params, cluster_se(w, np.asarray(res.resid), codes, n_clusters), df, n,
                  n_clusters, method, alpha)
-
-
-def clustered_logit(y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: int = 1, alpha: float = 0.05,
-                    vcov: VarianceType = "CR2", min_clusters: int = MIN_CLUSTERS) -> ClusteredFit:
-    """Logistic regression (Binomial GLM), question-clustered SEs, small-sample t reference; log-odds.
-
-    Method: the analysis' one logistic fit, :func:`probe.analysis.glm.fit_logit` (statsmodels
-    ``GLM(family=Binomial())``); the variance of the tested coefficient is
-    CR2 with Bell–McCaffrey degrees of freedom applied to the converged working regression (design scaled by
-    √(μ(1 − μ)), Pearson residuals (y − μ)/√(μ(1 − μ)); the CR0 version of this is the usual GLM sandwich), or
-    with ``vcov="CR1"`` statsmodels' ``cov_type="cluster"`` with t(G − 1) — never the normal reference, which
-    over-rejects with few questions. Descriptive only with fewer than ``min_clusters`` questions, an outcome that
-    does not vary, a rank-deficient design, or a fit that separates or does not converge (the reason names it).
-
-    Args:
-        y: (n,) 0/1 outcome.
-        X: (n, k) design matrix, constant included.
-        groups: (n,) question ids.
-        term: column of ``X`` whose coefficient is tested.
-        alpha: test level and 1 − confidence level.
-        vcov: ``CR2`` (default) or ``CR1``.
-        min_clusters: the minimum-G rule (module docstring).
-
-    Returns:
-        The :class:`ClusteredFit` of column ``term`` (log-odds scale).
-    """
-    from probe.analysis.glm import fit_logit  # the analysis' one logistic fit; it builds on this module
-
-    _check_vcov(vcov)
-    y, X, codes, n_clusters = _design(y, X, groups, term)
-    n = int(y.shape[0])
-    if np.any((y != 0) & (y != 1)):
-        raise InferenceInputError("y: a logistic fit needs 0/1 outcomes")
-    method = _method("Binomial GLM (logit)", vcov, n_clusters)
-    if n <= X.shape[1] or np.linalg.matrix_rank(X) < X.shape[1]:
-        return _descriptive("logit", term, vcov, n, n_clusters, method,
-                            "the design matrix is rank deficient (a covariate is constant or collinear)")
-    if np.all(y == y[0]):
-        return _descriptive("logit", term, vcov, n, n_clusters, method,
-                            f"the outcome has no variance (every value {y[0]:g})")
-    fit = fit_logit(y, X, codes, vcov=vcov, min_clusters=min_clusters, cluster_name="question")
-    if not fit.ok:
-        return _descriptive("logit", term, vcov, n, n_clusters, method, str(fit.reason))
-    params = tuple(float(v) for v in fit.params)
-    if fit.test_reason is not None:
-        return _descriptive("logit", term, vcov, n, n_clusters, method, fit.test_reason, params)
-    c = fit.coefficient(term, alpha)
-    if c.se is None or c.df is None:
-        return _descriptive("logit", term, vcov, n, n_clusters, method, str(c.reason), params)
-    return _test("logit", term, vcov, params, c.se, c.df, n, n_clusters, method, alpha)
 
 
 # ------------------------------------------------------------------------- many outcomes, one design matrix
@@ -693,7 +644,7 @@ def clustered_ols_many(Y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: i
     Returns:
         The :class:`ManyFits`, arrays of shape ``grid``.
     """
-    _check_vcov(vcov)
+    check_vcov(vcov)
     Y = np.asarray(Y, dtype=float)
     if Y.ndim < 2:
         raise InferenceInputError(f"Y: expected (n, *grid) outcomes, got shape {Y.shape}")
@@ -703,7 +654,7 @@ def clustered_ols_many(Y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: i
         raise InferenceInputError(f"X: expected a finite ({n}, k) design matrix, got shape {X.shape}")
     if not 0 <= term < X.shape[1]:
         raise InferenceInputError(f"term: column {term} is not in a design matrix with {X.shape[1]} columns")
-    codes, n_clusters = _codes(groups, n)
+    codes, n_clusters = cluster_codes(groups, n)
     k = X.shape[1]
     Yf = Y.reshape(n, -1)  # (n, m)
     m = Yf.shape[1]
@@ -767,113 +718,6 @@ def clustered_ols_many(Y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: i
         log.info("clustered_ols_many: %d of %d outcomes have missing rows and were fitted one by one",
                  int((~finite).sum()), m)
     return done(True)
-
-
-def attention_failure_tests(values: np.ndarray, is_failed: np.ndarray, load: np.ndarray, groups: np.ndarray,
-                            covariates: np.ndarray | None = None, alpha: float = 0.05, vcov: VarianceType = "CR2",
-                            min_clusters: int = MIN_CLUSTERS) -> ManyFits:
-    """Per head (or layer): does the attention measure differ between failed and correct trials, at equal load?
-
-    Method: for every grid cell, OLS of the measure (e.g. P_ext enrichment) on [1, is_failed, load, covariates]
-    over the trials, CR2 standard errors clustered by question with Bell–McCaffrey df (:func:`clustered_ols_many`);
-    the estimate is the mean difference failed − correct adjusted for load and for any further ``covariates``
-    (e.g. a Residue indicator when Saturation and Residue trials are pooled); a covariate that does not vary is
-    left out and the method says so. BH across the whole grid is the family (the layer × head map, or the
-    layers). Pass only trials whose prompt has extraneous segments (Saturation, Residue): the measure is undefined
-    or 0 elsewhere. The regression is of attention on the outcome, not the reverse, so that one design matrix
-    serves every head and the fit is linear (no separation, no convergence failures).
-
-    Args:
-        values: (trial, *grid) attention measure, e.g. (trial, layer, head) enrichment or (trial, layer) head-mean
-            P_ext; NaN where undefined for a trial.
-        is_failed: (trial,) True where the answer was wrong.
-        load: (trial,) load in percentage points.
-        groups: (trial,) question ids.
-        covariates: (trial, c) further adjustment columns, or None.
-        alpha: test level, FDR level and 1 − confidence level.
-        vcov: ``CR2`` (default) or ``CR1``.
-        min_clusters: the minimum-G rule (module docstring).
-
-    Returns:
-        The :class:`ManyFits` of the failed − correct difference, arrays of shape ``grid``.
-    """
-    values = np.asarray(values, dtype=float)
-    n = values.shape[0] if values.ndim else 0
-    failed = _vector("is_failed", np.asarray(is_failed, dtype=float), n)
-    load = _vector("load", load, n)
-    extra = np.zeros((n, 0)) if covariates is None else np.asarray(covariates, dtype=float).reshape(n, -1)
-    if not np.all(np.isfinite(extra)):
-        raise InferenceInputError("covariates: non-finite values; drop such rows first")
-    adjust = [c for c in [load, *extra.T] if np.ptp(c) > 0]
-    X = np.column_stack([np.ones(n), failed, *adjust])
-    res = clustered_ols_many(values, X, groups, term=1, alpha=alpha, vcov=vcov, min_clusters=min_clusters)
-    if np.ptp(failed) == 0:
-        reason = f"every trial is {'failed' if n and failed[0] else 'correct'}: no contrast to test"
-        return replace(res, is_test=False, reason=reason)
-    dropped = 1 + extra.shape[1] - len(adjust)
-    what = f"failed - correct difference adjusted for {len(adjust)} covariate(s) (load first)"
-    if dropped:
-        what += f"; {dropped} constant covariate(s) left out"
-    return replace(res, method=what + "; " + res.method)
-
-
-@dataclass(frozen=True, eq=False)
-class ResidueSimilarity:
-    """H3 in attention: the slope of head-mean AR_k on S_sim per layer, with the pooled correlation.
-
-    Attributes:
-        fits: per layer, the slope of AR_k per unit of S_sim (:class:`ManyFits`, shape (layer,)); BH across layers.
-        pearson_r: (layer,) Pearson r of AR_k with S_sim over the prompts, descriptive (ignores clustering).
-        is_load_adjusted: whether load entered the fit as a covariate.
-    """
-
-    fits: ManyFits
-    pearson_r: np.ndarray
-    is_load_adjusted: bool
-
-
-def residue_similarity_tests(ar_k: np.ndarray, s_sim: np.ndarray, groups: np.ndarray,
-                             load: np.ndarray | None = None, alpha: float = 0.05, vcov: VarianceType = "CR2",
-                             min_clusters: int = MIN_CLUSTERS) -> ResidueSimilarity:
-    """H3 in attention: per layer, does the head-mean AR_k of a target grow with the prompt's S_sim?
-
-    Method: per layer, OLS of AR_k on [1, S_sim] (plus load when given and varying), over the Residue prompts,
-    CR2 standard errors clustered by question with Bell–McCaffrey df, BH across layers
-    (:func:`clustered_ols_many`). S_sim varies mostly between questions, the case in which CR1 with t(G − 1)
-    over-rejects (12 % at G = 7 in docs/statistics.md). Call it once per target (the question; the last germane
-    segment): each target is its own family. Pearson r per layer is reported beside it as a descriptive effect
-    size only.
-
-    Args:
-        ar_k: (prompt, layer) head-mean AR_k of one target, Residue prompts only (NaN where undefined).
-        s_sim: (prompt,) S_sim of each prompt.
-        groups: (prompt,) question ids.
-        load: (prompt,) load in percentage points, or None.
-        alpha: test level, FDR level and 1 − confidence level.
-        vcov: ``CR2`` (default) or ``CR1``.
-        min_clusters: the minimum-G rule (module docstring).
-
-    Returns:
-        The :class:`ResidueSimilarity`.
-    """
-    ar_k = np.asarray(ar_k, dtype=float)
-    if ar_k.ndim != 2:
-        raise InferenceInputError(f"ar_k: expected (prompt, layer), got shape {ar_k.shape}")
-    n = ar_k.shape[0]
-    s = _vector("s_sim", s_sim, n)
-    cols = [np.ones(n), s]
-    load_col = None if load is None else _vector("load", load, n)
-    adjusted = load_col is not None and bool(np.ptp(load_col) > 0)
-    if load_col is not None and adjusted:
-        cols.append(load_col)
-    fits = clustered_ols_many(ar_k, np.column_stack(cols), groups, term=1, alpha=alpha, vcov=vcov,
-                              min_clusters=min_clusters)
-    r = np.full(ar_k.shape[1], np.nan)
-    for j in range(ar_k.shape[1]):
-        ok = np.isfinite(ar_k[:, j])
-        if ok.sum() >= 3 and np.ptp(s[ok]) > 0 and np.ptp(ar_k[ok, j]) > 0:
-            r[j] = scipy.stats.pearsonr(s[ok], ar_k[ok, j]).statistic
-    return ResidueSimilarity(fits=fits, pearson_r=r, is_load_adjusted=bool(adjusted))
 
 
 # ---------------------------------------------------------------------------------------------------- H2
@@ -968,10 +812,10 @@ def paired_sign_flip(em_a: np.ndarray, em_b: np.ndarray, groups: np.ndarray, alp
     Returns:
         The :class:`PairedTest`.
     """
-    a = _vector("em_a", em_a)
-    b = _vector("em_b", em_b, a.shape[0])
+    a = as_vector("em_a", em_a)
+    b = as_vector("em_b", em_b, a.shape[0])
     n = int(a.shape[0])
-    codes, n_q = _codes(groups, n)
+    codes, n_q = cluster_codes(groups, n)
     method = "sign-flip permutation of per-question mean differences (scipy permutation_test)"
     base = PairedTest(n_pairs=n, n_questions=n_q, em_a=None, em_b=None, delta=None, p=None, is_exact=False,
                       n_resamples=None, seed=None, mcnemar=None, power=None, is_test=False, method=method,
@@ -991,10 +835,15 @@ def paired_sign_flip(em_a: np.ndarray, em_b: np.ndarray, groups: np.ndarray, alp
     if abs(float(d.mean())) <= 1e-12 * max(1.0, float(np.abs(d).max())):
         # the observed mean is 0 up to rounding: every sign assignment is at least as extreme, p = 1 exactly
         # (scipy's comparison of rounded sums would call some assignments less extreme)
-        why = ("no question has a non-zero mean difference: the test has no information (p = 1)" if np.all(d == 0)
-               else "the mean difference is 0: every sign assignment is at least as extreme (p = 1)")
-        return replace(base, p=1.0, is_test=True, is_exact=n_q <= exact_max, delta=0.0,
-                       n_resamples=2**n_q if n_q <= exact_max else None, reason=why)
+        flat = bool(np.all(d == 0))
+        sd0 = float(np.std(d, ddof=1))
+        how0 = (f"exact, all 2^{n_q} sign assignments" if n_q <= exact_max
+                else f"every assignment at least as extreme as a mean of 0")
+        return replace(base, p=1.0, is_test=True, is_exact=n_q <= exact_max, delta=0.0, method=f"{method}; {how0}",
+                       n_resamples=2**n_q if n_q <= exact_max else None,
+                       power=None if flat or sd0 == 0 else t_power(0.0, sd0 / math.sqrt(n_q), n_q - 1, alpha),
+                       reason="no question has a non-zero mean difference: the test has no information (p = 1)"
+                       if flat else None)
     is_exact = n_q <= exact_max
     rng = None if is_exact else np.random.default_rng(seed)
     res = scipy.stats.permutation_test((d,), _mean_along, permutation_type="samples", vectorized=True,
@@ -1063,8 +912,8 @@ def similarity_correlation(s_sim: np.ndarray, degradation: np.ndarray, alpha: fl
     Returns:
         The :class:`Correlation`.
     """
-    x = _vector("s_sim", s_sim)
-    y = _vector("degradation", degradation, x.shape[0])
+    x = as_vector("s_sim", s_sim)
+    y = as_vector("degradation", degradation, x.shape[0])
     n = int(x.shape[0])
     method = "Pearson r; Fisher-z interval and the p-value of the same pivot; Spearman as robustness"
     none = Correlation(n=n, r=None, ci_low=None, ci_high=None, p=None, spearman_rho=None, spearman_p=None,

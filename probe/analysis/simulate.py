@@ -42,6 +42,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import scipy.stats
@@ -51,7 +52,10 @@ from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.power import NormalIndPower
 from statsmodels.stats.proportion import proportion_confint
 
+from probe.analysis import attention_tests as att
+from probe.analysis import glm
 from probe.analysis import inference as inf
+from probe.analysis.paired_ratio import fieller_quadratic, recovered_share
 
 log = logging.getLogger(__name__)
 
@@ -268,8 +272,8 @@ def null_h1(seed: int, clusters: int, n_runs: int, replications: int = 2,
             n_ols += 1
             counts["ols_cr1"] += _rejects(o1.p)
             counts["ols_cr2"] += _rejects(o2.p)
-        l1 = inf.clustered_logit(y, X, codes, vcov="CR1", min_clusters=min_clusters)
-        l2 = inf.clustered_logit(y, X, codes, min_clusters=min_clusters)
+        l1 = glm.clustered_logit(y, X, codes, vcov="CR1", min_clusters=min_clusters)
+        l2 = glm.clustered_logit(y, X, codes, min_clusters=min_clusters)
         if l1.is_test and l2.is_test:
             n_logit += 1
             counts["logit_z"] += _normal_p(l1) < ALPHA
@@ -396,8 +400,8 @@ def null_layers(seed: int, clusters: int, n_runs: int, replications: int = 2, n_
         for li in range(n_layers):
             x = layer[:, li]
             for X, adj in ((sm.add_constant(x), ""), (np.column_stack([np.ones_like(x), x, load, residue]), "a")):
-                f1 = inf.clustered_logit(y, X, codes, vcov="CR1", min_clusters=min_clusters)
-                f2 = inf.clustered_logit(y, X, codes, min_clusters=min_clusters)
+                f1 = glm.clustered_logit(y, X, codes, vcov="CR1", min_clusters=min_clusters)
+                f2 = glm.clustered_logit(y, X, codes, min_clusters=min_clusters)
                 if not (f1.is_test and f2.is_test):
                     continue
                 if adj:
@@ -408,9 +412,9 @@ def null_layers(seed: int, clusters: int, n_runs: int, replications: int = 2, n_
                 c["z" + adj] += _normal_p(f1) < ALPHA
                 c["t1" + adj] += _rejects(f1.p)
                 c["t2" + adj] += _rejects(f2.p)
-        r1 = inf.attention_failure_tests(layer, failed, load, codes, covariates=residue[:, None], vcov="CR1",
+        r1 = att.attention_failure_tests(layer, failed, load, codes, covariates=residue[:, None], vcov="CR1",
                                          min_clusters=min_clusters)
-        r2 = inf.attention_failure_tests(layer, failed, load, codes, covariates=residue[:, None],
+        r2 = att.attention_failure_tests(layer, failed, load, codes, covariates=residue[:, None],
                                          min_clusters=min_clusters)
         c["o1"] += int(np.sum(np.nan_to_num(r1.p, nan=1.0) < ALPHA))
         c["o2"] += int(np.sum(np.nan_to_num(r2.p, nan=1.0) < ALPHA))
@@ -442,7 +446,7 @@ def null_heads(seed: int, clusters: int, n_runs: int, replications: int = 2, n_l
     for _ in range(n_runs):
         values, failed, load, residue, codes = attention_data(rng, clusters, replications, n_layers, n_heads)
         for vcov in ("CR1", "CR2"):
-            res = inf.attention_failure_tests(values, failed, load, codes, covariates=residue[:, None],
+            res = att.attention_failure_tests(values, failed, load, codes, covariates=residue[:, None],
                                               vcov=vcov, min_clusters=min_clusters)
             rej[vcov] += int(np.sum(np.nan_to_num(res.p, nan=1.0) < ALPHA))
             fw[vcov] += res.significant(ALPHA).shape[0] > 0
@@ -472,7 +476,7 @@ def null_residue_similarity(seed: int, clusters: int, n_runs: int, replications:
               + 0.05 * rng.normal(size=(clusters, n_layers))[codes] + 0.05 * rng.normal(size=(n, 1))
               + 0.05 * rng.normal(size=(n, n_layers)))
         for vcov in ("CR1", "CR2"):
-            res = inf.residue_similarity_tests(ar, s_sim, codes, load, vcov=vcov, min_clusters=min_clusters).fits
+            res = att.residue_similarity_tests(ar, s_sim, codes, load, vcov=vcov, min_clusters=min_clusters).fits
             rej[vcov] += int(np.sum(np.nan_to_num(res.p, nan=1.0) < ALPHA))
             fw[vcov] += res.significant(ALPHA).shape[0] > 0
     return [
@@ -529,7 +533,7 @@ def null_one_question(seed: int, clusters: int, n_runs: int, n_layers: int = 30,
         rej["before"] += int(np.sum(np.nan_to_num(p_before, nan=1.0) < ALPHA))
         fw["before"] += bool(np.any(np.nan_to_num(inf.bh_qvalues(p_before), nan=1.0) < ALPHA))
         for vcov in ("CR1", "CR2"):
-            res = inf.attention_failure_tests(values, failed, load, codes, vcov=vcov)
+            res = att.attention_failure_tests(values, failed, load, codes, vcov=vcov)
             rej[vcov] += int(np.sum(np.nan_to_num(res.p, nan=1.0) < ALPHA))
             fw[vcov] += res.significant(ALPHA).shape[0] > 0
     return [
@@ -573,6 +577,95 @@ def null_h3(seed: int, n_questions: int, n_runs: int, min_n: int = inf.MIN_CLUST
                      f"before t-test p (disagrees with its Fisher CI in {disagree / done:.1%} of runs), "
                      f"after Fisher-z p (never disagrees)"),
     ]
+
+
+# ------------------------------------------------------------------------------ intervention: recovered share
+
+
+@dataclass(frozen=True)
+class ShareCoverageRow:
+    """Simulated coverage of the recovered share's interval at one number of questions.
+
+    Attributes:
+        n_questions: G.
+        n_runs: simulated studies.
+        true_share: the share the simulation plants.
+        method: ``fieller`` (the analysis' interval) or ``delta`` (the delta-method interval R ± t·SE on t(G − 1),
+            SE = sd(num − R·den) / (√G·|mean den|), for comparison).
+        coverage: among the studies where the share is defined, the share whose interval (for Fieller: the
+            confidence set, bounded or not) holds the true share.
+        bounded: among those, the share with a bounded Fieller interval (the loss distinguishable from 0).
+        coverage_bounded: coverage among the bounded intervals.
+        undefined: share of all studies where the share was undefined (EM_Control ≤ EM_base).
+    """
+
+    n_questions: int
+    n_runs: int
+    true_share: float
+    method: str
+    coverage: float
+    bounded: float
+    coverage_bounded: float | None
+    undefined: float
+
+
+def recovered_share_coverage(seed: int, n_questions: int, n_runs: int, replications: int = 2,
+                             em_control: float = 0.8, em_base: float = 0.4, share: float = 0.5,
+                             kappa: float = 2.0, alpha: float = 0.05,
+                             method: Literal["fieller", "delta"] = "fieller") -> ShareCoverageRow:
+    """Coverage of the recovered share's Fieller interval by seeded simulation.
+
+    Data: question q has Control success probability c_q ~ Beta(μ_C κ, (1 − μ_C) κ), a loss under the distractors
+    ℓ_q = c_q·(1 − em_base / em_control) (so E base = em_base), and under the intervention it gets back ``share``
+    of its loss: p_int,q = c_q − (1 − share)·ℓ_q; each of its ``replications`` prompts is Bernoulli(p) at Control,
+    baseline and (the same prompt) intervention, the baseline and intervened trials of a prompt sharing one uniform
+    draw (a paired design, as one model answering the same prompt). The planted share is ``share`` for every
+    question; the estimate is a ratio of means, which equals it in expectation of numerator and denominator.
+
+    Args:
+        seed: seed (the generator is ``default_rng([seed, n_questions])``).
+        n_questions: G.
+        n_runs: simulated studies.
+        replications: prompts per question and condition.
+        em_control, em_base, share: the planted means.
+        kappa: Beta concentration (intra-question correlation 1 / (κ + 1)).
+        alpha: 1 − confidence level.
+        method: ``fieller`` or ``delta`` (see :class:`ShareCoverageRow`).
+
+    Returns:
+        The :class:`ShareCoverageRow`.
+    """
+    rng = np.random.default_rng([seed, n_questions])
+    covered = bounded = cov_b = undefined = 0
+    for _ in range(n_runs):
+        c = rng.beta(em_control * kappa, (1 - em_control) * kappa, n_questions)
+        loss = c * (1 - em_base / em_control)
+        p_base, p_int = c - loss, c - (1 - share) * loss
+        u = rng.random((n_questions, replications))
+        yb, yi = (u < p_base[:, None]).mean(1), (u < p_int[:, None]).mean(1)
+        yc = (rng.random((n_questions, replications)) < c[:, None]).mean(1)
+        r = recovered_share(yi, yb, yc, alpha)
+        if r.estimate is None:
+            undefined += 1
+            continue
+        qa, qb, qc = fieller_quadratic(yi - yb, yc - yb, alpha)
+        if method == "delta":
+            z = (yi - yb) - r.estimate * (yc - yb)
+            half = float(scipy.stats.t.ppf(1 - alpha / 2, n_questions - 1)) * float(np.std(z, ddof=1)) / (
+                math.sqrt(n_questions) * abs(r.denominator or 0.0))
+            hit = abs(r.estimate - share) <= half
+        else:
+            hit = qa * share**2 + qb * share + qc <= 0  # the truth is in Fieller's set, bounded or not
+        covered += hit
+        if r.ci_low is not None:
+            bounded += 1
+            cov_b += hit
+    defined = n_runs - undefined
+    return ShareCoverageRow(n_questions=n_questions, n_runs=n_runs, true_share=share, method=method,
+                            coverage=covered / defined if defined else float("nan"),
+                            bounded=bounded / defined if defined else float("nan"),
+                            coverage_bounded=cov_b / bounded if bounded else None,
+                            undefined=undefined / n_runs)
 
 
 # ---------------------------------------------------------------------------------------------------- tables
