@@ -254,6 +254,8 @@ def test_a_fit_below_the_minimum_number_of_questions_is_described_not_tested(tmp
     assert "described only, not tested" in text and "fewer than the minimum of 6" in text
     assert "declines" not in text and "p = " not in text.split("H2")[0]
     assert "H2 (paired comparisons): not tested (12)" in text  # every H2 comparison, with its reason
+    h3 = next(x for x in model_summary(ice(d), MODEL, AnalysisSection()) if x.startswith("H3:"))
+    assert "described only, not tested" in h3 and "p = " not in h3 and "degrade" not in h3  # H3 obeys the rule
 
 
 def test_brittle_model_gets_no_inference(tmp_path):
