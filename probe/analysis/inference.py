@@ -21,6 +21,15 @@ Six is where the question-level sign-flip test can first reach p < 0.05 at all (
 degrees of freedom, so a "significant" result there says more about the method than the data. Intervals for a
 cell's EM (:func:`proportion_ci`) are given from G = 2 on: they only widen as G falls.
 
+The minimum-G rule counts the questions that **carry** a test's contrast (:func:`contrast_clusters`,
+:func:`contrast_guard`), not all questions: a test whose tested regressor (or 0/1 outcome) varies in fewer than
+``MIN_CLUSTERS`` questions is descriptive too (one question carrying every failure made 40–65 % false rejections).
+
+This module is the generic machinery. Built on it: the two ICE attention tests
+(:mod:`probe.analysis.attention_tests`), the logistic fits and their clustered view ``clustered_logit``
+(:mod:`probe.analysis.glm`), and the paired-difference and Fieller statistics of the interventions
+(:mod:`probe.analysis.paired_ratio`).
+
 **Families for multiple comparisons** (Benjamini–Hochberg within each, :func:`bh_qvalues`): H2 per model (all its
 paired comparisons), H3 rows per model, per-layer attention tests (one family per model and measure), per-head
 tests (the whole layer × head grid of one model), H3 in attention (layers, per model and target).
