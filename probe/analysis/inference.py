@@ -143,7 +143,8 @@ def contrast_clusters(x: np.ndarray, groups: np.ndarray) -> int:
 
 def few_contrast_reason(n_carry: int, n_clusters: int, min_clusters: int, what: str) -> str:
     """The reason a test is descriptive because fewer than ``min_clusters`` questions carry its contrast."""
-    return (f"only {n_carry} of {n_clusters} questions carry the contrast ({what}), fewer than the minimum of "
+    verb = "carries" if n_carry == 1 else "carry"
+    return (f"only {n_carry} of {n_clusters} questions {verb} the contrast ({what}), fewer than the minimum of "
             f"{min_clusters}: descriptive only (a clustered variance cannot see the spread of a contrast that so few "
             f"questions carry; see docs/statistics.md#the-minimum-number-of-questions)")
 
