@@ -328,9 +328,9 @@ def proportion_ci(y: np.ndarray, groups: np.ndarray, alpha: float = 0.05) -> Pro
     4. the Wilson score interval for p · n* successes out of n* (statsmodels ``proportion_confint``).
 
     The interval is always inside [0, 1], is not degenerate when every outcome is equal, and widens with the
-    clustering. Simulated coverage of the 95 % interval (docs/statistics.md), G ∈ {7, 20, 50} questions × true
-    EM ∈ {0.1, 0.5, 0.9}, beta-distributed question-level success probabilities, 2 replications per question:
-    0.934–0.976 at intra-question correlation 0.33, 0.921–0.983 over correlations 0.2–0.5. With one question no
+    clustering. Simulated coverage of the 95 % interval (docs/statistics.md), G ∈ {7, 10, 20, 50} questions × true
+    EM ∈ {0.1, 0.5, 0.9}, beta-distributed question-level success probabilities, 1, 2 or 5 replications per
+    question: 0.921–0.984 over intra-question correlations 0.2–0.5 (0.921–0.981 at G = 10). With one question no
     design effect can be estimated and no interval is given.
 
     Args:
