@@ -9,7 +9,7 @@ works offline when handed one::
 
 (the model name is then only a label; the bridge switches the wrapped model to eager attention in place). Each
 pattern hook receives one layer's full ``(1, H, T, T)`` post-softmax attention — TransformerLens computes it
-anyway — and reduces it at once with the engine's reducer; no cache is kept, so memory holds one layer's pattern
+anyway — and reduces it at once with the engine's reducer, over every registered measure; no cache is kept, so memory holds one layer's pattern
 at a time rather than all of them.
 """
 
@@ -106,7 +106,10 @@ def probe_transformer_lens(
             if device not in tensors:
                 tensors[device] = PlanTensors(plan, device)
             t = tensors[device]
-            reducer = LayerReducer(plan, att.shape[0], t)
+            reducer = LayerReducer(plan, att.shape[0], t, layer)
+            if reducer.needs_values:
+                raise HookError("a registered attention measure reads value states, which the TransformerLens "
+                                "pattern hooks do not give; probe with probe_prompt instead")
             for block in t.blocks:
                 reducer.add(block, att[:, block.positions, :].to(torch.float32))
             keys = torch.arange(n, device=device)

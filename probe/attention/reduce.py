@@ -1,22 +1,12 @@
-"""Reduce blocks of attention rows to per-segment aggregates as they are computed, then assemble the result.
+"""The segment map of a probe on one device, and the reduction of blocks of attention rows to the measures' arrays.
 
-A :class:`LayerReducer` receives, one block at a time, the post-softmax rows of some query positions of one layer
-(``(head, block, key)``, the keys starting at any offset) and keeps only:
-
-- the sum over the query set Q of the mass on each segment, ``(head, segment)``;
-- for the residue, the running sum of the rows of each *accumulated* segment, ``(head, key)`` each, cut to the keys
-  the residue reads: for the cosine residue every extraneous source in use (up to its own end) and every target
-  that has a source (up to the end of its last source); for the mass residue the targets alone.
-
-The rows themselves are dropped after each block. A segment's rows are contiguous within a block (positions are
-sorted and a segment's tokens are consecutive), so a block adds a slice sum per segment it touches; Q's rows are
-the only ones reduced to segment sums, so a residue row costs one pass of adds over its keys, no matmul.
-
-At the end of the layer the residue is computed for all (source, target) pairs at once: the dot products of the
-source and target row sums by one batched matmul, the targets' norms on keys ``[0, end of source)`` from a
-cumulative sum (SPEC §4's comparison window), and γ^{k−j} weights as a (target, source) matrix — no Python loop
-over pairs. The chance level depends only on which keys Q can see, so it is computed from the mask rows of Q once
-per mask (:meth:`PlanTensors.chance`), not per layer.
+:class:`PlanTensors` lays out, once per forward pass and device, what depends only on positions: each key's segment
+(with a one-hot for segment sums), the sink and extraneous keys, the query set, the accumulated segments of the
+residue and the row blocks (:class:`RowBlock`). A :class:`LayerReducer` hands each block of post-softmax rows of one
+layer (``(head, block, key)``, the keys starting at any offset) to the reducer of every registered measure
+(:mod:`probe.attention.measure`) and drops the rows; :func:`assemble_result` stacks the layers' arrays and derives
+the measures that derive from others. The chance level depends only on which keys Q can see, so it is computed from
+the mask rows of Q once per mask (:meth:`PlanTensors.chance`), not per layer.
 """
 
 from __future__ import annotations
@@ -26,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from probe.attention.measure import LayerContext, Measure, measures
 from probe.attention.plan import ProbePlan
 from probe.attention.result import KEY_KINDS, SegmentAttention
 from probe.errors import HookError
@@ -39,14 +30,12 @@ class LayerAggregates:
     """What one layer leaves behind (float64 numpy).
 
     Attributes:
-        seg_mass_segment: (head, segment) mean mass of Q's rows on each segment.
+        arrays: measure id -> the layer's array of that measure (its axes without ``layer``).
         chance: chance level of P_ext for this layer (NaN where undefined).
-        ar_k: (head, target) residue, or None.
     """
 
-    seg_mass_segment: np.ndarray
+    arrays: dict[str, np.ndarray]
     chance: float
-    ar_k: np.ndarray | None
 
 
 @dataclass
@@ -224,108 +213,58 @@ class PlanTensors:
 
 
 class LayerReducer:
-    """Accumulates the aggregates of one layer from blocks of attention rows (see the module docstring).
+    """Accumulates the arrays of every measure of one layer from blocks of attention rows.
+
+    One :class:`~probe.attention.measure.BlockReducer` per registered measure that is reduced from rows (not
+    derived) and applies to the plan; each block goes to all of them, with the layer's value states to those that
+    ask for them.
 
     Args:
         plan: the probe plan.
         n_heads: attention heads of the layer.
         tensors: the plan's index tensors on the layer's device.
+        layer: the layer's index; module: its attention module (for measures that read its weights).
     """
 
-    def __init__(self, plan: ProbePlan, n_heads: int, tensors: PlanTensors) -> None:
-        self.plan = plan
-        self.n_heads = n_heads
-        self.t = tensors
-        device = tensors.device
-        self.q_mass = torch.zeros(n_heads, plan.n_segments, dtype=torch.float64, device=device)  # (H, S)
-        self.residue = plan.compute_residue
-        self.mode = plan.options.residue_mode
-        # One running row sum per accumulated segment, (H, keys kept) float32.
-        self.acc = [torch.zeros(n_heads, n, dtype=torch.float32, device=device) for n in tensors.acc_lengths]
+    def __init__(self, plan: ProbePlan, n_heads: int, tensors: PlanTensors, layer: int = 0,
+                 module: torch.nn.Module | None = None) -> None:
+        ctx = LayerContext(plan=plan, n_heads=n_heads, tensors=tensors, layer=layer, module=module)
+        self.reducers = {m.id: (m.needs_values, m.reducer(ctx)) for m in reduced_measures(plan)
+                         if m.reducer is not None}
+        self.needs_values = any(v for v, _ in self.reducers.values())
 
-    def add(self, block: RowBlock, probs: torch.Tensor, key_start: int = 0) -> None:
-        """Fold one block of rows into the aggregates.
+    def add(self, block: RowBlock, probs: torch.Tensor, key_start: int = 0,
+            values: torch.Tensor | None = None) -> None:
+        """Fold one block of rows into every measure.
 
         Args:
             block: the block's positions and index tensors.
             probs: (H, B, K) float32 post-softmax attention rows of ``block.positions`` on keys
                 ``key_start .. key_start + K - 1`` (every key a row can see must lie in that range).
+            key_start: the first key of ``probs``.
+            values: (H_kv, T, D) value states of the layer (given when ``needs_values``).
         """
-        n_keys = probs.shape[-1]
-        if block.query_index is not None:
-            sums = self.t.segment_sums(probs[:, block.query_index], key_start)  # (H, nq, S)
-            self.q_mass += sums.sum(dim=1, dtype=torch.float64)
-        for slot, i0, i1 in block.segments:
-            hi = min(key_start + n_keys, self.t.acc_lengths[slot])
-            if hi > key_start:
-                self.acc[slot][:, key_start:hi] += probs[:, i0:i1, : hi - key_start].sum(dim=1)
+        for needs_values, reducer in self.reducers.values():
+            reducer.add(block, probs, values if needs_values else None, key_start)
 
     def finish(self, chance: float) -> LayerAggregates:
-        """The layer's aggregates; the accumulators can be dropped afterwards.
+        """The layer's arrays; the accumulators can be dropped afterwards.
 
         Args:
             chance: the layer's chance level (:meth:`PlanTensors.chance`).
         """
-        plan = self.plan
-        seg_mass = (self.q_mass / len(plan.query_positions)).cpu().numpy()
-        ar = None
-        if self.residue:
-            ar = np.zeros((self.n_heads, self.t.n_targets), dtype=np.float64)
-            if self.t.target_slot:
-                ar[:, list(self.t.target_slot)] = (self._cosine() if self.mode == "cosine" else self._mass())
-        self.acc = []
-        return LayerAggregates(seg_mass_segment=seg_mass, chance=chance, ar_k=ar)
+        arrays = {mid: reducer.finish() for mid, (_, reducer) in self.reducers.items()}
+        self.reducers = {}
+        return LayerAggregates(arrays=arrays, chance=chance)
 
-    def _targets(self) -> tuple[list[int], torch.Tensor]:
-        """Target numbers with a source and their row sums stacked, (n, H, L) zero-padded."""
-        numbers = list(self.t.target_slot)
-        slots = [self.t.target_slot[ti] for ti in numbers]
-        length = max(self.t.acc_lengths[s] for s in slots)
-        rows = torch.zeros(len(slots), self.n_heads, length, dtype=torch.float32, device=self.t.device)
-        for i, s in enumerate(slots):
-            rows[i, :, : self.t.acc_lengths[s]] = self.acc[s]
-        return numbers, rows
 
-    def _cosine(self) -> np.ndarray:
-        """(H, n targets with a source): Σ_j γ^(k-j) cos(mean row of E_j, mean row of S_k) on keys [0, end of E_j).
-
-        The sink keys are left out of both vectors; the cosine does not depend on the rows' scale, so the row sums
-        stand for the mean rows (renormalised or not). A row with no mass on the compared keys (e.g. a target
-        whose sliding window no longer reaches the source) gives cosine 0.
-        """
-        t = self.t
-        n_src = t.n_sources
-        numbers, tgt = self._targets()  # (n_t, H, Lt)
-        src_len = max(t.acc_lengths[:n_src])
-        src = torch.zeros(n_src, self.n_heads, src_len, dtype=torch.float32, device=t.device)  # (n_s, H, Ls)
-        for j in range(n_src):
-            src[j, :, : t.acc_lengths[j]] = self.acc[j]  # zero beyond the source's end
-        if t.exclude_sink:
-            src *= ~t.is_sink_key[:src_len]
-            tgt *= ~t.is_sink_key[: tgt.shape[-1]]
-        n = min(src_len, tgt.shape[-1])
-        dot = torch.matmul(src[..., :n].transpose(0, 1), tgt[..., :n].permute(1, 2, 0))  # (H, n_s, n_t)
-        src_sq = src.square().sum(-1).T  # (H, n_s)
-        # |target row on keys [0, end_j)|^2 for every source j, from a running sum of squares.
-        cum = tgt.square().cumsum(-1)  # (n_t, H, Lt)
-        ends = (t.source_ends - 1).clamp(max=tgt.shape[-1] - 1)
-        tgt_sq = cum[:, :, ends].permute(1, 2, 0)  # (H, n_s, n_t)
-        dot, src_sq, tgt_sq = dot.double(), src_sq.double(), tgt_sq.double()
-        den = (src_sq[:, :, None] * tgt_sq).sqrt()
-        ok = den > 0
-        cos = torch.where(ok, dot / torch.where(ok, den, torch.ones_like(den)), torch.zeros_like(den))
-        weights = torch.as_tensor(t.cosine_weights[numbers, :n_src].T, dtype=torch.float64, device=t.device)
-        return (cos * weights).sum(dim=1).cpu().numpy()  # (H, n_t)
-
-    def _mass(self) -> np.ndarray:
-        """(H, n targets with a source): Σ_j γ^(k-j) × mean mass of S_k's rows on E_j."""
-        numbers, tgt = self._targets()  # (n_t, H, L)
-        mass = self.t.segment_sums(tgt).double().cpu().numpy()  # (n_t, H, S)
-        return np.einsum("ths,ts->ht", mass, self.t.mass_weights[numbers])
+def reduced_measures(plan: ProbePlan) -> list[Measure]:
+    """The registered measures a probe following ``plan`` computes, in registration order."""
+    return [m for m in measures() if m.applies(plan)]
 
 
 def assemble_result(plan: ProbePlan, layers: list[LayerAggregates]) -> SegmentAttention:
-    """Stack the layers' aggregates into a :class:`SegmentAttention` and derive the per-kind measures.
+    """Stack the layers' arrays into a :class:`SegmentAttention`, then derive the measures that derive.
 
     Args:
         plan: the probe plan.
@@ -333,33 +272,25 @@ def assemble_result(plan: ProbePlan, layers: list[LayerAggregates]) -> SegmentAt
 
     Returns:
         The result (float32 arrays).
+
+    Raises:
+        HookError: a layer reported no array of a measure the plan computes.
     """
-    per_seg = np.stack([a.seg_mass_segment for a in layers])  # (L, H, S)
-    by_kind = np.zeros((*per_seg.shape[:2], len(KEY_KINDS)), dtype=np.float64)  # (L, H, K)
-    for s, kind in enumerate(plan.segment_kinds):
-        by_kind[..., KEY_KINDS.index(kind)] += per_seg[..., s]
-    ext = by_kind[..., KEY_KINDS.index("extraneous")]
-    if plan.options.exclude_sink:
-        den = by_kind.sum(axis=-1) - by_kind[..., KEY_KINDS.index("sink")]
-    else:
-        den = by_kind.sum(axis=-1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        p_ext = np.where(den > 0, ext / np.where(den > 0, den, 1.0), np.nan)
+    arrays: dict[str, np.ndarray] = {}
+    for m in reduced_measures(plan):
+        if m.derive is not None:
+            arrays[m.id] = np.asarray(m.derive(arrays, plan), dtype=np.float64)
+            continue
+        found = [a.arrays[m.id] for a in layers if m.id in a.arrays]
+        if len(found) != len(layers):
+            raise HookError(f"{len(layers) - len(found)} of {len(layers)} layers reported no {m.description} "
+                            f"({m.id}) although the probe plan computes it")
+        arrays[m.id] = np.stack(found)  # (L, ...)
     chance = np.array([a.chance for a in layers], dtype=np.float64)
-    ar = None
-    if plan.compute_residue:
-        residues = [a.ar_k for a in layers if a.ar_k is not None]
-        if len(residues) != len(layers):
-            raise HookError(f"{len(layers) - len(residues)} of {len(layers)} layers reported no attention residue "
-                            "although the probe plan computes it")
-        ar = np.stack(residues).astype(np.float32)  # (L, H, n_targets)
     o = plan.options
     return SegmentAttention(
-        seg_mass=by_kind.astype(np.float32),
-        seg_mass_segment=per_seg.astype(np.float32),
-        p_ext=p_ext.astype(np.float32),
+        measures={k: v.astype(np.float32) for k, v in arrays.items()},
         chance=chance.astype(np.float32),
-        ar_k=ar,
         kinds=KEY_KINDS,
         segment_labels=plan.segment_labels,
         segment_kinds=plan.segment_kinds,
