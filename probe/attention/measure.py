@@ -126,6 +126,7 @@ class Measure:
         has_chance: a chance level applies (the record's ``chance`` per layer; enrichment = value / chance).
         needs_values: the reducer reads the layer's value states (the capture hands them only to such measures).
         needs_residue: computed only when the probe computes the residue (its rows are planned then).
+        label: its name in sentences and figure titles (``P_ext``); the id when not given.
     """
 
     id: str
@@ -138,6 +139,12 @@ class Measure:
     has_chance: bool = False
     needs_values: bool = False
     needs_residue: bool = False
+    label: str = ""
+
+    @property
+    def name(self) -> str:
+        """The label, else the id."""
+        return self.label or self.id
 
     def __post_init__(self) -> None:
         if (self.reducer is None) == (self.derive is None):

@@ -103,4 +103,4 @@ SEG_MASS = register_measure(Measure(
 P_EXT = register_measure(Measure(
     id="p_ext", axes=("layer", "head"), value_range=(0.0, 1.0),
     description="P_ext: share of the non-sink attention on extraneous segments", reference=_reference_p_ext,
-    derive=_derive_p_ext, has_chance=True))
+    derive=_derive_p_ext, has_chance=True, label="P_ext"))
