@@ -158,7 +158,7 @@ def analyze_ice(data: FamilyData) -> FamilyOutput:
     residue: list[ResidueAttention] = []
     if att_cells:
         for i, m in enumerate(models):
-            for measure in linked_measures():
+            for measure in [m for m in linked_measures() if any(c.measure == m.id for c in att_cells)]:
                 behaviour, head_arrays = attention_behaviour(df, per_trial, m, cfg.alpha,
                                                              key=f"ice_heads{i}_{measure.id}", measure=measure.id)
                 attention.append(behaviour)

@@ -86,8 +86,10 @@ class EagerAttention:
 
     Attributes:
         attentions: one (head, T, T) float64 array per layer (``output_attentions``).
-        values: one (head, T) float64 array per layer of ‖v_j W_O^h‖ per head and key, when a measure needs them
-            (else None).
+        values: one (kv_head, T, head_dim) float64 array of value states per layer, read from the eager forward's
+            value projection, when a measure needs them (else None).
+        out_proj: one (heads · head_dim, hidden) float64 output projection per layer (rows: the attention output's
+            dimensions, head after head), read from the model's weights, with ``values`` (else None).
         queries: the query set Q, sorted positions.
         seg_kinds / seg_labels / seg_bounds: one entry per segment (the answer tokens as a last ``generated`` one).
         targets: segment indices of the AR targets (germane and question segments).
@@ -99,6 +101,7 @@ class EagerAttention:
 
     attentions: list[np.ndarray]
     values: list[np.ndarray] | None
+    out_proj: list[np.ndarray] | None
     queries: list[int]
     seg_kinds: list[str]
     seg_labels: list[str]
@@ -124,7 +127,8 @@ class Measure:
         reducer: a factory of the layer's :class:`BlockReducer` (None for a derived measure).
         derive: the (layer, …) array from the arrays of earlier measures and the plan (None for a reduced one).
         has_chance: a chance level applies (the record's ``chance`` per layer; enrichment = value / chance).
-        needs_values: the reducer reads the layer's value states (the capture hands them only to such measures).
+        needs_values: the reducer reads the layer's value states (the capture hands them only to such measures);
+            a derived measure sets it when what it derives from reads them.
         needs_residue: computed only when the probe computes the residue (its rows are planned then).
         label: its name in sentences and figure titles (``P_ext``); the id when not given.
     """

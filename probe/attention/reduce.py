@@ -32,10 +32,13 @@ class LayerAggregates:
     Attributes:
         arrays: measure id -> the layer's array of that measure (its axes without ``layer``).
         chance: chance level of P_ext for this layer (NaN where undefined).
+        with_values: whether the measures that read value states were computed (the layer had its attention
+            module and value states).
     """
 
     arrays: dict[str, np.ndarray]
     chance: float
+    with_values: bool = False
 
 
 @dataclass
@@ -223,13 +226,16 @@ class LayerReducer:
         plan: the probe plan.
         n_heads: attention heads of the layer.
         tensors: the plan's index tensors on the layer's device.
-        layer: the layer's index; module: its attention module (for measures that read its weights).
+        layer: the layer's index.
+        module: its attention module, whose output projection the value-weighted measures read; without it (rows
+            made by hand) the measures that read value states are left out.
     """
 
     def __init__(self, plan: ProbePlan, n_heads: int, tensors: PlanTensors, layer: int = 0,
                  module: torch.nn.Module | None = None) -> None:
         ctx = LayerContext(plan=plan, n_heads=n_heads, tensors=tensors, layer=layer, module=module)
-        self.reducers = {m.id: (m.needs_values, m.reducer(ctx)) for m in reduced_measures(plan)
+        self.with_values = module is not None
+        self.reducers = {m.id: (m.needs_values, m.reducer(ctx)) for m in reduced_measures(plan, self.with_values)
                          if m.reducer is not None}
         self.needs_values = any(v for v, _ in self.reducers.values())
 
@@ -255,12 +261,13 @@ class LayerReducer:
         """
         arrays = {mid: reducer.finish() for mid, (_, reducer) in self.reducers.items()}
         self.reducers = {}
-        return LayerAggregates(arrays=arrays, chance=chance)
+        return LayerAggregates(arrays=arrays, chance=chance, with_values=self.with_values)
 
 
-def reduced_measures(plan: ProbePlan) -> list[Measure]:
-    """The registered measures a probe following ``plan`` computes, in registration order."""
-    return [m for m in measures() if m.applies(plan)]
+def reduced_measures(plan: ProbePlan, with_values: bool = True) -> list[Measure]:
+    """The registered measures a probe following ``plan`` computes, in registration order (without those that read
+    value states unless ``with_values``)."""
+    return [m for m in measures() if m.applies(plan) and (with_values or not m.needs_values)]
 
 
 def assemble_result(plan: ProbePlan, layers: list[LayerAggregates]) -> SegmentAttention:
@@ -277,7 +284,7 @@ def assemble_result(plan: ProbePlan, layers: list[LayerAggregates]) -> SegmentAt
         HookError: a layer reported no array of a measure the plan computes.
     """
     arrays: dict[str, np.ndarray] = {}
-    for m in reduced_measures(plan):
+    for m in reduced_measures(plan, all(a.with_values for a in layers)):
         if m.derive is not None:
             arrays[m.id] = np.asarray(m.derive(arrays, plan), dtype=np.float64)
             continue

@@ -8,7 +8,8 @@ the tests can hold the engine to it: this module lays out the prompt and runs th
 
 from __future__ import annotations
 
-from typing import Sequence
+from contextlib import contextmanager
+from typing import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -40,6 +41,59 @@ def _visible(n: int, window: int | None) -> np.ndarray:
     if window is not None:
         vis &= (q - k) < window
     return vis
+
+
+def output_projection(module: torch.nn.Module) -> torch.Tensor:
+    """(heads · head_dim, hidden) output projection of an attention module, rows = the attention output's dimensions
+    (``o_proj``, a ``Linear``, transposed; GPT-2's ``c_proj``, a ``Conv1D``, as it is).
+
+    Raises:
+        HookError: the module has neither.
+    """
+    o_proj = getattr(module, "o_proj", None)
+    o_proj = getattr(o_proj, "original_component", o_proj)  # TransformerLens wraps the Linear in a bridge
+    if isinstance(o_proj, torch.nn.Linear):
+        return o_proj.weight.T
+    c_proj = getattr(module, "c_proj", None)
+    if isinstance(c_proj, torch.nn.Module) and type(c_proj).__name__ == "Conv1D":
+        weight = c_proj.weight
+        assert isinstance(weight, torch.Tensor)
+        return weight
+    raise HookError(f"{type(module).__name__} has no o_proj or c_proj: its output projection cannot be read")
+
+
+@contextmanager
+def _value_states(model: PreTrainedModel, wanted: bool) -> Iterator[dict[int, tuple[np.ndarray, np.ndarray]]]:
+    """Per layer, the value states (kv_head, T, head_dim) of the forward inside the block, read from the value
+    projection's output by a forward hook (``v_proj``, or the last third of GPT-2's ``c_attn``), and the output
+    projection, both float64 numpy; nothing is hooked unless ``wanted``."""
+    seen: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    handles = []
+    if wanted:
+        config = model.config.get_text_config()
+        n_heads = int(config.num_attention_heads)
+        for module in model.modules():
+            layer = getattr(module, "layer_idx", None)
+            fused = getattr(module, "v_proj", None) is None
+            proj = getattr(module, "c_attn" if fused else "v_proj", None)
+            if layer is None or proj is None:
+                continue
+            head_dim = int(getattr(module, "head_dim", config.hidden_size // n_heads))
+
+            def hook(_m: torch.nn.Module, _inp: object, out: torch.Tensor, layer: int = int(layer),
+                     module: torch.nn.Module = module, head_dim: int = head_dim, fused: bool = fused) -> None:
+                v = out[0].double()  # (T, H_kv * D), or GPT-2's (T, 3 * H * D) = [q | k | v]
+                if fused:
+                    v = v[:, 2 * v.shape[-1] // 3:]
+                v = v.reshape(v.shape[0], -1, head_dim).transpose(0, 1)  # (H_kv, T, D)
+                seen[layer] = (v.cpu().numpy(), output_projection(module).double().detach().cpu().numpy())
+
+            handles.append(proj.register_forward_hook(hook))
+    try:
+        yield seen
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def reference_segment_attention(
@@ -92,11 +146,17 @@ def reference_segment_attention(
         i = int(opts.query.split(":")[1])
         queries = list(range(*seg_bounds[i]))
 
-    with torch.no_grad(), attention_implementation(model, "eager"):
+    needs_values = any(m.needs_values for m in measures())
+    with torch.no_grad(), attention_implementation(model, "eager"), _value_states(model, needs_values) as seen:
         ids = torch.tensor([list(tokenized.input_ids) + gen], device=input_device(model))
         out = model(ids, output_attentions=True, use_cache=False)
     attentions = [a[0].double().cpu().numpy() for a in out.attentions]  # L x (H, T, T)
-    values = None  # no registered measure reads the value states
+    values = out_proj = None
+    if needs_values:
+        if sorted(seen) != list(range(len(attentions))):
+            raise HookError(f"reference: value states of layers {sorted(seen)} seen, expected 0..{len(attentions) - 1}")
+        values = [seen[i][0] for i in range(len(attentions))]
+        out_proj = [seen[i][1] for i in range(len(attentions))]
     config = model.config.get_text_config()
 
     n_layers = len(attentions)
@@ -126,7 +186,7 @@ def reference_segment_attention(
         chance[layer] = np.mean(ratio_ext) / np.mean(ratio_den) if np.mean(ratio_den) > 0 else np.nan
 
     arrays: dict[str, np.ndarray] = {}
-    eager = EagerAttention(attentions=attentions, values=values, queries=queries, seg_kinds=seg_kinds,
+    eager = EagerAttention(attentions=attentions, values=values, out_proj=out_proj, queries=queries, seg_kinds=seg_kinds,
                            seg_labels=seg_labels, seg_bounds=seg_bounds, targets=targets, order=order,
                            sink_key=sink_key, ext_key=ext_key, options=opts, arrays=arrays)
     for m in measures():
