@@ -5,10 +5,11 @@ A head can put much weight on tokens whose value vectors are tiny (sinks, punctu
 by the norm of what key j adds to the head's output, ‖v_j W_O^h‖ (v_j the key's value state of the head's KV head,
 W_O^h the head's own slice of the output projection), gives the norm-based share:
 
-- ``value_mass_segment[layer, head, segment]`` = mean over the query set Q of Σ_{j∈S} α_qj ‖v_j W_O^h‖ (in the
-  units of the residual stream; grouped-query heads: each query head reads its KV head's values and its own rows
-  of the output projection);
-- ``value_p_ext[layer, head]`` = its extraneous share over the non-sink segments (over all of them when
+- ``value_share_segment[layer, head, segment]`` = Σ_{q∈Q} Σ_{j∈S} α_qj ‖v_j W_O^h‖ over the same sum on every key:
+  the share of segment S in the value-weighted attention of the query set (a row sums to 1 over the segments,
+  sink included, like ``seg_mass_segment``; grouped-query heads: each query head reads its KV head's values and
+  its own rows of the output projection);
+- ``value_p_ext[layer, head]`` = the extraneous share of it over the non-sink segments (over all of them when
   ``exclude_sink`` is false), beside the raw P_ext; its chance level and enrichment are the raw P_ext's.
 
 The norms are computed once per layer from the Gram matrix of each head's output rows, ‖v W‖² = v (W Wᵀ) vᵀ
@@ -48,7 +49,8 @@ def value_norms(values: torch.Tensor, out_rows: torch.Tensor, n_heads: int) -> t
 
 
 class ValueMass:
-    """Sums Q's rows, each weight times its key's ‖v W_O^h‖, over each segment's keys; the mean over Q at the end."""
+    """Sums Q's rows, each weight times its key's ‖v W_O^h‖, over each segment's keys; each segment's share of the
+    total at the end."""
 
     def __init__(self, ctx: LayerContext) -> None:
         if ctx.module is None:
@@ -57,7 +59,6 @@ class ValueMass:
         self.t = ctx.tensors
         self.n_heads = ctx.n_heads
         self.out_rows = output_projection(ctx.module)
-        self.n_queries = len(ctx.plan.query_positions)
         self.q_mass = torch.zeros(ctx.n_heads, ctx.plan.n_segments, dtype=torch.float64, device=ctx.tensors.device)
         self.norms: torch.Tensor | None = None
 
@@ -73,7 +74,8 @@ class ValueMass:
         self.q_mass += self.t.segment_sums(weighted, key_start).sum(dim=1, dtype=torch.float64)
 
     def finish(self) -> np.ndarray:
-        return (self.q_mass / self.n_queries).cpu().numpy()
+        total = self.q_mass.sum(dim=-1, keepdim=True)
+        return torch.where(total > 0, self.q_mass / total.clamp_min(1e-300), torch.nan).cpu().numpy()
 
 
 def _reference_segment(e: EagerAttention) -> np.ndarray:
@@ -88,12 +90,13 @@ def _reference_segment(e: EagerAttention) -> np.ndarray:
         for h in range(n_heads):
             norms = np.linalg.norm(values[h // rep] @ w[h * dim:(h + 1) * dim], axis=-1)  # (T,)
             for s, (a, b) in enumerate(e.seg_bounds):
-                out[layer, h, s] = np.mean([att[h, q, a:b] @ norms[a:b] for q in e.queries])
-    return out
+                out[layer, h, s] = sum(att[h, q, a:b] @ norms[a:b] for q in e.queries)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return out / out.sum(axis=-1, keepdims=True)
 
 
 def _reference_p_ext(e: EagerAttention) -> np.ndarray:
-    per_seg = e.arrays["value_mass_segment"]
+    per_seg = e.arrays["value_share_segment"]
     ext = sum(per_seg[..., s] for s, k in enumerate(e.seg_kinds) if k == "extraneous")
     den = sum(per_seg[..., s] for s, k in enumerate(e.seg_kinds) if k != "sink" or not e.options.exclude_sink)
     ext = np.zeros(per_seg.shape[:2]) + ext
@@ -103,12 +106,12 @@ def _reference_p_ext(e: EagerAttention) -> np.ndarray:
 
 
 def _derive_p_ext(arrays: Mapping[str, np.ndarray], plan: ProbePlan) -> np.ndarray:
-    return share_of_extraneous(by_kind(arrays["value_mass_segment"], plan.segment_kinds), plan.options.exclude_sink)
+    return share_of_extraneous(by_kind(arrays["value_share_segment"], plan.segment_kinds), plan.options.exclude_sink)
 
 
 VALUE_MASS_SEGMENT = register_measure(Measure(
-    id="value_mass_segment", axes=("layer", "head", "segment"), value_range=(0.0, float("inf")),
-    description="mean value-weighted attention mass (α ‖v W_O‖) of the query set on each segment",
+    id="value_share_segment", axes=("layer", "head", "segment"), value_range=(0.0, 1.0),
+    description="share of each segment in the value-weighted attention (α ‖v W_O‖) of the query set",
     reference=_reference_segment, reducer=ValueMass, needs_values=True))
 VALUE_P_EXT = register_measure(Measure(
     id="value_p_ext", axes=("layer", "head"), value_range=(0.0, 1.0),
