@@ -228,13 +228,16 @@ class LayerReducer:
         tensors: the plan's index tensors on the layer's device.
         layer: the layer's index.
         module: its attention module, whose output projection the value-weighted measures read; without it (rows
-            made by hand) the measures that read value states are left out.
+            made by hand), or with its weights offloaded (a dispatched model), the measures that read value states
+            are left out (of every layer: :func:`assemble_result` keeps a measure only where all layers have it).
     """
 
     def __init__(self, plan: ProbePlan, n_heads: int, tensors: PlanTensors, layer: int = 0,
                  module: torch.nn.Module | None = None) -> None:
         ctx = LayerContext(plan=plan, n_heads=n_heads, tensors=tensors, layer=layer, module=module)
-        self.with_values = module is not None
+        # Value-weighted measures read the module's weights: not where they are offloaded (on the meta device until
+        # a hook loads them), nor without a module (rows made by hand).
+        self.with_values = module is not None and all(p.device.type != "meta" for p in module.parameters())
         self.reducers = {m.id: (m.needs_values, m.reducer(ctx)) for m in reduced_measures(plan, self.with_values)
                          if m.reducer is not None}
         self.needs_values = any(v for v, _ in self.reducers.values())
