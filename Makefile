@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.ice-probe-setup
 
-.PHONY: setup demo typecheck test test-fast bench gpu-check clean-venv
+.PHONY: setup demo typecheck test test-unit test-fast bench gpu-check clean-venv
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ typecheck: setup
 test: setup
 	$(PY) -m mypy
 	$(PY) -m pytest -q
+
+# The unit tier: every test that loads no model (none of the marks integration, slow, served, gpu); a test in it
+# that loads one fails, naming the mark to add (tests/tiers.py). Under 2 minutes on 2 CPU cores.
+test-unit: setup
+	$(PY) -m pytest -q -m "not integration and not slow and not served and not gpu"
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"

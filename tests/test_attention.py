@@ -33,7 +33,7 @@ from transformers import (
 
 from probe.attention import probe_prompt, reference_segment_attention
 from probe.attention.engine import Capture, attach_probe
-from probe.attention.measure import measures
+from probe.attention.measures import measures
 from probe.attention.plan import build_plan
 from probe.config import ProbeSection
 from probe.errors import HookError

@@ -13,7 +13,7 @@ import torch
 
 from probe.attention import Measure, measures, probe_prompt, reference_segment_attention, register_measure
 from probe.attention.measure import MEASURES, EagerAttention, LayerContext
-from probe.attention.reduce import RowBlock
+from probe.attention.segments import RowBlock
 from probe.attention.result import SegmentAttention
 from probe.errors import UnknownNameError
 from probe.registry import DuplicateEntryError

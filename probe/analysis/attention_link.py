@@ -1,5 +1,5 @@
 """Attention records of a run, aggregated per cell, and their link to behaviour and to similarity
-(docs/method.md#attention-probes, docs/statistics.md).
+(docs/probes.md, docs/statistics.md).
 
 Attention records are written by :meth:`probe.attention.result.SegmentAttention.save` where
 :meth:`probe.runfolder.RunFolder.attention_record` says; a trial links to its prompt's record by (model, prompt_id)
@@ -336,7 +336,7 @@ class ResidueAttention:
 
 def linked_measures() -> list[Measure]:
     """The registered attention measures the analysis links to behaviour: those with one value per layer and head."""
-    from probe.attention.measure import measures
+    from probe.attention.measures import measures
 
     return [m for m in measures() if m.is_head_share]
 
@@ -586,7 +586,7 @@ def attention_behaviour(df: pd.DataFrame, per_trial: pd.DataFrame, model: str, a
     Returns:
         The model's :class:`AttentionBehaviour` and the arrays for ``attention_summary.npz``.
     """
-    from probe.attention.measure import measure as measure_of
+    from probe.attention.measures import measure as measure_of
 
     m = measure_of(measure)
     label = m.name

@@ -1,4 +1,4 @@
-"""The attention probe engine: how each layer and head distributes attention over a prompt's segments (SPEC §4).
+"""The attention probe engine: how each layer and head distributes attention over a prompt's segments (docs/probes.md).
 
 Public API:
 
@@ -43,7 +43,8 @@ from probe.attention.engine import (
     probe_prompt,
 )
 from probe.attention.lens import probe_transformer_lens
-from probe.attention.measure import Measure, measure, measures, register_measure
+from probe.attention.measure import Measure, register_measure
+from probe.attention.measures import measure, measures
 from probe.attention.plan import ProbePlan, build_plan
 from probe.attention.reference import reference_segment_attention
 from probe.attention.result import KEY_KINDS, AttentionRecordError, SegmentAttention

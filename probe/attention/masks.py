@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from probe.attention.reduce import RowBlock
+from probe.attention.segments import RowBlock
 from probe.errors import HookError
 
 

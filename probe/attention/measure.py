@@ -17,16 +17,15 @@ the report need to know of it:
   the tests and ``probe bench gpu-check`` hold the engine to (1e-4 in float32).
 
 The built-in measures live in the modules of :mod:`probe.attention.measures`, one module per family of measures; a
-new measure is one more module there (found on import, nothing else to edit) and its test. :func:`measures` gives
-them all, in registration order (an entry that derives from another comes after it).
+new measure is one more module there (found on import, nothing else to edit) and its test.
+:func:`probe.attention.measures.measures` gives them all, in registration order (an entry that derives from another
+comes after it).
 
-Definitions: docs/method.md#attention-probes.
+Definitions: docs/probes.md.
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Mapping, Protocol
 
@@ -37,7 +36,7 @@ from probe.registry import Registry
 
 if TYPE_CHECKING:
     from probe.attention.plan import ProbePlan
-    from probe.attention.reduce import PlanTensors, RowBlock
+    from probe.attention.segments import PlanTensors, RowBlock
     from probe.config import ProbeSection
 
 
@@ -167,7 +166,6 @@ class Measure:
 
 
 MEASURES: Registry[Measure] = Registry("attention measure")
-_loaded = False
 
 
 def register_measure(measure: Measure) -> Measure:
@@ -175,28 +173,4 @@ def register_measure(measure: Measure) -> Measure:
     return MEASURES.register(measure.id, measure)
 
 
-def _load() -> None:
-    global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    import probe.attention.measures as package
-
-    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
-        importlib.import_module(f"{package.__name__}.{info.name}")
-
-
-def measures() -> list[Measure]:
-    """Every registered measure, in registration order (the built-in modules imported first)."""
-    _load()
-    return MEASURES.values()
-
-
-def measure(measure_id: str) -> Measure:
-    """The measure registered as ``measure_id`` (UnknownNameError, with close matches, for a typo)."""
-    _load()
-    return MEASURES.get(measure_id)
-
-
-__all__ = ["BlockReducer", "EagerAttention", "LayerContext", "MEASURES", "Measure", "measure", "measures",
-           "register_measure"]
+__all__ = ["BlockReducer", "EagerAttention", "LayerContext", "MEASURES", "Measure", "register_measure"]

@@ -3,7 +3,7 @@
 Written independently of the engine (its own query sets, masks and loops over segments, float64 numpy) so that
 the tests can hold the engine to it: this module lays out the prompt and runs the eager forward
 (:class:`~probe.attention.measure.EagerAttention`), and each registered measure computes its own reference from it
-(docs/method.md#attention-probes). It materialises L × H × T² attention: use it on short prompts only.
+(docs/probes.md). It materialises L × H × T² attention: use it on short prompts only.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import torch
 from transformers import PreTrainedModel
 
 from probe.attention.implementation import attention_implementation
-from probe.attention.measure import EagerAttention, measures
+from probe.attention.measure import EagerAttention
+from probe.attention.measures import measures
 from probe.attention.result import KEY_KINDS, SegmentAttention
 from probe.config import ProbeSection
 from probe.errors import HookError

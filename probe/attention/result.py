@@ -2,7 +2,7 @@
 
 A :class:`SegmentAttention` holds only aggregates (never a T x T matrix), one array per attention measure, by the
 measure's id (:mod:`probe.attention.measure`: the built-in ones are ``seg_mass_segment``, ``seg_mass``, ``p_ext``
-and ``ar_k``; definitions in docs/method.md#attention-probes), and the chance level of P_ext:
+and ``ar_k``; definitions in docs/probes.md), and the chance level of P_ext:
 
 - ``chance[layer]``: the P_ext that attention spread uniformly over the keys each query can see would give, i.e.
   ``mean_q(n_ext(q)/n_vis(q)) / mean_q(n_nonsink(q)/n_vis(q))`` with the counts of extraneous, non-sink and all

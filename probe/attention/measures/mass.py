@@ -1,4 +1,4 @@
-"""Segment masses and P_ext: where the query set's attention goes (docs/method.md#attention-proportion).
+"""Segment masses and P_ext: where the query set's attention goes (docs/probes.md#attention-proportion).
 
 - ``seg_mass_segment[layer, head, segment]``: M[l, h, S] = mean over the query set Q of the attention mass on the
   keys of segment S (``segment_labels`` order; with ``generated`` ids the answer is one last segment). A row sums
@@ -18,7 +18,7 @@ import torch
 
 from probe.attention.measure import EagerAttention, LayerContext, Measure, register_measure
 from probe.attention.plan import ProbePlan
-from probe.attention.reduce import RowBlock
+from probe.attention.segments import RowBlock
 from probe.attention.result import KEY_KINDS
 
 

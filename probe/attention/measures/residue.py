@@ -1,5 +1,5 @@
 """Attentional residue AR_k: how much the rows of a germane or question segment resemble (``cosine``) or reach
-(``mass``) the extraneous segments before it (docs/method.md#attentional-residue).
+(``mass``) the extraneous segments before it (docs/probes.md#attentional-residue-ar_k).
 
 ``ar_k[layer, head, target]`` for every target of the plan (germane segments and the question, ``ar_targets``),
 in the mode ``residue_mode`` says; computed only when the probe computes the residue.
@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from probe.attention.measure import EagerAttention, LayerContext, Measure, register_measure
-from probe.attention.reduce import RowBlock
+from probe.attention.segments import RowBlock
 
 
 class Residue:

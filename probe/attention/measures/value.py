@@ -1,5 +1,5 @@
 """Value-weighted segment mass and P_ext: attention weighted by what each key contributes to the output
-(Kobayashi et al., EMNLP 2020, "Attention is Not Only a Weight"; docs/method.md#value-weighted-share).
+(Kobayashi et al., EMNLP 2020, "Attention is Not Only a Weight"; docs/probes.md).
 
 A head can put much weight on tokens whose value vectors are tiny (sinks, punctuation). Weighting each weight α_qj
 by the norm of what key j adds to the head's output, ‖v_j W_O^h‖ (v_j the key's value state of the head's KV head,
@@ -27,7 +27,7 @@ import torch
 from probe.attention.measure import EagerAttention, LayerContext, Measure, register_measure
 from probe.attention.measures.mass import by_kind, share_of_extraneous
 from probe.attention.plan import ProbePlan
-from probe.attention.reduce import RowBlock
+from probe.attention.segments import RowBlock
 from probe.attention.reference import output_projection
 from probe.errors import HookError
 
