@@ -89,11 +89,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from probe.runner import build_prompts, prepare_run_dir
+    from probe.runner import build_run_prompts, prepare_run_dir
 
     cfg = _load(args)
     prepare_run_dir(cfg, force=args.force)
-    by_model = build_prompts(cfg, progress=not args.quiet)
+    by_model = build_run_prompts(cfg, progress=not args.quiet)
     n = len({p.prompt_id for ps in by_model.values() for p in ps})
     print(f"{n} prompts in {cfg.run_folder.prompts}")
     return 0
@@ -119,7 +119,7 @@ def _dp_rank() -> tuple[int, int]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from probe.runner import build_prompts, merge_shards, prepare_run_dir, run_experiment
+    from probe.runner import build_run_prompts, merge_shards, prepare_run_dir, run_experiment
 
     cfg = _load(args)
     rank, world = _dp_rank()
@@ -129,7 +129,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         state = PartialState(cpu=not _cuda())
         if rank == 0:  # one process writes the config and the prompts; the others wait and reuse them
             prepare_run_dir(cfg, force=args.force)
-            build_prompts(cfg, progress=not args.quiet)
+            build_run_prompts(cfg, progress=not args.quiet)
         state.wait_for_everyone()
         run_experiment(cfg, progress=not args.quiet and rank == 0, force=args.force, rank=rank, world=world,
                        device=f"cuda:{state.local_process_index}" if _cuda() else "cpu")

@@ -32,7 +32,7 @@ from probe.prompts.builder import IceBuilder
 from probe.records import (TrialRecord, append_jsonl, check_records, load_prompts, load_trials, make_trial_id,
                            write_jsonl)
 from probe.runfolder import RunFolder
-from probe.tasks import get_family, get_source, load_tasks
+from probe.tasks import get_family, get_source, load_section
 from probe.types import Prompt, Task
 
 log = logging.getLogger(__name__)
@@ -120,7 +120,7 @@ def load_all_tasks(cfg: ExperimentConfig) -> list[Task]:
     tasks: list[Task] = []
     seen: set[str] = set()
     for i, section in enumerate(cfg.tasks):
-        for t in load_tasks(section, cfg.experiment.seed + i):
+        for t in load_section(section, cfg.experiment.seed + i):
             if t.task_id in seen:
                 raise ConfigError(f"task id {t.task_id!r} comes from two task sources; give them distinct ids")
             seen.add(t.task_id)
@@ -181,7 +181,7 @@ def make_builder(cfg: ExperimentConfig, card: ModelCard, tokenizer: Any, id_toke
                       shared_candidates=shared_candidates)
 
 
-def build_prompts(cfg: ExperimentConfig, progress: bool = True,
+def build_run_prompts(cfg: ExperimentConfig, progress: bool = True,
                   tasks: list[Task] | None = None) -> dict[str, list[Prompt]]:
     """Build (or reuse from the run folder's prompts file) the prompts of every tokenizer group.
 
@@ -230,15 +230,12 @@ def make_record(model: str, prompt: Prompt, task: Task, gen: Generation,
     """Score a generation with its family's scorer (:mod:`probe.tasks`) and flatten it into a trial record.
 
     ``intervention`` names the intervention the model ran under (None: the baseline); such a record's ``meta``
-    holds ``intervention_keys`` (the key tokens edited) and, when a matched-random draw found too few tokens,
-    ``intervention_keys_wanted``.
+    holds its :class:`~probe.interventions.KeyCount` (``intervention_keys``, the key tokens edited, and, when a
+    matched-random draw found too few tokens, ``intervention_keys_wanted``).
     """
     meta = dict(task.meta)
     if intervention is not None and gen.intervention_keys is not None:
-        n_keys, wanted = gen.intervention_keys
-        meta["intervention_keys"] = n_keys
-        if wanted != n_keys:
-            meta["intervention_keys_wanted"] = wanted
+        meta.update(gen.intervention_keys.to_meta())
     record = partial(TrialRecord, trial_id=make_trial_id(model, prompt.prompt_id, intervention), model=model,
                      prompt_id=prompt.prompt_id, task_id=prompt.task_id, source=prompt.source,
                      condition=prompt.condition, load=prompt.load, achieved_load=prompt.achieved_load,
@@ -392,7 +389,7 @@ def probe_and_save(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt
     analysis reads them; one that exists already (a resumed run) is not probed again. Under an intervention the
     backend always computes the probe (of the intervened model) while generating.
     """
-    from probe.attention import probe_prompt
+    from probe.attention import probe_tokenized
 
     if not isinstance(backend, LocalBackend):
         raise ConfigError(f"model {backend.model_name!r}: probes need local weights (a served model gives text only)")
@@ -409,7 +406,7 @@ def probe_and_save(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt
     if result is None:
         tp = backend.tokenize(prompts[0])
         generated = gen.output_ids if opts.query == "generated" else None
-        result = probe_prompt(backend.loaded.model, tp, opts, generated_ids=generated)
+        result = probe_tokenized(backend.loaded.model, tp, opts, generated_ids=generated)
     todo[0].parent.mkdir(parents=True, exist_ok=True)
     result.save(todo[0])
     for p in todo[1:]:
@@ -457,7 +454,7 @@ def run_experiment(cfg: ExperimentConfig, progress: bool = True, force: bool = F
             check_probe_supported(c)
     check_interventions_supported(cfg, cards)
     task_list = load_all_tasks(cfg)
-    by_model = build_prompts(cfg, progress=progress and rank == 0, tasks=task_list)
+    by_model = build_run_prompts(cfg, progress=progress and rank == 0, tasks=task_list)
     tasks = {t.task_id: t for t in task_list}
     revisions: dict[str, str] = {}
     for card in cards:
@@ -482,5 +479,5 @@ def run_experiment(cfg: ExperimentConfig, progress: bool = True, force: bool = F
     return run_dir
 
 
-__all__ = ["build_prompts", "check_interventions_supported", "make_record", "merge_shards", "prepare_run_dir", "run_experiment",
+__all__ = ["build_run_prompts", "check_interventions_supported", "make_record", "merge_shards", "prepare_run_dir", "run_experiment",
            "run_model"]

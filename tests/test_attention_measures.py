@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import torch
 
-from probe.attention import Measure, measures, probe_prompt, reference_segment_attention, register_measure
+from probe.attention import Measure, measures, probe_tokenized, reference_segment_attention, register_measure
 from probe.attention.measure import MEASURES, EagerAttention, LayerContext
 from probe.attention.segments import RowBlock
 from probe.attention.result import SegmentAttention
@@ -74,7 +74,7 @@ def test_the_built_in_measures_are_registered_once_and_a_typo_is_named() -> None
 def test_a_toy_measure_is_computed_stored_and_checked_against_its_reference(toy: Measure, tmp_path) -> None:
     model = _build("llama-gqa3")
     tp = make_prompt(4, layout="saturation", n_tokens=61)
-    got = probe_prompt(model, tp)
+    got = probe_tokenized(model, tp)
     ref = reference_segment_attention(model, tp)
     assert got[TOY].shape == (2, model.config.num_attention_heads)
     diffs = got.max_differences(ref)

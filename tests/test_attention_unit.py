@@ -186,12 +186,12 @@ def test_a_format_1_record_still_reads_with_the_same_values() -> None:
     import dataclasses
     from pathlib import Path
 
-    from probe.attention import probe_prompt
+    from probe.attention import probe_tokenized
     from tests.test_attention import _build, make_prompt
 
     old = SegmentAttention.load(Path(__file__).parent / "fixtures" / "attention_record_format1.npz")
     assert set(old.measures) == {"seg_mass", "seg_mass_segment", "p_ext", "ar_k"}
-    new = probe_prompt(_build("llama"), make_prompt(3, layout="saturation", n_tokens=57))
+    new = probe_tokenized(_build("llama"), make_prompt(3, layout="saturation", n_tokens=57))
     same = dataclasses.replace(new, measures={k: new[k] for k in old.measures})  # measures added since: not in it
     assert same.max_differences(old) == {name: 0.0 for name in [*old.measures, "chance"]}
     assert old.segment_labels == new.segment_labels and old.options == new.options

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from probe.attention import probe_batch, probe_prompt, reference_segment_attention
+from probe.attention import probe_batch, probe_tokenized, reference_segment_attention
 from probe.attention.measures.value import value_norms
 from probe.config import ProbeSection
 from probe.types import TokenizedPrompt
@@ -35,7 +35,7 @@ def test_value_norms_read_each_heads_kv_values_and_its_own_output_rows() -> None
 def test_value_weighted_share_equals_eager(arch: str, options: ProbeSection) -> None:
     model = _build(arch)
     tp = make_prompt(7, layout="saturation", n_tokens=58)
-    got = probe_prompt(model, tp, options)
+    got = probe_tokenized(model, tp, options)
     ref = reference_segment_attention(model, tp, options)
     for name in IDS:
         np.testing.assert_allclose(got[name], ref[name], atol=1e-4, rtol=0, equal_nan=True, err_msg=name)
@@ -54,7 +54,7 @@ def test_keys_with_zero_values_get_no_value_weighted_share() -> None:
     tp = make_prompt(5, layout="saturation", n_tokens=60)
     ext = {p for s in tp.spans if s.kind == "extraneous" for p in range(s.start, s.end)}
     ids = tuple(0 if p in ext else max(1, t) for p, t in enumerate(tp.input_ids))
-    res = probe_prompt(model, TokenizedPrompt(input_ids=ids, spans=tp.spans))
+    res = probe_tokenized(model, TokenizedPrompt(input_ids=ids, spans=tp.spans))
     assert res.p_ext[0].min() > 1e-5  # the extraneous tokens are attended to
     assert (res["value_p_ext"][0] == 0.0).all()
     assert res["value_p_ext"][1].max() > 0.0  # later layers see their (no longer zero) residual stream

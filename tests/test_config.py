@@ -177,10 +177,10 @@ def test_a_card_asking_for_a_chat_template_its_tokenizer_lacks_is_refused(tmp_pa
     assert str(card) in str(err.value) and "use_chat_template = false" in str(err.value)
     card.write_text(card.read_text() + "use_chat_template = false\n")
     tok = load_tokenizer(read_card(card))
-    from probe.prompts.tokenize import tokenize_prompt
+    from probe.prompts.tokenize import encode_prompt
     from probe.types import Prompt, Segment
 
     prompt = Prompt("p", "t", "jsonl", "Control", 0, 0.0, 0, "Velt is a town.", (Segment("germane", 0, 15),))
-    assert tokenize_prompt(prompt, tok, use_chat_template=False).spans[-1].kind == "germane"
+    assert encode_prompt(prompt, tok, use_chat_template=False).spans[-1].kind == "germane"
     with pytest.raises(ConfigError, match="has no chat template but use_chat_template is set"):
-        tokenize_prompt(prompt, tok, use_chat_template=True)
+        encode_prompt(prompt, tok, use_chat_template=True)

@@ -64,6 +64,7 @@ from probe.analysis.families import FamilyAnalysis, FamilyData, FamilyOutput, re
 from probe.analysis.glm import LogitFit, fit_logit
 from probe.errors import ProbeError
 from probe.records import TrialRecord
+from probe.tasks.cogniload import PuzzleParams, PuzzleParamsError
 
 log = logging.getLogger(__name__)
 
@@ -326,16 +327,8 @@ def analyze_cogniload(trials: list[TrialRecord] | tuple[TrialRecord, ...], n_boo
 def _to_data(model: str, trials: list[TrialRecord]) -> _Data:
     rows = []
     for t in trials:
-        meta = t.meta or {}
-        try:
-            d_t, n_t, rho_t = float(meta["d"]), float(meta["N"]), float(meta["rho"])
-        except (KeyError, TypeError, ValueError):
-            raise CogniloadAnalysisError(
-                f"trial {t.trial_id} (model {model}): meta {meta!r} needs numeric 'd', 'N' and 'rho'; "
-                "CogniLoad trials must carry the task's meta"
-            ) from None
-        if n_t <= 0:
-            raise CogniloadAnalysisError(f"trial {t.trial_id}: meta N={n_t} must be positive")
+        knobs = PuzzleParams.from_meta(t.meta, f"trial {t.trial_id} (model {model})", error=CogniloadAnalysisError)
+        d_t, n_t, rho_t = float(knobs.d), float(knobs.n_statements), float(knobs.rho)
         if t.em is None:
             raise CogniloadAnalysisError(f"trial {t.trial_id} (model {model}) has no score; only scored trials "
                                          "enter the CogniLoad fit")
@@ -742,6 +735,21 @@ def cogniload_cells(frame: pd.DataFrame, trials: tuple[TrialRecord, ...] | list[
             by[k] = tuple(cells)
         out[model] = KnobCells(overall=overall, d=by["d"], N=by["N"], rho=by["rho"])
     return out
+
+
+def _params_or_none(trial: TrialRecord) -> PuzzleParams | None:
+    """A trial's puzzle parameters, or None when its meta lacks the knobs (it then counts in ``overall`` only)."""
+    try:
+        return PuzzleParams.from_meta(trial.meta, f"trial {trial.trial_id}")
+    except PuzzleParamsError:
+        return None
+
+
+def _knob(params: PuzzleParams | None, knob: str) -> float | None:
+    """The value of one of :data:`KNOBS` (``d``, ``N``, ``rho``), None without parameters."""
+    if params is None:
+        return None
+    return {"d": params.d, "N": params.n_statements, "rho": params.rho}[knob]
 
 
 def _analyze_family(data: FamilyData) -> FamilyOutput:

@@ -4,9 +4,9 @@ An intervention knocks out or steers, in chosen layers and heads, the attention 
 (the edit's geometry: :mod:`probe.attention.edits`; the method: docs/interventions.md). :func:`intervention`
 left-pads a batch of prompts, builds their edit and switches the model to the engine's attention with it::
 
-    from probe.attention.intervention import Intervention, intervention
+    from probe.attention.intervention import Intervention, apply_intervention
     iv = Intervention(kind="knockout", keys="extraneous", queries="answer", layers=(10, 11, 12))
-    with intervention(model, [tp], iv) as batch:          # tp: a TokenizedPrompt with segment spans
+    with apply_intervention(model, [tp], iv) as batch:    # tp: a TokenizedPrompt with segment spans
         out = model.generate(batch.input_ids, attention_mask=batch.attention_mask, max_new_tokens=64)
 """
 
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import torch
 
 from probe.attention.edits import KEY_SETS, KINDS, QUERY_SETS, BatchEdit, edited_attention, random_key_seed, row_edit
-from probe.attention.engine import left_pad
+from probe.attention.engine import left_pad, transformers_model
 from probe.attention.implementation import attach_edit, layers_and_heads
 from probe.errors import ConfigError
 from probe.interventions import Intervention, RowEdit
@@ -50,7 +50,7 @@ class EditedBatch:
 
 
 @contextmanager
-def intervention(
+def apply_intervention(
     model: PreTrainedModel,
     prompts: Sequence[TokenizedPrompt],
     spec: Intervention,
@@ -68,7 +68,8 @@ def intervention(
     The model's attention implementation is restored afterwards, whatever happened.
 
     Args:
-        model: a loaded Hugging Face causal LM of an architecture the probe supports, in eval mode.
+        model: a loaded Hugging Face causal LM of an architecture the probe supports, in eval mode (or a
+            ``probe.load_model`` model, whose transformers model is used).
         prompts: the prompts' ids and token spans.
         spec: kind, α, keys, queries, layers, heads.
         row_edits: per prompt, an explicit :class:`RowEdit` (any key mask and first query) instead of the keys and
@@ -83,6 +84,7 @@ def intervention(
         HookError: an unsupported architecture. ConfigError: a layer or head outside the model, mismatched edits.
         SpanError: queries ``answer`` on a prompt without a question.
     """
+    model = transformers_model(model)
     if not prompts:
         raise ConfigError("intervention: no prompts")
     if row_edits is None:
@@ -102,4 +104,4 @@ def intervention(
 
 
 __all__ = ["BatchEdit", "EditedBatch", "Intervention", "KEY_SETS", "KINDS", "QUERY_SETS", "RowEdit",
-           "edited_attention", "intervention", "random_key_seed", "row_edit"]
+           "apply_intervention", "edited_attention", "random_key_seed", "row_edit"]
