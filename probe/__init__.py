@@ -12,7 +12,7 @@ neither torch nor transformers):
   (text + segments) for a model's tokenizer.
 - ``tokenize_prompt(prompt, model)`` — the model input with one exact token span per segment.
 - ``probe_prompt(model, prompt, options=None, **option_values)`` — per-layer, per-head segment attention, P_ext,
-  chance, enrichment, AR_k (SPEC §4).
+  chance, enrichment, AR_k (docs/probes.md).
 - ``run(experiment, overrides=None, analyze=False, report=False)`` — an experiment end to end -> ``Run``.
 - ``analyze(run)`` / ``render_report(run)`` — ``analysis.json`` / ``report.html`` of a run folder.
 - ``load_run(path)`` — a run folder's config, prompts, trials and attention records (``Run``).

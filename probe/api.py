@@ -256,7 +256,7 @@ def tokenize_prompt(prompt: Prompt, model: ModelLike, use_chat_template: bool | 
 def probe_prompt(model: Any, prompt: Prompt | TokenizedPrompt, options: ProbeSection | None = None, *,
                  generated_ids: Sequence[int] | None = None, compute_residue: bool = True,
                  **option_values: Any) -> SegmentAttention:
-    """Probe one prompt with the attention engine (:func:`probe.attention.probe_prompt`; SPEC §4).
+    """Probe one prompt with the attention engine (:func:`probe.attention.probe_prompt`; docs/probes.md).
 
     Args:
         model: a loaded model (``probe.load_model``), or a transformers causal LM when ``prompt`` is tokenized.

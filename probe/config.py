@@ -17,6 +17,7 @@ from typing import Any, get_args, get_origin, get_type_hints
 
 from probe.errors import ConfigError
 from probe.runfolder import RunFolder
+from probe.tasks import TaskSection, get_source
 from probe.types import CONDITIONS
 
 QUERY_SETS = ("question", "last", "generated")
@@ -37,41 +38,11 @@ class ExperimentSection:
 
 
 @dataclass(frozen=True)
-class TaskSection:
-    """One task source. An experiment may list several (``[[tasks]]``)."""
-
-    source: str
-    n: int = 20
-    hops: int = 2  # synthetic: 2 or 3
-    path: str | None = None  # jsonl: the file; fanoutqa: optional override of the packaged dev set
-    max_hops: int = 6  # fanoutqa: skip questions with more decomposition steps (the dev set has 5 or more)
-    # cogniload grid
-    difficulty: tuple[int, ...] = (1, 3, 5, 7, 10)
-    length: tuple[int, ...] = (20, 50, 100, 250)
-    needle_ratio: tuple[int, ...] = (5, 25, 50, 75, 95)
-
-    def __post_init__(self) -> None:
-        from probe.tasks import SOURCES  # the registry imports this module's types
-
-        if self.source not in SOURCES:
-            raise ConfigError(f"tasks.source: {self.source!r} is not one of {', '.join(SOURCES)}")
-        if self.n < 1:
-            raise ConfigError(f"tasks.n: {self.n} must be >= 1")
-        if self.source == "synthetic" and self.hops not in (2, 3):
-            raise ConfigError(f"tasks.hops: {self.hops}; the synthetic source makes 2- or 3-hop questions")
-        if self.source == "jsonl" and not self.path:
-            raise ConfigError("tasks.path: a jsonl task source needs `path = \"file.jsonl\"`")
-        for rho in self.needle_ratio:
-            if not 5 <= rho <= 95:
-                raise ConfigError(f"tasks.needle_ratio: {rho} is outside [5, 95] percent")
-
-
-@dataclass(frozen=True)
 class IceSection:
     conditions: tuple[str, ...] = CONDITIONS
     loads: tuple[int, ...] = (20, 50, 80)
     replications: int = 2
-    distractor_strategy: str = "random"  # or "stratified" by S_sim (SPEC §5)
+    distractor_strategy: str = "random"  # or "stratified" by S_sim (docs/method.md#distractors-and-replications)
     load_tolerance: float = 5.0  # percentage points
     instruction: str | None = None  # None: the default step-by-step + \boxed{} instruction
 
@@ -92,7 +63,7 @@ class IceSection:
 class GenerationSection:
     max_new_tokens: int = 96
     batch_size: int = 8
-    temperature: float = 0.0  # 0 = greedy (SPEC §3)
+    temperature: float = 0.0  # 0 = greedy (docs/method.md#scoring)
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
@@ -409,8 +380,6 @@ def _refuse_idle_options(raw_tasks: list[dict[str, Any]], raw_ice: dict[str, Any
     A ``[[tasks]]`` key its source does not read, or an ``[ice]`` section when every source lays out its own
     prompts, would be silently ignored; the error names the key and what the source reads instead.
     """
-    from probe.tasks import get_source
-
     sources = []
     for i, t in enumerate(raw_tasks):
         source = get_source(t["source"])
@@ -475,8 +444,6 @@ def dump_config(cfg: ExperimentConfig) -> str:
     Only options with an effect are written: each ``[[tasks]]`` section holds the keys its source reads, and
     ``[ice]`` is left out when every source lays out its own prompts (so the file passes the same validation).
     """
-    from probe.tasks import get_source
-
     d = cfg.to_dict()
     sources = [get_source(t.source) for t in cfg.tasks]
     lines: list[str] = []

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Iterator
 
 from probe.errors import ProbeError, SpanError
 from probe.runfolder import RunFolder
-from probe.types import Gold, Prompt
+from probe.types import Gold, Prompt, family_of_old_record
 
 log = logging.getLogger(__name__)
 
@@ -79,10 +79,8 @@ class TrialRecord:
     def from_dict(d: dict) -> "TrialRecord":
         names = {f.name for f in fields(TrialRecord)}
         kept = {k: v for k, v in d.items() if k in names}
-        if "family" not in kept:  # written before records named their family: the source's
-            from probe.tasks import family_of
-
-            kept["family"] = family_of(str(d.get("source", "")))
+        if "family" not in kept:  # written before records named their family
+            kept["family"] = family_of_old_record(str(d.get("source", "")))
         return TrialRecord(**kept)
 
 

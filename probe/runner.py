@@ -146,7 +146,8 @@ def tokenizer_groups(cfg: ExperimentConfig) -> dict[str, list[ModelCard]]:
 
 
 def needs_embedder(cfg: ExperimentConfig) -> bool:
-    """Whether building the prompts needs the sentence embedder: stratified distractor draws, or S_sim (SPEC §5)
+    """Whether building the prompts needs the sentence embedder: stratified distractor draws, or S_sim
+    (docs/method.md#task-similarity-s_sim)
     for some prompt that can hold extraneous segments in a family where S_sim is defined (``analysis.embedder``
     empty turns S_sim off)."""
     if cfg.ice.distractor_strategy == "stratified":

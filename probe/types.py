@@ -13,7 +13,7 @@ from probe.errors import SpanError
 
 SegmentKind = Literal["instruction", "germane", "extraneous", "filler", "question", "sink"]
 SEGMENT_KINDS: tuple[str, ...] = ("instruction", "germane", "extraneous", "filler", "question", "sink")
-# Kinds whose tokens count towards the load ℓ (SPEC §1): everything but sink, instruction and question.
+# Kinds whose tokens count towards the load ℓ (docs/method.md#load): everything but sink, instruction and question.
 LOAD_KINDS: tuple[str, ...] = ("germane", "extraneous", "filler")
 
 Condition = Literal["Control", "LongControl", "Saturation", "Residue"]
@@ -142,15 +142,18 @@ class Prompt:
             segments=tuple(Segment(**s) for s in d["segments"]),
             tokenizer=d.get("tokenizer", ""),
             s_sim=d.get("s_sim"),
-            family=d["family"] if "family" in d else _family_of_source(d.get("source", "")),
+            family=d["family"] if "family" in d else family_of_old_record(d.get("source", "")),
         )
 
 
-def _family_of_source(source: str) -> str:
-    """The family of a record written before records named it: its source's (see :func:`probe.tasks.family_of`)."""
-    from probe.tasks import family_of
+# Records written before they named their family came from the built-in sources only; of those, cogniload's
+# trials are the cogniload family and every other source's are ice.
+_OLD_RECORD_FAMILIES: dict[str, str] = {"cogniload": "cogniload"}
 
-    return family_of(source)
+
+def family_of_old_record(source: str) -> str:
+    """The family of a prompt or trial record written before records named it, from its ``source``."""
+    return _OLD_RECORD_FAMILIES.get(source, "ice")
 
 
 @dataclass(frozen=True)

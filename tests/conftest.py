@@ -9,6 +9,8 @@ from typing import Iterator
 
 import pytest
 
+from tests import tiers
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -64,9 +66,16 @@ def server(hf_folder: Path) -> Iterator:
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """Tests marked ``served`` start a local OpenAI-compatible server: skip them, saying why, without its extra."""
+    """Tests marked ``gpu`` are skipped without CUDA, and tests marked ``served`` (they start a local
+    OpenAI-compatible server) without the serving extra, each saying why."""
     from tests.serving import missing_serving_modules
 
+    if any("gpu" in item.keywords for item in items) and not tiers.cuda_available():
+        no_gpu = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False here); run it on a "
+                                         "machine with an NVIDIA GPU")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(no_gpu)
     missing = missing_serving_modules()
     if not missing:
         return
@@ -75,3 +84,21 @@ def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         if "served" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    """A unit-tier test's fixtures may load no model (tests/tiers.py)."""
+    if not tiers.in_unit_tier(item):
+        return (yield)
+    with tiers.no_model_loads(item.nodeid):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """A unit-tier test may load no model (tests/tiers.py)."""
+    if not tiers.in_unit_tier(item):
+        return (yield)
+    with tiers.no_model_loads(item.nodeid):
+        return (yield)

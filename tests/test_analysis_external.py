@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from probe.analysis import analyze_external, load_external_trials, parse_mapping, read_analysis
-from probe.analysis.external import ExternalTrialsError, ends_mid_sentence, has_final_answer
+from probe.analysis import analyze_external, read_analysis
+from probe.records_import import (ExternalTrialsError, ends_mid_sentence, has_final_answer, load_external_trials,
+                                  parse_mapping)
 from probe.errors import ConfigError, UnknownNameError
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -28,7 +28,7 @@ PROBE = Path(probe.__file__).parent
 SHARED = ["analysis/__init__.py", "analysis/run.py", "analysis/results.py", "analysis/families.py",
           "analysis/frame.py", "analysis/estimates.py", "analysis/glm.py", "report/__init__.py", "report/render.py",
           "report/compare.py", "report/tables.py", "report/text.py", "report/sections.py", "report/html.py",
-          "report/figures.py", "format.py"]
+          "report/figures.py", "formatting.py"]
 FAMILY_NAMES = ("ice", "cogniload")
 
 
@@ -104,9 +104,12 @@ def _toy_trials(n: int) -> list[dict]:
 
 
 @pytest.fixture
-def toy(monkeypatch):
-    monkeypatch.setitem(analysis_families._REGISTRY, "toy", TOY_ANALYSIS)
-    monkeypatch.setitem(report_sections._SECTIONS, "toy", TOY_SECTION)
+def toy():
+    analysis_families.register_family_analysis(TOY_ANALYSIS)
+    report_sections.register_section(TOY_SECTION)
+    yield
+    analysis_families.ANALYSES.unregister("toy")
+    report_sections.SECTIONS.unregister("toy")
 
 
 def test_a_new_family_needs_one_analysis_and_one_report_section(tmp_path, toy):
@@ -153,3 +156,16 @@ def test_an_analysis_file_naming_an_unknown_family_is_refused(tmp_path, toy):
     RunFolder(run).analysis.write_text(json.dumps(data))
     with pytest.raises(UnknownNameError, match="bench9"):
         read_analysis(run)
+
+
+def test_a_second_report_section_or_analysis_for_a_family_is_refused_and_a_typo_answered(toy):
+    from probe.registry import DuplicateEntryError
+
+    with pytest.raises(DuplicateEntryError, match="report section 'toy' is registered already"):
+        report_sections.register_section(TOY_SECTION)
+    with pytest.raises(DuplicateEntryError, match="analysis family 'toy' is registered already"):
+        analysis_families.register_family_analysis(TOY_ANALYSIS)
+    with pytest.raises(UnknownNameError, match="report section 'cogniloda'; did you mean 'cogniload'"):
+        report_sections.report_section("cogniloda")
+    with pytest.raises(UnknownNameError, match="analysis family 'cogniloda'; did you mean 'cogniload'"):
+        analysis_families.family_analysis("cogniloda")

@@ -1,4 +1,5 @@
-"""CogniLoad generator and scoring: an independent re-execution of the puzzle text, SPEC §7 counts, seeding.
+"""CogniLoad generator and scoring: an independent re-execution of the puzzle text, the counts of docs/cogniload.md,
+seeding.
 
 The checker below knows nothing of the generator's internals: it reads the prompt body as a reader would (with
 regular expressions on the sentence templates), replays the statements from the initial state, and compares the
@@ -108,7 +109,7 @@ def replay(task: Task) -> Replay:
         for p in matched:
             state[p].update(dict(upds))
         flags.append(state[poi] != before[poi])
-        # SPEC rules that must hold after every statement
+        # the rules of docs/cogniload.md#a-puzzle that must hold after every statement
         assert any(state[p] != state[poi] for p in names if p != poi), f"all others equal the PoI after {line}"
         if poi in matched:
             assert state[poi] != before[poi], f"a statement matching the PoI must change it: {line}"
@@ -132,7 +133,7 @@ def check_task(task: Task, d: int, n: int, rho: float) -> None:
     assert len(set(rows)) == len(rows), "two people start identical"
     assert r.poi in r.names and r.asked in r.categories
     assert task.gold == r.final[r.poi][r.asked]
-    # needles: exactly the statements that change the PoI, as many as SPEC says, labelled germane
+    # needles: exactly the statements that change the PoI, as many as docs/cogniload.md says, labelled germane
     assert sum(r.needle_flags) == spec_needles(n, rho) == task.meta["n_needles"]
     kinds = [k for k, _ in task.segments]
     assert kinds[0] == "instruction"

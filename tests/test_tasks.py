@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from probe.config import TaskSection
-from probe.errors import ConfigError, DataUnavailableError, TaskFormatError
+from probe.errors import ConfigError, DataUnavailableError, TaskFormatError, UnknownNameError
 from probe.tasks import load_tasks
 from probe.prompts.filler import neutral_filler
 from probe.tasks.jsonl import load_jsonl_tasks
@@ -432,3 +432,38 @@ def test_load_tasks_fanoutqa() -> None:
     assert len(tasks) == 4 and all(t.task_id.startswith("fqa-") and len(t.hops) <= 6 for t in tasks)
     assert [t.task_id for t in tasks] == [t.task_id for t in load_tasks(TaskSection(source="fanoutqa", n=4,
                                                                                      max_hops=6), 5)]
+
+
+# --- records written before they named their family --------------------------------------------------------------
+
+
+def test_old_records_get_their_sources_family_without_the_task_registry() -> None:
+    from probe.records import TrialRecord
+    from probe.types import Prompt
+
+    base = {"prompt_id": "t|Control|L0|r0", "task_id": "t", "condition": "Control", "load": 0,
+            "achieved_load": 0.0, "replication": 0, "text": "Q?", "segments": [
+                {"kind": "question", "char_start": 0, "char_end": 2, "label": "q"}]}
+    assert Prompt.from_dict({**base, "source": "cogniload"}).family == "cogniload"
+    assert Prompt.from_dict({**base, "source": "synthetic"}).family == "ice"
+    assert Prompt.from_dict({**base, "source": "another-tool"}).family == "ice"
+    assert Prompt.from_dict({**base, "source": "synthetic", "family": "cogniload"}).family == "cogniload"
+    trial = TrialRecord(trial_id="m::p", model="m", prompt_id="p", task_id="t", source="cogniload",
+                        condition="CogniLoad", load=0, achieved_load=0.0, replication=0, prompt_tokens=3, output="x",
+                        answer="x", gold="x", em=1.0, hop_recall=None, truncated=False, uninterpretable=False,
+                        family="cogniload").to_dict()
+    del trial["family"]
+    assert TrialRecord.from_dict(trial).family == "cogniload"
+    assert TrialRecord.from_dict({**trial, "source": "fanoutqa"}).family == "ice"
+
+
+def test_a_source_or_family_name_is_registered_once() -> None:
+    from probe.registry import DuplicateEntryError
+    from probe.tasks import Family, get_family, get_source, register_family, register_source
+
+    with pytest.raises(DuplicateEntryError, match="task source 'jsonl' is registered already"):
+        register_source(get_source("jsonl"))
+    with pytest.raises(DuplicateEntryError, match="task family 'ice' is registered already"):
+        register_family(Family("ice", get_family("ice").score, None, True, "a second ice"))
+    with pytest.raises(UnknownNameError, match="did you mean 'cogniload'"):
+        get_family("cognilod")

@@ -8,7 +8,8 @@ Entry points:
 - :func:`read_analysis`: ``analysis.json`` as it is on disk -> :class:`Analysis` (refuses a missing, stale or
   other-schema file, saying to run ``probe analyze``);
 - :func:`tabulate_run`: the cells of a run's trials without fits or files (the quick table of ``probe run``);
-- :func:`analyze_external`: trial records written by other tools, re-scored with the toolkit's scoring;
+- :func:`analyze_external`: trial records written by other tools, re-scored with the toolkit's scoring into a run
+  folder (:mod:`probe.records_import`), then analysed like any other;
 - :func:`analyze_interventions`: the causal tests of trials run under interventions (``Analysis.interventions``;
   every other estimate reads baseline trials only).
 
@@ -19,7 +20,6 @@ Rendering (text, Markdown, CSV, HTML, figures) is :mod:`probe.report`'s.
 
 from __future__ import annotations
 
-from probe.analysis.external import ImportSummary, analyze_external, load_external_trials, parse_mapping
 from probe.analysis.families import FamilyAnalysis, FamilyData, FamilyOutput, family_analysis, register_family_analysis
 from probe.analysis.interventions import InterventionResult, analyze_interventions, load_interventions
 from probe.analysis.results import (
@@ -31,7 +31,7 @@ from probe.analysis.results import (
     StaleAnalysisError,
     read_analysis,
 )
-from probe.analysis.run import AnalysisConfigError, analyze_run, tabulate_run
+from probe.analysis.run import AnalysisConfigError, analyze_external, analyze_run, tabulate_run
 
 
 __all__ = [
@@ -43,7 +43,6 @@ __all__ = [
     "FamilyAnalysis",
     "FamilyData",
     "FamilyOutput",
-    "ImportSummary",
     "InterventionResult",
     "SCHEMA_VERSION",
     "StaleAnalysisError",
@@ -51,9 +50,7 @@ __all__ = [
     "analyze_interventions",
     "analyze_run",
     "family_analysis",
-    "load_external_trials",
     "load_interventions",
-    "parse_mapping",
     "read_analysis",
     "register_family_analysis",
     "tabulate_run",

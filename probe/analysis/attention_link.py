@@ -1,4 +1,5 @@
-"""Attention records of a run, aggregated per cell, and their link to behaviour and to similarity (SPEC §4, §6).
+"""Attention records of a run, aggregated per cell, and their link to behaviour and to similarity (docs/probes.md,
+docs/statistics.md).
 
 Attention records are written by :meth:`probe.attention.result.SegmentAttention.save` where
 :meth:`probe.runfolder.RunFolder.attention_record` says; a trial links to its prompt's record by (model, prompt_id)

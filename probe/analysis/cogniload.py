@@ -1,4 +1,5 @@
-"""CogniLoad load-sensitivity GLM and capacity thresholds (SPEC §7), per model, from trial records.
+"""CogniLoad load-sensitivity GLM and capacity thresholds (docs/cogniload.md#the-glm-and-the-capacity-thresholds), per
+model, from trial records.
 
 For each model, on its scored CogniLoad trials (``meta`` = ``{d, N, rho}``, ``em`` in {0, 1}), binomial GLMs with a
 logit link are fitted with statsmodels:
@@ -56,7 +57,7 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
-from probe import format as fmt
+from probe import formatting as fmt
 from probe.analysis.cogniload_attention import NeedleHaySummary, cogniload_attention
 from probe.analysis.estimates import Cell, cell_summaries
 from probe.analysis.families import FamilyAnalysis, FamilyData, FamilyOutput, register_family_analysis
@@ -295,7 +296,7 @@ THRESHOLDS: tuple[_ThresholdSpec, ...] = (
 
 
 def analyze_cogniload(trials: list[TrialRecord] | tuple[TrialRecord, ...], n_bootstrap: int, seed: int) -> CogniloadGlm:
-    """Fit the SPEC §7 GLMs and capacity thresholds for every model with CogniLoad trials.
+    """Fit the GLMs of docs/cogniload.md and capacity thresholds for every model with CogniLoad trials.
 
     Args:
         trials: trial records of any sources; only scored ``family == "cogniload"`` trials are used.

@@ -1,4 +1,5 @@
-"""Attention on the needle vs hay statements of CogniLoad prompts, per layer and by rho and N (SPEC §4, §7).
+"""Attention on the needle vs hay statements of CogniLoad prompts, per layer and by rho and N (docs/probes.md,
+docs/cogniload.md).
 
 A CogniLoad prompt's content segments are, in prompt order, the ``n_people`` initial-state sentences and then the
 ``N`` statements (:mod:`probe.tasks.cogniload`). Needles are the ``germane`` statements, hay the ``extraneous``
@@ -13,13 +14,13 @@ statements; the initial-state sentences belong to neither group (they are the sa
 
 ``M_seg`` is the record's per-segment mass (``seg_mass_segment``); D is the mass on every non-sink segment (on all
 segments when the probe ran with ``exclude_sink`` false), exactly the denominator of P_ext; ``chance[l]`` is the
-record's chance level of P_ext (the token share of all extraneous keys visible to Q); n_G and n_ext are the token
-counts of G and of all extraneous segments. So E_G is the per-token share of attention on G divided by the per-token
-share of uniform attention: 1.0 = a token of G gets what a token would get under uniform attention, 2.0 = twice
-that. Taking G = every extraneous segment gives back the record's P_ext enrichment (SPEC §4). chance_G is the
-exact SPEC §4 chance of G when every query of Q sees every token of G and of the extraneous segments, which holds
-for full causal attention because all statements precede the question; in a sliding-window layer that cuts some
-statements it is their token-share approximation.
+record's chance level of P_ext (the token share of all extraneous keys visible to Q); n_G and n_ext are the token counts
+of G and of all extraneous segments. So E_G is the per-token share of attention on G divided by the per-token share of
+uniform attention: 1.0 = a token of G gets what a token would get under uniform attention, 2.0 = twice that. Taking G =
+every extraneous segment gives back the record's P_ext enrichment (docs/probes.md#enrichment). chance_G is the exact
+chance level (docs/probes.md#chance-level) of G when every query of Q sees every token of G and of the extraneous
+segments, which holds for full causal attention because all statements precede the question; in a sliding-window layer
+that cuts some statements it is their token-share approximation.
 
 Per prompt the head-mean E_G[l] = mean_h E_G[l, h] is taken (chance does not depend on the head, so this is also
 the head-mean share over chance_G), and the contrast ``log2_ratio`` = log2(E_needle[l] / E_hay[l]): how many times

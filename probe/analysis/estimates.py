@@ -1,4 +1,4 @@
-"""Per model × condition × load summaries: EM mean, SEM, 95 % CI clustered by question, rates (SPEC §6).
+"""Per model × condition × load summaries: EM mean, SEM, 95 % CI clustered by question, rates (docs/statistics.md).
 
 The interval of a cell's EM is :func:`probe.analysis.inference.proportion_ci`: the Wilson score interval at the
 Korn–Graubard effective sample size (CR1 design effect by question, floored at 1, with the degrees-of-freedom

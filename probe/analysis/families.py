@@ -13,7 +13,6 @@ time the family is asked for. Its report section registers the same way under :m
 
 from __future__ import annotations
 
-import importlib
 import logging
 from dataclasses import dataclass, field
 from typing import Callable
@@ -22,9 +21,10 @@ import numpy as np
 import pandas as pd
 
 from probe.config import AnalysisSection
-from probe.errors import ProbeError, UnknownNameError
 from probe.records import TrialRecord
+from probe.registry import Registry
 from probe.runfolder import RunFolder
+from probe.tasks import FAMILIES
 from probe.types import Prompt
 
 log = logging.getLogger(__name__)
@@ -93,57 +93,37 @@ class FamilyAnalysis:
     methods: dict[str, str]
 
 
-_REGISTRY: dict[str, FamilyAnalysis] = {}
-
-
-class FamilyAnalysisError(ProbeError):
-    """A family's analysis is registered twice, or a family module does not register one."""
+# An analysis is found by its family's name: the task families' modules are named up front (so a typo is answered
+# with the close one), any other name is tried as probe.analysis.<name>.
+ANALYSES: Registry[FamilyAnalysis] = Registry("analysis family",
+                                              lazy={f: f"probe.analysis.{f}" for f in FAMILIES.names()},
+                                              module_pattern="probe.analysis.{name}")
 
 
 def register_family_analysis(entry: FamilyAnalysis) -> FamilyAnalysis:
     """Register a family's analysis (call at import of ``probe/analysis/<family>.py``). Returns ``entry``.
 
     Raises:
-        FamilyAnalysisError: another analysis is registered under the same name.
+        DuplicateEntryError: another analysis is registered under the same name (one family, one analysis).
     """
-    known = _REGISTRY.get(entry.name)
-    if known is not None and known is not entry:
-        raise FamilyAnalysisError(f"family {entry.name!r}: an analysis is registered already "
-                                  f"({known.analyze.__module__}); one family, one analysis")
-    _REGISTRY[entry.name] = entry
-    return entry
+    return ANALYSES.register(entry.name, entry)
 
 
 def family_analysis(name: str) -> FamilyAnalysis:
     """The analysis of family ``name``, importing ``probe.analysis.<name>`` on first use.
 
     Raises:
-        UnknownNameError: no module of that name (names the families known).
-        FamilyAnalysisError: the module exists but registers no analysis for ``name``.
+        UnknownNameError: no module of that name (names close matches). ProbeError: the module exists but
+            registers no analysis for ``name``.
     """
-    if name not in _REGISTRY:
-        module = f"probe.analysis.{name}"
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name != module:
-                raise
-            from probe.tasks import FAMILIES
-
-            raise UnknownNameError("analysis family", name, tuple(sorted({*FAMILIES, *_REGISTRY}))) from None
-        if name not in _REGISTRY:
-            raise FamilyAnalysisError(f"{module} registers no analysis for family {name!r}; call "
-                                      "register_family_analysis(FamilyAnalysis(name=...)) in it")
-    return _REGISTRY[name]
+    return ANALYSES.get(name)
 
 
 def family_order(names: set[str] | list[str]) -> list[str]:
     """Families in report order: the order of :data:`probe.tasks.FAMILIES`, then any others by name."""
-    from probe.tasks import FAMILIES
-
     known = [f for f in FAMILIES if f in names]
     return known + sorted(set(names) - set(known))
 
 
-__all__ = ["FamilyAnalysis", "FamilyAnalysisError", "FamilyData", "FamilyOutput", "family_analysis", "family_order",
+__all__ = ["ANALYSES", "FamilyAnalysis", "FamilyData", "FamilyOutput", "family_analysis", "family_order",
            "register_family_analysis"]

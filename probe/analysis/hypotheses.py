@@ -1,4 +1,4 @@
-"""The paper's hypotheses (SPEC §6), each fitted per model with the small-sample estimators of
+"""The paper's hypotheses (docs/method.md#hypotheses), each fitted per model with the small-sample estimators of
 :mod:`probe.analysis.inference` (statsmodels / scipy underneath; methods and simulations in docs/statistics.md).
 
 - **H1** (:func:`fit_load_trend`): EM = β0 + β·load, load in percentage points, on one condition's trials at its
@@ -297,7 +297,7 @@ def paired_comparison(model: str, a: str, b: str, load: int, ta: pd.DataFrame, t
 
 
 def h2_comparisons(df: pd.DataFrame, model: str, alpha: float, seed: int) -> list[PairedComparison]:
-    """All paired comparisons of one model (SPEC §6 H2 and Residue vs Control), one BH family.
+    """All paired comparisons of one model (H2 and Residue vs Control, docs/method.md#hypotheses), one BH family.
 
     - LongControl vs Control at each LongControl load (Control has no load);
     - Saturation vs LongControl at equal load; where LongControl carries no load (records of other tools),

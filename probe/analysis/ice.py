@@ -1,4 +1,5 @@
-"""The ICE family's analysis (family ``ice``; SPEC §6): cells, H1-H3, power, attention ↔ behaviour, taxonomy.
+"""The ICE family's analysis (family ``ice``; docs/method.md#hypotheses): cells, H1-H3, power, attention ↔ behaviour,
+taxonomy.
 
 Registered with :mod:`probe.analysis.families`; gets the run's ``ice`` trials (multi-hop questions under the
 Control, LongControl, Saturation and Residue conditions, and any condition a user's own segments name) and returns
@@ -52,7 +53,8 @@ log = logging.getLogger(__name__)
 
 FAMILY = "ice"
 H1_CONDITIONS = ("Saturation", "Residue", "LongControl")
-S_SIM_CONDITIONS = ("Saturation", "Residue")  # conditions whose prompts have extraneous segments (SPEC §5)
+# conditions whose prompts have extraneous segments (docs/method.md#task-similarity-s_sim)
+S_SIM_CONDITIONS = ("Saturation", "Residue")
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,7 @@ def fill_s_sim(df: pd.DataFrame, prompts: dict[str, Prompt], embedder_name: str)
     """Compute S_sim for Saturation/Residue trials that lack it, from their prompt records.
 
     The question is the prompt's ``question`` segment text; the extraneous texts are its ``extraneous``
-    segments (SPEC §5).
+    segments (docs/method.md#task-similarity-s_sim).
 
     Returns:
         The table with ``s_sim`` filled where possible, and a note (None when nothing was missing).

@@ -1,4 +1,4 @@
-"""Small-sample inference for the estimates of SPEC §6: intervals, clustered tests, permutation tests, FDR.
+"""Small-sample inference for the estimates of docs/statistics.md: intervals, clustered tests, permutation tests, FDR.
 
 Researchers run 7–50 questions, not the paper's 200. Every function here is pure (numpy arrays in, a small frozen
 dataclass out), uses statsmodels or scipy for its estimator, and says in its docstring which method it applies and

@@ -46,10 +46,10 @@ from typing import Any, Callable, Literal, Union
 
 import numpy as np
 
-from probe.analysis.external import ImportSummary
 from probe.analysis.interventions import InterventionResult
 from probe.config import AnalysisSection
 from probe.errors import ProbeError
+from probe.records_import import ImportSummary
 from probe.runfolder import RunFolder
 
 SCHEMA_VERSION = 4

@@ -33,7 +33,6 @@ from pathlib import Path
 
 import numpy as np
 
-from probe.analysis.external import ImportSummary
 from probe.analysis.families import FamilyData, FamilyOutput, family_analysis, family_order
 from probe.analysis.frame import RunData, load_run_data
 from probe.analysis.interventions import METHODS as INTERVENTION_METHODS
@@ -41,6 +40,7 @@ from probe.analysis.interventions import analyze_run_interventions, baseline_onl
 from probe.analysis.results import SCHEMA_VERSION, Analysis, Inputs, from_json, trials_sha256, write_analysis
 from probe.config import AnalysisSection, load_config
 from probe.errors import ConfigError, ProbeError
+from probe.records_import import ImportSummary, import_external
 from probe.runfolder import RunFolder
 
 log = logging.getLogger(__name__)
@@ -215,7 +215,7 @@ def _import_summary(run: RunFolder) -> ImportSummary | None:
 
     Raises:
         ProbeError: ``manifest.json`` is not valid JSON, or its import summary does not match
-            :class:`probe.analysis.external.ImportSummary`.
+            :class:`probe.records_import.ImportSummary`.
     """
     if not run.manifest.is_file():
         return None
@@ -228,4 +228,42 @@ def _import_summary(run: RunFolder) -> ImportSummary | None:
     return from_json(ImportSummary, manifest["imported_from"], f"{run.manifest}: imported_from")
 
 
-__all__ = ["AnalysisConfigError", "DEFAULT_SEED", "analyze_run", "resolve_settings", "tabulate_run"]
+IMPORT_SEED = 0  # another tool's file carries no experiment seed: the analysis' power simulations use this one
+
+
+def analyze_external(
+    path: str | Path,
+    mapping: str | Path | dict[str, str] | None = None,
+    out_dir: str | Path | None = None,
+    *,
+    max_new_tokens: int | None = None,
+    tokenizer: str | None = None,
+    aliases: dict[str, str] | None = None,
+    settings: AnalysisSection | None = None,
+    seed: int = IMPORT_SEED,
+) -> tuple[Analysis, Path]:
+    """Re-score another tool's trial file into a run folder (:func:`probe.records_import.import_external`), then
+    analyse that folder like any other (:func:`analyze_run`).
+
+    Args:
+        path: the external CSV/JSONL file.
+        mapping: column mapping (see :func:`probe.records_import.parse_mapping`).
+        out_dir: run folder to create; default ``outputs/<file stem>``.
+        max_new_tokens: the generation limit the tool used.
+        tokenizer: local tokenizer folder to count output tokens with.
+        aliases: extra condition-name aliases.
+        settings: analysis gates (default :class:`probe.config.AnalysisSection`).
+        seed: seed of the analysis' random draws (the file carries no experiment seed; default
+            :data:`IMPORT_SEED`).
+
+    Returns:
+        (the :class:`probe.analysis.results.Analysis`, path of ``analysis.json``).
+    """
+    out, _ = import_external(path, mapping, out_dir, max_new_tokens=max_new_tokens, tokenizer=tokenizer,
+                             aliases=aliases)
+    analysis = analyze_run(out, settings or AnalysisSection(), seed=seed, fill_similarity=False)
+    return analysis, out.analysis
+
+
+__all__ = ["AnalysisConfigError", "DEFAULT_SEED", "IMPORT_SEED", "analyze_external", "analyze_run", "resolve_settings",
+           "tabulate_run"]

@@ -1,4 +1,4 @@
-"""Model taxonomy (SPEC §6, paper §5.4), gated on baseline competence and on output quality.
+"""Model taxonomy (docs/method.md#taxonomy; the ICE paper's §5.4), gated on baseline competence and on output quality.
 
 Per model, with the gates of :class:`probe.config.AnalysisSection`:
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from probe import format as fmt
+from probe import formatting as fmt
 from probe.analysis.hypotheses import H1Fit
 from probe.config import AnalysisSection
 

@@ -1,4 +1,4 @@
-"""The attention probe engine: how each layer and head distributes attention over a prompt's segments (SPEC §4).
+"""The attention probe engine: how each layer and head distributes attention over a prompt's segments (docs/probes.md).
 
 Public API:
 

@@ -1,6 +1,6 @@
 """On-paper memory of a probe at context length T, and the largest T that fits a device.
 
-Two ways to get SPEC §4's quantities from a forward pass of T tokens:
+Two ways to get the probe's measures (docs/probes.md) from a forward pass of T tokens:
 
 - ``output_attentions``: eager attention returns every layer's ``(H, T, T)`` weights in the model dtype, all kept
   until the forward ends (``L·H·T²`` elements), plus one layer's float32 softmax in flight (``H·T²·4`` bytes).

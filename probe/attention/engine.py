@@ -709,7 +709,7 @@ def probe_prompt(
     *,
     compute_residue: bool = True,
 ) -> SegmentAttention:
-    """Probe one prompt: segment masses, P_ext with chance and enrichment, sink mass and AR_k (SPEC §4).
+    """Probe one prompt: segment masses, P_ext with chance and enrichment, sink mass and AR_k (docs/probes.md).
 
     Runs one forward pass of the model's base (no LM head, no cache) over the prompt, or over prompt + answer when
     ``generated_ids`` are given.

@@ -3,7 +3,7 @@
 Pure bookkeeping over token spans (no model): the engine and the TransformerLens path both follow a
 :class:`ProbePlan`, so they agree on every definition.
 
-Definitions fixed here (SPEC §4):
+Definitions fixed here (docs/probes.md):
 
 - Segments are the prompt's token spans in order; with ``generated`` ids the answer tokens form one last
   pseudo-segment of kind ``generated``.
@@ -131,7 +131,7 @@ def build_plan(
     else:  # ProbeSection validates the name; this guards against a hand-built options object
         raise ConfigError(f"probe.query: {q!r}; use question, last, generated or segment:<i>")
 
-    # Rank among non-sink prompt segments: the distance k - j of SPEC §4 counts these.
+    # Rank among non-sink prompt segments: the distance k - j of docs/probes.md#attentional-residue-ar_k counts these.
     rank: dict[int, int] = {}
     for i, k in enumerate(kinds[: len(tokenized.spans)]):
         if k != "sink":

@@ -12,11 +12,11 @@ The rows themselves are dropped after each block. A segment's rows are contiguou
 sorted and a segment's tokens are consecutive), so a block adds a slice sum per segment it touches; Q's rows are
 the only ones reduced to segment sums, so a residue row costs one pass of adds over its keys, no matmul.
 
-At the end of the layer the residue is computed for all (source, target) pairs at once: the dot products of the
-source and target row sums by one batched matmul, the targets' norms on keys ``[0, end of source)`` from a
-cumulative sum (SPEC §4's comparison window), and γ^{k−j} weights as a (target, source) matrix — no Python loop
-over pairs. The chance level depends only on which keys Q can see, so it is computed from the mask rows of Q once
-per mask (:meth:`PlanTensors.chance`), not per layer.
+At the end of the layer the residue is computed for all (source, target) pairs at once: the dot products of the source
+and target row sums by one batched matmul, the targets' norms on keys ``[0, end of source)`` from a cumulative sum (the
+comparison window, docs/probes.md#attentional-residue-ar_k), and γ^{k−j} weights as a (target, source) matrix — no
+Python loop over pairs. The chance level depends only on which keys Q can see, so it is computed from the mask rows of Q
+once per mask (:meth:`PlanTensors.chance`), not per layer.
 """
 
 from __future__ import annotations

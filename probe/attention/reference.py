@@ -1,4 +1,5 @@
-"""Reference probe: the SPEC §4 quantities computed directly from eager ``output_attentions`` (full matrices).
+"""Reference probe: the probe's measures (docs/probes.md) computed directly from eager ``output_attentions`` (full
+matrices).
 
 Written independently of the engine (its own query sets, masks and loops over segments, float64 numpy) so that
 the tests can hold the engine to it. It materialises L × H × T² attention: use it on short prompts only.

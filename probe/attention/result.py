@@ -1,7 +1,7 @@
 """The result of probing one prompt: per-layer, per-head attention aggregates over the prompt's segments.
 
 A :class:`SegmentAttention` holds only aggregates (never a T x T matrix) and is written to a compact ``.npz``
-(float32 arrays plus a small JSON header) keyed by ``prompt_id``. The quantities are those of SPEC §4:
+(float32 arrays plus a small JSON header) keyed by ``prompt_id``. The quantities are those of docs/probes.md:
 
 - ``seg_mass[layer, head, kind]``: M[l, h, K] = mean over the query set Q of the attention mass on keys of kind K.
   Kinds are :data:`KEY_KINDS`, the six segment kinds plus ``generated`` (the answer tokens, non-zero only when the
@@ -16,7 +16,7 @@ A :class:`SegmentAttention` holds only aggregates (never a T x T matrix) and is 
   extraneous tokens / non-sink tokens before the query. One value per layer: heads share their mask.
 - ``enrichment`` = p_ext / chance (NaN where chance is 0, e.g. Control, or undefined).
 - ``ar_k[layer, head, target]``: attentional residue of each target segment (every germane segment and the
-  question segment, ``ar_targets``), SPEC §4; ``ar_k_mean`` is its mean over heads.
+  question segment, ``ar_targets``), docs/probes.md#attentional-residue-ar_k; ``ar_k_mean`` is its mean over heads.
 """
 
 from __future__ import annotations

@@ -2,16 +2,16 @@
 
 Three parts, in at most ~8 minutes on one large GPU:
 
-1. **Exactness on the device.** Tiny random-weight models of every supported architecture (grouped-query heads,
-   sliding windows shorter than the prompt, Gemma 2's soft-capping, Gemma 3's mixed layers), probed one prompt at
-   a time and three prompts per batch (left-padded), against eager ``output_attentions`` on the same device:
-   in float32 to 1e-4 (SPEC §4), and in bfloat16 to :data:`BF16_TOL`. Why a looser bound in bfloat16: eager
-   attention rounds the scores q·kᵀ to bfloat16 (8 significant bits, unit roundoff 2⁻⁸ ≈ 0.4 %) before the
-   softmax and the weights to bfloat16 after it, while the engine keeps its scores in float32; at the scores of
+1. **Exactness on the device.** Tiny random-weight models of every supported architecture (grouped-query heads, sliding
+   windows shorter than the prompt, Gemma 2's soft-capping, Gemma 3's mixed layers), probed one prompt at a time and
+   three prompts per batch (left-padded), against eager ``output_attentions`` on the same device: in float32 to 1e-4
+   (docs/probes.md#exactness-against-eager-attention), and in bfloat16 to :data:`BF16_TOL`. Why a looser bound in
+   bfloat16: eager attention rounds the scores q·kᵀ to bfloat16 (8 significant bits, unit roundoff 2⁻⁸ ≈ 0.4 %) before
+   the softmax and the weights to bfloat16 after it, while the engine keeps its scores in float32; at the scores of
    these models (initialiser range 0.2: attention clearly non-uniform) a weight moves by up to about 1 %, and the
-   masses, P_ext and AR_k that sum many weights moved by at most 7e-3 in trials — the bound leaves 3x headroom and
-   is still far below the differences the probes are used to detect (P_ext between conditions: 0.05-0.3). The
-   chance level involves no model arithmetic and is held to 1e-6 in both.
+   masses, P_ext and AR_k that sum many weights moved by at most 7e-3 in trials — the bound leaves 3x headroom and is
+   still far below the differences the probes are used to detect (P_ext between conditions: 0.05-0.3). The chance level
+   involves no model arithmetic and is held to 1e-6 in both.
 2. **The attention bench at long context.** A random-weight model with Llama-3-8B's shape (config only, no
    weights, bfloat16) at T = 4k, 8k, 16k, 32k: plain SDPA forward, the engine, the engine with AR_k, and eager
    ``output_attentions`` where its L·H·T² weights fit; time and peak-memory ratios, and the longest T probed.
@@ -314,10 +314,3 @@ def format_gpu_check(report: GpuCheckReport) -> str:
     lines += ["", f"{'PASSED' if report.ok else 'FAILED'} in {report.seconds:.0f} s"]
     return "\n".join(lines)
 
-
-if __name__ == "__main__":
-    import sys
-
-    from probe.cli import main
-
-    sys.exit(main(["bench", "gpu-check", *sys.argv[1:]]))

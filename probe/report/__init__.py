@@ -7,7 +7,7 @@
 
 Everything here reads :class:`probe.analysis.Analysis` (``analysis.json`` as written) and recomputes no statistic.
 Each task family's part is drawn by its report section (:mod:`probe.report.sections`); numbers are written by
-:mod:`probe.format`.
+:mod:`probe.formatting`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The CogniLoad section of a report (family ``cogniload``; SPEC §7), drawn from a
+"""The CogniLoad section of a report (family ``cogniload``; docs/cogniload.md), drawn from a
 :class:`probe.analysis.cogniload.CogniloadResult`.
 
 Figures: accuracy against each knob (d, N, rho; Wilson 95 % CIs, the rho panel shows whether accuracy is U-shaped),
@@ -23,7 +23,7 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-from probe import format as fmt
+from probe import formatting as fmt
 from probe.analysis.cogniload import (
     FAMILY,
     KNOBS,

@@ -2,7 +2,7 @@
 and :mod:`probe.report.cogniload`).
 
 Every figure is a matplotlib :class:`~matplotlib.figure.Figure` (no pyplot state, Agg canvas); a ``draw_*`` function
-returns None when there is nothing to draw. Numbers written on figures go through :mod:`probe.format`.
+returns None when there is nothing to draw. Numbers written on figures go through :mod:`probe.formatting`.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from probe import format as fmt
+from probe import formatting as fmt
 from probe.analysis.attention_link import AttentionBehaviour, LayerTests, ResidueAttention
 from probe.analysis.estimates import Cell
 from probe.analysis.hypotheses import H1Fit, H3Correlation, PairedComparison

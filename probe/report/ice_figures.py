@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import MaxNLocator
 
-from probe import format as fmt
+from probe import formatting as fmt
 from probe.analysis.attention_link import AttentionBehaviour, LayerFit, LayerTest, LayerTests, PExtLogit
 from probe.analysis.estimates import Cell
 from probe.analysis.ice import IceResult

@@ -14,7 +14,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from probe import format as fmt
+from probe import formatting as fmt
 from probe.analysis.estimates import Cell
 from probe.analysis.interventions import (
     Contrast,

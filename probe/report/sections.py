@@ -13,7 +13,6 @@ Adding a benchmark's report: write ``probe/report/<family>.py`` and call :func:`
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -23,7 +22,9 @@ from matplotlib.figure import Figure
 
 from probe.analysis.estimates import Cell
 from probe.config import AnalysisSection
-from probe.errors import ProbeError, UnknownNameError
+from probe.errors import ProbeError
+from probe.registry import Registry
+from probe.tasks import FAMILIES
 from probe.report.html import fig_png, figure_block
 
 Rows = list[dict[str, Any]]
@@ -111,45 +112,29 @@ class ReportSection:
     compare_html: Callable[[Any, ReportContext], str]
 
 
-_SECTIONS: dict[str, ReportSection] = {}
-
-
-class ReportSectionError(ProbeError):
-    """A family's report section is registered twice, or a section module registers none."""
+# A section is found by its family's name: the task families' modules are named up front (so a typo is answered
+# with the close one), any other name is tried as probe.report.<name> (the interventions section, a new family).
+SECTIONS: Registry[ReportSection] = Registry("report section", lazy={f: f"probe.report.{f}" for f in FAMILIES.names()},
+                                             module_pattern="probe.report.{name}")
 
 
 def register_section(section: ReportSection) -> ReportSection:
     """Register a family's report section (call at import of ``probe/report/<family>.py``). Returns it.
 
     Raises:
-        ReportSectionError: another section is registered for the family.
+        DuplicateEntryError: another section is registered for the family.
     """
-    known = _SECTIONS.get(section.family)
-    if known is not None and known is not section:
-        raise ReportSectionError(f"family {section.family!r}: a report section is registered already")
-    _SECTIONS[section.family] = section
-    return section
+    return SECTIONS.register(section.family, section)
 
 
 def report_section(family: str) -> ReportSection:
     """The report section of ``family``, importing ``probe.report.<family>`` on first use.
 
     Raises:
-        UnknownNameError: no such module. ReportSectionError: the module registers no section for ``family``.
+        UnknownNameError: no such module (close names suggested). ProbeError: the module registers no section for
+            ``family``.
     """
-    if family not in _SECTIONS:
-        module = f"probe.report.{family}"
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name != module:
-                raise
-            raise UnknownNameError("report section", family, tuple(_SECTIONS)) from None
-        if family not in _SECTIONS:
-            raise ReportSectionError(f"{module} registers no report section for family {family!r}; call "
-                                     "register_section(ReportSection(family=...)) in it")
-    return _SECTIONS[family]
+    return SECTIONS.get(family)
 
 
-__all__ = ["ArrayView", "ReportContext", "ReportSection", "ReportSectionError", "Rows", "register_section",
-           "report_section"]
+__all__ = ["ArrayView", "ReportContext", "ReportSection", "Rows", "SECTIONS", "register_section", "report_section"]

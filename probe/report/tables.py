@@ -14,8 +14,8 @@ import logging
 from pathlib import Path
 from typing import Any, Iterable
 
-from probe.analysis.external import ImportSummary
 from probe.analysis.results import Analysis, to_json
+from probe.records_import import ImportSummary
 from probe.report.sections import Rows, report_section
 from probe.report.text import MAIN_HEADER, PATH_LEGEND, cell_row
 from probe.runfolder import RunFolder

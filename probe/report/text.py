@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from probe import format as fmt
+from probe import formatting as fmt
 from probe.analysis.estimates import Cell
 from probe.analysis.results import Analysis
 from probe.analysis.run import tabulate_run

@@ -1,4 +1,4 @@
-"""Behavioural scoring of one generation against its task (SPEC §3): answer, EM, hop recall, truncation.
+"""Behavioural scoring of one generation against its task (docs/method.md#scoring): answer, EM, hop recall, truncation.
 
 Extraction (:func:`extract_answer`), in order:
 
@@ -44,7 +44,8 @@ usual. A box or an ``Answer:`` line is never refused by this rule: the model mar
 **Hop recall** applies the same per-string rule to the whole output (reasoning included): the share of hops with
 a known intermediate answer whose answer appears in the output.
 
-**Uninterpretable** (recorded apart from EM, SPEC §3): nothing could be extracted, that is
+**Uninterpretable** (recorded apart from EM, docs/method.md#truncated-and-uninterpretable): nothing could be extracted,
+that is
 
 * the output is missing or blank, or
 * the answer slot is empty (see above), or

@@ -1,4 +1,5 @@
-"""Scoring of CogniLoad answers (SPEC §7): an explicit final answer first, then progressive exact match.
+"""Scoring of CogniLoad answers (docs/cogniload.md#scoring): an explicit final answer first, then progressive exact
+match.
 
 The verdict is made on one string, the *judged string*, found in this order (the first that exists decides, right
 or wrong):

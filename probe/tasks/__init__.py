@@ -12,88 +12,34 @@ registry instead of naming a source:
 - ``options``: the ``[[tasks]]`` keys the source reads; ``probe validate`` refuses any other key, naming it;
 - ``family``: the :class:`Family` whose scorer and analysis its trials get.
 
-A family is a kind of benchmark: ``ice`` (multi-hop questions: SPEC §3 scoring, the ICE estimates H1-H3) and
-``cogniload`` (logic-grid puzzles: progressive exact match, the CogniLoad GLM; SPEC §7). Each prompt and trial
-record carries its family, so the analysis groups trials by it without guessing from sources or conditions.
+The section type (:class:`TaskSection`) and the source registry live in :mod:`probe.tasks.section`, the family
+registry in :mod:`probe.tasks.family`; this module registers the built-in entries in both.
 
-Adding a benchmark: one loader module here, one :class:`TaskSource` (and a :class:`Family` if it is scored or
-analysed differently), one scorer under :mod:`probe.scoring`, one analysis and one report section registered for
-the family.
+A family is a kind of benchmark: ``ice`` (multi-hop questions: docs/method.md#scoring, the ICE estimates H1-H3) and
+``cogniload`` (logic-grid puzzles: progressive exact match, the CogniLoad GLM; docs/cogniload.md). Each prompt and
+trial record carries its family, so the analysis groups trials by it without guessing from sources or conditions.
+
+Adding a benchmark: one loader module here, one :class:`TaskSource` passed to :func:`register_source` (and a
+:class:`Family` passed to :func:`register_family` if it is scored or analysed differently), one scorer under
+:mod:`probe.scoring`, one analysis and one report section registered for the family. A name registered twice is
+refused; a misspelt one is answered with the close names.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Literal
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from probe.errors import ConfigError, UnknownNameError
+from probe.errors import ConfigError
+from probe.tasks.family import CUSTOM_CONDITION, FAMILIES, Family, get_family, register_family
+from probe.tasks.section import SOURCES, Layout, TaskSection, TaskSource, get_source, register_source
+from probe.types import family_of_old_record
 
 if TYPE_CHECKING:
-    from probe.config import TaskSection
     from probe.scoring import Score
     from probe.types import Task
 
 log = logging.getLogger(__name__)
-
-Layout = Literal["ice", "native", "task"]
-
-# Condition of a prompt laid out from a task's own segments when neither the family nor the task names one.
-CUSTOM_CONDITION = "Custom"
-
-
-@dataclass(frozen=True)
-class Family:
-    """A kind of benchmark: how its outputs are scored and which analysis its trials get.
-
-    Attributes:
-        name: the family's id, recorded on every prompt and trial (``ice``, ``cogniload``).
-        score: ``(output, task, truncated) -> Score`` (:mod:`probe.scoring`).
-        native_condition: the condition of a natively laid out prompt (CogniLoad: ``"CogniLoad"``); None lets the
-            task name its condition (``meta["condition"]``), else :data:`CUSTOM_CONDITION`.
-        has_s_sim: S_sim (SPEC §5: the question against the extraneous segments) is defined for its prompts.
-        description: one line for listings.
-    """
-
-    name: str
-    score: Callable[[str | None, "Task", bool], "Score"]
-    native_condition: str | None
-    has_s_sim: bool
-    description: str
-
-
-@dataclass(frozen=True)
-class TaskSource:
-    """One task source (see the module docstring).
-
-    Attributes:
-        name: the ``source`` value of a ``[[tasks]]`` section.
-        load: ``(section, seed) -> tasks`` in a fixed order.
-        layout: ``ice``, ``native`` or ``task``.
-        family: the name of its :class:`Family`.
-        options: ``[[tasks]]`` keys the source reads (besides ``source``).
-        description: one line for listings.
-    """
-
-    name: str
-    load: Callable[["TaskSection", int], list["Task"]]
-    layout: Layout
-    family: str
-    options: frozenset[str]
-    description: str
-
-    def is_native(self, task: "Task") -> bool:
-        """Whether ``task`` is laid out from its own segments (else the ICE builder makes its conditions)."""
-        if self.layout == "task":
-            return bool(task.segments)
-        return self.layout == "native"
-
-    @property
-    def uses_ice(self) -> bool:
-        """Whether the ``[ice]`` section (conditions, loads, replications, distractors) can affect its prompts."""
-        return self.layout != "native"
 
 
 def _score_answers(output: str | None, task: "Task", truncated: bool) -> "Score":
@@ -111,19 +57,21 @@ def _score_cogniload(output: str | None, task: "Task", truncated: bool) -> "Scor
                  uninterpretable=s.uninterpretable, extraction=s.case or "none")
 
 
-def _load_synthetic(section: "TaskSection", seed: int) -> list["Task"]:
+def _load_synthetic(section: TaskSection, seed: int) -> list["Task"]:
+    import numpy as np  # here, not at the top: `import probe.config` (and so `probe.Intervention`) stays numpy-free
+
     from probe.tasks.synthetic import generate_synthetic
 
     return generate_synthetic(section.n, section.hops, np.random.default_rng((seed, section.hops)))
 
 
-def _load_fanoutqa(section: "TaskSection", seed: int) -> list["Task"]:
+def _load_fanoutqa(section: TaskSection, seed: int) -> list["Task"]:
     from probe.tasks.fanoutqa import load_fanoutqa
 
     return load_fanoutqa(section.n, section.max_hops, seed, section.path)
 
 
-def _load_jsonl(section: "TaskSection", seed: int) -> list["Task"]:
+def _load_jsonl(section: TaskSection, seed: int) -> list["Task"]:
     from probe.tasks.jsonl import load_jsonl_tasks
 
     if section.path is None:  # TaskSection.__post_init__ refuses this already; kept for hand-built sections
@@ -131,66 +79,43 @@ def _load_jsonl(section: "TaskSection", seed: int) -> list["Task"]:
     return load_jsonl_tasks(section.path, section.n)
 
 
-def _load_cogniload(section: "TaskSection", seed: int) -> list["Task"]:
+def _load_cogniload(section: TaskSection, seed: int) -> list["Task"]:
     from probe.tasks.cogniload import generate_tasks
 
     return generate_tasks(section, seed)
 
 
-FAMILIES: dict[str, Family] = {
-    f.name: f
-    for f in (
-        Family("ice", _score_answers, None, True,
-               "multi-hop questions under the ICE conditions: EM, hop recall, H1-H3 (SPEC §3, §6)"),
-        Family("cogniload", _score_cogniload, "CogniLoad", False,
-               "logic-grid puzzles: progressive exact match, GLM and thresholds (SPEC §7)"),
-    )
-}
+for _family in (
+    Family("ice", _score_answers, None, True,
+           "multi-hop questions under the ICE conditions: EM, hop recall, H1-H3 (docs/method.md)"),
+    Family("cogniload", _score_cogniload, "CogniLoad", False,
+           "logic-grid puzzles: progressive exact match, GLM and thresholds (docs/cogniload.md)"),
+):
+    register_family(_family)
 
-SOURCES: dict[str, TaskSource] = {
-    s.name: s
-    for s in (
-        TaskSource("synthetic", _load_synthetic, "ice", "ice", frozenset({"n", "hops"}),
-                   "fictional 2- and 3-hop chains (no training-data contamination)"),
-        TaskSource("fanoutqa", _load_fanoutqa, "ice", "ice", frozenset({"n", "max_hops", "path"}),
-                   "the FanOutQA dev set with its human decompositions"),
-        TaskSource("jsonl", _load_jsonl, "task", "ice", frozenset({"n", "path"}),
-                   "your own file: ICE conditions from its hops, or its own segments as written"),
-        TaskSource("cogniload", _load_cogniload, "native", "cogniload",
-                   frozenset({"n", "difficulty", "length", "needle_ratio"}),
-                   "logic-grid puzzles with difficulty, length and needle-ratio knobs"),
-    )
-}
-
-
-def get_source(name: str) -> TaskSource:
-    """The registered source ``name``.
-
-    Raises:
-        UnknownNameError: naming close matches and the registered sources.
-    """
-    if name not in SOURCES:
-        raise UnknownNameError("task source", name, tuple(SOURCES))
-    return SOURCES[name]
-
-
-def get_family(name: str) -> Family:
-    """The registered family ``name``.
-
-    Raises:
-        UnknownNameError: naming close matches and the registered families.
-    """
-    if name not in FAMILIES:
-        raise UnknownNameError("task family", name, tuple(FAMILIES))
-    return FAMILIES[name]
+for _source in (
+    TaskSource("synthetic", _load_synthetic, "ice", "ice", frozenset({"n", "hops"}),
+               "fictional 2- and 3-hop chains (no training-data contamination)"),
+    TaskSource("fanoutqa", _load_fanoutqa, "ice", "ice", frozenset({"n", "max_hops", "path"}),
+               "the FanOutQA dev set with its human decompositions"),
+    TaskSource("jsonl", _load_jsonl, "task", "ice", frozenset({"n", "path"}),
+               "your own file: ICE conditions from its hops, or its own segments as written"),
+    TaskSource("cogniload", _load_cogniload, "native", "cogniload",
+               frozenset({"n", "difficulty", "length", "needle_ratio"}),
+               "logic-grid puzzles with difficulty, length and needle-ratio knobs"),
+):
+    register_source(_source)
 
 
 def family_of(source: str) -> str:
-    """The family of a source's trials (``ice`` for a source this registry does not know: another tool's file)."""
-    return SOURCES[source].family if source in SOURCES else "ice"
+    """The family of a source's trials; for a source this registry does not know (another tool's file, a record
+    written before records named their family), the family such a record had
+    (:func:`probe.types.family_of_old_record`).
+    """
+    return SOURCES.get(source).family if source in SOURCES else family_of_old_record(source)
 
 
-def load_tasks(section: "TaskSection", seed: int) -> list["Task"]:
+def load_tasks(section: TaskSection, seed: int) -> list["Task"]:
     """The tasks of one ``[[tasks]]`` section.
 
     Args:
@@ -212,5 +137,5 @@ def load_tasks(section: "TaskSection", seed: int) -> list["Task"]:
     return tasks
 
 
-__all__ = ["CUSTOM_CONDITION", "FAMILIES", "Family", "SOURCES", "TaskSource", "family_of", "get_family",
-           "get_source", "load_tasks"]
+__all__ = ["CUSTOM_CONDITION", "FAMILIES", "Family", "Layout", "SOURCES", "TaskSection", "TaskSource", "family_of",
+           "get_family", "get_source", "load_tasks", "register_family", "register_source"]

@@ -1,4 +1,4 @@
-"""CogniLoad logic-grid puzzles (SPEC §7): a seeded generator with three independent knobs.
+"""CogniLoad logic-grid puzzles (docs/cogniload.md): a seeded generator with three independent knobs.
 
 A puzzle describes ``|P| = max(d, 2)`` people, each with ``d`` attributes (categories); category ``c`` takes one of
 ``|V_c| = max(d + 1, 3)`` values. One person is the Person of Interest (PoI). After an initial state in which every
@@ -47,7 +47,7 @@ from operator import itemgetter
 
 import numpy as np
 
-from probe.config import TaskSection
+from probe.tasks.section import TaskSection
 from probe.errors import ConfigError, ProbeError
 from probe.types import Hop, Task
 
@@ -155,12 +155,12 @@ MAX_DIFFICULTY = min(len(CATEGORIES), min(len(c.values) for c in CATEGORIES) - 1
 
 
 def n_people(d: int) -> int:
-    """``|P| = max(d, 2)`` (SPEC §7)."""
+    """``|P| = max(d, 2)`` (docs/cogniload.md#a-puzzle)."""
     return max(d, 2)
 
 
 def n_values(d: int) -> int:
-    """``|V_c| = max(d + 1, 3)`` values per category (SPEC §7)."""
+    """``|V_c| = max(d + 1, 3)`` values per category (docs/cogniload.md#a-puzzle)."""
     return max(d + 1, 3)
 
 

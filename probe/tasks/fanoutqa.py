@@ -11,9 +11,9 @@ fact of its own. Each hop's fact renders the sub-question and its answer as one 
 answer is kept where it is a single value (a string, number or yes/no); a list or mapping answer has no single
 string to recall, so that hop's ``answer`` is None and hop recall skips it.
 
-Gold answers keep their shape (SPEC §3): a string, a list of strings or a mapping of strings. Numbers become
-their decimal text, booleans "yes"/"no"; empty values in a list or mapping are dropped (they cannot be
-matched), and a question left with no gold value is skipped.
+Gold answers keep their shape (docs/method.md#objects): a string, a list of strings or a mapping of strings. Numbers
+become their decimal text, booleans "yes"/"no"; empty values in a list or mapping are dropped (they cannot be matched),
+and a question left with no gold value is skipped.
 """
 
 from __future__ import annotations

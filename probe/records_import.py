@@ -1,4 +1,7 @@
-"""Trial records written by other tools (CSV or JSONL), re-scored with the toolkit's scoring, then analysed.
+"""Trial records written by other tools (CSV or JSONL), re-scored with the toolkit's scoring into a run folder.
+
+:func:`import_external` writes the folder (``trials.jsonl`` and a ``manifest.json`` that says how the file was read);
+the analysis then reads that folder like any other (:func:`probe.analysis.analyze_external` does both).
 
 A column mapping names, for each toolkit field, the column that holds it (``--map model=model,load=pct`` or a
 TOML file with a ``[map]`` table and an optional ``[conditions]`` table of condition-name aliases). Fields:
@@ -32,7 +35,8 @@ How each row is classified (never as a wrong answer unless it is one):
 - **error**: the output matches ``error_pattern`` (default: it starts with ``API_ERROR``) → ``error`` is set and
   the trial is not scored.
 - **skipped**: the output cell is empty → ``skipped`` with reason; not scored.
-- **truncated** (SPEC §3: generation hit the token limit), decided by the first rule that applies:
+- **truncated** (docs/method.md#truncated-and-uninterpretable: generation hit the token limit), decided by the first
+  rule that applies:
   1. a mapped ``truncated`` column;
   2. ``max_new_tokens`` with token counts (a mapped ``completion_tokens`` column, or a ``tokenizer`` — a local
      Hugging Face tokenizer folder, ideally the generating model's — to count with): truncated iff the output
@@ -58,17 +62,12 @@ import tomllib
 from collections import Counter
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
-from probe.config import AnalysisSection
 from probe.errors import ConfigError, ProbeError, UnknownNameError
 from probe.records import TrialRecord, append_jsonl, make_trial_id
 from probe.runfolder import RunFolder, make_prompt_id
 from probe.types import CONDITIONS, Task
-
-if TYPE_CHECKING:
-    from probe.analysis.results import Analysis
-
 log = logging.getLogger(__name__)
 
 FIELDS: tuple[str, ...] = ("model", "condition", "output", "gold", "task_id", "question", "load", "replication",
@@ -92,7 +91,6 @@ PRESETS: dict[str, dict[str, str]] = {
 }
 
 DEFAULT_ERROR_PATTERN = r"^\s*API_ERROR\b"
-IMPORT_SEED = 0  # another tool's file carries no experiment seed: the analysis' power simulations use this one
 _MISSING = ("", "none", "nan", "null")
 
 
@@ -447,7 +445,7 @@ def load_external_trials(
     return trials, summary
 
 
-def analyze_external(
+def import_external(
     path: str | Path,
     mapping: str | Path | dict[str, str] | None = None,
     out_dir: str | Path | None = None,
@@ -455,13 +453,11 @@ def analyze_external(
     max_new_tokens: int | None = None,
     tokenizer: str | None = None,
     aliases: dict[str, str] | None = None,
-    settings: AnalysisSection | None = None,
-    seed: int = IMPORT_SEED,
-) -> tuple["Analysis", Path]:
-    """Re-score another tool's trial file into a run folder and analyse it.
+) -> tuple[RunFolder, ImportSummary]:
+    """Re-score another tool's trial file into a run folder.
 
-    Writes ``trials.jsonl`` (replacing any earlier import) and ``manifest.json`` (source file, its sha256, the
-    mapping and the truncation rule) into ``out_dir``, then runs :func:`probe.analysis.analyze_run` there.
+    Writes ``trials.jsonl`` (replacing any earlier import) and ``manifest.json`` (``imported_from``: the source
+    file, its sha256, the mapping and the truncation rule, an :class:`ImportSummary`) into ``out_dir``.
 
     Args:
         path: the external CSV/JSONL file.
@@ -470,15 +466,10 @@ def analyze_external(
         max_new_tokens: the generation limit the tool used.
         tokenizer: local tokenizer folder to count output tokens with.
         aliases: extra condition-name aliases.
-        settings: analysis gates (default :class:`probe.config.AnalysisSection`).
-        seed: seed of the analysis' random draws (the file carries no experiment seed; default
-            :data:`IMPORT_SEED`).
 
     Returns:
-        (the :class:`probe.analysis.results.Analysis`, path of ``analysis.json``).
+        (the run folder, the :class:`ImportSummary`).
     """
-    from probe.analysis.run import analyze_run
-
     path = Path(path)
     trials, summary = load_external_trials(path, mapping, aliases=aliases, max_new_tokens=max_new_tokens,
                                            tokenizer=tokenizer)
@@ -488,5 +479,8 @@ def analyze_external(
     out.trials.unlink(missing_ok=True)
     append_jsonl(out.trials, (t.to_dict() for t in trials))
     out.manifest.write_text(json.dumps({"imported_from": asdict(summary)}, indent=1), encoding="utf-8")
-    analysis = analyze_run(out, settings or AnalysisSection(), seed=seed, fill_similarity=False)
-    return analysis, out.analysis
+    return out, summary
+
+
+__all__ = ["DEFAULT_ERROR_PATTERN", "ExternalTrialsError", "ImportSummary", "import_external", "load_external_trials",
+           "parse_mapping"]
