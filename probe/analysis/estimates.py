@@ -8,16 +8,17 @@ in ``docs/statistics.md``. With one question no design effect can be estimated: 
 interval and ``ci_reason`` says so.
 
 *Scoring path* (docs/statistics.md#scoring-path-against-control): every trial records the rule that decided its
-answer (``extraction``: ``boxed``, ``answer_line``, ``last_line``, ``echo``, ``none``; :mod:`probe.scoring.answers`).
-A cell reports the share of each rule among its outputs and *strict EM*: the share of scored trials answered
-correctly by a box or an ``Answer:`` line (a fallback-decided answer counts as not correct), with the same interval
-as EM. A condition whose mix of rules differs from Control's compares EM across scoring paths as well as across
-conditions, so each non-Control cell is tested against the same model's Control cell, question by question: the share of its outputs
-decided by a box or an answer line (the split strict EM rests on) per question, minus Control's, by the sign-flip
-permutation test of H2 (:func:`probe.analysis.inference.paired_sign_flip`, pairs = question × replication; exact up
-to 16 questions). It is clustered by question and assumes nothing about the rules' rates; ``scoring_path_shift``
-flags p < alpha, like truncation, as a warning about the comparison, not a finding (so no multiplicity correction:
-a missed flag costs more than a spare one). Below 6 questions there is no test and the reason says so.
+answer (``extraction``: ``boxed``, ``answer_line``, ``last_line``, ``echo``, ``none``;
+:mod:`probe.scoring.answers`). A cell reports the share of each rule among its outputs and *strict EM*: the share of
+scored trials answered correctly by a box or an ``Answer:`` line (a fallback-decided answer counts as not correct),
+with the same interval as EM. A condition whose mix of rules differs from Control's compares EM across scoring paths
+as well as across conditions, so each non-Control cell is tested against the same model's Control cell, question by
+question: the share of its outputs decided by a box or an answer line (the split strict EM rests on) per question,
+minus Control's, by the sign-flip permutation test of H2 (:func:`probe.analysis.inference.paired_sign_flip`, pairs =
+question × replication; exact up to 16 questions). It is clustered by question and assumes nothing about the rules'
+rates; ``scoring_path_shift`` flags p < alpha, like truncation, as a warning about the comparison, not a finding (so
+no multiplicity correction: a missed flag costs more than a spare one). Below 6 questions there is no test and the
+reason says so.
 
 ``em_sem`` is always the plain standard error of the mean over trials (``scipy.stats.sem``), as in the paper's
 Table 1; ``em_se`` is the cluster-robust (CR1) standard error behind the interval's design effect. Skipped trials and
