@@ -137,6 +137,7 @@ def test_run_stops_at_a_damaged_line_and_writes_nothing(tmp_path, tiny_card, cap
     assert _snapshot(run.root) == before
 
 
+@pytest.mark.integration
 def test_bench_attention_measures_the_model_named_by_model(tiny_card, monkeypatch, capsys):
     """`--model CARD` loads that card (not the default) and labels the figures with it."""
     import probe.loading
