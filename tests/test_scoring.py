@@ -195,6 +195,8 @@ LABEL = Task("label", "synthetic", "Which record label released the first album 
 @pytest.mark.parametrize("out", [
     "The record label Mirhei was released by the record label Mirhei",  # seen from Qwen2.5-Coder-0.5B
     "The record label Mirhei was released by the record label Mirhei.",
+    # seen from Qwen2.5-Coder-0.5B under Saturation-80: the fact's own clause copied after the echo
+    "The record label Mirhei was released by the record label Mirhei, which also paid for the studio time.",
     "Step by step, the band Zorvik.\nThe record label Mirhei is the record label Mirhei.",
     "Mirhei, Mirhei.",
     "The first album of the record label Mirhei was released by Mirhei.",
@@ -208,6 +210,8 @@ def test_an_echo_of_the_gold_is_not_credited(out: str) -> None:
     "The record label Mirhei released the first album of the band Zorvik.",  # once: the question answered
     "The album Veisrex was released by the record label Mirhei.",
     "Mirhei released Veisrex, so the answer is Mirhei.",  # says more than the question: Veisrex, answer
+    "The record label Mirhei released the first album of the band Zorvik, Mirhei.",  # related to the asked name
+    "Based on the information provided, the record label released the first album of the band Zorvik by Mirhei.",
     "Zorvik's first album came out on Mirhei; it is Mirhei that released it, not Kessel.",
     "The answer is Mirhei.",
     "Mirhei",

@@ -31,15 +31,19 @@ appears somewhere in a long reasoning trace does not count. Rule for one gold st
 A list gold needs every element matched somewhere in the answer; a mapping gold needs every value matched.
 A gold element that normalises to nothing cannot be matched (EM is false).
 
-**The echo rule** (fallback only). A last line that names a (non-numeric) gold at least twice and says nothing
-else -- every other word is a word of the question or a function word (:data:`ECHO_FILLER`: forms of *be*,
-*have*, *do*, prepositions, conjunctions, pronouns) -- is an *echo*, not an answer: "The record label Mirhei was
-released by the record label Mirhei" for "Which record label released the first album of the band Zorvik?"
-repeats the gold as its own subject and object inside the question's frame, the degenerate copy a small model
-writes under distractors, and is not credited (``extraction = "echo"``, EM false, still interpretable). A
-sentence that names the gold once ("The record label Mirhei released the first album of the band Zorvik."), or
-that says anything more ("Mirhei released Veisrex, so the answer is Mirhei": *Veisrex*, *answer*) is judged as
-usual. A box or an ``Answer:`` line is never refused by this rule: the model marked it as its answer.
+**The echo rule** (fallback only). A last line that names a (non-numeric) gold only as the repeated subject of
+its sentence is an *echo*, not an answer: in every sentence that names the gold (sentences end at ``.!?;``), the
+gold occurs at least twice, and the words before its first occurrence and between the first two are all words of
+the question or function words (:data:`ECHO_FILLER`: forms of *be*, *have*, *do*, prepositions, conjunctions,
+pronouns), none of them a name the question asks about (a capitalised word of the question after its first word).
+"The record label Mirhei was released by the record label Mirhei, which also paid for the studio time" for "Which
+record label released the first album of the band Zorvik?" puts the gold on both sides of the question's own verb
+(the clause after it, copied from the text, does not change that): the degenerate copy a small model writes under
+distractors. It is not credited (``extraction = "echo"``, EM false, still interpretable). A line that names the
+gold once ("The record label Mirhei released the first album of the band Zorvik."), that relates it to the
+question's name ("... of the band Zorvik, Mirhei.") or to anything else ("Mirhei released Veisrex, so the answer
+is Mirhei": *Veisrex*, *answer*; "Zorvik's first album came out on Mirhei; it is Mirhei that released it") is
+judged as usual. A box or an ``Answer:`` line is never refused by this rule: the model marked it as its answer.
 
 **Hop recall** applies the same per-string rule to the whole output (reasoning included): the share of hops with
 a known intermediate answer whose answer appears in the output.
@@ -280,8 +284,23 @@ def exact_match(answer: str | None, gold: Gold, rel_tol: float = REL_TOL) -> boo
     return bool(values) and all(_matches(answer, g, rel_tol) for g in values)
 
 
+_SENTENCE_BREAK = re.compile(r"(?<=[.!?;])\s+")
+
+
+def _echoes(sentence: list[str], g: list[str], asked: set[str], names: set[str]) -> bool:
+    """Whether one sentence's tokens name the gold tokens ``g`` as a repeated subject (the echo rule)."""
+    starts: list[int] = []
+    for i in range(len(sentence) - len(g) + 1):
+        if sentence[i : i + len(g)] == g and (not starts or i >= starts[-1] + len(g)):
+            starts.append(i)
+    if len(starts) < 2:
+        return False
+    frame = sentence[: starts[0]] + sentence[starts[0] + len(g) : starts[1]]  # before the first, between the two
+    return all((t in asked or t in ECHO_FILLER) and t not in names for t in frame)
+
+
 def is_echo(answer: str, gold: str, question: str) -> bool:
-    """Whether a fallback answer names ``gold`` only in an echo (the echo rule of the module docstring).
+    """Whether a fallback answer names ``gold`` only as a repeated subject (the echo rule of the module docstring).
 
     Args:
         answer: the extracted last line.
@@ -289,18 +308,19 @@ def is_echo(answer: str, gold: str, question: str) -> bool:
         question: the task's question.
 
     Returns:
-        True when the gold's normalised tokens occur at least twice in the answer and every other token is a token
-        of the question or in :data:`ECHO_FILLER`.
+        True when every sentence of the answer that names the gold names it at least twice, and the words before
+        its first occurrence and between the first two are all words of the question or in :data:`ECHO_FILLER`,
+        none of them one of the question's names (its capitalised words after the first).
     """
-    if _gold_number(gold) is not None:
+    g = normalize_answer(gold).split()
+    if not g or _gold_number(gold) is not None:
         return False
-    g, toks = normalize_answer(gold).split(), normalize_answer(answer).split()
-    starts = [i for i in range(len(toks) - len(g) + 1) if g and toks[i : i + len(g)] == g]
-    if len(starts) < 2:
-        return False
-    covered = {i + j for i in starts for j in range(len(g))}
+    words = question.split()
+    names = set(normalize_answer(" ".join(w for w in words[1:] if w[:1].isupper())).split())
     asked = set(normalize_answer(question).split())
-    return all(t in asked or t in ECHO_FILLER for k, t in enumerate(toks) if k not in covered)
+    naming = [toks for toks in (normalize_answer(x).split() for x in _SENTENCE_BREAK.split(answer))
+              if _contains_tokens(toks, g)]
+    return bool(naming) and all(_echoes(toks, g, asked, names) for toks in naming)
 
 
 def hop_recall(output: str, hops: Sequence[Hop]) -> float | None:
