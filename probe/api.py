@@ -1,13 +1,21 @@
 """The public API: what ``import probe`` offers, for scripts and notebooks.
 
+Every function that uses a model takes it first, and "the model" is always a loaded model: what
+:func:`load_model` returns (a :class:`Model`), or a model card's name (or TOML path, or ModelCard), which is loaded
+once per process and kept. The loaded model also offers each stage as a method, as a TransformerLens or nnsight
+model object does; the module functions are thin equivalents of the methods.
+
 One trial's path, by hand::
 
     import probe
-    lm = probe.load_model()                                   # the default card, smollm2-135m-instruct
+    m = probe.load_model()                                    # the default card, smollm2-135m-instruct
     task = probe.load_tasks("synthetic", n=1)[0]
-    prompt = probe.build_prompt(task, lm, "Saturation", load=50)
-    tp = probe.tokenize_prompt(prompt, lm)                    # token ids + one span per segment
-    att = probe.probe_prompt(lm, prompt)                      # SegmentAttention: p_ext, chance, enrichment, ...
+    p = m.build_prompt(task, "Saturation", load=50)           # = probe.build_prompt(m, task, "Saturation", load=50)
+    tp = m.tokenize(p)                                        # = probe.tokenize_prompt(m, p): ids + segment spans
+    att = m.probe(p)                                          # = probe.probe_prompt(m, p): p_ext, chance, ...
+    answer = m.generate(p, max_new_tokens=32)[0].text         # = probe.generate(m, p, ...): as a run answers
+    with m.intervention(p, kind="knockout", keys="extraneous") as batch:   # = probe.intervention(m, p, ...)
+        out = m.model.generate(batch.input_ids, attention_mask=batch.attention_mask, max_new_tokens=32)
 
 A whole experiment::
 
@@ -27,30 +35,428 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import weakref
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence, Union
 
-from probe.errors import ConfigError, ProbeError
+from probe.errors import ArgumentError, ConfigError, ProbeError
 from probe.loaded_run import Run, load_run
+from probe.loading import LoadedModel
 
 if TYPE_CHECKING:
     from probe.analysis.results import Analysis
-    from probe.attention.intervention import EditedBatch, Intervention, RowEdit
+    from probe.attention.intervention import EditedBatch
     from probe.attention.result import SegmentAttention
+    from probe.backends.base import Generation
     from probe.config import ExperimentConfig, IceSection, ProbeSection
-    from probe.loading import LoadedModel, ModelCard
+    from probe.tasks import TaskSection
+    from probe.interventions import Intervention, RowEdit
+    from probe.loading import ModelCard
     from probe.prompts.builder import IceBuilder
     from probe.types import Prompt, Task, TokenizedPrompt
 
 log = logging.getLogger(__name__)
 
-# What the prompt functions accept as "the model": a loaded model, a card (or its name / TOML path), or a
-# transformers tokenizer (prompts are built and tokenized in a tokenizer; the weights are not needed).
-ModelLike = Union["LoadedModel", "ModelCard", str, Any]
+# What every function that uses a model accepts as "the model": a loaded model, or a card (its name, the path to
+# its TOML, or the ModelCard), which resolves to the loaded model (loaded once per process, see ``as_model``).
+ModelLike = Union["Model", LoadedModel, "ModelCard", str, Path]
 Experiment = Union[str, Path, Mapping[str, Any], "ExperimentConfig"]
+PromptLike = Union["Prompt", "TokenizedPrompt"]
+
+# the sections of an experiment that ``run`` / ``experiment_config`` overrides change key by key
+OVERRIDABLE = ("experiment", "ice", "generation", "probe", "analysis")
 
 
-def load_model(card: str | ModelCard | None = None, device: str | None = None) -> LoadedModel:
+@dataclass(repr=False)
+class Model(LoadedModel):
+    """A loaded model (card, transformers model, tokenizer) with the toolkit's stages as methods.
+
+    :func:`load_model` returns one; every module function of :mod:`probe` that uses a model takes it (or a card
+    name) first, and ``probe.f(m, x, ...)`` equals ``m.f(x, ...)``::
+
+        m = probe.load_model()
+        p = m.build_prompt(task, "Saturation", load=50)
+        tp = m.tokenize(p)
+        att = m.probe(p)
+        with m.intervention(p, kind="knockout", keys="extraneous") as batch:
+            m.model.generate(batch.input_ids, attention_mask=batch.attention_mask, max_new_tokens=16)
+
+    Attributes (those of :class:`probe.loading.LoadedModel`): ``card``, ``model`` (the transformers model),
+    ``tokenizer``, ``revision``, ``device``.
+    """
+
+    def __repr__(self) -> str:
+        return f"Model({self.card.name!r}, device={self.device})"
+
+    @classmethod
+    def of(cls, loaded: LoadedModel) -> Model:
+        """The same loaded model (no copy of its weights) with the methods; a Model is returned as it is."""
+        if isinstance(loaded, Model):
+            return loaded
+        return cls(**{f.name: getattr(loaded, f.name) for f in dataclasses.fields(LoadedModel)})
+
+    @property
+    def name(self) -> str:
+        """The card name (what prompt and trial records carry as the model)."""
+        return self.card.name
+
+    def builder(self, *, seed: int = 1234, ice: IceSection | None = None, embedder: str | None = None,
+                use_chat_template: bool | None = None) -> IceBuilder:
+        """The ICE prompt builder for this model's tokenizer (what the runner assembles for an experiment).
+
+        Args:
+            seed: the experiment seed (distractor draws and placements depend on it, not on the model).
+            ice: conditions, loads, replications, distractor strategy, tolerance, instruction (default
+                ``IceSection()``).
+            embedder: a sentence-transformers model (name or path, e.g. ``"all-MiniLM-L6-v2"``) to record S_sim
+                and to draw ``stratified`` distractors; None records no S_sim.
+            use_chat_template: override the card's ``use_chat_template``.
+
+        Returns:
+            A :class:`~probe.prompts.builder.IceBuilder`.
+        """
+        from probe.config import IceSection
+        from probe.prompts.builder import IceBuilder
+        from probe.prompts.distractors import distractor_facts
+        from probe.prompts.filler import neutral_filler
+
+        similarity = s_sim = None
+        if embedder:
+            from probe.prompts.similarity import get_embedder
+
+            emb = get_embedder(embedder)
+            similarity, s_sim = emb.similarity_to, emb.s_sim
+        chat = self.card.use_chat_template if use_chat_template is None else use_chat_template
+        return IceBuilder(ice=ice or IceSection(), tokenizer=self.tokenizer, tokenizer_name=self.card.name,
+                          seed=seed, distractors=distractor_facts, filler=neutral_filler, similarity=similarity,
+                          s_sim=s_sim, use_chat_template=chat)
+
+    def build_prompts(self, task: Task | Sequence[Task], *, conditions: Sequence[str] | None = None,
+                      loads: Sequence[int] | None = None, replications: int | None = 1, seed: int = 1234,
+                      ice: IceSection | None = None, embedder: str | None = None) -> list[Prompt]:
+        """Every prompt of one task (or several) for this model's tokenizer, as ``probe build`` makes them.
+
+        An ICE task gives Control per replication and the other conditions per load and replication; a task that
+        brings its own segments (CogniLoad, a JSONL line with ``segments``) gives one prompt laid out as written.
+
+        Args:
+            task: a :class:`~probe.types.Task` (``probe.load_tasks``) or a sequence of them.
+            conditions / loads / replications: override ``ice``'s (defaults: all four conditions, loads
+                20/50/80 %, 1 replication).
+            seed: the experiment seed.
+            ice: the full ``[ice]`` section, when more than the three above is to change.
+            embedder: sentence-transformers model for S_sim and stratified draws (None: no S_sim).
+
+        Returns:
+            The prompts, in the builder's order (per task: replication, Control, then per load the conditions).
+
+        Raises:
+            ArgumentError: ``task`` is not a Task (or a sequence of them).
+            BuildError: a load cannot be reached within tolerance. ConfigError: an unknown condition or bad load.
+        """
+        tasks = _tasks_argument("build_prompts", task)
+        seed = _whole("build_prompts", "seed", seed)
+        if loads is not None:
+            loads = [_whole("build_prompts", "each of loads", x) for x in loads]
+        if replications is not None:
+            replications = _whole("build_prompts", "replications", replications)
+        builder = self.builder(seed=seed, ice=_ice_section(ice, conditions, loads, replications), embedder=embedder)
+        return builder.build_all(tasks)
+
+    def build_prompt(self, task: Task, condition: str | None = None, load: int = 50, replication: int = 0, *,
+                     seed: int = 1234, ice: IceSection | None = None, embedder: str | None = None) -> Prompt:
+        """One prompt: ``task`` under ``condition`` at ``load`` percent, replication ``replication``.
+
+        The prompt equals the one an experiment with the same seed builds for that cell (same distractors, same
+        placement). A task that brings its own segments has one prompt, laid out as written: leave ``condition``
+        out.
+
+        Args:
+            task: the task.
+            condition: ``Control``, ``LongControl``, ``Saturation`` or ``Residue`` (default Saturation; Control
+                ignores ``load``).
+            load: target load ℓ in percent (extraneous share of germane + extraneous tokens; LongControl: the
+                filler share it is length-matched to).
+            replication: 0-based replication (each draws its own distractor sample and placement).
+            seed: the experiment seed.
+            ice: tolerance, distractor strategy and instruction (default ``IceSection()``).
+            embedder: sentence-transformers model for S_sim (None: no S_sim).
+
+        Raises:
+            ArgumentError: ``task`` is not a Task. ProbeError: a condition given for a natively laid out task.
+            BuildError: the load cannot be reached. UnknownNameError: an unknown condition.
+        """
+        from probe.errors import UnknownNameError
+        from probe.tasks import get_source
+        from probe.types import CONDITIONS, Task
+
+        if not isinstance(task, Task):
+            raise ArgumentError(f"build_prompt: task must be a Task (probe.load_tasks(...)[i]), got "
+                                f"{_kind(task)}")
+        if condition is not None and not isinstance(condition, str):
+            raise ArgumentError(f"build_prompt: condition must be a condition name ({', '.join(CONDITIONS)}), got "
+                                f"{condition!r}")
+        load, replication = _whole("build_prompt", "load", load), _whole("build_prompt", "replication", replication)
+        seed = _whole("build_prompt", "seed", seed)
+        builder = self.builder(seed=seed, ice=ice, embedder=embedder)
+        if get_source(task.source).is_native(task):
+            if condition is not None:
+                raise ProbeError(f"task {task.task_id!r} is laid out from its own segments (source {task.source!r}); "
+                                 f"it has no ICE condition {condition!r}: call build_prompt without a condition")
+            return builder.build_native(task)
+        condition = condition or "Saturation"
+        if condition not in CONDITIONS:
+            raise UnknownNameError("condition", condition, CONDITIONS)
+        if condition == "LongControl":
+            saturation = builder.build(task, "Saturation", load, replication)
+            return builder.build_long_control(task, load, replication, saturation)
+        return builder.build(task, condition, 0 if condition == "Control" else load, replication)
+
+    def tokenize(self, prompt: Prompt, use_chat_template: bool | None = None) -> TokenizedPrompt:
+        """The model input of a prompt with one exact token span per segment (:mod:`probe.prompts.tokenize`).
+
+        Args:
+            prompt: a built prompt.
+            use_chat_template: override the card's setting.
+
+        Returns:
+            A :class:`~probe.types.TokenizedPrompt`: ``input_ids`` (T,) and ``spans`` partitioning them (template
+            markup and special tokens are ``sink``).
+
+        Raises:
+            ArgumentError: ``prompt`` is not a Prompt. SpanError: a token crosses a segment boundary.
+        """
+        from probe.prompts.tokenize import encode_prompt
+        from probe.types import Prompt
+
+        if not isinstance(prompt, Prompt):
+            raise ArgumentError(f"tokenize_prompt: prompt must be a built Prompt (build_prompt), got {_kind(prompt)}")
+        chat = self.card.use_chat_template if use_chat_template is None else use_chat_template
+        return encode_prompt(prompt, self.tokenizer, chat)
+
+    def _tokenized(self, call: str, prompt: Any) -> TokenizedPrompt:
+        from probe.types import Prompt, TokenizedPrompt
+
+        if isinstance(prompt, TokenizedPrompt):
+            return prompt
+        if isinstance(prompt, Prompt):
+            return self.tokenize(prompt)
+        raise ArgumentError(f"{call}: a prompt must be a built Prompt or a TokenizedPrompt, got {_kind(prompt)}")
+
+    def probe(self, prompt: Prompt | TokenizedPrompt, options: ProbeSection | None = None,
+              generated_ids: Sequence[int] | None = None, *, compute_residue: bool = True,
+              **option_values: Any) -> SegmentAttention:
+        """Probe one prompt with the attention engine (:func:`probe.attention.probe_tokenized`; docs/probes.md).
+
+        Args:
+            prompt: a built prompt (tokenized with this model's tokenizer) or a TokenizedPrompt (any spans that
+                partition the tokens).
+            options: probe options (default ``ProbeSection()``: query ``question``, γ = 0.5, cosine residue).
+            generated_ids: answer ids appended to the prompt (query ``generated``).
+            compute_residue: compute AR_k (costs more: every row of the germane, question and extraneous segments).
+            **option_values: single options to change (``query="last"``, ``gamma=0.7``, ...).
+
+        Returns:
+            The prompt's :class:`~probe.attention.SegmentAttention`: ``seg_mass`` (layer, head, kind),
+            ``seg_mass_segment`` (layer, head, segment), ``p_ext`` (layer, head), ``chance`` (layer,),
+            ``enrichment`` (layer, head), ``ar_k`` (layer, head, target).
+
+        Raises:
+            ArgumentError: ``prompt`` is neither a Prompt nor a TokenizedPrompt.
+            HookError: an unsupported architecture. ConfigError: a bad option.
+        """
+        from probe.attention import probe_tokenized
+        from probe.config import ProbeSection
+
+        opts = options or ProbeSection()
+        if option_values:
+            unknown = sorted(set(option_values) - {f.name for f in dataclasses.fields(ProbeSection)})
+            if unknown:
+                raise ConfigError(f"probe_prompt: {unknown[0]!r} is not a probe option (the keys of [probe]: "
+                                  f"{', '.join(f.name for f in dataclasses.fields(ProbeSection))})")
+            opts = dataclasses.replace(opts, **option_values)
+        return probe_tokenized(self.model, self._tokenized("probe_prompt", prompt), opts, generated_ids,
+                               compute_residue=compute_residue)
+
+    @contextlib.contextmanager
+    def intervention(self, prompts: PromptLike | Sequence[PromptLike], spec: Intervention | None = None, *,
+                     row_edits: Sequence[RowEdit] | None = None, seed: int = 0,
+                     **spec_values: Any) -> Iterator[EditedBatch]:
+        """Run this model under an attention intervention on some prompts (docs/interventions.md).
+
+        Inside the block, ``m.model.generate(batch.input_ids, attention_mask=batch.attention_mask, ...)`` (or a
+        forward pass) runs with the edit: in the chosen layers and heads, the attention of the queries to the keys
+        is knocked out (−inf before the softmax) or steered (post-softmax weights × α, rows renormalised). The
+        model's attention implementation is restored afterwards.
+
+        Args:
+            prompts: built prompts (tokenized with this model's tokenizer) or TokenizedPrompts (any segment spans);
+                one or several, left-padded into one batch in the order given.
+            spec: the :class:`~probe.interventions.Intervention`; or give its fields as ``spec_values``
+                (``kind="knockout", keys="extraneous", queries="answer", layers=(10, 11), heads=None,
+                alpha=None``).
+            row_edits: per prompt, a :class:`~probe.interventions.RowEdit` (any key mask over its tokens and the
+                first query position) instead of the keys and queries derived from the spans.
+            seed: seeds ``matched-random`` keys (with each prompt's id, or its index for a TokenizedPrompt).
+
+        Yields:
+            The :class:`~probe.attention.intervention.EditedBatch` (``input_ids``, ``attention_mask``, ``pads``,
+            ``rows``).
+
+        Raises:
+            ArgumentError: a prompt that is neither a Prompt nor a TokenizedPrompt, or both ``spec`` and
+                ``spec_values``. ConfigError: a bad field or a layer/head outside the model. HookError: an
+            unsupported architecture. SpanError: queries ``answer`` on a prompt without a question.
+        """
+        from probe.attention.intervention import apply_intervention
+        from probe.interventions import Intervention
+        from probe.types import Prompt, TokenizedPrompt
+
+        if spec is not None and spec_values:
+            raise ArgumentError("intervention: give an Intervention (spec=) or its fields, not both")
+        if spec is None:
+            spec = Intervention(**spec_values)
+        elif not isinstance(spec, Intervention):
+            raise ArgumentError(f"intervention: spec must be a probe.Intervention, got {_kind(spec)}")
+        items = _items("intervention", prompts, (Prompt, TokenizedPrompt),
+                       "prompts must be built Prompts or TokenizedPrompts")
+        tokenized = [self._tokenized("intervention", p) for p in items]
+        ids = [p.prompt_id if isinstance(p, Prompt) else str(i) for i, p in enumerate(items)]
+        pad_id = 0 if self.tokenizer.pad_token_id is None else int(self.tokenizer.pad_token_id)
+        with apply_intervention(self.model, tokenized, spec, row_edits=row_edits, seed=seed, prompt_ids=ids,
+                                pad_id=pad_id) as batch:
+            yield batch
+
+    def generate(self, prompts: Prompt | Sequence[Prompt], *, intervention: Intervention | None = None,
+                 probe: ProbeSection | None = None, seed: int = 0, **generation: Any) -> list[Generation]:
+        """Answer prompts as a run does (:class:`probe.backends.local.LocalBackend`: batched, greedy by default).
+
+        Args:
+            prompts: one built prompt or several.
+            intervention: an :class:`~probe.interventions.Intervention` to generate under (None: the model as it is).
+            probe: probe options, to get each prompt's attention in ``Generation.attention`` (None: no probe).
+            seed: the seed of sampled decoding and of ``matched-random`` keys (an experiment's seed).
+            **generation: ``[generation]`` keys: ``max_new_tokens`` (default 96), ``batch_size``, ``temperature``,
+                ``top_p``.
+
+        Returns:
+            One :class:`~probe.backends.base.Generation` per prompt, in order: ``text`` (the answer), ``truncated``,
+            ``output_ids``; ``skip_reason`` for a prompt longer than the context window allows.
+
+        Raises:
+            ArgumentError: a prompt that is not a Prompt. ConfigError: an unknown or invalid ``[generation]`` key.
+        """
+        from probe.backends.local import LocalBackend
+        from probe.config import GenerationSection
+        from probe.types import Prompt
+
+        items = _items("generate", prompts, (Prompt,), "prompts must be built Prompts (build_prompt)")
+        keys = {f.name for f in dataclasses.fields(GenerationSection)}
+        unknown = sorted(set(generation) - keys)
+        if unknown:
+            raise ConfigError(f"generate: {unknown[0]!r} is not a [generation] key ({', '.join(sorted(keys))})")
+        gen = GenerationSection(**generation)
+        by_id = {p.prompt_id: g for p, g in LocalBackend(self, seed=seed).generate(items, gen, probe, intervention)}
+        return [by_id[p.prompt_id] for p in items]
+
+    def show(self, run: str | Path | Run, prompt_id: str, *, layer: int | None = None, head: int | None = None,
+             query: str | None = None, out: str | Path | None = None) -> Path:
+        """One prompt of a run of this model as an HTML page of its tokens shaded by attention (:func:`show`)."""
+        return show(run, prompt_id, model=self, layer=layer, head=head, query=query, out=out)
+
+
+def _kind(value: Any) -> str:
+    """How an argument is named in an error message: its type, and what it is when it is a toolkit object."""
+    from probe.types import Prompt, Task, TokenizedPrompt
+
+    if isinstance(value, Task):
+        return f"a Task ({value.task_id!r})"
+    if isinstance(value, Prompt):
+        return f"a Prompt ({value.prompt_id!r})"
+    if isinstance(value, TokenizedPrompt):
+        return f"a TokenizedPrompt ({len(value.input_ids)} tokens)"
+    return f"{type(value).__module__}.{type(value).__qualname__}"
+
+
+def _whole(call: str, name: str, value: Any) -> int:
+    """``value`` as an int when it is a whole number (a numpy integer, 50.0), else ArgumentError naming ``name``."""
+    import numbers
+
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ArgumentError(f"{call}: {name} must be a whole number, got {value!r} ({_kind(value)})")
+    return int(value)
+
+
+def _items(call: str, value: Any, types: tuple[type, ...], what: str) -> list[Any]:
+    """``value`` as a list of ``types``: one of them, or a sequence of them (else ArgumentError: ``call: what``)."""
+    items = [value] if isinstance(value, types) else list(value) if isinstance(value, Sequence) else None
+    bad = [value] if items is None else [x for x in items if not isinstance(x, types)]
+    if bad:
+        raise ArgumentError(f"{call}: {what}, got {_kind(bad[0])}")
+    return items or []
+
+
+def _tasks_argument(call: str, task: Any) -> list[Task]:
+    from probe.types import Task
+
+    return _items(call, task, (Task,), "task must be a Task or a sequence of Tasks (probe.load_tasks)")
+
+
+# card key -> the model a card name resolved to (kept for the process: a notebook's later calls reuse it)
+_RESOLVED: dict[str, Model] = {}
+# card key -> a model load_model returned (weakly: it lives as long as the caller keeps it)
+_LOADED: weakref.WeakValueDictionary[str, Model] = weakref.WeakValueDictionary()
+
+
+def _card_key(card: ModelCard) -> str:
+    return str(card.card_path) if card.card_path else card.name
+
+
+def as_model(model: Any, call: str = "the call") -> Model:
+    """``model`` as a loaded :class:`Model`: a loaded model as it is, a card (name, TOML path or ModelCard) loaded.
+
+    A card is loaded once per process: the model :func:`load_model` returned for it while that is still in use,
+    else the one an earlier card name resolved to, else it is loaded now (``device`` None: CUDA when available) and
+    kept for later calls. Pass the loaded model to choose the device or to free it with ``del``.
+
+    Args:
+        model: a loaded model, or a card's name, TOML path or ModelCard.
+        call: the public function asking (named in the error).
+
+    Raises:
+        ArgumentError: a Task, Prompt or TokenizedPrompt where the model is expected (the order of the arguments
+            is model first), or anything else that is not a model.
+        UnknownNameError: no such card. ModelUnavailableError: its weights are not available here.
+    """
+    from probe.loading import ModelCard, get_card
+    from probe.types import Prompt, Task, TokenizedPrompt
+
+    if isinstance(model, LoadedModel):
+        return Model.of(model)
+    if isinstance(model, (str, Path, ModelCard)):
+        card = model if isinstance(model, ModelCard) else get_card(str(model))
+        key = _card_key(card)
+        found = _LOADED.get(key) or _RESOLVED.get(key)
+        if found is None:
+            found = _RESOLVED[key] = load_model(card)
+        return found
+    first = model[0] if isinstance(model, (list, tuple)) and model else model
+    if isinstance(first, (Task, Prompt, TokenizedPrompt)):
+        raise ArgumentError(f"{call}: the model comes first (probe.{call}(model, ...)); got {_kind(first)} where "
+                            "the model is expected. Pass the loaded model (probe.load_model(...)) or a card name "
+                            f"as the first argument, or call the method: model.{_METHOD.get(call, call)}(...)")
+    raise ArgumentError(f"{call}: model must be a loaded model (probe.load_model(card)) or a model card name "
+                        f"(`probe models` lists them), got {_kind(model)}. A bare transformers model: the engine "
+                        "functions of probe.attention take one")
+
+
+_METHOD = {"tokenize_prompt": "tokenize", "probe_prompt": "probe"}
+
+
+def load_model(card: str | Path | ModelCard | None = None, device: str | None = None) -> Model:
     """Load a model card's model and tokenizer (:func:`probe.loading.load_model`).
 
     Args:
@@ -59,23 +465,34 @@ def load_model(card: str | ModelCard | None = None, device: str | None = None) -
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``; None picks CUDA when available.
 
     Returns:
-        A :class:`~probe.loading.LoadedModel` (``.model``, ``.tokenizer``, ``.card``).
+        A :class:`Model` (``.model``, ``.tokenizer``, ``.card``, and the stages as methods).
 
     Raises:
         UnknownNameError: no such card. ModelUnavailableError: the weights are not available here.
     """
     from probe.config import ExperimentSection
+    from probe.loading import ModelCard, get_card
     from probe.loading import load_model as _load_model
 
-    return _load_model(card if card is not None else ExperimentSection(name="default").models[0], device=device)
+    if card is None:
+        card = ExperimentSection(name="default").models[0]
+    if not isinstance(card, (str, Path, ModelCard)):
+        raise ArgumentError(f"load_model: card must be a card name, a card TOML path or a ModelCard, got "
+                            f"{_kind(card)}")
+    resolved = card if isinstance(card, ModelCard) else get_card(str(card))
+    model = Model.of(_load_model(resolved, device=device))
+    _LOADED[_card_key(resolved)] = model
+    return model
 
 
-def load_tasks(source: str = "synthetic", n: int = 1, seed: int = 1234, **options: Any) -> list[Task]:
+def load_tasks(source: str | TaskSection = "synthetic", n: int | None = None, seed: int = 1234,
+               **options: Any) -> list[Task]:
     """The tasks of one task source, as a ``[[tasks]]`` section of an experiment would give them.
 
     Args:
-        source: a registered task source (``synthetic``, ``fanoutqa``, ``jsonl``, ``cogniload``; :mod:`probe.tasks`).
-        n: number of tasks (CogniLoad: puzzles per grid cell).
+        source: a registered task source (``synthetic``, ``fanoutqa``, ``jsonl``, ``cogniload``; :mod:`probe.tasks`),
+            or a whole ``[[tasks]]`` section (:class:`probe.tasks.TaskSection`, then without ``n`` or options).
+        n: number of tasks (CogniLoad: puzzles per grid cell); default 1.
         seed: the seed (an experiment's first section uses the experiment seed).
         **options: the source's other keys (``hops``, ``path``, ``max_hops``, ``difficulty``, ``length``,
             ``needle_ratio``); a key the source does not read is refused.
@@ -85,66 +502,30 @@ def load_tasks(source: str = "synthetic", n: int = 1, seed: int = 1234, **option
 
     Raises:
         ConfigError: an unknown source, or an option the source does not read (named).
+        ArgumentError: ``source`` is neither a source name nor a TaskSection, or a section with ``n`` or options.
     """
-    from probe.config import TaskSection
-    from probe.tasks import get_source
-    from probe.tasks import load_tasks as _load_tasks
+    from probe.tasks import TaskSection
+    from probe.tasks import get_source, load_section
 
+    seed = _whole("load_tasks", "seed", seed)
+    if n is not None:
+        n = _whole("load_tasks", "n", n)
+    if isinstance(source, TaskSection):
+        if n is not None or options:
+            given = ["n"] * (n is not None) + sorted(options)
+            raise ArgumentError(f"load_tasks: a TaskSection carries its own n and options; drop {', '.join(given)} "
+                                "(or pass the source name with them)")
+        return load_section(source, seed)
+    if not isinstance(source, str):
+        raise ArgumentError(f"load_tasks: source must be a task source name ('synthetic', 'jsonl', ...) or a "
+                            f"TaskSection, got {_kind(source)}")
     src = get_source(source)
     idle = sorted(set(options) - src.options)
     if idle:
         raise ConfigError(f"load_tasks: {idle[0]!r} has no effect for source {source!r} (it reads "
                           f"{', '.join(sorted(src.options))})")
     values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
-    return _load_tasks(TaskSection(source=source, n=n, **values), seed)
-
-
-def _tokenizer_of(model: ModelLike) -> tuple[Any, str, bool]:
-    """(tokenizer, its name for prompt records, whether to apply the chat template) of anything model-like."""
-    from probe.loading import LoadedModel, ModelCard, get_card, load_tokenizer
-
-    if isinstance(model, LoadedModel):
-        return model.tokenizer, model.card.name, model.card.use_chat_template
-    if isinstance(model, (str, Path)):
-        model = get_card(str(model))
-    if isinstance(model, ModelCard):
-        return load_tokenizer(model), model.name, model.use_chat_template
-    if callable(model) and hasattr(model, "convert_ids_to_tokens"):  # a transformers tokenizer
-        return model, str(getattr(model, "name_or_path", "") or type(model).__name__), True
-    raise ProbeError(f"expected a loaded model, a model card (or its name) or a tokenizer, got {type(model).__name__}")
-
-
-def make_builder(model: ModelLike, *, seed: int = 1234, ice: IceSection | None = None,
-                 embedder: str | None = None, use_chat_template: bool | None = None) -> IceBuilder:
-    """The ICE prompt builder for one model's tokenizer (what the runner assembles for an experiment).
-
-    Args:
-        model: a loaded model, a card (name or TOML path) or a tokenizer; loads are counted in its tokenizer.
-        seed: the experiment seed (distractor draws and placements depend on it, not on the model).
-        ice: conditions, loads, replications, distractor strategy, tolerance, instruction (default
-            ``IceSection()``).
-        embedder: a sentence-transformers model (name or path, e.g. ``"all-MiniLM-L6-v2"``) to record S_sim and to
-            draw ``stratified`` distractors; None records no S_sim.
-        use_chat_template: override the card's ``use_chat_template`` (a bare tokenizer: True).
-
-    Returns:
-        A :class:`~probe.prompts.builder.IceBuilder`.
-    """
-    from probe.config import IceSection
-    from probe.prompts.builder import IceBuilder
-    from probe.prompts.distractors import distractor_facts
-    from probe.prompts.filler import neutral_filler
-
-    tokenizer, name, chat = _tokenizer_of(model)
-    similarity = s_sim = None
-    if embedder:
-        from probe.prompts.similarity import get_embedder
-
-        emb = get_embedder(embedder)
-        similarity, s_sim = emb.similarity_to, emb.s_sim
-    return IceBuilder(ice=ice or IceSection(), tokenizer=tokenizer, tokenizer_name=name, seed=seed,
-                      distractors=distractor_facts, filler=neutral_filler, similarity=similarity, s_sim=s_sim,
-                      use_chat_template=chat if use_chat_template is None else use_chat_template)
+    return load_section(TaskSection(source=source, n=1 if n is None else n, **values), seed)
 
 
 def _ice_section(ice: IceSection | None, conditions: Sequence[str] | None, loads: Sequence[int] | None,
@@ -162,196 +543,102 @@ def _ice_section(ice: IceSection | None, conditions: Sequence[str] | None, loads
     return dataclasses.replace(base, **changes) if changes else base
 
 
-def build_prompts(task: Task | Sequence[Task], model: ModelLike, *, conditions: Sequence[str] | None = None,
+def build_prompts(model: ModelLike, task: Task | Sequence[Task], *, conditions: Sequence[str] | None = None,
                   loads: Sequence[int] | None = None, replications: int | None = 1, seed: int = 1234,
                   ice: IceSection | None = None, embedder: str | None = None) -> list[Prompt]:
-    """Every prompt of one task (or several) for one model's tokenizer, as ``probe build`` makes them.
-
-    An ICE task gives Control per replication and the other conditions per load and replication; a task that
-    brings its own segments (CogniLoad, a JSONL line with ``segments``) gives one prompt laid out as written.
+    """Every prompt of one task (or several) for one model's tokenizer: :meth:`Model.build_prompts`.
 
     Args:
-        task: a :class:`~probe.types.Task` (``probe.load_tasks``) or a sequence of them.
-        model: a loaded model, a card (name or TOML path) or a tokenizer.
-        conditions / loads / replications: override ``ice``'s (defaults: all four conditions, loads 20/50/80 %,
-            1 replication).
-        seed: the experiment seed.
-        ice: the full ``[ice]`` section, when more than the three above is to change.
-        embedder: sentence-transformers model for S_sim and stratified draws (None: no S_sim).
-
-    Returns:
-        The prompts, in the builder's order (per task: replication, Control, then per load the conditions).
-
-    Raises:
-        BuildError: a load cannot be reached within tolerance. ConfigError: an unknown condition or bad load.
+        model: a loaded model, or a card name (loaded once, see :func:`as_model`).
+        task: a Task or a sequence of them. The other arguments: :meth:`Model.build_prompts`.
     """
-    tasks = [task] if not isinstance(task, Sequence) else list(task)
-    builder = make_builder(model, seed=seed, ice=_ice_section(ice, conditions, loads, replications),
-                           embedder=embedder)
-    return builder.build_all(tasks)
+    return as_model(model, "build_prompts").build_prompts(task, conditions=conditions, loads=loads,
+                                                         replications=replications, seed=seed, ice=ice,
+                                                         embedder=embedder)
 
 
-def build_prompt(task: Task, model: ModelLike, condition: str | None = None, load: int = 50, replication: int = 0,
+def build_prompt(model: ModelLike, task: Task, condition: str | None = None, load: int = 50, replication: int = 0,
                  *, seed: int = 1234, ice: IceSection | None = None, embedder: str | None = None) -> Prompt:
-    """One prompt: ``task`` under ``condition`` at ``load`` percent, replication ``replication``.
-
-    The prompt equals the one an experiment with the same seed builds for that cell (same distractors, same
-    placement). A task that brings its own segments has one prompt, laid out as written: leave ``condition`` out.
+    """One prompt of ``task`` under ``condition`` at ``load`` percent: :meth:`Model.build_prompt`.
 
     Args:
-        task: the task.
-        model: a loaded model, a card (name or TOML path) or a tokenizer (loads are counted in it).
-        condition: ``Control``, ``LongControl``, ``Saturation`` or ``Residue`` (default Saturation; Control ignores
-            ``load``).
-        load: target load ℓ in percent (extraneous share of germane + extraneous tokens; LongControl: the filler
-            share it is length-matched to).
-        replication: 0-based replication (each draws its own distractor sample and placement).
-        seed: the experiment seed.
-        ice: tolerance, distractor strategy and instruction (default ``IceSection()``).
-        embedder: sentence-transformers model for S_sim (None: no S_sim).
-
-    Raises:
-        ProbeError: a condition given for a natively laid out task. BuildError: the load cannot be reached.
-        UnknownNameError: an unknown condition.
+        model: a loaded model, or a card name (loaded once, see :func:`as_model`).
+        task: the task. The other arguments: :meth:`Model.build_prompt`.
     """
-    from probe.errors import UnknownNameError
-    from probe.tasks import get_source
-    from probe.types import CONDITIONS
-
-    builder = make_builder(model, seed=seed, ice=ice, embedder=embedder)
-    if get_source(task.source).is_native(task):
-        if condition is not None:
-            raise ProbeError(f"task {task.task_id!r} is laid out from its own segments (source {task.source!r}); it "
-                             f"has no ICE condition {condition!r}: call build_prompt without a condition")
-        return builder.build_native(task)
-    condition = condition or "Saturation"
-    if condition not in CONDITIONS:
-        raise UnknownNameError("condition", condition, CONDITIONS)
-    if condition == "LongControl":
-        return builder.build_long_control(task, load, replication, builder.build(task, "Saturation", load, replication))
-    return builder.build(task, condition, 0 if condition == "Control" else load, replication)
+    return as_model(model, "build_prompt").build_prompt(task, condition, load, replication, seed=seed, ice=ice,
+                                                       embedder=embedder)
 
 
-def tokenize_prompt(prompt: Prompt, model: ModelLike, use_chat_template: bool | None = None) -> TokenizedPrompt:
-    """The model input of a prompt with one exact token span per segment (:mod:`probe.prompts.tokenize`).
+def tokenize_prompt(model: ModelLike, prompt: Prompt, use_chat_template: bool | None = None) -> TokenizedPrompt:
+    """A prompt's model input with one exact token span per segment: :meth:`Model.tokenize`.
 
     Args:
-        prompt: a built prompt.
-        model: a loaded model, a card (name or TOML path) or a tokenizer.
-        use_chat_template: override the card's setting (a bare tokenizer: True).
-
-    Returns:
-        A :class:`~probe.types.TokenizedPrompt`: ``input_ids`` (T,) and ``spans`` partitioning them (template
-        markup and special tokens are ``sink``).
-
-    Raises:
-        SpanError: a token crosses a segment boundary.
+        model: a loaded model, or a card name (loaded once, see :func:`as_model`).
+        prompt: a built prompt. use_chat_template: override the card's setting.
     """
-    from probe.prompts.tokenize import tokenize_prompt as _tokenize
-
-    tokenizer, _, chat = _tokenizer_of(model)
-    return _tokenize(prompt, tokenizer, chat if use_chat_template is None else use_chat_template)
+    return as_model(model, "tokenize_prompt").tokenize(prompt, use_chat_template)
 
 
-def probe_prompt(model: Any, prompt: Prompt | TokenizedPrompt, options: ProbeSection | None = None, *,
-                 generated_ids: Sequence[int] | None = None, compute_residue: bool = True,
+def probe_prompt(model: ModelLike, prompt: Prompt | TokenizedPrompt, options: ProbeSection | None = None,
+                 generated_ids: Sequence[int] | None = None, *, compute_residue: bool = True,
                  **option_values: Any) -> SegmentAttention:
-    """Probe one prompt with the attention engine (:func:`probe.attention.probe_prompt`; docs/probes.md).
+    """Probe one prompt's attention per layer and head: :meth:`Model.probe` (docs/probes.md).
 
     Args:
-        model: a loaded model (``probe.load_model``), or a transformers causal LM when ``prompt`` is tokenized.
-        prompt: a built prompt (tokenized with the model's tokenizer) or a TokenizedPrompt (any spans that
-            partition the tokens).
-        options: probe options (default ``ProbeSection()``: query ``question``, γ = 0.5, cosine residue).
-        generated_ids: answer ids appended to the prompt (query ``generated``).
-        compute_residue: compute AR_k (costs more: every row of the germane, question and extraneous segments).
-        **option_values: single options to change (``query="last"``, ``gamma=0.7``, ...).
-
-    Returns:
-        The prompt's :class:`~probe.attention.SegmentAttention`: ``seg_mass`` (layer, head, kind),
-        ``seg_mass_segment`` (layer, head, segment), ``p_ext`` (layer, head), ``chance`` (layer,), ``enrichment``
-        (layer, head), ``ar_k`` (layer, head, target).
-
-    Raises:
-        ProbeError: a Prompt with a bare transformers model (give the loaded model, or tokenize first).
-        HookError: an unsupported architecture. ConfigError: a bad option.
+        model: a loaded model, or a card name (loaded once, see :func:`as_model`).
+        prompt: a built Prompt or a TokenizedPrompt. The other arguments: :meth:`Model.probe`.
     """
-    from probe.attention import probe_prompt as _probe
-    from probe.config import ProbeSection
-    from probe.loading import LoadedModel
-    from probe.types import Prompt
-
-    opts = options or ProbeSection()
-    if option_values:
-        opts = dataclasses.replace(opts, **option_values)
-    if isinstance(prompt, Prompt):
-        if not isinstance(model, LoadedModel):
-            raise ProbeError("probe_prompt: a built Prompt needs the loaded model (probe.load_model) to tokenize it; "
-                             "or pass probe.tokenize_prompt(prompt, tokenizer)")
-        prompt = tokenize_prompt(prompt, model)
-    hf_model = model.model if isinstance(model, LoadedModel) else model
-    return _probe(hf_model, prompt, opts, generated_ids=generated_ids, compute_residue=compute_residue)
+    return as_model(model, "probe_prompt").probe(prompt, options, generated_ids, compute_residue=compute_residue,
+                                                **option_values)
 
 
 @contextlib.contextmanager
-def intervention(model: Any, prompts: Prompt | TokenizedPrompt | Sequence[Prompt | TokenizedPrompt],
-                 spec: Intervention | None = None, *, row_edits: Sequence[RowEdit] | None = None, seed: int = 0,
+def intervention(model: ModelLike, prompts: PromptLike | Sequence[PromptLike], spec: Intervention | None = None,
+                 *, row_edits: Sequence[RowEdit] | None = None, seed: int = 0,
                  **spec_values: Any) -> Iterator[EditedBatch]:
-    """Run a model under an attention intervention on some prompts (:mod:`probe.attention.intervention`).
-
-    Inside the block, ``model.generate(batch.input_ids, attention_mask=batch.attention_mask, ...)`` (or a forward
-    pass) runs with the edit: in the chosen layers and heads, the attention of the queries to the keys is knocked
-    out (−inf before the softmax) or steered (post-softmax weights × α, rows renormalised). The model's attention
-    implementation is restored afterwards.
+    """A context manager running the model under an attention intervention: :meth:`Model.intervention`.
 
     Args:
-        model: a loaded model (``probe.load_model``), or a transformers causal LM when the prompts are tokenized.
-        prompts: built prompts (tokenized with the model's tokenizer) or TokenizedPrompts (any segment spans); one
-            or several, left-padded into one batch in the order given.
-        spec: the :class:`~probe.attention.intervention.Intervention`; or give its fields as ``spec_values``
-            (``kind="knockout", keys="extraneous", queries="answer", layers=(10, 11), heads=None, alpha=None``).
-        row_edits: per prompt, a :class:`~probe.attention.intervention.RowEdit` (any key mask over its tokens and
-            the first query position) instead of the keys and queries derived from the spans.
-        seed: seeds ``matched-random`` keys (with each prompt's id, or its index for a TokenizedPrompt).
-
-    Yields:
-        The :class:`~probe.attention.intervention.EditedBatch` (``input_ids``, ``attention_mask``, ``pads``,
-        ``rows``).
-
-    Raises:
-        ProbeError: a Prompt with a bare transformers model, or both ``spec`` and ``spec_values``.
-        ConfigError: a bad field or a layer/head outside the model. HookError: an unsupported architecture.
-        SpanError: queries ``answer`` on a prompt without a question.
+        model: a loaded model, or a card name (loaded once, see :func:`as_model`).
+        prompts: one or several Prompts / TokenizedPrompts. The other arguments: :meth:`Model.intervention`.
     """
-    from probe.attention.intervention import Intervention
-    from probe.attention.intervention import intervention as _intervention
-    from probe.loading import LoadedModel
-    from probe.types import Prompt, TokenizedPrompt
-
-    if spec is not None and spec_values:
-        raise ProbeError("intervention: give an Intervention or its fields, not both")
-    if spec is None:
-        spec = Intervention(**spec_values)
-    items = [prompts] if isinstance(prompts, (Prompt, TokenizedPrompt)) else list(prompts)
-    tokenized: list[TokenizedPrompt] = []
-    ids: list[str] = []
-    for i, p in enumerate(items):
-        if isinstance(p, Prompt):
-            if not isinstance(model, LoadedModel):
-                raise ProbeError("intervention: a built Prompt needs the loaded model (probe.load_model) to tokenize "
-                                 "it; or pass probe.tokenize_prompt(prompt, tokenizer)")
-            tokenized.append(tokenize_prompt(p, model))
-            ids.append(p.prompt_id)
-        else:
-            tokenized.append(p)
-            ids.append(str(i))
-    hf_model = model.model if isinstance(model, LoadedModel) else model
-    pad_id = 0
-    if isinstance(model, LoadedModel) and model.tokenizer.pad_token_id is not None:
-        pad_id = int(model.tokenizer.pad_token_id)
-    with _intervention(hf_model, tokenized, spec, row_edits=row_edits, seed=seed, prompt_ids=ids,
-                       pad_id=pad_id) as batch:
+    with as_model(model, "intervention").intervention(prompts, spec, row_edits=row_edits, seed=seed,
+                                                      **spec_values) as batch:
         yield batch
+
+
+def generate(model: ModelLike, prompts: Prompt | Sequence[Prompt], *, intervention: Intervention | None = None,
+             probe: ProbeSection | None = None, seed: int = 0, **generation: Any) -> list[Generation]:
+    """Answer prompts as a run does: :meth:`Model.generate`.
+
+    Args:
+        model: a loaded model, or a card name (loaded once, see :func:`as_model`).
+        prompts: one built prompt or several. The other arguments: :meth:`Model.generate`.
+    """
+    return as_model(model, "generate").generate(prompts, intervention=intervention, probe=probe, seed=seed,
+                                                **generation)
+
+
+def _check_overrides(overrides: Any) -> dict[str, dict[str, Any]]:
+    """``overrides`` checked (section -> key -> value, sections of :data:`OVERRIDABLE`), None values dropped."""
+    if overrides is None:
+        return {}
+    if not isinstance(overrides, Mapping):
+        raise ArgumentError(f"overrides: a dict of section -> key -> value, e.g. {{'generation': "
+                            f"{{'max_new_tokens': 16}}}}, got {_kind(overrides)}")
+    clean: dict[str, dict[str, Any]] = {}
+    for section, values in overrides.items():
+        if section not in OVERRIDABLE:
+            hint = (" ([[tasks]], [[interventions]] and the model list are whole tables: give the experiment with "
+                    "the ones you want, e.g. as a dict)" if section in ("tasks", "interventions", "models") else "")
+            raise ConfigError(f"overrides: section {section!r} cannot be overridden key by key; "
+                              f"{', '.join(OVERRIDABLE)} can{hint}")
+        if not isinstance(values, Mapping):
+            raise ConfigError(f"overrides[{section!r}]: a dict of key -> value, got {_kind(values)}")
+        kept = {k: v for k, v in values.items() if v is not None}
+        if kept:
+            clean[section] = kept
+    return clean
 
 
 def experiment_config(experiment: Experiment, overrides: Mapping[str, Mapping[str, Any]] | None = None
@@ -361,21 +648,19 @@ def experiment_config(experiment: Experiment, overrides: Mapping[str, Mapping[st
     Args:
         experiment: an experiment TOML path, a dict laid out as the TOML file, or an ExperimentConfig.
         overrides: e.g. ``{"experiment": {"output_dir": "/tmp/x"}, "generation": {"max_new_tokens": 16}}``;
-            None values are ignored.
+            None values are ignored. Only the single-table sections (``experiment``, ``ice``, ``generation``,
+            ``probe``, ``analysis``) can be overridden; ``[[tasks]]`` and ``[[interventions]]`` cannot.
 
     Raises:
-        ConfigError: an unknown section or key, or an invalid value (named).
+        ConfigError: an unknown section or key, a section that cannot be overridden, or an invalid value (named).
+        ArgumentError: ``experiment`` or ``overrides`` of the wrong kind.
     """
     from probe.config import ExperimentConfig, config_from_dict, load_config
 
-    clean = {s: {k: v for k, v in vals.items() if v is not None} for s, vals in (overrides or {}).items()}
-    clean = {s: v for s, v in clean.items() if v}
+    clean = _check_overrides(overrides)
     if isinstance(experiment, ExperimentConfig):
         changes: dict[str, Any] = {}
         for section, values in clean.items():
-            if section not in ("experiment", "ice", "generation", "probe", "analysis"):
-                raise ConfigError(f"overrides: section {section!r} cannot be overridden (experiment, ice, "
-                                  "generation, probe, analysis can)")
             current = getattr(experiment, section)
             unknown = set(values) - {f.name for f in dataclasses.fields(current)}
             if unknown:
@@ -386,8 +671,14 @@ def experiment_config(experiment: Experiment, overrides: Mapping[str, Mapping[st
     if isinstance(experiment, Mapping):
         data: dict[str, Any] = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in experiment.items()}
         for section, values in clean.items():
-            data.setdefault(section, {}).update(values)
+            if not isinstance(data.setdefault(section, {}), dict):
+                raise ConfigError(f"<experiment dict>: [{section}] must be a table (a dict), got "
+                                  f"{type(data[section]).__name__}")
+            data[section].update(values)
         return config_from_dict(data, "<experiment dict>")
+    if not isinstance(experiment, (str, Path)):
+        raise ArgumentError(f"experiment: an experiment TOML path, a dict laid out as the TOML file or an "
+                            f"ExperimentConfig, got {_kind(experiment)}")
     return load_config(experiment, clean)
 
 
@@ -397,26 +688,30 @@ def run(experiment: Experiment, overrides: Mapping[str, Mapping[str, Any]] | Non
 
     Args:
         experiment: an experiment TOML path, a dict laid out as the TOML file, or an ExperimentConfig.
-        overrides: section -> key -> value, e.g. ``{"experiment": {"output_dir": tmp}}``.
+        overrides: section -> key -> value, e.g. ``{"experiment": {"output_dir": tmp}}`` (the single-table
+            sections only: see :func:`experiment_config`).
         analyze: also write ``analysis.json`` (``probe analyze``).
         report: with ``analyze``, also write ``report.html`` (``probe report``).
         device: ``"cpu"`` / ``"cuda[:i]"`` for local models (None: CUDA when available).
         progress: show progress bars.
-        force: overwrite a run folder's config even if it differs (else that is an error).
+        force: start the run folder over even if its config differs (else that is an error).
 
     Returns:
         The run folder's records (:class:`~probe.loaded_run.Run`).
+
+    Raises:
+        ConfigError: a bad experiment or override (named), or ``report`` without ``analyze``.
     """
     from probe.runner import run_experiment
 
+    if report and not analyze:
+        raise ConfigError("run(report=True) needs analyze=True: the report is drawn from the analysis")
     cfg = experiment_config(experiment, overrides)
     run_dir = run_experiment(cfg, progress=progress, force=force, device=device)
     if analyze:
         _analyze_folder(run_dir)
         if report:
             _render_folder(run_dir)
-    elif report:
-        raise ConfigError("run(report=True) needs analyze=True: the report is drawn from the analysis")
     return load_run(run_dir)
 
 
@@ -435,6 +730,14 @@ def _render_folder(path: Path) -> Path:
     return _render(path)
 
 
+def _run_path(call: str, run: Any) -> Path:
+    if isinstance(run, Run):
+        return run.path
+    if isinstance(run, (str, Path)):
+        return Path(run)
+    raise ArgumentError(f"{call}: run must be a run folder (a path) or a probe.Run, got {_kind(run)}")
+
+
 def analyze(run: str | Path | Run) -> Analysis:
     """Analyse a run folder (``probe analyze``): writes ``analysis.json``, ``analysis.md`` and ``tables/*.csv``;
     returns the analysis (:class:`probe.analysis.results.Analysis`).
@@ -444,7 +747,7 @@ def analyze(run: str | Path | Run) -> Analysis:
     Raises:
         ProbeError: the folder holds no trial records, or a record is damaged (``file:line``).
     """
-    return _analyze_folder(run.path if isinstance(run, Run) else Path(run))
+    return _analyze_folder(_run_path("analyze", run))
 
 
 def render_report(run: str | Path | Run) -> Path:
@@ -455,12 +758,12 @@ def render_report(run: str | Path | Run) -> Path:
         RunNotFoundError: not a run folder.
         ProbeError: the analysis is missing or older than the trials (run :func:`analyze` first).
     """
-    return _render_folder(load_run(run).path)
+    return _render_folder(load_run(_run_path("render_report", run)).path)
 
 
-def show(run: str | Path | Run, prompt_id: str, *, layer: int | None = None, head: int | None = None,
-         model: str | None = None, query: str | None = None, out: str | Path | None = None,
-         loaded: LoadedModel | None = None, device: str | None = None) -> Path:
+def show(run: str | Path | Run, prompt_id: str, *, model: LoadedModel | str | None = None, layer: int | None = None,
+         head: int | None = None, query: str | None = None, out: str | Path | None = None,
+         device: str | None = None) -> Path:
     """Write one prompt's attention as a self-contained HTML page (``probe show``).
 
     The prompt is tokenized as the run did and recomputed with one forward pass (:mod:`probe.prompt_view`); the
@@ -470,28 +773,33 @@ def show(run: str | Path | Run, prompt_id: str, *, layer: int | None = None, hea
     Args:
         run: the run folder (or a loaded Run).
         prompt_id: the prompt to show (as in ``prompts.jsonl`` / ``trials.jsonl``).
+        model: the model to recompute with: a loaded model (a notebook saves loading it again) or the name of one
+            of the run's model cards (loaded from the run's card); None: the run's model of that prompt.
         layer: 0-based layer (None: the mean over layers).
         head: 0-based head (None: the mean over heads).
-        model: the run's model card (may be left out when the run has one local model).
         query: the query set, ``question`` or ``last`` (default: the run's ``probe.query``).
         out: the HTML file to write (default ``<run>/show/<model>/<prompt>[.L<layer>][.H<head>].html``).
-        loaded: the model already loaded (a notebook saves loading it again).
-        device: where to load the model when ``loaded`` is None.
+        device: where to load the model when it is not given loaded.
 
     Returns:
         The page's path.
 
     Raises:
-        UnknownPromptError / UnknownNameError: an unknown prompt id / model. ProbeError: a layer or head out of range.
+        UnknownPromptError / UnknownNameError: an unknown prompt id / model. ProbeError: a layer or head out of
+        range, or a loaded model that is not the run's. ArgumentError: ``model`` of the wrong kind.
     """
     from probe.prompt_view import view_prompt
     from probe.report.show import write_prompt_view
 
-    view = view_prompt(run, prompt_id, model=model, loaded=loaded, query=query, device=device)
+    if model is not None and not isinstance(model, (LoadedModel, str)):
+        raise ArgumentError(f"show: model must be a loaded model or the name of one of the run's model cards, got "
+                            f"{_kind(model)}")
+    view = view_prompt(run, prompt_id, model=model, query=query, device=device)
     view.check_selection(layer, head)
     path = Path(out) if out is not None else load_run(run).folder.show_page(view.model, prompt_id, layer, head)
     return write_prompt_view(view, path, layer, head)
 
 
-__all__ = ["Run", "analyze", "build_prompt", "build_prompts", "experiment_config", "load_model", "load_run",
-           "load_tasks", "make_builder", "probe_prompt", "render_report", "run", "show", "tokenize_prompt"]
+__all__ = ["ArgumentError", "Model", "Run", "analyze", "as_model", "build_prompt", "build_prompts",
+           "experiment_config", "generate", "intervention", "load_model", "load_run", "load_tasks", "probe_prompt",
+           "render_report", "run", "show", "tokenize_prompt"]

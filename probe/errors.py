@@ -9,6 +9,13 @@ class ProbeError(Exception):
     """Base class of every toolkit error."""
 
 
+class ArgumentError(ProbeError, TypeError):
+    """A public function was given an argument of the wrong kind (the message names it and what to pass).
+
+    A ``TypeError`` too, as Python raises for a call that does not fit a function's signature.
+    """
+
+
 class ConfigError(ProbeError):
     """An experiment or model card is malformed (names the file and field)."""
 
@@ -33,7 +40,7 @@ class UnknownNameError(ProbeError):
     """An unknown name (model, metric, condition...); the message suggests close matches."""
 
     def __init__(self, what: str, name: str, valid: list[str] | tuple[str, ...]) -> None:
-        close = difflib.get_close_matches(name, list(valid), n=3)
+        close = difflib.get_close_matches(str(name), [str(v) for v in valid], n=3)  # a non-str name too
         hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
         super().__init__(f"unknown {what} {name!r}{hint} (valid: {', '.join(sorted(valid))})")
         self.name = name

@@ -27,12 +27,12 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from probe.config import (INTERVENTION_KEYS, INTERVENTION_KINDS, INTERVENTION_QUERIES, ExperimentConfig,
                           InterventionSection, LayerWindow, TopHeads)
-from probe.errors import ConfigError
-from probe.runfolder import RunFolder
+from probe.errors import ConfigError, ProbeError
+from probe.runfolder import RunFolder, write_atomic
 from probe.types import Prompt
 
 if TYPE_CHECKING:
@@ -104,7 +104,8 @@ class RowEdit:
     """The edit of one prompt: which of its tokens are keys, and where its queries start.
 
     Attributes:
-        keys: (T,) bool numpy array over the prompt's tokens, True = a key whose edges are edited.
+        keys: (T,) bool mask over the prompt's tokens, True = a key whose edges are edited: a numpy array, a torch
+            tensor or a list of bools (kept as a numpy array).
         query_start: the first query position (prompt coordinates); every later position, generated tokens
             included, is a query.
         wanted: the number of key tokens asked for (``matched-random``: the prompt's extraneous tokens); more than
@@ -121,10 +122,16 @@ class RowEdit:
     def __post_init__(self) -> None:
         import numpy as np
 
-        if not isinstance(self.keys, np.ndarray) or self.keys.ndim != 1 or self.keys.dtype != np.bool_:
-            raise ConfigError(f"RowEdit.keys: a 1-D bool numpy array over the prompt's tokens, got "
-                              f"{getattr(self.keys, 'dtype', type(self.keys).__name__)} of shape "
-                              f"{getattr(self.keys, 'shape', '?')}")
+        keys: Any = self.keys
+        if hasattr(keys, "detach") and hasattr(keys, "cpu"):  # a torch tensor (torch is not imported here)
+            keys = keys.detach().cpu().numpy()
+        elif isinstance(keys, (list, tuple)):
+            keys = np.asarray(keys)
+        if not isinstance(keys, np.ndarray) or keys.ndim != 1 or keys.dtype != np.bool_:
+            raise ConfigError(f"RowEdit.keys: a 1-D bool mask over the prompt's tokens (numpy array, torch tensor or "
+                              f"list of bools), got {getattr(self.keys, 'dtype', type(self.keys).__name__)} of shape "
+                              f"{tuple(getattr(keys, 'shape', ())) or '?'}")
+        object.__setattr__(self, "keys", keys)
         if self.query_start < 0:
             raise ConfigError(f"RowEdit.query_start: {self.query_start} must be >= 0")
         if self.wanted < 0:
@@ -138,6 +145,62 @@ class RowEdit:
     def short(self) -> int:
         """Key tokens that could not be drawn (``wanted - n_keys``)."""
         return self.wanted - self.n_keys
+
+    @property
+    def count(self) -> "KeyCount":
+        """The key tokens this edit edits and asks for, as trial records carry them."""
+        return KeyCount(edited=self.n_keys, wanted=self.wanted)
+
+
+@dataclass(frozen=True)
+class KeyCount:
+    """How many key tokens an intervention edited in one prompt, and how many it asked for.
+
+    They differ only for ``keys = "matched-random"`` when the prompt had fewer content tokens to draw from than
+    extraneous tokens (docs/interventions.md). A trial record under an intervention carries the count in its
+    ``meta`` (:meth:`to_meta`: ``intervention_keys``, and ``intervention_keys_wanted`` when short);
+    :meth:`from_meta` is the one reader.
+    """
+
+    edited: int
+    wanted: int
+
+    @property
+    def shortfall(self) -> int:
+        """Key tokens wanted but not drawn (0 when the edit got all it asked for)."""
+        return max(0, self.wanted - self.edited)
+
+    def to_meta(self) -> dict[str, int]:
+        """The ``meta`` entries of a trial record: ``intervention_keys`` (+ ``intervention_keys_wanted`` if short)."""
+        return ({"intervention_keys": self.edited} if self.wanted == self.edited else
+                {"intervention_keys": self.edited, "intervention_keys_wanted": self.wanted})
+
+    @staticmethod
+    def from_meta(meta: Mapping[str, Any] | None, where: str = "trial") -> "KeyCount | None":
+        """The count a trial record's ``meta`` holds, or None (a baseline trial, or one recorded without it).
+
+        A record with only ``intervention_keys_wanted`` (none written so far) reads as 0 keys edited.
+
+        Args:
+            meta: a trial record's ``meta`` (None reads as empty).
+            where: what it belongs to (``trial <id>``), for the error message.
+
+        Raises:
+            ProbeError: a count that is not a whole number >= 0 (names the trial and the key).
+        """
+        m = meta or {}
+        if "intervention_keys" not in m and "intervention_keys_wanted" not in m:
+            return None
+        edited = _count(m, "intervention_keys", 0, where)
+        return KeyCount(edited=edited, wanted=_count(m, "intervention_keys_wanted", edited, where))
+
+
+def _count(meta: Mapping[str, Any], key: str, default: int, where: str) -> int:
+    v = meta.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or float(v) != int(v):
+        raise ProbeError(f"{where}: meta {key}={v!r} must be a whole number of key tokens >= 0 (the record is "
+                         "damaged there: repair the value, or delete the trial to run it again)")
+    return int(v)
 
 
 @dataclass(frozen=True)
@@ -318,10 +381,7 @@ def write_interventions(run: str | Path | RunFolder, model: str, resolved: Seque
     path = RunFolder(run).interventions
     entries = [e for e in read_interventions(run) if e.get("model") != model]
     entries += [r.to_dict(model) for r in resolved]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(entries, indent=2, ensure_ascii=False), encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return write_atomic(path, json.dumps(entries, indent=2, ensure_ascii=False))
 
 
 class InterventionsFileError(ConfigError):

@@ -17,7 +17,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from probe.errors import ProbeError, UnknownNameError
+from probe.errors import ArgumentError, ProbeError, UnknownNameError
 from probe.runfolder import RunFolder
 
 if TYPE_CHECKING:
@@ -136,8 +136,11 @@ class Run:
         """One prompt by id.
 
         Raises:
-            UnknownPromptError: no such prompt in ``prompts.jsonl`` (close ids suggested).
+            UnknownPromptError: no such prompt in ``prompts.jsonl`` (close ids suggested). ArgumentError: not a str.
         """
+        if not isinstance(prompt_id, str):
+            raise ArgumentError(f"prompt_id: a prompt id as in {self.folder.prompts.name} (e.g. "
+                                f"{next(iter(self.prompts), 't0|Control|L0|r0')!r}), got {prompt_id!r}")
         if prompt_id in self.prompts:
             return self.prompts[prompt_id]
         close = difflib.get_close_matches(prompt_id, list(self.prompts), n=3, cutoff=0.5)
@@ -231,13 +234,18 @@ class Run:
         return read_analysis(self.folder)
 
 
-def load_run(path: str | Path | Run) -> Run:
+def load_run(path: str | Path | RunFolder | Run) -> Run:
     """A run folder's records (see :class:`Run`); a :class:`Run` is returned as it is.
 
     Raises:
-        RunNotFoundError: ``path`` is not a run folder.
+        RunNotFoundError: ``path`` is not a run folder. ArgumentError: ``path`` is neither a path nor a Run.
     """
-    return path if isinstance(path, Run) else Run(path)
+    if isinstance(path, Run):
+        return path
+    if not isinstance(path, (str, Path, RunFolder)):
+        raise ArgumentError(f"load_run: path must be a run folder (a path, e.g. 'outputs/demo') or a Run, got "
+                            f"{type(path).__module__}.{type(path).__qualname__}")
+    return Run(path)
 
 
 __all__ = ["Run", "RunNotFoundError", "UnknownPromptError", "load_run"]

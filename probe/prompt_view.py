@@ -161,31 +161,35 @@ def _record_of(run: Run, prompt_id: str, model: str, tokenized: TokenizedPrompt,
     return record, f"segment masses from the run's record {path.name} (recomputation agrees to {gap:.1g})"
 
 
-def view_prompt(run: str | Path | Run, prompt_id: str, *, model: str | None = None,
-                loaded: LoadedModel | None = None, query: str | None = None, device: str | None = None) -> PromptView:
+def view_prompt(run: str | Path | Run, prompt_id: str, *, model: str | LoadedModel | None = None,
+                query: str | None = None, device: str | None = None) -> PromptView:
     """Recompute one prompt's per-token attention (see the module docstring).
 
     Args:
         run: the run folder (or a loaded Run).
         prompt_id: the prompt's id.
-        model: the run's model card (may be left out when the run has one local model).
-        loaded: that model, already loaded (else it is loaded from its card).
+        model: the run's model: the name of its card, or the model already loaded (else it is loaded from the
+            run's card); may be left out when the run has one local model.
         query: the query set, ``question`` or ``last`` (default: the run's ``probe.query``).
         device: where to load the model (None: CUDA when available).
 
     Raises:
-        UnknownPromptError / UnknownNameError: an unknown prompt id / model. ProbeError: ``loaded`` is another model.
+        UnknownPromptError / UnknownNameError: an unknown prompt id / model. ProbeError: a loaded ``model`` that is
+            not the prompt's.
         ConfigError: a query set that cannot be shown per token (``generated``, ``segment:<i>``).
     """
     import dataclasses
 
     from probe.attention import build_plan
     from probe.attention.tokens import token_attention
-    from probe.loading import load_model
-    from probe.prompts.tokenize import tokenize_prompt
+    from probe.loading import LoadedModel, load_model
+    from probe.prompts.tokenize import encode_prompt
 
     run = load_run(run)
     prompt = run.prompt(prompt_id)
+    loaded: LoadedModel | None = None
+    if isinstance(model, LoadedModel):
+        loaded, model = model, model.card.name
     if model is None and prompt.tokenizer in run.models and run.is_local(prompt.tokenizer):
         model = prompt.tokenizer  # the model whose tokenizer built the prompt
     model = run.local_model(model)
@@ -197,7 +201,7 @@ def view_prompt(run: str | Path | Run, prompt_id: str, *, model: str | None = No
     elif loaded.card.name != model:
         raise ProbeError(f"the loaded model is {loaded.card.name!r}, the prompt's model {model!r}")
     options = run.config.probe if query is None else dataclasses.replace(run.config.probe, query=query)
-    tokenized = tokenize_prompt(prompt, loaded.tokenizer, loaded.card.use_chat_template)
+    tokenized = encode_prompt(prompt, loaded.tokenizer, loaded.card.use_chat_template)
     texts = token_texts(prompt, loaded.tokenizer, loaded.card.use_chat_template, tokenized.input_ids)
     per_token = token_attention(loaded.model, tokenized, options)
     record, note = _record_of(run, prompt_id, model, tokenized, per_token, options)

@@ -31,7 +31,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from probe.attention import probe_prompt, reference_segment_attention
+from probe.attention import probe_tokenized, reference_segment_attention
 from probe.attention.engine import Capture, attach_probe
 from probe.attention.plan import build_plan
 from probe.config import ProbeSection
@@ -133,7 +133,7 @@ def test_engine_equals_eager_reference(models, arch: str, opts: str) -> None:
     tp = make_prompt(seed=len(arch) * 7 + len(opts), layout="saturation" if opts != "segment" else "residue",
                      n_tokens=72)
     options = OPTION_SETS[opts]
-    got = probe_prompt(model, tp, options)
+    got = probe_tokenized(model, tp, options)
     want = reference_segment_attention(model, tp, options)
     assert_same(got, want)
 
@@ -145,7 +145,7 @@ def test_generated_query_set(models, arch: str, mode: str) -> None:
     tp = make_prompt(seed=3, layout="residue", n_tokens=56)
     answer = [5, 17, 99, 3, 42, 8, 8, 1]
     options = ProbeSection(query="generated", residue_mode=mode, block_size=5)
-    got = probe_prompt(model, tp, options, generated_ids=answer)
+    got = probe_tokenized(model, tp, options, generated_ids=answer)
     want = reference_segment_attention(model, tp, options, generated_ids=answer)
     assert_same(got, want)
     assert got.n_queries == len(answer) and got.n_tokens == 56 + len(answer)
@@ -158,7 +158,7 @@ def test_layouts(models, layout: str) -> None:
     tp = make_prompt(seed=15, layout=layout, n_tokens=100)
     for mode in ("cosine", "mass"):
         options = ProbeSection(residue_mode=mode, block_size=32)
-        assert_same(probe_prompt(models["mistral"], tp, options), reference_segment_attention(models["mistral"], tp,
+        assert_same(probe_tokenized(models["mistral"], tp, options), reference_segment_attention(models["mistral"], tp,
                                                                                                 options))
 
 
@@ -166,7 +166,7 @@ def test_attention_is_not_trivial(models) -> None:
     """The tiny models' attention is far from uniform, so the comparisons above can tell rows apart."""
     tp = make_prompt(seed=1, n_tokens=72)
     for arch in ARCHS:
-        res = probe_prompt(models[arch], tp, ProbeSection(query="last"))
+        res = probe_tokenized(models[arch], tp, ProbeSection(query="last"))
         assert float(np.nanmax(np.abs(res.p_ext - res.chance[:, None]))) > 0.05, arch
 
 
@@ -215,7 +215,7 @@ def test_forward_output_unchanged_by_probe(models, arch: str) -> None:
 
 def test_masses_sum_to_one_including_sink(models) -> None:
     for arch in ("llama", "gemma3"):
-        res = probe_prompt(models[arch], make_prompt(seed=5, n_tokens=80))
+        res = probe_tokenized(models[arch], make_prompt(seed=5, n_tokens=80))
         np.testing.assert_allclose(res.seg_mass.sum(-1), 1.0, atol=1e-5)
         np.testing.assert_allclose(res.seg_mass_segment.sum(-1), 1.0, atol=1e-5)
         sink_direct = sum(res.seg_mass_segment[..., i] for i, k in enumerate(res.segment_kinds) if k == "sink")
@@ -224,7 +224,7 @@ def test_masses_sum_to_one_including_sink(models) -> None:
 
 @pytest.mark.parametrize("mode", ["cosine", "mass"])
 def test_control_has_no_residue_and_no_chance(models, mode: str) -> None:
-    res = probe_prompt(models["mistral"], make_prompt(seed=6, layout="control"), ProbeSection(residue_mode=mode))
+    res = probe_tokenized(models["mistral"], make_prompt(seed=6, layout="control"), ProbeSection(residue_mode=mode))
     assert res.ar_k is not None and res.ar_k.shape[-1] == 4  # three germane segments and the question
     assert np.all(res.ar_k == 0)
     assert np.all(res.chance == 0) and np.all(res.p_ext == 0)
@@ -232,7 +232,7 @@ def test_control_has_no_residue_and_no_chance(models, mode: str) -> None:
 
 
 def test_residue_is_positive_after_extraneous_segments(models) -> None:
-    res = probe_prompt(models["llama"], make_prompt(seed=7, layout="residue"))
+    res = probe_tokenized(models["llama"], make_prompt(seed=7, layout="residue"))
     assert res.ar_k is not None and float(res.ar_k.min()) > 0  # every target has earlier extraneous segments
 
 
@@ -245,7 +245,7 @@ def test_uniform_attention_gives_chance(arch: str, exclude_sink: bool, query: st
     for layer in model.model.layers:
         torch.nn.init.zeros_(layer.self_attn.q_proj.weight)
     tp = make_prompt(seed=8, n_tokens=70)
-    res = probe_prompt(model, tp, ProbeSection(query=query, exclude_sink=exclude_sink))
+    res = probe_tokenized(model, tp, ProbeSection(query=query, exclude_sink=exclude_sink))
     np.testing.assert_allclose(res.p_ext, np.broadcast_to(res.chance[:, None], res.p_ext.shape), atol=1e-5)
     np.testing.assert_allclose(res.enrichment, 1.0, atol=1e-4)
     # Independent count for the last token without a window: extraneous / non-sink tokens it sees.
@@ -257,8 +257,8 @@ def test_uniform_attention_gives_chance(arch: str, exclude_sink: bool, query: st
 
 def test_without_residue_same_masses(models) -> None:
     tp = make_prompt(seed=9)
-    full = probe_prompt(models["qwen2"], tp)
-    lean = probe_prompt(models["qwen2"], tp, compute_residue=False)
+    full = probe_tokenized(models["qwen2"], tp)
+    lean = probe_tokenized(models["qwen2"], tp, compute_residue=False)
     assert lean.ar_k is None
     np.testing.assert_allclose(lean.seg_mass, full.seg_mass, atol=1e-6)
     np.testing.assert_allclose(lean.chance, full.chance, atol=1e-7)
@@ -273,7 +273,7 @@ def test_layer_that_does_not_report_raises(models) -> None:
 
     attn.forward = bypass
     with pytest.raises(HookError, match=r"layers \[1\] did not report"):
-        probe_prompt(model, make_prompt(seed=10))
+        probe_tokenized(model, make_prompt(seed=10))
     assert model.config._attn_implementation == "sdpa"  # restored despite the error
 
 
@@ -289,14 +289,14 @@ def test_unsupported_architecture_is_named() -> None:
     model = GPTNeoXForCausalLM(GPTNeoXConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
                                              num_hidden_layers=1, num_attention_heads=4)).eval()
     with pytest.raises(HookError, match="gpt_neox"):
-        probe_prompt(model, make_prompt(seed=12))
+        probe_tokenized(model, make_prompt(seed=12))
     assert model.config._attn_implementation != "ice_probe"
 
 
 def test_previous_implementation_restored(models) -> None:
     gemma = models["gemma2"]
     before = gemma.config._attn_implementation
-    probe_prompt(gemma, make_prompt(seed=13))
+    probe_tokenized(gemma, make_prompt(seed=13))
     assert gemma.config._attn_implementation == before
     assert gemma.model.layers[0].self_attn.config._attn_implementation == before
 
@@ -312,7 +312,7 @@ def test_transformer_lens_bridge_agrees_with_engine() -> None:
 
     model = _build("llama-gqa3")
     tp = make_prompt(seed=14, layout="residue", n_tokens=64)
-    results = {mode: probe_prompt(model, tp, ProbeSection(residue_mode=mode)) for mode in ("cosine", "mass")}
+    results = {mode: probe_tokenized(model, tp, ProbeSection(residue_mode=mode)) for mode in ("cosine", "mass")}
     vocab = {f"t{i}": i for i in range(VOCAB)}
     # No BOS token: TransformerLens would otherwise reload the tokenizer from the hub by name.
     tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="t0")), unk_token="t0",
@@ -323,7 +323,7 @@ def test_transformer_lens_bridge_agrees_with_engine() -> None:
         assert_same(lens, engine)
     # The bridge replaces the attention modules, which then bypass the AttentionInterface: caught loudly.
     with pytest.raises(HookError, match="did not report"):
-        probe_prompt(model, tp)
+        probe_tokenized(model, tp)
 
 
 def test_bench_rows_on_tiny_model() -> None:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from probe.attention import left_pad, probe_batch, probe_generation, probe_prompt, reference_segment_attention
+from probe.attention import left_pad, probe_batch, probe_generation, probe_tokenized, reference_segment_attention
 from probe.attention.engine import BlockMask, block_mask, causal_block_mask
 from probe.attention.plan import build_plan
 from probe.attention.reduce import PlanTensors
@@ -43,7 +43,7 @@ def test_batch_equals_eager_one_prompt_at_a_time(models, arch: str) -> None:
         assert len(got) == len(prompts)
         for tp, res in zip(prompts, got):
             assert_same(res, reference_segment_attention(model, tp, options))
-            assert_same(res, probe_prompt(model, tp, options), atol=1e-5)
+            assert_same(res, probe_tokenized(model, tp, options), atol=1e-5)
 
 
 @pytest.mark.parametrize("arch", ["llama-gqa3", "mistral", "gemma2", "gpt2"])
@@ -86,7 +86,7 @@ def test_probe_rides_on_generation(models, arch: str, query: str) -> None:
     assert torch.equal(plain, probed)
     assert all(n == 1 for n in capture.calls.values()) and len(capture.calls) == model.config.num_hidden_layers
     for tp, res in zip(prompts, results):
-        assert_same(res, probe_prompt(model, tp, options), atol=1e-5)
+        assert_same(res, probe_tokenized(model, tp, options), atol=1e-5)
         assert_same(res, reference_segment_attention(model, tp, options))
 
 

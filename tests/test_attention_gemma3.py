@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from probe.prompts.builder import Piece, assemble
-from probe.prompts.tokenize import tokenize_prompt
+from probe.prompts.tokenize import encode_prompt
 from probe.types import Prompt
 
 pytestmark = [
@@ -19,7 +19,7 @@ pytestmark = [
 
 
 def test_engine_equals_eager_on_gemma3_270m():
-    from probe.attention import probe_prompt, reference_segment_attention
+    from probe.attention import probe_tokenized, reference_segment_attention
     from probe.loading import load_model
 
     lm = load_model("gemma-3-270m")
@@ -31,9 +31,9 @@ def test_engine_equals_eager_on_gemma3_270m():
         Piece("germane", "Quellin is a small town in the country of Molvia.", "hop1"),
     ]
     text, segs = assemble("Answer the question.", body, "In which country was Elmora Vask born?")
-    tp = tokenize_prompt(Prompt("g", "t", "synthetic", "Saturation", 50, 50.0, 0, text, segs), lm.tokenizer,
+    tp = encode_prompt(Prompt("g", "t", "synthetic", "Saturation", 50, 50.0, 0, text, segs), lm.tokenizer,
                          use_chat_template=lm.card.use_chat_template)
-    got = probe_prompt(lm.model, tp)
+    got = probe_tokenized(lm.model, tp)
     ref = reference_segment_attention(lm.model, tp)
     np.testing.assert_allclose(got.seg_mass, ref.seg_mass, atol=1e-4)
     np.testing.assert_allclose(got.seg_mass_segment, ref.seg_mass_segment, atol=1e-4)

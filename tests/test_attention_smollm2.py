@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from probe.attention import probe_prompt, probe_transformer_lens, reference_segment_attention
+from probe.attention import probe_tokenized, probe_transformer_lens, reference_segment_attention
 from probe.config import ProbeSection
 from probe.types import Span, TokenizedPrompt
 
@@ -129,7 +129,7 @@ def test_engine_equals_eager_on_real_models(request, name: str, n_layers: int, n
     model, tok = request.getfixturevalue(name)
     tp = saturation(tok) if layout == "saturation" else residue(tok)
     options = ProbeSection(residue_mode=mode, block_size=64)
-    got = probe_prompt(model, tp, options)
+    got = probe_tokenized(model, tp, options)
     want = reference_segment_attention(model, tp, options)
     _assert_same(got, want)
     assert got.n_layers == n_layers and got.n_heads == n_heads
@@ -142,7 +142,7 @@ def test_generated_query_on_real_models(request, name: str, n_layers: int, n_hea
     tp = residue(tok)
     answer = tok(" The river Oder flows into the Baltic Sea, so \\boxed{Baltic Sea}.", add_special_tokens=False)
     options = ProbeSection(query="generated")
-    got = probe_prompt(model, tp, options, generated_ids=answer["input_ids"])
+    got = probe_tokenized(model, tp, options, generated_ids=answer["input_ids"])
     want = reference_segment_attention(model, tp, options, generated_ids=answer["input_ids"])
     _assert_same(got, want)
 
@@ -153,7 +153,7 @@ def test_transformer_lens_on_smollm2(smollm2) -> None:
 
     model, tok = smollm2
     tp = saturation(tok)
-    engine = probe_prompt(model, tp)
+    engine = probe_tokenized(model, tp)
     bridge = TransformerBridge.boot_transformers("smollm2-135m-instruct", hf_model=copy.deepcopy(model),
                                                  tokenizer=tok, device="cpu")
     lens = probe_transformer_lens(bridge, tp)

@@ -13,10 +13,10 @@ import pytest
 from probe.config import load_config
 from probe.errors import SpanError
 from probe.prompts.builder import Piece, assemble
-from probe.prompts.tokenize import PieceCounter, chat_frame, tokenize_prompt, tokenize_prompt_reference
+from probe.prompts.tokenize import PieceCounter, chat_frame, encode_prompt, encode_prompt_reference
 from probe.records import read_jsonl
 from probe.rng import scalar_draws
-from probe.runner import build_prompts, prepare_run_dir
+from probe.runner import build_run_prompts, prepare_run_dir
 from probe.types import Prompt, Segment
 
 FIXTURES = Path(__file__).parent / "fixtures" / "builder"
@@ -33,7 +33,7 @@ def tokenizers():
 def _build(design: str, tmp_path: Path) -> Path:
     cfg = load_config(FIXTURES / f"{design}.toml", overrides={"experiment": {"output_dir": str(tmp_path)}})
     prepare_run_dir(cfg)
-    build_prompts(cfg, progress=False)
+    build_run_prompts(cfg, progress=False)
     return cfg.run_dir / "prompts.jsonl"
 
 
@@ -71,7 +71,7 @@ def test_fast_tokenization_equals_the_reference(tokenizers, tmp_path: Path) -> N
     prompts += [Prompt.from_dict(d) for d in read_jsonl(_build("cogniload-small", tmp_path))][::4]
     for p in prompts:
         for tok, use_template in ((tokenizers["smollm2-135m-instruct"], True), (tokenizers["gemma-3-270m"], False)):
-            assert tokenize_prompt(p, tok, use_template) == tokenize_prompt_reference(p, tok, use_template)
+            assert encode_prompt(p, tok, use_template) == encode_prompt_reference(p, tok, use_template)
 
 
 @pytest.mark.integration
@@ -88,7 +88,7 @@ def test_fast_tokenization_refuses_what_the_reference_refuses(tokenizers, cut: i
         bad = segs[:1] + segs[2:]
         want = "lies between segments"
     p = Prompt("x", "t", "synthetic", "Saturation", 50, 0.0, 0, text, bad + segs[2:] if cut else bad)
-    for fn in (tokenize_prompt, tokenize_prompt_reference):
+    for fn in (encode_prompt, encode_prompt_reference):
         with pytest.raises(SpanError, match=want):
             fn(p, tok)
 
@@ -102,7 +102,7 @@ def test_piece_counts_add_up_to_the_whole_prompt(tokenizers, tmp_path: Path) -> 
     prompts = [Prompt.from_dict(d) for d in read_jsonl(_build("ice-3hop", tmp_path))]
     checked = 0
     for p in prompts:
-        tp = tokenize_prompt(p, tokenizers["smollm2-135m-instruct"])
+        tp = encode_prompt(p, tokenizers["smollm2-135m-instruct"])
         spans = [s for s in tp.spans if s.kind != "sink"]
         for seg, span in zip(p.segments, spans):
             text = p.segment_text(seg)

@@ -285,7 +285,7 @@ def _task(gold: str = "archery", poi: str = "Lena", category: str = "hobby") -> 
         gold=gold,
         hops=(Hop("1. Every person whose hobby is chess now has the hobby archery."),),
         topic="cogniload",
-        meta={"poi": poi, "category": category},
+        meta={"d": 1, "N": 3, "rho": 50, "poi": poi, "category": category},
     )
 
 

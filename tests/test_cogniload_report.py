@@ -33,7 +33,7 @@ from probe.analysis.ice import IceResult
 from probe.attention.result import SegmentAttention
 from probe.records import load_trials
 from probe.report import main_table, main_table_text, render_report, write_tables
-from probe.report import cogniload as CL
+from probe.report import cogniload_figures as CL
 from probe.runfolder import RunFolder
 from tests.fixtures.cogniload_run import (
     GRID_RHO,

@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 import torch
 
-from probe.attention import SegmentAttention, probe_prompt
+from probe.attention import SegmentAttention, probe_tokenized
 from probe.config import GenerationSection, ProbeSection
-from probe.prompts.tokenize import tokenize_prompt
+from probe.prompts.tokenize import encode_prompt
 from probe.loading import LoadedModel, ModelCard, get_card, input_device, load_model
 from probe.backends import LocalBackend
 from probe.types import Prompt, Segment
@@ -148,14 +148,14 @@ def test_dispatched_model_probes_and_generates_like_one_device(plain, tmp_path, 
 
     opts = ProbeSection(query="question", gamma=0.5, block_size=16)
     for prompt in PROMPTS:
-        tp = tokenize_prompt(prompt, plain.tokenizer)
-        assert tokenize_prompt(prompt, loaded.tokenizer) == tp
-        assert_same_probe(probe_prompt(plain.model, tp, opts), probe_prompt(model, tp, opts))
+        tp = encode_prompt(prompt, plain.tokenizer)
+        assert encode_prompt(prompt, loaded.tokenizer) == tp
+        assert_same_probe(probe_tokenized(plain.model, tp, opts), probe_tokenized(model, tp, opts))
         # a probe over prompt + answer reads the answer's keys too
         answer = (tp.input_ids[5], tp.input_ids[9], tp.input_ids[2])
         gen_opts = ProbeSection(query="generated", block_size=16)
-        assert_same_probe(probe_prompt(plain.model, tp, gen_opts, generated_ids=answer),
-                          probe_prompt(model, tp, gen_opts, generated_ids=answer))
+        assert_same_probe(probe_tokenized(plain.model, tp, gen_opts, generated_ids=answer),
+                          probe_tokenized(model, tp, gen_opts, generated_ids=answer))
 
     gen = GenerationSection(max_new_tokens=6, batch_size=2)
     ref = {p.prompt_id: g for p, g in LocalBackend(plain).generate(PROMPTS, gen)}
@@ -167,11 +167,11 @@ def test_dispatched_model_probes_and_generates_like_one_device(plain, tmp_path, 
     probed = {p.prompt_id: g for p, g in LocalBackend(loaded).generate(PROMPTS, gen, probe=opts)}
     for prompt in PROMPTS:
         assert probed[prompt.prompt_id].output_ids == ref[prompt.prompt_id].output_ids
-        tp = tokenize_prompt(prompt, plain.tokenizer)
-        assert_same_probe(probed[prompt.prompt_id].attention, probe_prompt(plain.model, tp, opts))
+        tp = encode_prompt(prompt, plain.tokenizer)
+        assert_same_probe(probed[prompt.prompt_id].attention, probe_tokenized(plain.model, tp, opts))
     # and the same as plain transformers generate on one device, one prompt at a time
     for prompt in PROMPTS:
-        ids = torch.tensor([tokenize_prompt(prompt, plain.tokenizer).input_ids])
+        ids = torch.tensor([encode_prompt(prompt, plain.tokenizer).input_ids])
         with torch.inference_mode():
             seq = plain.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6,
                                        do_sample=False, temperature=None, top_p=None, top_k=None)
@@ -184,8 +184,8 @@ def test_comparison_sees_a_layer_with_other_weights(plain):
     with torch.no_grad():
         other.model.layers[1].self_attn.k_proj.weight.mul_(1.5)
     opts = ProbeSection(query="question", block_size=16)
-    tp = tokenize_prompt(PROMPTS[0], plain.tokenizer)
-    assert max_difference(probe_prompt(plain.model, tp, opts), probe_prompt(other, tp, opts)) > 100 * ATOL
+    tp = encode_prompt(PROMPTS[0], plain.tokenizer)
+    assert max_difference(probe_tokenized(plain.model, tp, opts), probe_tokenized(other, tp, opts)) > 100 * ATOL
 
 
 def test_card_device_map_table_reaches_the_loader(sharp_card, tmp_path):

@@ -10,7 +10,7 @@ import pytest
 from probe.config import IceSection
 from probe.errors import SpanError
 from probe.prompts.builder import IceBuilder, Piece, assemble, place_uniform
-from probe.prompts.tokenize import tokenize_prompt
+from probe.prompts.tokenize import encode_prompt
 from probe.prompts.filler import neutral_filler
 from probe.prompts.distractors import distractor_facts
 from probe.runfolder import PromptKey, make_prompt_id, parse_prompt_id
@@ -68,7 +68,7 @@ def _token_kinds_independent(prompt: Prompt, tokenizer) -> dict[str, int]:
 
 def test_every_content_token_in_exactly_one_segment_and_spans_decode_back(prompts, tokenizer):
     for p in prompts:
-        tp = tokenize_prompt(p, tokenizer)
+        tp = encode_prompt(p, tokenizer)
         covered = np.zeros(len(tp.input_ids), dtype=int)
         for s in tp.spans:
             covered[s.start : s.end] += 1
@@ -84,7 +84,7 @@ def test_every_content_token_in_exactly_one_segment_and_spans_decode_back(prompt
 
 
 def test_template_markup_is_sink(prompts, tokenizer):
-    tp = tokenize_prompt(prompts[0], tokenizer)
+    tp = encode_prompt(prompts[0], tokenizer)
     first, last = tp.spans[0], tp.spans[-1]
     assert first.kind == "sink" and last.kind == "sink"
     head = tokenizer.decode(list(tp.input_ids[first.start : first.end]))
@@ -138,8 +138,8 @@ def test_long_control_is_length_matched_with_filler(prompts, tokenizer):
         if p.condition != "LongControl":
             continue
         sat = by_id[p.prompt_id.replace("LongControl", "Saturation")]
-        n_lc = len(tokenize_prompt(p, tokenizer).input_ids)
-        n_sat = len(tokenize_prompt(sat, tokenizer).input_ids)
+        n_lc = len(encode_prompt(p, tokenizer).input_ids)
+        n_sat = len(encode_prompt(sat, tokenizer).input_ids)
         assert 0 <= n_sat - n_lc <= 2, (p.prompt_id, n_lc, n_sat)
         kinds = {s.kind for s in p.segments}
         assert "extraneous" not in kinds and "filler" in kinds
@@ -204,4 +204,4 @@ def test_a_token_crossing_two_segments_is_refused(tokenizer):
     bad = segs[:1] + (Segment("germane", segs[1].char_start, cut, "a"), Segment("extraneous", cut, segs[1].char_end, "b"))
     p = Prompt("x", "t", "synthetic", "Saturation", 50, 0.0, 0, text, bad + segs[2:])
     with pytest.raises(SpanError, match="spans more than one segment"):
-        tokenize_prompt(p, tokenizer)
+        encode_prompt(p, tokenizer)

@@ -16,7 +16,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from probe.attention.engine import IMPLEMENTATION, attention_implementation, left_pad
-from probe.attention.intervention import Intervention, RowEdit, intervention, row_edit
+from probe.attention.intervention import Intervention, RowEdit, apply_intervention, row_edit
 from probe.config import ProbeSection
 from probe.errors import ConfigError, SpanError
 from probe.types import Span, TokenizedPrompt
@@ -134,7 +134,7 @@ def _positions(mask: torch.Tensor) -> dict:
 
 
 def _edited_logits(model, prompts, spec: Intervention) -> torch.Tensor:
-    with torch.no_grad(), intervention(model, prompts, spec) as batch:
+    with torch.no_grad(), apply_intervention(model, prompts, spec) as batch:
         return model(batch.input_ids, attention_mask=batch.attention_mask, **_positions(batch.attention_mask)).logits
 
 
@@ -185,7 +185,7 @@ def _generate(model, prompts, spec: Intervention | None, n_new: int, use_cache: 
         with torch.no_grad():
             out = model.generate(ids, attention_mask=mask, **kwargs)
     else:
-        with torch.no_grad(), intervention(model, prompts, spec) as batch:
+        with torch.no_grad(), apply_intervention(model, prompts, spec) as batch:
             out = model.generate(batch.input_ids, attention_mask=batch.attention_mask, **kwargs)
             ids = batch.input_ids
     eos = model.generation_config.eos_token_id
@@ -246,15 +246,15 @@ def test_knockout_of_absent_keys_changes_nothing(gen_models, arch: str) -> None:
 @pytest.mark.parametrize("arch", ["llama-gqa3", "gemma2"])
 def test_probe_measures_the_intervened_attention(models, arch: str) -> None:
     """Probe and intervention at once: the probe's segment masses are those of the hand-edited eager attention."""
-    from probe.attention import probe_prompt
+    from probe.attention import probe_tokenized
 
     model = models[arch]
     tp = make_prompt(seed=41, layout="saturation", n_tokens=64)
     spec = Intervention(kind="steer", alpha=0.25, keys="extraneous", layers=(0,))
     options = ProbeSection(query="question", exclude_sink=False)
-    with intervention(model, [tp], spec):
-        got = probe_prompt(model, tp, options)
-    plain = probe_prompt(model, tp, options)
+    with apply_intervention(model, [tp], spec):
+        got = probe_tokenized(model, tp, options)
+    plain = probe_tokenized(model, tp, options)
     # the reference masses from the hand-edited eager attention (explicit weights)
     captured: dict = {}
 
@@ -360,7 +360,7 @@ def test_intervention_refuses_bad_values(kwargs, match) -> None:
 def test_layer_outside_the_model_is_refused(models) -> None:
     tp = make_prompt(seed=1)
     with pytest.raises(ConfigError, match="layer 5"):
-        with intervention(models["llama"], [tp], Intervention(kind="knockout", layers=(5,))):
+        with apply_intervention(models["llama"], [tp], Intervention(kind="knockout", layers=(5,))):
             pass
 
 
@@ -372,7 +372,7 @@ def test_key_mask_form_on_arbitrary_spans(models64) -> None:
     keys = np.zeros(48, dtype=bool)
     keys[5:15] = True
     spec = Intervention(kind="knockout", keys="extraneous")
-    with torch.no_grad(), intervention(model, [tp], spec, row_edits=[RowEdit(keys=keys, query_start=30)]) as b:
+    with torch.no_grad(), apply_intervention(model, [tp], spec, row_edits=[RowEdit(keys=keys, query_start=30)]) as b:
         got = model(b.input_ids).logits
     relabelled = TokenizedPrompt(input_ids=tp.input_ids, spans=(
         Span("sink", 0, 5), Span("extraneous", 5, 15), Span("germane", 15, 30), Span("question", 30, 48)))
@@ -384,7 +384,7 @@ def test_attention_implementation_is_restored(models) -> None:
     model = models["llama"]
     before = model.config._attn_implementation
     with pytest.raises(RuntimeError):
-        with intervention(model, [make_prompt(seed=2)], SPECS["knockout-all"]):
+        with apply_intervention(model, [make_prompt(seed=2)], SPECS["knockout-all"]):
             assert model.config._attn_implementation == IMPLEMENTATION
             raise RuntimeError("stop")
     assert model.config._attn_implementation == before
@@ -397,8 +397,8 @@ def test_public_api_on_built_prompts(tiny_card) -> None:
 
     lm = probe.load_model(str(tiny_card), device="cpu")
     task = probe.load_tasks("synthetic", n=1, seed=5)[0]
-    control = probe.build_prompt(task, lm, "Control", load=50)
-    residue = probe.build_prompt(task, lm, "Residue", load=50)
+    control = probe.build_prompt(lm, task, "Control", load=50)
+    residue = probe.build_prompt(lm, task, "Residue", load=50)
     kw = dict(max_new_tokens=5, do_sample=False, temperature=None, top_p=None, top_k=None,
               pad_token_id=lm.tokenizer.pad_token_id)
     with torch.no_grad(), probe.intervention(lm, control, kind="knockout", keys="extraneous") as b:

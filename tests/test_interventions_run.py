@@ -112,7 +112,7 @@ def test_top_k_heads_come_from_a_separate_probe_run(tmp_path, tiny_card) -> None
     top = {"name": "top", "kind": "knockout", "heads": {"top_k": 3, "from": str(sel_dir), "random_control": True}}
     cfg = make_cfg(tmp_path, tiny_card, interventions=[top], seed=3)
     runner.prepare_run_dir(cfg)
-    prompts = runner.build_prompts(cfg, progress=False)["tiny-llama"]
+    prompts = runner.build_run_prompts(cfg, progress=False)["tiny-llama"]
     resolved = resolve_interventions(cfg, "tiny-llama", 2, 4, prompts)
     # the reference ranking: mean enrichment over the selection run's records, computed here
     recs = [SegmentAttention.load(p) for p in sorted(RunFolder(sel_dir).attention_dir("tiny-llama").glob("*.npz"))]
@@ -127,7 +127,7 @@ def test_top_k_heads_come_from_a_separate_probe_run(tmp_path, tiny_card) -> None
     same = make_cfg(tmp_path, tiny_card, interventions=[top], name="same", seed=11)
     runner.prepare_run_dir(same)
     with pytest.raises(ConfigError, match="questions"):
-        resolve_interventions(same, "tiny-llama", 2, 4, runner.build_prompts(same, progress=False)["tiny-llama"])
+        resolve_interventions(same, "tiny-llama", 2, 4, runner.build_run_prompts(same, progress=False)["tiny-llama"])
 
 
 def test_interventions_on_a_served_model_are_refused(tmp_path, tiny_card) -> None:
@@ -208,7 +208,7 @@ def test_probe_records_under_an_intervention_equal_a_separate_probe_of_the_edite
     for p in residue:
         got = SegmentAttention.load(folder.attention_record("tiny-llama", p.prompt_id, "ko"))
         base = SegmentAttention.load(folder.attention_record("tiny-llama", p.prompt_id))
-        tp = probe.tokenize_prompt(p, lm)
+        tp = probe.tokenize_prompt(lm, p)
         with probe.intervention(lm, [tp], Intervention(kind="knockout", keys="extraneous", name="ko")):
             want = probe.probe_prompt(lm, tp, cfg.probe)
         np.testing.assert_allclose(got.seg_mass, want.seg_mass, atol=1e-5)

@@ -161,7 +161,7 @@ def test_building_cogniload_prompts_never_loads_the_embedder(tmp_path, monkeypat
             "tasks": [{"source": "cogniload", "n": 1, "difficulty": [1, 3], "length": [20], "needle_ratio": [5, 95]}]}
     cfg = config_from_dict(data)
     assert cfg.analysis.embedder  # the default embedder is configured; it must still not be loaded
-    prompts = runner.build_prompts(cfg, progress=False)
+    prompts = runner.build_run_prompts(cfg, progress=False)
     built = [p for ps in prompts.values() for p in ps]
     assert len(built) == 4 and all(p.family == "cogniload" and p.s_sim is None for p in built)
     assert loads == []
@@ -170,4 +170,4 @@ def test_building_cogniload_prompts_never_loads_the_embedder(tmp_path, monkeypat
                             "tasks": [{"source": "synthetic", "n": 1, "hops": 2}],
                             "ice": {"conditions": ["Control", "Saturation"], "loads": [20], "replications": 1}})
     with pytest.raises(AssertionError, match="embedder"):
-        runner.build_prompts(ice, progress=False)
+        runner.build_run_prompts(ice, progress=False)

@@ -97,16 +97,18 @@ def test_prompt_longer_than_the_context_window_is_skipped_with_reason(tmp_path, 
 def test_a_run_folder_of_another_config_is_refused(tmp_path, tiny_card):
     cfg = make_cfg(tmp_path, tiny_card)
     runner.prepare_run_dir(cfg)
+    runner.build_run_prompts(cfg, progress=False)
     other = replace(cfg, generation=replace(cfg.generation, max_new_tokens=9))
-    with pytest.raises(ConfigError, match="different configuration"):
+    with pytest.raises(ConfigError, match="different configuration") as err:
         runner.prepare_run_dir(other)
+    assert "generation.max_new_tokens: 4 -> 9" in str(err.value)  # the refusal names what differs
     runner.prepare_run_dir(other, force=True)
 
 
 def test_shards_merge_without_duplicates_or_gaps(tmp_path, tiny_card):
     cfg = make_cfg(tmp_path, tiny_card)
     runner.prepare_run_dir(cfg)
-    by_model = runner.build_prompts(cfg, progress=False)
+    by_model = runner.build_run_prompts(cfg, progress=False)
     tasks = {t.task_id: t for t in runner.load_all_tasks(cfg)}
     backend = runner.make_backend(runner.get_card(str(tiny_card)))
     for rank in range(2):
@@ -252,7 +254,7 @@ def test_probed_run_records_equal_a_separate_probe_per_prompt(tmp_path, tiny_car
     """The probe computed during generation (or after it, in batches, for query 'generated') is the one-prompt probe."""
     import numpy as np
 
-    from probe.attention import SegmentAttention, probe_prompt
+    from probe.attention import SegmentAttention, probe_tokenized
     from probe.backends import LocalBackend
     from probe.loading import load_model
     from probe.records import load_prompts
@@ -271,7 +273,7 @@ def test_probed_run_records_equal_a_separate_probe_per_prompt(tmp_path, tiny_car
     for p in prompts:
         stored = SegmentAttention.load(run.attention_record("tiny-llama", p.prompt_id))
         tp = backend.tokenize(p)
-        want = probe_prompt(backend.loaded.model, tp, cfg.probe,
+        want = probe_tokenized(backend.loaded.model, tp, cfg.probe,
                             generated_ids=answers[p.prompt_id] if query == "generated" else None)
         assert stored.n_tokens == want.n_tokens
         for field in ("seg_mass", "seg_mass_segment", "p_ext", "chance", "ar_k"):

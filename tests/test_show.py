@@ -48,7 +48,7 @@ def test_attention_per_token_equals_eager_attention_and_sums_to_the_segment_mass
     from probe.prompt_view import segment_sums
 
     task = probe.load_tasks("synthetic", n=1, seed=3)[0]
-    tp = probe.tokenize_prompt(probe.build_prompt(task, tiny_lm, "Saturation", load=50), tiny_lm)
+    tp = tiny_lm.tokenize(tiny_lm.build_prompt(task, "Saturation", load=50))
     opts = ProbeSection(query=query)
     per_token = token_attention(tiny_lm.model, tp, opts)
     assert per_token.seg_mass_segment.shape == (2, 4, len(tp.input_ids))
@@ -63,7 +63,7 @@ def test_attention_per_token_refuses_a_query_set_it_cannot_split(tiny_lm) -> Non
     from probe.attention.tokens import token_attention
 
     task = probe.load_tasks("synthetic", n=1)[0]
-    tp = probe.tokenize_prompt(probe.build_prompt(task, tiny_lm, "Control"), tiny_lm)
+    tp = tiny_lm.tokenize(tiny_lm.build_prompt(task, "Control"))
     with pytest.raises(ConfigError, match="'segment:2'"):
         token_attention(tiny_lm.model, tp, ProbeSection(query="segment:2"))
 
@@ -90,10 +90,10 @@ def test_show_page_shades_every_token_by_its_mass_and_lists_the_recorded_segment
     from probe.prompt_view import view_prompt
 
     pid = next(p for p, pr in probed_run.prompts.items() if pr.condition == "Saturation")
-    path = probe.show(probed_run, pid, layer=1, head=2, loaded=tiny_lm)
+    path = probe.show(probed_run, pid, layer=1, head=2, model=tiny_lm)
     assert path == probed_run.folder.show_page("tiny-llama", pid, 1, 2) and path.is_file()
     page = path.read_text(encoding="utf-8")
-    view = view_prompt(probed_run, pid, loaded=tiny_lm)
+    view = view_prompt(probed_run, pid, model=tiny_lm)
     mass = view.token_mass(1, 2)
     titles = _titles(page)
     assert [t for t, _ in titles] == list(range(len(view.tokenized.input_ids)))
@@ -108,14 +108,14 @@ def test_show_page_shades_every_token_by_its_mass_and_lists_the_recorded_segment
     assert "layer 1, head 2" in page
     assert "<script" not in page.lower() and "src=" not in page  # self-contained, no scripts
     # default selection: the mean over layers and heads
-    mean_page = probe.show(probed_run, pid, loaded=tiny_lm).read_text(encoding="utf-8")
+    mean_page = probe.show(probed_run, pid, model=tiny_lm).read_text(encoding="utf-8")
     np.testing.assert_allclose([m for _, m in _titles(mean_page)],
                                view.per_token.seg_mass_segment.mean(axis=(0, 1)), atol=1e-5)
     assert "mean over 2 layers, mean over 4 heads" in mean_page
     with pytest.raises(ProbeError, match="layer 2: tiny-llama has layers 0..1"):
-        probe.show(probed_run, pid, layer=2, loaded=tiny_lm)
+        probe.show(probed_run, pid, layer=2, model=tiny_lm)
     with pytest.raises(ProbeError, match="head 4: tiny-llama has heads 0..3"):
-        probe.show(probed_run, pid, head=4, loaded=tiny_lm)
+        probe.show(probed_run, pid, head=4, model=tiny_lm)
 
 
 def test_a_record_that_disagrees_with_the_recomputation_is_flagged(probed_run, tiny_lm) -> None:
@@ -129,9 +129,9 @@ def test_a_record_that_disagrees_with_the_recomputation_is_flagged(probed_run, t
         rec = SegmentAttention.load(path)
         rec.seg_mass_segment = rec.seg_mass_segment * 0.5
         rec.save(path)
-        view = view_prompt(probed_run, pid, loaded=tiny_lm)
+        view = view_prompt(probed_run, pid, model=tiny_lm)
         assert "differs from it by up to" in view.record_note
-        page = probe.show(probed_run, pid, loaded=tiny_lm).read_text(encoding="utf-8")
+        page = probe.show(probed_run, pid, model=tiny_lm).read_text(encoding="utf-8")
         assert 'class="meta note warn"' in page
     finally:
         path.write_bytes(original)
@@ -159,7 +159,7 @@ def test_show_escapes_all_text_and_recomputes_without_a_record(tmp_path: Path, t
         "analysis": {"embedder": ""},
     }, progress=False)
     pid = next(iter(run.prompts))
-    page = probe.show(run, pid, loaded=tiny_lm).read_text(encoding="utf-8")
+    page = probe.show(run, pid, model=tiny_lm).read_text(encoding="utf-8")
     assert "<script" not in page and "<b>bold" not in page and "<img" not in page
     text = re.sub(r"</?span[^>]*>", "", page)  # the tokens' own markup taken out, the escaped text stays
     assert html.escape(nasty) in text and html.escape("Noise <img src=x> here.") in text

@@ -33,9 +33,11 @@ bootstrap intervals: puzzles (task ids) are resampled with replacement, the main
 recomputed; replicates whose fit is degenerate or whose curve never crosses 0.5 are counted in
 ``n_boot_undefined`` and left out of the interval.
 
-A fit is ``degenerate`` when every trial has the same outcome (e.g. a model at 0 % everywhere), when statsmodels
-reports perfect separation, when IRLS does not converge, or when a coefficient times its variable's standard
-deviation exceeds ``MAX_STD_COEF`` (quasi-separation: the likelihood has no finite maximum in practice).
+A fit is ``degenerate`` when every trial has the same outcome (e.g. a model at 0 % everywhere), when the outcomes
+are (quasi-)completely separated (the linear-program check :func:`probe.analysis.glm.separation`, shared with ICE's
+logistic fits), when IRLS does not converge, or when a coefficient times its variable's standard deviation exceeds
+``MAX_STD_COEF`` (quasi-separation: the likelihood has no finite maximum in practice; also checked in
+:func:`probe.analysis.glm.fit_logit`).
 
 delta_rho = Acc(lowest tested rho) - Acc(highest tested rho), the raw accuracies at the two extreme rho levels, with
 a bootstrap CI from the same resamples.
@@ -64,12 +66,12 @@ from probe.analysis.families import FamilyAnalysis, FamilyData, FamilyOutput, re
 from probe.analysis.glm import LogitFit, fit_logit
 from probe.errors import ProbeError
 from probe.records import TrialRecord
+from probe.tasks.cogniload import PuzzleParams, PuzzleParamsError
 
 log = logging.getLogger(__name__)
 
 FAMILY = "cogniload"  # the task family whose trials this module analyses (probe.tasks)
 KNOBS: tuple[str, ...] = ("d", "N", "rho")
-MAX_STD_COEF = 12.0  # |coef * sd(x)| above this: an odds ratio of e^12 per standard deviation is separation
 MIN_BOOT_SHARE = 0.9  # below this share of defined bootstrap replicates the CI carries a warning note
 FITS: dict[str, tuple[str, ...]] = {
     "quadratic": ("const", "d", "log10_N", "rho", "rho2"),
@@ -326,16 +328,8 @@ def analyze_cogniload(trials: list[TrialRecord] | tuple[TrialRecord, ...], n_boo
 def _to_data(model: str, trials: list[TrialRecord]) -> _Data:
     rows = []
     for t in trials:
-        meta = t.meta or {}
-        try:
-            d_t, n_t, rho_t = float(meta["d"]), float(meta["N"]), float(meta["rho"])
-        except (KeyError, TypeError, ValueError):
-            raise CogniloadAnalysisError(
-                f"trial {t.trial_id} (model {model}): meta {meta!r} needs numeric 'd', 'N' and 'rho'; "
-                "CogniLoad trials must carry the task's meta"
-            ) from None
-        if n_t <= 0:
-            raise CogniloadAnalysisError(f"trial {t.trial_id}: meta N={n_t} must be positive")
+        knobs = PuzzleParams.from_meta(t.meta, f"trial {t.trial_id} (model {model})", error=CogniloadAnalysisError)
+        d_t, n_t, rho_t = float(knobs.d), float(knobs.n_statements), float(knobs.rho)
         if t.em is None:
             raise CogniloadAnalysisError(f"trial {t.trial_id} (model {model}) has no score; only scored trials "
                                          "enter the CogniLoad fit")
@@ -467,9 +461,9 @@ def _fit_glm(data: _Data, terms: tuple[str, ...], clustered: bool, weights: np.n
     if np.linalg.matrix_rank(x) < len(terms):
         return _Fit("not_estimable", f"the design of terms {', '.join(terms)} is rank deficient", terms, {}, None)
     groups = data.cluster if clustered and weights is None else None
-    fit = fit_logit(y, x, groups, freq_weights=w, cluster_name="puzzle")
-    if fit.status == "separation":
-        return _Fit("degenerate", _SEPARATION, terms, {}, None)
+    fit = fit_logit(y, x, groups, freq_weights=w, cluster_name="puzzle", names=tuple(terms))
+    if fit.status == "separation":  # the checks ICE's logistic fits share (probe.analysis.glm.separation)
+        return _Fit("degenerate", str(fit.reason).removeprefix("logistic fit not usable: "), terms, {}, None)
     if fit.status == "not_converged":
         return _Fit("degenerate", "the IRLS fit did not converge (near-separation or too few trials)", terms, {}, None)
     if fit.status == "not_finite":
@@ -477,24 +471,9 @@ def _fit_glm(data: _Data, terms: tuple[str, ...], clustered: bool, weights: np.n
     if not fit.ok:
         return _Fit("degenerate", str(fit.reason), terms, {}, None)
     params = fit.params
-    sd = x.std(axis=0)
-    for t, b, s in zip(terms, params, sd):
-        if t != "const" and abs(b * s) > MAX_STD_COEF:
-            return _Fit(
-                "degenerate",
-                f"quasi-separation: the {t} coefficient ({b:.4g}) is implausibly large "
-                f"(|coef x sd| = {abs(b * s):.4g} > {MAX_STD_COEF:g})",
-                terms,
-                {},
-                None,
-            )
     return _Fit("ok", None, terms, dict(zip(terms, params.tolist())), fit)
 
 
-_SEPARATION = (
-    "perfect separation: the predictors split correct from wrong trials exactly, so the maximum-likelihood "
-    "coefficients are infinite"
-)
 
 
 def _fit_summary(fit: _Fit, dropped: dict[str, str], n: int) -> dict:
@@ -742,6 +721,21 @@ def cogniload_cells(frame: pd.DataFrame, trials: tuple[TrialRecord, ...] | list[
             by[k] = tuple(cells)
         out[model] = KnobCells(overall=overall, d=by["d"], N=by["N"], rho=by["rho"])
     return out
+
+
+def _params_or_none(trial: TrialRecord) -> PuzzleParams | None:
+    """A trial's puzzle parameters, or None when its meta lacks the knobs (it then counts in ``overall`` only)."""
+    try:
+        return PuzzleParams.from_meta(trial.meta, f"trial {trial.trial_id}")
+    except PuzzleParamsError:
+        return None
+
+
+def _knob(params: PuzzleParams | None, knob: str) -> float | None:
+    """The value of one of :data:`KNOBS` (``d``, ``N``, ``rho``), None without parameters."""
+    if params is None:
+        return None
+    return {"d": params.d, "N": params.n_statements, "rho": params.rho}[knob]
 
 
 def _analyze_family(data: FamilyData) -> FamilyOutput:

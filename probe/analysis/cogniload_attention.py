@@ -49,6 +49,7 @@ from probe.attention.result import SegmentAttention
 from probe.errors import ProbeError
 from probe.records import TrialRecord
 from probe.runfolder import RunFolder
+from probe.tasks.cogniload import PuzzleParams
 
 log = logging.getLogger(__name__)
 
@@ -242,13 +243,10 @@ def prompt_enrichment(sa: SegmentAttention, trial: TrialRecord, where: str = "")
     Raises:
         CogniloadAttentionError: the meta lacks a knob, or the record's segments do not match it.
     """
-    meta = trial.meta or {}
-    try:
-        d, n, rho, n_people = (int(meta[k]) for k in ("d", "N", "rho", "n_people"))
-    except (KeyError, TypeError, ValueError):
-        raise CogniloadAttentionError(
-            f"trial {trial.trial_id}: meta {meta!r} needs integer 'd', 'N', 'rho' and 'n_people'"
-        ) from None
+    params = PuzzleParams.from_meta(trial.meta, f"trial {trial.trial_id}", needs=("n_people",),
+                                    error=CogniloadAttentionError)
+    d, n, rho, n_people = params.d, params.n_statements, int(params.rho), params.n_people
+    assert n_people is not None  # from_meta checked it is there
     groups = statement_groups(sa, n_people, n, where or trial.trial_id)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # an empty group is NaN in every head

@@ -22,6 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from probe.errors import ProbeError
+from probe.interventions import KeyCount
 from probe.records import TrialRecord, load_trials, read_jsonl
 from probe.runfolder import RunFolder
 from probe.types import Prompt
@@ -35,11 +36,10 @@ _COLUMNS = [
 ]
 
 
-def _keys_shortfall(meta: dict | None) -> int:
-    """Tokens a matched-random intervention wanted but could not draw (``meta`` of an intervened trial), else 0."""
-    if not meta or "intervention_keys_wanted" not in meta:
-        return 0
-    return max(0, int(meta["intervention_keys_wanted"]) - int(meta.get("intervention_keys", 0)))
+def _keys_shortfall(trial: TrialRecord) -> int:
+    """Tokens a matched-random intervention wanted but could not draw (an intervened trial's count), else 0."""
+    count = KeyCount.from_meta(trial.meta, f"trial {trial.trial_id}")
+    return 0 if count is None else count.shortfall
 
 
 def trials_frame(trials: list[TrialRecord]) -> pd.DataFrame:
@@ -65,7 +65,7 @@ def trials_frame(trials: list[TrialRecord]) -> pd.DataFrame:
     df["skipped"] = df["skipped"].fillna(False).astype(bool)
     df["has_output"] = ~df["skipped"] & df["error"].isna()
     df["is_scored"] = df["has_output"] & df["em"].notna()
-    df["keys_shortfall"] = [_keys_shortfall(t.meta) for t in trials]
+    df["keys_shortfall"] = [_keys_shortfall(t) for t in trials]
     return df
 
 

@@ -2,10 +2,10 @@
 
 Public API:
 
-- :func:`probe_prompt` — probe one tokenized prompt with a Hugging Face model at the speed and memory of its fast
+- :func:`probe_tokenized` — probe one tokenized prompt with a Hugging Face model at the speed and memory of its fast
   attention (no L × H × T² tensor); returns a :class:`SegmentAttention` (segment masses by kind and per segment,
   P_ext with chance level and enrichment, sink mass, AR_k).
-- :func:`probe_batch` — several prompts in one left-padded forward pass, each result equal to ``probe_prompt``'s.
+- :func:`probe_batch` — several prompts in one left-padded forward pass, each result equal to ``probe_tokenized``'s.
 - :func:`probe_generation` — a context manager under which ``model.generate`` probes its batch during its own
   prefill (query sets inside the prompt), so a probed run costs no extra forward pass.
 - :func:`probe_transformer_lens` — the same measures from a TransformerLens ``TransformerBridge`` via its
@@ -16,10 +16,10 @@ Public API:
 
 Example (a notebook, any text with user-given spans)::
 
-    from probe.attention import probe_prompt
+    from probe.attention import probe_tokenized
     from probe.types import Span, TokenizedPrompt
     tp = TokenizedPrompt(input_ids=ids, spans=(Span("sink", 0, 1), Span("germane", 1, 9), ...))
-    res = probe_prompt(model, tp)          # ProbeSection() defaults: query "question", γ = 0.5
+    res = probe_tokenized(model, tp)          # ProbeSection() defaults: query "question", γ = 0.5
     res.p_ext, res.enrichment, res.ar_k_mean
     res.save("outputs/demo/attention/smollm2/p1.npz")
 """
@@ -38,7 +38,7 @@ from probe.attention.engine import (
     left_pad,
     probe_batch,
     probe_generation,
-    probe_prompt,
+    probe_tokenized,
 )
 from probe.attention.lens import probe_transformer_lens
 from probe.attention.plan import ProbePlan, build_plan
@@ -58,7 +58,7 @@ __all__ = [
     "probe_batch",
     "probe_generation",
     "probe_memory_bytes",
-    "probe_prompt",
+    "probe_tokenized",
     "probe_transformer_lens",
     "reference_segment_attention",
 ]

@@ -62,7 +62,7 @@ from probe.attention.reduce import SCRATCH_COPIES, LayerAggregates, LayerReducer
 from probe.attention.result import SegmentAttention
 from probe.config import ProbeSection
 from probe.errors import ConfigError, HookError
-from probe.loading import input_device
+from probe.loading import LoadedModel, input_device
 from probe.types import TokenizedPrompt
 
 log = logging.getLogger(__name__)
@@ -654,6 +654,11 @@ def left_pad(sequences: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[torch
     return ids, mask, pads
 
 
+def transformers_model(model: Any) -> Any:
+    """The transformers model of a ``probe.load_model`` model (:class:`probe.loading.LoadedModel`), else ``model``."""
+    return model.model if isinstance(model, LoadedModel) else model
+
+
 def probe_batch(
     model: PreTrainedModel,
     prompts: Sequence[TokenizedPrompt],
@@ -662,10 +667,11 @@ def probe_batch(
     *,
     compute_residue: bool = True,
 ) -> list[SegmentAttention]:
-    """Probe several prompts in one forward pass (left-padded); each result equals :func:`probe_prompt`'s.
+    """Probe several prompts in one forward pass (left-padded); each result equals :func:`probe_tokenized`'s.
 
     Args:
-        model: a loaded Hugging Face causal LM of a supported architecture, in eval mode.
+        model: a loaded Hugging Face causal LM of a supported architecture, in eval mode (or a ``probe.load_model``
+            model, whose transformers model is used).
         prompts: the prompts' ids and token spans.
         options: query set, γ, residue mode, sink exclusion, block size (defaults: ``ProbeSection()``).
         generated_ids: per prompt, answer token ids appended after it; required by query ``generated``.
@@ -678,6 +684,7 @@ def probe_batch(
         HookError: unsupported architecture, a layer that did not report exactly once, or an unusable input.
         SpanError / ConfigError: a query set cannot be formed from the spans / options.
     """
+    model = transformers_model(model)
     options = options or ProbeSection()
     if not prompts:
         return []
@@ -701,7 +708,7 @@ def probe_batch(
     return capture.results()
 
 
-def probe_prompt(
+def probe_tokenized(
     model: PreTrainedModel,
     tokenized: TokenizedPrompt,
     options: ProbeSection | None = None,
@@ -715,8 +722,9 @@ def probe_prompt(
     ``generated_ids`` are given.
 
     Args:
-        model: a loaded Hugging Face causal LM of a supported architecture, in eval mode.
-        tokenized: the prompt's ids and token spans (``probe.prompts.tokenize.tokenize_prompt`` makes them; any spans
+        model: a loaded Hugging Face causal LM of a supported architecture, in eval mode (or a ``probe.load_model``
+            model, whose transformers model is used).
+        tokenized: the prompt's ids and token spans (``probe.prompts.tokenize.encode_prompt`` makes them; any spans
             that partition the tokens will do).
         options: query set, γ, residue mode, sink exclusion, block size (defaults: ``ProbeSection()``).
         generated_ids: answer token ids appended after the prompt; required by query ``generated``.
@@ -747,7 +755,7 @@ def probe_generation(
 
     Inside the block, run ``model.generate`` on the batch laid out as :func:`left_pad` does (row i = ``pads[i]``
     padding tokens, then ``prompts[i]``); afterwards ``capture.results()`` gives one :class:`SegmentAttention` per
-    prompt, equal to :func:`probe_prompt`'s. Only the prefill (queries and keys both spanning the batch) is probed;
+    prompt, equal to :func:`probe_tokenized`'s. Only the prefill (queries and keys both spanning the batch) is probed;
     decode steps pass through, and the outputs are those of the model's ``sdpa`` attention.
 
     Args:

@@ -26,9 +26,9 @@ output bit for bit.
 
 Notebook use (any text with segment spans)::
 
-    from probe.attention.intervention import Intervention, intervention
+    from probe.attention.intervention import Intervention, apply_intervention
     iv = Intervention(kind="knockout", keys="extraneous", queries="answer", layers=(10, 11, 12))
-    with intervention(model, [tp], iv) as batch:          # tp: a TokenizedPrompt with segment spans
+    with apply_intervention(model, [tp], iv) as batch:    # tp: a TokenizedPrompt with segment spans
         out = model.generate(batch.input_ids, attention_mask=batch.attention_mask, max_new_tokens=64)
 """
 
@@ -374,7 +374,7 @@ class EditedBatch:
 
 
 @contextmanager
-def intervention(
+def apply_intervention(
     model: PreTrainedModel,
     prompts: Sequence[TokenizedPrompt],
     spec: Intervention,
@@ -392,7 +392,8 @@ def intervention(
     The model's attention implementation is restored afterwards, whatever happened.
 
     Args:
-        model: a loaded Hugging Face causal LM of an architecture the probe supports, in eval mode.
+        model: a loaded Hugging Face causal LM of an architecture the probe supports, in eval mode (or a
+            ``probe.load_model`` model, whose transformers model is used).
         prompts: the prompts' ids and token spans.
         spec: kind, α, keys, queries, layers, heads.
         row_edits: per prompt, an explicit :class:`RowEdit` (any key mask and first query) instead of the keys and
@@ -407,9 +408,10 @@ def intervention(
         HookError: an unsupported architecture. ConfigError: a layer or head outside the model, mismatched edits.
         SpanError: queries ``answer`` on a prompt without a question.
     """
-    from probe.attention.engine import attach_edit, layers_and_heads, left_pad
+    from probe.attention.engine import attach_edit, layers_and_heads, left_pad, transformers_model
     from probe.loading import input_device
 
+    model = transformers_model(model)
     if not prompts:
         raise ConfigError("intervention: no prompts")
     if row_edits is None:
@@ -429,4 +431,4 @@ def intervention(
 
 
 __all__ = ["BatchEdit", "EditedBatch", "Intervention", "KEY_SETS", "KINDS", "QUERY_SETS", "RowEdit",
-           "edited_attention", "intervention", "random_key_seed", "row_edit"]
+           "apply_intervention", "edited_attention", "random_key_seed", "row_edit"]

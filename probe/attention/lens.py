@@ -64,7 +64,7 @@ def probe_transformer_lens(
     *,
     compute_residue: bool = True,
 ) -> SegmentAttention:
-    """Probe one prompt with a TransformerLens ``TransformerBridge`` (same measures as ``probe_prompt``).
+    """Probe one prompt with a TransformerLens ``TransformerBridge`` (same measures as ``probe_tokenized``).
 
     Args:
         tl_model: a ``TransformerBridge`` (anything with ``cfg.n_layers``, ``hook_dict`` and ``run_with_hooks``).

@@ -1,6 +1,6 @@
 """Attention per key token: how much attention the query set gives each single token of a prompt (for display).
 
-The engine (:func:`probe.attention.probe_prompt`) reduces attention rows to per-segment sums as it goes; asked to
+The engine (:func:`probe.attention.probe_tokenized`) reduces attention rows to per-segment sums as it goes; asked to
 treat every token as its own segment, the same engine gives the mass on every key token, with the same query set,
 masks, sliding windows, soft-capping and grouped-query heads, at the engine's memory (no L × H × T² tensor):
 ``seg_mass_segment[layer, head, t]`` of the per-token probe is the mean over the query set of the attention on
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from probe.attention.engine import probe_prompt
+from probe.attention.engine import probe_tokenized
 from probe.attention.result import SegmentAttention
 from probe.config import ProbeSection
 from probe.errors import ConfigError
@@ -53,7 +53,7 @@ def token_attention(model: PreTrainedModel, tokenized: TokenizedPrompt,
     if opts.query not in TOKEN_QUERY_SETS:
         raise ConfigError(f"probe.query = {opts.query!r}: attention per token is shown for the query sets "
                           f"{', '.join(TOKEN_QUERY_SETS)}; choose one of them")
-    return probe_prompt(model, split_into_tokens(tokenized), opts, compute_residue=False)
+    return probe_tokenized(model, split_into_tokens(tokenized), opts, compute_residue=False)
 
 
 __all__ = ["TOKEN_QUERY_SETS", "split_into_tokens", "token_attention"]

@@ -10,6 +10,7 @@ from probe.types import Prompt
 
 if TYPE_CHECKING:
     from probe.attention.result import SegmentAttention
+    from probe.interventions import KeyCount
 
 
 @dataclass(frozen=True)
@@ -29,9 +30,9 @@ class Generation:
     skip_reason: str | None = None
     output_ids: tuple[int, ...] | None = None  # local backends: generated token ids (for probe query "generated")
     attention: "SegmentAttention | None" = None  # local backends asked to probe: the prompt's attention aggregates
-    # under an intervention: (key tokens edited, key tokens asked for); they differ when a matched-random draw
-    # found too few tokens
-    intervention_keys: tuple[int, int] | None = None
+    # under an intervention: the key tokens edited and asked for (they differ when a matched-random draw found too
+    # few tokens)
+    intervention_keys: "KeyCount | None" = None
 
 
 def build_messages(prompt: Prompt) -> list[dict[str, str]]:

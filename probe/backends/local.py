@@ -22,13 +22,40 @@ from typing import TYPE_CHECKING, Any, Iterator
 from probe.backends.base import Generation
 from probe.config import GenerationSection, ProbeSection
 from probe.loading import LoadedModel
-from probe.prompts.tokenize import tokenize_prompt
+from probe.prompts.tokenize import encode_prompt
 from probe.types import Prompt, TokenizedPrompt
 
 if TYPE_CHECKING:
     from probe.attention.intervention import Intervention, RowEdit
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """One batch of runnable prompts: left-padded ids and, under an intervention, each prompt's edit."""
+
+    items: list[tuple[Prompt, TokenizedPrompt]]
+    input_ids: Any  # (B, W) torch.long, left-padded
+    mask: Any  # (B, W) attention mask
+    pads: list[int]  # left padding of each row
+    edits: list[RowEdit] | None  # one per row under an intervention, else None
+
+    @property
+    def tokenized(self) -> list[TokenizedPrompt]:
+        return [tp for _, tp in self.items]
+
+    @property
+    def width(self) -> int:
+        return int(self.input_ids.shape[1])
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """One row's generated tokens, cut at the first end token, and whether it ran out of new tokens instead."""
+
+    ids: list[int]
+    truncated: bool
 
 
 @dataclass
@@ -43,7 +70,7 @@ class LocalBackend:
         return self.loaded.card.name
 
     def tokenize(self, prompt: Prompt) -> TokenizedPrompt:
-        return tokenize_prompt(prompt, self.loaded.tokenizer, self.loaded.card.use_chat_template)
+        return encode_prompt(prompt, self.loaded.tokenizer, self.loaded.card.use_chat_template)
 
     def generate(self, prompts: list[Prompt], gen: GenerationSection, probe: ProbeSection | None = None,
                  intervention: Intervention | None = None) -> Iterator[tuple[Prompt, Generation]]:
@@ -60,87 +87,156 @@ class LocalBackend:
                 prompt's keys come from its spans (``matched-random`` draws seeded by the backend's seed and the
                 prompt id); its :class:`Generation` carries ``intervention_keys``.
         """
-        import torch
+        from probe.attention import is_prompt_query
 
-        from probe.attention import is_prompt_query, left_pad, probe_batch, probe_generation
-        from probe.attention.engine import attach_edit, layers_and_heads
-        from probe.attention.intervention import BatchEdit, row_edit
+        skipped, runnable = self._admit(prompts, gen.max_new_tokens)
+        yield from skipped
+        ride_along = probe is not None and is_prompt_query(probe)
+        eos = _eos_ids(self.loaded.model, self.loaded.tokenizer)
+        for batch in self._batches(runnable, gen.batch_size, intervention):
+            out, attention = self._decode(batch, gen, probe if ride_along else None, intervention)
+            answers = [_cut(out[i, batch.width:].tolist(), eos, gen.max_new_tokens) for i in range(len(batch.items))]
+            if probe is not None and not ride_along:  # query "generated": prompt + answer, one forward per batch
+                attention = self._probe_answers(batch, answers, probe, intervention)
+            yield from self._assemble(batch, answers, attention)
 
-        tok = self.loaded.tokenizer
-        model = self.loaded.model
+    def _admit(self, prompts: list[Prompt], max_new_tokens: int
+               ) -> tuple[list[tuple[Prompt, Generation]], list[tuple[Prompt, TokenizedPrompt]]]:
+        """Tokenize; a prompt that cannot fit its answer in the context window is skipped (its Generation says why).
+
+        Returns:
+            The skipped prompts with their generations, and the runnable ones sorted by token count.
+        """
         window = self.loaded.card.context_window
+        skipped: list[tuple[Prompt, Generation]] = []
         runnable: list[tuple[Prompt, TokenizedPrompt]] = []
         for p in prompts:
             tp = self.tokenize(p)
             n = len(tp.input_ids)
-            if n + gen.max_new_tokens > window:
-                yield p, Generation(None, False, prompt_tokens=n, skip_reason=(
-                    f"prompt of {n} tokens + max_new_tokens {gen.max_new_tokens} exceeds the context window "
-                    f"of {window} tokens"))
+            if n + max_new_tokens > window:
+                skipped.append((p, Generation(None, False, prompt_tokens=n, skip_reason=(
+                    f"prompt of {n} tokens + max_new_tokens {max_new_tokens} exceeds the context window "
+                    f"of {window} tokens"))))
             else:
                 runnable.append((p, tp))
         runnable.sort(key=lambda x: len(x[1].input_ids))
-        eos = _eos_ids(model, tok)
-        pad = tok.pad_token_id
-        device = self.loaded.device  # the input embedding's (a dispatched model's first weights may be on `meta`)
-        ride_along = probe is not None and is_prompt_query(probe)
-        n_layers, n_heads = layers_and_heads(model)
-        for b in range(0, len(runnable), gen.batch_size):
-            batch = runnable[b : b + gen.batch_size]
-            prompts_tok = [tp for _, tp in batch]
-            input_ids, mask, pads = left_pad([tp.input_ids for tp in prompts_tok], pad)
-            edits = ([row_edit(tp, intervention, self.seed, p.prompt_id) for p, tp in batch]
+        return skipped, runnable
+
+    def _batches(self, runnable: list[tuple[Prompt, TokenizedPrompt]], batch_size: int,
+                 intervention: Intervention | None) -> Iterator[_Batch]:
+        """Consecutive batches of ``batch_size`` prompts, left-padded, with each prompt's edit under an intervention."""
+        from probe.attention import left_pad
+        from probe.attention.intervention import row_edit
+
+        for b in range(0, len(runnable), batch_size):
+            items = runnable[b : b + batch_size]
+            input_ids, mask, pads = left_pad([tp.input_ids for _, tp in items], self.loaded.tokenizer.pad_token_id)
+            edits = ([row_edit(tp, intervention, self.seed, p.prompt_id) for p, tp in items]
                      if intervention is not None else None)
-            editing: Any = contextlib.nullcontext()
-            if edits is not None:
-                editing = attach_edit(model, BatchEdit(edits, pads, intervention, n_layers, n_heads,  # type: ignore[arg-type]
-                                                       device))
-            width = input_ids.shape[1]
-            kwargs: dict[str, Any] = {"max_new_tokens": gen.max_new_tokens, "pad_token_id": pad}
-            if gen.temperature > 0:
-                kwargs.update(do_sample=True, temperature=gen.temperature, top_p=gen.top_p)
+            yield _Batch(items=items, input_ids=input_ids, mask=mask, pads=pads, edits=edits)
+
+    def _editing(self, edits: list[RowEdit] | None, pads: list[int],
+                 intervention: Intervention | None) -> contextlib.AbstractContextManager[Any]:
+        """The context that applies a batch's edits in the model's attention (nothing without an intervention)."""
+        if edits is None or intervention is None:
+            return contextlib.nullcontext()
+        from probe.attention.engine import attach_edit, layers_and_heads
+        from probe.attention.intervention import BatchEdit
+
+        n_layers, n_heads = layers_and_heads(self.loaded.model)
+        return attach_edit(self.loaded.model, BatchEdit(edits, pads, intervention, n_layers, n_heads,
+                                                        self.loaded.device))
+
+    def _decode(self, batch: _Batch, gen: GenerationSection, ride_along: ProbeSection | None,
+                intervention: Intervention | None) -> tuple[Any, list[Any]]:
+        """``model.generate`` over one batch, under its edit, seeded when sampling, the probe riding on the prefill.
+
+        Returns:
+            The generated ids (B, W + new tokens) and one ``SegmentAttention`` per row (all None without
+            ``ride_along``).
+        """
+        import torch
+
+        from probe.attention import probe_generation
+
+        model = self.loaded.model
+        device = self.loaded.device  # the input embedding's (a dispatched model's first weights may be on `meta`)
+        editing = self._editing(batch.edits, batch.pads, intervention)
+        inputs = {"input_ids": batch.input_ids.to(device), "attention_mask": batch.mask.to(device)}
+        kwargs = decoding_kwargs(gen, self.loaded.tokenizer.pad_token_id)
+        attention: list[Any] = [None] * len(batch.items)
+        with torch.inference_mode(), self._seeded(gen, [p.prompt_id for p, _ in batch.items]), editing:
+            if ride_along is not None:
+                with probe_generation(model, batch.tokenized, batch.pads, ride_along) as capture:
+                    out = model.generate(**inputs, **kwargs)
+                attention = list(capture.results())
             else:
-                kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-            inputs = {"input_ids": input_ids.to(device), "attention_mask": mask.to(device)}
-            attention: list[Any] = [None] * len(batch)
-            sampling = gen.temperature > 0
-            with torch.inference_mode(), (torch.random.fork_rng(devices=_cuda_devices(device)) if sampling
-                                          else contextlib.nullcontext()):
-                if sampling:
-                    torch.manual_seed(sample_seed(self.seed, [p.prompt_id for p, _ in batch]))
-                with editing:
-                    if ride_along:
-                        with probe_generation(model, prompts_tok, pads, probe) as capture:
-                            out = model.generate(**inputs, **kwargs)
-                        attention = list(capture.results())
-                    else:
-                        out = model.generate(**inputs, **kwargs)
-            answers: list[tuple[list[int], bool]] = []
-            for i in range(len(batch)):
-                new = out[i, width:].tolist()
-                cut = next((j for j, t in enumerate(new) if t in eos), None)
-                truncated = cut is None and len(new) >= gen.max_new_tokens
-                answers.append((new if cut is None else new[:cut], truncated))
-            if probe is not None and not ride_along:  # query "generated": prompt + answer, one forward per batch
-                rows = [i for i, (kept, _) in enumerate(answers) if kept]
-                if rows:
-                    editing = contextlib.nullcontext()
-                    if edits is not None:  # the same edit, laid out for the batch of prompt + answer
-                        full = [len(prompts_tok[i].input_ids) + len(answers[i][0]) for i in rows]
-                        answer_pads = [max(full) - n for n in full]
-                        answer_edits = [_extend(edits[i], len(answers[i][0])) for i in rows]
-                        editing = attach_edit(model, BatchEdit(answer_edits, answer_pads, intervention,  # type: ignore[arg-type]
-                                                               n_layers, n_heads, device))
-                    with editing:
-                        results = probe_batch(model, [prompts_tok[i] for i in rows], probe,
-                                              [answers[i][0] for i in rows])
-                    for i, r in zip(rows, results):
-                        attention[i] = r
-            for i, ((p, tp), (kept, truncated), att) in enumerate(zip(batch, answers, attention)):
-                text = tok.decode(kept, skip_special_tokens=True)
-                keys = (edits[i].n_keys, edits[i].wanted) if edits is not None else None
-                yield p, Generation(text, truncated, prompt_tokens=len(tp.input_ids), completion_tokens=len(kept),
-                                    output_ids=tuple(kept), attention=att, intervention_keys=keys)
+                out = model.generate(**inputs, **kwargs)
+        return out, attention
+
+    def _seeded(self, gen: GenerationSection, prompt_ids: list[str]) -> contextlib.AbstractContextManager[Any]:
+        """Sampling: a forked torch generator state seeded by :func:`sample_seed` (greedy decoding draws nothing)."""
+        if gen.temperature <= 0:
+            return contextlib.nullcontext()
+        return _forked_seed(sample_seed(self.seed, prompt_ids), self.loaded.device)
+
+    def _probe_answers(self, batch: _Batch, answers: list[_Answer], probe: ProbeSection,
+                       intervention: Intervention | None) -> list[Any]:
+        """Query ``generated``: probe prompt + answer in one forward pass, under the same edit; None for no answer."""
+        from probe.attention import probe_batch
+
+        attention: list[Any] = [None] * len(batch.items)
+        rows = [i for i, a in enumerate(answers) if a.ids]
+        if not rows:
+            return attention
+        tokenized = batch.tokenized
+        edits, pads = None, []
+        if batch.edits is not None:  # the same edit, laid out for the batch of prompt + answer
+            full = [len(tokenized[i].input_ids) + len(answers[i].ids) for i in rows]
+            pads = [max(full) - n for n in full]
+            edits = [_extend(batch.edits[i], len(answers[i].ids)) for i in rows]
+        with self._editing(edits, pads, intervention):
+            results = probe_batch(self.loaded.model, [tokenized[i] for i in rows], probe,
+                                  [answers[i].ids for i in rows])
+        for i, r in zip(rows, results):
+            attention[i] = r
+        return attention
+
+    def _assemble(self, batch: _Batch, answers: list[_Answer], attention: list[Any]
+                  ) -> Iterator[tuple[Prompt, Generation]]:
+        """Each row's :class:`Generation`: decoded text, token counts, ids, attention and key count."""
+        tok = self.loaded.tokenizer
+        for i, ((p, tp), answer, att) in enumerate(zip(batch.items, answers, attention)):
+            keys = batch.edits[i].count if batch.edits is not None else None
+            yield p, Generation(tok.decode(answer.ids, skip_special_tokens=True), answer.truncated,
+                                prompt_tokens=len(tp.input_ids), completion_tokens=len(answer.ids),
+                                output_ids=tuple(answer.ids), attention=att, intervention_keys=keys)
+
+
+def decoding_kwargs(gen: GenerationSection, pad_token_id: int | None) -> dict[str, Any]:
+    """``model.generate`` keyword arguments: greedy at temperature 0 (sampling knobs unset), else sampling."""
+    kwargs: dict[str, Any] = {"max_new_tokens": gen.max_new_tokens, "pad_token_id": pad_token_id}
+    if gen.temperature > 0:
+        kwargs.update(do_sample=True, temperature=gen.temperature, top_p=gen.top_p)
+    else:
+        kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+    return kwargs
+
+
+def _cut(new: list[int], eos: set[int], max_new_tokens: int) -> _Answer:
+    """The answer up to (without) its first end token; truncated when none came within ``max_new_tokens``."""
+    cut = next((j for j, t in enumerate(new) if t in eos), None)
+    return _Answer(ids=new if cut is None else new[:cut], truncated=cut is None and len(new) >= max_new_tokens)
+
+
+@contextlib.contextmanager
+def _forked_seed(seed: int, device: Any) -> Iterator[None]:
+    """Seed torch's generator (CPU and ``device``'s CUDA one) inside, restoring the caller's state after."""
+    import torch
+
+    with torch.random.fork_rng(devices=_cuda_devices(device)):
+        torch.manual_seed(seed)
+        yield
 
 
 def _extend(edit: "RowEdit", n_answer: int) -> "RowEdit":

@@ -4,7 +4,7 @@ At each prompt length T, on the default model (or a given one), the same Saturat
 sink / instruction / germane and extraneous segments alternating / question / sink) is run through:
 
 - ``plain``: the model's base with its fast attention (SDPA), no cache, no LM head — the floor;
-- ``engine``: :func:`probe.attention.probe_prompt` with the default query set (question + last token), no residue;
+- ``engine``: :func:`probe.attention.probe_tokenized` with the default query set (question + last token), no residue;
 - ``engine_ar``: the same with AR_k (cosine), which needs the rows of every germane, question and extraneous token;
 - ``eager``: eager attention with ``output_attentions=True`` (all L·H·T² weights kept);
 - ``lens``: a TransformerLens ``TransformerBridge`` ``run_with_cache`` of every ``hook_pattern``.
@@ -39,7 +39,7 @@ import psutil
 import torch
 from transformers import PreTrainedModel
 
-from probe.attention import SegmentAttention, probe_batch, probe_prompt
+from probe.attention import SegmentAttention, probe_batch, probe_tokenized
 from probe.attention.engine import attention_implementation
 from probe.config import ProbeSection
 from probe.errors import ConfigError
@@ -278,10 +278,10 @@ def _arms(model: PreTrainedModel, tp: TokenizedPrompt, ids: torch.Tensor, n_laye
 
     arms: dict[str, Callable[[], object]] = {
         "plain": plain,
-        "engine": lambda: probe_prompt(model, tp, ProbeSection(), compute_residue=False),
+        "engine": lambda: probe_tokenized(model, tp, ProbeSection(), compute_residue=False),
     }
     if residue:
-        arms["engine_ar"] = lambda: probe_prompt(model, tp, ProbeSection(), compute_residue=True)
+        arms["engine_ar"] = lambda: probe_tokenized(model, tp, ProbeSection(), compute_residue=True)
     if full:
         arms["eager"] = lambda: _eager(model, ids)
         if bridge is not None:
@@ -378,7 +378,7 @@ def run_probe_batch_bench(
     ordered = sorted(prompts, key=lambda tp: len(tp.input_ids))
 
     def one_at_a_time() -> list[SegmentAttention]:
-        return [probe_prompt(model, tp) for tp in ordered]
+        return [probe_tokenized(model, tp) for tp in ordered]
 
     def batched() -> list[SegmentAttention]:
         out: list[SegmentAttention] = []

@@ -24,7 +24,7 @@ from probe.backends import LocalBackend
 from probe.config import ExperimentConfig, load_config
 from probe.errors import ConfigError
 from probe.loading import load_model
-from probe.runner import build_prompts, prepare_run_dir
+from probe.runner import build_run_prompts, prepare_run_dir
 from probe.types import Prompt
 
 
@@ -77,7 +77,7 @@ def _bench_setup(experiment: str, **counts: int | None) -> tuple[ExperimentConfi
     cfg = replace(cfg, experiment=replace(cfg.experiment, name=cfg.experiment.name + "-bench"))
     prepare_run_dir(cfg, force=True)
     model_name = cfg.experiment.models[0]
-    prompts = build_prompts(cfg, progress=False)[model_name]
+    prompts = build_run_prompts(cfg, progress=False)[model_name]
     return cfg, model_name, prompts, LocalBackend(load_model(model_name), seed=cfg.experiment.seed)
 
 def run_generate_bench(experiment: str, n_prompts: int = 32, batch_size: int | None = None,

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Callable, TypedDict, TypeVar
 import numpy as np
 import torch
 
-from probe.attention import SegmentAttention, left_pad, probe_batch, probe_generation, probe_prompt
+from probe.attention import SegmentAttention, left_pad, probe_batch, probe_generation, probe_tokenized
 from probe.attention import reference_segment_attention
 from probe.bench.attention import bench_prompt, format_attention_bench, run_attention_bench
 from probe.config import ProbeSection
@@ -205,7 +205,7 @@ def check_exactness(device: torch.device, archs: tuple[str, ...] = TINY_ARCHS) -
             batched = probe_batch(model, prompts, options)
             for tp, res in zip(prompts, batched):
                 ref = reference_segment_attention(model, tp, options)
-                for got in (res, probe_prompt(model, tp, options)):
+                for got in (res, probe_tokenized(model, tp, options)):
                     d, c = _max_diff(got, ref)
                     worst, worst_chance = max(worst, d), max(worst_chance, c)
             rows.append(ExactRow(arch, str(dtype).removeprefix("torch."), worst, worst_chance, tol))

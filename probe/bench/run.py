@@ -21,7 +21,7 @@ from probe.backends import make_backend
 from probe.config import load_config
 from probe.loading import get_card
 from probe.records import load_trials
-from probe.runner import build_prompts, load_all_tasks, prepare_run_dir, run_model
+from probe.runner import build_run_prompts, load_all_tasks, prepare_run_dir, run_model
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ def run_probe_cost_bench(experiment: str = "experiments/demo.toml", rounds: int 
     tasks = load_all_tasks(base)
     prepare_run_dir(arms["unprobed"], force=True)
     card = get_card(model_name)
-    prompts = build_prompts(arms["unprobed"], progress=False, tasks=tasks)[card.name]
+    prompts = build_run_prompts(arms["unprobed"], progress=False, tasks=tasks)[card.name]
     if n_prompts is not None and n_prompts < len(prompts):
         prompts = prompts[:: len(prompts) // n_prompts][:n_prompts]
     by_id = {t.task_id: t for t in tasks}

@@ -37,7 +37,7 @@ import numpy as np
 from probe.config import IceSection
 from probe.errors import ProbeError
 from probe.prompts.distractors import FactPool, fact_pool
-from probe.prompts.tokenize import PieceCounter, filler_share, measured_load, tokenize_prompt
+from probe.prompts.tokenize import PieceCounter, filler_share, measured_load, encode_prompt
 from probe.runfolder import make_prompt_id
 from probe.tasks import CUSTOM_CONDITION, get_family, get_source
 from probe.types import Prompt, Segment, Task, TokenizedPrompt
@@ -196,7 +196,7 @@ class IceBuilder:
         key = (prompt.text, prompt.segments)
         if self._last is not None and self._last[0] == key:
             return self._last[1]
-        tp = tokenize_prompt(prompt, self.tokenizer, self.use_chat_template)
+        tp = encode_prompt(prompt, self.tokenizer, self.use_chat_template)
         self._last = (key, tp)
         return tp
 

@@ -115,7 +115,7 @@ def _spans_from_owners(prompt: Prompt, owner: Sequence[int]) -> tuple[Span, ...]
     return tuple(spans)
 
 
-def tokenize_prompt(prompt: Prompt, tokenizer: Any, use_chat_template: bool = True) -> TokenizedPrompt:
+def encode_prompt(prompt: Prompt, tokenizer: Any, use_chat_template: bool = True) -> TokenizedPrompt:
     """Token ids of the full input and one span per segment (template and special tokens are ``sink``).
 
     A token belongs to the segment holding its visible (non-space) characters; a whitespace-only token between
@@ -124,7 +124,7 @@ def tokenize_prompt(prompt: Prompt, tokenizer: Any, use_chat_template: bool = Tr
     spans are exact or the prompt is refused.
 
     The owners of all tokens are found at once with numpy (a per-token loop over characters is the slow reference,
-    :func:`tokenize_prompt_reference`, which the tests hold this to).
+    :func:`encode_prompt_reference`, which the tests hold this to).
     """
     full, offset, add_special = render_chat(prompt.text, tokenizer, use_chat_template)
     enc = tokenizer(full, add_special_tokens=add_special, return_offsets_mapping=True)
@@ -171,8 +171,8 @@ def tokenize_prompt(prompt: Prompt, tokenizer: Any, use_chat_template: bool = Tr
     return TokenizedPrompt(input_ids=tuple(ids), spans=_spans_from_owners(prompt, owner.tolist()))
 
 
-def tokenize_prompt_reference(prompt: Prompt, tokenizer: Any, use_chat_template: bool = True) -> TokenizedPrompt:
-    """:func:`tokenize_prompt` written plainly, token by token and character by character (the tests' reference)."""
+def encode_prompt_reference(prompt: Prompt, tokenizer: Any, use_chat_template: bool = True) -> TokenizedPrompt:
+    """:func:`encode_prompt` written plainly, token by token and character by character (the tests' reference)."""
     full, offset, add_special = render_chat(prompt.text, tokenizer, use_chat_template)
     enc = tokenizer(full, add_special_tokens=add_special, return_offsets_mapping=True)
     ids: list[int] = list(enc["input_ids"])

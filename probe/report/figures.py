@@ -1,5 +1,5 @@
 """Plotting helpers shared by the report sections (no figure of a family here; see :mod:`probe.report.ice_figures`
-and :mod:`probe.report.cogniload`).
+and :mod:`probe.report.cogniload_figures`).
 
 Every figure is a matplotlib :class:`~matplotlib.figure.Figure` (no pyplot state, Agg canvas); a ``draw_*`` function
 returns None when there is nothing to draw. Numbers written on figures go through :mod:`probe.formatting`.

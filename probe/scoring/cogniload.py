@@ -43,7 +43,7 @@ from typing import Literal
 
 from probe.errors import ProbeError
 from probe.scoring.answers import extract_final_answer
-from probe.tasks.cogniload import CATEGORY_BY_NAME, SOURCE, Category
+from probe.tasks.cogniload import CATEGORY_BY_NAME, SOURCE, Category, PuzzleParams
 from probe.types import Task
 
 MatchCase = Literal["boxed", "answer_line", "poi_category", "poi", "last"]
@@ -152,17 +152,15 @@ def score_cogniload(output: str, task: Task) -> CogniloadScore:
         The verdict; see ``CogniloadScore``.
 
     Raises:
-        ProbeError: the task is not a CogniLoad task, lacks ``poi``/``category`` in its meta, or names an unknown
-            category.
+        ProbeError: the task is not a CogniLoad task, its meta lacks a knob or ``poi``/``category``
+            (:class:`~probe.tasks.cogniload.PuzzleParamsError`), or names an unknown category.
     """
-    if task.source != SOURCE or "poi" not in task.meta or "category" not in task.meta:
-        raise ProbeError(
-            f"task {task.task_id}: score_cogniload needs a cogniload task with meta 'poi' and 'category' "
-            f"(source {task.source!r}, meta keys {sorted(task.meta)})"
-        )
-    category = CATEGORY_BY_NAME.get(str(task.meta["category"]))
+    if task.source != SOURCE:
+        raise ProbeError(f"task {task.task_id}: score_cogniload needs a cogniload task (source {task.source!r})")
+    params = PuzzleParams.from_meta(task.meta, f"task {task.task_id}", needs=("poi", "category"))
+    poi, category = str(params.poi), CATEGORY_BY_NAME.get(str(params.category))
     if category is None:
-        raise ProbeError(f"task {task.task_id}: unknown category {task.meta['category']!r} in meta")
+        raise ProbeError(f"task {task.task_id}: unknown category {params.category!r} in meta")
     gold = str(task.gold).lower()
 
     def verdict(case: MatchCase, judged: str) -> CogniloadScore:
@@ -178,7 +176,6 @@ def score_cogniload(output: str, task: Task) -> CogniloadScore:
         return verdict(how, explicit)
 
     statements = [s for s in split_sentences(output or "") if not s.endswith("?")]
-    poi = str(task.meta["poi"])
     about_poi = [s for s in statements if _contains(normalise(s), poi)]
     about_poi_cat = [s for s in about_poi if any(_contains(normalise(s), a) for a in category.aliases)]
     rules: list[tuple[MatchCase, list[str]]] = [("poi_category", about_poi_cat), ("poi", about_poi),

@@ -115,7 +115,7 @@ def family_of(source: str) -> str:
     return SOURCES.get(source).family if source in SOURCES else family_of_old_record(source)
 
 
-def load_tasks(section: TaskSection, seed: int) -> list["Task"]:
+def load_section(section: TaskSection, seed: int) -> list["Task"]:
     """The tasks of one ``[[tasks]]`` section.
 
     Args:
@@ -138,4 +138,4 @@ def load_tasks(section: TaskSection, seed: int) -> list["Task"]:
 
 
 __all__ = ["CUSTOM_CONDITION", "FAMILIES", "Family", "Layout", "SOURCES", "TaskSection", "TaskSource", "family_of",
-           "get_family", "get_source", "load_tasks", "register_family", "register_source"]
+           "get_family", "get_source", "load_section", "register_family", "register_source"]

@@ -42,8 +42,9 @@ categories and never equal a person's name, so an answer can be matched without 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from operator import itemgetter
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -183,6 +184,102 @@ def task_id_for(d: int, n_statements: int, rho: float, index: int) -> str:
     return f"cl-d{d}-N{n_statements}-r{_rho_label(rho)}-{index:04d}"
 
 
+class PuzzleParamsError(ProbeError):
+    """A task's or trial's ``meta`` does not hold the CogniLoad parameters a reader needs."""
+
+
+# PuzzleParams field -> its key in ``meta`` (tasks, trial records): the on-disk names, unchanged since the first runs
+_META_KEYS: dict[str, str] = {"n_statements": "N"}
+
+
+@dataclass(frozen=True)
+class PuzzleParams:
+    """The knobs of one CogniLoad puzzle and what generating it recorded (docs/cogniload.md#a-puzzle).
+
+    A task carries them in ``Task.meta`` and every trial record of it in ``TrialRecord.meta``, under the keys
+    ``d, N, rho, n_needles, n_hay, n_people, n_values, poi, category, n_poi_changes, gold_is_initial``
+    (:meth:`to_meta`); :meth:`from_meta` is the one reader. Only the grid knobs ``d``, ``N`` and ``rho`` are
+    required: records written by other tools or older fixtures may hold only some of the rest (None here).
+
+    Attributes:
+        d: intrinsic difficulty.
+        n_statements: N, the number of statements (``N`` on disk).
+        rho: needle-to-hay ratio in percent.
+        n_needles: needle statements (``n0``); n_hay: hay statements.
+        n_people: people in the puzzle (initial-state sentences before the statements); n_values: values per
+            category.
+        poi: the Person of Interest's name; category: the asked category's name.
+        n_poi_changes: how many needles changed the asked category.
+        gold_is_initial: whether the answer equals the PoI's initial value.
+    """
+
+    d: int
+    n_statements: int
+    rho: float
+    n_needles: int | None = None
+    n_hay: int | None = None
+    n_people: int | None = None
+    n_values: int | None = None
+    poi: str | None = None
+    category: str | None = None
+    n_poi_changes: int | None = None
+    gold_is_initial: bool | None = None
+
+    def to_meta(self) -> dict[str, str | int | float]:
+        """The ``meta`` mapping of a task or trial: on-disk keys, the fields that are set (``gold_is_initial`` 0/1)."""
+        out: dict[str, str | int | float] = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if v is not None:
+                out[_META_KEYS.get(f.name, f.name)] = int(v) if isinstance(v, bool) else v
+        return out
+
+    @staticmethod
+    def from_meta(meta: Mapping[str, Any] | None, where: str, needs: tuple[str, ...] = (),
+                  error: type[ProbeError] = PuzzleParamsError) -> "PuzzleParams":
+        """Read the parameters from a task's or trial's ``meta``.
+
+        Args:
+            meta: the mapping (None reads as empty).
+            where: what it belongs to (``task cl-d5-N50-r25-0003``, ``trial <id>``), for the error message.
+            needs: optional fields (their ``PuzzleParams`` names) the caller needs present.
+            error: the error type raised (a reader's own :class:`~probe.errors.ProbeError` subclass).
+
+        Raises:
+            PuzzleParamsError (or ``error``): ``d``, ``N``, ``rho`` or a needed field is missing or not a number
+                of its kind (an integer count, a positive ``N``); the message names the field and the keys present.
+        """
+        m = dict(meta or {})
+        values: dict[str, Any] = {}
+        for f in fields(PuzzleParams):
+            key = _META_KEYS.get(f.name, f.name)
+            required = f.name in ("d", "n_statements", "rho") or f.name in needs
+            if key not in m or m[key] is None:
+                if required:
+                    raise error(f"{where}: meta needs {key!r} (a CogniLoad task's parameter); it holds "
+                                f"{sorted(m)}. CogniLoad trials must carry their task's meta")
+                continue
+            values[f.name] = _meta_value(f.name, key, m[key], where, error)
+        if values["n_statements"] <= 0:
+            raise error(f"{where}: meta N={m['N']!r} must be positive")
+        return PuzzleParams(**values)
+
+
+def _meta_value(name: str, key: str, v: Any, where: str, error: type[ProbeError]) -> Any:
+    """One ``meta`` value as its ``PuzzleParams`` field's type, or ``error`` naming the key."""
+    if name in ("poi", "category"):
+        if isinstance(v, str) and v:
+            return v
+        raise error(f"{where}: meta {key}={v!r} must be a non-empty string")
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise error(f"{where}: meta {key}={v!r} must be a number")
+    if name == "rho":
+        return v
+    if float(v) != int(v):
+        raise error(f"{where}: meta {key}={v!r} must be a whole number")
+    return bool(v) if name == "gold_is_initial" else int(v)
+
+
 class PuzzleGenerationError(ProbeError):
     """No valid statement was found within MAX_ATTEMPTS draws (a bug: a valid one always exists)."""
 
@@ -200,9 +297,8 @@ def generate_puzzle(d: int, n_statements: int, rho: float, rng: np.random.Genera
     Returns:
         A ``Task`` with ``source="cogniload"``, the PoI's final value of the asked category as ``gold``, the needle
         statements as ``hops`` and the prompt body as ``segments`` (see the module docstring for the kinds).
-        ``meta`` holds ``d, N, rho, n_needles, n_hay, n_people, n_values, poi, category, n_poi_changes``
-        (how many needles changed the asked category) and ``gold_is_initial`` (1 if the answer equals the
-        PoI's initial value).
+        ``meta`` holds the puzzle's :class:`PuzzleParams` (:meth:`PuzzleParams.to_meta`; read it back with
+        :meth:`PuzzleParams.from_meta`).
 
     Raises:
         ConfigError: a knob is outside its range.
@@ -269,19 +365,11 @@ def generate_puzzle(d: int, n_statements: int, rho: float, rng: np.random.Genera
         gold=gold,
         hops=tuple(Hop(fact=text, answer=None) for is_needle, text in statements if is_needle),
         topic=TOPIC,
-        meta={
-            "d": d,
-            "N": n_statements,
-            "rho": rho,
-            "n_needles": n0,
-            "n_hay": n_statements - n0,
-            "n_people": n_p,
-            "n_values": n_v,
-            "poi": names[poi],
-            "category": cats[asked].name,
-            "n_poi_changes": asked_changes,
-            "gold_is_initial": int(state[poi][asked] == initial_state[poi][asked]),
-        },
+        meta=PuzzleParams(
+            d=d, n_statements=n_statements, rho=rho, n_needles=n0, n_hay=n_statements - n0, n_people=n_p,
+            n_values=n_v, poi=names[poi], category=cats[asked].name, n_poi_changes=asked_changes,
+            gold_is_initial=state[poi][asked] == initial_state[poi][asked],
+        ).to_meta(),
         segments=tuple(segments),
     )
 
