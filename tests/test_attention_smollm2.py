@@ -114,12 +114,13 @@ def residue(tok: object) -> TokenizedPrompt:
 
 
 def _assert_same(a, b, atol: float = 1e-4) -> None:
-    diffs = {f: float(np.nanmax(np.abs(getattr(a, f) - getattr(b, f)), initial=0.0))
-             for f in ("seg_mass", "seg_mass_segment", "p_ext", "chance", "ar_k")}
+    assert set(a.measures) == set(b.measures)
+    fields = [*a.measures, "chance"]  # every registered measure
+    pairs = {f: (a.chance, b.chance) if f == "chance" else (a[f], b[f]) for f in fields}
+    diffs = {f: float(np.nanmax(np.abs(np.asarray(x) - np.asarray(y)), initial=0.0)) for f, (x, y) in pairs.items()}
     print(f"largest |engine - eager|: {max(diffs.values()):.2e} ({diffs})")
-    for field in ("seg_mass", "seg_mass_segment", "p_ext", "chance", "ar_k"):
-        np.testing.assert_allclose(getattr(a, field), getattr(b, field), atol=atol, rtol=0, equal_nan=True,
-                                   err_msg=field)
+    for field, (x, y) in pairs.items():
+        np.testing.assert_allclose(x, y, atol=atol, rtol=0, equal_nan=True, err_msg=field)
 
 
 @pytest.mark.parametrize(("name", "n_layers", "n_heads"), REAL_MODELS)
