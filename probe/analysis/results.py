@@ -189,11 +189,15 @@ def _decode_dataclass(cls: type, data: Any, where: str) -> Any:
     unknown = sorted(set(data) - names)
     if unknown:
         raise _Mismatch(f"{where}: unknown field {unknown[0]!r} of {cls.__name__}")
-    missing = [f.name for f in fields if f.name not in data]
+    # a field with a default was added to the schema after some files were written: absent, it takes its default
+    missing = [f.name for f in fields if f.name not in data
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:
         raise _Mismatch(f"{where}: missing field {missing[0]!r} of {cls.__name__}")
     values = {}
     for f in fields:
+        if f.name not in data:
+            continue
         decode: Callable[[Any, str], Any] | None = f.metadata.get("decode")
         sub = f"{where}.{f.name}"
         values[f.name] = decode(data[f.name], sub) if decode else _decode(hints[f.name], data[f.name], sub)
