@@ -251,6 +251,10 @@ def _em_cell(c: Cell | None) -> str:
     if c.em_mean is None:
         return f'<span class="note">n=0 ({c.n_error} err, {c.n_skipped} skip)</span>'
     extra = []
+    if c.strict_em_mean is not None:
+        extra.append(f"strict {fmt.num(c.strict_em_mean)}")
+    if c.scoring_path_shift:
+        extra.append(f"§ scoring path ≠ Control (p={fmt.p_value(c.scoring_path_p)})")
     if c.truncated_rate:
         extra.append(f"trunc {fmt.pct(c.truncated_rate)}")
     if c.n_error:
@@ -267,7 +271,9 @@ def table1_html(result: IceResult) -> str:
     header = ["model"] + [esc(c if c == "Control" else f"{c} {ld}%") for c, ld in keys]
     rows = [[esc(f"{m}{marks.get(m, '')}")] + [_em_cell(by.get((m, c, ld))) for c, ld in keys]
             for m in result.models]
-    return table(header, rows) + f'<p class="note">{esc(MARK_LEGEND)}. SEM over trials; n = scored trials.</p>'
+    return table(header, rows) + (f'<p class="note">{esc(MARK_LEGEND)}. SEM over trials; n = scored trials; strict = '
+                                  "strict EM (box or Answer: line only); § = the mix of scoring rules differs from "
+                                  "Control's (sign-flip test by question, p &lt; α).</p>")
 
 
 STATS_NOTE = ("Small-sample inference (docs/statistics.md): EM intervals are Wilson intervals at the Korn–Graubard "
