@@ -264,3 +264,67 @@ def test_cell_shares_equal_a_direct_count_and_intervals_proportion_ci():
         named = [masses[i] for i in sel if masses[i] is not None]
         np.testing.assert_allclose(arrays[c.array_key], np.mean(named, axis=0), rtol=1e-6)
         assert c.mass == pytest.approx(tuple(np.mean(named, axis=0)[2:4].mean(axis=(0, 1))))
+
+
+# -------------------------------------------------------------------------------------- run level, file
+
+
+def run_inputs(tmp_path):
+    from probe.prompts.builder import Piece, assemble
+    from probe.records import TrialRecord
+    from probe.runfolder import RunFolder
+    from probe.types import Prompt, Task
+
+    body = [Piece("germane", HOPS[0].fact, "hop0"), Piece("extraneous", TEXTS[3], "d0"),
+            Piece("germane", HOPS[1].fact, "hop1"), Piece("extraneous", TEXTS[5], "d1")]
+    text, segs = assemble("Answer.", body, "What is the capital of Vorlan's birthplace?")
+    prompt = Prompt("q|Saturation|L50|r0", "q", "synthetic", "Saturation", 50, 50.0, 0, text, segs)
+    task = Task("q", "synthetic", "What is the capital of Vorlan's birthplace?", "Arden", HOPS)
+    output = "".join(PIECES)
+    trials = [TrialRecord(trial_id=f"m::{prompt.prompt_id}", model="m", prompt_id=prompt.prompt_id, task_id="q",
+                          source="synthetic", condition="Saturation", load=50, achieved_load=50.0, replication=0,
+                          prompt_tokens=40, output=output, answer="Zerin", gold="Arden", em=0.0, hop_recall=0.5,
+                          truncated=False, uninterpretable=False)]
+    return RunFolder(tmp_path), trials, {prompt.prompt_id: prompt}, {"q": task}
+
+
+def test_a_run_without_answer_capture_is_skipped(tmp_path):
+    from probe.analysis.hops import analyze_hops
+
+    run, trials, prompts, tasks = run_inputs(tmp_path)
+    assert analyze_hops(run, trials, prompts, 0.05, tasks=tasks) == (None, {}, [])  # no probe record at all
+    result, arrays, notes = analyze_hops(run, trials, prompts, 0.05, read_answer=lambda m, p: None, tasks=tasks)
+    assert result is None and not arrays
+
+
+def test_a_run_with_answer_capture_is_tracked_and_round_trips_through_the_file(tmp_path):
+    from probe.analysis.hops import analyze_hops
+    from probe.analysis.ice import IceResult
+    from probe.analysis.results import from_json, to_json
+
+    run, trials, prompts, tasks = run_inputs(tmp_path)
+    t = len(PIECES)
+    aa = AnswerAttention(tokens=np.arange(t), mass=planted({MOLVIA: 2, ZERIN: 5}), vmass=None,
+                         top_key=np.zeros((t, N_LAYERS, N_HEADS), dtype=np.int32), prompt_ids=np.arange(40),
+                         segment_kinds=KINDS, segment_labels=LABELS,
+                         segment_spans=((0, 3), (3, 10), (10, 16), (16, 22), (22, 28), (28, 34), (34, 38), (38, 40)))
+    result, arrays, notes = analyze_hops(run, trials, prompts, 0.05, read_answer=lambda m, p: aa,
+                                         tokenizer_of=lambda m: PieceTokenizer(PIECES), tasks=tasks)
+    assert result.reason is None and result.n_trials == 1
+    assert [r.label for r in result.rows] == ["read_right_fact", "read_distractor"]
+    assert result.rows[1].entity_in_distractor  # d1's text (from the prompt record) names Zerin
+    wrong = next(c for c in result.cells if c.subset == "wrong_answer")
+    assert wrong.n == 1 and wrong.share_of("read_distractor").count == 1
+    assert all(c.array_key in arrays for c in result.cells)
+    ice = IceResult(models=("m",), cells=(), h1=(), h2=(), h3=(), residue_attention=(), attention_cells=(),
+                    attention_behaviour=(), taxonomy=(), hop_tracking=result)
+    assert from_json(IceResult, to_json(ice)) == ice
+    empty = replace(ice, hop_tracking=None)
+    assert "hop_tracking" not in to_json(empty)  # a run without it writes the file it wrote before
+    assert from_json(IceResult, to_json(empty)) == empty  # and a file without it still reads
+    # the tokenizer missing: the trial is skipped, and the result says why
+    def no_tokenizer(model: str):
+        raise OSError("not cached")
+    skipped, _, notes = analyze_hops(run, trials, prompts, 0.05, read_answer=lambda m, p: aa,
+                                     tokenizer_of=no_tokenizer, tasks=tasks)
+    assert skipped.cells == () and "not cached" in skipped.reason and skipped.n_skipped == 1

@@ -467,7 +467,7 @@ class HopTracking:
         cells: :class:`HopCell` per model × condition × load × measure × subset.
         rows: :class:`HopRow` per trial and hop.
         categories: the mass columns (:data:`CATEGORIES`); ``labels``: :data:`HOP_LABELS`.
-        window: the depth window's rule, in words.
+        window: the depth window's rule, in words; ``method``: the whole method in one line.
         n_trials: trials tracked; ``n_skipped``: trials with an answer record that could not be tracked (the
             notes say why).
         reason: why nothing was tracked (None when something was).
@@ -478,6 +478,7 @@ class HopTracking:
     categories: tuple[str, ...]
     labels: tuple[str, ...]
     window: str
+    method: str
     n_trials: int
     n_skipped: int
     reason: str | None
@@ -485,6 +486,11 @@ class HopTracking:
 
 WINDOW_RULE = "upper half of the layers, [L // 2, L), heads pooled"
 SUBSETS = ("all", "wrong_answer")
+METHOD = ("per trial and hop, the first mention of the hop's answer in the output (the last hop of a wrong trial: of "
+          "the wrong answer); its tokens' attention pooled over heads and the upper half of the layers; "
+          "read_right_fact = the germane segment stating the hop holds the most mass among content segments, "
+          "read_distractor = an extraneous segment naming the entity does; shares per cell with the Wilson interval "
+          "at the Korn-Graubard effective size, clustered by question")
 
 
 def hop_cells(rows: Sequence[HopRow], masses: Sequence[np.ndarray | None], vmasses: Sequence[np.ndarray | None],
@@ -607,7 +613,8 @@ def analyze_hops(run: RunFolder, trials: Sequence[TrialRecord], prompts: Mapping
 
     def nothing(reason: str) -> tuple[HopTracking, dict[str, np.ndarray], list[str]]:
         return (HopTracking(cells=(), rows=(), categories=CATEGORIES, labels=HOP_LABELS, window=WINDOW_RULE,
-                            n_trials=0, n_skipped=len(found), reason=reason), {}, notes + [f"hop tracking: {reason}"])
+                            method=METHOD, n_trials=0, n_skipped=len(found), reason=reason),
+                {}, notes + [f"hop tracking: {reason}"])
 
     if tasks is None:
         try:
@@ -663,7 +670,8 @@ def analyze_hops(run: RunFolder, trials: Sequence[TrialRecord], prompts: Mapping
                                                                             if skipped else ""))
     cells, arrays = hop_cells(rows, masses, vmasses, windows, alpha, key)
     return (HopTracking(cells=tuple(cells), rows=tuple(rows), categories=CATEGORIES, labels=HOP_LABELS,
-                        window=WINDOW_RULE, n_trials=n_tracked, n_skipped=sum(skipped.values()), reason=None),
+                        window=WINDOW_RULE, method=METHOD, n_trials=n_tracked, n_skipped=sum(skipped.values()),
+                        reason=None),
             arrays, notes)
 
 

@@ -30,6 +30,11 @@ with the instruction to re-run ``probe analyze``. Version history:
 
 Freshness: an analysis records the sha256 of the ``trials.jsonl`` it read; :func:`read_analysis` refuses one whose
 trials have changed since (:class:`StaleAnalysisError`) unless asked not to check.
+
+Fields added within a schema: a field declared with ``metadata={OPTIONAL: True}`` (and a default of None) is
+written only when it holds a value and read as None when a file lacks it, so files written before it still read
+and a run without it writes the same file as before. Such fields: ``families.ice.hop_tracking`` (hop tracking,
+present when the run captured attention while the answer was written).
 """
 
 from __future__ import annotations
@@ -54,6 +59,8 @@ from probe.runfolder import RunFolder
 
 SCHEMA_VERSION = 4
 READABLE_SCHEMAS = (3, 4)  # a schema-3 file is a schema-4 one without interventions
+
+OPTIONAL = "optional"  # field metadata: written only when not None, read as None when absent (module docstring)
 
 JsonValue = Union[None, bool, int, float, str, list["JsonValue"], dict[str, "JsonValue"]]
 
@@ -80,7 +87,8 @@ class StaleAnalysisError(AnalysisFileError):
 def to_json(x: object) -> JsonValue:
     """A JSON-ready value: dataclasses by field, tuples as lists, NaN/inf as None, numpy scalars as Python."""
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return {f.name: to_json(getattr(x, f.name)) for f in dataclasses.fields(x)}
+        return {f.name: to_json(getattr(x, f.name)) for f in dataclasses.fields(x)
+                if not (f.metadata.get(OPTIONAL) and getattr(x, f.name) is None)}
     if isinstance(x, dict):
         return {str(k): to_json(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
@@ -181,11 +189,14 @@ def _decode_dataclass(cls: type, data: Any, where: str) -> Any:
     unknown = sorted(set(data) - names)
     if unknown:
         raise _Mismatch(f"{where}: unknown field {unknown[0]!r} of {cls.__name__}")
-    missing = [f.name for f in fields if f.name not in data]
+    missing = [f.name for f in fields if f.name not in data and not f.metadata.get(OPTIONAL)]
     if missing:
         raise _Mismatch(f"{where}: missing field {missing[0]!r} of {cls.__name__}")
-    values = {}
+    values: dict[str, Any] = {}
     for f in fields:
+        if f.name not in data:  # an optional field the file lacks (written before it existed, or empty)
+            values[f.name] = None
+            continue
         decode: Callable[[Any, str], Any] | None = f.metadata.get("decode")
         sub = f"{where}.{f.name}"
         values[f.name] = decode(data[f.name], sub) if decode else _decode(hints[f.name], data[f.name], sub)
@@ -327,6 +338,6 @@ def read_analysis(run_dir: str | Path | RunFolder, *, check_fresh: bool = True) 
     return analysis
 
 
-__all__ = ["Analysis", "AnalysisFileError", "AnalysisMissingError", "AnalysisSchemaError", "Inputs",
+__all__ = ["Analysis", "AnalysisFileError", "AnalysisMissingError", "AnalysisSchemaError", "Inputs", "OPTIONAL",
            "READABLE_SCHEMAS", "SCHEMA_VERSION", "StaleAnalysisError", "from_json", "read_analysis", "to_json",
            "trials_sha256", "write_analysis"]
