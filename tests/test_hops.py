@@ -24,6 +24,7 @@ from probe.analysis.hops import (
 )
 from probe.analysis.inference import proportion_ci
 from probe.attention.answer import AnswerAttention
+from probe.config import AnalysisSection
 from probe.scoring.answers import _matches
 from probe.types import Hop
 
@@ -328,3 +329,41 @@ def test_a_run_with_answer_capture_is_tracked_and_round_trips_through_the_file(t
     skipped, _, notes = analyze_hops(run, trials, prompts, 0.05, read_answer=lambda m, p: aa,
                                      tokenizer_of=no_tokenizer, tasks=tasks)
     assert skipped.cells == () and "not cached" in skipped.reason and skipped.n_skipped == 1
+
+
+def test_report_part_with_and_without_hop_tracking(tmp_path):
+    from probe.analysis.hops import analyze_hops
+    from probe.analysis.ice import IceResult
+    from probe.report import ice_hops
+    from probe.report.sections import report_section
+    from probe.report.tables import csv_text
+
+    run, trials, prompts, tasks = run_inputs(tmp_path)
+    t = len(PIECES)
+    aa = AnswerAttention(tokens=np.arange(t), mass=planted({MOLVIA: 2, ZERIN: 5}),
+                         vmass=planted({MOLVIA: 3, ZERIN: 4}),
+                         top_key=np.zeros((t, N_LAYERS, N_HEADS), dtype=np.int32), prompt_ids=np.arange(40),
+                         segment_kinds=KINDS, segment_labels=LABELS,
+                         segment_spans=((0, 3), (3, 10), (10, 16), (16, 22), (22, 28), (28, 34), (34, 38), (38, 40)))
+    hops, _, _ = analyze_hops(run, trials, prompts, 0.05, read_answer=lambda m, p: aa,
+                              tokenizer_of=lambda m: PieceTokenizer(PIECES), tasks=tasks)
+    ice = IceResult(models=("m",), cells=(), h1=(), h2=(), h3=(), residue_attention=(), attention_cells=(),
+                    attention_behaviour=(), taxonomy=(), hop_tracking=hops)
+    section = report_section("ice")
+    named = dict(section.tables(ice))
+    cells, per_trial = named["hop_tracking"], named["hop_tracking_trials"]
+    assert len(cells) == 4  # raw and value-weighted, all hops and wrong answers
+    wrong_raw = next(r for r in cells if r["measure"] == "raw" and r["subset"] == "wrong_answer")
+    assert wrong_raw["read_distractor_count"] == 1 and wrong_raw["n"] == 1
+    assert [r["label"] for r in per_trial] == ["read_right_fact", "read_distractor"]
+    assert [r["label_value"] for r in per_trial] == ["other", "read_right_fact"]
+    assert "mass_hop" in csv_text(per_trial).splitlines()[0]
+    page = ice_hops.html(hops)
+    assert "value-weighted attention" in page and page.count("<tr>") == 1 + 2 + 1 + 2
+    md = "\n".join(section.markdown(ice, AnalysisSection()))
+    assert "## Hop tracking" in md and "read distractor" in md
+    # without answer capture: the part says why, and no CSV is written
+    none = replace(ice, hop_tracking=None)
+    assert "hop_tracking" not in dict(section.tables(none))
+    assert "Hop tracking not run: no probe record" in ice_hops.html(None)
+    assert any("Hop tracking not run" in line for line in section.markdown(none, AnalysisSection()))
