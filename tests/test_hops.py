@@ -367,3 +367,18 @@ def test_report_part_with_and_without_hop_tracking(tmp_path):
     assert "hop_tracking" not in dict(section.tables(none))
     assert "Hop tracking not run: no probe record" in ice_hops.html(None)
     assert any("Hop tracking not run" in line for line in section.markdown(none, AnalysisSection()))
+
+
+def test_a_run_folder_without_its_configuration_says_why(tmp_path):
+    from probe.analysis.hops import analyze_hops
+
+    run, trials, prompts, _ = run_inputs(tmp_path)
+    t = len(PIECES)
+    aa = AnswerAttention(tokens=np.arange(t), mass=planted({}), vmass=None,
+                         top_key=np.zeros((t, N_LAYERS, N_HEADS), dtype=np.int32), prompt_ids=np.arange(40),
+                         segment_kinds=KINDS, segment_labels=LABELS,
+                         segment_spans=((0, 3), (3, 10), (10, 16), (16, 22), (22, 28), (28, 34), (34, 38), (38, 40)))
+    result, arrays, notes = analyze_hops(run, trials, prompts, 0.05, read_answer=lambda m, p: aa,
+                                         tokenizer_of=lambda m: PieceTokenizer(PIECES))
+    assert result.cells == () and "config.toml" in result.reason and result.n_skipped == 1
+    assert any("config.toml" in n for n in notes)

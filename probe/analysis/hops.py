@@ -600,36 +600,31 @@ def analyze_hops(run: RunFolder, trials: Sequence[TrialRecord], prompts: Mapping
         else the :class:`HopTracking` (with ``reason`` when records exist but nothing could be tracked).
     """
     read = read_answer or read_answer_attention(run)
-    found: list[tuple[TrialRecord, AnswerAttention]] = []
-    for t in trials:
-        if t.output is None or t.em is None or t.intervention is not None or t.family != "ice":
-            continue
-        rec = read(t.model, t.prompt_id)
-        if rec is not None:
-            found.append((t, rec))
-    if not found:
-        return None, {}, []
     notes: list[str] = []
-
-    def nothing(reason: str) -> tuple[HopTracking, dict[str, np.ndarray], list[str]]:
-        return (HopTracking(cells=(), rows=(), categories=CATEGORIES, labels=HOP_LABELS, window=WINDOW_RULE,
-                            method=METHOD, n_trials=0, n_skipped=len(found), reason=reason),
-                {}, notes + [f"hop tracking: {reason}"])
-
-    if tasks is None:
-        try:
-            tasks = run_tasks(run)
-        except ProbeError as e:
-            return nothing(f"the tasks could not be loaded ({e})")
     tokenizers: dict[str, Any] = {}
     failed: dict[str, str] = {}
     rows: list[HopRow] = []
     masses: list[np.ndarray | None] = []
     vmasses: list[np.ndarray | None] = []
     windows: dict[str, tuple[int, int]] = {}
-    n_tracked = 0
+    n_found = n_tracked = 0
     skipped: dict[str, int] = {}
-    for t, rec in found:
+    misfit: str | None = None  # the first record that did not fit its trial (the note quotes it)
+    task_error: str | None = None
+    for t in trials:  # one record in memory at a time: an answer record is (tokens x layers x heads x segments)
+        if t.output is None or t.em is None or t.intervention is not None or t.family != "ice":
+            continue
+        rec = read(t.model, t.prompt_id)
+        if rec is None:
+            continue
+        n_found += 1
+        if tasks is None and task_error is None:
+            try:
+                tasks = run_tasks(run)
+            except ProbeError as e:
+                task_error = str(e)
+        if tasks is None:
+            continue
         task = tasks.get(t.task_id)
         prompt = prompts.get(t.prompt_id)
         if task is None or prompt is None or not task.hops:
@@ -643,8 +638,8 @@ def analyze_hops(run: RunFolder, trials: Sequence[TrialRecord], prompts: Mapping
             except (ProbeError, OSError, ValueError) as e:
                 failed[t.model] = str(e)
         if t.model in failed:
-            skipped[f"the tokenizer of {t.model} is not available ({failed[t.model]})"] = (
-                skipped.get(f"the tokenizer of {t.model} is not available ({failed[t.model]})", 0) + 1)
+            why = f"the tokenizer of {t.model} is not available ({failed[t.model]})"
+            skipped[why] = skipped.get(why, 0) + 1
             continue
         by_label = {seg.label: prompt.segment_text(seg) for seg in prompt.segments}
         texts = {s: by_label.get(lab, "") for s, (kind, lab) in enumerate(zip(rec.segment_kinds, rec.segment_labels))
@@ -656,13 +651,27 @@ def analyze_hops(run: RunFolder, trials: Sequence[TrialRecord], prompts: Mapping
             out = track_trial(rec, output, spans, task.hops, task.gold, t.answer, t.em, texts, trial_id=t.trial_id,
                               model=t.model, task_id=t.task_id, condition=t.condition, load=t.load, window=window)
         except HopTrackingError as e:
-            skipped[str(e).split(": ", 1)[-1]] = skipped.get(str(e).split(": ", 1)[-1], 0) + 1
+            misfit = misfit or f"{t.trial_id}: {e}"
+            skipped["the answer record does not fit the trial"] = skipped.get(
+                "the answer record does not fit the trial", 0) + 1
             continue
         windows[t.model] = window
         rows += out.rows
         masses += out.masses
         vmasses += out.vmasses
         n_tracked += 1
+    if n_found == 0:
+        return None, {}, []
+
+    def nothing(reason: str) -> tuple[HopTracking, dict[str, np.ndarray], list[str]]:
+        return (HopTracking(cells=(), rows=(), categories=CATEGORIES, labels=HOP_LABELS, window=WINDOW_RULE,
+                            method=METHOD, n_trials=0, n_skipped=n_found, reason=reason),
+                {}, notes + [f"hop tracking: {reason}"])
+
+    if task_error is not None:
+        return nothing(f"the tasks could not be loaded ({task_error})")
+    if misfit is not None:
+        notes.append(f"hop tracking: first record that does not fit its trial: {misfit}")
     for why, n in sorted(skipped.items()):
         notes.append(f"hop tracking: {n} trial(s) skipped: {why}")
     if not rows:
