@@ -382,3 +382,23 @@ def test_a_run_folder_without_its_configuration_says_why(tmp_path):
                                          tokenizer_of=lambda m: PieceTokenizer(PIECES))
     assert result.cells == () and "config.toml" in result.reason and result.n_skipped == 1
     assert any("config.toml" in n for n in notes)
+
+
+def test_report_draws_the_per_layer_figure_from_the_cells_arrays(tmp_path):
+    from probe.analysis.hops import analyze_hops
+    from probe.report import ice_hops
+    from probe.report.sections import ReportContext
+
+    run, trials, prompts, tasks = run_inputs(tmp_path)
+    t = len(PIECES)
+    aa = AnswerAttention(tokens=np.arange(t), mass=planted({MOLVIA: 2, ZERIN: 5}), vmass=None,
+                         top_key=np.zeros((t, N_LAYERS, N_HEADS), dtype=np.int32), prompt_ids=np.arange(40),
+                         segment_kinds=KINDS, segment_labels=LABELS,
+                         segment_spans=((0, 3), (3, 10), (10, 16), (16, 22), (22, 28), (28, 34), (34, 38), (38, 40)))
+    hops, arrays, _ = analyze_hops(run, trials, prompts, 0.05, read_answer=lambda m, p: aa,
+                                   tokenizer_of=lambda m: PieceTokenizer(PIECES), tasks=tasks)
+    ctx = ReportContext(AnalysisSection(), arrays, tmp_path / "figures")
+    page = ice_hops.html(hops, ctx)
+    assert [p.name for p in ctx.written] == ["hop_layers_m.png"] and "<figure" in page
+    with pytest.raises(Exception, match="no array"):  # the figure reads the arrays the cells name
+        ice_hops.html(hops, ReportContext(AnalysisSection(), {}, None))

@@ -410,7 +410,7 @@ def section_html(result: IceResult, ctx: ReportContext) -> str:
             + f"<h2>Table 1: exact match, mean (SEM)</h2>{table1_html(result)}"
             + f"<h2>Figures</h2>{figures_html(result, ctx)}"
             + f"<h2>Statistics</h2>{stats_html(result, ctx.settings)}"
-            + ice_hops.html(result.hop_tracking))
+            + ice_hops.html(result.hop_tracking, ctx))
 
 
 # ----------------------------------------------------------------------------------------- markdown, csv

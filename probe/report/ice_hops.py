@@ -8,11 +8,17 @@ docs/probes.md#hop-tracking. Without answer capture the part says so and why, an
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Mapping
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from probe import formatting as fmt
 from probe.analysis.hops import HopCell, HopTracking
+from probe.report.figures import file_stem, short
 from probe.report.html import esc, table
-from probe.report.sections import Rows
+from probe.report.sections import ReportContext, Rows
 from probe.report.tables import md_table
 
 TITLE = "Hop tracking: what the model read while it named each hop's answer"
@@ -49,8 +55,39 @@ HEADER = (["model", "condition", "load", "hops", "n", "questions"] + [lab.replac
           + ["mass: hop's fact", "other facts", "extraneous", "question", "layers"])
 
 
-def html(h: HopTracking | None) -> str:
-    """The ``report.html`` part."""
+ROLE_COLOURS = {"hop": "#1b9e77", "other_germane": "#66a61e", "extraneous": "#d95f02", "question": "#c51b7d"}
+ROLE_NAMES = {"hop": "the hop's fact", "other_germane": "other facts", "extraneous": "extraneous",
+              "question": "question"}
+
+
+def draw_layers(h: HopTracking, arrays: Mapping[str, np.ndarray], model: str) -> Figure | None:
+    """Per layer, the head-pooled mass of the named hops' tokens on the hop's fact, the other facts, the extraneous
+    segments and the question: one panel per condition × load (raw attention), the depth window shaded."""
+    cells = [c for c in h.cells if c.model == model and c.measure == "raw" and c.subset == "all" and c.array_key]
+    if not cells:
+        return None
+    fig = Figure(figsize=(max(6.4, 3.2 * len(cells)), 3.4), layout="constrained")
+    axes = fig.subplots(1, len(cells), squeeze=False, sharey=True)[0]
+    for ax, c in zip(axes, cells):
+        grid = arrays[str(c.array_key)]  # (layer, head, role)
+        layers = np.arange(grid.shape[0])
+        for role in MASSES:
+            ax.plot(layers, grid[:, :, h.categories.index(role)].mean(axis=1), marker=".", lw=1.2,
+                    color=ROLE_COLOURS[role], label=ROLE_NAMES[role])
+        ax.axvspan(c.layers[0] - 0.5, c.layers[1] - 0.5, color="#999", alpha=0.12, lw=0)
+        ax.set_title(f"{c.condition}" + ("" if c.condition == "Control" else f" {c.load}%"), fontsize=10)
+        ax.set_xlabel("layer")
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=10, integer=True))
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("attention mass (heads pooled)")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"{short(model)}: where the tokens naming a hop's answer look, by layer (grey: the window)",
+                 fontsize=11, wrap=True)
+    return fig
+
+
+def html(h: HopTracking | None, ctx: ReportContext | None = None) -> str:
+    """The ``report.html`` part (with the per-layer figures when ``ctx`` is given)."""
     if h is None or h.reason is not None:
         why = NOT_RUN if h is None else f"not available: {h.reason}"
         return f'<h3>{esc(TITLE)}</h3><p class="note">Hop tracking {esc(why)}.</p>'
@@ -62,6 +99,13 @@ def html(h: HopTracking | None) -> str:
         if cells:
             parts.append(f"<h4>{esc(name)}</h4>" + table(HEADER, [[esc(x) for x in _row(h, c)] for c in cells],
                                                           left=4))
+    if ctx is not None:
+        for model in sorted({c.model for c in h.cells}):
+            parts.append(ctx.figure(f"hop_layers_{file_stem(model)}", f"{model}: per layer, the attention of the "
+                                    "tokens that first name a hop's answer on the hop's own fact, the other facts, "
+                                    "the extraneous segments and the question (mean over heads and over the named "
+                                    "hops of the cell; grey band: the layers the label reads).",
+                                    draw_layers(h, ctx.arrays, model)))
     return "".join(parts)
 
 
@@ -119,4 +163,4 @@ def merge(named: list[tuple[str, HopTracking | None]]) -> HopTracking | None:
                    n_trials=sum(h.n_trials for _, h in have), n_skipped=sum(h.n_skipped for _, h in have))
 
 
-__all__ = ["html", "markdown", "merge", "tables"]
+__all__ = ["draw_layers", "html", "markdown", "merge", "tables"]
