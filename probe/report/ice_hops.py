@@ -23,7 +23,8 @@ from probe.report.tables import md_table
 
 TITLE = "Hop tracking: what the model read while it named each hop's answer"
 NOT_RUN = ("not run: no probe record of this run holds attention while the answer was written (hop tracking reads "
-           "the attention of the generated tokens that name each hop's answer; docs/probes.md#hop-tracking)")
+           "the attention of the generated tokens that name each hop's answer, captured when the run probes with "
+           "answer = true in [probe]; docs/probes.md#hop-tracking)")
 LEGEND = ("read right fact: among the content segments, the germane fact stating the hop held the most attention "
           "while its answer was first written; read distractor: an extraneous segment that names the written entity "
           "did; other: another segment did; not named: the output never names the hop's answer. Rows “wrong "
