@@ -402,3 +402,50 @@ def test_report_draws_the_per_layer_figure_from_the_cells_arrays(tmp_path):
     assert [p.name for p in ctx.written] == ["hop_layers_m.png"] and "<figure" in page
     with pytest.raises(Exception, match="no array"):  # the figure reads the arrays the cells name
         ice_hops.html(hops, ReportContext(AnalysisSection(), {}, None))
+
+
+def test_answer_steps_page_shades_each_tokens_segments(tmp_path):
+    import re
+
+    from probe.report.hop_view import render_answer_steps
+
+    t = len(PIECES)
+    mass = planted({MOLVIA: 2, ZERIN: 5})
+    aa = AnswerAttention(tokens=np.arange(t), mass=mass, vmass=None,
+                         top_key=np.zeros((t, N_LAYERS, N_HEADS), dtype=np.int32), prompt_ids=np.arange(40),
+                         segment_kinds=KINDS, segment_labels=LABELS,
+                         segment_spans=((0, 3), (3, 10), (10, 16), (16, 22), (22, 28), (28, 34), (34, 38), (38, 40)))
+    rows = trial(mass).rows
+    page = render_answer_steps(aa, "".join(PIECES), spans_of(PIECES), rows, TEXTS, "m · q")
+    assert page.count('<section class="step"') == t and page.count('<a href="#t') >= t
+    assert page.count('class="m"') == (MOLVIA[1] - MOLVIA[0]) + (ZERIN[1] - ZERIN[0])  # the mentions' tokens
+    step = re.search(r'<section class="step" id="t5">(.*?)</section>', page).group(1)
+    shown = [float(x) for x in re.findall(r"</span><span>([0-9.]+)</span>", step)]
+    direct = mass[5, 3:6].astype(np.float64).mean(axis=(0, 1))  # token 5's row, window layers, heads pooled
+    np.testing.assert_allclose(shown, direct, atol=5e-4)
+    one = render_answer_steps(aa, "".join(PIECES), spans_of(PIECES), rows, TEXTS, "m · q", layer=0, head=1)
+    assert "layer 0, head 1" in one
+    with pytest.raises(ValueError, match="layer 9 is out of range"):
+        render_answer_steps(aa, "".join(PIECES), spans_of(PIECES), rows, TEXTS, "m · q", layer=9)
+
+
+def test_answer_steps_page_of_a_run_folder(tmp_path, monkeypatch):
+    from probe.records import write_jsonl
+    from probe.report import hop_view
+
+    run, trials, prompts, tasks = run_inputs(tmp_path)
+    write_jsonl(run.trials, [t.to_dict() for t in trials])
+    write_jsonl(run.prompts, [p.to_dict() for p in prompts.values()])
+    t = len(PIECES)
+    aa = AnswerAttention(tokens=np.arange(t), mass=planted({MOLVIA: 2, ZERIN: 5}), vmass=None,
+                         top_key=np.zeros((t, N_LAYERS, N_HEADS), dtype=np.int32), prompt_ids=np.arange(40),
+                         segment_kinds=KINDS, segment_labels=LABELS,
+                         segment_spans=((0, 3), (3, 10), (10, 16), (16, 22), (22, 28), (28, 34), (34, 38), (38, 40)))
+    pid = next(iter(prompts))
+    with pytest.raises(Exception, match="no attention while the answer was written"):
+        hop_view.write_answer_steps(run, "m", pid, tokenizer=PieceTokenizer(PIECES), tasks=tasks)
+    monkeypatch.setattr(hop_view, "read_answer_attention", lambda run: (lambda m, p: aa))
+    path = hop_view.write_answer_steps(run, "m", pid, tokenizer=PieceTokenizer(PIECES), tasks=tasks)
+    assert path.name.endswith(".answer.html") and path.parent.parent.name == "show"
+    page = path.read_text()
+    assert "read distractor" in page and "Zerin" in page
