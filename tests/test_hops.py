@@ -449,3 +449,35 @@ def test_answer_steps_page_of_a_run_folder(tmp_path, monkeypatch):
     assert path.name.endswith(".answer.html") and path.parent.parent.name == "show"
     page = path.read_text()
     assert "read distractor" in page and "Zerin" in page
+
+
+def test_analyze_and_report_a_run_end_to_end(tmp_path, monkeypatch):
+    """analysis.json, attention_summary.npz, analysis.md, tables/*.csv and report.html of a run with answer capture
+    (the record reader, tokenizer and tasks stand in for a probed run's)."""
+    import probe.analysis.hops as hops_module
+    from probe.analysis import analyze_run, read_analysis
+    from probe.records import write_jsonl
+    from probe.report import render_report, write_tables
+
+    run, trials, prompts, tasks = run_inputs(tmp_path)
+    write_jsonl(run.trials, [t.to_dict() for t in trials])
+    write_jsonl(run.prompts, [p.to_dict() for p in prompts.values()])
+    t = len(PIECES)
+    aa = AnswerAttention(tokens=np.arange(t), mass=planted({MOLVIA: 2, ZERIN: 5}), vmass=None,
+                         top_key=np.zeros((t, N_LAYERS, N_HEADS), dtype=np.int32), prompt_ids=np.arange(40),
+                         segment_kinds=KINDS, segment_labels=LABELS,
+                         segment_spans=((0, 3), (3, 10), (10, 16), (16, 22), (22, 28), (28, 34), (34, 38), (38, 40)))
+    monkeypatch.setattr(hops_module, "read_answer_attention", lambda run: (lambda m, p: aa))
+    monkeypatch.setattr(hops_module, "_tokenizer_of", lambda model: PieceTokenizer(PIECES))
+    monkeypatch.setattr(hops_module, "run_tasks", lambda run: tasks)
+    analysis = analyze_run(run, fill_similarity=False)
+    hops = analysis.families["ice"].hop_tracking
+    assert [r.label for r in hops.rows] == ["read_right_fact", "read_distractor"]
+    assert read_analysis(run) == analysis
+    with np.load(run.attention_summary) as z:
+        assert {c.array_key for c in hops.cells} <= set(z.files)
+    write_tables(analysis, run)
+    assert (run.tables / "hop_tracking.csv").is_file() and (run.tables / "hop_tracking_trials.csv").is_file()
+    assert "## Hop tracking" in run.analysis_md.read_text()
+    page = render_report(run).read_text()
+    assert "Hop tracking: what the model read" in page and (run.figures / "hop_layers_m.png").is_file()
