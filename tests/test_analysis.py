@@ -19,6 +19,7 @@ from statsmodels.stats.multitest import multipletests
 
 from probe.analysis import Analysis, AnalysisConfigError, analyze_run
 from probe.analysis import inference as inf
+from probe.analysis.glm import clustered_logit
 from probe.analysis.ice import IceResult
 from probe.config import AnalysisSection
 from probe.records import TrialRecord, append_jsonl
@@ -138,7 +139,7 @@ def test_h1_recovers_planted_beta_and_matches_statsmodels(effect_run):
         assert h.ci_low <= beta_true <= h.ci_high
         assert h.p < 0.001
         assert h.logit.coef == pytest.approx(glm.params[1], rel=1e-5)
-        lref = inf.clustered_logit(y, X, groups)
+        lref = clustered_logit(y, X, groups)
         assert (h.logit.se, h.logit.p, h.logit.df) == pytest.approx((lref.se, lref.p, lref.df), rel=1e-6)
         assert h.logit.coef < 0
     tax = ice(analysis).taxonomy[0]
@@ -306,7 +307,8 @@ def test_every_answer_the_same_still_gets_a_bounded_interval(tmp_path):
     trials = [_trial(i, f"q{i % 7}", "Control", 0, i // 7, 1.0) for i in range(14)]
     analysis = analyze_run(_write(tmp_path / "same", trials), AnalysisSection(), fill_similarity=False)
     c = ice(analysis).cells[0]
-    n_star = 14 * (scipy.stats.t.ppf(0.975, 13) / scipy.stats.t.ppf(0.975, 6)) ** 2  # design effect 1
+    # every answer the same: one observation per question (design effect n/G = 2), docs/statistics.md
+    n_star = 7 * (scipy.stats.t.ppf(0.975, 13) / scipy.stats.t.ppf(0.975, 6)) ** 2
     lo, hi = proportion_confint(n_star, n_star, alpha=0.05, method="wilson")
     assert (c.em_ci_low, c.em_ci_high) == pytest.approx((lo, hi)) and c.em_ci_high == 1.0 and lo < 0.9
 
@@ -428,7 +430,7 @@ def test_attention_behaviour_finds_the_planted_layer_and_heads_and_matches_stats
     layer = a.layers[plan.tracking_layer]
     assert layer.n == len(d)
     assert layer.coef == pytest.approx(fit.params[1], rel=1e-5)
-    lref = inf.clustered_logit(failed, X, groups)
+    lref = clustered_logit(failed, X, groups)
     assert (layer.ci_low, layer.ci_high, layer.df) == pytest.approx((lref.ci_low, lref.ci_high, lref.df), rel=1e-5)
     cells = {(c.condition, c.load): c for c in ice(analysis).attention_cells}
     assert set(cells) == {("Control", 0), ("Saturation", 20), ("Saturation", 80), ("Residue", 20), ("Residue", 80)}
@@ -604,3 +606,23 @@ def test_no_interval_leaves_its_range_and_no_attention_claim_skips_its_correctio
     data["families"]["ice"]["cells"][0]["em_ci_high"] = 1.05
     with pytest.raises(AssertionError):
         assert_claims_survive(data)
+
+
+def test_taxonomy_calls_a_significant_rise_a_rise_not_no_decline() -> None:
+    """The summary said "no significant decline with load (β = +0.0052, p = 0.026)" for a significant rise."""
+    import dataclasses
+
+    from probe.analysis.hypotheses import H1Fit
+    from probe.analysis.taxonomy import classify_model
+    from probe.config import AnalysisSection
+
+    df = pd.DataFrame({"model": ["m"] * 4, "condition": ["Control"] * 4, "is_scored": [True] * 4,
+                       "em": [1.0, 1.0, 0.0, 1.0], "has_output": [True] * 4, "truncated": [False] * 4,
+                       "uninterpretable": [False] * 4, "error": [None] * 4, "skipped": [False] * 4})
+    h1 = H1Fit(model="m", condition="Saturation", n=40, n_clusters=10, loads=(0, 20, 80), beta=0.0052, se=0.002,
+               ci_low=0.001, ci_high=0.009, p=0.026, df=9.0, intercept=0.5, is_test=True, se_method="CR2",
+               logit=None, power=None, reason=None)
+    tax = classify_model(df, "m", h1, AnalysisSection())
+    assert "no significant" not in tax.reason and "rises" in tax.reason and not tax.is_load_sensitive
+    flat = classify_model(df, "m", dataclasses.replace(h1, p=0.4), AnalysisSection())
+    assert "no significant change" in flat.reason

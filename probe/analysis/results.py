@@ -55,7 +55,7 @@ from probe.analysis.interventions import InterventionResult
 from probe.config import AnalysisSection
 from probe.errors import ProbeError
 from probe.records_import import ImportSummary
-from probe.runfolder import RunFolder
+from probe.runfolder import RunFolder, write_atomic
 
 SCHEMA_VERSION = 4
 READABLE_SCHEMAS = (3, 4)  # a schema-3 file is a schema-4 one without interventions
@@ -288,10 +288,8 @@ def trials_sha256(run: RunFolder) -> str:
 
 
 def write_analysis(analysis: Analysis, run: RunFolder) -> Path:
-    """Write ``analysis.json`` (no NaN: missing values are null). Returns its path."""
-    path = run.analysis
-    path.write_text(json.dumps(to_json(analysis), indent=1, allow_nan=False, ensure_ascii=False), encoding="utf-8")
-    return path
+    """Write ``analysis.json`` whole or not at all (no NaN: missing values are null). Returns its path."""
+    return write_atomic(run.analysis, json.dumps(to_json(analysis), indent=1, allow_nan=False, ensure_ascii=False))
 
 
 def read_analysis(run_dir: str | Path | RunFolder, *, check_fresh: bool = True) -> Analysis:
