@@ -107,6 +107,29 @@ def test_token_spans_by_prefix_decoding():
         token_char_spans([0, 1], "something else", tok)
 
 
+class ByteTokenizer:
+    """A byte-level tokenizer: id i is the byte string ``pieces[i]``; a cut character decodes to U+FFFD."""
+
+    def __init__(self, pieces: list[bytes]) -> None:
+        self.pieces = pieces
+
+    def __call__(self, text: str, **kwargs: object) -> dict:
+        raise NotImplementedError("no offsets")
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return b"".join(self.pieces[i] for i in ids).decode("utf-8", errors="replace")
+
+
+def test_token_spans_with_a_character_split_over_tokens():
+    pieces = [b"Caf", b"\xc3", b"\xa9", b" Z", b"\xc3\xbc", b"rich"]  # "é" cut over two tokens
+    tok = ByteTokenizer(pieces)
+    text = "Café Zürich"
+    spans = token_char_spans(list(range(len(pieces))), text, tok)
+    np.testing.assert_array_equal(spans, [(0, 3), (3, 3), (3, 4), (4, 6), (6, 7), (7, 11)])
+    m = first_mention(text, "cafe", spans)
+    assert (m.token_start, m.token_end) == (0, 3)  # the zero-width first byte is inside, not an edge
+
+
 def test_token_spans_of_a_real_tokenizer_both_paths():
     from probe.loading import get_card, load_tokenizer
 
