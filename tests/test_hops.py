@@ -504,3 +504,19 @@ def test_analyze_and_report_a_run_end_to_end(tmp_path, monkeypatch):
     assert "## Hop tracking" in run.analysis_md.read_text()
     page = render_report(run).read_text()
     assert "Hop tracking: what the model read" in page and (run.figures / "hop_layers_m.png").is_file()
+
+
+def test_a_prompt_without_hop_labels_is_skipped_with_its_reason(tmp_path):
+    from probe.analysis.hops import analyze_hops
+
+    run, trials, prompts, tasks = run_inputs(tmp_path)
+    t = len(PIECES)
+    unlabelled = tuple("ger" + lab[3:] if lab.startswith("hop") else lab for lab in LABELS)
+    aa = AnswerAttention(tokens=np.arange(t), mass=planted({}), vmass=None,
+                         top_key=np.zeros((t, N_LAYERS, N_HEADS), dtype=np.int32), prompt_ids=np.arange(40),
+                         segment_kinds=KINDS, segment_labels=unlabelled,
+                         segment_spans=((0, 3), (3, 10), (10, 16), (16, 22), (22, 28), (28, 34), (34, 38), (38, 40)))
+    result, _, notes = analyze_hops(run, trials, prompts, 0.05, read_answer=lambda m, p: aa,
+                                    tokenizer_of=lambda m: PieceTokenizer(PIECES), tasks=tasks)
+    assert result.cells == () and "carry no hop labels" in result.reason
+    assert any("1 trial(s) skipped: its prompt's germane segments carry no hop labels" in n for n in notes)

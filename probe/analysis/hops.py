@@ -58,6 +58,10 @@ class HopTrackingError(ProbeError):
     """A trial's answer tokens, output and segments do not fit together (names the trial and what differs)."""
 
 
+class HopLabelError(HopTrackingError):
+    """A prompt has no germane segment labelled for some hop (laid out by its task, not by the ICE builder)."""
+
+
 # ------------------------------------------------------------------------------------------------ mentions
 
 
@@ -379,7 +383,7 @@ def track_trial(answer: AnswerAttention, output: str, char_spans: np.ndarray, ho
     where = hop_segments(kinds, answer.segment_labels)
     missing = [i for i in range(len(hops)) if i not in where]
     if missing:
-        raise HopTrackingError(f"{trial_id}: no germane segment labelled hop{missing[0]} in the prompt (segments "
+        raise HopLabelError(f"{trial_id}: no germane segment labelled hop{missing[0]} in the prompt (segments "
                                f"{', '.join(answer.segment_labels)}); hop tracking needs the ICE builder's labels")
     lo, hi = window or layer_window(answer.n_layers)
     rows: list[HopRow] = []
@@ -677,6 +681,10 @@ def analyze_hops(run: RunFolder, trials: Sequence[TrialRecord], prompts: Mapping
             window = layer_window(rec.n_layers)
             out = track_trial(rec, output, spans, task.hops, task.gold, t.answer, t.em, texts, trial_id=t.trial_id,
                               model=t.model, task_id=t.task_id, condition=t.condition, load=t.load, window=window)
+        except HopLabelError:
+            why = "its prompt's germane segments carry no hop labels (laid out by its task, not by the ICE builder)"
+            skipped[why] = skipped.get(why, 0) + 1
+            continue
         except HopTrackingError as e:
             misfit = misfit or f"{t.trial_id}: {e}"
             skipped["the answer record does not fit the trial"] = skipped.get(
@@ -711,7 +719,7 @@ def analyze_hops(run: RunFolder, trials: Sequence[TrialRecord], prompts: Mapping
             arrays, notes)
 
 
-__all__ = ["CATEGORIES", "HOP_LABELS", "HopCell", "HopLabel", "HopRow", "HopShare", "HopTracking",
+__all__ = ["CATEGORIES", "HOP_LABELS", "HopCell", "HopLabel", "HopLabelError", "HopRow", "HopShare", "HopTracking",
            "HopTrackingError", "Mention", "TrialHops", "WINDOW_RULE", "analyze_hops", "category_masses",
            "first_mention", "hop_cells", "hop_segments", "label_of", "layer_window", "mention_spans",
            "pooled_segment_mass", "read_answer_attention", "run_tasks", "token_char_spans", "track_trial"]
