@@ -371,7 +371,7 @@ def test_tables_and_text_are_written(effect_run):
     assert h1_csv["logit_odds_ratio_per_10pp_load"].to_numpy() == pytest.approx(
         [h.logit.odds_ratio_per_10pp_load for h in ice(analysis).h1])
     stored = json.loads((run / "analysis.json").read_text())
-    assert stored["schema"] == 4 and stored["families"]["ice"]["cells"][0]["em_mean"] == ice(analysis).cells[0].em_mean
+    assert stored["schema"] == 5 and stored["families"]["ice"]["cells"][0]["em_mean"] == ice(analysis).cells[0].em_mean
     quick = main_table(run)  # from the trials, without analysis.json
     for c in ice(analysis).cells:
         assert f"{c.em_mean:.3f} ({c.em_sem:.3f})" in quick
@@ -410,12 +410,12 @@ def test_attention_behaviour_finds_the_planted_layer_and_heads_and_matches_stats
     # per layer: P_ext on [1, failed, load, Residue], the coefficient of failed
     Xo = np.column_stack([np.ones(len(d)), failed, d["load"].to_numpy(float), (d["condition"] == "Residue")])
     ols = sm.OLS(d["x"].to_numpy(), Xo.astype(float)).fit()
-    t = a.p_ext_layers.layers[plan.tracking_layer]
+    t = a.layer_tests.layers[plan.tracking_layer]
     assert t.n == len(d) and t.estimate == pytest.approx(ols.params[1])
     ref = inf.clustered_ols(d["x"].to_numpy(), Xo.astype(float), groups)
     assert (t.se, t.p, t.df) == pytest.approx((ref.se, ref.p, ref.df))
-    assert [x.q for x in a.p_ext_layers.layers] == pytest.approx(
-        multipletests([x.p for x in a.p_ext_layers.layers], method="fdr_bh")[1])
+    assert [x.q for x in a.layer_tests.layers] == pytest.approx(
+        multipletests([x.p for x in a.layer_tests.layers], method="fdr_bh")[1])
     # per head: the planted layer's first head, on enrichment
     e = np.array([r.enrichment[plan.tracking_layer, 0] for r in recs])
     hit = next(h for h in a.heads.significant if (h.layer, h.head) == (plan.tracking_layer, 0))
@@ -432,16 +432,18 @@ def test_attention_behaviour_finds_the_planted_layer_and_heads_and_matches_stats
     assert layer.coef == pytest.approx(fit.params[1], rel=1e-5)
     lref = clustered_logit(failed, X, groups)
     assert (layer.ci_low, layer.ci_high, layer.df) == pytest.approx((lref.ci_low, lref.ci_high, lref.df), rel=1e-5)
-    cells = {(c.condition, c.load): c for c in ice(analysis).attention_cells}
-    assert set(cells) == {("Control", 0), ("Saturation", 20), ("Saturation", 80), ("Residue", 20), ("Residue", 80)}
+    cells = {(c.condition, c.load, c.measure): c for c in ice(analysis).attention_cells}
+    assert {k[:2] for k in cells} == {("Control", 0), ("Saturation", 20), ("Saturation", 80), ("Residue", 20),
+                                      ("Residue", 80)}
     with np.load(run / "attention_summary.npz") as z:
-        sat = cells[("Saturation", 80)]
+        sat = cells[("Saturation", 80, "p_ext")]
         prompts = [p for p in df["prompt_id"].unique() if "-Saturation-80-" in p]
         mean = np.mean([SegmentAttention.load(folder.attention_record("model-a", p)).p_ext for p in prompts], axis=0)
-        np.testing.assert_allclose(z[sat.p_ext_key], mean, rtol=1e-5)
-        assert sat.ar_targets == ("germane 1", "germane 2", "question")
-        assert z[sat.ar_k_key].shape == (plan.n_layers, 3)
-        assert np.isnan(z[cells[("Control", 0)].enrichment_key]).all()  # chance 0: enrichment undefined
+        np.testing.assert_allclose(z[sat.key], mean, rtol=1e-5)
+        ar = cells[("Saturation", 80, "ar_k")]
+        assert ar.targets == ("germane 1", "germane 2", "question")
+        assert z[ar.key].shape == (plan.n_layers, 3)
+        assert np.isnan(z[cells[("Control", 0, "p_ext")].enrichment_key]).all()  # chance 0: enrichment undefined
 
 
 def test_attention_layer_without_outcome_variance_is_skipped_with_reason(tmp_path):
@@ -453,7 +455,7 @@ def test_attention_layer_without_outcome_variance_is_skipped_with_reason(tmp_pat
     assert a.tracking_layers == () and all(r.coef is None for r in a.layers)
     assert all(r.reason for r in a.layers)
     # every trial right (and 6 questions): nothing to contrast, so no test and no head named
-    assert not a.p_ext_layers.is_test and "no contrast" in a.p_ext_layers.reason and a.distractor_heads == ()
+    assert not a.layer_tests.is_test and "no contrast" in a.layer_tests.reason and a.distractor_heads == ()
 
 
 # ------------------------------------------------------------------------------------------- settings and seed
@@ -571,9 +573,9 @@ def assert_claims_survive(data: dict, alpha: float = 0.05) -> int:
                                                                                             h["ci_high"] < 0)
                 checked += 1
         for a in fam.get("attention_behaviour", []):
-            layers = a["p_ext_layers"]["layers"] if a["p_ext_layers"] else []
+            layers = a["layer_tests"]["layers"] if a["layer_tests"] else []
             survive = {x["layer"] for x in layers if x["q"] is not None and x["q"] < alpha}
-            assert set(a["p_ext_layers"]["significant"] if a["p_ext_layers"] else ()) == survive
+            assert set(a["layer_tests"]["significant"] if a["layer_tests"] else ()) == survive
             assert set(a["tracking_layers"]) <= survive
             for h in [*(a["heads"]["significant"] if a["heads"] else []), *a["distractor_heads"]]:
                 assert h["q"] < alpha
@@ -598,7 +600,7 @@ def test_no_interval_leaves_its_range_and_no_attention_claim_skips_its_correctio
     # the check bites: a layer named without surviving BH, or an interval past 1, is caught
     data = json.loads((attention_run[0] / "analysis.json").read_text())
     a = data["families"]["ice"]["attention_behaviour"][0]
-    extra = next(x["layer"] for x in a["p_ext_layers"]["layers"] if x["q"] is not None and x["q"] >= 0.05)
+    extra = next(x["layer"] for x in a["layer_tests"]["layers"] if x["q"] is not None and x["q"] >= 0.05)
     a["tracking_layers"] = [*a["tracking_layers"], extra]
     with pytest.raises(AssertionError):
         assert_claims_survive(data)
@@ -626,3 +628,71 @@ def test_taxonomy_calls_a_significant_rise_a_rise_not_no_decline() -> None:
     assert "no significant" not in tax.reason and "rises" in tax.reason and not tax.is_load_sensitive
     flat = classify_model(df, "m", dataclasses.replace(h1, p=0.4), AnalysisSection())
     assert "no significant change" in flat.reason
+
+
+# ------------------------------------------------------------------------------------------- scoring path
+
+
+def _sign_flip_p(d: np.ndarray) -> float:
+    """Exact two-sided sign-flip p of the mean of ``d``, by enumerating every sign assignment (no scipy)."""
+    import itertools
+
+    obs = abs(d.mean())
+    flips = [abs((np.array(s) * d).mean()) for s in itertools.product((1, -1), repeat=len(d))]
+    return float(np.mean([f >= obs - 1e-12 for f in flips]))
+
+
+def _path_trials() -> list[TrialRecord]:
+    """12 questions, one replication: Control always boxed; Saturation answers 10 questions by the last line only;
+    Residue boxes all but one."""
+    trials, i = [], 0
+    for q in range(12):
+        for cond, load, rule, em in (("Control", 0, "boxed", 1.0),
+                                     ("Saturation", 80, "last_line" if q < 10 else "boxed", 1.0 if q % 2 else 0.0),
+                                     ("Residue", 80, "last_line" if q == 0 else "boxed", 1.0)):
+            trials.append(_trial(i, f"q{q:02d}", cond, load, 0, em, extraction=rule))
+            i += 1
+    return trials
+
+
+def test_strict_em_and_rule_shares_per_cell_match_a_direct_count(tmp_path):
+    trials = _path_trials()
+    analysis = analyze_run(_write(tmp_path / "path", trials), AnalysisSection(), fill_similarity=False)
+    df = pd.DataFrame([t.to_dict() for t in trials])
+    for c in ice(analysis).cells:
+        g = df[(df["condition"] == c.condition) & (df["load"] == c.load)]
+        strict = (g["em"] * g["extraction"].isin(["boxed", "answer_line"])).to_numpy(float)
+        assert c.strict_em_mean == pytest.approx(strict.mean())
+        assert c.extraction_shares == pytest.approx(g["extraction"].value_counts(normalize=True).to_dict())
+        if 0 < strict.mean() < 1:
+            assert (c.strict_em_ci_low, c.strict_em_ci_high) == pytest.approx(
+                _korn_graubard_wilson(strict, g["task_id"]))
+    sat = next(c for c in ice(analysis).cells if c.condition == "Saturation")
+    assert sat.em_mean == pytest.approx(6 / 12) and sat.strict_em_mean == pytest.approx(1 / 12)
+
+
+def test_a_condition_that_stops_boxing_is_flagged_against_control(tmp_path):
+    trials = _path_trials()
+    analysis = analyze_run(_write(tmp_path / "path", trials), AnalysisSection(), fill_similarity=False)
+    df = pd.DataFrame([t.to_dict() for t in trials])
+    strict = df.assign(s=df["extraction"].isin(["boxed", "answer_line"]).astype(float)).pivot(
+        index="task_id", columns="condition", values="s")
+    cells = {c.condition: c for c in ice(analysis).cells}
+    for cond, flagged in (("Saturation", True), ("Residue", False)):
+        d = (strict[cond] - strict["Control"]).to_numpy()
+        assert cells[cond].scoring_path_p == pytest.approx(_sign_flip_p(d))
+        assert cells[cond].scoring_path_delta == pytest.approx(d.mean())
+        assert cells[cond].scoring_path_shift is flagged
+    assert cells["Saturation"].scoring_path_p < 0.01 and cells["Residue"].scoring_path_p == 1.0
+    assert cells["Control"].scoring_path_p is None and cells["Control"].scoring_path_shift is None
+    text = main_table_text(analysis)
+    assert "strict EM" in text and "box 17% last 83% § p=0.002" in text and "§ = the mix differs" in text
+
+
+def test_records_without_a_scoring_rule_give_reasons_not_numbers(tmp_path):
+    trials = [_trial(i, f"q{i % 8}", cond, load, 0, 1.0) for i, (cond, load) in
+              enumerate([("Control", 0)] * 8 + [("Saturation", 80)] * 8)]
+    analysis = analyze_run(_write(tmp_path / "old", trials), AnalysisSection(), fill_similarity=False)
+    sat = next(c for c in ice(analysis).cells if c.condition == "Saturation")
+    assert sat.em_mean == 1.0 and sat.strict_em_mean is None and sat.extraction_shares is None
+    assert sat.scoring_path_p is None and "no output with a recorded scoring rule" in sat.scoring_path_reason

@@ -192,9 +192,9 @@ def test_ar_k_legend_sits_outside_and_panels_say_how_many_prompts(run, report):
     arrays = load_attention_arrays(RunFolder(run))
     fig = F.draw_ar_k(result, arrays, MODEL)
     assert fig.legends and not any(ax.get_legend() for ax in fig.axes)
-    for ax, load in zip(fig.axes, sorted({c.load for c in result.attention_cells if c.ar_k_key})):
-        cells = [c for c in result.attention_cells if c.model == MODEL and c.load == load and c.ar_k_key
-                 and c.condition in ("Saturation", "Residue")]
+    ar_k = [c for c in result.attention_cells if c.measure == "ar_k"]
+    for ax, load in zip(fig.axes, sorted({c.load for c in ar_k})):
+        cells = [c for c in ar_k if c.model == MODEL and c.load == load and c.condition in ("Saturation", "Residue")]
         for c in cells:
             assert f"{c.condition} {c.n_prompts}" in ax.get_title()
 
@@ -230,9 +230,9 @@ def test_summary_quotes_only_what_survives_its_familys_correction(run, report):
     assert "distractor heads" in text
     # the same p-values with q-values that do not pass: nothing may be called significant
     h2 = tuple(dataclasses.replace(r, p=0.001, q=0.2) for r in result.h2)
-    layers = tuple(dataclasses.replace(t, p=0.001, q=0.3) for t in att.p_ext_layers.layers)
+    layers = tuple(dataclasses.replace(t, p=0.001, q=0.3) for t in att.layer_tests.layers)
     weak = dataclasses.replace(
-        att, p_ext_layers=dataclasses.replace(att.p_ext_layers, layers=layers, significant=()), tracking_layers=(),
+        att, layer_tests=dataclasses.replace(att.layer_tests, layers=layers, significant=()), tracking_layers=(),
         heads=dataclasses.replace(att.heads, significant=()), distractor_heads=())
     residue = tuple(dataclasses.replace(r, test=dataclasses.replace(
         r.test, layers=tuple(dataclasses.replace(t, q=0.5) for t in r.test.layers), significant=()))
@@ -300,7 +300,7 @@ def test_an_analysis_of_another_schema_is_refused_with_what_to_do(tmp_path):
     data = json.loads((d / "analysis.json").read_text())
     old = {k: v for k, v in data.items() if k != "schema"}  # a file written before versions
     (d / "analysis.json").write_text(json.dumps(old))
-    with pytest.raises(AnalysisSchemaError, match=r"schema 1 .*reads schema 4.*probe analyze"):
+    with pytest.raises(AnalysisSchemaError, match=r"schema 1 .*reads schema 5.*probe analyze"):
         read_analysis(d)
     data["families"]["ice"]["cells"][0]["em_meen"] = data["families"]["ice"]["cells"][0].pop("em_mean")
     (d / "analysis.json").write_text(json.dumps(data))
@@ -353,7 +353,8 @@ def test_any_task_id_finds_its_attention_record_through_analysis_and_report(tmp_
     assert not (folder.attention_root / model).exists()  # not where a path built from the raw names would be
     analysis = analyze_run(run, fill_similarity=False)
     result = analysis.families["ice"]
-    assert result.attention_cells and sum(c.n_prompts for c in result.attention_cells) == len(prompt_ids)
+    assert result.attention_cells and sum(c.n_prompts for c in result.attention_cells if c.measure == "p_ext") == \
+        len(prompt_ids)
     assert not any("holds no record" in n for n in analysis.notes)
     n_extraneous = sum(t.is_scored and t.condition in ("Saturation", "Residue") for t in trials)
     assert result.attention_behaviour[0].n_trials == n_extraneous

@@ -27,13 +27,21 @@ with the instruction to re-run ``probe analyze``. Version history:
 - 4: causal tests (issue 11): ``interventions`` (:class:`probe.analysis.interventions.InterventionResult`, null
   for a run without interventions); every other estimate reads baseline trials only. A schema-3 file is read as
   one without interventions.
+- 5: the attention measure is a column, not part of field names (every registered attention measure on
+  (layer, head) is analysed alike): an ICE ``attention_cells`` entry is one cell × ``measure`` (``label``,
+  ``mean``, ``key``, ``enrichment_mean``, ``enrichment_key``, ``chance_key``, ``targets`` instead of
+  ``p_ext_mean``, ``p_ext_key``, ``enrichment_key``, ``chance_key``, ``ar_k_key``, ``ar_targets``); an
+  ``attention_behaviour`` entry carries ``measure``, ``label`` and ``has_chance``, ``p_ext_layers`` ->
+  ``layer_tests``, ``odds_ratio_per_10pp_p_ext`` -> ``odds_ratio_per_10pp``. A schema-3 or 4 file is read with
+  its attention results mapped so (the family's registered upgrade, :mod:`probe.analysis.ice_upgrade`; its ``attention_summary.npz`` keeps its member
+  names, which the cells name).
 
 Freshness: an analysis records the sha256 of the ``trials.jsonl`` it read; :func:`read_analysis` refuses one whose
 trials have changed since (:class:`StaleAnalysisError`) unless asked not to check.
 
-Fields added within a schema: a field declared with ``metadata={OPTIONAL: True}`` (and a default of None) is
-written only when it holds a value and read as None when a file lacks it, so files written before it still read
-and a run without it writes the same file as before. Such fields: ``families.ice.hop_tracking`` (hop tracking,
+Fields added within a schema: a field with a default takes it when a file lacks it; one also declared with
+``metadata={OPTIONAL: True}`` (default None) is written only when it holds a value, so a run without it writes the
+same file as before. Such fields: ``families.ice.hop_tracking`` (hop tracking,
 present when the run captured attention while the answer was written).
 """
 
@@ -57,8 +65,8 @@ from probe.errors import ProbeError
 from probe.records_import import ImportSummary
 from probe.runfolder import RunFolder, write_atomic
 
-SCHEMA_VERSION = 4
-READABLE_SCHEMAS = (3, 4)  # a schema-3 file is a schema-4 one without interventions
+SCHEMA_VERSION = 5
+READABLE_SCHEMAS = (3, 4, 5)  # 3: 4 without interventions; 4: 5 with the attention measure in field names
 
 OPTIONAL = "optional"  # field metadata: written only when not None, read as None when absent (module docstring)
 
@@ -189,13 +197,14 @@ def _decode_dataclass(cls: type, data: Any, where: str) -> Any:
     unknown = sorted(set(data) - names)
     if unknown:
         raise _Mismatch(f"{where}: unknown field {unknown[0]!r} of {cls.__name__}")
-    missing = [f.name for f in fields if f.name not in data and not f.metadata.get(OPTIONAL)]
+    # a field with a default was added to the schema after some files were written: absent, it takes its default
+    missing = [f.name for f in fields if f.name not in data
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:
         raise _Mismatch(f"{where}: missing field {missing[0]!r} of {cls.__name__}")
     values: dict[str, Any] = {}
     for f in fields:
-        if f.name not in data:  # an optional field the file lacks (written before it existed, or empty)
-            values[f.name] = None
+        if f.name not in data:
             continue
         decode: Callable[[Any, str], Any] | None = f.metadata.get("decode")
         sub = f"{where}.{f.name}"
@@ -292,6 +301,21 @@ def write_analysis(analysis: Analysis, run: RunFolder) -> Path:
     return write_atomic(run.analysis, json.dumps(to_json(analysis), indent=1, allow_nan=False, ensure_ascii=False))
 
 
+def _upgrade_families(data: dict, schema: int) -> dict:
+    """An older schema's parsed ``analysis.json`` with each family's result in the current layout, by the upgrade
+    its family analysis registers (:attr:`probe.analysis.families.FamilyAnalysis.upgrade`); every number kept."""
+    from probe.analysis.families import family_analysis
+
+    families = data.get("families")
+    if not isinstance(families, dict):
+        return dict(data)
+    out = {}
+    for name, value in families.items():
+        upgrade = family_analysis(name).upgrade
+        out[name] = upgrade(value, schema) if upgrade is not None and isinstance(value, dict) else value
+    return {**data, "families": out}
+
+
 def read_analysis(run_dir: str | Path | RunFolder, *, check_fresh: bool = True) -> Analysis:
     """The :class:`Analysis` in a run folder's ``analysis.json``, as it is on disk (nothing is re-estimated).
 
@@ -321,6 +345,9 @@ def read_analysis(run_dir: str | Path | RunFolder, *, check_fresh: bool = True) 
                                   f"{SCHEMA_VERSION}: {redo} again")
     if found == 3:
         data = {**data, "interventions": None}  # written before interventions existed: none
+    if found != SCHEMA_VERSION:
+        data = _upgrade_families(data, found)
+        data["schema"] = SCHEMA_VERSION
     try:
         analysis: Analysis = from_json(Analysis, data, str(path))
     except AnalysisSchemaError as e:
