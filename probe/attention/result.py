@@ -22,22 +22,39 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
 import numpy as np
 
 from probe.errors import ProbeError
 from probe.types import SEGMENT_KINDS
+
+
+class AttentionRecordError(ProbeError):
+    """A probe record file cannot be read (names the file and what to do)."""
+
+
+def _file_mode() -> int:
+    """The mode of every file of a run folder, as ``open()`` makes one: 0666 less the umask (the records' writers
+    use :func:`probe.runfolder.file_mode`, the same value; this module stays free of the run folder)."""
+    global _MODE
+    if _MODE is None:
+        mask = os.umask(0)
+        os.umask(mask)
+        _MODE = 0o666 & ~mask
+    return _MODE
+
+
+_MODE: int | None = None
+
 
 # Key kinds of ``seg_mass``'s last axis: the segment kinds, then the answer tokens of a ``generated`` probe.
 KEY_KINDS: tuple[str, ...] = (*SEGMENT_KINDS, "generated")
 
 _FORMAT_VERSION = 2
 _FORMAT_1_MEASURES = ("seg_mass", "seg_mass_segment", "p_ext", "ar_k")
-
-
-class AttentionRecordError(ProbeError):
-    """An attention record file that cannot be read as it is."""
 
 
 @dataclass
@@ -193,6 +210,7 @@ class SegmentAttention:
         arrays["meta"] = np.array(json.dumps(self.meta()))
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
+            os.fchmod(fd, _file_mode())  # mkstemp makes 0600; every file of a run folder has one mode
             with os.fdopen(fd, "wb") as fh:
                 # numpy's stub types **kwds so that a str-keyed dict could reach allow_pickle: bool
                 np.savez_compressed(fh, **arrays)  # type: ignore[arg-type]
@@ -207,9 +225,22 @@ class SegmentAttention:
         """Read a file written by :meth:`save` (format 1 or 2).
 
         Raises:
-            AttentionRecordError: a format this version does not know, or a listed measure missing (names the file).
+            AttentionRecordError: a format this version does not know, a listed measure missing, or the file is not
+                a whole probe record (cut short, overwritten); names the file and what to do.
         """
-        path = Path(path)
+        try:
+            return SegmentAttention._load(Path(path))
+        except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as e:
+            if isinstance(e, FileNotFoundError):
+                raise
+            raise AttentionRecordError(
+                f"{path}: not a readable probe record ({type(e).__name__}: {e}); the file is damaged (cut short by a "
+                "full disk or a copy?). Delete it and run the same experiment again (`probe run`), which probes "
+                "the prompt again"
+            ) from None
+
+    @staticmethod
+    def _load(path: Path) -> "SegmentAttention":
         with np.load(path, allow_pickle=False) as z:
             meta = json.loads(str(z["meta"]))
             version = meta.get("format")
