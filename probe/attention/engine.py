@@ -16,7 +16,10 @@ row's aggregates equal a one-prompt probe (up to the float rounding of a batched
 
 Generation (:func:`probe_generation`): the capture is told the batch's width and takes only the call whose queries
 and keys both span it — ``generate``'s prefill, which sees the whole prompt — and lets every decode step (one
-query, a longer cache) through untouched. The generated tokens are those of the ``sdpa`` implementation.
+query, a longer cache) through untouched. The generated tokens are those of the ``sdpa`` implementation. With the
+answer capture on (``answer``), every call also hands its generating row (the prefill's last position, then each
+decode step's one query against the cache) to :class:`~probe.attention.decode.AnswerRows`, which reduces it at once
+to per-segment masses (docs/probes.md#attention-while-the-answer-is-written).
 
 Interventions (:mod:`probe.attention.intervention`): the same registered function applies an active edit to the
 layers it names, during a forward pass or every step of ``generate``; a probe active at the same time adds the same

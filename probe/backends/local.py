@@ -3,7 +3,9 @@ probe of each batch when asked.
 
 Probing rides on generation: for a query set inside the prompt (``question``, ``last``, ``segment:<i>``) the
 probe's aggregates are computed during ``generate``'s own prefill of the batch
-(:func:`probe.attention.probe_generation`), so a probed run does no extra forward pass. Query ``generated`` reads
+(:func:`probe.attention.probe_generation`), so a probed run does no extra forward pass; with ``answer = true`` the
+same capture also reduces every decode step's query row (the attention while the answer is written), and each
+prompt's ``SegmentAttention.answer`` holds it up to the answer's end token. Query ``generated`` reads
 the answer, so it probes each batch once more after generation, prompt + answer in one left-padded forward pass
 (:func:`probe.attention.probe_batch`).
 
