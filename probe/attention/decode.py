@@ -147,13 +147,13 @@ class AnswerRows:
                 raise HookError(f"layer {layer}: a mask over {attention_mask.shape[-1]} keys for {n_k} keys")
             m = attention_mask[:, 0, -1, :][:, None, :]  # (B or 1, 1, K)
             if m.dtype == torch.bool:
-                scores = scores.masked_fill(~m, float("-inf"))
+                scores.masked_fill_(~m, float("-inf"))
             else:
-                scores = scores + m.to(torch.float32)
+                scores += m.to(torch.float32)
         if edit is not None and edit.edits_layer(layer):
             pos = torch.tensor([last], device=edit.device)
-            scores = scores + edit.bias(layer, pos, lo, last + 1)[:, :, 0, :].to(scores.device)
-        probs = torch.nan_to_num(torch.softmax(scores, dim=-1))  # (B, H, K); a row of padding sees no key
+            scores += edit.bias(layer, pos, lo, last + 1)[:, :, 0, :].to(scores.device)
+        probs = torch.softmax(scores, dim=-1)  # (B, H, K); the generating query always sees itself: no empty row
         cols = self._columns(probs.device, lo, last + 1)[:, None, :].expand(n_b, n_heads, n_k)
         zeros = torch.zeros(n_b, n_heads, self.n_cols, dtype=torch.float32, device=probs.device)
         steps.append(zeros.scatter_add(2, cols, probs))
