@@ -19,6 +19,7 @@ from statsmodels.stats.multitest import multipletests
 
 from probe.analysis import Analysis, AnalysisConfigError, analyze_run
 from probe.analysis import inference as inf
+from probe.analysis.glm import clustered_logit
 from probe.analysis.ice import IceResult
 from probe.config import AnalysisSection
 from probe.records import TrialRecord, append_jsonl
@@ -138,7 +139,7 @@ def test_h1_recovers_planted_beta_and_matches_statsmodels(effect_run):
         assert h.ci_low <= beta_true <= h.ci_high
         assert h.p < 0.001
         assert h.logit.coef == pytest.approx(glm.params[1], rel=1e-5)
-        lref = inf.clustered_logit(y, X, groups)
+        lref = clustered_logit(y, X, groups)
         assert (h.logit.se, h.logit.p, h.logit.df) == pytest.approx((lref.se, lref.p, lref.df), rel=1e-6)
         assert h.logit.coef < 0
     tax = ice(analysis).taxonomy[0]
@@ -306,7 +307,8 @@ def test_every_answer_the_same_still_gets_a_bounded_interval(tmp_path):
     trials = [_trial(i, f"q{i % 7}", "Control", 0, i // 7, 1.0) for i in range(14)]
     analysis = analyze_run(_write(tmp_path / "same", trials), AnalysisSection(), fill_similarity=False)
     c = ice(analysis).cells[0]
-    n_star = 14 * (scipy.stats.t.ppf(0.975, 13) / scipy.stats.t.ppf(0.975, 6)) ** 2  # design effect 1
+    # every answer the same: one observation per question (design effect n/G = 2), docs/statistics.md
+    n_star = 7 * (scipy.stats.t.ppf(0.975, 13) / scipy.stats.t.ppf(0.975, 6)) ** 2
     lo, hi = proportion_confint(n_star, n_star, alpha=0.05, method="wilson")
     assert (c.em_ci_low, c.em_ci_high) == pytest.approx((lo, hi)) and c.em_ci_high == 1.0 and lo < 0.9
 
@@ -428,7 +430,7 @@ def test_attention_behaviour_finds_the_planted_layer_and_heads_and_matches_stats
     layer = a.layers[plan.tracking_layer]
     assert layer.n == len(d)
     assert layer.coef == pytest.approx(fit.params[1], rel=1e-5)
-    lref = inf.clustered_logit(failed, X, groups)
+    lref = clustered_logit(failed, X, groups)
     assert (layer.ci_low, layer.ci_high, layer.df) == pytest.approx((lref.ci_low, lref.ci_high, lref.df), rel=1e-5)
     cells = {(c.condition, c.load, c.measure): c for c in ice(analysis).attention_cells}
     assert {k[:2] for k in cells} == {("Control", 0), ("Saturation", 20), ("Saturation", 80), ("Residue", 20),
@@ -606,3 +608,91 @@ def test_no_interval_leaves_its_range_and_no_attention_claim_skips_its_correctio
     data["families"]["ice"]["cells"][0]["em_ci_high"] = 1.05
     with pytest.raises(AssertionError):
         assert_claims_survive(data)
+
+
+def test_taxonomy_calls_a_significant_rise_a_rise_not_no_decline() -> None:
+    """The summary said "no significant decline with load (β = +0.0052, p = 0.026)" for a significant rise."""
+    import dataclasses
+
+    from probe.analysis.hypotheses import H1Fit
+    from probe.analysis.taxonomy import classify_model
+    from probe.config import AnalysisSection
+
+    df = pd.DataFrame({"model": ["m"] * 4, "condition": ["Control"] * 4, "is_scored": [True] * 4,
+                       "em": [1.0, 1.0, 0.0, 1.0], "has_output": [True] * 4, "truncated": [False] * 4,
+                       "uninterpretable": [False] * 4, "error": [None] * 4, "skipped": [False] * 4})
+    h1 = H1Fit(model="m", condition="Saturation", n=40, n_clusters=10, loads=(0, 20, 80), beta=0.0052, se=0.002,
+               ci_low=0.001, ci_high=0.009, p=0.026, df=9.0, intercept=0.5, is_test=True, se_method="CR2",
+               logit=None, power=None, reason=None)
+    tax = classify_model(df, "m", h1, AnalysisSection())
+    assert "no significant" not in tax.reason and "rises" in tax.reason and not tax.is_load_sensitive
+    flat = classify_model(df, "m", dataclasses.replace(h1, p=0.4), AnalysisSection())
+    assert "no significant change" in flat.reason
+
+
+# ------------------------------------------------------------------------------------------- scoring path
+
+
+def _sign_flip_p(d: np.ndarray) -> float:
+    """Exact two-sided sign-flip p of the mean of ``d``, by enumerating every sign assignment (no scipy)."""
+    import itertools
+
+    obs = abs(d.mean())
+    flips = [abs((np.array(s) * d).mean()) for s in itertools.product((1, -1), repeat=len(d))]
+    return float(np.mean([f >= obs - 1e-12 for f in flips]))
+
+
+def _path_trials() -> list[TrialRecord]:
+    """12 questions, one replication: Control always boxed; Saturation answers 10 questions by the last line only;
+    Residue boxes all but one."""
+    trials, i = [], 0
+    for q in range(12):
+        for cond, load, rule, em in (("Control", 0, "boxed", 1.0),
+                                     ("Saturation", 80, "last_line" if q < 10 else "boxed", 1.0 if q % 2 else 0.0),
+                                     ("Residue", 80, "last_line" if q == 0 else "boxed", 1.0)):
+            trials.append(_trial(i, f"q{q:02d}", cond, load, 0, em, extraction=rule))
+            i += 1
+    return trials
+
+
+def test_strict_em_and_rule_shares_per_cell_match_a_direct_count(tmp_path):
+    trials = _path_trials()
+    analysis = analyze_run(_write(tmp_path / "path", trials), AnalysisSection(), fill_similarity=False)
+    df = pd.DataFrame([t.to_dict() for t in trials])
+    for c in ice(analysis).cells:
+        g = df[(df["condition"] == c.condition) & (df["load"] == c.load)]
+        strict = (g["em"] * g["extraction"].isin(["boxed", "answer_line"])).to_numpy(float)
+        assert c.strict_em_mean == pytest.approx(strict.mean())
+        assert c.extraction_shares == pytest.approx(g["extraction"].value_counts(normalize=True).to_dict())
+        if 0 < strict.mean() < 1:
+            assert (c.strict_em_ci_low, c.strict_em_ci_high) == pytest.approx(
+                _korn_graubard_wilson(strict, g["task_id"]))
+    sat = next(c for c in ice(analysis).cells if c.condition == "Saturation")
+    assert sat.em_mean == pytest.approx(6 / 12) and sat.strict_em_mean == pytest.approx(1 / 12)
+
+
+def test_a_condition_that_stops_boxing_is_flagged_against_control(tmp_path):
+    trials = _path_trials()
+    analysis = analyze_run(_write(tmp_path / "path", trials), AnalysisSection(), fill_similarity=False)
+    df = pd.DataFrame([t.to_dict() for t in trials])
+    strict = df.assign(s=df["extraction"].isin(["boxed", "answer_line"]).astype(float)).pivot(
+        index="task_id", columns="condition", values="s")
+    cells = {c.condition: c for c in ice(analysis).cells}
+    for cond, flagged in (("Saturation", True), ("Residue", False)):
+        d = (strict[cond] - strict["Control"]).to_numpy()
+        assert cells[cond].scoring_path_p == pytest.approx(_sign_flip_p(d))
+        assert cells[cond].scoring_path_delta == pytest.approx(d.mean())
+        assert cells[cond].scoring_path_shift is flagged
+    assert cells["Saturation"].scoring_path_p < 0.01 and cells["Residue"].scoring_path_p == 1.0
+    assert cells["Control"].scoring_path_p is None and cells["Control"].scoring_path_shift is None
+    text = main_table_text(analysis)
+    assert "strict EM" in text and "box 17% last 83% § p=0.002" in text and "§ = the mix differs" in text
+
+
+def test_records_without_a_scoring_rule_give_reasons_not_numbers(tmp_path):
+    trials = [_trial(i, f"q{i % 8}", cond, load, 0, 1.0) for i, (cond, load) in
+              enumerate([("Control", 0)] * 8 + [("Saturation", 80)] * 8)]
+    analysis = analyze_run(_write(tmp_path / "old", trials), AnalysisSection(), fill_similarity=False)
+    sat = next(c for c in ice(analysis).cells if c.condition == "Saturation")
+    assert sat.em_mean == 1.0 and sat.strict_em_mean is None and sat.extraction_shares is None
+    assert sat.scoring_path_p is None and "no output with a recorded scoring rule" in sat.scoring_path_reason

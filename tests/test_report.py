@@ -165,7 +165,45 @@ def test_h3_scatter_points_and_r_match_scipy(run, report):
             ys.append(np.mean(c) - np.mean([t["em"] for t in r]))
     np.testing.assert_allclose(sorted(map(tuple, np.asarray(pts))), sorted(zip(xs, ys)), rtol=1e-9)
     r = scipy.stats.pearsonr(xs, ys).statistic
-    assert f"r = {r:+.2f}" in ax.texts[0].get_text()
+    assert f"r = {r:+.2f}" in ax.get_title()
+
+
+def test_h3_scatter_r_and_p_cover_no_point(run, report):
+    """The r / p line sits above the axes (in the title), not in a box over the data."""
+    ax = F.draw_h3_scatter(ice(run), {}).axes[0]
+    assert not ax.texts and "p = " in ax.get_title()
+
+
+def test_saturation_curve_draws_longcontrol_intervals_beside_the_others(run, report):
+    fig = F.draw_saturation_curve(ice(run), {})
+    ax = fig.axes[0]
+    by_label = {c.get_label(): c for c in ax.containers}
+    lc = by_label["LongControl"]
+    assert all(lw > 0 for col in lc.lines[2] for lw in col.get_linewidths())  # the interval lines, not only caps
+    xs = {name: np.asarray(c.lines[0].get_xdata(), dtype=float) for name, c in by_label.items()}
+    span = np.diff(ax.get_xlim())[0]
+    for load_x in xs["LongControl"]:
+        for other in ("Saturation", "Residue"):
+            assert np.min(np.abs(xs[other] - load_x)) > 0.02 * span  # markers side by side, none hidden
+
+
+def test_ar_k_legend_sits_outside_and_panels_say_how_many_prompts(run, report):
+    result = ice(run)
+    arrays = load_attention_arrays(RunFolder(run))
+    fig = F.draw_ar_k(result, arrays, MODEL)
+    assert fig.legends and not any(ax.get_legend() for ax in fig.axes)
+    ar_k = [c for c in result.attention_cells if c.measure == "ar_k"]
+    for ax, load in zip(fig.axes, sorted({c.load for c in ar_k})):
+        cells = [c for c in ar_k if c.model == MODEL and c.load == load and c.condition in ("Saturation", "Residue")]
+        for c in cells:
+            assert f"{c.condition} {c.n_prompts}" in ax.get_title()
+
+
+def test_attention_logistic_panel_shows_only_the_load_adjusted_fit(run, report):
+    fig = F.draw_attention_behaviour(ice(run))
+    bottom = fig.axes[1]
+    labels = bottom.get_legend_handles_labels()[1]
+    assert labels == ["adjusted for load and placement"] and "adjusted for load" in bottom.get_title()
 
 
 def test_summary_claims_follow_the_numbers(run, report):
@@ -216,6 +254,8 @@ def test_a_fit_below_the_minimum_number_of_questions_is_described_not_tested(tmp
     assert "described only, not tested" in text and "fewer than the minimum of 6" in text
     assert "declines" not in text and "p = " not in text.split("H2")[0]
     assert "H2 (paired comparisons): not tested (12)" in text  # every H2 comparison, with its reason
+    h3 = next(x for x in model_summary(ice(d), MODEL, AnalysisSection()) if x.startswith("H3:"))
+    assert "described only, not tested" in h3 and "p = " not in h3 and "degrade" not in h3  # H3 obeys the rule
 
 
 def test_brittle_model_gets_no_inference(tmp_path):

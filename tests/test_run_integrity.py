@@ -286,3 +286,19 @@ def test_force_starts_over_past_a_damaged_record_file_only_for_another_configura
     assert not run.trials.exists() and runner.read_run_config(run) == other
     (moved,) = [p for p in run.root.iterdir() if p.name.startswith("superseded-")]
     assert (moved / "trials.jsonl").read_text() == "not a record\n{}\n"
+
+
+def test_report_names_a_truncated_attention_summary_and_analyze_rewrites_it(tmp_path, tiny_card, capsys):
+    exp = write_exp(tmp_path / "a.toml", tiny_card, tmp_path / "outputs", probe=True)
+    assert main(["run", str(exp), "-q", "--analyze"]) == 0
+    run = RunFolder(tmp_path / "outputs" / "integrity")
+    good = run.attention_summary.read_bytes()
+    run.attention_summary.write_bytes(good[: len(good) // 2])
+    capsys.readouterr()
+    assert main(["report", str(run.root)]) == 2
+    err = capsys.readouterr().err
+    assert str(run.attention_summary) in err and "probe analyze" in err and "Traceback" not in err
+    assert main(["analyze", str(run.root)]) == 0
+    assert run.attention_summary.read_bytes() == good
+    assert main(["report", str(run.root)]) == 0
+    assert not list(run.root.glob("*.tmp"))

@@ -59,6 +59,7 @@ import pandas as pd
 import statsmodels.api as sm
 
 from probe.analysis import inference as inf
+from probe.analysis.attention_tests import attention_failure_tests, residue_similarity_tests
 from probe.analysis.estimates import finite, key_int
 from probe.analysis.glm import exp_or_none, fit_logit
 from probe.runfolder import RunFolder
@@ -615,10 +616,10 @@ def attention_behaviour(df: pd.DataFrame, per_trial: pd.DataFrame, model: str, a
     load = d["load"].to_numpy(dtype=float)
     residue = (d["condition"] == "Residue").to_numpy(dtype=float)
     covariates = np.column_stack([load, residue])
-    layer_fits = inf.attention_failure_tests(mat, failed, load, groups, residue[:, None], alpha)
+    layer_fits = attention_failure_tests(mat, failed, load, groups, residue[:, None], alpha)
     layer_tests = _layer_tests(layer_fits, alpha, f"head-mean {label}",
                                f"failed - correct difference in {label} (share) at equal load and placement", len(d))
-    head_fits = inf.attention_failure_tests(per_head, failed, load, groups, residue[:, None], alpha)
+    head_fits = attention_failure_tests(per_head, failed, load, groups, residue[:, None], alpha)
     heads, arrays = _head_tests(head_fits, alpha, len(d), key, m)
     layers = [_logit_layer(li, mat[:, li], failed, groups, covariates, alpha, label) for li in range(mat.shape[1])]
     q_alone = inf.bh_qvalues(np.array([np.nan if r.p is None else r.p for r in layers]))
@@ -646,7 +647,7 @@ def residue_attention(df: pd.DataFrame, per_trial: pd.DataFrame, model: str, alp
 
     One row per Residue prompt with a record, a finite S_sim and AR_k of the target (a prompt's trials share its
     record and S_sim: the first scored or unscored trial stands for it). Per target (``question``, ``last
-    germane``): :func:`probe.analysis.inference.residue_similarity_tests` with load as covariate.
+    germane``): :func:`probe.analysis.attention_tests.residue_similarity_tests` with load as covariate.
 
     Args:
         df: trial table.
@@ -679,7 +680,7 @@ def residue_attention(df: pd.DataFrame, per_trial: pd.DataFrame, model: str, alp
             out.append(replace(empty, reason=f"AR_k of different depths {sorted(shapes)} across prompts"))
             continue
         ar = np.stack(t[col].to_list())  # (prompt, layer)
-        res = inf.residue_similarity_tests(ar, t["s_sim"].to_numpy(dtype=float), t["task_id"].to_numpy(),
+        res = residue_similarity_tests(ar, t["s_sim"].to_numpy(dtype=float), t["task_id"].to_numpy(),
                                            t["load"].to_numpy(dtype=float), alpha)
         test = _layer_tests(res.fits, alpha, f"head-mean AR_k of the {target} target",
                             "change in AR_k per unit of S_sim" + (" at equal load" if res.is_load_adjusted else ""),

@@ -246,8 +246,8 @@ class SegmentAttention:
         """Read a file written by :meth:`save` (formats 1 to 3; before format 3, ``answer`` is None).
 
         Raises:
-            AttentionRecordError: a format this version does not know, a listed measure missing, or the file is not
-                a whole probe record (cut short, overwritten); names the file and what to do.
+            AttentionRecordError: the file is not a whole probe record (cut short, overwritten), is of a format
+                this version does not know, or lacks a measure it lists; names the file and what to do.
         """
         try:
             return SegmentAttention._load(Path(path))
