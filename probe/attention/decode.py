@@ -1,5 +1,6 @@
 """Answer capture: the attention of every generation step, reduced at once to per-segment masses (an
-:class:`~probe.attention.answer.AnswerAttention` per prompt; definitions: docs/probes.md#attention-while-the-answer-is-written).
+:class:`~probe.attention.answer.AnswerAttention` per prompt; definitions:
+docs/probes.md#attention-while-the-answer-is-written).
 
 During ``generate`` the engine's attention function reports every layer call to the active capture. With answer
 capture on, :class:`AnswerRows` takes, from each call, the one query row that produces the next token: in the prefill

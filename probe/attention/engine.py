@@ -217,7 +217,8 @@ def probe_generation(
         compute_residue: compute AR_k.
         answer: capture the attention while the answer is written (None: ``options.answer``); then, after
             ``generate``, ``capture.answer.results(answers, prompt_ids)`` gives one
-            :class:`~probe.attention.answer.AnswerAttention` per prompt (docs/probes.md#attention-while-the-answer-is-written).
+            :class:`~probe.attention.answer.AnswerAttention` per prompt
+            (docs/probes.md#attention-while-the-answer-is-written).
 
     Yields:
         The :class:`Capture`.

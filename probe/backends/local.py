@@ -156,7 +156,8 @@ class LocalBackend:
     def _decode(self, batch: _Batch, gen: GenerationSection, ride_along: ProbeSection | None,
                 intervention: Intervention | None) -> tuple[Any, list[Any], Any]:
         """``model.generate`` over one batch, under its edit, seeded when sampling, the probe riding on the prefill
-        (and, with ``answer = true``, capturing every generation step: docs/probes.md#attention-while-the-answer-is-written).
+        (and, with ``answer = true``, capturing every generation step:
+        docs/probes.md#attention-while-the-answer-is-written).
 
         Returns:
             The generated ids (B, W + new tokens), one ``SegmentAttention`` per row (all None without

@@ -2,9 +2,9 @@
 
 The experiment's first model runs all of the experiment's prompts three times per round — with ``[probe]`` off, with
 it on, and with it on and the answer capture too (``answer = true``: the attention of every generated token;
-skipped for query ``generated``, which refuses it) — each time into a fresh run folder, through the runner's own model loop (generation, scoring,
-trial records and, when probing, the attention records). The model is loaded and the prompts built once, outside
-the timings, since both arms share them. The order of the arms rotates over rounds; each arm keeps its fastest
+skipped for query ``generated``, which refuses it) — each time into a fresh run folder, through the runner's own
+model loop (generation, scoring, trial records and, when probing, the attention records). The model is loaded and
+the prompts built once, outside the timings, since the arms share them. The order of the arms rotates over rounds; each arm keeps its fastest
 round. Reported: seconds of each arm, the ratios to the unprobed arm (of the fastest rounds, and their spread over
 the rounds: on a shared machine one round's ratio can be far off), and whether the arms recorded the same outputs
 (probing must not change what the model generates).
