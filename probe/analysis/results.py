@@ -38,6 +38,11 @@ with the instruction to re-run ``probe analyze``. Version history:
 
 Freshness: an analysis records the sha256 of the ``trials.jsonl`` it read; :func:`read_analysis` refuses one whose
 trials have changed since (:class:`StaleAnalysisError`) unless asked not to check.
+
+Fields added within a schema: a field with a default takes it when a file lacks it; one also declared with
+``metadata={OPTIONAL: True}`` (default None) is written only when it holds a value, so a run without it writes the
+same file as before. Such fields: ``families.ice.hop_tracking`` (hop tracking,
+present when the run captured attention while the answer was written).
 """
 
 from __future__ import annotations
@@ -62,6 +67,8 @@ from probe.runfolder import RunFolder, write_atomic
 
 SCHEMA_VERSION = 5
 READABLE_SCHEMAS = (3, 4, 5)  # 3: 4 without interventions; 4: 5 with the attention measure in field names
+
+OPTIONAL = "optional"  # field metadata: written only when not None, read as None when absent (module docstring)
 
 JsonValue = Union[None, bool, int, float, str, list["JsonValue"], dict[str, "JsonValue"]]
 
@@ -88,7 +95,8 @@ class StaleAnalysisError(AnalysisFileError):
 def to_json(x: object) -> JsonValue:
     """A JSON-ready value: dataclasses by field, tuples as lists, NaN/inf as None, numpy scalars as Python."""
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return {f.name: to_json(getattr(x, f.name)) for f in dataclasses.fields(x)}
+        return {f.name: to_json(getattr(x, f.name)) for f in dataclasses.fields(x)
+                if not (f.metadata.get(OPTIONAL) and getattr(x, f.name) is None)}
     if isinstance(x, dict):
         return {str(k): to_json(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
@@ -194,7 +202,7 @@ def _decode_dataclass(cls: type, data: Any, where: str) -> Any:
                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:
         raise _Mismatch(f"{where}: missing field {missing[0]!r} of {cls.__name__}")
-    values = {}
+    values: dict[str, Any] = {}
     for f in fields:
         if f.name not in data:
             continue
@@ -355,6 +363,6 @@ def read_analysis(run_dir: str | Path | RunFolder, *, check_fresh: bool = True) 
     return analysis
 
 
-__all__ = ["Analysis", "AnalysisFileError", "AnalysisMissingError", "AnalysisSchemaError", "Inputs",
+__all__ = ["Analysis", "AnalysisFileError", "AnalysisMissingError", "AnalysisSchemaError", "Inputs", "OPTIONAL",
            "READABLE_SCHEMAS", "SCHEMA_VERSION", "StaleAnalysisError", "from_json", "read_analysis", "to_json",
            "trials_sha256", "write_analysis"]
