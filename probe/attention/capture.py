@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import Iterator, Protocol, Sequence
 
 import torch
 
@@ -24,8 +24,16 @@ from probe.attention.reduce import LayerAggregates, LayerReducer, PlanTensors, a
 from probe.attention.result import SegmentAttention
 from probe.errors import HookError
 
-if TYPE_CHECKING:
-    from probe.attention.decode import AnswerRows
+
+
+class AnswerSink(Protocol):
+    """What takes every layer call of a ``generate`` besides the prefill probe (the answer capture,
+    :class:`probe.attention.decode.AnswerRows`)."""
+
+    def report(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               attention_mask: torch.Tensor | None, scaling: float, softcap: float | None, edit: BatchEdit | None,
+               module: torch.nn.Module | None) -> None:
+        """One layer call (the prefill or a decode step)."""
 
 
 # A prompt whose probe rows hold fewer score elements than this (heads x T^2 / 2, about T = 1300 for 9 heads) is
@@ -90,7 +98,7 @@ class Capture:
         pads: Sequence[int] | None = None,
         max_block_elements: int | None = None,
         prefill_only: bool = False,
-        answer: AnswerRows | None = None,
+        answer: AnswerSink | None = None,
     ) -> None:
         pads = list(pads) if pads is not None else [0] * len(plans)
         if len(pads) != len(plans) or not plans:

@@ -1,6 +1,6 @@
 """Answer capture (the attention while the answer is written) against a post-hoc eager forward over prompt + answer.
 
-On tiny random-weight models of every supported architecture (tests/test_attention.py), left-padded batches generate
+On tiny random-weight models of every supported architecture (tests/attention/test_attention.py), left-padded batches generate
 under the engine's attention with ``answer`` on; each row's per-token masses, value-weighted masses and top keys
 must equal :func:`reference_answer_attention` (eager ``output_attentions`` rows of the answer positions, value
 states and output projection read from the model, float64 numpy) to 1e-5.
@@ -20,8 +20,8 @@ from probe.attention.intervention import Intervention, apply_intervention
 from probe.attention.result import SegmentAttention
 from probe.config import ProbeSection
 from probe.errors import ConfigError
-from tests.test_attention import ARCHS, _build, make_prompt
-from tests.test_attention_smollm2 import (  # noqa: F401 (smollm2: a fixture)
+from tests.attention.test_attention import ARCHS, _build, make_prompt
+from tests.attention.test_attention_smollm2 import (  # noqa: F401 (smollm2: a fixture)
     CLOSE,
     GERMANE,
     INSTRUCTION,
