@@ -203,3 +203,35 @@ def test_max_t_exact_matches_enumeration_and_holds_its_level():
     np.testing.assert_allclose(res.p.ravel(), scipy.stats.ttest_1samp(flat, 0).pvalue)
     rates = simulate_null(n_sims=120, n_questions=14, grid=(4, 4), n_resamples=199, seed=3)
     assert rates["max_t"] <= 0.05 + 2 * np.sqrt(0.05 * 0.95 / 120)
+
+
+def test_select_heads_by_retrieval_pools_copied_over_copyable(tmp_path, monkeypatch):
+    """``heads = {top_k = K, by = "retrieval"}``: the heads with the largest pooled score of a separate run's records
+    (records read through a stand-in loader: one capture per file, the planted head copying in every one)."""
+    from types import SimpleNamespace
+
+    from probe.attention import result
+    from probe.interventions import select_heads
+    from probe.runfolder import RunFolder
+
+    run = RunFolder(tmp_path / "sel")
+    folder = run.attention_dir("m")
+    folder.mkdir(parents=True)
+    run.prompts.write_text("")
+    rng = np.random.default_rng(8)
+    caps = {}
+    for i in range(4):
+        path = folder / f"p{i}.npz"
+        path.write_bytes(b"")
+        caps[str(path)] = capture(rng, copy_head=(0, 1))
+    caps[str(folder / "none.npz")] = None  # a record without an answer capture is left out
+    (folder / "none.npz").write_bytes(b"")
+    monkeypatch.setattr(result.SegmentAttention, "load", staticmethod(lambda p: SimpleNamespace(answer=caps[str(p)])))
+    heads, n = select_heads(run.root, "m", 2, "retrieval", 2, 3, [])
+    trs = [trial_retrieval(a) for a in caps.values() if a is not None]
+    want = top_heads(sum(t.copied for t in trs) / sum(t.copyable for t in trs), 2)
+    assert n == 4 and list(heads) == want and heads[0] == (0, 1)
+    caps.update({k: None for k in caps})
+    from probe.errors import ConfigError
+    with pytest.raises(ConfigError, match="answer capture"):
+        select_heads(run.root, "m", 2, "retrieval", 2, 3, [])
