@@ -14,7 +14,7 @@ Each :class:`~probe.config.InterventionSection` becomes one or more :class:`Reso
   ``by`` over the baseline probe records of that *separate* run (same model); a run whose questions overlap this
   run's is refused, so selection and test never share a question. ``random_control = true`` adds
   ``<name>+random``: K heads drawn (seeded by the experiment seed and the name) from the heads not selected.
-  ``by = "retrieval"`` ranks by the retrieval score of Wu et al. (:mod:`probe.analysis.retrieval`) pooled over that
+  ``by = "retrieval"`` ranks by the retrieval score of Wu et al. (:mod:`probe.attention.retrieval`) pooled over that
   run's records that hold an answer capture: copied over copyable generated tokens, summed over the records.
 
 The resolved list is written to the run folder's ``interventions.json`` (:attr:`probe.runfolder.RunFolder.
@@ -311,7 +311,7 @@ def _retrieval_ranking(records: Sequence[Path], model: str, k: int, n_layers: in
     """The ``k`` heads with the largest pooled retrieval score over the records that hold an answer capture."""
     import numpy as np
 
-    from probe.analysis.retrieval import pooled_score, top_heads, trial_retrieval
+    from probe.attention.retrieval import pooled_score, top_heads, trial_retrieval
     from probe.attention.result import SegmentAttention
 
     copied, copyable = [], []

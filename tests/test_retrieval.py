@@ -9,7 +9,8 @@ import pytest
 import scipy.stats
 
 from probe.analysis.max_t import max_t_sign_flip, simulate_null
-from probe.analysis.retrieval import (chance_score, pooled_score, retrieval_heads, top_heads, trial_retrieval)
+from probe.analysis.retrieval import retrieval_heads
+from probe.attention.retrieval import chance_score, pooled_score, top_heads, trial_retrieval
 from probe.attention.answer import AnswerAttention
 
 KINDS = ("sink", "germane", "extraneous", "germane", "question")
@@ -235,3 +236,20 @@ def test_select_heads_by_retrieval_pools_copied_over_copyable(tmp_path, monkeypa
     from probe.errors import ConfigError
     with pytest.raises(ConfigError, match="answer capture"):
         select_heads(run.root, "m", 2, "retrieval", 2, 3, [])
+
+
+def test_retrieval_section_round_trips_and_is_absent_when_empty():
+    """``families.ice.retrieval`` reads back into the same types; an ICE result without it writes no key and a file
+    without the key reads as an empty section (files written before it existed read unchanged)."""
+    from probe.analysis.ice import IceResult
+    from probe.analysis.results import from_json, to_json
+
+    sub, trials = _study(np.random.default_rng(0), 6, (1, 2))
+    res, _ = retrieval_heads(sub, trials, "m", k=2, n_boot=30)
+    empty = IceResult(models=("m",), cells=(), h1=(), h2=(), h3=(), residue_attention=(), attention_cells=(),
+                      attention_behaviour=(), taxonomy=())
+    full = IceResult(**{**empty.__dict__, "retrieval": (res,)})
+    assert "retrieval" not in to_json(empty)
+    assert from_json(IceResult, to_json(empty)) == empty
+    back = from_json(IceResult, to_json(full))
+    assert back == full and back.retrieval[0].control.top[0].layer == 1

@@ -16,7 +16,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from probe.analysis.retrieval import retrieval_heads, trial_retrieval  # noqa: E402
+from probe.analysis.retrieval import retrieval_heads  # noqa: E402
+from probe.attention.retrieval import trial_retrieval  # noqa: E402
 from probe.attention.answer import AnswerAttention  # noqa: E402
 
 VOCAB, HEAD_DIM, N_HEADS, N_LAYERS = 16, 16, 2, 2

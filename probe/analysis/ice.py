@@ -12,7 +12,9 @@ an :class:`IceResult`:
 - ``attention_cells``, ``attention_behaviour`` (per-layer and per-head tests, logistic robustness fits) and
   ``residue_attention`` (H3 in attention) when probe records exist (:mod:`probe.analysis.attention_link`; the cell
   arrays and the per-head grids go to ``attention_summary.npz``);
-- ``taxonomy`` per model (:mod:`probe.analysis.taxonomy`).
+- ``taxonomy`` per model (:mod:`probe.analysis.taxonomy`);
+- ``retrieval`` per model when probe records hold an answer capture (:mod:`probe.analysis.retrieval`: retrieval
+  heads and the lookback ratio; empty, and absent from ``analysis.json``, otherwise).
 
 S_sim missing from a Saturation or Residue trial (and its prompt record) is computed from ``prompts.jsonl`` with the
 ``[analysis] embedder`` when the analysis is allowed to (``fill_similarity``); where that is impossible a note says
@@ -22,7 +24,7 @@ so and H3 has a reason instead of an estimate.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -45,6 +47,7 @@ from probe.analysis.hypotheses import (
     h2_comparisons,
     similarity_degradation,
 )
+from probe.analysis.retrieval import RetrievalHeads, analyze_retrieval
 from probe.analysis.taxonomy import Taxonomy, classify_model
 from probe.errors import ProbeError
 from probe.types import Prompt
@@ -74,6 +77,7 @@ class IceResult:
         attention_behaviour: :class:`probe.analysis.attention_link.AttentionBehaviour` per model (empty without
             probe records).
         taxonomy: :class:`probe.analysis.taxonomy.Taxonomy` per model.
+        retrieval: :class:`probe.analysis.retrieval.RetrievalHeads` per model (empty without answer captures).
     """
 
     models: tuple[str, ...]
@@ -85,6 +89,7 @@ class IceResult:
     attention_cells: tuple[AttentionCell, ...]
     attention_behaviour: tuple[AttentionBehaviour, ...]
     taxonomy: tuple[Taxonomy, ...]
+    retrieval: tuple[RetrievalHeads, ...] = field(default=(), metadata={"omit_empty": True})
 
     def h1_of(self, model: str, condition: str = "Saturation") -> H1Fit | None:
         """The H1 fit of (model, condition), or None."""
@@ -163,11 +168,15 @@ def analyze_ice(data: FamilyData) -> FamilyOutput:
             arrays.update(head_arrays)
             if (m, "Residue") in has:
                 residue += residue_attention(df, per_trial, m, cfg.alpha)
+    retrieval: list[RetrievalHeads] = []
+    if att_cells:
+        retrieval, retrieval_arrays = analyze_retrieval(data.run, df, models, alpha=cfg.alpha, seed=data.seed)
+        arrays.update(retrieval_arrays)
     sat = {h.model: h for h in h1 if h.condition == "Saturation"}
     taxonomy = [classify_model(df, m, sat.get(m), cfg) for m in models]
     result = IceResult(models=tuple(models), cells=tuple(cell_summaries(df, cfg.alpha)), h1=tuple(h1), h2=tuple(h2),
                        h3=tuple(h3), residue_attention=tuple(residue), attention_cells=tuple(att_cells),
-                       attention_behaviour=tuple(attention), taxonomy=tuple(taxonomy))
+                       attention_behaviour=tuple(attention), taxonomy=tuple(taxonomy), retrieval=tuple(retrieval))
     return FamilyOutput(result=result, arrays=arrays, notes=tuple(notes),
                         n_attention_records=sum(c.n_prompts for c in att_cells))
 

@@ -28,6 +28,10 @@ with the instruction to re-run ``probe analyze``. Version history:
   for a run without interventions); every other estimate reads baseline trials only. A schema-3 file is read as
   one without interventions.
 
+Additive sections (no schema change): a field whose metadata carries :data:`OMIT_EMPTY` is written only when it
+holds something and read as empty when absent: ``families.ice.retrieval`` (retrieval heads,
+:class:`probe.analysis.retrieval.RetrievalHeads`, present when probe records hold an answer capture).
+
 Freshness: an analysis records the sha256 of the ``trials.jsonl`` it read; :func:`read_analysis` refuses one whose
 trials have changed since (:class:`StaleAnalysisError`) unless asked not to check.
 """
@@ -55,6 +59,10 @@ from probe.runfolder import RunFolder
 SCHEMA_VERSION = 4
 READABLE_SCHEMAS = (3, 4)  # a schema-3 file is a schema-4 one without interventions
 
+# field metadata key of an additive section: written only when non-empty, read as its (empty) default when absent,
+# so files written before the section existed, or by runs without its inputs, read unchanged
+OMIT_EMPTY = "omit_empty"
+
 JsonValue = Union[None, bool, int, float, str, list["JsonValue"], dict[str, "JsonValue"]]
 
 
@@ -80,7 +88,8 @@ class StaleAnalysisError(AnalysisFileError):
 def to_json(x: object) -> JsonValue:
     """A JSON-ready value: dataclasses by field, tuples as lists, NaN/inf as None, numpy scalars as Python."""
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return {f.name: to_json(getattr(x, f.name)) for f in dataclasses.fields(x)}
+        return {f.name: to_json(getattr(x, f.name)) for f in dataclasses.fields(x)
+                if not (f.metadata.get(OMIT_EMPTY) and not getattr(x, f.name))}
     if isinstance(x, dict):
         return {str(k): to_json(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
@@ -181,13 +190,15 @@ def _decode_dataclass(cls: type, data: Any, where: str) -> Any:
     unknown = sorted(set(data) - names)
     if unknown:
         raise _Mismatch(f"{where}: unknown field {unknown[0]!r} of {cls.__name__}")
-    missing = [f.name for f in fields if f.name not in data]
+    missing = [f.name for f in fields if f.name not in data and not f.metadata.get(OMIT_EMPTY)]
     if missing:
         raise _Mismatch(f"{where}: missing field {missing[0]!r} of {cls.__name__}")
     values = {}
     for f in fields:
         decode: Callable[[Any, str], Any] | None = f.metadata.get("decode")
         sub = f"{where}.{f.name}"
+        if f.name not in data:  # an additive section, written only when it holds something
+            continue
         values[f.name] = decode(data[f.name], sub) if decode else _decode(hints[f.name], data[f.name], sub)
     return cls(**values)
 
