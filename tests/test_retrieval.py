@@ -253,3 +253,25 @@ def test_retrieval_section_round_trips_and_is_absent_when_empty():
     assert from_json(IceResult, to_json(empty)) == empty
     back = from_json(IceResult, to_json(full))
     assert back == full and back.retrieval[0].control.top[0].layer == 1
+
+
+def test_report_draws_the_map_and_tables_and_says_why_when_there_is_no_capture(tmp_path):
+    from probe.analysis.attention_link import AttentionCell
+    from probe.analysis.ice import IceResult
+    from probe.config import AnalysisSection
+    from probe.report.retrieval import NO_CAPTURE, retrieval_html, retrieval_markdown, retrieval_tables
+    from probe.report.sections import ReportContext
+
+    sub, trials = _study(np.random.default_rng(0), 8, (1, 2))
+    res, arrays = retrieval_heads(sub, trials, "m", k=2, n_boot=50)
+    cell = AttentionCell("m", "Control", 0, 1, 2, 3, None, None, (), "a", "b", "c", None)
+    base = IceResult(models=("m",), cells=(), h1=(), h2=(), h3=(), residue_attention=(), attention_cells=(cell,),
+                     attention_behaviour=(), taxonomy=())
+    ctx = ReportContext(AnalysisSection(), arrays, figures_dir=tmp_path)
+    html = retrieval_html(IceResult(**{**base.__dict__, "retrieval": (res,)}), ctx)
+    assert "L1.H2" in html and "Spearman" in html and "<img" in html
+    assert [p.name for p in ctx.written] == ["retrieval_m.png"]
+    tables = dict(retrieval_tables(IceResult(**{**base.__dict__, "retrieval": (res,)})))
+    assert tables["retrieval_top_heads"][0]["layer"] == 1 and len(tables["retrieval_stability"]) == 2
+    assert NO_CAPTURE in retrieval_html(base, ReportContext(AnalysisSection()))
+    assert NO_CAPTURE in retrieval_markdown(base) and retrieval_tables(base) == []
