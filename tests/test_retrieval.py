@@ -275,3 +275,28 @@ def test_report_draws_the_map_and_tables_and_says_why_when_there_is_no_capture(t
     assert tables["retrieval_top_heads"][0]["layer"] == 1 and len(tables["retrieval_stability"]) == 2
     assert NO_CAPTURE in retrieval_html(base, ReportContext(AnalysisSection()))
     assert NO_CAPTURE in retrieval_markdown(base) and retrieval_tables(base) == []
+
+
+def test_failed_vs_correct_maps_equal_statsmodels_and_find_a_planted_head():
+    """The score map's estimate is statsmodels' OLS coefficient of failed on [1, failed, load, condition]; a head that
+    copies only in correct trials is found (q < 0.05)."""
+    import statsmodels.api as sm
+
+    rng = np.random.default_rng(12)
+    rows, trials = [], []
+    for q in range(10):
+        for cond, load in (("Control", 0), ("Saturation", 20), ("Saturation", 80), ("Residue", 50)):
+            ok = bool(rng.random() < 0.5)
+            trials.append(trial_retrieval(capture(rng, copy_head=(0, 2) if ok else None)))
+            rows.append({"task_id": f"q{q}", "condition": cond, "load": load, "em": float(ok)})
+    sub = pd.DataFrame(rows)
+    res, arrays = retrieval_heads(sub, trials, "m", k=2, n_boot=20)
+    score = next(t for t in res.failed_vs_correct if t.measure.startswith("trial retrieval"))
+    assert score.is_test and (0, 2) in {(h.layer, h.head) for h in score.significant}
+    y = np.stack([t.score for t in trials])[:, 0, 2]
+    X = np.column_stack([np.ones(len(sub)), (sub["em"] < 0.5).astype(float), sub["load"],
+                         (sub["condition"] == "Residue").astype(float), (sub["condition"] == "Saturation").astype(float)])
+    assert arrays[score.estimate_key][0, 2] == pytest.approx(sm.OLS(y, X).fit().params[1], rel=1e-5)
+    assert arrays[score.estimate_key][0, 2] < 0
+    p_ext = next(t for t in res.failed_vs_correct if t.measure.startswith("answer-time"))
+    assert p_ext.n == 30  # Saturation and Residue trials only

@@ -195,7 +195,9 @@ class RetrievalHeads:
         control: Control pooled (None without Control captures); cells: per condition × load.
         stability: each non-Control cell against Control.
         distraction: Control retrieval vs Saturation P_ext across heads, pooled over loads then per load.
-        failed_vs_correct: per head, failed − correct trial retrieval score (at equal condition and load), BH.
+        failed_vs_correct: per head, failed − correct at equal condition and load, BH over the map, one test per
+            measure: the trial's retrieval score, its lookback ratio (trials of every condition) and its answer-time
+            P_ext (Saturation and Residue trials).
         saturation_drop: per head, Saturation − Control retrieval score paired by question, BH and max-T.
         reason: why nothing could be estimated, else None; method: in words.
     """
@@ -207,7 +209,7 @@ class RetrievalHeads:
     cells: tuple[RetrievalCell, ...]
     stability: tuple[RankAgreement, ...]
     distraction: tuple[DistractionLink, ...]
-    failed_vs_correct: HeadMap | None
+    failed_vs_correct: tuple[HeadMap, ...]
     saturation_drop: HeadMap | None
     reason: str | None
     method: str
@@ -384,17 +386,29 @@ def _distraction(load: int | None, ctrl: tuple[pd.DataFrame, list[TrialRetrieval
                    reason=None if lo is not None else "too few questions for a bootstrap interval")
 
 
-def _failed_vs_correct(sub: pd.DataFrame, trials: list[TrialRetrieval], alpha: float, key: str,
-                       arrays: dict[str, np.ndarray]) -> HeadMap:
-    keep = np.array([t.copyable > 0 for t in trials], dtype=bool)
+FAILED_TESTS = (  # (attribute of TrialRetrieval, measure, conditions: None = every condition)
+    ("score", "trial retrieval score per head", None),
+    ("lookback", "lookback ratio per head", None),
+    ("answer_p_ext", "answer-time P_ext per head", ("Saturation", "Residue")),
+)
+
+
+def _failed_vs_correct(sub: pd.DataFrame, trials: list[TrialRetrieval], what: str, measure: str,
+                       conditions: tuple[str, ...] | None, alpha: float, key: str, arrays: dict[str, np.ndarray]
+                       ) -> HeadMap:
+    """Failed − correct per head at equal condition and load, CR2 clustered by question, BH over the map."""
+    values = [np.asarray(getattr(t, what), dtype=float) for t in trials]
+    keep = np.array([bool(np.isfinite(v).any()) for v in values], dtype=bool)
+    if conditions is not None:
+        keep &= sub["condition"].isin(conditions).to_numpy()
     d = sub[keep]
-    y = np.stack([t.score for t, m in zip(trials, keep) if m]) if keep.any() else np.zeros((0, 1, 1))
-    base = HeadMap(measure="trial retrieval score per head", estimand="failed - correct difference in the "
-                   "trial's retrieval score at equal condition and load", n=int(len(d)),
-                   n_questions=int(d["task_id"].nunique()), is_test=False, method="", reason=None,
+    y = np.stack([v for v, m in zip(values, keep) if m]) if keep.any() else np.zeros((0, 1, 1))
+    where = "Saturation and Residue trials" if conditions else "trials of every condition"
+    base = HeadMap(measure=measure, estimand=f"failed - correct difference at equal condition and load ({where})",
+                   n=int(len(d)), n_questions=int(d["task_id"].nunique()), is_test=False, method="", reason=None,
                    estimate_key=f"{key}_estimate", q_key=f"{key}_q", p_max_t_key=None, significant=())
     if len(d) < 3:
-        return replace(base, reason=f"{len(d)} trial(s) with a copyable token; need 3")
+        return replace(base, reason=f"{len(d)} trial(s) with a value ({where}); need 3")
     conds = sorted(set(d["condition"]))
     dummies = np.column_stack([(d["condition"] == c).to_numpy(dtype=float) for c in conds[1:]]) if len(conds) > 1 \
         else None
@@ -464,7 +478,7 @@ def retrieval_heads(sub: pd.DataFrame, trials: list[TrialRetrieval], model: str,
     """
     arrays: dict[str, np.ndarray] = {}
     out = RetrievalHeads(model=model, top_k=k, n_trials=len(trials), control=None, cells=(), stability=(),
-                         distraction=(), failed_vs_correct=None, saturation_drop=None, reason=None, method=METHOD)
+                         distraction=(), failed_vs_correct=(), saturation_drop=None, reason=None, method=METHOD)
     if not trials:
         return replace(out, reason="no probe record of this model holds an answer capture"), arrays
     shapes = {t.copied.shape for t in trials}
@@ -496,7 +510,8 @@ def retrieval_heads(sub: pd.DataFrame, trials: list[TrialRetrieval], model: str,
             distraction.append(_distraction(key_int(load), ctrl, part(is_sat & (sub["load"] == load).to_numpy()), k,
                                             alpha, n_boot, rng))
         saturation_drop = _saturation_drop(ctrl, sat, alpha, seed, f"{key}_drop", arrays)
-    fvc = _failed_vs_correct(sub, trials, alpha, f"{key}_fvc", arrays)
+    fvc = tuple(_failed_vs_correct(sub, trials, what, measure, conds, alpha, f"{key}_fvc{i}", arrays)
+                for i, (what, measure, conds) in enumerate(FAILED_TESTS))
     return replace(out, control=control, cells=tuple(cells), stability=tuple(stability),
                    distraction=tuple(distraction), failed_vs_correct=fvc, saturation_drop=saturation_drop), arrays
 

@@ -124,8 +124,9 @@ def retrieval_html(result: IceResult, ctx: ReportContext) -> str:
                          "Saturation? (across heads)</h3>"
                          + table(["Saturation load", "Spearman ρ", "95% CI", "Pearson r", f"P_ext top {r.top_k}",
                                   "P_ext other heads", "questions", "note"], dist, left=1))
-        rows = _test_rows(r, r.failed_vs_correct, alpha) + _test_rows(r, r.saturation_drop, alpha)
-        notes = "; ".join(x for x in (_test_note(r, r.failed_vs_correct), _test_note(r, r.saturation_drop)) if x)
+        tests = (*r.failed_vs_correct, r.saturation_drop)
+        rows = [row for t in tests for row in _test_rows(r, t, alpha)]
+        notes = "; ".join(x for x in (_test_note(r, t) for t in tests) if x)
         parts.append(f"<h3>{esc(r.model)}: per-head tests (BH over the layer × head map; max-T family-wise)</h3>"
                      f'<p class="note">{esc(notes)}.</p>'
                      + (table(["model", "test", "head", "estimate", "p", "q (BH)", "p (max-T)"], rows, left=3) if rows
@@ -158,7 +159,7 @@ def retrieval_tables(result: IceResult) -> list[tuple[str, Rows]]:
            for row in rows_of(c.top, model=r.model, condition=c.condition, load=c.load)]
     if not result.retrieval:
         return []
-    tests = [row for r in result.retrieval for t in (r.failed_vs_correct, r.saturation_drop) if t is not None
+    tests = [row for r in result.retrieval for t in (*r.failed_vs_correct, r.saturation_drop) if t is not None
              for row in rows_of(t.significant, model=r.model, test=t.measure)]
     return [("retrieval_top_heads", top),
             ("retrieval_stability", [row for r in result.retrieval for row in rows_of(r.stability, model=r.model)]),
