@@ -295,7 +295,8 @@ def test_failed_vs_correct_maps_equal_statsmodels_and_find_a_planted_head():
     assert score.is_test and (0, 2) in {(h.layer, h.head) for h in score.significant}
     y = np.stack([t.score for t in trials])[:, 0, 2]
     X = np.column_stack([np.ones(len(sub)), (sub["em"] < 0.5).astype(float), sub["load"],
-                         (sub["condition"] == "Residue").astype(float), (sub["condition"] == "Saturation").astype(float)])
+                         (sub["condition"] == "Residue").astype(float),
+                         (sub["condition"] == "Saturation").astype(float)])
     assert arrays[score.estimate_key][0, 2] == pytest.approx(sm.OLS(y, X).fit().params[1], rel=1e-5)
     assert arrays[score.estimate_key][0, 2] < 0
     p_ext = next(t for t in res.failed_vs_correct if t.measure.startswith("answer-time"))

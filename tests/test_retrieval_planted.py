@@ -3,7 +3,7 @@ that key's token to the output, so that greedy decoding recites the germane segm
 as the top retrieval head, and a random-weight model must show no head above chance.
 
 The answer capture is built here from an eager forward (``output_attentions``) over prompt + answer, row t being
-the query that produced token t (docs/probes.md#attention-while-the-answer-is-written)."""
+the query that produced token t (docs/probes.md#retrieval-heads)."""
 
 from __future__ import annotations
 

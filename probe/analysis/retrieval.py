@@ -50,7 +50,8 @@ from probe.analysis import inference as inf
 from probe.analysis.estimates import finite, key_int
 from probe.analysis.max_t import max_t_sign_flip
 from probe.attention.answer import AnswerAttention
-from probe.attention.retrieval import TrialRetrieval, chance_score, copy_events, pooled_score, top_heads, trial_retrieval
+from probe.attention.retrieval import (TrialRetrieval, chance_score, copy_events, pooled_score, top_heads,
+                                      trial_retrieval)
 from probe.runfolder import RunFolder
 
 log = logging.getLogger(__name__)
