@@ -8,6 +8,7 @@ argparse's usage message and exit status 2, as a :class:`~probe.errors.ProbeErro
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import sys
@@ -65,35 +66,39 @@ def _load(args: argparse.Namespace) -> ExperimentConfig:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from probe.loading import get_card
-
-    from probe.backends.openai import check_probe_supported
-
-    from probe.runner import check_interventions_supported
+    """Check an experiment as far as it can be checked without loading a model: the file, the model cards and
+    their weights (packages, GGUF files, folders), probes and interventions against the cards, the generation
+    budget against each context window, every task file, and a separate probe run named by ``heads.from``."""
+    from probe.runner import check_inputs
 
     cfg = _load(args)
-    cards = []
-    for m in cfg.experiment.models:
-        card = get_card(m)
-        cards.append(card)
-        if cfg.probe.enabled:
-            check_probe_supported(card)
-    check_interventions_supported(cfg, cards)
+    cards, tasks = check_inputs(cfg)
     for iv in cfg.interventions:
         heads = iv.heads
         if not isinstance(heads, (str, tuple)) and not Path(heads.from_run).is_dir():
             raise ProbeError(f"{args.experiment}: interventions {iv.name!r}: heads.from = {heads.from_run!r} is not a "
                              "run folder; run the selection experiment first (probe.enabled = true)")
-    print(f"{args.experiment}: ok ({len(cfg.tasks)} task source(s), models: {', '.join(cfg.experiment.models)})")
+    print(f"{args.experiment}: ok ({len(cfg.tasks)} task source(s), {len(tasks)} tasks, models: "
+          f"{', '.join(c.name for c in cards)})")
+    for c in cards:
+        if c.is_local and c.source == "hub":
+            print(f"  {c.name}: weights not checked (hub id {c.hub_id}, downloaded on first load; `probe models` "
+                  "says whether they are cached here)")
+        elif not c.is_local:
+            print(f"  {c.name}: served at {c.base_url}; the server is not contacted (`probe models` probes it)")
     return 0
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from probe.runner import build_run_prompts, prepare_run_dir
+    from probe.runfolder import RunLock
+    from probe.runner import build_run_prompts, check_inputs, check_run_dir, prepare_run_dir
 
     cfg = _load(args)
-    prepare_run_dir(cfg, force=args.force)
-    by_model = build_run_prompts(cfg, progress=not args.quiet)
+    _, tasks = check_inputs(cfg, generating=False)  # bad input stops the build before anything is written
+    check_run_dir(cfg, force=args.force)
+    with RunLock(cfg.run_folder):
+        prepare_run_dir(cfg, force=args.force)
+        by_model = build_run_prompts(cfg, progress=not args.quiet, tasks=tasks)
     n = len({p.prompt_id for ps in by_model.values() for p in ps})
     print(f"{n} prompts in {cfg.run_folder.prompts}")
     return 0
@@ -119,7 +124,9 @@ def _dp_rank() -> tuple[int, int]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from probe.runner import build_run_prompts, merge_shards, prepare_run_dir, run_experiment
+    from probe.runfolder import RunLock
+    from probe.runner import (build_run_prompts, check_inputs, check_run_dir, merge_shards, prepare_run_dir,
+                              run_experiment)
 
     cfg = _load(args)
     rank, world = _dp_rank()
@@ -128,8 +135,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         state = PartialState(cpu=not _cuda())
         if rank == 0:  # one process writes the config and the prompts; the others wait and reuse them
-            prepare_run_dir(cfg, force=args.force)
-            build_run_prompts(cfg, progress=not args.quiet)
+            _, tasks = check_inputs(cfg)
+            check_run_dir(cfg, force=args.force)
+            with RunLock(cfg.run_folder):
+                prepare_run_dir(cfg, force=args.force)
+                build_run_prompts(cfg, progress=not args.quiet, tasks=tasks)
         state.wait_for_everyone()
         run_experiment(cfg, progress=not args.quiet and rank == 0, force=args.force, rank=rank, world=world,
                        device=f"cuda:{state.local_process_index}" if _cuda() else "cpu")
@@ -218,12 +228,23 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from probe.loading import availability, list_cards
+    from concurrent.futures import ThreadPoolExecutor
 
+    from probe.loading import availability, list_cards, served_reachability
+
+    cards = list_cards()
+    served = [c for c in cards if not c.is_local]
+    with ThreadPoolExecutor(max_workers=8) as pool:  # a short probe of each server's URL, all at once
+        reach = dict(zip([c.name for c in served], pool.map(served_reachability, served)))
     rows = []
-    for c in list_cards():
+    for c in cards:
         ok, why = availability(c)
-        rows.append((c.name, c.backend, "yes" if ok else "no", why))
+        if c.is_local or not ok:
+            rows.append((c.name, c.backend, "yes" if ok else "no", why))
+        else:
+            state = reach[c.name]
+            rows.append((c.name, c.backend, "yes" if state == "reachable" else state.split(" (")[0],
+                         f"{why}: {state}"))
     w = [max(len(r[i]) for r in rows + [("model", "backend", "loadable", "")]) for i in range(3)]
     print(f"{'model':<{w[0]}}  {'backend':<{w[1]}}  {'loadable':<{w[2]}}  where")
     for r in rows:
@@ -290,7 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--models", help="comma-separated model card names, replacing experiment.models")
         sp.add_argument("--output-dir", help="parent folder of run folders (default outputs)")
         sp.add_argument("--replications", type=positive_int, help="replications per (task, condition, load)")
-        sp.add_argument("--force", action="store_true", help="overwrite a run folder's differing config")
+        sp.add_argument("--force", action="store_true",
+                        help="start the run over when the folder holds records of another configuration (they are "
+                             "moved into <run>/superseded-<time>/)")
         sp.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
 
     sp = sub.add_parser("validate", help="check an experiment file without loading a model")
@@ -299,7 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("build", help=f"build the prompts (outputs/<name>/{runfolder.PROMPTS})")
     exp_args(sp)
     sp.set_defaults(fn=cmd_build)
-    sp = sub.add_parser("run", help="build prompts and run every model (resumable)")
+    sp = sub.add_parser("run", help="build prompts and run every model (resumable; one process per run folder at a "
+                                    "time, a second stops naming the first's pid)")
     exp_args(sp)
     sp.add_argument("--batch-size", type=positive_int, help="prompts generated together")
     sp.add_argument("--max-new-tokens", type=positive_int, help="generation limit in tokens")
@@ -357,6 +381,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+_WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.EFBIG}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
@@ -366,6 +393,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ProbeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a full disk, a read-only folder: records are appended or renamed whole, none is lost
+        if e.errno not in _WRITE_ERRORS:
+            raise
+        where = f" {e.filename}" if e.filename else ""
+        print(f"error: writing or reading{where} failed: {e.strerror or e}. Nothing already recorded is lost (every "
+              "record is appended whole or written under a temporary name and renamed); free space or fix the "
+              "folder's permissions, then run the same command again to finish", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -35,6 +35,16 @@ class ExperimentSection:
             raise ConfigError(f"experiment.name: {self.name!r} must be a non-empty folder name without '/'")
         if not self.models:
             raise ConfigError("experiment.models: give at least one model card name (see `probe models`)")
+        _refuse_repeats("experiment.models", self.models)
+
+
+def _refuse_repeats(field_name: str, values: tuple[Any, ...]) -> None:
+    """A list setting that names a value twice would be run (or dropped) silently; refuse it naming the value."""
+    seen: set[Any] = set()
+    for v in values:
+        if v in seen:
+            raise ConfigError(f"{field_name}: {v!r} is listed twice; list each value once")
+        seen.add(v)
 
 
 @dataclass(frozen=True)
@@ -47,12 +57,20 @@ class IceSection:
     instruction: str | None = None  # None: the default step-by-step + \boxed{} instruction
 
     def __post_init__(self) -> None:
+        if not self.conditions:
+            raise ConfigError(f"ice.conditions: empty, which builds no prompt; list some of {', '.join(CONDITIONS)}")
         for c in self.conditions:
             if c not in CONDITIONS:
                 raise ConfigError(f"ice.conditions: {c!r} is not one of {', '.join(CONDITIONS)}")
+        _refuse_repeats("ice.conditions", self.conditions)
+        if not self.loads and set(self.conditions) != {"Control"}:
+            loaded = ", ".join(c for c in self.conditions if c != "Control")
+            raise ConfigError(f"ice.loads: empty, which drops every prompt of {loaded}; give at least one load in "
+                              "percent (e.g. [20, 50, 80]), or keep only \"Control\" in ice.conditions")
         for ld in self.loads:
             if not 0 < ld < 100:
                 raise ConfigError(f"ice.loads: {ld} must be a percentage strictly between 0 and 100")
+        _refuse_repeats("ice.loads", self.loads)
         if self.replications < 1:
             raise ConfigError(f"ice.replications: {self.replications} must be >= 1")
         if self.distractor_strategy not in ("random", "stratified"):
@@ -71,8 +89,11 @@ class GenerationSection:
             raise ConfigError(f"generation.max_new_tokens: {self.max_new_tokens} must be >= 1")
         if self.batch_size < 1:
             raise ConfigError(f"generation.batch_size: {self.batch_size} must be >= 1")
-        if self.temperature < 0:
-            raise ConfigError(f"generation.temperature: {self.temperature} must be >= 0")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ConfigError(f"generation.temperature: {self.temperature} must be a finite number >= 0 "
+                              "(0: greedy decoding)")
+        if not (math.isfinite(self.top_p) and 0 < self.top_p <= 1):
+            raise ConfigError(f"generation.top_p: {self.top_p} must lie in (0, 1] (1: no nucleus cut)")
 
 
 @dataclass(frozen=True)
@@ -308,10 +329,11 @@ def _build(cls: type, data: Any, where: str) -> Any:
     kwargs: dict[str, Any] = {}
     for k, v in data.items():
         kwargs[k] = _coerce(hints[k], v, f"{where}.{k}")
-    try:
-        return cls(**kwargs)
-    except TypeError as e:  # a required key is missing
-        raise ConfigError(f"{where}: {e}") from None
+    missing = [f.name for f in fields(cls) if f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING and f.name not in data]
+    if missing:
+        raise ConfigError(f"{where}: missing key(s) {', '.join(missing)}")
+    return cls(**kwargs)
 
 
 def _coerce(tp: Any, v: Any, where: str) -> Any:
@@ -349,7 +371,7 @@ def config_from_dict(data: dict[str, Any], where: str = "<config>") -> Experimen
     try:
         cfg = ExperimentConfig(
             experiment=_build(ExperimentSection, data["experiment"], f"{where}: experiment"),
-            tasks=tuple(_build(TaskSection, t, f"{where}: tasks[{i}]") for i, t in enumerate(raw_tasks)),
+            tasks=tuple(_task_section(t, i, where) for i, t in enumerate(raw_tasks)),
             ice=_build(IceSection, data.get("ice", {}), f"{where}: ice"),
             generation=_build(GenerationSection, data.get("generation", {}), f"{where}: generation"),
             probe=_build(ProbeSection, data.get("probe", {}), f"{where}: probe"),
@@ -363,6 +385,24 @@ def config_from_dict(data: dict[str, Any], where: str = "<config>") -> Experimen
         msg = str(e)
         raise ConfigError(msg if msg.startswith(where) else f"{where}: {msg}") from None
     return cfg
+
+
+def _task_section(raw: Any, i: int, where: str) -> TaskSection:
+    """One ``[[tasks]]`` table; an error names the table by its index and source (``tasks[1].n (source ...)``)."""
+    try:
+        section: TaskSection = _build(TaskSection, raw, f"{where}: tasks[{i}]")
+        return section
+    except ConfigError as e:
+        inner = str(e)
+        if inner.startswith(f"{where}: "):
+            inner = inner[len(where) + 2:]
+        source = raw.get("source") if isinstance(raw, dict) else None
+        label = f"source {source!r}" if source is not None else "no source"
+        m = re.match(r"tasks(?:\[\d+\])?\.(\w+): (.*)", inner, re.S)
+        if m:
+            raise ConfigError(f"{where}: tasks[{i}].{m.group(1)} ({label}): {m.group(2)}") from None
+        inner = re.sub(r"^tasks\[\d+\]: ", "", inner)
+        raise ConfigError(f"{where}: tasks[{i}] ({label}): {inner}") from None
 
 
 def _check_intervention_names(sections: tuple[InterventionSection, ...]) -> None:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from probe.config import (INTERVENTION_KEYS, INTERVENTION_KINDS, INTERVENTION_QUERIES, ExperimentConfig,
                           InterventionSection, LayerWindow, TopHeads)
 from probe.errors import ConfigError, ProbeError
-from probe.runfolder import RunFolder
+from probe.runfolder import RunFolder, write_atomic
 from probe.types import Prompt
 
 if TYPE_CHECKING:
@@ -413,10 +413,7 @@ def write_interventions(run: str | Path | RunFolder, model: str, resolved: Seque
     path = RunFolder(run).interventions
     entries = [e for e in read_interventions(run) if e.get("model") != model]
     entries += [r.to_dict(model) for r in resolved]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(entries, indent=2, ensure_ascii=False), encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return write_atomic(path, json.dumps(entries, indent=2, ensure_ascii=False))
 
 
 class InterventionsFileError(ConfigError):

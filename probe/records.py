@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from probe.errors import ProbeError, SpanError
-from probe.runfolder import RunFolder
+from probe.runfolder import RunFolder, file_mode
 from probe.types import Gold, Prompt, family_of_old_record
 
 log = logging.getLogger(__name__)
@@ -102,15 +102,22 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     path = Path(path)
     if not path.exists():
         return
-    with path.open("r", encoding="utf-8") as fh:
-        lines = fh.readlines()
-    for i, line in enumerate(lines, 1):
+    lines = path.read_bytes().splitlines(keepends=True)
+    for i, raw in enumerate(lines, 1):
+        partial = i == len(lines) and not raw.endswith(b"\n")  # a crash mid-write (maybe mid-character)
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            if partial:
+                log.warning("%s:%d: ignoring a half-written last line (interrupted run)", path, i)
+                continue
+            raise _damaged(path, i, f"not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1})") from None
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            if i == len(lines) and not line.endswith("\n"):
+            if partial:
                 log.warning("%s:%d: ignoring a half-written last line (interrupted run)", path, i)
                 continue
             raise _damaged(path, i, f"not valid JSON ({e.msg} at column {e.colno})") from None
@@ -136,7 +143,8 @@ def append_jsonl(path: Path, rows: Iterable[dict]) -> int:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     _drop_partial_last_line(path)
-    with path.open("a", encoding="utf-8") as fh:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, file_mode())
+    with os.fdopen(fd, "a", encoding="utf-8") as fh:
         for r in rows:
             fh.write(json.dumps(r, ensure_ascii=False) + "\n")
         fh.flush()
@@ -153,10 +161,14 @@ def write_jsonl(path: Path, rows: Iterable[dict]) -> int:
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     tmp.unlink(missing_ok=True)
-    n = append_jsonl(tmp, rows)
-    if n == 0:
-        tmp.write_text("", encoding="utf-8")
-    tmp.replace(path)
+    try:
+        n = append_jsonl(tmp, rows)
+        if n == 0:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, file_mode()))
+        tmp.replace(path)
+    except BaseException:  # a full disk, Ctrl-C: the old file stays, and no temporary one
+        tmp.unlink(missing_ok=True)
+        raise
     return n
 
 
@@ -173,18 +185,40 @@ def _drop_partial_last_line(path: Path) -> None:
         fh.truncate(keep)
 
 
+class DuplicateTrialError(RecordError):
+    """A trial recorded twice without a backend error in between (two runs wrote into one folder at once)."""
+
+
 def load_trials(path: Path) -> list[TrialRecord]:
-    """Trial records of a file, last record of each trial_id winning (an error later retried successfully).
+    """Trial records of a file; a trial that failed in a backend (``error``) and was retried later is replaced by
+    the retry.
 
     Raises:
         RecordError: a line is not valid JSON, or not a trial record (a required field missing or of a wrong kind).
+        DuplicateTrialError: a trial recorded without an error is recorded again (two runs wrote into the folder
+            at once): the message names the file, the lines and how many trials, and says what to do.
     """
     by_id: dict[str, TrialRecord] = {}
+    first_line: dict[str, int] = {}
+    doubled: list[tuple[str, int, int]] = []
     for line, d in iter_jsonl(path):
         missing = [k for k in _REQUIRED_TRIAL_FIELDS if k not in d]
         if missing:
             raise _damaged(Path(path), line, f"not a trial record (missing {', '.join(missing)})")
-        by_id[d["trial_id"]] = TrialRecord.from_dict(d)
+        record = TrialRecord.from_dict(d)
+        old = by_id.get(record.trial_id)
+        if old is not None and old.error is None:
+            doubled.append((record.trial_id, first_line[record.trial_id], line))
+            continue
+        by_id[record.trial_id] = record
+        first_line[record.trial_id] = line
+    if doubled:
+        tid, first, again = doubled[0]
+        raise DuplicateTrialError(
+            f"{path}:{again}: trial {tid!r} is recorded again (first on line {first}); {len(doubled)} trial(s) are "
+            "recorded twice, as when two runs write into one folder at once. Their records may differ, so none is "
+            "chosen silently: keep one line per trial id (e.g. delete the later copies) and analyse again"
+        )
     return list(by_id.values())
 
 
@@ -209,8 +243,8 @@ def done_trial_ids(path: Path) -> set[str]:
     return {t.trial_id for t in load_trials(path) if t.error is None}
 
 
-__all__ = ["RecordError", "TrialRecord", "append_jsonl", "done_trial_ids", "iter_jsonl", "load_prompts",
-           "load_trials", "make_trial_id", "read_jsonl", "write_jsonl"]
+__all__ = ["DuplicateTrialError", "RecordError", "TrialRecord", "append_jsonl", "done_trial_ids", "iter_jsonl",
+           "load_prompts", "load_trials", "make_trial_id", "read_jsonl", "write_jsonl"]
 
 
 def check_records(run: str | Path | RunFolder) -> None:

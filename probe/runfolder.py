@@ -13,6 +13,8 @@ A run of an experiment lives in ``outputs/<name>/``; this module is the only pla
     analysis.json, analysis.md, attention_summary.npz, tables/*.csv     probe analyze
     report.html, figures/*.png                                          probe report
     show/<model>/<stem>[.L<layer>][.H<head>].html                       probe show (one prompt's attention)
+    run.lock                  locked (flock) by the one probe run / probe build writing the folder; holds its pid
+    superseded-<time>/        the records of an earlier configuration, moved aside by ``probe run --force``
 
 **Prompt ids.** ``<task_id>|<condition>|L<load>|r<replication>``, plus ``|@<tokenizer>`` when an experiment builds
 prompts for several tokenizers. Free-text parts (task id, condition, tokenizer) are percent-escaped where they hold
@@ -26,11 +28,16 @@ only ever computed from ids (never parsed back), so the writer and every reader 
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import logging
 import re
+import time
 from dataclasses import dataclass
 import os
 from pathlib import Path
+from types import TracebackType
+from typing import IO
 from urllib.parse import quote, unquote
 
 from probe.errors import ProbeError
@@ -48,11 +55,17 @@ ATTENTION_DIR = "attention"
 FIGURES_DIR = "figures"
 TABLES_DIR = "tables"
 SHOW_DIR = "show"
+LOCK = "run.lock"
+SUPERSEDED_PREFIX = "superseded-"
+FILE_MODE = 0o666  # every file of a run folder, less the umask (as open() makes): records, config, probe records
 
 SEPARATOR = "|"
 MAX_STEM = 160  # bytes; file systems allow 255 per name, leaving room for suffixes and temporary names
 _SHARD = re.compile(r"^trials\.rank(\d+)\.jsonl$")
 _STEM_SAFE = "-_.,=+@"
+
+
+log = logging.getLogger(__name__)
 
 
 class PromptIdError(ProbeError):
@@ -244,5 +257,140 @@ class RunFolder:
         return self.attention_root.is_dir() and any(self.attention_root.rglob("*.npz"))
 
 
-__all__ = ["PromptIdError", "PromptKey", "RunFolder", "escape_part", "make_prompt_id", "parse_prompt_id",
-           "record_stem", "stem_name", "unescape_part"]
+    @property
+    def lock(self) -> Path:
+        """The lock file of the one process writing the folder (:class:`RunLock`)."""
+        return self.root / LOCK
+
+    def record_paths(self) -> list[Path]:
+        """The records of a run present in the folder: prompts, trials and shards, interventions, probe records
+        (not the config, the manifest, what the analysis and report wrote, or superseded runs)."""
+        if not self.root.is_dir():
+            return []
+        paths = [p for p in (self.prompts, self.interventions) if p.is_file()] + self.trial_files()
+        if self.attention_root.is_dir():
+            paths += sorted(self.attention_root.rglob("*.npz"))
+        return [p for p in paths if p.stat().st_size > 0]
+
+    def supersede(self) -> Path | None:
+        """Move every file and folder of the run (all but the lock and earlier superseded runs) into a new
+        ``superseded-<time>/`` folder of the run folder; returns it (None when there was nothing to move)."""
+        if not self.root.is_dir():
+            return None
+        items = [p for p in sorted(self.root.iterdir())
+                 if p.name != LOCK and not p.name.startswith(SUPERSEDED_PREFIX)]
+        if not items:
+            return None
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        dest = self.root / f"{SUPERSEDED_PREFIX}{stamp}"
+        n = 1
+        while dest.exists():
+            n += 1
+            dest = self.root / f"{SUPERSEDED_PREFIX}{stamp}-{n}"
+        dest.mkdir()
+        for p in items:
+            p.rename(dest / p.name)
+        return dest
+
+
+class RunLockedError(ProbeError):
+    """Another process (named by its pid) is writing the run folder."""
+
+
+class RunLock:
+    """An exclusive lock on a run folder for the one process that writes it (``probe run``, ``probe build``).
+
+    ``fcntl.flock`` on ``<run>/run.lock``, taken without waiting: a second process stops at once with
+    :class:`RunLockedError` naming the holder's pid (written into the file), rather than waiting behind a run
+    that may take hours. The kernel releases the lock when its holder ends, however it ends (a crash, kill -9),
+    so a stale lock file never blocks a rerun. Where ``fcntl`` does not exist (Windows) no lock is taken.
+
+    Args:
+        run: the run folder (created when absent).
+    """
+
+    def __init__(self, run: str | os.PathLike[str] | RunFolder) -> None:
+        self.folder = run if isinstance(run, RunFolder) else RunFolder(run)
+        self._fh: IO[str] | None = None
+
+    def acquire(self) -> None:
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not a POSIX system
+            log.warning("%s: no file locking on this system; do not start two runs into one folder", self.folder)
+            return
+        self.folder.root.mkdir(parents=True, exist_ok=True)
+        fh = open(self.folder.lock, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                fh.close()
+                raise
+            fh.seek(0)
+            holder = fh.read().strip() or "unknown"
+            fh.close()
+            raise RunLockedError(
+                f"{self.folder.root}: another `probe run` / `probe build` (pid {holder}) is writing this run folder; "
+                "wait for it to finish (or stop it), then run the command again. Two runs into one folder would "
+                "record every trial twice"
+            ) from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"{os.getpid()}\n")
+        fh.flush()
+        self._fh = fh
+
+    def release(self) -> None:
+        if self._fh is not None:  # the file stays: removing it would race with a process about to lock it
+            self._fh.close()
+            self._fh = None
+
+    def __enter__(self) -> "RunLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.release()
+
+
+def file_mode() -> int:
+    """The mode every file of a run folder is written with: :data:`FILE_MODE` less the process's umask."""
+    global _MODE
+    if _MODE is None:
+        mask = os.umask(0)
+        os.umask(mask)
+        _MODE = FILE_MODE & ~mask
+    return _MODE
+
+
+_MODE: int | None = None
+
+
+def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> Path:
+    """Write ``path`` whole under a temporary name in its folder, fsynced, then renamed into place (mode
+    :data:`FILE_MODE` less the umask): a reader sees the old file or the new, and a failure (a full disk) leaves
+    the old file and no temporary one.
+
+    Raises:
+        OSError: the write failed (the temporary file is removed first).
+    """
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, file_mode())
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(raw)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+__all__ = ["PromptIdError", "PromptKey", "RunFolder", "RunLock", "RunLockedError", "escape_part", "make_prompt_id",
+           "parse_prompt_id", "record_stem", "stem_name", "unescape_part", "file_mode", "write_atomic"]

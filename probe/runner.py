@@ -4,8 +4,10 @@ The runner writes a run folder; :class:`probe.runfolder.RunFolder` names every f
 the manifest, the prompts, the trials and their data-parallel shards, one attention record per model and prompt).
 Every write is an fsynced append or an atomic rename, so a run stopped at any point (crash, Ctrl-C) is finished by
 running the same command again: trials already recorded are not redone, none is recorded twice, and a trial that
-failed in a backend (API error) is retried. Before it writes anything, a run reads the records already in the
-folder: a damaged line stops it (:class:`probe.records.RecordError`) with the folder as it was.
+failed in a backend (API error) is retried. Before it writes anything, a run checks its inputs (:func:`check_inputs`)
+and reads the records already in the folder: bad input or a damaged line (:class:`probe.records.RecordError`) stops
+it with the folder as it was. One process writes a folder at a time (:class:`probe.runfolder.RunLock`); a folder
+holds the records of one configuration (:func:`prepare_run_dir`: ``--force`` moves an earlier run aside).
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ from __future__ import annotations
 import json
 import logging
 import platform
-import shutil
 import subprocess
 import sys
 import time
+import zipfile
 from functools import partial
 from importlib import metadata
 from pathlib import Path
@@ -29,9 +31,9 @@ from probe.interventions import ResolvedIntervention, resolve_interventions, wri
 from probe.errors import ConfigError
 from probe.loading import ModelCard, get_card, load_tokenizer
 from probe.prompts.builder import IceBuilder
-from probe.records import (TrialRecord, append_jsonl, check_records, load_prompts, load_trials, make_trial_id,
-                           write_jsonl)
-from probe.runfolder import RunFolder
+from probe.records import (RecordError, TrialRecord, append_jsonl, check_records, load_prompts, load_trials,
+                           make_trial_id, write_jsonl)
+from probe.runfolder import RunFolder, RunLock, write_atomic
 from probe.tasks import get_family, get_source, load_section
 from probe.types import Prompt, Task
 
@@ -42,38 +44,120 @@ log = logging.getLogger(__name__)
 # Run folder: config, manifest, prompts
 
 
+# What does not determine a record: where the folder lies and what it is called (a copied folder resumes), and
+# settings read only by the analysis. ``generation.batch_size`` is a speed setting under greedy decoding (batched
+# generation gives the records of one prompt at a time); a sampled run draws per batch, so there it counts.
+NOT_RECORD_KEYS: tuple[str, ...] = ("experiment.name", "experiment.output_dir", "analysis.brittle_em",
+                                    "analysis.confound_rate", "analysis.alpha", "analysis.n_bootstrap")
+GREEDY_ONLY_KEYS: tuple[str, ...] = ("generation.batch_size",)
+
+
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested tables as ``section.key`` (lists of tables as ``tasks[0].n``) -> value."""
+    out: dict[str, Any] = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+    elif isinstance(d, list) and d and all(isinstance(x, dict) for x in d):
+        for i, v in enumerate(d):
+            out.update(_flat(v, f"{prefix}[{i}]"))
+    else:
+        out[prefix] = d
+    return out
+
+
+def record_differences(old: ExperimentConfig, new: ExperimentConfig) -> list[str]:
+    """The settings that determine a run's records and differ between two configs, as ``key: old -> new``.
+
+    Left out: :data:`NOT_RECORD_KEYS`, and under greedy decoding (both configs) :data:`GREEDY_ONLY_KEYS`.
+    """
+    a, b = _flat(old.to_dict()), _flat(new.to_dict())
+    ignored = set(NOT_RECORD_KEYS)
+    if old.generation.temperature == 0 and new.generation.temperature == 0:
+        ignored |= set(GREEDY_ONLY_KEYS)
+
+    def show(d: dict[str, Any], key: str) -> str:
+        return repr(d[key]) if key in d else "(unset)"
+
+    return [f"{key}: {show(a, key)} -> {show(b, key)}" for key in sorted(set(a) | set(b))
+            if key not in ignored and a.get(key) != b.get(key)]
+
+
+def check_run_dir(cfg: ExperimentConfig, force: bool = False) -> list[str]:
+    """What :func:`prepare_run_dir` would refuse, checked without writing anything.
+
+    Returns:
+        The record-determining settings that differ from the folder's config ([] when the folder is new, holds
+        the same experiment, or holds no record yet).
+
+    Raises:
+        RecordError: a record file of the folder holds a damaged line (unless ``force`` starts a run of another
+            configuration over, which moves the file aside as it is).
+        ConfigError: the folder holds records of a different configuration, or a config that cannot be read,
+            and ``force`` is not given; the message names the keys that differ.
+    """
+    run = cfg.run_folder
+    damaged: RecordError | None = None
+    try:
+        check_records(run)
+    except RecordError as e:
+        damaged = e
+    if not run.config.exists():
+        if damaged is not None:
+            raise damaged
+        return []
+    has_records = bool(run.record_paths())
+    try:
+        old = read_run_config(run)
+    except ConfigError:
+        if force or not has_records:
+            return ["config.toml (unreadable)"]
+        raise
+    diffs = record_differences(old, cfg) if old is not None else []
+    if damaged is not None and not (force and diffs):  # a run started over moves the damaged file aside too
+        raise damaged
+    if diffs and has_records and not force:
+        raise ConfigError(
+            f"{run.config}: this run folder holds records of a different configuration ({'; '.join(diffs)}); "
+            "resuming would mix them. Give the experiment a new name (--name), or pass --force to move the old "
+            f"records aside into {run.root / 'superseded-<time>'}/ and start the run over."
+        )
+    return diffs
+
+
 def prepare_run_dir(cfg: ExperimentConfig, force: bool = False) -> Path:
     """Check the run folder's records and config, then create it and write the resolved config.
 
-    Nothing is written when the folder holds a damaged record file or a different config.
+    Nothing is written when the folder holds a damaged record file or records of a different configuration.
+    A folder with a config but no record yet (a build that failed) takes the new config without ``force``.
+    With ``force`` and a different configuration, every file of the earlier run is moved into
+    ``<run>/superseded-<time>/`` first (logged at WARNING), so the folder never holds records of another
+    configuration than its config's. Settings that determine no record (:data:`NOT_RECORD_KEYS`) may change
+    freely: the config is rewritten with the new values and the records are kept (a copied folder resumes).
 
     Args:
         cfg: the experiment.
-        force: overwrite a config that differs (or cannot be read) instead of refusing.
+        force: start the run over when its configuration differs (or the config cannot be read).
 
     Returns:
         The run folder's path.
 
     Raises:
         RecordError: a record file of the folder holds a damaged line.
-        ConfigError: the folder holds a run of a different configuration, or a config that cannot be read
-            (without ``force``).
+        ConfigError: the folder holds records of a different configuration, or a config that cannot be read
+            (without ``force``); the message names the settings that differ.
     """
     run = cfg.run_folder
-    check_records(run)
+    diffs = check_run_dir(cfg, force)
+    if diffs and force:
+        moved = run.supersede()
+        if moved is not None:
+            log.warning("%s: --force with a different configuration (%s): the earlier run's files are moved to %s; "
+                        "the run starts over", run.root, "; ".join(diffs), moved)
     text = dump_config(cfg)
-    if run.config.exists() and not force:
-        old = read_run_config(run)
-        if old != cfg:
-            raise ConfigError(
-                f"{run.config}: this run folder holds a run of a different configuration; resuming would mix them. "
-                f"Give the experiment a new name, delete the folder, or pass --force to overwrite the config."
-            )
     run.root.mkdir(parents=True, exist_ok=True)
     if not run.config.is_file() or run.config.read_bytes() != text.encode("utf-8"):
-        tmp = run.config.with_name(run.config.name + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(run.config)
+        write_atomic(run.config, text)
     return run.root
 
 
@@ -109,10 +193,7 @@ def write_manifest(run: str | Path | RunFolder, cfg: ExperimentConfig, cards: Se
                    for c in cards},
         "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    path = RunFolder(run).manifest
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False), encoding="utf-8")
-    tmp.replace(path)
+    write_atomic(RunFolder(run).manifest, json.dumps(manifest, indent=2, ensure_ascii=False))
 
 
 def load_all_tasks(cfg: ExperimentConfig) -> list[Task]:
@@ -328,7 +409,11 @@ def _run_arm(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], tas
     pending = [p for p in mine if make_trial_id(model, p.prompt_id, name) not in done]
     log.info("%s%s: rank %d of %d: %d trials to run, %d already recorded", model,
              "" if name is None else f" [{name}]", rank, world, len(pending), len(mine) - len(pending))
-    if not pending:
+    # a recorded trial whose probe record cannot be read is generated again (greedy: the same answer) to probe it
+    # again; its trial record is kept
+    reprobe = _unreadable_probes(cfg, model, [p for p in mine if p not in pending], name) \
+        if cfg.probe.enabled else []
+    if not pending and not reprobe:
         return 0
     greedy = cfg.generation.temperature == 0
     per_id = iv is not None and iv.section.keys == "matched-random"
@@ -337,7 +422,7 @@ def _run_arm(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], tas
         return p.text if greedy and not per_id else p.prompt_id
 
     by_text: dict[str, list[Prompt]] = {}
-    for p in pending:
+    for p in pending + reprobe:
         by_text.setdefault(group_key(p), []).append(p)
     unique = [group[0] for group in by_text.values()]
     out_path = trials_path(run, rank, world)
@@ -359,7 +444,8 @@ def _run_arm(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], tas
             if probe_opts is not None and gen.error is None and gen.skip_reason is None:
                 probe_and_save(cfg, backend, by_text[key], gen, probe_opts, name)
             for p in by_text[key]:
-                buffer.append(make_record(model, p, tasks[p.task_id], gen, name))
+                if make_trial_id(model, p.prompt_id, name) not in done:
+                    buffer.append(make_record(model, p, tasks[p.task_id], gen, name))
             if len(buffer) >= cfg.generation.batch_size:
                 rows, buffer = buffer, []
                 written += _flush(out_path, rows, on_batch)
@@ -371,6 +457,30 @@ def _run_arm(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], tas
             bar.update(len(rows))
         bar.close()
     return written
+
+
+def _unreadable_probes(cfg: ExperimentConfig, model: str, prompts: list[Prompt],
+                       intervention: str | None) -> list[Prompt]:
+    """The prompts whose probe record exists but is not a whole ``.npz`` (cut short by a full disk or a bad copy:
+    its zip directory, at the end of the file, is missing or names no ``meta``); each such file is removed, with a
+    warning, so that the run probes the prompt again. Only the directory is read, so a resumed run of many
+    records checks them quickly; damage inside a whole file is named when the analysis reads it."""
+    out = []
+    for p in prompts:
+        path = cfg.run_folder.attention_record(model, p.prompt_id, intervention)
+        if not path.is_file():
+            continue
+        try:
+            with zipfile.ZipFile(path) as z:
+                whole = "meta.npy" in z.namelist()
+        except (zipfile.BadZipFile, OSError, EOFError):
+            whole = False
+        if not whole:
+            log.warning("%s: not a readable probe record (cut short?); removing it: the run probes the prompt again",
+                        path)
+            path.unlink()
+            out.append(p)
+    return out
 
 
 def _flush(path: Path, rows: list[TrialRecord], on_batch: Callable[[list[TrialRecord]], None] | None) -> int:
@@ -410,9 +520,49 @@ def probe_and_save(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt
     todo[0].parent.mkdir(parents=True, exist_ok=True)
     result.save(todo[0])
     for p in todo[1:]:
-        tmp = p.with_name(p.name + ".tmp")
-        shutil.copyfile(todo[0], tmp)
-        tmp.replace(p)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(p, todo[0].read_bytes())
+
+
+def check_generation_budget(cfg: ExperimentConfig, cards: Sequence[ModelCard]) -> None:
+    """Refuse a ``generation.max_new_tokens`` that leaves no room for a prompt in a model's context window (every
+    trial would be recorded as skipped).
+
+    Raises:
+        ConfigError: naming the field, the card and its context window.
+    """
+    n = cfg.generation.max_new_tokens
+    for c in cards:
+        if n >= c.context_window:
+            raise ConfigError(
+                f"generation.max_new_tokens: {n} leaves no room for a prompt in the context window of "
+                f"{c.context_window} tokens of model {c.name!r} ({c.card_path or 'its card'}: context_window); every "
+                f"trial would be skipped. Give a budget well below {c.context_window} (answers need tens of tokens)"
+            )
+
+
+def check_inputs(cfg: ExperimentConfig, generating: bool = True) -> tuple[list[ModelCard], list[Task]]:
+    """Everything about an experiment that can be checked without loading a model or writing a file: the model
+    cards and their weights, probes and interventions against the cards, the generation budget against each
+    context window (when ``generating``: ``probe build`` generates nothing), and every task file (the tasks are
+    returned).
+
+    Raises:
+        ConfigError, ModelUnavailableError, TaskFormatError, DataUnavailableError: naming the file and field.
+    """
+    from probe.backends.openai import check_probe_supported
+    from probe.loading import check_weights_present
+
+    cards = [get_card(m) for m in cfg.experiment.models]
+    tokenizer_groups(cfg)  # an experiment of served models alone has no tokenizer to count loads in
+    for c in cards:
+        check_weights_present(c)
+        if cfg.probe.enabled:
+            check_probe_supported(c)
+    check_interventions_supported(cfg, cards)
+    if generating:
+        check_generation_budget(cfg, cards)
+    return cards, load_all_tasks(cfg)
 
 
 def check_interventions_supported(cfg: ExperimentConfig, cards: Sequence[ModelCard]) -> None:
@@ -437,23 +587,38 @@ def run_experiment(cfg: ExperimentConfig, progress: bool = True, force: bool = F
     Args:
         cfg: the experiment.
         progress: show progress bars.
-        force: overwrite a run folder's config even if it differs.
+        force: start the run over when the folder holds records of another configuration (they are moved into
+            ``<run>/superseded-<time>/``; :func:`prepare_run_dir`).
         rank, world: this process's place in a data-parallel run (``accelerate launch``); each writes its own
             records (``trials.rank<r>.jsonl``), which rank 0 merges once every process is done (``merge_shards``).
             A single-process run (``world = 1``) merges any shard files an interrupted data-parallel run left.
         device: "cpu" / "cuda[:i]" for local models (None: CUDA when available).
-    """
-    run_dir = prepare_run_dir(cfg, force=force) if rank == 0 else cfg.run_dir
-    if rank != 0:
-        check_records(run_dir)
-    cards = [get_card(m) for m in cfg.experiment.models]
-    if cfg.probe.enabled:
-        from probe.backends.openai import check_probe_supported
 
-        for c in cards:
-            check_probe_supported(c)
-    check_interventions_supported(cfg, cards)
-    task_list = load_all_tasks(cfg)
+    Raises:
+        RunLockedError: another process holds the run folder's lock (:class:`probe.runfolder.RunLock`; taken by
+            rank 0 for the whole run, naming the holder's pid).
+        ConfigError, RecordError, TaskFormatError, ModelUnavailableError: bad input, found before anything is
+            written.
+    """
+    # everything that can be checked without writing is checked first: bad input leaves the folder as it was
+    cards, task_list = check_inputs(cfg)
+    if rank != 0:
+        check_records(cfg.run_dir)
+        _run_models(cfg, cards, task_list, progress, rank, world, device)
+        return cfg.run_dir
+    check_run_dir(cfg, force=force)
+    with RunLock(cfg.run_folder):
+        run_dir = prepare_run_dir(cfg, force=force)
+        _run_models(cfg, cards, task_list, progress, rank, world, device)
+        if world == 1:  # shard files left by an interrupted data-parallel run are folded in once this run is done
+            merge_shards(run_dir)
+    return run_dir
+
+
+def _run_models(cfg: ExperimentConfig, cards: list[ModelCard], task_list: list[Task], progress: bool, rank: int,
+                world: int, device: str | None) -> None:
+    """Build (or reuse) the prompts, then run every model in turn (see :func:`run_experiment`)."""
+    run_dir = cfg.run_dir
     by_model = build_run_prompts(cfg, progress=progress and rank == 0, tasks=task_list)
     tasks = {t.task_id: t for t in task_list}
     revisions: dict[str, str] = {}
@@ -474,10 +639,7 @@ def run_experiment(cfg: ExperimentConfig, progress: bool = True, force: bool = F
         run_model(cfg, backend, by_model[card.name], tasks, rank=rank, world=world, progress=progress,
                   interventions=resolved)
         del backend
-    if world == 1:  # shard files left by an interrupted data-parallel run are folded in once this run is done
-        merge_shards(run_dir)
-    return run_dir
 
 
-__all__ = ["build_run_prompts", "check_interventions_supported", "make_record", "merge_shards", "prepare_run_dir", "run_experiment",
-           "run_model"]
+__all__ = ["build_run_prompts", "check_generation_budget", "check_inputs", "check_interventions_supported", "check_run_dir",
+           "make_record", "merge_shards", "prepare_run_dir", "record_differences", "run_experiment", "run_model"]

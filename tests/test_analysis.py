@@ -19,6 +19,7 @@ from statsmodels.stats.multitest import multipletests
 
 from probe.analysis import Analysis, AnalysisConfigError, analyze_run
 from probe.analysis import inference as inf
+from probe.analysis.glm import clustered_logit
 from probe.analysis.ice import IceResult
 from probe.config import AnalysisSection
 from probe.records import TrialRecord, append_jsonl
@@ -138,7 +139,7 @@ def test_h1_recovers_planted_beta_and_matches_statsmodels(effect_run):
         assert h.ci_low <= beta_true <= h.ci_high
         assert h.p < 0.001
         assert h.logit.coef == pytest.approx(glm.params[1], rel=1e-5)
-        lref = inf.clustered_logit(y, X, groups)
+        lref = clustered_logit(y, X, groups)
         assert (h.logit.se, h.logit.p, h.logit.df) == pytest.approx((lref.se, lref.p, lref.df), rel=1e-6)
         assert h.logit.coef < 0
     tax = ice(analysis).taxonomy[0]
@@ -306,7 +307,8 @@ def test_every_answer_the_same_still_gets_a_bounded_interval(tmp_path):
     trials = [_trial(i, f"q{i % 7}", "Control", 0, i // 7, 1.0) for i in range(14)]
     analysis = analyze_run(_write(tmp_path / "same", trials), AnalysisSection(), fill_similarity=False)
     c = ice(analysis).cells[0]
-    n_star = 14 * (scipy.stats.t.ppf(0.975, 13) / scipy.stats.t.ppf(0.975, 6)) ** 2  # design effect 1
+    # every answer the same: one observation per question (design effect n/G = 2), docs/statistics.md
+    n_star = 7 * (scipy.stats.t.ppf(0.975, 13) / scipy.stats.t.ppf(0.975, 6)) ** 2
     lo, hi = proportion_confint(n_star, n_star, alpha=0.05, method="wilson")
     assert (c.em_ci_low, c.em_ci_high) == pytest.approx((lo, hi)) and c.em_ci_high == 1.0 and lo < 0.9
 
@@ -369,7 +371,7 @@ def test_tables_and_text_are_written(effect_run):
     assert h1_csv["logit_odds_ratio_per_10pp_load"].to_numpy() == pytest.approx(
         [h.logit.odds_ratio_per_10pp_load for h in ice(analysis).h1])
     stored = json.loads((run / "analysis.json").read_text())
-    assert stored["schema"] == 4 and stored["families"]["ice"]["cells"][0]["em_mean"] == ice(analysis).cells[0].em_mean
+    assert stored["schema"] == 5 and stored["families"]["ice"]["cells"][0]["em_mean"] == ice(analysis).cells[0].em_mean
     quick = main_table(run)  # from the trials, without analysis.json
     for c in ice(analysis).cells:
         assert f"{c.em_mean:.3f} ({c.em_sem:.3f})" in quick
@@ -408,12 +410,12 @@ def test_attention_behaviour_finds_the_planted_layer_and_heads_and_matches_stats
     # per layer: P_ext on [1, failed, load, Residue], the coefficient of failed
     Xo = np.column_stack([np.ones(len(d)), failed, d["load"].to_numpy(float), (d["condition"] == "Residue")])
     ols = sm.OLS(d["x"].to_numpy(), Xo.astype(float)).fit()
-    t = a.p_ext_layers.layers[plan.tracking_layer]
+    t = a.layer_tests.layers[plan.tracking_layer]
     assert t.n == len(d) and t.estimate == pytest.approx(ols.params[1])
     ref = inf.clustered_ols(d["x"].to_numpy(), Xo.astype(float), groups)
     assert (t.se, t.p, t.df) == pytest.approx((ref.se, ref.p, ref.df))
-    assert [x.q for x in a.p_ext_layers.layers] == pytest.approx(
-        multipletests([x.p for x in a.p_ext_layers.layers], method="fdr_bh")[1])
+    assert [x.q for x in a.layer_tests.layers] == pytest.approx(
+        multipletests([x.p for x in a.layer_tests.layers], method="fdr_bh")[1])
     # per head: the planted layer's first head, on enrichment
     e = np.array([r.enrichment[plan.tracking_layer, 0] for r in recs])
     hit = next(h for h in a.heads.significant if (h.layer, h.head) == (plan.tracking_layer, 0))
@@ -428,18 +430,20 @@ def test_attention_behaviour_finds_the_planted_layer_and_heads_and_matches_stats
     layer = a.layers[plan.tracking_layer]
     assert layer.n == len(d)
     assert layer.coef == pytest.approx(fit.params[1], rel=1e-5)
-    lref = inf.clustered_logit(failed, X, groups)
+    lref = clustered_logit(failed, X, groups)
     assert (layer.ci_low, layer.ci_high, layer.df) == pytest.approx((lref.ci_low, lref.ci_high, lref.df), rel=1e-5)
-    cells = {(c.condition, c.load): c for c in ice(analysis).attention_cells}
-    assert set(cells) == {("Control", 0), ("Saturation", 20), ("Saturation", 80), ("Residue", 20), ("Residue", 80)}
+    cells = {(c.condition, c.load, c.measure): c for c in ice(analysis).attention_cells}
+    assert {k[:2] for k in cells} == {("Control", 0), ("Saturation", 20), ("Saturation", 80), ("Residue", 20),
+                                      ("Residue", 80)}
     with np.load(run / "attention_summary.npz") as z:
-        sat = cells[("Saturation", 80)]
+        sat = cells[("Saturation", 80, "p_ext")]
         prompts = [p for p in df["prompt_id"].unique() if "-Saturation-80-" in p]
         mean = np.mean([SegmentAttention.load(folder.attention_record("model-a", p)).p_ext for p in prompts], axis=0)
-        np.testing.assert_allclose(z[sat.p_ext_key], mean, rtol=1e-5)
-        assert sat.ar_targets == ("germane 1", "germane 2", "question")
-        assert z[sat.ar_k_key].shape == (plan.n_layers, 3)
-        assert np.isnan(z[cells[("Control", 0)].enrichment_key]).all()  # chance 0: enrichment undefined
+        np.testing.assert_allclose(z[sat.key], mean, rtol=1e-5)
+        ar = cells[("Saturation", 80, "ar_k")]
+        assert ar.targets == ("germane 1", "germane 2", "question")
+        assert z[ar.key].shape == (plan.n_layers, 3)
+        assert np.isnan(z[cells[("Control", 0, "p_ext")].enrichment_key]).all()  # chance 0: enrichment undefined
 
 
 def test_attention_layer_without_outcome_variance_is_skipped_with_reason(tmp_path):
@@ -451,7 +455,7 @@ def test_attention_layer_without_outcome_variance_is_skipped_with_reason(tmp_pat
     assert a.tracking_layers == () and all(r.coef is None for r in a.layers)
     assert all(r.reason for r in a.layers)
     # every trial right (and 6 questions): nothing to contrast, so no test and no head named
-    assert not a.p_ext_layers.is_test and "no contrast" in a.p_ext_layers.reason and a.distractor_heads == ()
+    assert not a.layer_tests.is_test and "no contrast" in a.layer_tests.reason and a.distractor_heads == ()
 
 
 # ------------------------------------------------------------------------------------------- settings and seed
@@ -569,9 +573,9 @@ def assert_claims_survive(data: dict, alpha: float = 0.05) -> int:
                                                                                             h["ci_high"] < 0)
                 checked += 1
         for a in fam.get("attention_behaviour", []):
-            layers = a["p_ext_layers"]["layers"] if a["p_ext_layers"] else []
+            layers = a["layer_tests"]["layers"] if a["layer_tests"] else []
             survive = {x["layer"] for x in layers if x["q"] is not None and x["q"] < alpha}
-            assert set(a["p_ext_layers"]["significant"] if a["p_ext_layers"] else ()) == survive
+            assert set(a["layer_tests"]["significant"] if a["layer_tests"] else ()) == survive
             assert set(a["tracking_layers"]) <= survive
             for h in [*(a["heads"]["significant"] if a["heads"] else []), *a["distractor_heads"]]:
                 assert h["q"] < alpha
@@ -596,7 +600,7 @@ def test_no_interval_leaves_its_range_and_no_attention_claim_skips_its_correctio
     # the check bites: a layer named without surviving BH, or an interval past 1, is caught
     data = json.loads((attention_run[0] / "analysis.json").read_text())
     a = data["families"]["ice"]["attention_behaviour"][0]
-    extra = next(x["layer"] for x in a["p_ext_layers"]["layers"] if x["q"] is not None and x["q"] >= 0.05)
+    extra = next(x["layer"] for x in a["layer_tests"]["layers"] if x["q"] is not None and x["q"] >= 0.05)
     a["tracking_layers"] = [*a["tracking_layers"], extra]
     with pytest.raises(AssertionError):
         assert_claims_survive(data)
@@ -604,3 +608,23 @@ def test_no_interval_leaves_its_range_and_no_attention_claim_skips_its_correctio
     data["families"]["ice"]["cells"][0]["em_ci_high"] = 1.05
     with pytest.raises(AssertionError):
         assert_claims_survive(data)
+
+
+def test_taxonomy_calls_a_significant_rise_a_rise_not_no_decline() -> None:
+    """The summary said "no significant decline with load (β = +0.0052, p = 0.026)" for a significant rise."""
+    import dataclasses
+
+    from probe.analysis.hypotheses import H1Fit
+    from probe.analysis.taxonomy import classify_model
+    from probe.config import AnalysisSection
+
+    df = pd.DataFrame({"model": ["m"] * 4, "condition": ["Control"] * 4, "is_scored": [True] * 4,
+                       "em": [1.0, 1.0, 0.0, 1.0], "has_output": [True] * 4, "truncated": [False] * 4,
+                       "uninterpretable": [False] * 4, "error": [None] * 4, "skipped": [False] * 4})
+    h1 = H1Fit(model="m", condition="Saturation", n=40, n_clusters=10, loads=(0, 20, 80), beta=0.0052, se=0.002,
+               ci_low=0.001, ci_high=0.009, p=0.026, df=9.0, intercept=0.5, is_test=True, se_method="CR2",
+               logit=None, power=None, reason=None)
+    tax = classify_model(df, "m", h1, AnalysisSection())
+    assert "no significant" not in tax.reason and "rises" in tax.reason and not tax.is_load_sensitive
+    flat = classify_model(df, "m", dataclasses.replace(h1, p=0.4), AnalysisSection())
+    assert "no significant change" in flat.reason

@@ -1,4 +1,4 @@
-"""The analysis reproduces every value of the golden record ``tests/fixtures/analysis_golden.json`` (schema 4), written
+"""The analysis reproduces every value of the golden record ``tests/fixtures/analysis_golden.json`` (schema 5), written
 from the same fixture runs by ``python tests/fixtures/golden_runs.py``: a change of any number fails here until the
 record is regenerated on purpose (and its diff checked, see ``tests/fixtures/golden_runs.py``)."""
 
@@ -66,7 +66,7 @@ def test_ice_estimates_equal_the_golden_record(runs):
     assert h1.logit.odds_ratio_per_10pp_load == pytest.approx(math.exp(10 * h1.logit.coef))
     assert all(0 <= c.em_ci_low <= c.em_ci_high <= 1 for c in ice.cells)
     layer = ice.attention_behaviour[0].layers[2]
-    assert layer.odds_ratio_per_10pp_p_ext == pytest.approx(math.exp(0.1 * layer.coef))
+    assert layer.odds_ratio_per_10pp == pytest.approx(math.exp(0.1 * layer.coef))
     assert ice.attention_behaviour[0].tracking_layers == (2,)  # the fixture's planted layer
     assert to_json(ice)["h2"][0]["mcnemar"] is not None
 
@@ -81,3 +81,33 @@ def test_cogniload_estimates_equal_the_golden_record(runs):
     assert analysis.seed == 777 and analysis.seed_source == "config.toml"
     fits = analysis.families["cogniload"].models["model-a"]
     assert fits.fits["quadratic"].params["rho2"].estimate > 0  # the planted U-shape
+
+
+def test_a_schema_4_analysis_still_reads_with_the_same_numbers(runs, tmp_path):
+    """``analysis_schema4_ice.json`` is the ICE record as schema 4 wrote it (the measure inside field names:
+    ``p_ext_layers``, ``odds_ratio_per_10pp_p_ext``, ``p_ext_key``): it reads, and its attention results equal
+    today's analysis of the same run, measure column and all."""
+    import dataclasses
+    import shutil
+
+    old = json.loads((Path(__file__).parent / "fixtures" / "analysis_schema4_ice.json").read_text())
+    assert old["schema"] == 4 and "p_ext_layers" in old["families"]["ice"]["attention_behaviour"][0]
+    run = tmp_path / "ice"
+    shutil.copytree(runs["ice"], run)
+    (run / "analysis.json").write_text(json.dumps(old))
+    then = read_analysis(run).families["ice"]  # the same trials: fresh
+    now = read_analysis(runs["ice"]).families["ice"]
+    def unkeyed(a):  # the npz member names of the head grids changed (``ice_heads0_p_ext_estimate``), not their values
+        return dataclasses.replace(a, heads=dataclasses.replace(a.heads, estimate_key=None, q_key=None))
+
+    assert [unkeyed(a) for a in then.attention_behaviour] == [unkeyed(a) for a in now.attention_behaviour]
+    assert then.attention_behaviour[0].heads.estimate_key == "ice_heads0_estimate"
+    assert then.residue_attention == now.residue_attention
+    keep = ("model", "condition", "load", "measure", "label", "n_prompts", "n_layers", "n_heads", "enrichment_mean",
+            "chance_key", "targets")
+    assert [{k: getattr(c, k) for k in keep} for c in then.attention_cells] == \
+        [{k: getattr(c, k) for k in keep} for c in now.attention_cells]
+    p_ext = [(c.mean, c.key) for c in then.attention_cells if c.measure == "p_ext"]
+    assert p_ext == [(c.mean, c.key) for c in now.attention_cells if c.measure == "p_ext"]
+    assert dataclasses.replace(then, attention_cells=(), attention_behaviour=()) == \
+        dataclasses.replace(now, attention_cells=(), attention_behaviour=())

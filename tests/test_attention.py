@@ -33,6 +33,7 @@ from transformers import (
 
 from probe.attention import probe_tokenized, reference_segment_attention
 from probe.attention.engine import Capture, attach_probe
+from probe.attention.measures import measures
 from probe.attention.plan import build_plan
 from probe.config import ProbeSection
 from probe.errors import HookError
@@ -111,8 +112,9 @@ def assert_same(engine, ref, atol: float = ATOL) -> None:
     assert engine.segment_kinds == ref.segment_kinds
     assert engine.ar_targets == ref.ar_targets
     assert engine.n_queries == ref.n_queries
-    for field in ("seg_mass", "seg_mass_segment", "p_ext", "chance", "ar_k"):
-        a, b = getattr(engine, field), getattr(ref, field)
+    assert set(engine.measures) == {m.id for m in measures()}  # every registered measure, held to its reference
+    for field in [*engine.measures, "chance"]:
+        a, b = engine.chance if field == "chance" else engine[field], ref.chance if field == "chance" else ref[field]
         assert a.shape == b.shape, field
         np.testing.assert_allclose(a, b, atol=atol, rtol=0, equal_nan=True, err_msg=field)
     np.testing.assert_allclose(engine.enrichment, ref.enrichment, atol=1e-3, rtol=1e-4, equal_nan=True)

@@ -83,9 +83,10 @@ def residue(tok: object) -> TokenizedPrompt:
 
 
 def _assert_same(a, b, atol: float = 1e-4) -> None:
-    for field in ("seg_mass", "seg_mass_segment", "p_ext", "chance", "ar_k"):
-        np.testing.assert_allclose(getattr(a, field), getattr(b, field), atol=atol, rtol=0, equal_nan=True,
-                                   err_msg=field)
+    assert set(a.measures) == set(b.measures)
+    for field in [*a.measures, "chance"]:  # every registered measure
+        x, y = (a.chance, b.chance) if field == "chance" else (a[field], b[field])
+        np.testing.assert_allclose(x, y, atol=atol, rtol=0, equal_nan=True, err_msg=field)
 
 
 @pytest.mark.parametrize(("layout", "mode"), [("saturation", "cosine"), ("residue", "mass")])

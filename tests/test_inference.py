@@ -17,6 +17,8 @@ from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.proportion import proportion_confint
 
 from probe.analysis import inference as inf
+from probe.analysis.attention_tests import attention_failure_tests, residue_similarity_tests
+from probe.analysis.glm import clustered_logit
 from probe.analysis import simulate as sim
 
 
@@ -86,6 +88,22 @@ def test_coverage_quick(n_clusters: int, replications: int, em: float, kappa: fl
     row = sim.coverage(7, n_clusters, replications, em, kappa, n_runs=400)
     assert 0.91 <= row.coverage <= 0.99, row
     assert row.n_runs == 400
+
+
+def test_proportion_ci_all_equal_cell_assumes_one_observation_per_question() -> None:
+    """All 50 answers wrong over 10 questions: the clustering cannot be estimated, so n_eff = G (ICC 1)."""
+    y, g = np.zeros(50), clusters(10, 5)
+    ci = inf.proportion_ci(y, g)
+    n_star = 10 * (scipy.stats.t.ppf(0.975, 49) / scipy.stats.t.ppf(0.975, 9)) ** 2
+    lo, hi = proportion_confint(0.0, n_star, alpha=0.05, method="wilson")
+    assert ci.design_effect == pytest.approx(5.0) and ci.n_effective == pytest.approx(n_star)
+    assert (ci.ci_low, ci.ci_high) == pytest.approx((0.0, hi))
+
+
+def test_coverage_at_ten_questions_with_all_wrong_cells() -> None:
+    """The issue's setting (G = 10, EM 0.1, ICC 0.5, 5 replications): 0.892 with the design effect floored at 1."""
+    row = sim.coverage(sim.DEFAULT_SEED, 10, 5, 0.1, 1.0, n_runs=1000)
+    assert 0.92 <= row.coverage <= 0.99, row
 
 
 def test_before_interval_leaves_unit_interval() -> None:
@@ -171,7 +189,7 @@ def test_logit_cr2_with_singleton_clusters_is_the_hc2_sandwich() -> None:
     n = 80
     X = sm.add_constant(rng.normal(size=(n, 2)))
     y = (rng.random(n) < 1 / (1 + np.exp(-X @ [0.2, 0.8, -0.5]))).astype(float)
-    fit = inf.clustered_logit(y, X, np.arange(n), term=1)
+    fit = clustered_logit(y, X, np.arange(n), term=1)
     glm = sm.GLM(y, X, family=sm.families.Binomial()).fit()
     mu = glm.fittedvalues
     W = mu * (1 - mu)
@@ -190,7 +208,7 @@ def test_cr1_options_are_statsmodels() -> None:
     fit = inf.clustered_ols(y, X, codes, vcov="CR1")
     assert (fit.se, fit.p, fit.ci_low, fit.df) == pytest.approx((ref.bse[1], ref.pvalues[1], ref.conf_int()[1, 0], 9))
     ref = sm.GLM(y, X, family=sm.families.Binomial()).fit(cov_type="cluster", cov_kwds={"groups": codes}, use_t=True)
-    fit = inf.clustered_logit(y, X, codes, vcov="CR1")
+    fit = clustered_logit(y, X, codes, vcov="CR1")
     assert (fit.se, fit.p, fit.ci_high) == pytest.approx((ref.bse[1], ref.pvalues[1], ref.conf_int()[1, 1]))
 
 
@@ -200,7 +218,7 @@ def test_fits_below_the_minimum_number_of_questions_are_descriptive() -> None:
     x = np.tile([0.0, 20, 50, 80], codes.size // 4)
     y = (rng.random(codes.size) < 0.6 - 0.004 * x).astype(float)
     X = sm.add_constant(x)
-    for fit in (inf.clustered_ols(y, X, codes), inf.clustered_logit(y, X, codes)):
+    for fit in (inf.clustered_ols(y, X, codes), clustered_logit(y, X, codes)):
         assert not fit.is_test and fit.p is None and fit.se is None and fit.power is None
         assert fit.estimate is not None and "fewer than the minimum of 6" in fit.reason
     many = inf.clustered_ols_many(rng.normal(size=(codes.size, 3, 2)), X, codes)
@@ -215,9 +233,9 @@ def test_degenerate_fits_say_why() -> None:
     assert "no variance" in inf.clustered_ols(np.ones(32), X, codes).reason
     assert "rank deficient" in inf.clustered_ols(np.ones(32), np.ones((32, 2)), codes).reason
     y = (X[:, 1] > 30).astype(float)  # perfectly separated
-    assert not inf.clustered_logit(y, X, codes).is_test
+    assert not clustered_logit(y, X, codes).is_test
     with pytest.raises(inf.InferenceInputError, match="0/1"):
-        inf.clustered_logit(np.full(32, 0.5), X, codes)
+        clustered_logit(np.full(32, 0.5), X, codes)
     with pytest.raises(inf.InferenceInputError, match="vcov"):
         inf.clustered_ols(np.ones(32), X, codes, vcov="HC3")  # type: ignore[arg-type]
 
@@ -283,7 +301,7 @@ def test_per_head_test_finds_planted_heads_only() -> None:
     rng = np.random.default_rng(9)
     planted = {(2, 1): 0.25, (4, 3): -0.25}
     values, failed, load, residue, codes = attention_trials(rng, 30, planted)
-    res = inf.attention_failure_tests(values, failed, load, codes, covariates=residue[:, None])
+    res = attention_failure_tests(values, failed, load, codes, covariates=residue[:, None])
     assert res.estimate.shape == (6, 4)
     found = {tuple(int(i) for i in ix) for ix in res.significant(0.05)}
     assert found == set(planted)
@@ -298,7 +316,7 @@ def test_per_head_test_finds_planted_heads_only() -> None:
 def test_per_head_test_without_a_contrast() -> None:
     rng = np.random.default_rng(10)
     values, _, load, _, codes = attention_trials(rng, 8, {})
-    res = inf.attention_failure_tests(values, np.zeros(codes.size, dtype=bool), load, codes)
+    res = attention_failure_tests(values, np.zeros(codes.size, dtype=bool), load, codes)
     assert not res.is_test and "every trial is correct" in res.reason
 
 
@@ -311,7 +329,7 @@ def test_residue_similarity_finds_a_planted_slope() -> None:
     noise = 0.03 * rng.normal(size=(g, 5))[codes] + 0.03 * rng.normal(size=(codes.size, 5))
     ar = 0.2 + 0.1 * load[:, None] / 100 + noise
     ar[:, 3] += 0.5 * s_sim
-    out = inf.residue_similarity_tests(ar, s_sim, codes, load)
+    out = residue_similarity_tests(ar, s_sim, codes, load)
     assert out.is_load_adjusted
     assert [int(i[0]) for i in out.fits.significant()] == [3]
     assert out.fits.estimate[3] == pytest.approx(0.5, abs=0.2)
@@ -381,7 +399,7 @@ def test_correlation_test_and_interval_agree() -> None:
         n = int(rng.integers(4, 12))
         x = rng.normal(size=n)
         y = 0.8 * x + rng.normal(size=n)
-        c = inf.similarity_correlation(x, y)
+        c = inf.similarity_correlation(x, y, min_n=4)
         ref = scipy.stats.pearsonr(x, y)
         ci = ref.confidence_interval()
         assert (c.r, c.ci_low, c.ci_high) == pytest.approx((ref.statistic, ci.low, ci.high))
@@ -389,7 +407,7 @@ def test_correlation_test_and_interval_agree() -> None:
 
 
 def test_correlation_at_n_four_reproduces_the_issue_and_refuses_n_three() -> None:
-    c = inf.similarity_correlation(np.array([0.1, 0.2, 0.3, 0.5]), np.array([0.0, 0.5, 0.5, 1.0]))
+    c = inf.similarity_correlation(np.array([0.1, 0.2, 0.3, 0.5]), np.array([0.0, 0.5, 0.5, 1.0]), min_n=4)
     assert c.r == pytest.approx(0.956, abs=1e-3) and c.ci_low < 0 < c.p - 0.05
     assert scipy.stats.pearsonr([0.1, 0.2, 0.3, 0.5], [0.0, 0.5, 0.5, 1.0]).pvalue < 0.05  # the old, inconsistent p
     three = inf.similarity_correlation(np.array([0.1, 0.2, 0.3]), np.array([0.0, 0.5, 1.0]))
@@ -437,3 +455,141 @@ def test_simulation_entry_prints_tables(capsys: pytest.CaptureFixture[str]) -> N
     assert "H1 power" in out and "| 7 |" in out
     with pytest.raises(SystemExit):
         sim.main(["--runs", "0"])
+
+
+# ------------------------------------------------------------------ questions that carry the contrast (issue 18)
+
+
+def _one_question_carries(rng: np.random.Generator, n_clusters: int, per: int = 16,
+                          n_out: int = 3) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every failure falls in question 0; the outcome is noise plus a question effect (no link to failure)."""
+    q = clusters(n_clusters, per)
+    failed = (q == 0) & (np.arange(q.size) % 2 == 0)
+    load = np.tile(np.array([20.0, 50.0, 80.0, 20.0]), q.size // 4)
+    y = rng.normal(size=(q.size, n_out)) + rng.normal(size=(n_clusters, n_out))[q]
+    return y, failed, load, q
+
+
+@pytest.mark.parametrize("vcov", ["CR2", "CR1"])
+def test_one_question_carrying_the_contrast_is_descriptive(vcov: str) -> None:
+    rng = np.random.default_rng(18)
+    y, failed, load, q = _one_question_carries(rng, 7)
+    res = attention_failure_tests(y, failed, load, q, vcov=vcov)  # type: ignore[arg-type]
+    assert not res.is_test and np.all(np.isnan(res.p)) and np.all(np.isfinite(res.estimate))
+    assert "1 of 7 questions" in str(res.reason)
+    X = np.column_stack([np.ones(q.size), failed, load])
+    fit = inf.clustered_ols(y[:, 0], X, q, vcov=vcov)  # type: ignore[arg-type]
+    assert not fit.is_test and fit.p is None and "1 of 7 questions" in str(fit.reason)
+    y01 = failed.astype(float)  # a 0/1 outcome that varies in one question only
+    lfit = clustered_logit(y01, np.column_stack([np.ones(q.size), y[:, 0]]), q, vcov=vcov)  # type: ignore[arg-type]
+    assert not lfit.is_test and lfit.p is None and "1 of 7 questions" in str(lfit.reason)
+
+
+def test_contrast_clusters_counts_the_questions_off_the_common_value() -> None:
+    q = clusters(7, 4)
+    assert inf.contrast_clusters(np.ones(q.size), q) == 7  # the intercept: every question
+    assert inf.contrast_clusters(((q < 2) & (np.arange(q.size) % 2 == 0)).astype(float), q) == 2
+    assert inf.contrast_clusters((q < 3).astype(float), q) == 3  # all-1 in 3 questions, all-0 in 4
+    assert inf.contrast_clusters(np.tile([0.0, 20, 50, 80], 7), q) == 7  # load varies in every question
+    s_sim = np.repeat(np.linspace(0.1, 0.7, 7), 4)  # a between-question regressor, all values distinct
+    assert inf.contrast_clusters(s_sim, q) == 7
+    # only question 0 has Saturation trials: the others sit at load 0 throughout
+    assert inf.contrast_clusters(np.where(q == 0, np.tile([0.0, 20, 50, 80], 7), 0.0), q) == 1
+
+
+def test_cr2_degenerate_direction_is_reported_not_dropped() -> None:
+    """A regressor non-zero in one cluster only: CR2's I - H_gg is singular in exactly the tested direction."""
+    rng = np.random.default_rng(3)
+    q = clusters(8, 6)
+    x = np.where(q == 0, rng.normal(size=q.size), 0.0)
+    X = np.column_stack([np.ones(q.size), x])
+    w, df = inf.sandwich_weights(X, q, 8, 1, "CR2")
+    assert math.isnan(df)
+    w0, df0 = inf.sandwich_weights(X, q, 8, 0, "CR2")  # the intercept is estimable as before
+    assert math.isfinite(df0)
+
+
+def test_null_rate_when_one_question_carries_the_contrast() -> None:
+    rows = sim.null_one_question(7, 7, 60)
+    assert all(r.after is not None and r.after <= 0.05 for r in rows)
+    assert any(r.before is not None and r.before > 0.2 for r in rows)  # what the old rule did
+
+
+def test_correlation_below_six_questions_is_descriptive() -> None:
+    """H3 obeys the minimum-G rule of every other test; r = +-1 is never a test with p = 0 and [1, 1]."""
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=5)
+    y = 3 * x + 0.1 * rng.normal(size=5)
+    five = inf.similarity_correlation(x, y)
+    assert not five.is_test and five.p is None and five.ci_low is None
+    assert five.r == pytest.approx(scipy.stats.pearsonr(x, y).statistic) and "minimum of 6" in str(five.reason)
+    line = inf.similarity_correlation(np.arange(8.0), 2 * np.arange(8.0) + 1, min_n=4)
+    assert not line.is_test and line.p is None and line.ci_low is None and "one line" in str(line.reason)
+    four = inf.similarity_correlation(np.arange(4.0), -np.arange(4.0), min_n=4)
+    assert not four.is_test and four.p is None
+    six = inf.similarity_correlation(np.r_[x, 0.3], np.r_[y, 0.0])
+    assert six.is_test and six.p is not None
+
+
+# ------------------------------------------------------------------------------------- logistic separation
+
+
+def test_h1_logistic_under_quasi_separation_is_descriptive() -> None:
+    """Control right for every question, Saturation wrong but for a few trials at the lowest load: the logistic
+    slope's MLE is infinite (quasi-complete separation), so no finite coefficient and p may be reported."""
+    from probe.analysis.glm import fit_logit, separation
+
+    q = clusters(8, 8)
+    load = np.tile(np.array([0.0, 0.0, 20, 20, 50, 50, 80, 80]), 8)
+    y = (load == 0).astype(float)
+    y[(load == 20) & (q < 3) & (np.arange(q.size) % 2 == 0)] = 1.0  # a few right answers at 20 %: quasi
+    X = sm.add_constant(load)
+    sm_fit = sm.GLM(y, X, family=sm.families.Binomial()).fit()  # statsmodels itself stops at a finite slope
+    assert np.isfinite(sm_fit.params[1]) and sm_fit.converged
+    assert separation(y, X) is not None and "quasi-complete" in str(separation(y, X))
+    fit = fit_logit(y, X, q)
+    assert fit.status == "separation" and "infinite" in str(fit.reason)
+    lfit = clustered_logit(y, X, q)
+    assert not lfit.is_test and lfit.p is None
+    y2 = y.copy()
+    y2[(load == 50) & (q == 5)] = 1.0  # right answers at two loads: the MLE is finite again
+    assert separation(y2, X) is None and fit_logit(y2, X, q).ok
+
+
+# ------------------------------------------------------------------------------------------ edge cases (issue 18)
+
+
+def test_t_power_at_large_noncentrality_is_a_number() -> None:
+    """scipy's noncentral t is NaN at nc = 20 with 1.5 df; the power is checked against a direct simulation."""
+    rng = np.random.default_rng(11)
+    for nc, df in ((20.0, 1.5), (10.0, 20.0), (40.0, 20.0)):
+        pw = inf.t_power(nc, 1.0, df)
+        assert pw.power is not None
+        t = (rng.normal(size=400_000) + nc) / np.sqrt(rng.chisquare(df, 400_000) / df)
+        crit = scipy.stats.t.ppf(0.975, df)
+        assert pw.power == pytest.approx(float(np.mean(np.abs(t) > crit)), abs=3e-3)
+
+
+def test_sign_flip_is_exact_when_the_mean_difference_is_zero_up_to_rounding() -> None:
+    d = np.array([-0.7, -0.6, 0.4, 0.2, 0.3, 0.1, 0.1, 0.2])  # cancels only up to rounding
+    assert d.mean() != 0 and abs(d.mean()) < 1e-15
+    flips = np.array(list(itertools.product([-1, 1], repeat=8)))
+    observed = abs(float(np.sum(d)) / 8)
+    # enumeration in exact arithmetic: the observed mean is 0, so every assignment is at least as extreme
+    exact = float(np.mean(np.abs((flips * np.round(d * 10)).sum(axis=1)) >= 0))
+    t = inf.paired_sign_flip(np.full(8, 0.8), 0.8 - d, np.arange(8))
+    assert observed < 1e-15 and t.p == exact == 1.0 and t.is_exact and t.delta == 0.0
+
+
+def test_fit_logit_takes_a_none_question_label_like_clustered_ols() -> None:
+    from probe.analysis.glm import fit_logit
+
+    rng = np.random.default_rng(4)
+    g = np.array([None, "a", "b", "c", "d", "e", "f"], dtype=object)[clusters(7, 10)]
+    x = rng.normal(size=g.size)
+    y = (rng.random(g.size) < 1 / (1 + np.exp(-x))).astype(float)
+    X = sm.add_constant(x)
+    fit = fit_logit(y, X, g)
+    assert fit.ok and fit.n_clusters == 7
+    as_str = fit_logit(y, X, g.astype(str))
+    assert fit.coefficient(1).se == pytest.approx(as_str.coefficient(1).se)

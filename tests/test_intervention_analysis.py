@@ -15,13 +15,13 @@ import scipy.stats
 from statsmodels.stats.multitest import multipletests
 
 from probe.analysis import analyze_run, read_analysis
+from probe.analysis.simulate import recovered_share_coverage
 from probe.analysis.interventions import (
     InterventionsFileError,
     fieller_interval,
     load_interventions,
     paired_difference,
     recovered_share,
-    recovered_share_coverage,
 )
 from probe.analysis.results import to_json
 from probe.config import AnalysisSection
@@ -306,3 +306,15 @@ def test_a_matched_random_control_that_drew_too_few_tokens_supports_no_claim(tmp
     assert c.unmatched is not None and "122 short" in c.unmatched and not c.claim and not res.claims()
     assert any("control not matched" in line for line in summary_lines(res))
     assert read_analysis(d).interventions == res
+
+
+def test_recovered_share_gives_no_zero_width_interval():
+    """num proportional to den in every question: Fieller's set collapses to a point; say so instead."""
+    c = np.array([1.0, 1, 1, 1, 0.5, 0.5, 1, 1])
+    b = np.array([0.0, 0.5, 0, 0.5, 0, 0, 0.5, 0])
+    half = recovered_share(b + 0.5 * (c - b), b, c)
+    assert half.estimate == pytest.approx(0.5) and half.ci_low is None and half.ci_high is None
+    assert "same share" in (half.reason or "")
+    zero = recovered_share(b, b, c)
+    assert zero.estimate == pytest.approx(0.0) and zero.ci_low is None and zero.reason
+

@@ -76,3 +76,18 @@ def test_line_numbers_count_blank_lines(tmp_path):
     path = write_lines(tmp_path / "x.jsonl", ["\n", json.dumps({"a": 1}) + "\n", "\n", json.dumps({"a": 2}) + "\n"])
     assert list(iter_jsonl(path)) == [(2, {"a": 1}), (4, {"a": 2})]
     assert list(iter_jsonl(tmp_path / "absent.jsonl")) == []
+
+
+def test_a_last_line_cut_inside_a_character_is_half_written_and_a_bad_byte_elsewhere_is_named(tmp_path, caplog):
+    whole = json.dumps(trial(1, output="Zürich"), ensure_ascii=False).encode("utf-8")
+    cut = whole[: whole.index("ü".encode("utf-8")) + 1]  # the crash came between the two bytes of "ü"
+    path = tmp_path / "trials.jsonl"
+    path.write_bytes((json.dumps(trial(0)) + "\n").encode("utf-8") + cut)
+    with caplog.at_level(logging.WARNING):
+        assert [t.task_id for t in load_trials(path)] == ["t0"]
+    assert "trials.jsonl:2: ignoring a half-written last line" in caplog.text
+    append_jsonl(path, [trial(2)])
+    assert [t.task_id for t in load_trials(path)] == ["t0", "t2"]
+    path.write_bytes(whole.replace("ü".encode("utf-8"), b"\xfc") + b"\n" + (json.dumps(trial(3)) + "\n").encode())
+    with pytest.raises(RecordError, match=r"trials.jsonl:1: not UTF-8 text \(byte 0xfc at column \d+\)"):
+        load_trials(path)

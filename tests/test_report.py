@@ -165,7 +165,45 @@ def test_h3_scatter_points_and_r_match_scipy(run, report):
             ys.append(np.mean(c) - np.mean([t["em"] for t in r]))
     np.testing.assert_allclose(sorted(map(tuple, np.asarray(pts))), sorted(zip(xs, ys)), rtol=1e-9)
     r = scipy.stats.pearsonr(xs, ys).statistic
-    assert f"r = {r:+.2f}" in ax.texts[0].get_text()
+    assert f"r = {r:+.2f}" in ax.get_title()
+
+
+def test_h3_scatter_r_and_p_cover_no_point(run, report):
+    """The r / p line sits above the axes (in the title), not in a box over the data."""
+    ax = F.draw_h3_scatter(ice(run), {}).axes[0]
+    assert not ax.texts and "p = " in ax.get_title()
+
+
+def test_saturation_curve_draws_longcontrol_intervals_beside_the_others(run, report):
+    fig = F.draw_saturation_curve(ice(run), {})
+    ax = fig.axes[0]
+    by_label = {c.get_label(): c for c in ax.containers}
+    lc = by_label["LongControl"]
+    assert all(lw > 0 for col in lc.lines[2] for lw in col.get_linewidths())  # the interval lines, not only caps
+    xs = {name: np.asarray(c.lines[0].get_xdata(), dtype=float) for name, c in by_label.items()}
+    span = np.diff(ax.get_xlim())[0]
+    for load_x in xs["LongControl"]:
+        for other in ("Saturation", "Residue"):
+            assert np.min(np.abs(xs[other] - load_x)) > 0.02 * span  # markers side by side, none hidden
+
+
+def test_ar_k_legend_sits_outside_and_panels_say_how_many_prompts(run, report):
+    result = ice(run)
+    arrays = load_attention_arrays(RunFolder(run))
+    fig = F.draw_ar_k(result, arrays, MODEL)
+    assert fig.legends and not any(ax.get_legend() for ax in fig.axes)
+    for ax, load in zip(fig.axes, sorted({c.load for c in result.attention_cells if c.ar_k_key})):
+        cells = [c for c in result.attention_cells if c.model == MODEL and c.load == load and c.ar_k_key
+                 and c.condition in ("Saturation", "Residue")]
+        for c in cells:
+            assert f"{c.condition} {c.n_prompts}" in ax.get_title()
+
+
+def test_attention_logistic_panel_shows_only_the_load_adjusted_fit(run, report):
+    fig = F.draw_attention_behaviour(ice(run))
+    bottom = fig.axes[1]
+    labels = bottom.get_legend_handles_labels()[1]
+    assert labels == ["adjusted for load and placement"] and "adjusted for load" in bottom.get_title()
 
 
 def test_summary_claims_follow_the_numbers(run, report):
@@ -192,9 +230,9 @@ def test_summary_quotes_only_what_survives_its_familys_correction(run, report):
     assert "distractor heads" in text
     # the same p-values with q-values that do not pass: nothing may be called significant
     h2 = tuple(dataclasses.replace(r, p=0.001, q=0.2) for r in result.h2)
-    layers = tuple(dataclasses.replace(t, p=0.001, q=0.3) for t in att.p_ext_layers.layers)
+    layers = tuple(dataclasses.replace(t, p=0.001, q=0.3) for t in att.layer_tests.layers)
     weak = dataclasses.replace(
-        att, p_ext_layers=dataclasses.replace(att.p_ext_layers, layers=layers, significant=()), tracking_layers=(),
+        att, layer_tests=dataclasses.replace(att.layer_tests, layers=layers, significant=()), tracking_layers=(),
         heads=dataclasses.replace(att.heads, significant=()), distractor_heads=())
     residue = tuple(dataclasses.replace(r, test=dataclasses.replace(
         r.test, layers=tuple(dataclasses.replace(t, q=0.5) for t in r.test.layers), significant=()))
@@ -216,6 +254,8 @@ def test_a_fit_below_the_minimum_number_of_questions_is_described_not_tested(tmp
     assert "described only, not tested" in text and "fewer than the minimum of 6" in text
     assert "declines" not in text and "p = " not in text.split("H2")[0]
     assert "H2 (paired comparisons): not tested (12)" in text  # every H2 comparison, with its reason
+    h3 = next(x for x in model_summary(ice(d), MODEL, AnalysisSection()) if x.startswith("H3:"))
+    assert "described only, not tested" in h3 and "p = " not in h3 and "degrade" not in h3  # H3 obeys the rule
 
 
 def test_brittle_model_gets_no_inference(tmp_path):
@@ -260,7 +300,7 @@ def test_an_analysis_of_another_schema_is_refused_with_what_to_do(tmp_path):
     data = json.loads((d / "analysis.json").read_text())
     old = {k: v for k, v in data.items() if k != "schema"}  # a file written before versions
     (d / "analysis.json").write_text(json.dumps(old))
-    with pytest.raises(AnalysisSchemaError, match=r"schema 1 .*reads schema 4.*probe analyze"):
+    with pytest.raises(AnalysisSchemaError, match=r"schema 1 .*reads schema 5.*probe analyze"):
         read_analysis(d)
     data["families"]["ice"]["cells"][0]["em_meen"] = data["families"]["ice"]["cells"][0].pop("em_mean")
     (d / "analysis.json").write_text(json.dumps(data))
@@ -313,7 +353,8 @@ def test_any_task_id_finds_its_attention_record_through_analysis_and_report(tmp_
     assert not (folder.attention_root / model).exists()  # not where a path built from the raw names would be
     analysis = analyze_run(run, fill_similarity=False)
     result = analysis.families["ice"]
-    assert result.attention_cells and sum(c.n_prompts for c in result.attention_cells) == len(prompt_ids)
+    assert result.attention_cells and sum(c.n_prompts for c in result.attention_cells if c.measure == "p_ext") == \
+        len(prompt_ids)
     assert not any("holds no record" in n for n in analysis.notes)
     n_extraneous = sum(t.is_scored and t.condition in ("Saturation", "Residue") for t in trials)
     assert result.attention_behaviour[0].n_trials == n_extraneous

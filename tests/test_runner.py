@@ -97,9 +97,11 @@ def test_prompt_longer_than_the_context_window_is_skipped_with_reason(tmp_path, 
 def test_a_run_folder_of_another_config_is_refused(tmp_path, tiny_card):
     cfg = make_cfg(tmp_path, tiny_card)
     runner.prepare_run_dir(cfg)
+    runner.build_run_prompts(cfg, progress=False)
     other = replace(cfg, generation=replace(cfg.generation, max_new_tokens=9))
-    with pytest.raises(ConfigError, match="different configuration"):
+    with pytest.raises(ConfigError, match="different configuration") as err:
         runner.prepare_run_dir(other)
+    assert "generation.max_new_tokens: 4 -> 9" in str(err.value)  # the refusal names what differs
     runner.prepare_run_dir(other, force=True)
 
 

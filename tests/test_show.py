@@ -127,7 +127,7 @@ def test_a_record_that_disagrees_with_the_recomputation_is_flagged(probed_run, t
     original = path.read_bytes()
     try:
         rec = SegmentAttention.load(path)
-        rec.seg_mass_segment = rec.seg_mass_segment * 0.5
+        rec.measures["seg_mass_segment"] = rec.seg_mass_segment * 0.5
         rec.save(path)
         view = view_prompt(probed_run, pid, model=tiny_lm)
         assert "differs from it by up to" in view.record_note

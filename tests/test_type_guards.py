@@ -29,10 +29,11 @@ def test_a_layer_without_its_residue_is_refused() -> None:
     plan = build_plan(tp, ProbeSection())
     assert plan.compute_residue and plan.ar_targets
     n_heads, n_seg = 2, len(plan.segment_kinds)
-    full = LayerAggregates(np.full((n_heads, n_seg), 1 / n_seg), 0.5, np.zeros((n_heads, len(plan.ar_targets))))
+    full = LayerAggregates({"seg_mass_segment": np.full((n_heads, n_seg), 1 / n_seg),
+                            "ar_k": np.zeros((n_heads, len(plan.ar_targets)))}, 0.5)
     assert assemble_result(plan, [full, full]).ar_k.shape == (2, n_heads, len(plan.ar_targets))
-    silent = LayerAggregates(full.seg_mass_segment, 0.5, None)
-    with pytest.raises(HookError, match="1 of 2 layers reported no attention residue"):
+    silent = LayerAggregates({"seg_mass_segment": full.arrays["seg_mass_segment"]}, 0.5)
+    with pytest.raises(HookError, match="1 of 2 layers reported no attentional residue"):
         assemble_result(plan, [full, silent])
 
 

@@ -1,35 +1,43 @@
-"""Attention records of a run, aggregated per cell, and their link to behaviour and to similarity (docs/probes.md,
-docs/statistics.md).
+"""Attention records of a run, aggregated per cell, and their link to behaviour and to similarity
+(docs/probes.md, docs/statistics.md).
 
 Attention records are written by :meth:`probe.attention.result.SegmentAttention.save` where
 :meth:`probe.runfolder.RunFolder.attention_record` says; a trial links to its prompt's record by (model, prompt_id)
 through that method only (no file name is built here).
 
+The measure is a column, not part of a name: the analysis runs over the registered attention measures
+(:mod:`probe.attention.measure`) with one value per layer and head (:func:`linked_measures`: ``p_ext`` and any
+added), and each result says which one it is (``measure``).
+
 Products (the statistics are those of :mod:`probe.analysis.inference`; methods and simulations in
 docs/statistics.md):
 
-- :func:`summarise_attention`: per model × condition × load, the mean over prompts of P_ext[layer, head], of the
-  enrichment P_ext / chance[layer, head] (NaN-aware: Control prompts have chance 0), of the chance level per
-  layer, and of the head-averaged residue AR_k[layer, target]. Targets are named by kind and order (``germane 1``,
-  ``germane 2``, …, ``question``) so prompts with the same layout average position by position. The arrays go to
-  ``attention_summary.npz`` (members named in each :class:`AttentionCell`); the report draws them without
-  recomputing anything. It also returns each trial's own arrays for the tests below.
-- :func:`attention_behaviour`, over the scored trials whose prompt has extraneous segments (Saturation, Residue:
-  P_ext is 0 by construction elsewhere, so including them would test the condition, not attention):
+- :func:`summarise_attention`: per model × condition × load and linked measure, the mean over prompts of the
+  measure[layer, head] and, for a measure with a chance level, of its enrichment measure / chance[layer, head]
+  (NaN-aware: Control prompts have chance 0), of the chance level per layer, and of the head-averaged residue
+  AR_k[layer, target]. Targets are named by kind and order (``germane 1``, ``germane 2``, …, ``question``) so
+  prompts with the same layout average position by position. The arrays go to ``attention_summary.npz`` (members
+  named in each :class:`AttentionCell`); the report draws them without recomputing anything. It also returns each
+  trial's own arrays for the tests below.
+- :func:`attention_behaviour`, per linked measure, over the scored trials whose prompt has extraneous segments
+  (Saturation, Residue: P_ext is 0 by construction elsewhere, so including them would test the condition, not
+  attention):
 
-  * per layer (the primary test, ``p_ext_layers``): does head-mean P_ext differ between failed and correct trials
-    at equal load and placement? OLS of P_ext on [1, failed, load, Residue] per layer, CR2 standard errors clustered
-    by question, t on Bell–McCaffrey df, BH across the layers (one family per model). Layers with q < α and a
-    positive difference are the layers whose distraction tracks failure (``tracking_layers``). Load is adjusted for
-    because P_ext rises with load by construction (its chance level is the extraneous share).
-  * per head (``heads``): the same test on each head's P_ext enrichment, BH across the whole layer × head grid (one
-    family per model); heads with q < α and a positive difference are the *distractor heads*. The grid of
-    estimates and q-values goes to ``attention_summary.npz``.
-  * per layer, the logistic robustness line (``layers``): Binomial GLM of *wrong answer* on head-mean P_ext, alone
-    and with load (pp) and a Residue indicator as covariates (``adjusted``), the analysis' one logistic fit
+  * per layer (the primary test, ``layer_tests``): does the head-mean measure (P_ext) differ between failed and
+    correct trials at equal load and placement? OLS of it on [1, failed, load, Residue] per layer, CR2 standard
+    errors clustered by question, t on Bell–McCaffrey df, BH across the layers (one family per model and measure).
+    Layers with q < α and a positive difference are the layers whose distraction tracks failure
+    (``tracking_layers``). Load is adjusted for because P_ext rises with load by construction (its chance level is
+    the extraneous share).
+  * per head (``heads``): the same test on each head's enrichment (the value itself for a measure without a chance
+    level), BH across the whole layer × head grid (one family per model and measure); heads with q < α and a
+    positive difference are the *distractor heads*. The grid of estimates and q-values goes to
+    ``attention_summary.npz``.
+  * per layer, the logistic robustness line (``layers``): Binomial GLM of *wrong answer* on the head-mean measure,
+    alone and with load (pp) and a Residue indicator as covariates (``adjusted``), the analysis' one logistic fit
     (:func:`probe.analysis.glm.fit_logit`: CR2 clustered by question, t on Bell–McCaffrey df), BH q-values across
-    layers per fit (each its own family). ``odds_ratio_per_10pp_p_ext`` = exp(0.1·coef): the odds ratio of a wrong
-    answer per 10 percentage points of P_ext (P_ext is a share, so 0.1 of it).
+    layers per fit (each its own family). ``odds_ratio_per_10pp`` = exp(0.1·coef): the odds ratio of a wrong
+    answer per 10 percentage points of the measure (a share, so 0.1 of it).
 - :func:`residue_attention` (H3 in attention): per Residue prompt, the head-mean AR_k of the question target and of
   the prompt's last germane segment at each layer against the prompt's S_sim: slope of AR_k on S_sim per layer,
   adjusted for load, CR2 clustered by question with Bell–McCaffrey df, BH across layers (one family per model and
@@ -44,15 +52,20 @@ from __future__ import annotations
 import logging
 import warnings
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 import statsmodels.api as sm
 
 from probe.analysis import inference as inf
+from probe.analysis.attention_tests import attention_failure_tests, residue_similarity_tests
 from probe.analysis.estimates import finite, key_int
 from probe.analysis.glm import exp_or_none, fit_logit
 from probe.runfolder import RunFolder
+
+if TYPE_CHECKING:
+    from probe.attention.measure import Measure
 
 log = logging.getLogger(__name__)
 
@@ -65,61 +78,73 @@ class AttentionRecord:
     """The arrays the analysis uses from one probe record (:class:`probe.attention.result.SegmentAttention`).
 
     Attributes:
-        p_ext: (layer, head) P_ext; enrichment: (layer, head) P_ext / chance; chance: (layer,) chance level.
+        shares: measure id -> (layer, head) array, for every measure on (layer, head) the record holds (``p_ext``).
+        enrichment: measure id -> (layer, head) value / chance, for those of them with a chance level.
+        chance: (layer,) chance level.
         ar_k_mean: (layer, target) head-mean AR_k, or None; ar_targets: target names (``germane 1``, …,
             ``question``).
         seg_mass: (layer, head, kind) segment mass; kinds: the kind of each last-axis entry.
     """
 
-    p_ext: np.ndarray
-    enrichment: np.ndarray
+    shares: dict[str, np.ndarray]
+    enrichment: dict[str, np.ndarray]
     chance: np.ndarray
     ar_k_mean: np.ndarray | None
     ar_targets: tuple[str, ...]
     seg_mass: np.ndarray
     kinds: tuple[str, ...]
 
+    @property
+    def p_ext(self) -> np.ndarray:
+        return self.shares["p_ext"]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.chance.shape) + tuple(next(iter(self.shares.values())).shape[1:])
+
 
 @dataclass(frozen=True)
 class AttentionCell:
-    """Mean attention of the prompts of one model × condition × load that have a probe record.
+    """Mean of one attention measure over the prompts of one model × condition × load that have a probe record.
 
     Attributes:
-        model, condition, load: the cell.
+        model, condition, load: the cell; measure: the measure's id (``p_ext``, ``ar_k``, …); label: its name in
+            sentences and figures (``P_ext``).
         n_prompts: prompts with a record; n_layers, n_heads: their shape.
-        p_ext_mean, enrichment_mean: grand means over layers and heads (None where undefined, e.g. Control
-            enrichment).
-        ar_targets: names of the AR_k targets (columns of the ``ar_k`` array).
-        p_ext_key, enrichment_key, chance_key: members of ``attention_summary.npz`` holding the (layer, head) mean
-            P_ext, the (layer, head) mean enrichment and the (layer,) mean chance level.
-        ar_k_key: member holding the (layer, target) mean head-mean AR_k; None without AR_k.
+        mean: grand mean of the cell's array (None where undefined).
+        key: member of ``attention_summary.npz`` holding the cell's array: (layer, head) mean of a measure on
+            (layer, head), (layer, target) mean head-mean AR_k for ``ar_k``.
+        enrichment_mean, enrichment_key: the same for value / chance, for a measure with a chance level (else None).
+        chance_key: member holding the (layer,) mean chance level (None for a measure without one).
+        targets: names of the AR_k targets (columns of the ``ar_k`` array; empty for other measures).
     """
 
     model: str
     condition: str
     load: int
+    measure: str
+    label: str
     n_prompts: int
     n_layers: int
     n_heads: int
-    p_ext_mean: float | None
+    mean: float | None
+    key: str
     enrichment_mean: float | None
-    ar_targets: tuple[str, ...]
-    p_ext_key: str
-    enrichment_key: str
-    chance_key: str
-    ar_k_key: str | None
+    enrichment_key: str | None
+    chance_key: str | None
+    targets: tuple[str, ...]
 
 
 @dataclass(frozen=True)
-class PExtLogit:
-    """Binomial GLM (logit) of a wrong answer on head-mean P_ext (and covariates), clustered by question.
+class MeasureLogit:
+    """Binomial GLM (logit) of a wrong answer on a head-mean attention share (and covariates), clustered by question.
 
     Attributes:
-        coef: log-odds of a wrong answer per unit of P_ext (P_ext is a share in [0, 1]); se, ci_low, ci_high, p:
-            its CR2 SE, CI and p on t(df) (None when the fit gives the coefficient only); df: Bell–McCaffrey
-            degrees of freedom; q: BH q-value across the layers of the same fit (one family).
-        odds_ratio_per_10pp_p_ext: exp(0.1 · coef), the odds ratio of a wrong answer per 10 percentage points of
-            P_ext (None where it would overflow).
+        coef: log-odds of a wrong answer per unit of the measure (a share in [0, 1], e.g. P_ext); se, ci_low,
+            ci_high, p: its CR2 SE, CI and p on t(df) (None when the fit gives the coefficient only); df:
+            Bell–McCaffrey degrees of freedom; q: BH q-value across the layers of the same fit (one family).
+        odds_ratio_per_10pp: exp(0.1 · coef), the odds ratio of a wrong answer per 10 percentage points of the
+            measure (None where it would overflow).
         reason: why there is no estimate or no test, else None.
     """
 
@@ -130,18 +155,18 @@ class PExtLogit:
     p: float | None
     q: float | None
     df: float | None
-    odds_ratio_per_10pp_p_ext: float | None
+    odds_ratio_per_10pp: float | None
     reason: str | None
 
 
 @dataclass(frozen=True)
 class LayerFit:
-    """One layer's logistic robustness fit: the :class:`PExtLogit` fields, and the fit adjusted for load and
-    placement (``adjusted``: P_ext with load (pp) and a Residue indicator as covariates; None where no covariate
-    varies).
+    """One layer's logistic robustness fit: the :class:`MeasureLogit` fields, and the fit adjusted for load and
+    placement (``adjusted``: the measure with load (pp) and a Residue indicator as covariates; None where no
+    covariate varies).
 
     Attributes:
-        layer: 0-based layer; n: trials with a finite P_ext at this layer.
+        layer: 0-based layer; n: trials with a finite value of the measure at this layer.
     """
 
     layer: int
@@ -153,9 +178,9 @@ class LayerFit:
     p: float | None
     q: float | None
     df: float | None
-    odds_ratio_per_10pp_p_ext: float | None
+    odds_ratio_per_10pp: float | None
     reason: str | None
-    adjusted: PExtLogit | None
+    adjusted: MeasureLogit | None
 
 
 @dataclass(frozen=True)
@@ -219,7 +244,8 @@ class HeadHit:
 
 @dataclass(frozen=True)
 class HeadTests:
-    """The per-head test of one model: failed − correct P_ext enrichment per head, one BH family over the grid.
+    """The per-head test of one model and measure: failed − correct enrichment (value / chance; the value itself for
+    a measure without a chance level) per head, one BH family over the grid.
 
     Attributes:
         measure, estimand: as in :class:`LayerTests`.
@@ -249,16 +275,19 @@ class HeadTests:
 
 @dataclass(frozen=True)
 class AttentionBehaviour:
-    """Attention ↔ behaviour of one model (:func:`attention_behaviour`; module docstring).
+    """Attention ↔ behaviour of one model and one measure (:func:`attention_behaviour`; module docstring).
 
     Attributes:
-        model: the model; n_trials: scored Saturation/Residue trials with a record; n_questions: their questions;
-            conditions: those conditions.
-        p_ext_layers: the primary per-layer test (head-mean P_ext, failed − correct, adjusted for load and Residue).
-        heads: the per-head test (P_ext enrichment, failed − correct, adjusted), BH over the layer × head grid.
+        model: the model; measure: the measure's id (``p_ext``); label: its name in sentences (``P_ext``);
+            has_chance: whether the per-head test is on the enrichment (value / chance) or on the value;
+            n_trials: scored Saturation/Residue trials with a record; n_questions: their questions; conditions:
+            those conditions.
+        layer_tests: the primary per-layer test (head-mean measure, failed − correct, adjusted for load and
+            Residue).
+        heads: the per-head test (enrichment, failed − correct, adjusted), BH over the layer × head grid.
         layers: the logistic robustness fits, one :class:`LayerFit` per layer.
-        tracking_layers: layers of ``p_ext_layers`` with q < α and a positive difference (more attention on
-            extraneous text in failed trials).
+        tracking_layers: layers of ``layer_tests`` with q < α and a positive difference (for P_ext: more attention
+            on extraneous text in failed trials).
         distractor_heads: heads of ``heads`` with q < α and a positive difference.
         logit_layers, logit_layers_adjusted: layers whose logistic fit (alone; adjusted) has q < α and a positive
             coefficient.
@@ -266,10 +295,13 @@ class AttentionBehaviour:
     """
 
     model: str
+    measure: str
+    label: str
+    has_chance: bool
     n_trials: int
     n_questions: int
     conditions: tuple[str, ...]
-    p_ext_layers: LayerTests | None
+    layer_tests: LayerTests | None
     heads: HeadTests | None
     layers: tuple[LayerFit, ...]
     tracking_layers: tuple[int, ...]
@@ -303,6 +335,13 @@ class ResidueAttention:
     reason: str | None
 
 
+def linked_measures() -> list[Measure]:
+    """The registered attention measures the analysis links to behaviour: those with one value per layer and head."""
+    from probe.attention.measures import measures
+
+    return [m for m in measures() if m.is_head_share]
+
+
 def read_attention(run: RunFolder, model: str, prompt_id: str) -> AttentionRecord | None:
     """The probe record of (model, prompt id) in a run folder, or None when there is none.
 
@@ -321,9 +360,10 @@ def read_attention(run: RunFolder, model: str, prompt_id: str) -> AttentionRecor
         kind = sa.segment_kinds[i]
         counters[kind] = counters.get(kind, 0) + 1
         names.append("question" if kind == "question" and counters[kind] == 1 else f"{kind} {counters[kind]}")
+    linked = [m for m in linked_measures() if m.id in sa.measures]
     return AttentionRecord(
-        p_ext=np.asarray(sa.p_ext, dtype=np.float64),
-        enrichment=np.asarray(sa.enrichment, dtype=np.float64),
+        shares={m.id: np.asarray(sa[m.id], dtype=np.float64) for m in linked},
+        enrichment={m.id: np.asarray(sa.enrichment_of(m.id), dtype=np.float64) for m in linked if m.has_chance},
         chance=np.asarray(sa.chance, dtype=np.float64),
         ar_k_mean=None if sa.ar_k_mean is None else np.asarray(sa.ar_k_mean, dtype=np.float64),
         ar_targets=tuple(names),
@@ -332,22 +372,35 @@ def read_attention(run: RunFolder, model: str, prompt_id: str) -> AttentionRecor
     )
 
 
+def _nan_mean(arrays: list[np.ndarray]) -> np.ndarray:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices (Control enrichment) stay NaN
+        return np.nanmean(np.stack(arrays), axis=0)
+
+
+def _grand_mean(arr: np.ndarray) -> float | None:
+    return finite(np.nanmean(arr)) if np.isfinite(arr).any() else None
+
+
 def summarise_attention(
     run: RunFolder, df: pd.DataFrame
 ) -> tuple[list[AttentionCell], dict[str, np.ndarray], pd.DataFrame]:
-    """Per-cell attention means, and each trial's head-mean P_ext per layer.
+    """Per-cell attention means of every linked measure and of AR_k, and each trial's arrays.
 
     Args:
         run: the run folder.
         df: trial table.
 
     Returns:
-        (cells, arrays, per_trial): one :class:`AttentionCell` per model × condition × load with a record;
-        ``arrays`` maps the cells' npz member names (``ice_cell<i>_<what>``) to float32 arrays; ``per_trial`` has,
-        for every trial whose prompt has a record, ``trial_id``, ``p_ext_layer`` ((layer,) head-mean P_ext),
-        ``enrichment`` ((layer, head) P_ext / chance), ``ar_question`` and ``ar_last_germane`` ((layer,) head-mean
-        AR_k of the question target and of the prompt's last germane segment; None where the record has none).
+        (cells, arrays, per_trial): one :class:`AttentionCell` per model × condition × load × measure with a record
+        (the measures of :func:`linked_measures`, then ``ar_k``); ``arrays`` maps the cells' npz member names
+        (``ice_cell<i>_<measure>``, ``ice_cell<i>_<measure>_enrichment``, ``ice_cell<i>_chance``) to float32
+        arrays; ``per_trial`` has, for every trial whose prompt has a record, ``trial_id``, per linked measure
+        ``<measure>_layer`` ((layer,) head-mean) and ``<measure>_heads`` ((layer, head) enrichment, or the values
+        for a measure without a chance level), and ``ar_question`` and ``ar_last_germane`` ((layer,) head-mean AR_k
+        of the question target and of the prompt's last germane segment; None where the record has none).
     """
+    linked = linked_measures()
     prompts = df[["model", "prompt_id", "condition", "load"]].drop_duplicates(["model", "prompt_id"])
     records: dict[tuple[str, str], AttentionRecord] = {}
     for model, pid in zip(prompts["model"], prompts["prompt_id"]):
@@ -356,62 +409,74 @@ def summarise_attention(
             records[(str(model), str(pid))] = rec
     cells: list[AttentionCell] = []
     arrays: dict[str, np.ndarray] = {}
+    columns = ["trial_id", *[f"{m.id}_{what}" for m in linked for what in ("layer", "heads")]]
     if not records:
-        return cells, arrays, pd.DataFrame(columns=["trial_id", "p_ext_layer"])
+        return cells, arrays, pd.DataFrame(columns=columns)
+    n_groups = 0
     for (model, cond, load), g in prompts.groupby(["model", "condition", "load"], sort=True):
         recs = [records[(str(model), str(p))] for p in g["prompt_id"] if (str(model), str(p)) in records]
         if not recs:
             continue
-        shapes = {r.p_ext.shape for r in recs}
+        shapes = {r.shape for r in recs}
         if len(shapes) != 1:
             log.warning("%s %s %s: attention records of different shapes %s; cell skipped", model, cond, load, shapes)
             continue
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices (Control enrichment) stay NaN
-            p_ext = np.nanmean(np.stack([r.p_ext for r in recs]), axis=0)
-            enrichment = np.nanmean(np.stack([r.enrichment for r in recs]), axis=0)
-            chance = np.nanmean(np.stack([r.chance for r in recs]), axis=0)
-        key = f"ice_cell{len(cells)}"  # npz members are named by position; the cell carries its labels
-        for what, arr in (("p_ext", p_ext), ("enrichment", enrichment), ("chance", chance)):
-            arrays[f"{key}_{what}"] = arr.astype(np.float32)
+        key = f"ice_cell{n_groups}"  # npz members are named by position; the cell carries its labels
+        n_groups += 1
+        n_layers, n_heads = recs[0].shape[:2]
+        chance_key = f"{key}_chance"
+        arrays[chance_key] = _nan_mean([r.chance for r in recs]).astype(np.float32)
+        base: dict[str, Any] = dict(model=str(model), condition=str(cond), load=key_int(load), n_prompts=len(recs),
+                    n_layers=int(n_layers), n_heads=int(n_heads))
+        for m in linked:
+            if not all(m.id in r.shares for r in recs):
+                continue
+            mean = _nan_mean([r.shares[m.id] for r in recs])
+            arrays[f"{key}_{m.id}"] = mean.astype(np.float32)
+            enrichment = None
+            if m.has_chance:
+                enrichment = _nan_mean([r.enrichment[m.id] for r in recs])
+                arrays[f"{key}_{m.id}_enrichment"] = enrichment.astype(np.float32)
+            cells.append(AttentionCell(
+                **base, measure=m.id, label=m.name, mean=_grand_mean(mean), key=f"{key}_{m.id}",
+                enrichment_mean=None if enrichment is None else _grand_mean(enrichment),
+                enrichment_key=f"{key}_{m.id}_enrichment" if m.has_chance else None,
+                chance_key=chance_key if m.has_chance else None, targets=()))
         names: list[str] = []
-        ar_key = None
         ar = [r for r in recs if r.ar_k_mean is not None and r.ar_k_mean.shape[1] > 0]
         if ar:
             for r in ar:
                 names += [t for t in r.ar_targets if t not in names]
             names.sort(key=lambda t: (t == "question", t))
-            mat = np.full((len(ar), p_ext.shape[0], len(names)), np.nan)
+            mat = np.full((len(ar), n_layers, len(names)), np.nan)
             for i, r in enumerate(ar):
                 assert r.ar_k_mean is not None
                 for j, t in enumerate(r.ar_targets):
                     mat[i, :, names.index(t)] = r.ar_k_mean[:, j]
-            ar_key = f"{key}_ar_k"
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
-                arrays[ar_key] = np.nanmean(mat, axis=0).astype(np.float32)  # (layer, target)
-        cells.append(AttentionCell(
-            model=str(model), condition=str(cond), load=key_int(load), n_prompts=len(recs),
-            n_layers=int(p_ext.shape[0]), n_heads=int(p_ext.shape[1]),
-            p_ext_mean=finite(np.nanmean(p_ext)) if np.isfinite(p_ext).any() else None,
-            enrichment_mean=finite(np.nanmean(enrichment)) if np.isfinite(enrichment).any() else None,
-            ar_targets=tuple(names), p_ext_key=f"{key}_p_ext", enrichment_key=f"{key}_enrichment",
-            chance_key=f"{key}_chance", ar_k_key=ar_key,
-        ))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        layer_means = {k: np.nanmean(r.p_ext, axis=1) for k, r in records.items()}  # (layer,)
+                ar_mean = np.nanmean(mat, axis=0)  # (layer, target)
+            arrays[f"{key}_ar_k"] = ar_mean.astype(np.float32)
+            cells.append(AttentionCell(**base, measure="ar_k", label="AR_k", mean=_grand_mean(ar_mean), key=f"{key}_ar_k",
+                                       enrichment_mean=None, enrichment_key=None, chance_key=None,
+                                       targets=tuple(names)))
     keyed = df[["trial_id", "model", "prompt_id"]]
     keys = [(str(m), str(p)) for m, p in zip(keyed["model"], keyed["prompt_id"])]
-    per_trial = pd.DataFrame({
-        "trial_id": keyed["trial_id"],
-        "p_ext_layer": [layer_means.get(k) for k in keys],
-        "enrichment": [records[k].enrichment if k in records else None for k in keys],
-        "ar_question": [_target_ar(records[k], "question") if k in records else None for k in keys],
-        "ar_last_germane": [_target_ar(records[k], "last germane") if k in records else None for k in keys],
-    })
-    per_trial = per_trial[per_trial["p_ext_layer"].notna()]
-    return cells, arrays, per_trial
+    has = [k in records for k in keys]
+    columns_data: dict[str, list] = {"trial_id": list(keyed["trial_id"])}
+    for m in linked:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            layer_means = {k: np.nanmean(r.shares[m.id], axis=1) for k, r in records.items() if m.id in r.shares}
+        columns_data[f"{m.id}_layer"] = [layer_means.get(k) for k in keys]
+        columns_data[f"{m.id}_heads"] = [
+            (records[k].enrichment if m.has_chance else records[k].shares).get(m.id) if k in records else None
+            for k in keys]
+    columns_data["ar_question"] = [_target_ar(records[k], "question") if k in records else None for k in keys]
+    columns_data["ar_last_germane"] = [_target_ar(records[k], "last germane") if k in records else None
+                                       for k in keys]
+    per_trial = pd.DataFrame(columns_data)
+    return cells, arrays, per_trial[np.array(has, dtype=bool)]
 
 
 def _target_ar(rec: AttentionRecord, target: str) -> np.ndarray | None:
@@ -428,31 +493,31 @@ def _target_ar(rec: AttentionRecord, target: str) -> np.ndarray | None:
     return np.asarray(rec.ar_k_mean[:, rec.ar_targets.index(names[0])], dtype=float)
 
 
-def _logit(y: np.ndarray, X: np.ndarray, groups: np.ndarray, alpha: float) -> PExtLogit:
+def _logit(y: np.ndarray, X: np.ndarray, groups: np.ndarray, alpha: float) -> MeasureLogit:
     """Binomial GLM of ``y`` on ``X`` (constant first, the tested variable second), clustered by ``groups``."""
     fit = fit_logit(y, X, groups)
     if not fit.ok:
-        return PExtLogit(None, None, None, None, None, None, None, None, fit.reason)
+        return MeasureLogit(None, None, None, None, None, None, None, None, fit.reason)
     c = fit.coefficient(1, alpha)
-    return PExtLogit(coef=finite(c.estimate), se=c.se, ci_low=c.ci_low, ci_high=c.ci_high, p=c.p, q=None, df=c.df,
-                     odds_ratio_per_10pp_p_ext=exp_or_none(0.1 * c.estimate), reason=c.reason)
+    return MeasureLogit(coef=finite(c.estimate), se=c.se, ci_low=c.ci_low, ci_high=c.ci_high, p=c.p, q=None,
+                        df=c.df, odds_ratio_per_10pp=exp_or_none(0.1 * c.estimate), reason=c.reason)
 
 
 def _logit_layer(layer: int, x: np.ndarray, y: np.ndarray, groups: np.ndarray, covariates: np.ndarray,
-                 alpha: float) -> LayerFit:
+                 alpha: float, label: str = "P_ext") -> LayerFit:
     ok = np.isfinite(x)
     x, y, groups, covariates = x[ok], y[ok], groups[ok], covariates[ok]
     out = LayerFit(layer=layer, n=int(len(x)), coef=None, se=None, ci_low=None, ci_high=None, p=None, q=None,
-                   df=None, odds_ratio_per_10pp_p_ext=None, reason=None, adjusted=None)
+                   df=None, odds_ratio_per_10pp=None, reason=None, adjusted=None)
     if len(x) < MIN_TRIALS_PER_LAYER_FIT:
-        return replace(out, reason=f"{len(x)} trials with P_ext; need at least {MIN_TRIALS_PER_LAYER_FIT}")
+        return replace(out, reason=f"{len(x)} trials with {label}; need at least {MIN_TRIALS_PER_LAYER_FIT}")
     if y.min() == y.max():
         return replace(out, reason="no variance in outcome (every trial " + ("wrong" if y[0] else "right") + ")")
     if np.ptp(x) == 0:
-        return replace(out, reason="no variance in P_ext")
+        return replace(out, reason=f"no variance in {label}")
     alone = _logit(y, sm.add_constant(x, has_constant="add"), groups, alpha)
     out = replace(out, coef=alone.coef, se=alone.se, ci_low=alone.ci_low, ci_high=alone.ci_high, p=alone.p,
-                  df=alone.df, odds_ratio_per_10pp_p_ext=alone.odds_ratio_per_10pp_p_ext, reason=alone.reason)
+                  df=alone.df, odds_ratio_per_10pp=alone.odds_ratio_per_10pp, reason=alone.reason)
     keep = [j for j in range(covariates.shape[1]) if np.ptp(covariates[:, j]) > 0]
     if keep:
         X = np.column_stack([np.ones(len(x)), x, covariates[:, keep]])
@@ -472,7 +537,8 @@ def _layer_tests(fits: inf.ManyFits, alpha: float, measure: str, estimand: str, 
                       significant=tuple(int(i) for i in fits.significant(alpha)[:, 0]))
 
 
-def _head_tests(fits: inf.ManyFits, alpha: float, n: int, key: str) -> tuple[HeadTests, dict[str, np.ndarray]]:
+def _head_tests(fits: inf.ManyFits, alpha: float, n: int, key: str, m: Measure
+                ) -> tuple[HeadTests, dict[str, np.ndarray]]:
     n_layers, n_heads = fits.estimate.shape
     hits = [HeadHit(layer=int(li), head=int(h), estimate=float(fits.estimate[li, h]),
                     ci_low=finite(fits.ci_low[li, h]), ci_high=finite(fits.ci_high[li, h]), p=float(fits.p[li, h]),
@@ -481,8 +547,10 @@ def _head_tests(fits: inf.ManyFits, alpha: float, n: int, key: str) -> tuple[Hea
     hits.sort(key=lambda x: (x.q, x.layer, x.head))
     dfs = fits.df[np.isfinite(fits.df)]
     arrays = {f"{key}_estimate": fits.estimate.astype(np.float32), f"{key}_q": fits.q.astype(np.float32)}
-    heads = HeadTests(measure="P_ext enrichment (P_ext / chance) per head",
-                      estimand="failed - correct difference in enrichment at equal load and placement",
+    what = f"{m.name} enrichment ({m.name} / chance)" if m.has_chance else m.name
+    heads = HeadTests(measure=f"{what} per head",
+                      estimand="failed - correct difference in " + ("enrichment" if m.has_chance else m.name)
+                               + " at equal load and placement",
                       n=n, n_questions=fits.n_clusters, n_layers=int(n_layers), n_heads=int(n_heads),
                       n_tested=int(np.isfinite(fits.p).sum()), is_test=fits.is_test, method=fits.method,
                       reason=fits.reason, df=float(np.median(dfs)) if dfs.size else None,
@@ -490,15 +558,23 @@ def _head_tests(fits: inf.ManyFits, alpha: float, n: int, key: str) -> tuple[Hea
     return heads, arrays
 
 
-METHOD = ("per layer: OLS of head-mean P_ext on [1, failed, load, Residue], CR2 clustered by question, t with "
-          "Bell-McCaffrey df, BH across layers; per head: the same on P_ext enrichment, BH across the layer x head "
-          "grid; logistic robustness: per-layer Binomial GLM of wrong answer on head-mean P_ext (alone; with load "
-          "and Residue), CR2 clustered by question, BH across layers")
+def method_of(label: str, has_chance: bool = True) -> str:
+    """The one-line method of :func:`attention_behaviour` for a measure named ``label``."""
+    heads = f"{label} enrichment" if has_chance else label
+    return (f"per layer: OLS of head-mean {label} on [1, failed, load, Residue], CR2 clustered by question, t with "
+            f"Bell-McCaffrey df, BH across layers; per head: the same on {heads}, BH across the layer x head "
+            f"grid; logistic robustness: per-layer Binomial GLM of wrong answer on head-mean {label} (alone; with "
+            "load and Residue), CR2 clustered by question, BH across layers")
+
+
+METHOD = method_of("P_ext")
 
 
 def attention_behaviour(df: pd.DataFrame, per_trial: pd.DataFrame, model: str, alpha: float = 0.05,
-                        key: str = "ice_heads0") -> tuple[AttentionBehaviour, dict[str, np.ndarray]]:
-    """Attention ↔ behaviour of one model: per-layer and per-head tests, logistic fits (module docstring).
+                        key: str = "ice_heads0", measure: str = "p_ext"
+                        ) -> tuple[AttentionBehaviour, dict[str, np.ndarray]]:
+    """Attention ↔ behaviour of one model and one linked measure: per-layer and per-head tests, logistic fits
+    (module docstring).
 
     Args:
         df: trial table.
@@ -506,45 +582,57 @@ def attention_behaviour(df: pd.DataFrame, per_trial: pd.DataFrame, model: str, a
         model: model name.
         alpha: test and FDR level.
         key: prefix of the npz members holding the per-head grids.
+        measure: the measure's id (one of :func:`linked_measures`).
 
     Returns:
         The model's :class:`AttentionBehaviour` and the arrays for ``attention_summary.npz``.
     """
-    out = AttentionBehaviour(model=model, n_trials=0, n_questions=0, conditions=EXTRANEOUS_CONDITIONS,
-                             p_ext_layers=None, heads=None, layers=(), tracking_layers=(), distractor_heads=(),
-                             logit_layers=(), logit_layers_adjusted=(), reason=None, method=METHOD)
+    from probe.attention.measures import measure as measure_of
+
+    m = measure_of(measure)
+    label = m.name
+    layer_col, heads_col = f"{m.id}_layer", f"{m.id}_heads"
+    out = AttentionBehaviour(model=model, measure=m.id, label=label, has_chance=m.has_chance, n_trials=0, n_questions=0, conditions=EXTRANEOUS_CONDITIONS,
+                             layer_tests=None, heads=None, layers=(), tracking_layers=(), distractor_heads=(),
+                             logit_layers=(), logit_layers_adjusted=(), reason=None,
+                             method=method_of(label, m.has_chance))
     d = df[(df["model"] == model) & df["is_scored"] & df["condition"].isin(EXTRANEOUS_CONDITIONS)]
-    d = d.merge(per_trial, on="trial_id", how="inner")
+    if layer_col in per_trial.columns:
+        d = d.merge(per_trial[["trial_id", layer_col, heads_col]], on="trial_id", how="inner")
+        d = d[d[layer_col].notna()]
+    else:
+        d = d.iloc[0:0]
     if d.empty:
-        return replace(out, reason="no scored Saturation/Residue trial with an attention record"), {}
-    shapes = {np.shape(m) for m in d["enrichment"]}
+        return replace(out, reason=f"no scored Saturation/Residue trial with an attention record of {label}"
+                       if m.id != "p_ext" else "no scored Saturation/Residue trial with an attention record"), {}
+    shapes = {np.shape(v) for v in d[heads_col]}
     if len(shapes) != 1:
         return replace(out, reason=f"attention records of different shapes {sorted(shapes)}: layers and heads "
                                    "cannot be compared across prompts"), {}
-    mat = np.stack(d["p_ext_layer"].to_list())  # (trial, layer)
-    enrichment = np.stack(d["enrichment"].to_list())  # (trial, layer, head)
+    mat = np.stack(d[layer_col].to_list())  # (trial, layer)
+    per_head = np.stack(d[heads_col].to_list())  # (trial, layer, head)
     failed = (d["em"].to_numpy() < 0.5).astype(float)
     groups = d["task_id"].to_numpy()
     load = d["load"].to_numpy(dtype=float)
     residue = (d["condition"] == "Residue").to_numpy(dtype=float)
     covariates = np.column_stack([load, residue])
-    layer_fits = inf.attention_failure_tests(mat, failed, load, groups, residue[:, None], alpha)
-    p_ext_layers = _layer_tests(layer_fits, alpha, "head-mean P_ext",
-                                "failed - correct difference in P_ext (share) at equal load and placement", len(d))
-    head_fits = inf.attention_failure_tests(enrichment, failed, load, groups, residue[:, None], alpha)
-    heads, arrays = _head_tests(head_fits, alpha, len(d), key)
-    layers = [_logit_layer(li, mat[:, li], failed, groups, covariates, alpha) for li in range(mat.shape[1])]
+    layer_fits = attention_failure_tests(mat, failed, load, groups, residue[:, None], alpha)
+    layer_tests = _layer_tests(layer_fits, alpha, f"head-mean {label}",
+                               f"failed - correct difference in {label} (share) at equal load and placement", len(d))
+    head_fits = attention_failure_tests(per_head, failed, load, groups, residue[:, None], alpha)
+    heads, arrays = _head_tests(head_fits, alpha, len(d), key, m)
+    layers = [_logit_layer(li, mat[:, li], failed, groups, covariates, alpha, label) for li in range(mat.shape[1])]
     q_alone = inf.bh_qvalues(np.array([np.nan if r.p is None else r.p for r in layers]))
     q_adj = inf.bh_qvalues(np.array([np.nan if r.adjusted is None or r.adjusted.p is None else r.adjusted.p
                                      for r in layers]))
     layers = [replace(r, q=finite(qa), adjusted=None if r.adjusted is None else replace(r.adjusted, q=finite(qb)))
               for r, qa, qb in zip(layers, q_alone, q_adj)]
-    tracking = tuple(t.layer for t in p_ext_layers.layers
+    tracking = tuple(t.layer for t in layer_tests.layers
                      if t.q is not None and t.q < alpha and t.estimate is not None and t.estimate > 0)
     logit = tuple(r.layer for r in layers if r.q is not None and r.q < alpha and r.coef is not None and r.coef > 0)
     logit_adj = tuple(r.layer for r in layers if (a := r.adjusted) is not None and a.q is not None and a.q < alpha
                       and a.coef is not None and a.coef > 0)
-    return replace(out, n_trials=int(len(d)), n_questions=int(d["task_id"].nunique()), p_ext_layers=p_ext_layers,
+    return replace(out, n_trials=int(len(d)), n_questions=int(d["task_id"].nunique()), layer_tests=layer_tests,
                    heads=heads, layers=tuple(layers), tracking_layers=tracking,
                    distractor_heads=tuple(h for h in heads.significant if h.estimate > 0), logit_layers=logit,
                    logit_layers_adjusted=logit_adj), arrays
@@ -559,7 +647,7 @@ def residue_attention(df: pd.DataFrame, per_trial: pd.DataFrame, model: str, alp
 
     One row per Residue prompt with a record, a finite S_sim and AR_k of the target (a prompt's trials share its
     record and S_sim: the first scored or unscored trial stands for it). Per target (``question``, ``last
-    germane``): :func:`probe.analysis.inference.residue_similarity_tests` with load as covariate.
+    germane``): :func:`probe.analysis.attention_tests.residue_similarity_tests` with load as covariate.
 
     Args:
         df: trial table.
@@ -592,7 +680,7 @@ def residue_attention(df: pd.DataFrame, per_trial: pd.DataFrame, model: str, alp
             out.append(replace(empty, reason=f"AR_k of different depths {sorted(shapes)} across prompts"))
             continue
         ar = np.stack(t[col].to_list())  # (prompt, layer)
-        res = inf.residue_similarity_tests(ar, t["s_sim"].to_numpy(dtype=float), t["task_id"].to_numpy(),
+        res = residue_similarity_tests(ar, t["s_sim"].to_numpy(dtype=float), t["task_id"].to_numpy(),
                                            t["load"].to_numpy(dtype=float), alpha)
         test = _layer_tests(res.fits, alpha, f"head-mean AR_k of the {target} target",
                             "change in AR_k per unit of S_sim" + (" at equal load" if res.is_load_adjusted else ""),

@@ -33,9 +33,11 @@ bootstrap intervals: puzzles (task ids) are resampled with replacement, the main
 recomputed; replicates whose fit is degenerate or whose curve never crosses 0.5 are counted in
 ``n_boot_undefined`` and left out of the interval.
 
-A fit is ``degenerate`` when every trial has the same outcome (e.g. a model at 0 % everywhere), when statsmodels
-reports perfect separation, when IRLS does not converge, or when a coefficient times its variable's standard
-deviation exceeds ``MAX_STD_COEF`` (quasi-separation: the likelihood has no finite maximum in practice).
+A fit is ``degenerate`` when every trial has the same outcome (e.g. a model at 0 % everywhere), when the outcomes
+are (quasi-)completely separated (the linear-program check :func:`probe.analysis.glm.separation`, shared with ICE's
+logistic fits), when IRLS does not converge, or when a coefficient times its variable's standard deviation exceeds
+``MAX_STD_COEF`` (quasi-separation: the likelihood has no finite maximum in practice; also checked in
+:func:`probe.analysis.glm.fit_logit`).
 
 delta_rho = Acc(lowest tested rho) - Acc(highest tested rho), the raw accuracies at the two extreme rho levels, with
 a bootstrap CI from the same resamples.
@@ -70,7 +72,6 @@ log = logging.getLogger(__name__)
 
 FAMILY = "cogniload"  # the task family whose trials this module analyses (probe.tasks)
 KNOBS: tuple[str, ...] = ("d", "N", "rho")
-MAX_STD_COEF = 12.0  # |coef * sd(x)| above this: an odds ratio of e^12 per standard deviation is separation
 MIN_BOOT_SHARE = 0.9  # below this share of defined bootstrap replicates the CI carries a warning note
 FITS: dict[str, tuple[str, ...]] = {
     "quadratic": ("const", "d", "log10_N", "rho", "rho2"),
@@ -460,9 +461,9 @@ def _fit_glm(data: _Data, terms: tuple[str, ...], clustered: bool, weights: np.n
     if np.linalg.matrix_rank(x) < len(terms):
         return _Fit("not_estimable", f"the design of terms {', '.join(terms)} is rank deficient", terms, {}, None)
     groups = data.cluster if clustered and weights is None else None
-    fit = fit_logit(y, x, groups, freq_weights=w, cluster_name="puzzle")
-    if fit.status == "separation":
-        return _Fit("degenerate", _SEPARATION, terms, {}, None)
+    fit = fit_logit(y, x, groups, freq_weights=w, cluster_name="puzzle", names=tuple(terms))
+    if fit.status == "separation":  # the checks ICE's logistic fits share (probe.analysis.glm.separation)
+        return _Fit("degenerate", str(fit.reason).removeprefix("logistic fit not usable: "), terms, {}, None)
     if fit.status == "not_converged":
         return _Fit("degenerate", "the IRLS fit did not converge (near-separation or too few trials)", terms, {}, None)
     if fit.status == "not_finite":
@@ -470,24 +471,9 @@ def _fit_glm(data: _Data, terms: tuple[str, ...], clustered: bool, weights: np.n
     if not fit.ok:
         return _Fit("degenerate", str(fit.reason), terms, {}, None)
     params = fit.params
-    sd = x.std(axis=0)
-    for t, b, s in zip(terms, params, sd):
-        if t != "const" and abs(b * s) > MAX_STD_COEF:
-            return _Fit(
-                "degenerate",
-                f"quasi-separation: the {t} coefficient ({b:.4g}) is implausibly large "
-                f"(|coef x sd| = {abs(b * s):.4g} > {MAX_STD_COEF:g})",
-                terms,
-                {},
-                None,
-            )
     return _Fit("ok", None, terms, dict(zip(terms, params.tolist())), fit)
 
 
-_SEPARATION = (
-    "perfect separation: the predictors split correct from wrong trials exactly, so the maximum-likelihood "
-    "coefficients are infinite"
-)
 
 
 def _fit_summary(fit: _Fit, dropped: dict[str, str], n: int) -> dict:

@@ -2,7 +2,9 @@
 reference of :mod:`probe.analysis.inference`, every way it can fail turned into a status and a reason.
 
 Callers: H1's robustness line (:mod:`probe.analysis.hypotheses`), the per-layer logistic fits of attention ↔
-behaviour (:mod:`probe.analysis.attention_link`), :func:`probe.analysis.inference.clustered_logit` and the CogniLoad
+behaviour (:mod:`probe.analysis.attention_link`), :func:`clustered_logit` (the same fit as a
+:class:`probe.analysis.inference.ClusteredFit`; it lives here so that this module builds on
+:mod:`probe.analysis.inference` and not the other way round) and the CogniLoad
 GLMs and their bootstrap refits (:mod:`probe.analysis.cogniload`).
 
 Coefficients come from ``statsmodels`` ``GLM(family=Binomial())``. Standard errors:
@@ -17,8 +19,11 @@ Coefficients come from ``statsmodels`` ``GLM(family=Binomial())``. Standard erro
   its own cluster (CogniLoad puzzles answered once, its bootstrap refits): independent trials, many of them, the
   usual likelihood theory.
 
-A fit is not usable (``status`` other than ``ok``) when statsmodels raises, reports perfect separation, does not
-converge, or gives a non-finite coefficient or standard error; ``reason`` says which in a sentence.
+A fit is not usable (``status`` other than ``ok``) when the outcomes are (quasi-)completely separated
+(:func:`separation`, a linear program run before the fit; or a coefficient times its column's standard deviation
+above ``MAX_STD_COEF``), when statsmodels raises or reports perfect separation, does not converge, or gives a
+non-finite coefficient or standard error; ``reason`` says which in a sentence. ICE's logistic fits and CogniLoad's
+GLMs share these checks.
 """
 
 from __future__ import annotations
@@ -30,18 +35,27 @@ from typing import Literal
 
 import numpy as np
 import pandas as pd
+import scipy.optimize
 import scipy.stats
 import statsmodels.api as sm
 from statsmodels.genmod.generalized_linear_model import GLMResults
 from statsmodels.tools.sm_exceptions import ConvergenceWarning, PerfectSeparationError, PerfectSeparationWarning
 
 from probe.analysis.inference import (
+    DEGENERATE_REASON,
     MIN_CLUSTERS,
+    ClusteredFit,
     InferenceInputError,
     VarianceType,
+    check_vcov,
     cluster_se,
+    contrast_guard,
+    descriptive_fit,
+    design_arrays,
     few_clusters_reason,
+    fit_method,
     sandwich_weights,
+    tested_fit,
 )
 
 FitStatus = Literal["ok", "failed", "separation", "not_converged", "not_finite"]
@@ -83,6 +97,7 @@ class LogitFit:
         test_reason: why the fit gives coefficients only (fewer clusters than the minimum, fitted probabilities of
             0 or 1); None when :meth:`coefficient` gives standard errors.
         codes: (n,) cluster codes 0..G−1 (None without groups).
+        min_clusters: the minimum-G rule, applied also to the clusters that carry a coefficient's contrast.
     """
 
     status: FitStatus
@@ -93,6 +108,7 @@ class LogitFit:
     vcov: VarianceType | None = None
     test_reason: str | None = None
     codes: np.ndarray | None = None
+    min_clusters: int = MIN_CLUSTERS
 
     @property
     def ok(self) -> bool:
@@ -121,6 +137,12 @@ class LogitFit:
         est = float(res.params[index])
         if self.test_reason is not None:
             return Coefficient(est, None, None, None, None, None, self.test_reason)
+        if self.codes is not None and self.n_clusters is not None:
+            few = contrast_guard(np.asarray(res.model.exog, dtype=float)[:, index],
+                                 np.asarray(res.model.endog, dtype=float), self.codes, self.min_clusters,
+                                 "the tested variable")
+            if few is not None:
+                return Coefficient(est, None, None, None, None, None, few)
         if self.vcov is None or self.vcov == "CR1":  # statsmodels' own SE: model-based (normal) or CR1 (t, G - 1)
             se = float(res.bse[index])
             df = None if self.vcov is None else float(res.df_resid_inference)
@@ -131,6 +153,8 @@ class LogitFit:
             mu = np.asarray(res.fittedvalues, dtype=float)
             sw = np.sqrt(mu * (1 - mu))  # (n,) square root of the working weights
             w, df = sandwich_weights(X * sw[:, None], self.codes, self.n_clusters, index, "CR2")
+            if not math.isfinite(df):
+                return Coefficient(est, None, None, None, None, None, DEGENERATE_REASON)
             se = cluster_se(w, (y - mu) / sw, self.codes, self.n_clusters)
         if not math.isfinite(se) or se <= 1e-12 * max(1.0, abs(est)):
             return Coefficient(est, None, None, None, None, None,
@@ -144,6 +168,47 @@ class LogitFit:
                            p=float(p), df=df, reason=None)
 
 
+MAX_STD_COEF = 12.0  # |coef * sd(x)| above this: an odds ratio of e^12 per standard deviation is separation
+
+
+def separation(y: np.ndarray, X: np.ndarray, weights: np.ndarray | None = None) -> str | None:
+    """Whether the 0/1 outcomes are (quasi-)completely separated by a combination of the columns of ``X``.
+
+    Method (the linear program of Konis 2007, the check of R's ``detectseparation``): maximise Σ s_i x_i'b subject to
+    s_i x_i'b ≥ 0 for every trial and −1 ≤ b ≤ 1, s_i = +1 for a 1 and −1 for a 0 (scipy ``linprog``, HiGHS, on
+    columns scaled to unit maximum). A positive optimum is a direction b along which the likelihood rises for
+    ever: some coefficient's maximum-likelihood estimate is infinite, and a finite coefficient that IRLS stops at,
+    with its standard error, means nothing (e.g. every Control trial right and every Saturation trial wrong but a
+    few at the lowest load). The optimum is 0 (b = 0) exactly when no such direction exists.
+
+    Args:
+        y: (n,) outcomes in {0, 1}.
+        X: (n, p) design.
+        weights: (n,) frequency weights; rows with weight 0 are left out.
+
+    Returns:
+        A sentence naming the separation (how many trials the separating combination predicts exactly), or None.
+    """
+    y = np.asarray(y, dtype=float)
+    X = np.asarray(X, dtype=float)
+    if weights is not None:
+        keep = np.asarray(weights) > 0
+        y, X = y[keep], X[keep]
+    if y.size == 0 or np.all(y == y[0]):
+        return None
+    scale = np.abs(X).max(axis=0)
+    scale[scale == 0] = 1.0
+    A = (2 * y - 1)[:, None] * (X / scale)  # (n, p): rows s_i x_i
+    res = scipy.optimize.linprog(-A.sum(axis=0), A_ub=-A, b_ub=np.zeros(y.size), bounds=(-1, 1), method="highs")
+    if res.status != 0 or -float(res.fun) <= 1e-7 * y.size:
+        return None
+    exact = int(np.sum(A @ res.x > 1e-7))
+    kind = "complete" if exact == y.size else "quasi-complete"
+    return (f"{kind} separation: a combination of the predictors predicts {exact} of the {y.size} outcomes exactly "
+            f"(e.g. every trial right at one load), so the maximum-likelihood coefficients are infinite and the "
+            f"logistic fit is descriptive only")
+
+
 def fit_logit(
     y: np.ndarray,
     X: np.ndarray,
@@ -153,6 +218,7 @@ def fit_logit(
     cluster_name: str = "task_id",
     vcov: VarianceType = "CR2",
     min_clusters: int = MIN_CLUSTERS,
+    names: tuple[str, ...] | None = None,
 ) -> LogitFit:
     """Binomial GLM (logit link) of ``y`` on ``X`` (see the module docstring for the standard errors).
 
@@ -164,6 +230,7 @@ def fit_logit(
         cluster_name: what a cluster is, for ``se_method``.
         vcov: ``CR2`` (default) or ``CR1`` when ``groups`` are given.
         min_clusters: fewer clusters than this: coefficients only (the minimum-G rule).
+        names: the columns' names, for the reasons (else "column j").
 
     Returns:
         The :class:`LogitFit`; never raises for a fit that statsmodels cannot make.
@@ -178,7 +245,7 @@ def fit_logit(
                                   "pass one or the other")
     codes = n_clusters = None
     if groups is not None:
-        codes = pd.factorize(pd.Series(np.asarray(groups)))[0]
+        codes = pd.factorize(pd.Series(np.asarray(groups)), use_na_sentinel=False)[0]  # None is a question too
         n_clusters = int(codes.max()) + 1 if codes.size else 0
     if groups is None:
         se_method = "model-based (information matrix), normal reference"
@@ -186,6 +253,9 @@ def fit_logit(
         se_method = f"CR2 clustered by {cluster_name} (G={n_clusters}), t with Bell-McCaffrey df"
     else:
         se_method = f"CR1 clustered by {cluster_name} (G={n_clusters}), t with G-1 df"
+    separated = separation(y, X, freq_weights)
+    if separated is not None:
+        return LogitFit("separation", f"logistic fit not usable: {separated}", None, n_clusters, None)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -209,6 +279,15 @@ def fit_logit(
             and np.all(np.isfinite(np.asarray(res.bse, dtype=float)))):
         return LogitFit("not_finite", "logistic fit not usable: no finite coefficient or standard error (separation)",
                         se_method, n_clusters, None)
+    sd = np.asarray(X, dtype=float).std(axis=0)
+    big = [j for j, (b, v) in enumerate(zip(np.asarray(res.params, dtype=float), sd)) if v > 0 and abs(b * v) >
+           MAX_STD_COEF]
+    if big:
+        j = big[0]
+        name = names[j] if names is not None and j < len(names) else f"column {j}"
+        return LogitFit("separation", f"logistic fit not usable: quasi-separation: the {name} coefficient "
+                        f"({float(res.params[j]):.4g}) is implausibly large (|coef x sd| = "
+                        f"{abs(float(res.params[j]) * sd[j]):.4g} > {MAX_STD_COEF:g})", se_method, n_clusters, None)
     if groups is None:
         return LogitFit("ok", None, se_method, None, res, vcov=None)
     test_reason = None
@@ -218,7 +297,56 @@ def fit_logit(
         mu = np.asarray(res.fittedvalues, dtype=float)
         if np.any(np.sqrt(mu * (1 - mu)) < 1e-8):
             test_reason = "fitted probabilities of 0 or 1 (quasi-separation): no usable working weights"
-    return LogitFit("ok", None, se_method, n_clusters, res, vcov=vcov, test_reason=test_reason, codes=codes)
+    return LogitFit("ok", None, se_method, n_clusters, res, vcov=vcov, test_reason=test_reason, codes=codes,
+                    min_clusters=min_clusters)
+
+
+def clustered_logit(y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: int = 1, alpha: float = 0.05,
+                    vcov: VarianceType = "CR2", min_clusters: int = MIN_CLUSTERS) -> ClusteredFit:
+    """Logistic regression (Binomial GLM), question-clustered SEs, small-sample t reference; log-odds.
+
+    Method: the analysis' one logistic fit, :func:`fit_logit` (statsmodels
+    ``GLM(family=Binomial())``); the variance of the tested coefficient is
+    CR2 with Bell–McCaffrey degrees of freedom applied to the converged working regression (design scaled by
+    √(μ(1 − μ)), Pearson residuals (y − μ)/√(μ(1 − μ)); the CR0 version of this is the usual GLM sandwich), or
+    with ``vcov="CR1"`` statsmodels' ``cov_type="cluster"`` with t(G − 1) — never the normal reference, which
+    over-rejects with few questions. Descriptive only with fewer than ``min_clusters`` questions, an outcome that
+    does not vary, a rank-deficient design, or a fit that separates or does not converge (the reason names it).
+
+    Args:
+        y: (n,) 0/1 outcome.
+        X: (n, k) design matrix, constant included.
+        groups: (n,) question ids.
+        term: column of ``X`` whose coefficient is tested.
+        alpha: test level and 1 − confidence level.
+        vcov: ``CR2`` (default) or ``CR1``.
+        min_clusters: the minimum-G rule (module docstring).
+
+    Returns:
+        The :class:`ClusteredFit` of column ``term`` (log-odds scale).
+    """
+    check_vcov(vcov)
+    y, X, codes, n_clusters = design_arrays(y, X, groups, term)
+    n = int(y.shape[0])
+    if np.any((y != 0) & (y != 1)):
+        raise InferenceInputError("y: a logistic fit needs 0/1 outcomes")
+    method = fit_method("Binomial GLM (logit)", vcov, n_clusters)
+    if n <= X.shape[1] or np.linalg.matrix_rank(X) < X.shape[1]:
+        return descriptive_fit("logit", term, vcov, n, n_clusters, method,
+                            "the design matrix is rank deficient (a covariate is constant or collinear)")
+    if np.all(y == y[0]):
+        return descriptive_fit("logit", term, vcov, n, n_clusters, method,
+                            f"the outcome has no variance (every value {y[0]:g})")
+    fit = fit_logit(y, X, codes, vcov=vcov, min_clusters=min_clusters, cluster_name="question")
+    if not fit.ok:
+        return descriptive_fit("logit", term, vcov, n, n_clusters, method, str(fit.reason))
+    params = tuple(float(v) for v in fit.params)
+    if fit.test_reason is not None:
+        return descriptive_fit("logit", term, vcov, n, n_clusters, method, fit.test_reason, params)
+    c = fit.coefficient(term, alpha)
+    if c.se is None or c.df is None:
+        return descriptive_fit("logit", term, vcov, n, n_clusters, method, str(c.reason), params)
+    return tested_fit("logit", term, vcov, params, c.se, c.df, n, n_clusters, method, alpha)
 
 
 def exp_or_none(x: float) -> float | None:
@@ -226,4 +354,5 @@ def exp_or_none(x: float) -> float | None:
     return math.exp(x) if abs(x) < 700 else None
 
 
-__all__ = ["Coefficient", "FitStatus", "LogitFit", "exp_or_none", "fit_logit"]
+__all__ = ["MAX_STD_COEF", "Coefficient", "FitStatus", "LogitFit", "clustered_logit", "exp_or_none", "fit_logit",
+           "separation"]

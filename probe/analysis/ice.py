@@ -34,6 +34,7 @@ from probe.analysis.attention_link import (
     AttentionCell,
     ResidueAttention,
     attention_behaviour,
+    linked_measures,
     residue_attention,
     summarise_attention,
 )
@@ -73,9 +74,10 @@ class IceResult:
         h3: :class:`probe.analysis.hypotheses.H3Correlation` per model with Residue trials (pooled, then per load).
         residue_attention: :class:`probe.analysis.attention_link.ResidueAttention` per model and AR_k target (H3 in
             attention; empty without probe records).
-        attention_cells: :class:`probe.analysis.attention_link.AttentionCell` per cell with probe records.
-        attention_behaviour: :class:`probe.analysis.attention_link.AttentionBehaviour` per model (empty without
-            probe records).
+        attention_cells: :class:`probe.analysis.attention_link.AttentionCell` per cell and measure with probe
+            records.
+        attention_behaviour: :class:`probe.analysis.attention_link.AttentionBehaviour` per model and linked
+            measure (``measure``; empty without probe records).
         taxonomy: :class:`probe.analysis.taxonomy.Taxonomy` per model.
         retrieval: :class:`probe.analysis.retrieval.RetrievalHeads` per model (empty without answer captures).
     """
@@ -99,9 +101,9 @@ class IceResult:
         """The model's taxonomy, or None."""
         return next((t for t in self.taxonomy if t.model == model), None)
 
-    def attention_of(self, model: str) -> AttentionBehaviour | None:
-        """The model's attention ↔ behaviour fits, or None."""
-        return next((a for a in self.attention_behaviour if a.model == model), None)
+    def attention_of(self, model: str, measure: str = "p_ext") -> AttentionBehaviour | None:
+        """The model's attention ↔ behaviour fits of ``measure``, or None."""
+        return next((a for a in self.attention_behaviour if a.model == model and a.measure == measure), None)
 
     def residue_attention_of(self, model: str) -> tuple[ResidueAttention, ...]:
         """The model's H3-in-attention rows (one per AR_k target)."""
@@ -163,9 +165,11 @@ def analyze_ice(data: FamilyData) -> FamilyOutput:
     residue: list[ResidueAttention] = []
     if att_cells:
         for i, m in enumerate(models):
-            behaviour, head_arrays = attention_behaviour(df, per_trial, m, cfg.alpha, key=f"ice_heads{i}")
-            attention.append(behaviour)
-            arrays.update(head_arrays)
+            for measure in [m for m in linked_measures() if any(c.measure == m.id for c in att_cells)]:
+                behaviour, head_arrays = attention_behaviour(df, per_trial, m, cfg.alpha,
+                                                             key=f"ice_heads{i}_{measure.id}", measure=measure.id)
+                attention.append(behaviour)
+                arrays.update(head_arrays)
             if (m, "Residue") in has:
                 residue += residue_attention(df, per_trial, m, cfg.alpha)
     retrieval: list[RetrievalHeads] = []
@@ -178,7 +182,8 @@ def analyze_ice(data: FamilyData) -> FamilyOutput:
                        h3=tuple(h3), residue_attention=tuple(residue), attention_cells=tuple(att_cells),
                        attention_behaviour=tuple(attention), taxonomy=tuple(taxonomy), retrieval=tuple(retrieval))
     return FamilyOutput(result=result, arrays=arrays, notes=tuple(notes),
-                        n_attention_records=sum(c.n_prompts for c in att_cells))
+                        n_attention_records=sum({(c.model, c.condition, c.load): c.n_prompts
+                                                 for c in att_cells}.values()))
 
 
 def tabulate_ice(data: FamilyData) -> IceResult:
@@ -210,7 +215,8 @@ METHODS = {
                  "CR2 clustered by task_id, t with Bell-McCaffrey df, BH across layers (tracking layers: q < alpha, "
                  "more P_ext in failed trials); per head: the same on P_ext enrichment, BH across the layer x head "
                  "grid (distractor heads: q < alpha, positive); logistic robustness per layer (wrong ~ P_ext, alone "
-                 "and with load and Residue), CR2, BH across layers; odds_ratio_per_10pp_p_ext = exp(0.1 b)",
+                 "and with load and Residue), CR2, BH across layers; odds_ratio_per_10pp = exp(0.1 b); the same for "
+                 "every registered attention measure with one value per layer and head (column measure)",
     "residue_attention": "H3 in attention: per Residue prompt head-mean AR_k of the question target and of the "
                          "last germane segment per layer, OLS on [1, S_sim, load], CR2 clustered by task_id, t with "
                          "Bell-McCaffrey df, BH across layers per target; Pearson r per layer (descriptive)",

@@ -21,6 +21,15 @@ Six is where the question-level sign-flip test can first reach p < 0.05 at all (
 degrees of freedom, so a "significant" result there says more about the method than the data. Intervals for a
 cell's EM (:func:`proportion_ci`) are given from G = 2 on: they only widen as G falls.
 
+The minimum-G rule counts the questions that **carry** a test's contrast (:func:`contrast_clusters`,
+:func:`contrast_guard`), not all questions: a test whose tested regressor (or 0/1 outcome) varies in fewer than
+``MIN_CLUSTERS`` questions is descriptive too (one question carrying every failure made 40–65 % false rejections).
+
+This module is the generic machinery. Built on it: the two ICE attention tests
+(:mod:`probe.analysis.attention_tests`), the logistic fits and their clustered view ``clustered_logit``
+(:mod:`probe.analysis.glm`), and the paired-difference and Fieller statistics of the interventions
+(:mod:`probe.analysis.paired_ratio`).
+
 **Families for multiple comparisons** (Benjamini–Hochberg within each, :func:`bh_qvalues`): H2 per model (all its
 paired comparisons), H3 rows per model, per-layer attention tests (one family per model and measure), per-head
 tests (the whole layer × head grid of one model), H3 in attention (layers, per model and target).
@@ -59,7 +68,7 @@ class InferenceInputError(ProbeError):
 # ------------------------------------------------------------------------------------------------------ helpers
 
 
-def _vector(name: str, x: np.ndarray, n: int | None = None, *, finite: bool = True) -> np.ndarray:
+def as_vector(name: str, x: np.ndarray, n: int | None = None, *, finite: bool = True) -> np.ndarray:
     a = np.asarray(x)
     if a.ndim != 1:
         raise InferenceInputError(f"{name}: expected a 1-D array, got shape {a.shape}")
@@ -73,7 +82,7 @@ def _vector(name: str, x: np.ndarray, n: int | None = None, *, finite: bool = Tr
     return a
 
 
-def _codes(groups: np.ndarray, n: int) -> tuple[np.ndarray, int]:
+def cluster_codes(groups: np.ndarray, n: int) -> tuple[np.ndarray, int]:
     """Integer cluster codes 0..G−1 of ``groups`` (question ids of any hashable dtype) and G."""
     g = np.asarray(groups)
     if g.ndim != 1 or g.shape[0] != n:
@@ -93,6 +102,85 @@ def few_clusters_reason(n_clusters: int, min_clusters: int) -> str:
     """The reason a fit with ``n_clusters`` questions is descriptive only (the minimum-G rule)."""
     return (f"{n_clusters} question(s), fewer than the minimum of {min_clusters}: descriptive only (with so few "
             f"clusters the clustered variance cannot be estimated reliably; see docs/statistics.md)")
+
+
+def contrast_clusters(x: np.ndarray, groups: np.ndarray) -> int:
+    """The number of questions that carry the contrast of a regressor (or of a 0/1 outcome).
+
+    A question carries it unless it holds the regressor constant at the value that most such questions share:
+    for a failure indicator, the questions with a failure (or, where most questions fail every trial, those with
+    a right answer); for load, every question with trials at two loads; for a between-question regressor such as
+    S_sim, every question unless several share one value. A constant column (the intercept) is carried by every
+    question. This is the count the minimum-G rule applies to: a clustered variance estimates the spread of the
+    contrast from these questions alone, so when one question carries the contrast its residuals are orthogonal
+    to it and the variance misses it while the degrees of freedom stay near G − 1 (docs/statistics.md: 38–68 %
+    rejections under no effect before the rule counted these questions).
+
+    Args:
+        x: (n,) the regressor of interest (or a 0/1 outcome).
+        groups: (n,) question ids.
+
+    Returns:
+        The number of carrying questions (0..G).
+    """
+    x = as_vector("x", x)
+    codes, n_clusters = cluster_codes(groups, x.shape[0])
+    scale = max(1.0, float(np.abs(x).max())) if x.size else 1.0
+    tol = 1e-9 * scale
+    if x.size == 0 or np.ptp(x) <= tol:
+        return n_clusters
+    lo = np.full(n_clusters, np.inf)
+    hi = np.full(n_clusters, -np.inf)
+    np.minimum.at(lo, codes, x)
+    np.maximum.at(hi, codes, x)
+    flat = hi - lo <= tol
+    if not flat.any():
+        return n_clusters
+    _, counts = np.unique(np.round(lo[flat] / tol), return_counts=True)
+    common = int(counts.max())
+    return n_clusters if common < 2 else n_clusters - common
+
+
+def few_contrast_reason(n_carry: int, n_clusters: int, min_clusters: int, what: str) -> str:
+    """The reason a test is descriptive because fewer than ``min_clusters`` questions carry its contrast."""
+    verb = "carries" if n_carry == 1 else "carry"
+    return (f"only {n_carry} of {n_clusters} questions {verb} the contrast ({what}), fewer than the minimum of "
+            f"{min_clusters}: descriptive only (a clustered variance cannot see the spread of a contrast that so few "
+            f"questions carry; see docs/statistics.md#the-minimum-number-of-questions)")
+
+
+def contrast_guard(x: np.ndarray, y: np.ndarray | None, groups: np.ndarray, min_clusters: int,
+                   x_name: str = "the tested regressor") -> str | None:
+    """The minimum-G rule on the questions that carry a test's contrast: a reason when too few do, else None.
+
+    Counts :func:`contrast_clusters` of the tested regressor ``x`` and, for a 0/1 outcome ``y``, of the outcome
+    (the questions with a failure, or with a right answer), and applies the smaller count.
+
+    Args:
+        x: (n,) the tested column of the design.
+        y: (n,) the outcome, or None (only a 0/1 outcome is counted).
+        groups: (n,) question ids.
+        min_clusters: the minimum-G rule.
+        x_name: what ``x`` is, for the reason.
+    """
+    _, n_clusters = cluster_codes(groups, np.asarray(x).shape[0])
+    k = contrast_clusters(x, groups)
+    if k < min_clusters:
+        return few_contrast_reason(k, n_clusters, min_clusters,
+                                   f"the other questions hold {x_name} at one common value")
+    if y is not None:
+        yv = np.asarray(y, dtype=float)
+        if yv.size and np.all((yv == 0) | (yv == 1)):
+            ky = contrast_clusters(yv, groups)
+            if ky < min_clusters:
+                return few_contrast_reason(ky, n_clusters, min_clusters,
+                                           "the other questions give the same 0/1 outcome in every trial")
+    return None
+
+
+DEGENERATE_REASON = ("one question alone identifies the tested coefficient (its leverage on it is 1), so its "
+                     "residuals are orthogonal to the contrast and no clustered variance can be estimated: "
+                     "descriptive only")
 
 
 def bh_qvalues(p: np.ndarray) -> np.ndarray:
@@ -142,12 +230,34 @@ class Power:
     method: str
 
 
+def _nct_power(nc: float, df: float, alpha: float) -> float:
+    """P(|T| > t_{1−α/2}(df)) for T noncentral t(df, nc), by one-dimensional quadrature over the chi-square.
+
+    T = (Z + nc) / √(V/df) with V ~ χ²(df), so P(T > c) = E Φ(nc − c√(V/df)) and P(T < −c) = E Φ(−nc − c√(V/df)):
+    well defined where scipy's ``nct`` returns NaN (noncentralities of 10–40 at small df).
+    """
+    import scipy.integrate
+
+    c = float(scipy.stats.t.ppf(1 - alpha / 2, df))
+    chi2 = scipy.stats.chi2(df)
+    lo, hi = float(chi2.ppf(1e-14)), float(chi2.ppf(1 - 1e-14))
+
+    def tails(v: float) -> float:
+        s = c * math.sqrt(v / df)
+        return float((scipy.stats.norm.cdf(nc - s) + scipy.stats.norm.cdf(-nc - s)) * chi2.pdf(v))
+
+    val, _ = scipy.integrate.quad(tails, lo, hi, limit=200, points=[float(df)])
+    return min(1.0, max(0.0, val))
+
+
 def t_power(estimate: float, se: float, df: float, alpha: float = 0.05, target: float = POWER_TARGET) -> Power:
     """Power and minimum detectable effect of a two-sided t test, on the test's own reference.
 
     Method: statsmodels ``TTestPower`` with ``nobs = df + 1`` and effect size |estimate| / se / sqrt(nobs), so that
     the noncentrality is |estimate| / se and the reference is t(df) — exactly the reference of the clustered test
-    it accompanies (Bell–McCaffrey df for CR2, G − 1 for CR1). Post-hoc power at the observed effect is a
+    it accompanies (Bell–McCaffrey df for CR2, G − 1 for CR1); where scipy's noncentral t gives NaN (large
+    noncentrality) the power is the same probability by quadrature over the chi-square. Post-hoc power at the
+    observed effect is a
     re-expression of the p-value, not evidence of its own; the MDE is the useful number for planning.
 
     Args:
@@ -166,6 +276,8 @@ def t_power(estimate: float, se: float, df: float, alpha: float = 0.05, target: 
     analysis = TTestPower()
     power = analysis.power(effect_size=abs(estimate) / se / math.sqrt(nobs), nobs=nobs, alpha=alpha,
                            alternative="two-sided")
+    if not math.isfinite(float(power)):  # scipy's noncentral t gives NaN far in its tail (large noncentrality)
+        power = _nct_power(abs(estimate) / se, df, alpha)
     d_target = analysis.solve_power(effect_size=None, nobs=nobs, alpha=alpha, power=target, alternative="two-sided")
     return Power(power=_float(power), mde=_float(float(d_target) * math.sqrt(nobs) * se), target=target, df=df,
                  alpha=alpha,
@@ -209,15 +321,16 @@ def proportion_ci(y: np.ndarray, groups: np.ndarray, alpha: float = 0.05) -> Pro
     Method (Korn & Graubard 1998, with the Wilson score interval in place of Clopper–Pearson):
 
     1. V = CR1 cluster-robust variance of the mean (statsmodels OLS on a constant, clustered by question);
-    2. design effect deff = max(1, V / (p(1 − p)/n)); effective sample size n_eff = n / deff (deff = 1 when p is
-       0 or 1, where V is 0);
+    2. design effect deff = max(1, V / (p(1 − p)/n)); effective sample size n_eff = n / deff. When p is 0 or 1
+       (V = 0) the data say nothing about the clustering and the worst case is assumed: deff = n / G (ICC 1,
+       n_eff = G, one observation per question);
     3. degrees-of-freedom adjustment n* = n_eff · (t_{n−1} / t_{G−1})², the 1 − alpha/2 quantiles of t;
     4. the Wilson score interval for p · n* successes out of n* (statsmodels ``proportion_confint``).
 
     The interval is always inside [0, 1], is not degenerate when every outcome is equal, and widens with the
-    clustering. Simulated coverage of the 95 % interval (docs/statistics.md), G ∈ {7, 20, 50} questions × true
-    EM ∈ {0.1, 0.5, 0.9}, beta-distributed question-level success probabilities, 2 replications per question:
-    0.934–0.976 at intra-question correlation 0.33, 0.921–0.983 over correlations 0.2–0.5. With one question no
+    clustering. Simulated coverage of the 95 % interval (docs/statistics.md), G ∈ {7, 10, 20, 50} questions × true
+    EM ∈ {0.1, 0.5, 0.9}, beta-distributed question-level success probabilities, 1, 2 or 5 replications per
+    question: 0.921–0.984 over intra-question correlations 0.2–0.5 (0.921–0.981 at G = 10). With one question no
     design effect can be estimated and no interval is given.
 
     Args:
@@ -228,13 +341,13 @@ def proportion_ci(y: np.ndarray, groups: np.ndarray, alpha: float = 0.05) -> Pro
     Returns:
         The :class:`ProportionInterval`.
     """
-    y = _vector("y", y)
+    y = as_vector("y", y)
     n = int(y.shape[0])
     if np.any((y < 0) | (y > 1)):
         raise InferenceInputError(f"y: outcomes must lie in [0, 1] (EM); got min {y.min()}, max {y.max()}")
-    codes, n_clusters = _codes(groups, n)
+    codes, n_clusters = cluster_codes(groups, n)
     method = ("Wilson score interval at the Korn-Graubard effective sample size (CR1 design effect by question, "
-              "floored at 1; df adjustment (t_{n-1}/t_{G-1})^2)")
+              "floored at 1, n/G where every answer is the same; df adjustment (t_{n-1}/t_{G-1})^2)")
     empty = ProportionInterval(mean=None, ci_low=None, ci_high=None, se=None, design_effect=None, n_effective=None,
                                n=n, n_clusters=n_clusters, method=method, reason="no scored trial")
     if n == 0:
@@ -249,7 +362,10 @@ def proportion_ci(y: np.ndarray, groups: np.ndarray, alpha: float = 0.05) -> Pro
         res = sm.OLS(y, np.ones((n, 1))).fit(cov_type="cluster", cov_kwds={"groups": codes})
         var = float(res.bse[0]) ** 2
     binomial = p * (1 - p) / n
-    deff = max(1.0, var / binomial) if binomial > 0 else 1.0
+    # every answer the same: the data cannot estimate the clustering, so assume the worst, ICC 1 (each question
+    # one observation, deff = n / G); floored at 1 (the independent-trials interval) it under-covered at 10
+    # questions (0.89 at EM 0.1 / 0.9, docs/statistics.md)
+    deff = max(1.0, var / binomial) if binomial > 0 else n / n_clusters
     q = 1 - alpha / 2
     n_star = n / deff * (scipy.stats.t.ppf(q, n - 1) / scipy.stats.t.ppf(q, n_clusters - 1)) ** 2
     lo, hi = proportion_confint(p * n_star, n_star, alpha=alpha, method="wilson")
@@ -264,7 +380,8 @@ VarianceType = Literal["CR2", "CR1"]
 
 
 def sandwich_weights(Xw: np.ndarray, codes: np.ndarray, n_clusters: int, term: int,
-                     vcov: VarianceType = "CR2") -> tuple[np.ndarray, float]:
+                     vcov: VarianceType = "CR2",
+                     on_degenerate: Literal["nan", "drop"] = "nan") -> tuple[np.ndarray, float]:
     """Row weights of a cluster-robust variance for one coefficient, and the degrees of freedom of its t reference.
 
     With residuals e (n,), the variance of coefficient ``term`` is Σ_g (Σ_{i∈g} w_i e_i)², so one weight vector
@@ -276,7 +393,10 @@ def sandwich_weights(Xw: np.ndarray, codes: np.ndarray, n_clusters: int, term: i
       freedom df = (tr M)² / ‖M‖²_F, M = diag(‖w_g‖²) − C'(X'X)⁻¹C, C_g = X_g'w_g (the moments of the variance
       estimator under a working model of independent, equal-variance errors). The df depend on the design only and
       fall below G − 1 where a few questions carry the contrast (a regressor that varies mainly between questions),
-      which is where CR1 with t(G − 1) over-rejects.
+      which is where CR1 with t(G − 1) over-rejects. When the tested direction is identified by one cluster
+      alone (a regressor non-zero in that cluster only), I − H_gg is singular in exactly that direction and the
+      pseudo-inverse would drop it, leaving a variance that misses the contrast: the df are then NaN (the test is
+      not estimable; ``on_degenerate="drop"`` keeps the old pseudo-inverse, for the simulations' "before").
     - ``CR1``: w = √c · X (X'X)⁻¹ ℓ, c = G/(G − 1) · (n − 1)/(n − k) (statsmodels' small-sample factor), df = G − 1.
 
     Args:
@@ -285,9 +405,10 @@ def sandwich_weights(Xw: np.ndarray, codes: np.ndarray, n_clusters: int, term: i
         n_clusters: G.
         term: index of the coefficient.
         vcov: ``CR2`` or ``CR1``.
+        on_degenerate: ``nan`` (df NaN when one cluster alone identifies the term) or ``drop`` (pseudo-inverse).
 
     Returns:
-        (w, df): (n,) weights and the degrees of freedom of the t reference.
+        (w, df): (n,) weights and the degrees of freedom of the t reference (NaN: not estimable).
     """
     n, k = Xw.shape
     bread = np.linalg.inv(Xw.T @ Xw)  # (k, k)
@@ -296,17 +417,22 @@ def sandwich_weights(Xw: np.ndarray, codes: np.ndarray, n_clusters: int, term: i
         return math.sqrt(n_clusters / (n_clusters - 1) * (n - 1) / (n - k)) * u, float(n_clusters - 1)
     w = np.empty(n)
     C = np.empty((k, n_clusters))
+    degenerate = False
     for g in range(n_clusters):
         idx = np.flatnonzero(codes == g)
         Xg = Xw[idx]  # (n_g, k)
         ev, vec = np.linalg.eigh(np.eye(idx.size) - Xg @ bread @ Xg.T)
-        inv_sqrt = np.where(ev > 1e-10, 1.0 / np.sqrt(np.clip(ev, 1e-10, None)), 0.0)
-        w[idx] = vec @ (inv_sqrt * (vec.T @ u[idx]))
+        null = ev <= 1e-10
+        proj = vec.T @ u[idx]
+        if on_degenerate == "nan" and null.any() and np.sum(proj[null] ** 2) > 1e-12 * max(float(u @ u), 1e-300):
+            degenerate = True  # the tested direction lies in cluster g alone: CR2's pseudo-inverse would drop it
+        inv_sqrt = np.where(~null, 1.0 / np.sqrt(np.clip(ev, 1e-10, None)), 0.0)
+        w[idx] = vec @ (inv_sqrt * proj)
         C[:, g] = Xg.T @ w[idx]
     M = -C.T @ bread @ C  # (G, G)
     M[np.diag_indices(n_clusters)] += np.bincount(codes, weights=w**2, minlength=n_clusters)
     df = float(np.trace(M) ** 2 / np.sum(M**2))
-    return w, df
+    return w, (math.nan if degenerate else df)
 
 
 @dataclass(frozen=True)
@@ -348,9 +474,9 @@ class ClusteredFit:
     power: Power | None
 
 
-def _design(y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: int) -> tuple[np.ndarray, np.ndarray,
+def design_arrays(y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: int) -> tuple[np.ndarray, np.ndarray,
                                                                                    np.ndarray, int]:
-    y = _vector("y", y)
+    y = as_vector("y", y)
     X = np.asarray(X, dtype=float)
     if X.ndim != 2 or X.shape[0] != y.shape[0]:
         raise InferenceInputError(f"X: expected shape ({y.shape[0]}, k), got {X.shape}")
@@ -358,21 +484,21 @@ def _design(y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: int) -> tupl
         raise InferenceInputError("X: the design matrix has non-finite values; drop such rows first")
     if not 0 <= term < X.shape[1]:
         raise InferenceInputError(f"term: column {term} is not in a design matrix with {X.shape[1]} columns")
-    codes, n_clusters = _codes(groups, y.shape[0])
+    codes, n_clusters = cluster_codes(groups, y.shape[0])
     return y, X, codes, n_clusters
 
 
-def _check_vcov(vcov: str) -> None:
+def check_vcov(vcov: str) -> None:
     if vcov not in ("CR2", "CR1"):
         raise InferenceInputError(f"vcov: {vcov!r} is not one of 'CR2', 'CR1'")
 
 
-def _method(model: str, vcov: VarianceType, n_clusters: int) -> str:
+def fit_method(model: str, vcov: VarianceType, n_clusters: int) -> str:
     ref = "t with Bell-McCaffrey df" if vcov == "CR2" else f"t with G-1 = {n_clusters - 1} df"
     return f"{model}, {vcov} standard errors clustered by question, {ref}"
 
 
-def _descriptive(model: Literal["ols", "logit"], term: int, vcov: VarianceType, n: int, n_clusters: int,
+def descriptive_fit(model: Literal["ols", "logit"], term: int, vcov: VarianceType, n: int, n_clusters: int,
                  method: str, reason: str, params: tuple[float, ...] = ()) -> ClusteredFit:
     estimate = params[term] if params else None
     return ClusteredFit(model=model, term=term, estimate=estimate, se=None, ci_low=None, ci_high=None, p=None,
@@ -380,10 +506,12 @@ def _descriptive(model: Literal["ols", "logit"], term: int, vcov: VarianceType, 
                         reason=reason, power=None)
 
 
-def _test(model: Literal["ols", "logit"], term: int, vcov: VarianceType, params: tuple[float, ...], se: float,
+def tested_fit(model: Literal["ols", "logit"], term: int, vcov: VarianceType, params: tuple[float, ...], se: float,
           df: float, n: int, n_clusters: int, method: str, alpha: float) -> ClusteredFit:
+    if not math.isfinite(df):
+        return descriptive_fit(model, term, vcov, n, n_clusters, method, DEGENERATE_REASON, params)
     if not math.isfinite(se) or se <= 1e-12 * max(1.0, abs(params[term])):
-        return _descriptive(model, term, vcov, n, n_clusters, method,
+        return descriptive_fit(model, term, vcov, n, n_clusters, method,
                             "the clustered standard error is 0 or not finite: the outcome does not vary within "
                             "the tested contrast, so it cannot be tested", params)
     est = params[term]
@@ -411,8 +539,10 @@ def clustered_ols(y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: int = 
     Method: coefficients and residuals from statsmodels ``OLS``; the variance of the tested coefficient is CR2 with
     Bell–McCaffrey degrees of freedom (:func:`sandwich_weights`), or with ``vcov="CR1"`` statsmodels'
     ``cov_type="cluster"`` with t(G − 1). p-value and interval on that t; power and MDE from :func:`t_power` on the
-    same df. Descriptive only (estimate, no SE or p) with fewer than ``min_clusters`` questions, a rank-deficient
-    design or an outcome that does not vary. Used for H1 (EM on load, Control as load 0) and the Residue trend.
+    same df. Descriptive only (estimate, no SE or p) with fewer than ``min_clusters`` questions, fewer than
+    ``min_clusters`` questions carrying the contrast (:func:`contrast_guard`: of the tested column, and of a 0/1
+    outcome), a rank-deficient design or an outcome that does not vary. Used for H1 (EM on load, Control as load
+    0) and the Residue trend.
 
     Args:
         y: (n,) outcome.
@@ -426,79 +556,32 @@ def clustered_ols(y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: int = 
     Returns:
         The :class:`ClusteredFit` of column ``term``.
     """
-    _check_vcov(vcov)
-    y, X, codes, n_clusters = _design(y, X, groups, term)
+    check_vcov(vcov)
+    y, X, codes, n_clusters = design_arrays(y, X, groups, term)
     n = int(y.shape[0])
-    method = _method("OLS", vcov, n_clusters)
+    method = fit_method("OLS", vcov, n_clusters)
     if n <= X.shape[1] or np.linalg.matrix_rank(X) < X.shape[1]:
-        return _descriptive("ols", term, vcov, n, n_clusters, method,
+        return descriptive_fit("ols", term, vcov, n, n_clusters, method,
                             "the design matrix is rank deficient (a covariate is constant or collinear)")
     res = sm.OLS(y, X).fit()
     params = tuple(float(v) for v in res.params)
     if n_clusters < min_clusters:
-        return _descriptive("ols", term, vcov, n, n_clusters, method, few_clusters_reason(n_clusters, min_clusters),
+        return descriptive_fit("ols", term, vcov, n, n_clusters, method, few_clusters_reason(n_clusters, min_clusters),
                             params)
     if np.all(y == y[0]):
-        return _descriptive("ols", term, vcov, n, n_clusters, method,
+        return descriptive_fit("ols", term, vcov, n, n_clusters, method,
                             f"the outcome has no variance (every value {y[0]:g})", params)
+    few = contrast_guard(X[:, term], y, codes, min_clusters)
+    if few is not None:
+        return descriptive_fit("ols", term, vcov, n, n_clusters, method, few, params)
     if vcov == "CR1":
         with np.errstate(invalid="ignore"):  # a singular CR1 matrix gives a NaN SE, turned into a reason below
             cr1 = sm.OLS(y, X).fit(cov_type="cluster", cov_kwds={"groups": codes}, use_t=True)
             se1 = float(cr1.bse[term])
-        return _test("ols", term, vcov, params, se1, float(cr1.df_resid_inference), n, n_clusters, method, alpha)
+        return tested_fit("ols", term, vcov, params, se1, float(cr1.df_resid_inference), n, n_clusters, method, alpha)
     w, df = sandwich_weights(X, codes, n_clusters, term, "CR2")
-    return _test("ols", term, vcov, params, cluster_se(w, np.asarray(res.resid), codes, n_clusters), df, n,
+    return tested_fit("ols", term, vcov, params, cluster_se(w, np.asarray(res.resid), codes, n_clusters), df, n,
                  n_clusters, method, alpha)
-
-
-def clustered_logit(y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: int = 1, alpha: float = 0.05,
-                    vcov: VarianceType = "CR2", min_clusters: int = MIN_CLUSTERS) -> ClusteredFit:
-    """Logistic regression (Binomial GLM), question-clustered SEs, small-sample t reference; log-odds.
-
-    Method: the analysis' one logistic fit, :func:`probe.analysis.glm.fit_logit` (statsmodels
-    ``GLM(family=Binomial())``); the variance of the tested coefficient is
-    CR2 with Bell–McCaffrey degrees of freedom applied to the converged working regression (design scaled by
-    √(μ(1 − μ)), Pearson residuals (y − μ)/√(μ(1 − μ)); the CR0 version of this is the usual GLM sandwich), or
-    with ``vcov="CR1"`` statsmodels' ``cov_type="cluster"`` with t(G − 1) — never the normal reference, which
-    over-rejects with few questions. Descriptive only with fewer than ``min_clusters`` questions, an outcome that
-    does not vary, a rank-deficient design, or a fit that separates or does not converge (the reason names it).
-
-    Args:
-        y: (n,) 0/1 outcome.
-        X: (n, k) design matrix, constant included.
-        groups: (n,) question ids.
-        term: column of ``X`` whose coefficient is tested.
-        alpha: test level and 1 − confidence level.
-        vcov: ``CR2`` (default) or ``CR1``.
-        min_clusters: the minimum-G rule (module docstring).
-
-    Returns:
-        The :class:`ClusteredFit` of column ``term`` (log-odds scale).
-    """
-    from probe.analysis.glm import fit_logit  # the analysis' one logistic fit; it builds on this module
-
-    _check_vcov(vcov)
-    y, X, codes, n_clusters = _design(y, X, groups, term)
-    n = int(y.shape[0])
-    if np.any((y != 0) & (y != 1)):
-        raise InferenceInputError("y: a logistic fit needs 0/1 outcomes")
-    method = _method("Binomial GLM (logit)", vcov, n_clusters)
-    if n <= X.shape[1] or np.linalg.matrix_rank(X) < X.shape[1]:
-        return _descriptive("logit", term, vcov, n, n_clusters, method,
-                            "the design matrix is rank deficient (a covariate is constant or collinear)")
-    if np.all(y == y[0]):
-        return _descriptive("logit", term, vcov, n, n_clusters, method,
-                            f"the outcome has no variance (every value {y[0]:g})")
-    fit = fit_logit(y, X, codes, vcov=vcov, min_clusters=min_clusters, cluster_name="question")
-    if not fit.ok:
-        return _descriptive("logit", term, vcov, n, n_clusters, method, str(fit.reason))
-    params = tuple(float(v) for v in fit.params)
-    if fit.test_reason is not None:
-        return _descriptive("logit", term, vcov, n, n_clusters, method, fit.test_reason, params)
-    c = fit.coefficient(term, alpha)
-    if c.se is None or c.df is None:
-        return _descriptive("logit", term, vcov, n, n_clusters, method, str(c.reason), params)
-    return _test("logit", term, vcov, params, c.se, c.df, n, n_clusters, method, alpha)
 
 
 # ------------------------------------------------------------------------- many outcomes, one design matrix
@@ -555,7 +638,9 @@ def clustered_ols_many(Y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: i
     default; CR1 with t(G − 1) gives statsmodels' ``cov_type="cluster"`` numbers), Var = Σ_g (Σ_{i∈g} w_i e_i)²
     per column. A column with non-finite values is fitted by itself on its finite rows with :func:`clustered_ols`
     (its own G and df). BH q-values (:func:`bh_qvalues`) over the whole grid, one family. Descriptive (estimates
-    only) with fewer than ``min_clusters`` questions or a rank-deficient design.
+    only) with fewer than ``min_clusters`` questions, fewer than ``min_clusters`` questions that carry the tested
+    column's contrast (:func:`contrast_clusters`), a tested direction that one question alone identifies, or a
+    rank-deficient design.
 
     Args:
         Y: (n, *grid) outcomes, e.g. (trial, layer, head).
@@ -569,7 +654,7 @@ def clustered_ols_many(Y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: i
     Returns:
         The :class:`ManyFits`, arrays of shape ``grid``.
     """
-    _check_vcov(vcov)
+    check_vcov(vcov)
     Y = np.asarray(Y, dtype=float)
     if Y.ndim < 2:
         raise InferenceInputError(f"Y: expected (n, *grid) outcomes, got shape {Y.shape}")
@@ -579,7 +664,7 @@ def clustered_ols_many(Y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: i
         raise InferenceInputError(f"X: expected a finite ({n}, k) design matrix, got shape {X.shape}")
     if not 0 <= term < X.shape[1]:
         raise InferenceInputError(f"term: column {term} is not in a design matrix with {X.shape[1]} columns")
-    codes, n_clusters = _codes(groups, n)
+    codes, n_clusters = cluster_codes(groups, n)
     k = X.shape[1]
     Yf = Y.reshape(n, -1)  # (n, m)
     m = Yf.shape[1]
@@ -606,8 +691,13 @@ def clustered_ols_many(Y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: i
     beta = np.linalg.solve(X.T @ X, X.T @ Yf[:, cols])  # (k, m_finite)
     est[cols] = beta[term]
     n_used[cols] = n
-    if n_clusters < min_clusters:
-        reason = few_clusters_reason(n_clusters, min_clusters)
+    few = few_clusters_reason(n_clusters, min_clusters) if n_clusters < min_clusters else \
+        contrast_guard(X[:, term], None, codes, min_clusters)
+    w, dof = sandwich_weights(X, codes, n_clusters, term, vcov) if few is None else (np.zeros(n), 0.0)
+    if few is None and not math.isfinite(dof):
+        few = DEGENERATE_REASON
+    if few is not None:
+        reason = few
         for j in np.flatnonzero(~finite):
             ok = np.isfinite(Yf[:, j])
             if ok.sum() > k and np.linalg.matrix_rank(X[ok]) == k:
@@ -615,7 +705,6 @@ def clustered_ols_many(Y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: i
                 n_used[j] = int(ok.sum())
         return done(False)
     if cols.size:
-        w, dof = sandwich_weights(X, codes, n_clusters, term, vcov)
         resid = Yf[:, cols] - X @ beta  # (n, m_finite)
         onehot = np.zeros((n_clusters, n))
         onehot[codes, np.arange(n)] = 1.0
@@ -639,113 +728,6 @@ def clustered_ols_many(Y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: i
         log.info("clustered_ols_many: %d of %d outcomes have missing rows and were fitted one by one",
                  int((~finite).sum()), m)
     return done(True)
-
-
-def attention_failure_tests(values: np.ndarray, is_failed: np.ndarray, load: np.ndarray, groups: np.ndarray,
-                            covariates: np.ndarray | None = None, alpha: float = 0.05, vcov: VarianceType = "CR2",
-                            min_clusters: int = MIN_CLUSTERS) -> ManyFits:
-    """Per head (or layer): does the attention measure differ between failed and correct trials, at equal load?
-
-    Method: for every grid cell, OLS of the measure (e.g. P_ext enrichment) on [1, is_failed, load, covariates]
-    over the trials, CR2 standard errors clustered by question with Bell–McCaffrey df (:func:`clustered_ols_many`);
-    the estimate is the mean difference failed − correct adjusted for load and for any further ``covariates``
-    (e.g. a Residue indicator when Saturation and Residue trials are pooled); a covariate that does not vary is
-    left out and the method says so. BH across the whole grid is the family (the layer × head map, or the
-    layers). Pass only trials whose prompt has extraneous segments (Saturation, Residue): the measure is undefined
-    or 0 elsewhere. The regression is of attention on the outcome, not the reverse, so that one design matrix
-    serves every head and the fit is linear (no separation, no convergence failures).
-
-    Args:
-        values: (trial, *grid) attention measure, e.g. (trial, layer, head) enrichment or (trial, layer) head-mean
-            P_ext; NaN where undefined for a trial.
-        is_failed: (trial,) True where the answer was wrong.
-        load: (trial,) load in percentage points.
-        groups: (trial,) question ids.
-        covariates: (trial, c) further adjustment columns, or None.
-        alpha: test level, FDR level and 1 − confidence level.
-        vcov: ``CR2`` (default) or ``CR1``.
-        min_clusters: the minimum-G rule (module docstring).
-
-    Returns:
-        The :class:`ManyFits` of the failed − correct difference, arrays of shape ``grid``.
-    """
-    values = np.asarray(values, dtype=float)
-    n = values.shape[0] if values.ndim else 0
-    failed = _vector("is_failed", np.asarray(is_failed, dtype=float), n)
-    load = _vector("load", load, n)
-    extra = np.zeros((n, 0)) if covariates is None else np.asarray(covariates, dtype=float).reshape(n, -1)
-    if not np.all(np.isfinite(extra)):
-        raise InferenceInputError("covariates: non-finite values; drop such rows first")
-    adjust = [c for c in [load, *extra.T] if np.ptp(c) > 0]
-    X = np.column_stack([np.ones(n), failed, *adjust])
-    res = clustered_ols_many(values, X, groups, term=1, alpha=alpha, vcov=vcov, min_clusters=min_clusters)
-    if np.ptp(failed) == 0:
-        reason = f"every trial is {'failed' if n and failed[0] else 'correct'}: no contrast to test"
-        return replace(res, is_test=False, reason=reason)
-    dropped = 1 + extra.shape[1] - len(adjust)
-    what = f"failed - correct difference adjusted for {len(adjust)} covariate(s) (load first)"
-    if dropped:
-        what += f"; {dropped} constant covariate(s) left out"
-    return replace(res, method=what + "; " + res.method)
-
-
-@dataclass(frozen=True, eq=False)
-class ResidueSimilarity:
-    """H3 in attention: the slope of head-mean AR_k on S_sim per layer, with the pooled correlation.
-
-    Attributes:
-        fits: per layer, the slope of AR_k per unit of S_sim (:class:`ManyFits`, shape (layer,)); BH across layers.
-        pearson_r: (layer,) Pearson r of AR_k with S_sim over the prompts, descriptive (ignores clustering).
-        is_load_adjusted: whether load entered the fit as a covariate.
-    """
-
-    fits: ManyFits
-    pearson_r: np.ndarray
-    is_load_adjusted: bool
-
-
-def residue_similarity_tests(ar_k: np.ndarray, s_sim: np.ndarray, groups: np.ndarray,
-                             load: np.ndarray | None = None, alpha: float = 0.05, vcov: VarianceType = "CR2",
-                             min_clusters: int = MIN_CLUSTERS) -> ResidueSimilarity:
-    """H3 in attention: per layer, does the head-mean AR_k of a target grow with the prompt's S_sim?
-
-    Method: per layer, OLS of AR_k on [1, S_sim] (plus load when given and varying), over the Residue prompts,
-    CR2 standard errors clustered by question with Bell–McCaffrey df, BH across layers
-    (:func:`clustered_ols_many`). S_sim varies mostly between questions, the case in which CR1 with t(G − 1)
-    over-rejects (12 % at G = 7 in docs/statistics.md). Call it once per target (the question; the last germane
-    segment): each target is its own family. Pearson r per layer is reported beside it as a descriptive effect
-    size only.
-
-    Args:
-        ar_k: (prompt, layer) head-mean AR_k of one target, Residue prompts only (NaN where undefined).
-        s_sim: (prompt,) S_sim of each prompt.
-        groups: (prompt,) question ids.
-        load: (prompt,) load in percentage points, or None.
-        alpha: test level, FDR level and 1 − confidence level.
-        vcov: ``CR2`` (default) or ``CR1``.
-        min_clusters: the minimum-G rule (module docstring).
-
-    Returns:
-        The :class:`ResidueSimilarity`.
-    """
-    ar_k = np.asarray(ar_k, dtype=float)
-    if ar_k.ndim != 2:
-        raise InferenceInputError(f"ar_k: expected (prompt, layer), got shape {ar_k.shape}")
-    n = ar_k.shape[0]
-    s = _vector("s_sim", s_sim, n)
-    cols = [np.ones(n), s]
-    load_col = None if load is None else _vector("load", load, n)
-    adjusted = load_col is not None and bool(np.ptp(load_col) > 0)
-    if load_col is not None and adjusted:
-        cols.append(load_col)
-    fits = clustered_ols_many(ar_k, np.column_stack(cols), groups, term=1, alpha=alpha, vcov=vcov,
-                              min_clusters=min_clusters)
-    r = np.full(ar_k.shape[1], np.nan)
-    for j in range(ar_k.shape[1]):
-        ok = np.isfinite(ar_k[:, j])
-        if ok.sum() >= 3 and np.ptp(s[ok]) > 0 and np.ptp(ar_k[ok, j]) > 0:
-            r[j] = scipy.stats.pearsonr(s[ok], ar_k[ok, j]).statistic
-    return ResidueSimilarity(fits=fits, pearson_r=r, is_load_adjusted=bool(adjusted))
 
 
 # ---------------------------------------------------------------------------------------------------- H2
@@ -840,10 +822,10 @@ def paired_sign_flip(em_a: np.ndarray, em_b: np.ndarray, groups: np.ndarray, alp
     Returns:
         The :class:`PairedTest`.
     """
-    a = _vector("em_a", em_a)
-    b = _vector("em_b", em_b, a.shape[0])
+    a = as_vector("em_a", em_a)
+    b = as_vector("em_b", em_b, a.shape[0])
     n = int(a.shape[0])
-    codes, n_q = _codes(groups, n)
+    codes, n_q = cluster_codes(groups, n)
     method = "sign-flip permutation of per-question mean differences (scipy permutation_test)"
     base = PairedTest(n_pairs=n, n_questions=n_q, em_a=None, em_b=None, delta=None, p=None, is_exact=False,
                       n_resamples=None, seed=None, mcnemar=None, power=None, is_test=False, method=method,
@@ -860,10 +842,18 @@ def paired_sign_flip(em_a: np.ndarray, em_b: np.ndarray, groups: np.ndarray, alp
     if n_q < min_clusters:
         return replace(base, reason=few_clusters_reason(n_q, min_clusters) + f"; the smallest attainable sign-flip p is "
                                                                         f"2/2^{n_q} = {2 / 2 ** n_q:.3g}")
-    if np.all(d == 0):
-        return replace(base, p=1.0, is_test=True, is_exact=n_q <= exact_max,
+    if abs(float(d.mean())) <= 1e-12 * max(1.0, float(np.abs(d).max())):
+        # the observed mean is 0 up to rounding: every sign assignment is at least as extreme, p = 1 exactly
+        # (scipy's comparison of rounded sums would call some assignments less extreme)
+        flat = bool(np.all(d == 0))
+        sd0 = float(np.std(d, ddof=1))
+        how0 = (f"exact, all 2^{n_q} sign assignments" if n_q <= exact_max
+                else f"every assignment at least as extreme as a mean of 0")
+        return replace(base, p=1.0, is_test=True, is_exact=n_q <= exact_max, delta=0.0, method=f"{method}; {how0}",
                        n_resamples=2**n_q if n_q <= exact_max else None,
-                       reason="no question has a non-zero mean difference: the test has no information (p = 1)")
+                       power=None if flat or sd0 == 0 else t_power(0.0, sd0 / math.sqrt(n_q), n_q - 1, alpha),
+                       reason="no question has a non-zero mean difference: the test has no information (p = 1)"
+                       if flat else None)
     is_exact = n_q <= exact_max
     rng = None if is_exact else np.random.default_rng(seed)
     res = scipy.stats.permutation_test((d,), _mean_along, permutation_type="samples", vectorized=True,
@@ -910,25 +900,30 @@ class Correlation:
     reason: str | None
 
 
-def similarity_correlation(s_sim: np.ndarray, degradation: np.ndarray, alpha: float = 0.05) -> Correlation:
+def similarity_correlation(s_sim: np.ndarray, degradation: np.ndarray, alpha: float = 0.05,
+                           min_n: int = MIN_CLUSTERS) -> Correlation:
     """H3: Pearson r between per-question S_sim and degradation, Fisher-z interval and the p-value of that pivot.
 
     Method: r from ``scipy.stats.pearsonr``; interval from its ``confidence_interval`` (Fisher z,
     tanh(atanh r ± z_{1−α/2}/√(n − 3))); p = 2·Φ(−|atanh r|·√(n − 3)), the test that this interval inverts, so the
     test and the interval never disagree (the t-test p-value of ``pearsonr`` can be < 0.05 at n = 4 while the
-    Fisher interval spans 0). At n = 4–5 this test is slightly conservative under the null (docs/statistics.md).
-    Spearman's ρ (``scipy.stats.spearmanr``) is the robustness figure. Refused (descriptive r only) for n < 4.
+    Fisher interval spans 0). Spearman's ρ (``scipy.stats.spearmanr``) is the robustness figure. Like every
+    other test of the analysis it is descriptive (r only) below ``min_n`` questions (the minimum-G rule, module
+    docstring; forced at n = 4–5 the test is slightly conservative, docs/statistics.md), and when |r| = 1 (every
+    point on one line: the Fisher-z pivot is infinite, so neither an interval nor a p-value can be given).
 
     Args:
         s_sim: (n,) per-question mean S_sim.
         degradation: (n,) per-question EM(Control) − EM(Residue).
         alpha: test level and 1 − confidence level.
+        min_n: fewer questions: r is descriptive only (at least :data:`MIN_CORRELATION_N`, which the Fisher-z
+            interval needs).
 
     Returns:
         The :class:`Correlation`.
     """
-    x = _vector("s_sim", s_sim)
-    y = _vector("degradation", degradation, x.shape[0])
+    x = as_vector("s_sim", s_sim)
+    y = as_vector("degradation", degradation, x.shape[0])
     n = int(x.shape[0])
     method = "Pearson r; Fisher-z interval and the p-value of the same pivot; Spearman as robustness"
     none = Correlation(n=n, r=None, ci_low=None, ci_high=None, p=None, spearman_rho=None, spearman_p=None,
@@ -943,13 +938,18 @@ def similarity_correlation(s_sim: np.ndarray, degradation: np.ndarray, alpha: fl
     res = scipy.stats.pearsonr(x, y)
     r = float(res.statistic)
     line = scipy.stats.linregress(x, y)
-    if n < MIN_CORRELATION_N:
-        return replace(none, r=r, slope=float(line.slope), intercept=float(line.intercept),
-                       reason=f"{n} questions: the Fisher-z interval and its test need at least {MIN_CORRELATION_N}; "
-                              f"r is descriptive only")
+    min_n = max(min_n, MIN_CORRELATION_N)
+    described = replace(none, r=r, slope=float(line.slope), intercept=float(line.intercept))
+    if n < min_n:
+        need = ("the Fisher-z interval and its test need at least" if min_n == MIN_CORRELATION_N else
+                "fewer than the minimum of")
+        return replace(described, reason=f"{n} questions, {need} {min_n}: r is descriptive only (see "
+                                         f"docs/statistics.md#the-minimum-number-of-questions)")
+    if abs(r) >= 1 - 1e-12:
+        return replace(described, reason=f"r = {r:+.0f}: every question lies on one line, so the Fisher-z pivot is "
+                                         f"infinite and no interval or p-value can be given; r is descriptive only")
     ci = res.confidence_interval(confidence_level=1 - alpha)
-    z = math.atanh(r) if abs(r) < 1 else math.copysign(math.inf, r)
-    p = float(2 * scipy.stats.norm.sf(abs(z) * math.sqrt(n - 3)))
+    p = float(2 * scipy.stats.norm.sf(abs(math.atanh(r)) * math.sqrt(n - 3)))
     sp = scipy.stats.spearmanr(x, y)
     return Correlation(n=n, r=r, ci_low=float(ci.low), ci_high=float(ci.high), p=p,
                        spearman_rho=_float(sp.statistic), spearman_p=_float(sp.pvalue), slope=float(line.slope),

@@ -20,9 +20,9 @@ Estimates, per model × family × condition × load × intervention (:class:`Int
 - **Recovered share** R = (EM_int − EM_base) / (EM_Control − EM_base) (:func:`recovered_share`), EM_Control the
   model's baseline Control EM on the same questions, from per-question means over the questions with all three.
   Interval: Fieller's interval for a ratio of means of paired per-question values on t(G − 1) (docs/statistics.md
-  gives the choice and its simulated coverage, :func:`recovered_share_coverage`). Undefined, with the reason as
-  text, where EM_Control − EM_base ≤ 0 (nothing to recover); the interval is unbounded, with the reason, where the
-  denominator is not distinguishable from 0 at level alpha.
+  gives the choice and its simulated coverage, :func:`probe.analysis.simulate.recovered_share_coverage`).
+  Undefined, with the reason as text, where EM_Control − EM_base ≤ 0 (nothing to recover); the interval is
+  unbounded, with the reason, where the denominator is not distinguishable from 0 at level alpha.
 - **Specific contrast** (:class:`Contrast`, ``kind="specific"``): EM(extraneous-key intervention) − EM(its
   ``matched-random`` twin: same kind, alpha, queries, layers, heads and window), paired by prompt, tested as
   above. Benjamini–Hochberg q-values across every specific contrast of a model (one family). A causal effect is
@@ -32,6 +32,10 @@ Estimates, per model × family × condition × load × intervention (:class:`Int
   intervention whose ``selection.control_of`` names it), paired by prompt, tested as above.
 - **Layer-window sweep** (:class:`Sweep`): the members of one ``group`` that carry a ``window``, their paired
   difference and recovered share against the window's centre layer.
+
+This module is the analysis only: the declarations are read by :mod:`probe.analysis.intervention_specs`, the
+paired-difference and Fieller statistics live in :mod:`probe.analysis.paired_ratio`, and the coverage simulation of
+the share's interval in :mod:`probe.analysis.simulate` (each name is importable from here as before).
 """
 
 from __future__ import annotations
@@ -48,13 +52,27 @@ import scipy.stats
 
 from probe.analysis import inference as inf
 from probe.analysis.frame import RunData
-from probe.interventions import InterventionsFileError, read_interventions
-from probe.runfolder import INTERVENTIONS, RunFolder
+from probe.analysis.intervention_specs import (
+    INTERVENTIONS_FILE,
+    KEYS,
+    HeadSelection,
+    InterventionSpec,
+    load_interventions,
+)
+from probe.analysis.paired_ratio import (
+    RECOVERED_METHOD,
+    PairedDifference,
+    RecoveredShare,
+    fieller_interval,
+    fieller_quadratic,
+    paired_difference,
+    recovered_share,
+)
+from probe.interventions import InterventionsFileError
+from probe.runfolder import RunFolder
 
 log = logging.getLogger(__name__)
 
-INTERVENTIONS_FILE = INTERVENTIONS  # the run folder's file name (probe.runfolder)
-KEYS = ("extraneous", "filler", "germane", "matched-random")
 CONTROL_CONDITION = "Control"
 
 METHODS = {
@@ -69,140 +87,6 @@ METHODS = {
 }
 
 
-# ------------------------------------------------------------------------------------------------- declaration
-
-
-@dataclass(frozen=True)
-class HeadSelection:
-    """How the heads of a top-k intervention (or of its random control) were chosen.
-
-    Attributes:
-        from_run: the separate probe run whose enrichment ranked the heads.
-        k: number of heads.
-        control_of: for a random-heads control, the name of the top-k intervention it controls; None for the top-k
-            intervention itself.
-    """
-
-    from_run: str
-    k: int
-    control_of: str | None
-
-
-@dataclass(frozen=True)
-class InterventionSpec:
-    """One declared intervention, as ``interventions.json`` gives it.
-
-    Attributes:
-        name: the name trials carry in ``intervention``.
-        kind: ``knockout`` (edges removed) or ``steer`` (weights on the keys scaled by ``alpha``, row renormalised).
-        alpha: the steering coefficient (None or 0 for a knockout).
-        keys: the keys acted on: ``extraneous``, ``filler``, ``germane`` or ``matched-random``.
-        queries: the queries acted on (as declared).
-        layers: the layers acted on (0-based).
-        heads: the (layer, head) pairs acted on; None: every head of ``layers``.
-        window: [first, last] layer of a layer-window sweep member; None otherwise.
-        group: the declared intervention a sweep member belongs to (its own name otherwise).
-        selection: how top-k heads (or their random control) were chosen; None otherwise.
-    """
-
-    name: str
-    kind: str
-    alpha: float | None
-    keys: str
-    queries: str
-    layers: tuple[int, ...]
-    heads: tuple[tuple[int, int], ...] | None
-    window: tuple[int, int] | None
-    group: str
-    selection: HeadSelection | None
-
-    @property
-    def centre(self) -> float | None:
-        """The window's centre layer ((first + last) / 2), None outside a sweep."""
-        return None if self.window is None else (self.window[0] + self.window[1]) / 2
-
-    def twin_key(self) -> tuple[Any, ...]:
-        """Everything but the keys: two interventions with equal twin keys differ only in what they act on."""
-        return (self.kind, self.alpha, self.queries, self.layers, self.heads, self.window)
-
-
-def _field(path: Path, i: int, d: dict[str, Any], name: str, types: tuple[type, ...], required: bool = True) -> Any:
-    if name not in d:
-        if required:
-            raise InterventionsFileError(f"{path}: entry {i} has no field {name!r}; the runner writes it: re-run "
-                                         "`probe run` or fix the file")
-        return None
-    v = d[name]
-    if v is None and not required:
-        return None
-    if not isinstance(v, types) or isinstance(v, bool) and bool not in types:
-        raise InterventionsFileError(f"{path}: entry {i} field {name!r} = {v!r} is not of type "
-                                     f"{' or '.join(t.__name__ for t in types)}")
-    return v
-
-
-def _spec(path: Path, i: int, d: Any) -> InterventionSpec:
-    if not isinstance(d, dict):
-        raise InterventionsFileError(f"{path}: entry {i} is {type(d).__name__}, not an object")
-    name = _field(path, i, d, "name", (str,))
-    kind = _field(path, i, d, "kind", (str,))
-    if kind not in ("knockout", "steer"):
-        raise InterventionsFileError(f"{path}: entry {i} ({name}) kind {kind!r} is not 'knockout' or 'steer'")
-    keys = _field(path, i, d, "keys", (str,))
-    if keys not in KEYS:
-        raise InterventionsFileError(f"{path}: entry {i} ({name}) keys {keys!r} is not one of {KEYS}")
-    alpha = _field(path, i, d, "alpha", (int, float), required=False)
-    layers = _field(path, i, d, "layers", (list,))
-    if not all(isinstance(x, int) and not isinstance(x, bool) for x in layers):
-        raise InterventionsFileError(f"{path}: entry {i} ({name}) layers {layers!r} must be a list of integers")
-    heads_raw = _field(path, i, d, "heads", (str, list))
-    heads: tuple[tuple[int, int], ...] | None
-    if isinstance(heads_raw, str):
-        if heads_raw != "all":
-            raise InterventionsFileError(f"{path}: entry {i} ({name}) heads {heads_raw!r}: 'all' or [[layer, head]]")
-        heads = None
-    else:
-        if not all(isinstance(h, list) and len(h) == 2 and all(isinstance(x, int) for x in h) for h in heads_raw):
-            raise InterventionsFileError(f"{path}: entry {i} ({name}) heads {heads_raw!r}: a list of [layer, head]")
-        heads = tuple((int(h[0]), int(h[1])) for h in heads_raw)
-    window_raw = _field(path, i, d, "window", (list,), required=False)
-    window: tuple[int, int] | None = None
-    if window_raw is not None:
-        if len(window_raw) != 2 or not all(isinstance(x, int) for x in window_raw):
-            raise InterventionsFileError(f"{path}: entry {i} ({name}) window {window_raw!r}: [first, last] layer")
-        window = (int(window_raw[0]), int(window_raw[1]))
-    sel_raw = _field(path, i, d, "selection", (dict,), required=False)
-    selection = None
-    if sel_raw is not None:
-        k = sel_raw.get("k")
-        control_of = sel_raw.get("control_of")
-        if not isinstance(k, int) or not (control_of is None or isinstance(control_of, str)):
-            raise InterventionsFileError(f"{path}: entry {i} ({name}) selection {sel_raw!r}: needs an integer 'k' "
-                                         "and 'control_of' a name or null")
-        selection = HeadSelection(from_run=str(sel_raw.get("from", "")), k=k, control_of=control_of)
-    group = _field(path, i, d, "group", (str,), required=False)
-    return InterventionSpec(name=name, kind=kind, alpha=None if alpha is None else float(alpha), keys=keys,
-                            queries=str(_field(path, i, d, "queries", (str,))), layers=tuple(int(x) for x in layers),
-                            heads=heads, window=window, group=name if group is None else group, selection=selection)
-
-
-def load_interventions(run: RunFolder | str | Path) -> tuple[InterventionSpec, ...]:
-    """The interventions a run folder declares (``interventions.json``); () when the file is absent.
-
-    Raises:
-        InterventionsFileError: the file is not JSON, not a list of objects, misses a field or has a wrong type
-            (names the file, the entry and the field), or two entries share a name.
-    """
-    path = RunFolder(run).interventions
-    data = read_interventions(run)
-    specs = tuple(_spec(path, i, d) for i, d in enumerate(data))
-    names = [s.name for s in specs]
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        raise InterventionsFileError(f"{path}: intervention {dup[0]!r} is declared more than once")
-    return specs
-
-
 def baseline_only(data: RunData) -> RunData:
     """The run's baseline trials (intervention None) only: what every estimate but this module's reads."""
     keep = data.frame["intervention"].isna().to_numpy()
@@ -210,174 +94,6 @@ def baseline_only(data: RunData) -> RunData:
         return data
     return RunData(frame=data.frame[keep], trials=tuple(t for t, k in zip(data.trials, keep) if k),
                    prompts=data.prompts)
-
-
-# ------------------------------------------------------------------------------------------------- estimates
-
-
-@dataclass(frozen=True)
-class PairedDifference:
-    """EM of ``a`` minus EM of ``b`` over prompts scored under both, question by question.
-
-    Attributes:
-        n_prompts: prompts scored under both.
-        n_questions: questions (clusters) among them.
-        em_a, em_b: mean EM of ``a`` and of ``b`` over the paired prompts.
-        delta: mean over questions of the per-question mean difference (None without pairs).
-        ci_low, ci_high: CR2 interval of ``delta``, cut to [-1, 1] (None when descriptive or the differences do
-            not vary).
-        se: its standard error; df: its t reference's degrees of freedom.
-        p: two-sided question-level sign-flip p-value (None when descriptive).
-        is_exact: the p-value enumerates every sign assignment.
-        is_test: False when descriptive (see ``reason``).
-        method: the methods, in words.
-        reason: why there is no test or interval (None otherwise).
-    """
-
-    n_prompts: int
-    n_questions: int
-    em_a: float | None
-    em_b: float | None
-    delta: float | None
-    ci_low: float | None
-    ci_high: float | None
-    se: float | None
-    df: float | None
-    p: float | None
-    is_exact: bool
-    is_test: bool
-    method: str
-    reason: str | None
-
-
-def paired_difference(em_a: np.ndarray, em_b: np.ndarray, questions: np.ndarray, alpha: float = 0.05,
-                      seed: int = 0) -> PairedDifference:
-    """EM_a − EM_b paired by prompt: question-level sign-flip test and CR2 interval (module docstring).
-
-    Args:
-        em_a: (n,) EM under ``a`` of each paired prompt.
-        em_b: (n,) EM under ``b`` of the same prompts.
-        questions: (n,) question (task) ids.
-        alpha: test level and 1 − confidence level.
-        seed: seed of the Monte Carlo sign flips (above 16 questions).
-
-    Returns:
-        The :class:`PairedDifference`.
-    """
-    a = np.asarray(em_a, dtype=float)
-    b = np.asarray(em_b, dtype=float)
-    g = np.asarray(questions)
-    t = inf.paired_sign_flip(a, b, g, alpha=alpha, seed=seed)
-    method = (f"{t.method}; interval: CR2 t interval of the mean per-question difference (Bell-McCaffrey df), "
-              "cut to [-1, 1]")
-    out = PairedDifference(n_prompts=t.n_pairs, n_questions=t.n_questions, em_a=t.em_a, em_b=t.em_b, delta=t.delta,
-                           ci_low=None, ci_high=None, se=None, df=None, p=t.p, is_exact=t.is_exact,
-                           is_test=t.is_test, method=method, reason=t.reason)
-    if t.n_pairs == 0 or not t.is_test:
-        return out
-    qs, codes = np.unique(g.astype(str), return_inverse=True)
-    d = np.bincount(codes, weights=a - b) / np.bincount(codes)  # (G,) per-question mean differences
-    fit = inf.clustered_ols(d, np.ones((d.size, 1)), qs, term=0, alpha=alpha)
-    if not fit.is_test or fit.ci_low is None or fit.ci_high is None:
-        return replace(out, reason=t.reason or f"no interval: {fit.reason}")
-    # a difference of two proportions lies in [-1, 1]: the t interval is cut there (its coverage can only grow)
-    return replace(out, ci_low=max(-1.0, fit.ci_low), ci_high=min(1.0, fit.ci_high), se=fit.se, df=fit.df)
-
-
-@dataclass(frozen=True)
-class RecoveredShare:
-    """(EM_int − EM_base) / (EM_Control − EM_base) with its Fieller interval, or the reason it is undefined.
-
-    Attributes:
-        estimate: the share (1: the intervention recovers the whole loss; 0: nothing); None when undefined.
-        ci_low, ci_high: Fieller interval on t(G − 1); None when undefined, descriptive or unbounded.
-        numerator: mean over questions of EM_int − EM_base.
-        denominator: mean over questions of EM_Control − EM_base.
-        n_questions: questions with an intervened, a baseline and a Control trial.
-        method: the method, in words.
-        reason: why the share or its interval is not given (None otherwise).
-    """
-
-    estimate: float | None
-    ci_low: float | None
-    ci_high: float | None
-    numerator: float | None
-    denominator: float | None
-    n_questions: int
-    method: str
-    reason: str | None
-
-
-RECOVERED_METHOD = "ratio of per-question mean differences; Fieller interval on t(G-1)"
-
-
-def fieller_quadratic(num: np.ndarray, den: np.ndarray, alpha: float = 0.05) -> tuple[float, float, float]:
-    """Coefficients (a, b, c) of Fieller's set {R : a·R² + b·R + c ≤ 0} for mean(num) / mean(den), on t(G − 1).
-
-    The set is the R with (N̄ − R·D̄)² ≤ t² (s_NN − 2R·s_ND + R²·s_DD) / G, the sample (co)variances s over the G
-    questions: the R a t test of mean(num − R·den) = 0 does not reject.
-
-    Args:
-        num: (G,) per-question numerators.
-        den: (G,) per-question denominators (G ≥ 2).
-        alpha: 1 − confidence level.
-    """
-    n = np.asarray(num, dtype=float)
-    d = np.asarray(den, dtype=float)
-    G = n.size
-    t2 = float(scipy.stats.t.ppf(1 - alpha / 2, G - 1)) ** 2
-    cov = np.cov(np.vstack([n, d]), ddof=1)
-    nm, dm = float(n.mean()), float(d.mean())
-    return (dm * dm - t2 * cov[1, 1] / G, -2 * (nm * dm - t2 * cov[0, 1] / G), nm * nm - t2 * cov[0, 0] / G)
-
-
-def fieller_interval(num: np.ndarray, den: np.ndarray, alpha: float = 0.05) -> tuple[float, float] | None:
-    """Fieller's interval for mean(num) / mean(den) from paired per-question values (:func:`fieller_quadratic`).
-
-    Returns:
-        (low, high), or None when the set is unbounded (the whole line, or the line less an interval): the
-        denominator's own t test does not reject at ``alpha`` (D̄² ≤ t² s_DD / G).
-    """
-    qa, qb, qc = fieller_quadratic(num, den, alpha)
-    if qa <= 0:
-        return None
-    r = math.sqrt(max(qb * qb - 4 * qa * qc, 0.0))
-    return ((-qb - r) / (2 * qa), (-qb + r) / (2 * qa))
-
-
-def recovered_share(em_int: np.ndarray, em_base: np.ndarray, em_control: np.ndarray, alpha: float = 0.05,
-                    min_clusters: int = inf.MIN_CLUSTERS) -> RecoveredShare:
-    """The recovered share from per-question means, with Fieller's interval (module docstring).
-
-    Args:
-        em_int: (G,) per-question mean EM under the intervention.
-        em_base: (G,) per-question mean EM of the same prompts' baseline trials.
-        em_control: (G,) per-question mean baseline Control EM.
-        alpha: 1 − confidence level.
-        min_clusters: fewer questions: the share is given without an interval.
-
-    Returns:
-        The :class:`RecoveredShare`.
-    """
-    i, b, c = (np.asarray(x, dtype=float) for x in (em_int, em_base, em_control))
-    G = int(i.size)
-    out = RecoveredShare(None, None, None, None, None, G, RECOVERED_METHOD, None)
-    if G == 0:
-        return replace(out, reason="no question has an intervened, a baseline and a Control trial")
-    num, den = i - b, c - b
-    nm, dm = float(num.mean()), float(den.mean())
-    out = replace(out, numerator=nm, denominator=dm)
-    if dm <= 0:
-        return replace(out, reason=f"EM_Control - EM_base = {dm:+.3f} <= 0: the baseline lost nothing to Control, so "
-                                   "there is nothing to recover and the share is undefined")
-    out = replace(out, estimate=nm / dm)
-    if G < min_clusters:
-        return replace(out, reason=inf.few_clusters_reason(G, min_clusters))
-    ci = fieller_interval(num, den, alpha)
-    if ci is None:
-        return replace(out, reason="the loss EM_Control - EM_base is not distinguishable from 0 at this level: "
-                                   "the interval of the share is unbounded")
-    return replace(out, ci_low=ci[0], ci_high=ci[1])
 
 
 @dataclass(frozen=True)
@@ -650,97 +366,8 @@ def analyze_run_interventions(run: RunFolder, data: RunData, alpha: float, seed:
     return analyze_interventions(data, load_interventions(run), alpha, seed)
 
 
-# ------------------------------------------------------------------------------------------------- coverage
-
-
-@dataclass(frozen=True)
-class ShareCoverageRow:
-    """Simulated coverage of the recovered share's interval at one number of questions.
-
-    Attributes:
-        n_questions: G.
-        n_runs: simulated studies.
-        true_share: the share the simulation plants.
-        method: ``fieller`` (the analysis' interval) or ``delta`` (the delta-method interval R ± t·SE on t(G − 1),
-            SE = sd(num − R·den) / (√G·|mean den|), for comparison).
-        coverage: among the studies where the share is defined, the share whose interval (for Fieller: the
-            confidence set, bounded or not) holds the true share.
-        bounded: among those, the share with a bounded Fieller interval (the loss distinguishable from 0).
-        coverage_bounded: coverage among the bounded intervals.
-        undefined: share of all studies where the share was undefined (EM_Control ≤ EM_base).
-    """
-
-    n_questions: int
-    n_runs: int
-    true_share: float
-    method: str
-    coverage: float
-    bounded: float
-    coverage_bounded: float | None
-    undefined: float
-
-
-def recovered_share_coverage(seed: int, n_questions: int, n_runs: int, replications: int = 2,
-                             em_control: float = 0.8, em_base: float = 0.4, share: float = 0.5,
-                             kappa: float = 2.0, alpha: float = 0.05,
-                             method: Literal["fieller", "delta"] = "fieller") -> ShareCoverageRow:
-    """Coverage of the recovered share's Fieller interval by seeded simulation.
-
-    Data: question q has Control success probability c_q ~ Beta(μ_C κ, (1 − μ_C) κ), a loss under the distractors
-    ℓ_q = c_q·(1 − em_base / em_control) (so E base = em_base), and under the intervention it gets back ``share``
-    of its loss: p_int,q = c_q − (1 − share)·ℓ_q; each of its ``replications`` prompts is Bernoulli(p) at Control,
-    baseline and (the same prompt) intervention, the baseline and intervened trials of a prompt sharing one uniform
-    draw (a paired design, as one model answering the same prompt). The planted share is ``share`` for every
-    question; the estimate is a ratio of means, which equals it in expectation of numerator and denominator.
-
-    Args:
-        seed: seed (the generator is ``default_rng([seed, n_questions])``).
-        n_questions: G.
-        n_runs: simulated studies.
-        replications: prompts per question and condition.
-        em_control, em_base, share: the planted means.
-        kappa: Beta concentration (intra-question correlation 1 / (κ + 1)).
-        alpha: 1 − confidence level.
-        method: ``fieller`` or ``delta`` (see :class:`ShareCoverageRow`).
-
-    Returns:
-        The :class:`ShareCoverageRow`.
-    """
-    rng = np.random.default_rng([seed, n_questions])
-    covered = bounded = cov_b = undefined = 0
-    for _ in range(n_runs):
-        c = rng.beta(em_control * kappa, (1 - em_control) * kappa, n_questions)
-        loss = c * (1 - em_base / em_control)
-        p_base, p_int = c - loss, c - (1 - share) * loss
-        u = rng.random((n_questions, replications))
-        yb, yi = (u < p_base[:, None]).mean(1), (u < p_int[:, None]).mean(1)
-        yc = (rng.random((n_questions, replications)) < c[:, None]).mean(1)
-        r = recovered_share(yi, yb, yc, alpha)
-        if r.estimate is None:
-            undefined += 1
-            continue
-        qa, qb, qc = fieller_quadratic(yi - yb, yc - yb, alpha)
-        if method == "delta":
-            z = (yi - yb) - r.estimate * (yc - yb)
-            half = float(scipy.stats.t.ppf(1 - alpha / 2, n_questions - 1)) * float(np.std(z, ddof=1)) / (
-                math.sqrt(n_questions) * abs(r.denominator or 0.0))
-            hit = abs(r.estimate - share) <= half
-        else:
-            hit = qa * share**2 + qb * share + qc <= 0  # the truth is in Fieller's set, bounded or not
-        covered += hit
-        if r.ci_low is not None:
-            bounded += 1
-            cov_b += hit
-    defined = n_runs - undefined
-    return ShareCoverageRow(n_questions=n_questions, n_runs=n_runs, true_share=share, method=method,
-                            coverage=covered / defined if defined else float("nan"),
-                            bounded=bounded / defined if defined else float("nan"),
-                            coverage_bounded=cov_b / bounded if bounded else None,
-                            undefined=undefined / n_runs)
-
-
 __all__ = ["Contrast", "HeadSelection", "INTERVENTIONS_FILE", "InterventionResult", "InterventionRow",
            "InterventionSpec", "InterventionsFileError", "METHODS", "PairedDifference", "RecoveredShare",
-           "ShareCoverageRow", "Sweep", "SweepPoint", "analyze_interventions", "analyze_run_interventions",
+           "Sweep", "SweepPoint", "analyze_interventions", "analyze_run_interventions",
            "baseline_only", "fieller_interval", "fieller_quadratic", "load_interventions", "paired_difference",
-           "recovered_share", "recovered_share_coverage"]
+           "recovered_share", "KEYS", "RECOVERED_METHOD"]

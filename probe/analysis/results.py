@@ -27,6 +27,14 @@ with the instruction to re-run ``probe analyze``. Version history:
 - 4: causal tests (issue 11): ``interventions`` (:class:`probe.analysis.interventions.InterventionResult`, null
   for a run without interventions); every other estimate reads baseline trials only. A schema-3 file is read as
   one without interventions.
+- 5: the attention measure is a column, not part of field names (every registered attention measure on
+  (layer, head) is analysed alike): an ICE ``attention_cells`` entry is one cell × ``measure`` (``label``,
+  ``mean``, ``key``, ``enrichment_mean``, ``enrichment_key``, ``chance_key``, ``targets`` instead of
+  ``p_ext_mean``, ``p_ext_key``, ``enrichment_key``, ``chance_key``, ``ar_k_key``, ``ar_targets``); an
+  ``attention_behaviour`` entry carries ``measure``, ``label`` and ``has_chance``, ``p_ext_layers`` ->
+  ``layer_tests``, ``odds_ratio_per_10pp_p_ext`` -> ``odds_ratio_per_10pp``. A schema-3 or 4 file is read with
+  its attention results mapped so (:func:`upgrade_attention`; its ``attention_summary.npz`` keeps its member
+  names, which the cells name).
 
 Additive sections (no schema change): a field whose metadata carries :data:`OMIT_EMPTY` is written only when it
 holds something and read as empty when absent: ``families.ice.retrieval`` (retrieval heads,
@@ -54,10 +62,10 @@ from probe.analysis.interventions import InterventionResult
 from probe.config import AnalysisSection
 from probe.errors import ProbeError
 from probe.records_import import ImportSummary
-from probe.runfolder import RunFolder
+from probe.runfolder import RunFolder, write_atomic
 
-SCHEMA_VERSION = 4
-READABLE_SCHEMAS = (3, 4)  # a schema-3 file is a schema-4 one without interventions
+SCHEMA_VERSION = 5
+READABLE_SCHEMAS = (3, 4, 5)  # 3: 4 without interventions; 4: 5 with the attention measure in field names
 
 # field metadata key of an additive section: written only when non-empty, read as its (empty) default when absent,
 # so files written before the section existed, or by runs without its inputs, read unchanged
@@ -288,10 +296,52 @@ def trials_sha256(run: RunFolder) -> str:
 
 
 def write_analysis(analysis: Analysis, run: RunFolder) -> Path:
-    """Write ``analysis.json`` (no NaN: missing values are null). Returns its path."""
-    path = run.analysis
-    path.write_text(json.dumps(to_json(analysis), indent=1, allow_nan=False, ensure_ascii=False), encoding="utf-8")
-    return path
+    """Write ``analysis.json`` whole or not at all (no NaN: missing values are null). Returns its path."""
+    return write_atomic(run.analysis, json.dumps(to_json(analysis), indent=1, allow_nan=False, ensure_ascii=False))
+
+
+def _rename(d: dict, old: str, new: str) -> dict:
+    return {(new if k == old else k): v for k, v in d.items()}
+
+
+def _upgrade_fit(fit: dict | None) -> dict | None:
+    if fit is None:
+        return None
+    out = _rename(fit, "odds_ratio_per_10pp_p_ext", "odds_ratio_per_10pp")
+    if isinstance(out.get("adjusted"), dict):
+        out["adjusted"] = _upgrade_fit(out["adjusted"])
+    return out
+
+
+def _upgrade_cell(cell: dict) -> list[dict]:
+    base = {k: cell[k] for k in ("model", "condition", "load", "n_prompts", "n_layers", "n_heads")}
+    cells = [{**base, "measure": "p_ext", "label": "P_ext", "mean": cell["p_ext_mean"], "key": cell["p_ext_key"],
+              "enrichment_mean": cell["enrichment_mean"], "enrichment_key": cell["enrichment_key"],
+              "chance_key": cell["chance_key"], "targets": []}]
+    if cell.get("ar_k_key"):
+        cells.append({**base, "measure": "ar_k", "label": "AR_k", "mean": None, "key": cell["ar_k_key"],
+                      "enrichment_mean": None, "enrichment_key": None, "chance_key": None,
+                      "targets": cell["ar_targets"]})
+    return cells
+
+
+def upgrade_attention(data: dict) -> dict:
+    """A schema-3/4 ``analysis.json`` (as parsed JSON) with its ICE attention results in the schema-5 layout: the
+    measure (``p_ext``, ``ar_k``) moved from field names into a ``measure`` column; every number kept."""
+    families = data.get("families")
+    if not isinstance(families, dict) or not isinstance(families.get("ice"), dict):
+        return dict(data)
+    ice = families["ice"]
+    ice = dict(ice)
+    ice["attention_cells"] = [c for cell in ice.get("attention_cells", []) for c in _upgrade_cell(cell)]
+    behaviour = []
+    for a in ice.get("attention_behaviour", []):
+        a = {"model": a["model"], "measure": "p_ext", "label": "P_ext", "has_chance": True,
+             **{k: v for k, v in _rename(a, "p_ext_layers", "layer_tests").items() if k != "model"}}
+        a["layers"] = [_upgrade_fit(f) for f in a.get("layers", [])]
+        behaviour.append(a)
+    ice["attention_behaviour"] = behaviour
+    return {**data, "families": {**families, "ice": ice}}
 
 
 def read_analysis(run_dir: str | Path | RunFolder, *, check_fresh: bool = True) -> Analysis:
@@ -323,6 +373,9 @@ def read_analysis(run_dir: str | Path | RunFolder, *, check_fresh: bool = True) 
                                   f"{SCHEMA_VERSION}: {redo} again")
     if found == 3:
         data = {**data, "interventions": None}  # written before interventions existed: none
+    if found in (3, 4):
+        data = upgrade_attention(data)
+        data["schema"] = SCHEMA_VERSION
     try:
         analysis: Analysis = from_json(Analysis, data, str(path))
     except AnalysisSchemaError as e:
@@ -340,4 +393,4 @@ def read_analysis(run_dir: str | Path | RunFolder, *, check_fresh: bool = True) 
 
 __all__ = ["Analysis", "AnalysisFileError", "AnalysisMissingError", "AnalysisSchemaError", "Inputs",
            "READABLE_SCHEMAS", "SCHEMA_VERSION", "StaleAnalysisError", "from_json", "read_analysis", "to_json",
-           "trials_sha256", "write_analysis"]
+           "trials_sha256", "upgrade_attention", "write_analysis"]

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import io
 import json
 import logging
 from pathlib import Path
@@ -41,7 +42,7 @@ from probe.analysis.results import SCHEMA_VERSION, Analysis, Inputs, from_json, 
 from probe.config import AnalysisSection, load_config
 from probe.errors import ConfigError, ProbeError
 from probe.records_import import ImportSummary, import_external
-from probe.runfolder import RunFolder
+from probe.runfolder import RunFolder, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +147,9 @@ def analyze_run(
         methods.update(entry.methods)
         n_records += out.n_attention_records
     if arrays:
-        np.savez_compressed(run.attention_summary, **arrays)  # type: ignore[arg-type]  # numpy's stub: kwargs
+        buf = io.BytesIO()
+        np.savez_compressed(buf, **arrays)  # type: ignore[arg-type]  # numpy's stub: kwargs
+        write_atomic(run.attention_summary, buf.getvalue())
     else:
         run.attention_summary.unlink(missing_ok=True)  # an earlier analysis' arrays would not match this one
     if run.has_attention() and n_records == 0:

@@ -27,6 +27,10 @@ Data-generating processes (all under "no effect" except the power table):
 - **H3** (behaviour): per question S_sim ~ N(0.3, 0.1²), EM(Control) the mean of 2 Bernoulli(p_q), EM(Residue) of
   6 Bernoulli(0.8·p_q), p_q ~ Beta(1, 1), independent of S_sim.
 - **H1 power**: p_q ~ U(0.4, 0.9) and EM falls by β per point of load for every question (no clipping needed).
+- **One question carries every failure** (per head): 16 trials per question at loads 20/50/80/20, half the trials
+  of question 0 failed and none elsewhere; enrichment = 1 + 0.3·ℓ/100 + question and trial effects N(0, 0.1²) per
+  head, independent of failure. "before" is the CR2 test as it was (the pseudo-inverse, G counted over all
+  questions).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import scipy.stats
@@ -47,7 +52,10 @@ from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.power import NormalIndPower
 from statsmodels.stats.proportion import proportion_confint
 
+from probe.analysis import attention_tests as att
+from probe.analysis import glm
 from probe.analysis import inference as inf
+from probe.analysis.paired_ratio import fieller_quadratic, recovered_share
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +222,7 @@ def coverage(seed: int, clusters: int, replications: int, em: float, kappa: floa
                        outside_before=outside / n_runs)
 
 
-def coverage_table(seed: int, n_runs: int, clusters: Sequence[int] = (7, 20, 50),
+def coverage_table(seed: int, n_runs: int, clusters: Sequence[int] = (7, 10, 20, 50),
                    ems: Sequence[float] = (0.1, 0.5, 0.9), replications: Sequence[int] = (2, 1, 5),
                    kappas: Sequence[float] = (2.0,)) -> list[CoverageRow]:
     """Coverage in every combination of the settings (each with its own generator; see :func:`coverage`)."""
@@ -264,8 +272,8 @@ def null_h1(seed: int, clusters: int, n_runs: int, replications: int = 2,
             n_ols += 1
             counts["ols_cr1"] += _rejects(o1.p)
             counts["ols_cr2"] += _rejects(o2.p)
-        l1 = inf.clustered_logit(y, X, codes, vcov="CR1", min_clusters=min_clusters)
-        l2 = inf.clustered_logit(y, X, codes, min_clusters=min_clusters)
+        l1 = glm.clustered_logit(y, X, codes, vcov="CR1", min_clusters=min_clusters)
+        l2 = glm.clustered_logit(y, X, codes, min_clusters=min_clusters)
         if l1.is_test and l2.is_test:
             n_logit += 1
             counts["logit_z"] += _normal_p(l1) < ALPHA
@@ -392,8 +400,8 @@ def null_layers(seed: int, clusters: int, n_runs: int, replications: int = 2, n_
         for li in range(n_layers):
             x = layer[:, li]
             for X, adj in ((sm.add_constant(x), ""), (np.column_stack([np.ones_like(x), x, load, residue]), "a")):
-                f1 = inf.clustered_logit(y, X, codes, vcov="CR1", min_clusters=min_clusters)
-                f2 = inf.clustered_logit(y, X, codes, min_clusters=min_clusters)
+                f1 = glm.clustered_logit(y, X, codes, vcov="CR1", min_clusters=min_clusters)
+                f2 = glm.clustered_logit(y, X, codes, min_clusters=min_clusters)
                 if not (f1.is_test and f2.is_test):
                     continue
                 if adj:
@@ -404,9 +412,9 @@ def null_layers(seed: int, clusters: int, n_runs: int, replications: int = 2, n_
                 c["z" + adj] += _normal_p(f1) < ALPHA
                 c["t1" + adj] += _rejects(f1.p)
                 c["t2" + adj] += _rejects(f2.p)
-        r1 = inf.attention_failure_tests(layer, failed, load, codes, covariates=residue[:, None], vcov="CR1",
+        r1 = att.attention_failure_tests(layer, failed, load, codes, covariates=residue[:, None], vcov="CR1",
                                          min_clusters=min_clusters)
-        r2 = inf.attention_failure_tests(layer, failed, load, codes, covariates=residue[:, None],
+        r2 = att.attention_failure_tests(layer, failed, load, codes, covariates=residue[:, None],
                                          min_clusters=min_clusters)
         c["o1"] += int(np.sum(np.nan_to_num(r1.p, nan=1.0) < ALPHA))
         c["o2"] += int(np.sum(np.nan_to_num(r2.p, nan=1.0) < ALPHA))
@@ -438,7 +446,7 @@ def null_heads(seed: int, clusters: int, n_runs: int, replications: int = 2, n_l
     for _ in range(n_runs):
         values, failed, load, residue, codes = attention_data(rng, clusters, replications, n_layers, n_heads)
         for vcov in ("CR1", "CR2"):
-            res = inf.attention_failure_tests(values, failed, load, codes, covariates=residue[:, None],
+            res = att.attention_failure_tests(values, failed, load, codes, covariates=residue[:, None],
                                               vcov=vcov, min_clusters=min_clusters)
             rej[vcov] += int(np.sum(np.nan_to_num(res.p, nan=1.0) < ALPHA))
             fw[vcov] += res.significant(ALPHA).shape[0] > 0
@@ -468,7 +476,7 @@ def null_residue_similarity(seed: int, clusters: int, n_runs: int, replications:
               + 0.05 * rng.normal(size=(clusters, n_layers))[codes] + 0.05 * rng.normal(size=(n, 1))
               + 0.05 * rng.normal(size=(n, n_layers)))
         for vcov in ("CR1", "CR2"):
-            res = inf.residue_similarity_tests(ar, s_sim, codes, load, vcov=vcov, min_clusters=min_clusters).fits
+            res = att.residue_similarity_tests(ar, s_sim, codes, load, vcov=vcov, min_clusters=min_clusters).fits
             rej[vcov] += int(np.sum(np.nan_to_num(res.p, nan=1.0) < ALPHA))
             fw[vcov] += res.significant(ALPHA).shape[0] > 0
     return [
@@ -480,11 +488,71 @@ def null_residue_similarity(seed: int, clusters: int, n_runs: int, replications:
     ]
 
 
+def _before_many(values: np.ndarray, X: np.ndarray, codes: np.ndarray, n_clusters: int, term: int = 1) -> np.ndarray:
+    """p-values of the per-outcome CR2 test as it was before the contrast rule: the CR2 pseudo-inverse (which drops
+    a direction that one cluster alone carries) with Bell–McCaffrey df, G counted over all questions."""
+    Yf = values.reshape(values.shape[0], -1)
+    beta = np.linalg.lstsq(X, Yf, rcond=None)[0]
+    w, dof = inf.sandwich_weights(X, codes, n_clusters, term, "CR2", on_degenerate="drop")
+    resid = Yf - X @ beta
+    onehot = np.zeros((n_clusters, X.shape[0]))
+    onehot[codes, np.arange(X.shape[0])] = 1.0
+    se = np.sqrt(np.sum((onehot @ (w[:, None] * resid)) ** 2, axis=0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return 2 * scipy.stats.t.sf(np.abs(beta[term] / se), dof)
+
+
+def one_question_data(rng: np.random.Generator, clusters: int, per_question: int = 16, n_layers: int = 30,
+                      n_heads: int = 9) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every failure falls in question 0 (half its trials); attention is noise plus question effects, no link.
+
+    Returns:
+        (values (trial, layer, head), failed, load, codes).
+    """
+    codes = np.repeat(np.arange(clusters), per_question)
+    n = codes.size
+    failed = (codes == 0) & (np.arange(n) % 2 == 0)
+    load = np.tile(np.array([20.0, 50.0, 80.0, 20.0]), n // 4)
+    s = 0.1
+    values = (1.0 + 0.3 * load[:, None, None] / 100 + s * rng.normal(size=(clusters, n_layers, n_heads))[codes]
+              + s * rng.normal(size=(n, n_layers, n_heads)))
+    return values, failed, load, codes
+
+
+def null_one_question(seed: int, clusters: int, n_runs: int, n_layers: int = 30,
+                      n_heads: int = 9) -> list[RejectionRow]:
+    """The per-head failed − correct test when one question carries every failure (issue of false discoveries)."""
+    rng = _rng(seed, 9, clusters, n_layers, n_heads)
+    rej = dict.fromkeys(["before", "CR1", "CR2"], 0)
+    fw = dict.fromkeys(["before", "CR1", "CR2"], 0)
+    grid = n_layers * n_heads
+    for _ in range(n_runs):
+        values, failed, load, codes = one_question_data(rng, clusters, n_layers=n_layers, n_heads=n_heads)
+        X = np.column_stack([np.ones(codes.size), failed, load])
+        p_before = _before_many(values, X, codes, clusters)
+        rej["before"] += int(np.sum(np.nan_to_num(p_before, nan=1.0) < ALPHA))
+        fw["before"] += bool(np.any(np.nan_to_num(inf.bh_qvalues(p_before), nan=1.0) < ALPHA))
+        for vcov in ("CR1", "CR2"):
+            res = att.attention_failure_tests(values, failed, load, codes, vcov=vcov)
+            rej[vcov] += int(np.sum(np.nan_to_num(res.p, nan=1.0) < ALPHA))
+            fw[vcov] += res.significant(ALPHA).shape[0] > 0
+    return [
+        RejectionRow("per-head failed - correct, every failure in one question", clusters, n_runs, "test",
+                     rej["before"] / (n_runs * grid), rej["CR1"] / (n_runs * grid), rej["CR2"] / (n_runs * grid),
+                     "before CR2 BM df counting all questions; after: 1 question carries the contrast, descriptive"),
+        RejectionRow(f"per-head family of {grid}, every failure in one question", clusters, n_runs, "family",
+                     fw["before"] / n_runs, fw["CR1"] / n_runs, fw["CR2"] / n_runs,
+                     "BH q < 0.05 across the grid"),
+    ]
+
+
 # ------------------------------------------------------------------------------------------------------- H3
 
 
-def null_h3(seed: int, n_questions: int, n_runs: int) -> list[RejectionRow]:
-    """H3's correlation test under independence: Pearson t-test p (before) and Fisher-z p (after)."""
+def null_h3(seed: int, n_questions: int, n_runs: int, min_n: int = inf.MIN_CLUSTERS) -> list[RejectionRow]:
+    """H3's correlation test under independence: Pearson t-test p (before) and Fisher-z p (after).
+
+    Below the minimum of 6 questions the test is descriptive; ``min_n=4`` forces it (the below-minimum table)."""
     rng = _rng(seed, 8, n_questions)
     before = after = disagree = 0
     done = 0
@@ -493,7 +561,7 @@ def null_h3(seed: int, n_questions: int, n_runs: int) -> list[RejectionRow]:
         p = rng.beta(1.0, 1.0, size=n_questions)
         control = (rng.random((n_questions, 2)) < p[:, None]).mean(axis=1)
         residue = (rng.random((n_questions, 6)) < 0.8 * p[:, None]).mean(axis=1)
-        res = inf.similarity_correlation(s_sim, control - residue)
+        res = inf.similarity_correlation(s_sim, control - residue, min_n=min_n)
         if not res.is_test:
             continue
         done += 1
@@ -511,11 +579,100 @@ def null_h3(seed: int, n_questions: int, n_runs: int) -> list[RejectionRow]:
     ]
 
 
+# ------------------------------------------------------------------------------ intervention: recovered share
+
+
+@dataclass(frozen=True)
+class ShareCoverageRow:
+    """Simulated coverage of the recovered share's interval at one number of questions.
+
+    Attributes:
+        n_questions: G.
+        n_runs: simulated studies.
+        true_share: the share the simulation plants.
+        method: ``fieller`` (the analysis' interval) or ``delta`` (the delta-method interval R ± t·SE on t(G − 1),
+            SE = sd(num − R·den) / (√G·|mean den|), for comparison).
+        coverage: among the studies where the share is defined, the share whose interval (for Fieller: the
+            confidence set, bounded or not) holds the true share.
+        bounded: among those, the share with a bounded Fieller interval (the loss distinguishable from 0).
+        coverage_bounded: coverage among the bounded intervals.
+        undefined: share of all studies where the share was undefined (EM_Control ≤ EM_base).
+    """
+
+    n_questions: int
+    n_runs: int
+    true_share: float
+    method: str
+    coverage: float
+    bounded: float
+    coverage_bounded: float | None
+    undefined: float
+
+
+def recovered_share_coverage(seed: int, n_questions: int, n_runs: int, replications: int = 2,
+                             em_control: float = 0.8, em_base: float = 0.4, share: float = 0.5,
+                             kappa: float = 2.0, alpha: float = 0.05,
+                             method: Literal["fieller", "delta"] = "fieller") -> ShareCoverageRow:
+    """Coverage of the recovered share's Fieller interval by seeded simulation.
+
+    Data: question q has Control success probability c_q ~ Beta(μ_C κ, (1 − μ_C) κ), a loss under the distractors
+    ℓ_q = c_q·(1 − em_base / em_control) (so E base = em_base), and under the intervention it gets back ``share``
+    of its loss: p_int,q = c_q − (1 − share)·ℓ_q; each of its ``replications`` prompts is Bernoulli(p) at Control,
+    baseline and (the same prompt) intervention, the baseline and intervened trials of a prompt sharing one uniform
+    draw (a paired design, as one model answering the same prompt). The planted share is ``share`` for every
+    question; the estimate is a ratio of means, which equals it in expectation of numerator and denominator.
+
+    Args:
+        seed: seed (the generator is ``default_rng([seed, n_questions])``).
+        n_questions: G.
+        n_runs: simulated studies.
+        replications: prompts per question and condition.
+        em_control, em_base, share: the planted means.
+        kappa: Beta concentration (intra-question correlation 1 / (κ + 1)).
+        alpha: 1 − confidence level.
+        method: ``fieller`` or ``delta`` (see :class:`ShareCoverageRow`).
+
+    Returns:
+        The :class:`ShareCoverageRow`.
+    """
+    rng = np.random.default_rng([seed, n_questions])
+    covered = bounded = cov_b = undefined = 0
+    for _ in range(n_runs):
+        c = rng.beta(em_control * kappa, (1 - em_control) * kappa, n_questions)
+        loss = c * (1 - em_base / em_control)
+        p_base, p_int = c - loss, c - (1 - share) * loss
+        u = rng.random((n_questions, replications))
+        yb, yi = (u < p_base[:, None]).mean(1), (u < p_int[:, None]).mean(1)
+        yc = (rng.random((n_questions, replications)) < c[:, None]).mean(1)
+        r = recovered_share(yi, yb, yc, alpha)
+        if r.estimate is None:
+            undefined += 1
+            continue
+        qa, qb, qc = fieller_quadratic(yi - yb, yc - yb, alpha)
+        if method == "delta":
+            z = (yi - yb) - r.estimate * (yc - yb)
+            half = float(scipy.stats.t.ppf(1 - alpha / 2, n_questions - 1)) * float(np.std(z, ddof=1)) / (
+                math.sqrt(n_questions) * abs(r.denominator or 0.0))
+            hit = abs(r.estimate - share) <= half
+        else:
+            hit = qa * share**2 + qb * share + qc <= 0  # the truth is in Fieller's set, bounded or not
+        covered += hit
+        if r.ci_low is not None:
+            bounded += 1
+            cov_b += hit
+    defined = n_runs - undefined
+    return ShareCoverageRow(n_questions=n_questions, n_runs=n_runs, true_share=share, method=method,
+                            coverage=covered / defined if defined else float("nan"),
+                            bounded=bounded / defined if defined else float("nan"),
+                            coverage_bounded=cov_b / bounded if bounded else None,
+                            undefined=undefined / n_runs)
+
+
 # ---------------------------------------------------------------------------------------------------- tables
 
 
 def rejection_tables(seed: int, n_runs: int, clusters: Sequence[int] = (7, 30),
-                     h3_sizes: Sequence[int] = (4, 5, 7, 30)) -> list[RejectionRow]:
+                     h3_sizes: Sequence[int] = (7, 30)) -> list[RejectionRow]:
     """Every null rejection table at each G (each setting with its own generator).
 
     The H3 correlation rows are cheap and use ``H3_RUN_FACTOR`` times as many runs.
@@ -540,6 +697,9 @@ def below_minimum_tables(seed: int, n_runs: int, clusters: Sequence[int] = (4, 5
     for g in clusters:
         rows += null_h1(seed, g, n_runs, min_clusters=2)
         rows += [r for r in null_heads(seed, g, n_runs, n_layers=10, min_clusters=2) if r.per == "test"]
+    for g in clusters:
+        if g < inf.MIN_CLUSTERS:
+            rows += null_h3(seed, g, H3_RUN_FACTOR * n_runs, min_n=inf.MIN_CORRELATION_N)
     return rows
 
 
@@ -588,8 +748,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--kappas", type=float, nargs="+", default=[2.0, 1.0, 4.0],
                     help="Beta concentrations of the coverage table (ICC = 1/(kappa+1))")
     ap.add_argument("--quick", action="store_true", help="a small version (200 runs, kappa 2 only)")
-    ap.add_argument("--only", choices=["coverage", "null", "power", "minimum"], nargs="+",
-                    default=["coverage", "null", "power", "minimum"])
+    ap.add_argument("--only", choices=["coverage", "null", "power", "minimum", "one-question"], nargs="+",
+                    default=["coverage", "null", "power", "minimum", "one-question"])
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
     for name, value in (("--runs", args.runs), ("--coverage-runs", args.coverage_runs)):
@@ -614,6 +774,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows_m = below_minimum_tables(args.seed, args.runs)
         out.write(f"## Below the minimum G ({args.runs} runs per setting, tests forced)\n\n"
                   f"{format_rejections(rows_m)}\n\n")
+    if "one-question" in args.only:
+        t0 = time.perf_counter()
+        rows_o = [r for g in (7, 20) for r in null_one_question(args.seed, g, args.runs)]
+        out.write(f"## Every failure in one question ({args.runs} runs per setting, "
+                  f"{time.perf_counter() - t0:.0f} s)\n\n{format_rejections(rows_o)}\n\n")
     if "power" in args.only:
         rows_p = [power_h1(args.seed, g, args.runs) for g in (7, 20, 30)]
         out.write(f"## H1 power at a planted effect ({args.runs} runs per setting)\n\n{format_power(rows_p)}\n")

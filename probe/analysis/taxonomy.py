@@ -122,5 +122,9 @@ def classify_model(df: pd.DataFrame, model: str, h1: H1Fit | None, cfg: Analysis
         return label(f"{RESILIENT}, {LOAD_SENSITIVE}", f"Control EM {em} passes the gate; EM falls with load "
                      f"(β = {fmt.num(beta, '+.4f')}/pp, p = {fmt.num(p, '.3g')} < {cfg.alpha})",
                      brittle, confounded, sensitive)
-    return label(RESILIENT, f"Control EM {em} passes the gate; no significant decline with load "
+    if beta > 0 and p < cfg.alpha:  # a significant rise is not "no significant decline"
+        return label(RESILIENT, f"Control EM {em} passes the gate; EM rises with load, not falls "
+                     f"(β = {fmt.num(beta, '+.4f')}/pp, p = {fmt.num(p, '.3g')} < {cfg.alpha})",
+                     brittle, confounded, sensitive)
+    return label(RESILIENT, f"Control EM {em} passes the gate; no significant change of EM with load "
                  f"(β = {fmt.num(beta, '+.4f')}/pp, p = {fmt.num(p, '.3g')})", brittle, confounded, sensitive)

@@ -10,6 +10,8 @@ Public API:
   prefill (query sets inside the prompt), so a probed run costs no extra forward pass.
 - :func:`probe_transformer_lens` — the same measures from a TransformerLens ``TransformerBridge`` via its
   ``hook_pattern`` hooks.
+- :func:`measures` — the registered attention measures (:mod:`probe.attention.measure`: each is one entry with its
+  reducer and its eager reference; :func:`register_measure` adds one).
 - :func:`reference_segment_attention` — the same measures computed plainly from eager ``output_attentions``
   (for tests and short prompts).
 - :func:`max_probe_context` — on-paper largest context the engine and ``output_attentions`` can handle.
@@ -41,18 +43,24 @@ from probe.attention.engine import (
     probe_tokenized,
 )
 from probe.attention.lens import probe_transformer_lens
+from probe.attention.measure import Measure, register_measure
+from probe.attention.measures import measure, measures
 from probe.attention.plan import ProbePlan, build_plan
 from probe.attention.reference import reference_segment_attention
-from probe.attention.result import KEY_KINDS, SegmentAttention
+from probe.attention.result import KEY_KINDS, AttentionRecordError, SegmentAttention
 
 __all__ = [
     "KEY_KINDS",
+    "AttentionRecordError",
+    "Measure",
     "SUPPORTED_MODEL_TYPES",
     "ProbePlan",
     "SegmentAttention",
     "attach_probe",
     "build_plan",
     "max_probe_context",
+    "measure",
+    "measures",
     "is_prompt_query",
     "left_pad",
     "probe_batch",
@@ -60,5 +68,6 @@ __all__ = [
     "probe_memory_bytes",
     "probe_tokenized",
     "probe_transformer_lens",
+    "register_measure",
     "reference_segment_attention",
 ]

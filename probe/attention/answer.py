@@ -1,7 +1,7 @@
 """Attention while the answer is written: per generated token, per layer and head, the mass on each prompt segment.
 
 An :class:`AnswerAttention` holds, for one trial, what the decode steps of generation saw (definitions:
-docs/probes.md#attention-while-the-answer-is-written):
+docs/probes.md):
 
 - ``tokens[t]``: the answer's token ids (the answer the trial records; the end token excluded).
 - ``mass[t, l, h, s]``: the post-softmax attention of the query row that produced token ``t`` on segment ``s`` of

@@ -7,8 +7,9 @@ Two ways to get the probe's measures (docs/probes.md) from a forward pass of T t
 - the engine: the forward runs SDPA (no T² term; flash/memory-efficient kernels), and the probe holds, per layer,
   a float32 copy of the keys, one block of rows of float32 scores and probabilities (``2·H·B·T·4`` bytes in
   flight, with B at most ``block_size`` and small enough that the block stays within ``SCRATCH_FRACTION`` of the
-  forward's activations: :func:`block_elements`), the key-to-segment one-hot (``T·S·4``) and, for the residue, one
-  running row sum per accumulated segment (at most ``R·H·T·4``). Everything is linear in T.
+  forward's activations: :func:`block_elements`), the key-to-segment one-hot (``T·S·4``), for the residue one
+  running row sum per accumulated segment (at most ``R·H·T·4``), and for the value-weighted measures a float32 copy
+  of the values and each key's norm per head (``T·(d_kv + H)·4``). Everything is linear in T.
 
 Both carry the weights and the forward's own per-token activations (residual stream, q/k/v, the MLP's gate/up
 product), which this estimate counts as ``(6·d + 2·(d + 2·d_kv) + 3·d_ff)·bytes`` per token for the widest layer
@@ -18,9 +19,9 @@ Worked example, Llama-3-8B (32 layers, 32 heads, 8 KV heads, hidden 4096, MLP 14
 GPU (16.1 GB of weights), block 256, 100 segments of which 60 accumulated::
 
     >>> max_probe_context(LLAMA3_8B, 141e9, method="output_attentions")   # ~7.5k tokens
-    >>> max_probe_context(LLAMA3_8B, 141e9, method="engine")              # ~0.45M tokens
+    >>> max_probe_context(LLAMA3_8B, 141e9, method="engine")              # ~0.68M tokens
 
-so the engine's limit is set by the forward's own activations, roughly 60x further than ``output_attentions``
+so the engine's limit is set by the forward's own activations, roughly 90x further than ``output_attentions``
 (whose 32·32·T²·2 bytes reach 125 GB near T = 7.6k). At such lengths time, not memory, is the limit: the engine's
 cost is the forward's plus, with the residue, one more pass over the rows of the segments involved (O(T²)).
 """
@@ -143,6 +144,7 @@ def probe_memory_bytes(
         parts["row_block"] = 2 * shape.n_heads * min(block_size, n_tokens, rows_budget) * t * 4
         parts["segment_onehot"] = t * n_segments * 4
         parts["residue_rows"] = n_row_segments * shape.n_heads * t * 4
+        parts["value_norms"] = t * (d_kv + shape.n_heads) * 4
     parts["total"] = sum(parts.values())
     return parts
 

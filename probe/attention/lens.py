@@ -9,7 +9,8 @@ works offline when handed one::
 
 (the model name is then only a label; the bridge switches the wrapped model to eager attention in place). Each
 pattern hook receives one layer's full ``(1, H, T, T)`` post-softmax attention — TransformerLens computes it
-anyway — and reduces it at once with the engine's reducer; no cache is kept, so memory holds one layer's pattern
+anyway — and reduces it at once with the engine's reducer, over every registered measure (the value states of
+``hook_v`` and the wrapped module's output projection go to the value-weighted ones); no cache is kept, so memory holds one layer's pattern
 at a time rather than all of them.
 """
 
@@ -21,7 +22,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import torch
 
 from probe.attention.plan import build_plan
-from probe.attention.reduce import LayerAggregates, LayerReducer, PlanTensors, assemble_result
+from probe.attention.reduce import LayerAggregates, LayerReducer, PlanTensors, assemble_result, reduced_measures
 from probe.attention.reference import layer_window
 from probe.attention.result import SegmentAttention
 from probe.config import ProbeSection
@@ -29,6 +30,7 @@ from probe.errors import HookError
 from probe.types import TokenizedPrompt
 
 _PATTERN = "blocks.{layer}.attn.hook_pattern"
+_VALUES = "blocks.{layer}.attn.hook_v"
 
 _Hook = Callable[[torch.Tensor, object], None]
 
@@ -54,6 +56,17 @@ class LensModel(Protocol):
     def run_with_hooks(self, input: torch.Tensor,
                        fwd_hooks: list[tuple[str | Callable[..., Any], Callable[..., Any]]] = ...,
                        *, return_type: str | None = ...) -> object: ...
+
+
+def _attention_module(tl_model: LensModel, layer: int) -> torch.nn.Module | None:
+    """The Hugging Face attention module a ``TransformerBridge`` wraps in block ``layer`` (its output projection
+    is what a value-weighted measure reads), or None where the model offers none."""
+    blocks = getattr(tl_model, "blocks", None)
+    if blocks is None:
+        return None
+    attn = getattr(blocks[layer], "attn", None)
+    module = getattr(attn, "original_component", None) or getattr(attn, "_original_component", None)
+    return module if isinstance(module, torch.nn.Module) else None
 
 
 def probe_transformer_lens(
@@ -91,6 +104,15 @@ def probe_transformer_lens(
     hf_config = hf_config.config.get_text_config() if hf_config is not None else None
 
     calls: Counter[int] = Counter()
+    values: dict[int, torch.Tensor] = {}
+    with_values = any(m.needs_values for m in reduced_measures(plan))
+
+    def value_hook(layer: int) -> _Hook:
+        def hook(v: torch.Tensor, hook: object) -> None:
+            values[layer] = v.detach()
+
+        return hook
+
     layers: dict[int, LayerAggregates] = {}
     tensors: dict[torch.device, PlanTensors] = {}
 
@@ -106,9 +128,15 @@ def probe_transformer_lens(
             if device not in tensors:
                 tensors[device] = PlanTensors(plan, device)
             t = tensors[device]
-            reducer = LayerReducer(plan, att.shape[0], t)
+            reducer = LayerReducer(plan, att.shape[0], t, layer, _attention_module(tl_model, layer))
+            v = None
+            if reducer.needs_values:
+                if layer not in values:
+                    raise HookError(f"TransformerLens hook {_VALUES.format(layer=layer)} did not fire before the "
+                                    "pattern: a registered measure reads the value states")
+                v = values.pop(layer)[0].transpose(0, 1).to(torch.float32)  # (1, T, H_kv, D) -> (H_kv, T, D)
             for block in t.blocks:
-                reducer.add(block, att[:, block.positions, :].to(torch.float32))
+                reducer.add(block, att[:, block.positions, :].to(torch.float32), 0, v)
             keys = torch.arange(n, device=device)
             q = t.query_positions
             allowed = keys[None, :] <= q[:, None]  # (n_queries, T)
@@ -120,7 +148,12 @@ def probe_transformer_lens(
 
     ids = torch.tensor([list(tokenized.input_ids) + generated], dtype=torch.long, device=tl_model.cfg.device)
     with torch.no_grad():
-        tl_model.run_with_hooks(ids, fwd_hooks=[(names[i], make_hook(i)) for i in range(n_layers)], return_type=None)
+        hooks: list[tuple[str | Callable[..., Any], Callable[..., Any]]] = []
+        for i in range(n_layers):
+            if with_values:
+                hooks.append((_VALUES.format(layer=i), value_hook(i)))
+            hooks.append((names[i], make_hook(i)))
+        tl_model.run_with_hooks(ids, fwd_hooks=hooks, return_type=None)
     bad = [i for i in range(n_layers) if calls[i] != 1]
     if bad:
         raise HookError(f"TransformerLens pattern hooks of layers {bad} fired {[calls[i] for i in bad]} times, not once")

@@ -1,19 +1,23 @@
-"""Reference probe: the probe's measures (docs/probes.md) computed directly from eager ``output_attentions`` (full
-matrices).
+"""Reference probe: every attention measure computed directly from eager ``output_attentions`` (full matrices).
 
 Written independently of the engine (its own query sets, masks and loops over segments, float64 numpy) so that
-the tests can hold the engine to it. It materialises L × H × T² attention: use it on short prompts only.
+the tests can hold the engine to it: this module lays out the prompt and runs the eager forward
+(:class:`~probe.attention.measure.EagerAttention`), and each registered measure computes its own reference from it
+(docs/probes.md). It materialises L × H × T² attention: use it on short prompts only.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from contextlib import contextmanager
+from typing import Iterator, Sequence
 
 import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from probe.attention.engine import attention_implementation
+from probe.attention.implementation import attention_implementation
+from probe.attention.measure import EagerAttention
+from probe.attention.measures import measures
 from probe.attention.result import KEY_KINDS, SegmentAttention
 from probe.config import ProbeSection
 from probe.errors import HookError
@@ -40,6 +44,59 @@ def _visible(n: int, window: int | None) -> np.ndarray:
     return vis
 
 
+def output_projection(module: torch.nn.Module) -> torch.Tensor:
+    """(heads · head_dim, hidden) output projection of an attention module, rows = the attention output's dimensions
+    (``o_proj``, a ``Linear``, transposed; GPT-2's ``c_proj``, a ``Conv1D``, as it is).
+
+    Raises:
+        HookError: the module has neither.
+    """
+    o_proj = getattr(module, "o_proj", None)
+    o_proj = getattr(o_proj, "original_component", o_proj)  # TransformerLens wraps the Linear in a bridge
+    if isinstance(o_proj, torch.nn.Linear):
+        return o_proj.weight.T
+    c_proj = getattr(module, "c_proj", None)
+    if isinstance(c_proj, torch.nn.Module) and type(c_proj).__name__ == "Conv1D":
+        weight = c_proj.weight
+        assert isinstance(weight, torch.Tensor)
+        return weight
+    raise HookError(f"{type(module).__name__} has no o_proj or c_proj: its output projection cannot be read")
+
+
+@contextmanager
+def _value_states(model: PreTrainedModel, wanted: bool) -> Iterator[dict[int, tuple[np.ndarray, np.ndarray]]]:
+    """Per layer, the value states (kv_head, T, head_dim) of the forward inside the block, read from the value
+    projection's output by a forward hook (``v_proj``, or the last third of GPT-2's ``c_attn``), and the output
+    projection, both float64 numpy; nothing is hooked unless ``wanted``."""
+    seen: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    handles = []
+    if wanted:
+        config = model.config.get_text_config()
+        n_heads = int(config.num_attention_heads)
+        for module in model.modules():
+            layer = getattr(module, "layer_idx", None)
+            fused = getattr(module, "v_proj", None) is None
+            proj = getattr(module, "c_attn" if fused else "v_proj", None)
+            if layer is None or proj is None:
+                continue
+            head_dim = int(getattr(module, "head_dim", config.hidden_size // n_heads))
+
+            def hook(_m: torch.nn.Module, _inp: object, out: torch.Tensor, layer: int = int(layer),
+                     module: torch.nn.Module = module, head_dim: int = head_dim, fused: bool = fused) -> None:
+                v = out[0].double()  # (T, H_kv * D), or GPT-2's (T, 3 * H * D) = [q | k | v]
+                if fused:
+                    v = v[:, 2 * v.shape[-1] // 3:]
+                v = v.reshape(v.shape[0], -1, head_dim).transpose(0, 1)  # (H_kv, T, D)
+                seen[layer] = (v.cpu().numpy(), output_projection(module).double().detach().cpu().numpy())
+
+            handles.append(proj.register_forward_hook(hook))
+    try:
+        yield seen
+    finally:
+        for h in handles:
+            h.remove()
+
+
 def reference_segment_attention(
     model: PreTrainedModel,
     tokenized: TokenizedPrompt,
@@ -57,7 +114,7 @@ def reference_segment_attention(
         generated_ids: answer ids appended to the prompt (query ``generated``).
 
     Returns:
-        A :class:`SegmentAttention` laid out as the engine's (AR_k always computed).
+        A :class:`SegmentAttention` laid out as the engine's, with every registered measure (AR_k always computed).
     """
     opts = options or ProbeSection()
     gen = list(generated_ids or ())
@@ -90,19 +147,21 @@ def reference_segment_attention(
         i = int(opts.query.split(":")[1])
         queries = list(range(*seg_bounds[i]))
 
-    with torch.no_grad(), attention_implementation(model, "eager"):
+    needs_values = any(m.needs_values for m in measures())
+    with torch.no_grad(), attention_implementation(model, "eager"), _value_states(model, needs_values) as seen:
         ids = torch.tensor([list(tokenized.input_ids) + gen], device=input_device(model))
         out = model(ids, output_attentions=True, use_cache=False)
     attentions = [a[0].double().cpu().numpy() for a in out.attentions]  # L x (H, T, T)
+    values = out_proj = None
+    if needs_values:
+        if sorted(seen) != list(range(len(attentions))):
+            raise HookError(f"reference: value states of layers {sorted(seen)} seen, expected 0..{len(attentions) - 1}")
+        values = [seen[i][0] for i in range(len(attentions))]
+        out_proj = [seen[i][1] for i in range(len(attentions))]
     config = model.config.get_text_config()
 
     n_layers = len(attentions)
-    n_heads = attentions[0].shape[0]
-    n_seg = len(seg_kinds)
-    per_seg = np.zeros((n_layers, n_heads, n_seg))
-    chance = np.zeros(n_layers)
     targets = [i for i, k in enumerate(seg_kinds) if k in ("germane", "question")]
-    ar = np.zeros((n_layers, n_heads, len(targets)))
     # Segment order among non-sink prompt segments, for the distance k - j.
     order: dict[int, int] = {}
     for i, kind in enumerate(seg_kinds):
@@ -116,10 +175,8 @@ def reference_segment_attention(
         if kind == "extraneous":
             ext_key[a:b] = True
 
-    for layer, att in enumerate(attentions):
-        for s, (a, b) in enumerate(seg_bounds):
-            for h in range(n_heads):
-                per_seg[layer, h, s] = np.mean([att[h, q, a:b].sum() for q in queries])
+    chance = np.zeros(n_layers)
+    for layer in range(n_layers):
         vis = _visible(n, layer_window(config, layer))
         ratio_ext = []
         ratio_den = []
@@ -129,41 +186,15 @@ def reference_segment_attention(
             ratio_den.append((vis[q][~sink_key].sum() if opts.exclude_sink else n_vis) / n_vis)
         chance[layer] = np.mean(ratio_ext) / np.mean(ratio_den) if np.mean(ratio_den) > 0 else np.nan
 
-        for ti, t in enumerate(targets):
-            ta, tb = seg_bounds[t]
-            for j in range(t):
-                if seg_kinds[j] != "extraneous":
-                    continue
-                weight = opts.gamma ** (order[t] - order[j])
-                ja, jb = seg_bounds[j]
-                for h in range(n_heads):
-                    if opts.residue_mode == "mass":
-                        value = np.mean([att[h, q, ja:jb].sum() for q in range(ta, tb)])
-                    else:
-                        keys = [k for k in range(jb) if not (opts.exclude_sink and sink_key[k])]
-                        mean_e = att[h, ja:jb][:, keys].mean(axis=0)
-                        mean_s = att[h, ta:tb][:, keys].mean(axis=0)
-                        if mean_e.sum() == 0 or mean_s.sum() == 0:
-                            value = 0.0
-                        else:
-                            mean_e = mean_e / mean_e.sum()
-                            mean_s = mean_s / mean_s.sum()
-                            value = float(mean_e @ mean_s / (np.linalg.norm(mean_e) * np.linalg.norm(mean_s)))
-                    ar[layer, h, ti] += weight * value
-
-    by_kind = np.zeros((n_layers, n_heads, len(KEY_KINDS)))
-    for s, kind in enumerate(seg_kinds):
-        by_kind[..., KEY_KINDS.index(kind)] += per_seg[..., s]
-    ext = by_kind[..., KEY_KINDS.index("extraneous")]
-    den = by_kind.sum(-1) - (by_kind[..., KEY_KINDS.index("sink")] if opts.exclude_sink else 0.0)
-    p_ext = np.full_like(ext, np.nan)
-    np.divide(ext, den, out=p_ext, where=den > 0)
+    arrays: dict[str, np.ndarray] = {}
+    eager = EagerAttention(attentions=attentions, values=values, out_proj=out_proj, queries=queries, seg_kinds=seg_kinds,
+                           seg_labels=seg_labels, seg_bounds=seg_bounds, targets=targets, order=order,
+                           sink_key=sink_key, ext_key=ext_key, options=opts, arrays=arrays)
+    for m in measures():
+        arrays[m.id] = np.asarray(m.reference(eager), dtype=np.float64)
     return SegmentAttention(
-        seg_mass=by_kind.astype(np.float32),
-        seg_mass_segment=per_seg.astype(np.float32),
-        p_ext=p_ext.astype(np.float32),
+        measures={k: v.astype(np.float32) for k, v in arrays.items()},
         chance=chance.astype(np.float32),
-        ar_k=ar.astype(np.float32),
         kinds=KEY_KINDS,
         segment_labels=tuple(seg_labels),
         segment_kinds=tuple(seg_kinds),

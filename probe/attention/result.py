@@ -1,22 +1,20 @@
 """The result of probing one prompt: per-layer, per-head attention aggregates over the prompt's segments.
 
-A :class:`SegmentAttention` holds only aggregates (never a T x T matrix) and is written to a compact ``.npz``
-(float32 arrays plus a small JSON header) keyed by ``prompt_id``. The quantities are those of docs/probes.md:
+A :class:`SegmentAttention` holds only aggregates (never a T x T matrix), one array per attention measure, by the
+measure's id (:mod:`probe.attention.measure`: the built-in ones are ``seg_mass_segment``, ``seg_mass``, ``p_ext``
+and ``ar_k``; definitions in docs/probes.md), and the chance level of P_ext:
 
-- ``seg_mass[layer, head, kind]``: M[l, h, K] = mean over the query set Q of the attention mass on keys of kind K.
-  Kinds are :data:`KEY_KINDS`, the six segment kinds plus ``generated`` (the answer tokens, non-zero only when the
-  probe ran over prompt + answer); a row sums to 1 over all kinds, sink included.
-- ``seg_mass_segment[layer, head, segment]``: the same mass per individual segment (``segment_labels`` order; in
-  ``generated`` mode the answer tokens form one last pseudo-segment of kind ``generated``).
-- ``p_ext[layer, head]``: M[extraneous] / Σ_{K≠sink} M[K] (or M[extraneous] alone when ``exclude_sink`` is false).
 - ``chance[layer]``: the P_ext that attention spread uniformly over the keys each query can see would give, i.e.
   ``mean_q(n_ext(q)/n_vis(q)) / mean_q(n_nonsink(q)/n_vis(q))`` with the counts of extraneous, non-sink and all
   keys visible to query q in that layer under the causal mask and the layer's sliding window (the denominator is
   1 when ``exclude_sink`` is false). When every query sees every earlier token it is simply
   extraneous tokens / non-sink tokens before the query. One value per layer: heads share their mask.
-- ``enrichment`` = p_ext / chance (NaN where chance is 0, e.g. Control, or undefined).
-- ``ar_k[layer, head, target]``: attentional residue of each target segment (every germane segment and the
-  question segment, ``ar_targets``), docs/probes.md#attentional-residue-ar_k; ``ar_k_mean`` is its mean over heads.
+- ``enrichment`` = p_ext / chance (NaN where chance is 0, e.g. Control, or undefined); :meth:`enrichment_of` gives
+  the same for any measure with a chance level.
+
+It is written to a compact ``.npz`` keyed by ``prompt_id``: one float32 member per measure (named by its id),
+``chance``, and a JSON header (``meta``) that lists the measures. Format 1 (no list: the four built-in arrays)
+still reads.
 """
 
 from __future__ import annotations
@@ -24,17 +22,39 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from probe.errors import ProbeError
 from probe.types import SEGMENT_KINDS
+
+
+class AttentionRecordError(ProbeError):
+    """A probe record file cannot be read (names the file and what to do)."""
+
+
+def _file_mode() -> int:
+    """The mode of every file of a run folder, as ``open()`` makes one: 0666 less the umask (the records' writers
+    use :func:`probe.runfolder.file_mode`, the same value; this module stays free of the run folder)."""
+    global _MODE
+    if _MODE is None:
+        mask = os.umask(0)
+        os.umask(mask)
+        _MODE = 0o666 & ~mask
+    return _MODE
+
+
+_MODE: int | None = None
+
 
 # Key kinds of ``seg_mass``'s last axis: the segment kinds, then the answer tokens of a ``generated`` probe.
 KEY_KINDS: tuple[str, ...] = (*SEGMENT_KINDS, "generated")
 
-_FORMAT_VERSION = 1
+_FORMAT_VERSION = 2
+_FORMAT_1_MEASURES = ("seg_mass", "seg_mass_segment", "p_ext", "ar_k")
 
 
 @dataclass
@@ -42,11 +62,9 @@ class SegmentAttention:
     """Attention aggregates of one prompt (see the module docstring for the definitions).
 
     Attributes:
-        seg_mass: (layer, head, kind) float32; kinds in ``kinds`` order; sums to 1 over kinds.
-        seg_mass_segment: (layer, head, segment) float32; sums to 1 over segments.
-        p_ext: (layer, head) float32; NaN where the query set sees no non-sink key.
-        chance: (layer,) float32; NaN where undefined.
-        ar_k: (layer, head, target) float32 residue per ``ar_targets``, or None when residue was not computed.
+        measures: measure id -> its float32 array, ``layer`` first (see each measure's ``axes``); a measure the
+            probe did not compute (``ar_k`` without the residue) is absent.
+        chance: (layer,) float32 chance level of P_ext; NaN where undefined.
         kinds: key kinds of ``seg_mass``'s last axis (:data:`KEY_KINDS`).
         segment_labels: one label per segment (the span label, else ``"<kind><index>"``).
         segment_kinds: one kind per segment.
@@ -58,11 +76,8 @@ class SegmentAttention:
         n_queries: size of the query set Q.
     """
 
-    seg_mass: np.ndarray
-    seg_mass_segment: np.ndarray
-    p_ext: np.ndarray
+    measures: dict[str, np.ndarray]
     chance: np.ndarray
-    ar_k: np.ndarray | None
     kinds: tuple[str, ...]
     segment_labels: tuple[str, ...]
     segment_kinds: tuple[str, ...]
@@ -73,13 +88,40 @@ class SegmentAttention:
     n_prompt_tokens: int = 0
     n_queries: int = 0
 
+    def __getitem__(self, measure_id: str) -> np.ndarray:
+        """The array of measure ``measure_id`` (KeyError naming the measures present)."""
+        try:
+            return self.measures[measure_id]
+        except KeyError:
+            raise KeyError(f"no measure {measure_id!r} in this result (has: {', '.join(self.measures)})") from None
+
+    @property
+    def seg_mass(self) -> np.ndarray:
+        """(layer, head, kind) mass of the query set on each key kind, kinds in ``kinds`` order; sums to 1."""
+        return self["seg_mass"]
+
+    @property
+    def seg_mass_segment(self) -> np.ndarray:
+        """(layer, head, segment) mass of the query set on each segment; sums to 1 over segments."""
+        return self["seg_mass_segment"]
+
+    @property
+    def p_ext(self) -> np.ndarray:
+        """(layer, head) P_ext; NaN where the query set sees no non-sink key."""
+        return self["p_ext"]
+
+    @property
+    def ar_k(self) -> np.ndarray | None:
+        """(layer, head, target) residue per ``ar_targets``, or None when residue was not computed."""
+        return self.measures.get("ar_k")
+
     @property
     def n_layers(self) -> int:
-        return int(self.seg_mass.shape[0])
+        return int(self.chance.shape[0])
 
     @property
     def n_heads(self) -> int:
-        return int(self.seg_mass.shape[1])
+        return int(next(iter(self.measures.values())).shape[1])
 
     @property
     def sink_mass(self) -> np.ndarray:
@@ -89,9 +131,15 @@ class SegmentAttention:
     @property
     def enrichment(self) -> np.ndarray:
         """(layer, head) p_ext / chance; NaN where chance is 0 or undefined (1.0 = no different from uniform)."""
-        c = self.chance.astype(np.float64)[:, None]
+        return self.enrichment_of("p_ext")
+
+    def enrichment_of(self, measure_id: str) -> np.ndarray:
+        """(layer, …) a measure's array over the chance level of its layer; NaN where chance is 0 or undefined."""
+        c = self.chance.astype(np.float64)
+        values = self[measure_id]
+        c = c.reshape(c.shape + (1,) * (values.ndim - 1))
         with np.errstate(divide="ignore", invalid="ignore"):
-            e = np.where(c > 0, self.p_ext / np.where(c > 0, c, 1.0), np.nan)
+            e = np.where(c > 0, values / np.where(c > 0, c, 1.0), np.nan)
         return e.astype(np.float32)
 
     @property
@@ -107,10 +155,31 @@ class SegmentAttention:
         """(layer, head) mass of the query set on keys of ``kind``."""
         return self.seg_mass[..., self.kinds.index(kind)]
 
+    def max_differences(self, other: "SegmentAttention") -> dict[str, float]:
+        """Per measure id, and for ``chance``, the largest absolute difference to ``other`` (NaN where both are NaN
+        is no difference; NaN against a number is ``inf``).
+
+        Raises:
+            ValueError: the two hold different measures or shapes.
+        """
+        if set(self.measures) != set(other.measures):
+            raise ValueError(f"measures differ: {sorted(self.measures)} vs {sorted(other.measures)}")
+        out = {}
+        for name, a in [*self.measures.items(), ("chance", self.chance)]:
+            b = other.chance if name == "chance" else other.measures[name]
+            if a.shape != b.shape:
+                raise ValueError(f"{name}: shape {a.shape} vs {b.shape}")
+            x, y = a.astype(np.float64), b.astype(np.float64)
+            both = np.isnan(x) & np.isnan(y)
+            d = np.where(both, 0.0, np.abs(x - y))
+            out[name] = float(np.where(np.isnan(d), np.inf, d).max()) if d.size else 0.0
+        return out
+
     def meta(self) -> dict:
         """The JSON header written next to the arrays."""
         return {
             "format": _FORMAT_VERSION,
+            "measures": list(self.measures),
             "kinds": list(self.kinds),
             "segment_labels": list(self.segment_labels),
             "segment_kinds": list(self.segment_kinds),
@@ -133,17 +202,15 @@ class SegmentAttention:
         """
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        arrays = {
-            "seg_mass": self.seg_mass.astype(np.float32),
-            "seg_mass_segment": self.seg_mass_segment.astype(np.float32),
-            "p_ext": self.p_ext.astype(np.float32),
-            "chance": self.chance.astype(np.float32),
-            "meta": np.array(json.dumps(self.meta())),
-        }
-        if self.ar_k is not None:
-            arrays["ar_k"] = self.ar_k.astype(np.float32)
+        arrays: dict[str, np.ndarray] = {k: np.asarray(v, dtype=np.float32) for k, v in self.measures.items()}
+        clash = {"chance", "meta"} & set(arrays)
+        if clash:
+            raise AttentionRecordError(f"{path}: a measure may not be named {sorted(clash)[0]!r} (a record member)")
+        arrays["chance"] = self.chance.astype(np.float32)
+        arrays["meta"] = np.array(json.dumps(self.meta()))
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
+            os.fchmod(fd, _file_mode())  # mkstemp makes 0600; every file of a run folder has one mode
             with os.fdopen(fd, "wb") as fh:
                 # numpy's stub types **kwds so that a str-keyed dict could reach allow_pickle: bool
                 np.savez_compressed(fh, **arrays)  # type: ignore[arg-type]
@@ -155,16 +222,42 @@ class SegmentAttention:
 
     @staticmethod
     def load(path: str | Path) -> "SegmentAttention":
-        """Read a file written by :meth:`save`."""
-        with np.load(Path(path), allow_pickle=False) as z:
+        """Read a file written by :meth:`save` (format 1 or 2).
+
+        Raises:
+            AttentionRecordError: the file is not a whole probe record (cut short, overwritten), is of a format
+                this version does not know, or lacks a measure it lists; names the file and what to do.
+        """
+        try:
+            return SegmentAttention._load(Path(path))
+        except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as e:
+            if isinstance(e, FileNotFoundError):
+                raise
+            raise AttentionRecordError(
+                f"{path}: not a readable probe record ({type(e).__name__}: {e}); the file is damaged (cut short by a "
+                "full disk or a copy?). Delete it and run the same experiment again (`probe run`), which probes "
+                "the prompt again"
+            ) from None
+
+    @staticmethod
+    def _load(path: Path) -> "SegmentAttention":
+        with np.load(path, allow_pickle=False) as z:
             meta = json.loads(str(z["meta"]))
-            ar_k = z["ar_k"] if "ar_k" in z.files else None
+            version = meta.get("format")
+            if version == 1:
+                names = [n for n in _FORMAT_1_MEASURES if n in z.files]
+            elif version == _FORMAT_VERSION:
+                names = list(meta["measures"])
+            else:
+                raise AttentionRecordError(f"{path}: attention record format {version!r}; this version of "
+                                           f"ICE-Probe reads formats 1 and {_FORMAT_VERSION}: probe the run again")
+            missing = [n for n in names if n not in z.files]
+            if missing:
+                raise AttentionRecordError(f"{path}: measure {missing[0]!r} is listed but not stored: the file is "
+                                           "damaged; probe the prompt again")
             return SegmentAttention(
-                seg_mass=z["seg_mass"],
-                seg_mass_segment=z["seg_mass_segment"],
-                p_ext=z["p_ext"],
+                measures={n: z[n] for n in names},
                 chance=z["chance"],
-                ar_k=ar_k,
                 kinds=tuple(meta["kinds"]),
                 segment_labels=tuple(meta["segment_labels"]),
                 segment_kinds=tuple(meta["segment_kinds"]),

@@ -399,9 +399,7 @@ def run_probe_batch_bench(
             best[arm] = min(best[arm], time.perf_counter() - t0)
     diff = 0.0
     for a, b in zip(results["b1"], results["batched"]):
-        for name in ("seg_mass_segment", "p_ext", "chance", "ar_k"):
-            x, y = getattr(a, name), getattr(b, name)
-            diff = max(diff, float(np.nanmax(np.abs(x - y))))
+        diff = max(diff, *a.max_differences(b).values())
     return {"model": model_name, "n_prompts": n_prompts, "batch_size": batch_size,
             "mean_tokens": float(np.mean(sizes)), "b1_s": best["b1"], "batched_s": best["batched"],
             "b1_pps": n_prompts / best["b1"], "batched_pps": n_prompts / best["batched"],

@@ -35,6 +35,7 @@ import torch
 
 from probe.attention import SegmentAttention, left_pad, probe_batch, probe_generation, probe_tokenized
 from probe.attention import reference_segment_attention
+from probe.attention.measures import measures
 from probe.bench.attention import bench_prompt, format_attention_bench, run_attention_bench
 from probe.config import ProbeSection
 from probe.errors import ProbeError
@@ -50,7 +51,6 @@ BF16_TOL = 2e-2
 CHANCE_TOL = 1e-6
 GPU_LENGTHS = (4096, 8192, 16384, 32768)
 CPU_LENGTHS = (96, 160)
-FIELDS = ("seg_mass", "seg_mass_segment", "p_ext", "ar_k")
 
 
 class DeviceError(ProbeError):
@@ -188,8 +188,10 @@ def llama3_8b_shaped(device: torch.device, tiny: bool) -> LlamaForCausalLM:
 
 
 def _max_diff(a: SegmentAttention, b: SegmentAttention) -> tuple[float, float]:
-    diff = max(float(np.nanmax(np.abs(getattr(a, f) - getattr(b, f)))) for f in FIELDS)
-    return diff, float(np.nanmax(np.abs(a.chance - b.chance)))
+    """The largest difference over every measure (each registered one the results hold), and over chance."""
+    diffs = a.max_differences(b)
+    chance = diffs.pop("chance")
+    return max(diffs.values()), chance
 
 
 def check_exactness(device: torch.device, archs: tuple[str, ...] = TINY_ARCHS) -> list[ExactRow]:
@@ -295,7 +297,7 @@ def run_gpu_check(cpu: bool = False, lengths: tuple[int, ...] | None = None, tim
 def format_gpu_check(report: GpuCheckReport) -> str:
     """Plain text of a :class:`GpuCheckReport`."""
     lines = [f"gpu-check on {report.device}", "", "1. exactness against eager output_attentions (max |difference| "
-             "over seg_mass, per segment, P_ext, AR_k; chance separately)"]
+             f"over every measure: {', '.join(m.id for m in measures())}; chance separately)"]
     for r in report.exact:
         lines.append(f"   {r.arch:8s} {r.dtype:9s} {r.max_diff:9.2e}  (tolerance {r.tol:.0e})  chance "
                      f"{r.max_chance_diff:.1e}  {'ok' if r.ok else 'FAILED'}")

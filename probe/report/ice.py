@@ -164,11 +164,13 @@ def _layers_phrase(t: LayerTests, alpha: float, positive: str) -> str:
 
 
 def _attention_sentences(a: AttentionBehaviour, alpha: float) -> list[str]:
-    if a.reason or a.p_ext_layers is None or a.heads is None:
-        return [f"Attention ↔ behaviour: not estimated ({a.reason})."]
-    head = f"Attention ↔ behaviour ({a.n_trials} Saturation/Residue trials, {a.n_questions} questions):"
-    out = [f"{head} {_layers_phrase(a.p_ext_layers, alpha, 'failed trials put more attention on extraneous text')} "
-           "at equal load and placement."]
+    named = "" if a.measure == "p_ext" else f", {a.label}"
+    if a.reason or a.layer_tests is None or a.heads is None:
+        return [f"Attention ↔ behaviour{named}: not estimated ({a.reason})."]
+    head = f"Attention ↔ behaviour{named} ({a.n_trials} Saturation/Residue trials, {a.n_questions} questions):"
+    more = ("failed trials put more attention on extraneous text" if a.measure == "p_ext"
+            else f"failed trials have a higher {a.label}")
+    out = [f"{head} {_layers_phrase(a.layer_tests, alpha, more)} at equal load and placement."]
     h = a.heads
     grid = f"{h.n_layers} × {h.n_heads} grid"
     if not h.is_test:
@@ -190,7 +192,7 @@ def _attention_sentences(a: AttentionBehaviour, alpha: float) -> list[str]:
     fitted = [r for r in a.layers if r.q is not None]
     if fitted:
         logit = ranges(a.logit_layers_adjusted)
-        out.append(f"Logistic robustness (wrong answer on P_ext with load and placement, BH over layers): "
+        out.append(f"Logistic robustness (wrong answer on {a.label} with load and placement, BH over layers): "
                    + (f"layers {logit}." if a.logit_layers_adjusted else "no layer survives."))
     return out
 
@@ -316,16 +318,25 @@ def stats_html(result: IceResult, settings: AnalysisSection) -> str:
             f"<h3>Taxonomy</h3>{tax}")
 
 
+def attention_measures(result: IceResult, model: str) -> list[tuple[str, str]]:
+    """(measure id, label) of the model's attention cells on (layer, head), in the order the analysis wrote them."""
+    out: list[tuple[str, str]] = []
+    for c in result.attention_cells:
+        if c.model == model and c.measure != "ar_k" and (c.measure, c.label) not in out:
+            out.append((c.measure, c.label))
+    return out
+
+
 def attention_tables_html(result: IceResult, alpha: float) -> str:
     """The layers and heads that pass their family's correction (attention ↔ behaviour, H3 in attention)."""
     parts = []
     rows = []
     for a in result.attention_behaviour:
-        if a.p_ext_layers is None:
+        if a.layer_tests is None:
             continue
-        for t in a.p_ext_layers.layers:
+        for t in a.layer_tests.layers:
             if t.q is not None and t.q < alpha:
-                rows.append([esc(a.model), "P_ext, failed − correct", str(t.layer), fmt.num(t.estimate, "+.4f"),
+                rows.append([esc(a.model), esc(f"{a.label}, failed − correct"), str(t.layer), fmt.num(t.estimate, "+.4f"),
                              fmt.ci(t.ci_low, t.ci_high, "+.4f"), fmt.p_value(t.p, html=True), _p_cell(t.q, alpha),
                              fmt.num(t.df, ".1f")])
     for r in result.residue_attention:
@@ -345,17 +356,17 @@ def attention_tables_html(result: IceResult, alpha: float) -> str:
         if a.heads is None:
             continue
         for h in a.heads.significant:
-            heads.append([esc(a.model), esc(head_label(h.layer, h.head)),
+            heads.append([esc(a.model), esc(a.label), esc(head_label(h.layer, h.head)),
                           "distractor head" if h.estimate > 0 else "less enrichment when failing",
                           fmt.num(h.estimate, "+.3f"), fmt.ci(h.ci_low, h.ci_high, "+.3f"), fmt.p_value(h.p, html=True),
                           _p_cell(h.q, alpha)])
     if result.attention_behaviour:
-        grids = "; ".join(f"{esc(a.model)}: {a.heads.n_tested} heads tested"
+        grids = "; ".join(f"{esc(a.model)} {esc(a.label)}: {a.heads.n_tested} heads tested"
                           + ("" if a.heads.is_test else f" (not tested: {esc(a.heads.reason)})")
                           for a in result.attention_behaviour if a.heads is not None)
-        body = (table(["model", "head (layer.head)", "kind", "failed − correct enrichment", "95% CI", "p", "q (BH)"],
-                      heads, left=3) if heads else '<p class="note">No head passes the correction.</p>')
-        parts.append("<h3>Distractor heads: P_ext enrichment, failed − correct at equal load and placement "
+        body = (table(["model", "measure", "head (layer.head)", "kind", "failed − correct enrichment", "95% CI", "p",
+                       "q (BH)"], heads, left=4) if heads else '<p class="note">No head passes the correction.</p>')
+        parts.append("<h3>Distractor heads: enrichment (P_ext / chance), failed − correct at equal load and placement "
                      f"(BH family: the model's layer × head grid)</h3><p class=\"note\">{grids}.</p>{body}")
     return "".join(parts)
 
@@ -384,14 +395,19 @@ def figures_html(result: IceResult, ctx: ReportContext) -> str:
     ]
     for model in result.models:
         stem = file_stem(model)
-        att = result.attention_of(model)
+        for measure, label in attention_measures(result, model):
+            att = result.attention_of(model, measure)
+            prefix = "" if measure == "p_ext" else f"{measure}_"
+            blocks += [
+                ctx.figure(f"{prefix}enrichment_{stem}", f"{model}: {label} enrichment ({label} / chance) per layer × "
+                           "head; red = more than attention spread uniformly over tokens would give, blue = less, "
+                           "white = chance. Black boxes: heads whose enrichment differs between failed and correct "
+                           "trials (q < α over the grid).",
+                           F.draw_enrichment_heatmaps(result, arrays, model, att, alpha, measure)),
+                ctx.figure(f"{measure}_layers_{stem}", f"{model}: head-mean {label} per layer; dashed = chance level.",
+                           F.draw_measure_layers(result, arrays, model, measure)),
+            ]
         blocks += [
-            ctx.figure(f"enrichment_{stem}", f"{model}: P_ext enrichment (P_ext / chance) per layer × head; red = more "
-                       "attention on extraneous text than its token share, blue = less, white = chance. Black boxes: "
-                       "heads whose enrichment differs between failed and correct trials (q < α over the grid).",
-                       F.draw_enrichment_heatmaps(result, arrays, model, att, alpha)),
-            ctx.figure(f"p_ext_layers_{stem}", f"{model}: head-mean P_ext per layer; dashed = chance level.",
-                       F.draw_p_ext_layers(result, arrays, model)),
             ctx.figure(f"ar_k_{stem}", f"{model}: head-mean attentional residue AR_k per layer and target segment.",
                        F.draw_ar_k(result, arrays, model)),
         ]
@@ -462,11 +478,12 @@ def markdown(result: IceResult, settings: AnalysisSection) -> list[str]:
 
 def tables(result: IceResult) -> list[tuple[str, Rows]]:
     """``tables/*.csv`` of the ICE result."""
-    layer_tests = [row for a in result.attention_behaviour if a.p_ext_layers is not None
-                   for row in rows_of(a.p_ext_layers.layers, model=a.model, measure=a.p_ext_layers.measure)]
-    logit_layers = [row for a in result.attention_behaviour for row in rows_of(a.layers, model=a.model)]
+    layer_tests = [row for a in result.attention_behaviour if a.layer_tests is not None
+                   for row in rows_of(a.layer_tests.layers, model=a.model, measure=a.measure)]
+    logit_layers = [row for a in result.attention_behaviour
+                    for row in rows_of(a.layers, model=a.model, measure=a.measure)]
     heads = [row for a in result.attention_behaviour if a.heads is not None
-             for row in rows_of(a.heads.significant, model=a.model)]
+             for row in rows_of(a.heads.significant, model=a.model, measure=a.measure)]
     residue = [{**row, "pearson_r": pr} for r in result.residue_attention if r.test is not None
                for row, pr in zip(rows_of(r.test.layers, model=r.model, target=r.target), r.pearson_r)]
     points = [row for h in result.h3 for row in rows_of(h.points, model=h.model, load=h.load)]

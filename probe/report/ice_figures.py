@@ -19,7 +19,7 @@ from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import MaxNLocator
 
 from probe import formatting as fmt
-from probe.analysis.attention_link import AttentionBehaviour, LayerFit, LayerTest, LayerTests, PExtLogit
+from probe.analysis.attention_link import AttentionBehaviour, LayerFit, LayerTest, LayerTests, MeasureLogit
 from probe.analysis.estimates import Cell
 from probe.analysis.ice import IceResult
 from probe.report.figures import grid, layer_ticks, palette, ranges, short
@@ -63,15 +63,18 @@ def draw_saturation_curve(result: IceResult, taxonomy: Mapping[str, str]) -> Fig
             ax.axhline(c.em_mean, color=COND_COLOURS["Control"], lw=1.5, label="Control (load 0)")
             if c.em_ci_low is not None:
                 ax.axhspan(c.em_ci_low, c.em_ci_high, color=COND_COLOURS["Control"], alpha=0.12, lw=0)
-        for cond, marker, offset in (("Saturation", "o", -1.2), ("Residue", "s", 1.2), ("LongControl", "^", 0.0)):
+        # three conditions side by side at each load (3 % of the load axis apart) so that no marker hides another;
+        # LongControl is drawn unconnected but with its interval lines (elinewidth), on top
+        spread = 0.03 * xmax
+        for cond, marker, offset in (("Saturation", "o", -spread), ("Residue", "s", spread), ("LongControl", "^", 0.0)):
             cells = [c for c in _cells(result, model, cond) if c.em_mean is not None]
             if not cells:
                 continue
             xs = [(c.load or 0) + offset for c in cells]
             ys, err = _err(cells)
-            style = dict(color=COND_COLOURS[cond], marker=marker, capsize=3, lw=1.6 if cond != "LongControl" else 0)
+            style = dict(color=COND_COLOURS[cond], marker=marker, capsize=3, lw=1.6, elinewidth=1.2)
             if cond == "LongControl":
-                style.update(ls="none", mfc="white")
+                style.update(ls="none", mfc="white", mew=1.4, zorder=4)
             ax.errorbar(xs, ys, yerr=err, label=cond, **style)
         slopes = []
         for cond, abbr in (("Saturation", "Sat"), ("Residue", "Res")):
@@ -157,18 +160,21 @@ def draw_em_by_condition(result: IceResult, taxonomy: Mapping[str, str]) -> Figu
 
 
 def draw_enrichment_heatmaps(result: IceResult, arrays: Mapping[str, np.ndarray], model: str,
-                             behaviour: AttentionBehaviour | None = None, alpha: float = 0.05) -> Figure | None:
-    """Layer × head P_ext enrichment (P_ext / chance) per condition and load; diverging, centred at 1.
+                             behaviour: AttentionBehaviour | None = None, alpha: float = 0.05,
+                             measure: str = "p_ext") -> Figure | None:
+    """Layer × head enrichment of a measure (P_ext / chance) per condition and load; diverging, centred at 1.
 
     Heads whose failed − correct enrichment test passes Benjamini–Hochberg over the grid (``behaviour.heads``,
     q < ``alpha``) are outlined in black on every panel (the test pools the Saturation and Residue trials).
     """
-    cells = [c for c in result.attention_cells if c.model == model and np.isfinite(arrays[c.enrichment_key]).any()]
+    cells = [c for c in result.attention_cells if c.model == model and c.measure == measure and c.enrichment_key
+             and np.isfinite(arrays[c.enrichment_key]).any()]
     if not cells:
         return None
+    label = cells[0].label
     conds = [c for c in CONDITIONS if any(x.condition == c for x in cells)]
     loads = sorted({c.load for c in cells})
-    mats = [arrays[c.enrichment_key] for c in cells]
+    mats = [arrays[str(c.enrichment_key)] for c in cells]
     finite = np.concatenate([m[np.isfinite(m)] for m in mats])
     lo, hi = np.percentile(finite, [1, 99])
     lo, hi = min(lo, 0.95), max(hi, 1.05)
@@ -188,7 +194,7 @@ def draw_enrichment_heatmaps(result: IceResult, arrays: Mapping[str, np.ndarray]
             if cell is None:
                 ax.set_visible(False)
                 continue
-            mat = arrays[cell.enrichment_key]
+            mat = arrays[str(cell.enrichment_key)]
             image = ax.imshow(mat, aspect="auto", cmap="RdBu_r", norm=norm, origin="lower", interpolation="nearest")
             for hit in outlined:
                 ax.add_patch(Rectangle((hit.head - 0.5, hit.layer - 0.5), 1, 1, fill=False, edgecolor="black",
@@ -202,20 +208,25 @@ def draw_enrichment_heatmaps(result: IceResult, arrays: Mapping[str, np.ndarray]
                 ax.set_xlabel("head")
     if image is not None:
         cbar = fig.colorbar(image, ax=axes, shrink=0.8)
-        cbar.set_label("P_ext / chance (1 = uniform over tokens)")
+        cbar.set_label(f"{label} / chance (1 = uniform over tokens)")
     boxed = (f"\nboxed: {len(outlined)} head(s) whose enrichment differs between failed and correct trials "
              f"(q < {alpha:g})" if outlined
              else "\nno head's enrichment differs between failed and correct trials after correction"
              if behaviour is not None and behaviour.heads is not None and behaviour.heads.is_test else "")
-    fig.suptitle(f"{short(model)}: attention to extraneous text relative to chance{boxed}", fontsize=10, wrap=True)
+    what = "attention to extraneous text" if measure == "p_ext" else label
+    fig.suptitle(f"{short(model)}: {what} relative to chance{boxed}", fontsize=10, wrap=True)
     return fig
 
 
-def draw_p_ext_layers(result: IceResult, arrays: Mapping[str, np.ndarray], model: str) -> Figure | None:
-    """Head-mean P_ext per layer for each condition × load, with the chance level dashed."""
-    cells = [c for c in result.attention_cells if c.model == model and c.condition in ("Saturation", "Residue")]
+def draw_measure_layers(result: IceResult, arrays: Mapping[str, np.ndarray], model: str,
+                        measure: str = "p_ext") -> Figure | None:
+    """Head-mean value of a (layer, head) measure (P_ext) per layer for each condition × load, with its chance level
+    dashed where it has one."""
+    cells = [c for c in result.attention_cells if c.model == model and c.measure == measure
+             and c.condition in ("Saturation", "Residue")]
     if not cells:
         return None
+    label = cells[0].label
     loads = sorted({c.load for c in cells})
     # one panel per load, wide enough for the figure title when there is a single load
     fig = Figure(figsize=(max(6.4, 4.2 * len(loads)), 3.6), layout="constrained")
@@ -223,48 +234,60 @@ def draw_p_ext_layers(result: IceResult, arrays: Mapping[str, np.ndarray], model
     for ax, load in zip(axes, loads):
         for cell in (c for c in cells if c.load == load):
             with np.errstate(all="ignore"):
-                curve = np.nanmean(arrays[cell.p_ext_key], axis=1)
+                curve = np.nanmean(arrays[cell.key], axis=1)
             layers = np.arange(len(curve))
             colour = COND_COLOURS.get(cell.condition, "k")
-            ax.plot(layers, curve, color=colour, marker=".", label=f"{cell.condition} P_ext")
-            ax.plot(layers, arrays[cell.chance_key], color=colour, ls="--", lw=1, label=f"{cell.condition} chance")
+            ax.plot(layers, curve, color=colour, marker=".", label=f"{cell.condition} {label}")
+            if cell.chance_key is not None:
+                ax.plot(layers, arrays[cell.chance_key], color=colour, ls="--", lw=1,
+                        label=f"{cell.condition} chance")
         ax.set_title(f"load {load}%", fontsize=10)
         ax.set_xlabel("layer")
         ax.xaxis.set_major_locator(MaxNLocator(nbins=12, integer=True))
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("head-mean P_ext")
+    axes[0].set_ylabel(f"head-mean {label}")
     axes[0].legend(fontsize=7)
-    fig.suptitle(f"{short(model)}: share of (non-sink) attention on extraneous text, by layer", fontsize=11,
-                 wrap=True)
+    what = "share of (non-sink) attention on extraneous text" if measure == "p_ext" else f"head-mean {label}"
+    fig.suptitle(f"{short(model)}: {what}, by layer", fontsize=11, wrap=True)
     return fig
+
+
+draw_p_ext_layers = draw_measure_layers
 
 
 def draw_ar_k(result: IceResult, arrays: Mapping[str, np.ndarray], model: str) -> Figure | None:
     """Head-mean AR_k by layer for each target segment, Residue (solid) vs Saturation (dashed), per load."""
-    cells = [c for c in result.attention_cells if c.model == model and c.ar_k_key
+    cells = [c for c in result.attention_cells if c.model == model and c.measure == "ar_k"
              and c.condition in ("Saturation", "Residue")]
     if not cells:
         return None
     loads = sorted({c.load for c in cells})
     targets: list[str] = []
     for c in cells:
-        targets += [t for t in c.ar_targets if t not in targets]
+        targets += [t for t in c.targets if t not in targets]
     colours = dict(zip(targets, palette(len(targets))))
     # one panel per load, wide enough for the figure title when there is a single load
-    fig = Figure(figsize=(max(6.4, 4.2 * len(loads)), 3.6), layout="constrained")
+    fig = Figure(figsize=(max(6.4, 4.2 * len(loads)), 4.2), layout="constrained")
     axes = fig.subplots(1, len(loads), squeeze=False, sharey=True)[0]
+    handles: dict = {}
     for ax, load in zip(axes, loads):
+        counts = []
         for cell in (c for c in cells if c.load == load):
-            mat = arrays[str(cell.ar_k_key)]  # (layer, target)
+            mat = arrays[cell.key]  # (layer, target)
             ls = "-" if cell.condition == "Residue" else "--"
-            for j, t in enumerate(cell.ar_targets):
-                ax.plot(np.arange(mat.shape[0]), mat[:, j], ls=ls, color=colours[t], label=f"{cell.condition}: {t}")
-        ax.set_title(f"load {load}%", fontsize=10)
+            for j, t in enumerate(cell.targets):
+                (ln,) = ax.plot(np.arange(mat.shape[0]), mat[:, j], ls=ls, color=colours[t])
+                handles.setdefault(f"{cell.condition}: {t}", ln)
+            counts.append(f"{cell.condition} {cell.n_prompts}")
+        # how many prompts each line averages, per panel (the cells of one load)
+        ax.set_title(f"load {load}%: mean over prompts ({', '.join(counts)})", fontsize=9, wrap=True)
         ax.set_xlabel("layer")
         ax.xaxis.set_major_locator(MaxNLocator(nbins=12, integer=True))
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("AR_k (head mean)")
-    axes[-1].legend(fontsize=7, loc="best")
+    # below the panels, never over the curves
+    fig.legend(list(handles.values()), list(handles), loc="outside lower center", fontsize=7,
+               ncol=min(len(handles), 3), frameon=False)
     fig.suptitle(f"{short(model)}: attentional residue per target segment (solid Residue, dashed Saturation)",
                  fontsize=11, wrap=True)
     return fig
@@ -287,16 +310,16 @@ def draw_h3_scatter(result: IceResult, taxonomy: Mapping[str, str]) -> Figure | 
             ax.plot(line, h.intercept + h.slope * line, color="k", lw=1.2)
         if h.r is not None:
             ci = "" if h.ci_low is None else f" {fmt.ci(h.ci_low, h.ci_high, '+.2f')}"
-            text = (f"r = {fmt.num(h.r, '+.2f')}{ci}\np = {fmt.num(h.p, '.3g')}, q = {fmt.num(h.q, '.3g')}, "
-                    f"n = {h.n_tasks}" if h.is_test else f"r = {fmt.num(h.r, '+.2f')}, n = {h.n_tasks}: not tested")
+            text = (f"r = {fmt.num(h.r, '+.2f')}{ci}, p = {fmt.num(h.p, '.3g')}, q = {fmt.num(h.q, '.3g')}, "
+                    f"n = {h.n_tasks}" if h.is_test
+                    else f"r = {fmt.num(h.r, '+.2f')}, n = {h.n_tasks}: described only, not tested")
         else:
             text = f"no r: {h.reason}"
-        ax.text(0.02, 0.98, text, transform=ax.transAxes, va="top", fontsize=8,
-                bbox={"facecolor": "white", "alpha": 0.8, "lw": 0})
         ax.axhline(0, color="grey", lw=0.8)
         ax.set_xlabel("S_sim (question vs mean extraneous embedding)")
         ax.set_ylabel("degradation EM(Control) − EM(Residue)")
-        ax.set_title(f"{short(h.model)}{taxonomy.get(h.model, '')}", fontsize=10)
+        # the r / p line sits in the title, outside the data, so it can never cover a point
+        ax.set_title(f"{short(h.model)}{taxonomy.get(h.model, '')}\n{text}", fontsize=9)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(rows):]:
         ax.set_visible(False)
@@ -358,36 +381,41 @@ def draw_residue_attention(result: IceResult, alpha: float = 0.05) -> Figure | N
 
 
 def draw_attention_behaviour(result: IceResult, alpha: float = 0.05) -> Figure | None:
-    """Per model, top: the per-layer failed − correct difference of head-mean P_ext (95 % CI, the test); bottom:
-    the logistic robustness line (log-odds of a wrong answer per unit P_ext, alone and adjusted). Orange: q < alpha
-    after BH across the layers."""
-    rows = [a for a in result.attention_behaviour if a.p_ext_layers is not None]
+    """Per model and linked measure, top: the per-layer failed − correct difference of the head-mean measure (P_ext;
+    95 % CI, the test); bottom: the logistic robustness line (log-odds of a wrong answer per unit of it, adjusted for
+    load and placement; the unadjusted fit, confounded by load, only where nothing could be adjusted, and then
+    labelled so). Orange: q < alpha after BH across the layers."""
+    rows = [a for a in result.attention_behaviour if a.layer_tests is not None]
     if not rows:
         return None
-    n_layers = max(len(a.p_ext_layers.layers) for a in rows if a.p_ext_layers is not None)
+    n_layers = max(len(a.layer_tests.layers) for a in rows if a.layer_tests is not None)
     fig = Figure(figsize=(max(6.5, 0.22 * n_layers + 3), 5.6 * len(rows)), layout="constrained")
     axes = fig.subplots(2 * len(rows), 1, squeeze=False)[:, 0]
     for k, a in enumerate(rows):
         top, bottom = axes[2 * k], axes[2 * k + 1]
-        assert a.p_ext_layers is not None
-        _layer_series(top, a.p_ext_layers, alpha, 0.0, "o", "failed − correct")
+        assert a.layer_tests is not None
+        _layer_series(top, a.layer_tests, alpha, 0.0, "o", "failed − correct")
         top.axhline(0, color="k", lw=0.8)
-        top.set_ylabel("Δ head-mean P_ext\n(failed − correct)")
-        what = (f"layers with q<{alpha:g}: {ranges(list(a.p_ext_layers.significant))}" if a.p_ext_layers.is_test
-                else f"not tested: {a.p_ext_layers.reason}")
-        top.set_title(f"{short(a.model)}: P_ext in failed vs correct trials at equal load and placement; {what}",
+        top.set_ylabel(f"Δ head-mean {a.label}\n(failed − correct)")
+        what = (f"layers with q<{alpha:g}: {ranges(list(a.layer_tests.significant))}" if a.layer_tests.is_test
+                else f"not tested: {a.layer_tests.reason}")
+        top.set_title(f"{short(a.model)}: {a.label} in failed vs correct trials at equal load and placement; {what}",
                       fontsize=9)
-        for adjusted, shift, marker, label in ((False, -0.15, "o", "P_ext alone"),
-                                               (True, 0.15, "s", "with load and placement")):
-            fits = [(r.layer, r.adjusted if adjusted else r) for r in a.layers]
-            tests = LayerTests(measure="", estimand="", n=0, n_questions=0, is_test=True, method="", reason=None,
-                               layers=tuple(_as_layer_test(layer, f) for layer, f in fits if f is not None),
-                               significant=())
-            _layer_series(bottom, tests, alpha, shift, marker, label)
+        # only the load-adjusted fit: without the adjustment the fit is confounded by load (it named a layer in
+        # 29 % of no-effect studies at G = 20); where no fit could be adjusted (one load, one placement) the
+        # unadjusted one is drawn and labelled so
+        adjusted = any(r.adjusted is not None for r in a.layers)
+        fits = [(r.layer, r.adjusted if adjusted else r) for r in a.layers]
+        tests = LayerTests(measure="", estimand="", n=0, n_questions=0, is_test=True, method="", reason=None,
+                           layers=tuple(_as_layer_test(layer, f) for layer, f in fits if f is not None),
+                           significant=())
+        label = ("adjusted for load and placement" if adjusted
+                 else "NOT adjusted for load (one load and placement only)")
+        _layer_series(bottom, tests, alpha, 0.0, "s" if adjusted else "o", label)
         bottom.axhline(0, color="k", lw=0.8)
-        bottom.set_ylabel("log-odds wrong\nper unit P_ext")
-        bottom.set_title(f"logistic robustness line: q<{alpha:g} alone {ranges(a.logit_layers)}, adjusted "
-                         f"{ranges(a.logit_layers_adjusted)}", fontsize=9)
+        bottom.set_ylabel(f"log-odds wrong\nper unit {a.label}")
+        hits = a.logit_layers_adjusted if adjusted else a.logit_layers
+        bottom.set_title(f"logistic robustness line, {label}: q<{alpha:g} in {ranges(hits)}", fontsize=9)
         if bottom.get_legend_handles_labels()[0]:
             bottom.legend(fontsize=7, loc="best")
         for ax in (top, bottom):
@@ -397,7 +425,7 @@ def draw_attention_behaviour(result: IceResult, alpha: float = 0.05) -> Figure |
     return fig
 
 
-def _as_layer_test(layer: int, f: LayerFit | PExtLogit) -> LayerTest:
+def _as_layer_test(layer: int, f: LayerFit | MeasureLogit) -> LayerTest:
     """A logistic fit as a :class:`LayerTest` (for drawing with :func:`_layer_series`)."""
     return LayerTest(layer=layer, n=0, estimate=f.coef, se=f.se, ci_low=f.ci_low, ci_high=f.ci_high, p=f.p, q=f.q,
                      df=f.df)

@@ -10,11 +10,12 @@ analysis' notes and its methods.
 from __future__ import annotations
 
 import logging
+import zipfile
 from pathlib import Path
 
 import numpy as np
 
-from probe.analysis.results import Analysis, read_analysis
+from probe.analysis.results import Analysis, AnalysisFileError, read_analysis
 from probe.report.html import esc, page
 from probe.report.sections import ReportContext, report_section
 from probe.records import check_records
@@ -27,8 +28,12 @@ def load_attention_arrays(run: RunFolder) -> dict[str, np.ndarray]:
     """Every array of the run's ``attention_summary.npz`` by member name (empty when the file is absent)."""
     if not run.attention_summary.is_file():
         return {}
-    with np.load(run.attention_summary, allow_pickle=False) as z:
-        return {k: z[k] for k in z.files}
+    try:
+        with np.load(run.attention_summary, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise AnalysisFileError(f"{run.attention_summary}: cannot be read ({type(e).__name__}: {e}); it is written by "
+                                f"`probe analyze {run.root}` — run that again to rewrite it (no record is lost)") from None
 
 
 def _header(analysis: Analysis, title: str) -> str:

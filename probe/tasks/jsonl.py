@@ -5,9 +5,10 @@ non-empty string, a non-empty list of non-empty strings, or a non-empty object w
 strings), ``hops`` (a non-empty list of ``{"fact": str, "answer": str | null}``), and optionally ``topic``
 (string), ``meta`` (object of strings and numbers), ``segments`` (list of ``[kind, text]`` pairs: the task is then
 laid out as written, not by the ICE builder) and ``condition`` (with ``segments``: the condition its prompt is
-recorded under, default ``Custom``; one of the ICE condition names puts it in that condition's estimates). Blank lines are allowed. Every line is checked before any task
+recorded under, default ``Custom``; one of the ICE condition names puts it in that condition's estimates). Blank
+lines are allowed. The file is UTF-8 (a leading byte order mark is accepted). Every line is checked before any task
 is returned; the first bad one raises :class:`~probe.errors.TaskFormatError` as ``file:line: field: what is
-wrong``.
+wrong`` (a byte that is not UTF-8: ``file:line: not UTF-8 text: byte ... at column ... (byte offset ...)``).
 """
 
 from __future__ import annotations
@@ -171,8 +172,19 @@ def load_jsonl_tasks(path: str | Path, n: int | None = None) -> list[Task]:
         raise TaskFormatError(f"{p}: no such task file (set tasks.path to a .jsonl file)")
     tasks: list[Task] = []
     first_line: dict[str, int] = {}
-    with p.open("r", encoding="utf-8") as fh:
-        for lineno, text in enumerate(fh, 1):
+    offset = 0
+    with p.open("rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            start, offset = offset, offset + len(raw)
+            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark (some editors write one)
+                raw, start = raw[3:], start + 3
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise TaskFormatError(
+                    f"{p}:{lineno}: not UTF-8 text: byte 0x{raw[e.start]:02x} at column {e.start + 1} (byte offset "
+                    f"{start + e.start} in the file) {e.reason}; save the file as UTF-8 (is it Latin-1?)"
+                ) from None
             if not text.strip():
                 continue
             task = parse_task_line(text, p, lineno)

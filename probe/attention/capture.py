@@ -1,0 +1,244 @@
+"""The capture: collects, during one forward pass, every layer's measures for every prompt of a batch.
+
+The registered attention function (:mod:`probe.attention.implementation`) reports each layer's query and key states
+(and its value states, handed on only to measures that ask for them) to the active :class:`Capture`. For every
+prompt of the batch it computes the post-softmax rows its probe needs, a block of rows at a time, exactly as the
+architecture's eager attention does (scores ``q·kᵀ·scaling``, then ``tanh(x/cap)·cap`` when soft-capped, then the
+mask, then a float32 softmax; each query head ``h`` reads key head ``h // (heads / kv_heads)`` as ``repeat_kv``
+does), and reduces each block at once to the measures' arrays (:class:`~probe.attention.reduce.LayerReducer`).
+After the forward pass :meth:`Capture.results` checks that every layer reported exactly once.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from contextlib import contextmanager
+from typing import Iterator, Sequence
+
+import torch
+
+from probe.attention.edits import BatchEdit
+from probe.attention.masks import BlockMask, allowed_keys, block_mask, causal_block_mask
+from probe.attention.plan import ProbePlan
+from probe.attention.reduce import LayerAggregates, LayerReducer, PlanTensors, assemble_result
+from probe.attention.result import SegmentAttention
+from probe.errors import HookError
+
+
+
+# A prompt whose probe rows hold fewer score elements than this (heads x T^2 / 2, about T = 1300 for 9 heads) is
+# reduced on one CPU thread: its operations are small, and splitting each of them over threads costs more in
+# synchronisation than it saves (much more on a machine shared with other work).
+SMALL_PROBE_ELEMENTS = 8 * 1024 * 1024
+
+
+@contextmanager
+def _few_threads(device: torch.device, n_elements: int) -> Iterator[None]:
+    """One intra-op thread for the block when the probe's work is small and on the CPU; restored afterwards."""
+    threads = torch.get_num_threads()
+    if device.type != "cpu" or threads == 1 or n_elements >= SMALL_PROBE_ELEMENTS:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+class _Row:
+    """One prompt of a batch: its plan, its left padding and what its layers reported."""
+
+    def __init__(self, plan: ProbePlan, pad: int, max_block_elements: int | None) -> None:
+        self.plan = plan
+        self.pad = pad
+        self.max_block_elements = max_block_elements
+        self.tensors: dict[torch.device, PlanTensors] = {}  # per device (layers may be spread over GPUs)
+        self.block_masks: dict[tuple, list[BlockMask]] = {}  # per mask (layers of one type share their mask)
+        self.chance: dict[tuple, float] = {}
+        self.layers: dict[int, LayerAggregates] = {}
+
+    def tensors_on(self, device: torch.device) -> PlanTensors:
+        if device not in self.tensors:
+            self.tensors[device] = PlanTensors(self.plan, device, self.max_block_elements)
+        return self.tensors[device]
+
+
+class Capture:
+    """Collects the layers' aggregates of a batch of prompts during one forward pass; checks each layer reported once.
+
+    Args:
+        plans: one probe plan per batch row.
+        n_layers: the layers expected to report (0 .. n_layers-1).
+        pads: left padding of each row (None: no padding; every plan has the batch's length).
+        max_block_elements: most ``rows x keys`` per head in one block of rows (None: ``block_size`` rows).
+        prefill_only: take only the call whose queries and keys span the whole batch (generation's prefill) and let
+            every other call (decode steps) through; without it any other shape is an error.
+
+    Raises:
+        HookError: plans and pads disagree on the batch's width.
+    """
+
+    def __init__(
+        self,
+        plans: Sequence[ProbePlan],
+        n_layers: int,
+        pads: Sequence[int] | None = None,
+        max_block_elements: int | None = None,
+        prefill_only: bool = False,
+    ) -> None:
+        pads = list(pads) if pads is not None else [0] * len(plans)
+        if len(pads) != len(plans) or not plans:
+            raise HookError(f"capture: {len(plans)} plans and {len(pads)} paddings (one each, at least one)")
+        widths = {p.n_tokens + pad for p, pad in zip(plans, pads)}
+        if len(widths) != 1:
+            raise HookError(f"capture: prompt length + padding differs between rows ({sorted(widths)})")
+        self.width = widths.pop()
+        self.rows = [_Row(plan, pad, max_block_elements) for plan, pad in zip(plans, pads)]
+        self.n_layers = n_layers
+        self.prefill_only = prefill_only
+        self.calls: Counter[int] = Counter()
+        self.options = plans[0].options
+
+    @property
+    def plans(self) -> list[ProbePlan]:
+        return [r.plan for r in self.rows]
+
+    def report(
+        self,
+        layer: int,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        scaling: float,
+        softcap: float | None,
+        edit: BatchEdit | None = None,
+        value: torch.Tensor | None = None,
+        module: torch.nn.Module | None = None,
+    ) -> None:
+        """Compute the needed rows of one layer for every prompt of the batch, in blocks, and keep their aggregates.
+
+        Args:
+            layer: the reporting layer's index.
+            query: (B, H, W, D) query states after rotary embedding.
+            key: (B, H_kv, W, D) key states.
+            attention_mask: (B or 1, 1, W, W) bool (True = may attend) or additive float mask, or None (causal).
+            scaling: multiplier of ``q·kᵀ``.
+            softcap: logit soft-capping value, or None.
+            edit: an intervention acting on this layer (its bias is added to the rows' scores, so the probe
+                measures the intervened attention), or None.
+            value: (B, H_kv, W, Dv) value states, handed to the measures that read them (None: no such measure).
+            module: the layer's attention module (its output projection, for such measures).
+        """
+        n_batch, n_heads, n_q, _ = query.shape
+        n_kv, n_k = key.shape[1], key.shape[2]
+        if n_q != self.width or n_k != self.width:
+            if self.prefill_only:
+                return  # a decode step: one new query against the cache
+            raise HookError(
+                f"layer {layer}: attention over {n_q} queries x {n_k} keys, the probed sequence has "
+                f"{self.width} tokens (a cache or packed input is not supported)"
+            )
+        self.calls[layer] += 1
+        if self.calls[layer] > 1:
+            return  # the duplicate is reported by ``check``
+        if n_batch != len(self.rows):
+            raise HookError(f"layer {layer}: a batch of {n_batch} rows, the probe expects {len(self.rows)}")
+        if n_heads % n_kv:
+            raise HookError(f"layer {layer}: {n_heads} query heads do not group over {n_kv} key/value heads")
+        if attention_mask is not None and (
+            attention_mask.dim() != 4 or attention_mask.shape[1] != 1 or attention_mask.shape[0] not in (1, n_batch)
+            or tuple(attention_mask.shape[2:]) != (self.width, self.width)
+        ):
+            raise HookError(f"layer {layer}: unexpected attention mask of shape {tuple(attention_mask.shape)}; "
+                            f"expected ({n_batch} or 1, 1, {self.width}, {self.width})")
+        with _few_threads(query.device, max(r.plan.n_tokens for r in self.rows) ** 2 * n_heads // 2):
+            for i, row in enumerate(self.rows):
+                p = row.pad
+                mask = None
+                mask_key: tuple = (None,)
+                if attention_mask is not None:
+                    b = i if attention_mask.shape[0] > 1 else 0
+                    mask = attention_mask[b, 0, p:, p:]  # (T, T): the prompt's own rows and keys
+                    mask_key = (attention_mask.data_ptr(), tuple(attention_mask.shape), b, p)
+                row_edit = (edit, layer, i) if edit is not None and edit.edits_layer(layer) else None
+                row.layers[layer] = self._reduce(row, query[i, :, p:, :], key[i, :, p:, :], mask, mask_key, scaling,
+                                                 softcap, row_edit, None if value is None else value[i, :, p:, :],
+                                                 layer, module)
+
+    def _reduce(
+        self,
+        row: _Row,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        mask: torch.Tensor | None,
+        mask_key: tuple,
+        scaling: float,
+        softcap: float | None,
+        row_edit: tuple[BatchEdit, int, int] | None = None,
+        value: torch.Tensor | None = None,
+        layer: int = 0,
+        module: torch.nn.Module | None = None,
+    ) -> LayerAggregates:
+        """One prompt's aggregates in one layer from its (H, T, D) queries and (H_kv, T, D) keys; ``row_edit`` =
+        (the batch's edit, layer, batch row) adds the intervention's bias to the scores; ``value`` (H_kv, T, Dv)
+        goes to the measures that read value states."""
+        n_heads, dim = query.shape[0], query.shape[2]
+        n_kv = key.shape[0]
+        tensors = row.tensors_on(query.device)
+        masks = row.block_masks.get(mask_key)
+        if masks is None:
+            if mask is None:
+                masks = [causal_block_mask(b) for b in tensors.blocks]
+            else:
+                masks = [block_mask(mask, b) for b in tensors.blocks]
+            if all(m.additive is None for m in masks):  # the rows of a bias mask are not kept across layers
+                row.block_masks[mask_key] = masks
+        reducer = LayerReducer(row.plan, n_heads, tensors, layer, module)
+        values = None
+        if reducer.needs_values:
+            if value is None:
+                raise HookError(f"layer {layer}: a measure reads the value states, but the layer reported none")
+            values = value.to(torch.float32)
+        key_t = key.to(torch.float32).transpose(-1, -2)  # (H_kv, D, T), a transposed view bmm reads as is
+        for block, bm in zip(tensors.blocks, masks):
+            q = query[:, block.first : block.last + 1] if block.contiguous else query[:, block.positions]
+            n_rows = q.shape[1]
+            q = (q.to(torch.float32) * scaling).reshape(n_kv, (n_heads // n_kv) * n_rows, dim)  # (H_kv, rep*B, D)
+            scores = torch.bmm(q, key_t[:, :, bm.lo : bm.hi]).view(n_heads, n_rows, bm.hi - bm.lo)  # (H, B, K)
+            if softcap is not None:
+                scores = scores.div_(softcap).tanh_().mul_(softcap)
+            bm.apply(scores)
+            if row_edit is not None:
+                edit, layer, i = row_edit
+                rows = torch.tensor([i], device=edit.device)
+                scores += edit.bias(layer, (block.positions + row.pad).to(edit.device), bm.lo + row.pad,
+                                    bm.hi + row.pad, rows)[0].to(scores.device)
+            probs = torch.softmax(scores, dim=-1)
+            del scores
+            reducer.add(block, probs, bm.lo, values)
+            del probs
+        if mask_key not in row.chance:
+            allowed = allowed_keys(mask, tensors.query_positions, row.plan.n_tokens)
+            row.chance[mask_key] = tensors.chance(allowed, row.plan.options.exclude_sink)
+        return reducer.finish(row.chance[mask_key])
+
+    def check(self) -> None:
+        """Raise :class:`HookError` unless every expected layer reported exactly once."""
+        missing = [i for i in range(self.n_layers) if self.calls[i] == 0]
+        repeated = sorted(i for i, n in self.calls.items() if n > 1)
+        unexpected = sorted(i for i in self.calls if not 0 <= i < self.n_layers)
+        if missing or repeated or unexpected:
+            parts = []
+            if missing:
+                parts.append(f"layers {missing} did not report (their attention bypasses the AttentionInterface)")
+            if repeated:
+                parts.append(f"layers {repeated} reported more than once")
+            if unexpected:
+                parts.append(f"layers {unexpected} are outside 0..{self.n_layers - 1}")
+            raise HookError("attention probe: " + "; ".join(parts))
+
+    def results(self) -> list[SegmentAttention]:
+        """Check the layers, then one :class:`SegmentAttention` per batch row, in batch order."""
+        self.check()
+        return [assemble_result(r.plan, [r.layers[i] for i in range(self.n_layers)]) for r in self.rows]

@@ -1,0 +1,276 @@
+"""The engine's attention function, registered with transformers' ``AttentionInterface``, and switching a model to it.
+
+The engine registers :func:`_probe_attention` under the name :data:`IMPLEMENTATION` and switches the model to it for
+one forward pass (or one ``generate`` call). Each layer's call receives the query and key states after rotary
+embedding, the value states, the mask, ``scaling``, ``softcap`` and ``sliding_window``; it
+
+1. computes the layer's output as the model would: through SDPA (transformers' own ``sdpa_attention_forward``, so
+   the hidden states are those of the model's ``sdpa`` implementation), or, for soft-capped logits (Gemma 2),
+   through an exact blocked attention, since SDPA cannot soft-cap;
+2. applies an active intervention's edit (:class:`~probe.attention.edits.BatchEdit`) to the layers it names;
+3. reports the layer to the active probe (:class:`~probe.attention.capture.Capture`), which measures the attention
+   (the edited one, when an edit is active too).
+
+The model gets its previous attention implementation back whatever happened. Scores are computed in float32
+whatever the model's dtype.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import torch
+from transformers import AttentionInterface, PreTrainedConfig, PreTrainedModel
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from probe.attention.capture import Capture
+from probe.attention.edits import BatchEdit, edited_attention
+from probe.attention.masks import allowed_keys
+from probe.config import ProbeSection
+from probe.errors import HookError
+
+IMPLEMENTATION = "ice_probe"
+
+# Architectures (``config.model_type``) whose attention goes through the AttentionInterface with the standard
+# eager semantics reproduced above; each has an exactness test against its eager ``output_attentions``.
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "gpt2")
+
+_ACTIVE: contextvars.ContextVar["Capture | None"] = contextvars.ContextVar("ice_probe_capture", default=None)
+_ACTIVE_EDIT: contextvars.ContextVar["BatchEdit | None"] = contextvars.ContextVar("ice_probe_edit", default=None)
+_registered = False
+
+
+def _register() -> None:
+    """Register the probe's attention and mask functions with transformers (once per process)."""
+    global _registered
+    if not _registered:
+        AttentionInterface.register(IMPLEMENTATION, _probe_attention)
+        # The probe's forward runs SDPA, so it takes SDPA's masks (None when a plain causal mask suffices).
+        AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
+        _registered = True
+
+
+def text_config_of(model: PreTrainedModel) -> PreTrainedConfig:
+    """The model's text (decoder) config."""
+    return model.config.get_text_config()
+
+
+def layers_and_heads(model: PreTrainedModel) -> tuple[int, int]:
+    """The model's number of layers and of query heads per layer."""
+    cfg = model.config.get_text_config()
+    return int(cfg.num_hidden_layers), int(cfg.num_attention_heads)
+
+
+def check_architecture(model: PreTrainedModel) -> None:
+    """Raise :class:`HookError` unless the model's architecture is one the engine supports.
+
+    Raises:
+        HookError: naming the unsupported ``model_type`` and the supported ones.
+    """
+    model_type = getattr(model.config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise HookError(
+            f"the attention probe does not support architecture {model_type!r} "
+            f"({type(model).__name__}); supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+
+
+def attention_rows(
+    query: torch.Tensor,
+    key_t: torch.Tensor,
+    positions: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    softcap: float | None,
+    key_offset: int = 0,
+) -> torch.Tensor:
+    """Post-softmax attention rows of some query positions over all keys, as eager attention computes them.
+
+    Args:
+        query: (1, H, Q, D) query states.
+        key_t: (H_kv, D, K) float32 transposed key states.
+        positions: (B,) int64 query indices (into the Q axis).
+        attention_mask: (1, 1, Q, K) bool or additive float mask, or None for a plain causal mask.
+        scaling: multiplier of ``q·kᵀ``.
+        softcap: soft-capping value or None.
+        key_offset: key position of query 0 under the causal mask when ``attention_mask`` is None (``K - Q``:
+            the queries are the last Q positions, as in a decode step against a cache).
+
+    Returns:
+        (H, B, K) float32 rows, each summing to 1.
+    """
+    n_heads, dim = query.shape[1], query.shape[3]
+    n_kv = key_t.shape[0]
+    n_keys = key_t.shape[-1]
+    b = positions.shape[0]
+    # Query head h reads key head h // rep (repeat_kv): group the query heads by key head.
+    q = query[0, :, positions, :].to(torch.float32).reshape(n_kv, (n_heads // n_kv) * b, dim)  # (H_kv, rep*B, D)
+    scores = torch.bmm(q, key_t).mul_(scaling).view(n_heads, b, n_keys)  # (H, B, T)
+    if softcap is not None:
+        scores = scores.div_(softcap).tanh_().mul_(softcap)
+    mask = None if attention_mask is None else attention_mask[0, 0]
+    if mask is not None and mask.dtype != torch.bool:
+        scores += mask[positions, :].to(torch.float32)
+    else:
+        scores.masked_fill_(~allowed_keys(mask, positions + (key_offset if mask is None else 0), n_keys),
+                            float("-inf"))
+    return torch.softmax(scores, dim=-1)
+
+
+def _blocked_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    softcap: float | None,
+    block_size: int,
+) -> torch.Tensor:
+    """Exact attention output computed ``block_size`` queries at a time (for soft-capped logits), row by row.
+
+    Returns:
+        (B, T, H, D) output in the query's dtype, the layout ``eager_attention_forward`` returns.
+    """
+    n_batch, n_heads, n_q = query.shape[:3]
+    n_kv = key.shape[1]
+    offset = key.shape[2] - n_q  # a decode step: the queries are the last positions of the cache
+    out = torch.empty(n_batch, n_heads, n_q, value.shape[-1], dtype=query.dtype, device=query.device)
+    for i in range(n_batch):
+        key_t = key[i].to(torch.float32).transpose(-1, -2)  # (H_kv, D, T)
+        v = value[i].to(torch.float32)  # (H_kv, T, Dv)
+        mask = None
+        if attention_mask is not None:
+            mask = attention_mask[i : i + 1] if attention_mask.shape[0] > 1 else attention_mask
+        for start in range(0, n_q, block_size):
+            pos = torch.arange(start, min(start + block_size, n_q), device=query.device)
+            probs = attention_rows(query[i : i + 1], key_t, pos, mask, scaling, softcap, offset)  # (H, B, T)
+            probs = torch.nan_to_num(probs)  # a padding row that sees no key
+            o = torch.bmm(probs.reshape(n_kv, (n_heads // n_kv) * len(pos), -1), v)  # (H_kv, rep*B, Dv)
+            out[i, :, start : start + len(pos)] = o.reshape(n_heads, len(pos), -1).to(query.dtype)
+    return out.transpose(1, 2).contiguous()
+
+
+def _probe_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    softcap: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """The registered attention function: the model's output through SDPA (edited where an intervention is active,
+    :mod:`probe.attention.intervention`), the probe's aggregates of that attention on the side."""
+    capture = _ACTIVE.get()
+    edit = _ACTIVE_EDIT.get()
+    if capture is None and edit is None:
+        raise HookError(
+            f"attention implementation {IMPLEMENTATION!r} was called outside a probe or an intervention; "
+            "set the model's attention implementation back (model.set_attn_implementation('sdpa'))"
+        )
+    layer = getattr(module, "layer_idx", None)
+    if layer is None:
+        raise HookError(f"{type(module).__name__} has no layer_idx: cannot tell which layer reports")
+    if dropout:
+        raise HookError(f"layer {layer}: attention dropout {dropout} is active; call model.eval() before probing")
+    if scaling is None:  # eager's default in every supported architecture
+        scaling = query.shape[-1] ** -0.5
+    if isinstance(attention_mask, torch.Tensor) or attention_mask is None:
+        mask = attention_mask
+    else:
+        raise HookError(f"layer {layer}: unsupported attention mask type {type(attention_mask).__name__}")
+    editing = edit is not None and edit.edits_layer(int(layer))
+    if editing and query.shape[0] != edit.keys.shape[0]:  # type: ignore[union-attr]
+        raise HookError(f"layer {layer}: a batch of {query.shape[0]} rows, the intervention was built for "
+                        f"{edit.keys.shape[0]}")  # type: ignore[union-attr]
+    # A decode step in which every row is edited needs no unedited output.
+    skip_base = editing and query.shape[2] == 1 and edit.every_row_keyed  # type: ignore[union-attr]
+    out: torch.Tensor | None = None
+    if not skip_base:
+        if softcap is None:
+            out, _ = sdpa_attention_forward(module, query, key, value, mask, dropout=0.0, scaling=scaling, **kwargs)
+        else:
+            block = capture.options.block_size if capture is not None else ProbeSection().block_size
+            out = _blocked_attention(query, key, value, mask, scaling, softcap, block)
+    if editing:
+        out = edited_attention(edit, int(layer), query, key, value, mask, float(scaling), softcap,  # type: ignore[arg-type]
+                               out)
+    if capture is not None:
+        capture.report(int(layer), query, key, mask, float(scaling), softcap, edit, value, module)
+    assert out is not None
+    return out, None
+
+
+@contextmanager
+def attention_implementation(model: PreTrainedModel, name: str) -> Iterator[PreTrainedModel]:
+    """Switch ``model`` to attention implementation ``name`` for the block, then restore the previous one.
+
+    Nested blocks that ask for the implementation already in force change nothing.
+
+    Raises:
+        HookError: the model did not accept ``name`` (it does not dispatch through transformers'
+            ``AttentionInterface``).
+    """
+    previous = model.config._attn_implementation
+    try:
+        if previous != name:
+            model.set_attn_implementation(name)
+        if text_config_of(model)._attn_implementation != name:
+            raise HookError(
+                f"{type(model).__name__} did not accept attention implementation {name!r} "
+                "(it does not dispatch through transformers' AttentionInterface)"
+            )
+        yield model
+    finally:
+        if previous is not None and model.config._attn_implementation != previous:
+            model.set_attn_implementation(previous)
+
+
+@contextmanager
+def attach_probe(model: PreTrainedModel, capture: Capture) -> Iterator[Capture]:
+    """Switch ``model`` to the probe's attention for the duration of the block, then restore it.
+
+    Args:
+        model: a supported Hugging Face model.
+        capture: receives the layers' reports.
+
+    Yields:
+        ``capture``.
+
+    Raises:
+        HookError: unsupported architecture, or the model refused the attention implementation.
+    """
+    with _engine_attention(model, _ACTIVE, capture):
+        yield capture
+
+
+@contextmanager
+def attach_edit(model: PreTrainedModel, edit: BatchEdit) -> Iterator[BatchEdit]:
+    """Switch ``model`` to the engine's attention with an intervention's edit for the block, then restore it.
+
+    Composes with :func:`attach_probe` (either may be outside): a probe inside the block measures the edited
+    attention.
+
+    Raises:
+        HookError: unsupported architecture, or the model refused the attention implementation.
+    """
+    with _engine_attention(model, _ACTIVE_EDIT, edit):
+        yield edit
+
+
+@contextmanager
+def _engine_attention(model: PreTrainedModel, slot: contextvars.ContextVar[Any], value: Any) -> Iterator[None]:
+    """The engine's attention on ``model`` with ``value`` in ``slot`` (the probe's or the edit's) for the block."""
+    check_architecture(model)
+    _register()
+    token = slot.set(value)
+    try:
+        with attention_implementation(model, IMPLEMENTATION):
+            yield
+    finally:
+        slot.reset(token)

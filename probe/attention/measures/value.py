@@ -1,0 +1,120 @@
+"""Value-weighted segment mass and P_ext: attention weighted by what each key contributes to the output
+(Kobayashi et al., EMNLP 2020, "Attention is Not Only a Weight"; docs/probes.md).
+
+A head can put much weight on tokens whose value vectors are tiny (sinks, punctuation). Weighting each weight α_qj
+by the norm of what key j adds to the head's output, ‖v_j W_O^h‖ (v_j the key's value state of the head's KV head,
+W_O^h the head's own slice of the output projection), gives the norm-based share:
+
+- ``value_share_segment[layer, head, segment]`` = Σ_{q∈Q} Σ_{j∈S} α_qj ‖v_j W_O^h‖ over the same sum on every key:
+  the share of segment S in the value-weighted attention of the query set (a row sums to 1 over the segments,
+  sink included, like ``seg_mass_segment``; grouped-query heads: each query head reads its KV head's values and
+  its own rows of the output projection);
+- ``value_p_ext[layer, head]`` = the extraneous share of it over the non-sink segments (over all of them when
+  ``exclude_sink`` is false), beside the raw P_ext; its chance level and enrichment are the raw P_ext's.
+
+The norms are computed once per layer from the Gram matrix of each head's output rows, ‖v W‖² = v (W Wᵀ) vᵀ
+(``head_dim²`` per head, no (keys × hidden) tensor); the reference instead projects every value vector of the
+eager forward through the output projection read from the model and takes its norm.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+import torch
+
+from probe.attention.measure import EagerAttention, LayerContext, Measure, register_measure
+from probe.attention.measures.mass import by_kind, share_of_extraneous
+from probe.attention.plan import ProbePlan
+from probe.attention.segments import RowBlock
+from probe.attention.reference import output_projection
+from probe.errors import HookError
+
+
+def value_norms(values: torch.Tensor, out_rows: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """(head, T) float32 ‖v_j W_O^h‖ of every key j and query head h.
+
+    Args:
+        values: (kv_head, T, head_dim) value states.
+        out_rows: (heads · head_dim, hidden) output projection, rows = the attention output's dimensions.
+        n_heads: query heads.
+    """
+    n_kv, _, dim = values.shape
+    w = out_rows.to(torch.float32).reshape(n_heads, dim, -1)  # (H, D, hidden)
+    gram = torch.matmul(w, w.transpose(1, 2))  # (H, D, D)
+    v = values.to(torch.float32).repeat_interleave(n_heads // n_kv, dim=0)  # (H, T, D): head h reads KV head h//rep
+    sq = (torch.matmul(v, gram) * v).sum(-1)  # (H, T)
+    return sq.clamp_min_(0).sqrt_()
+
+
+class ValueMass:
+    """Sums Q's rows, each weight times its key's ‖v W_O^h‖, over each segment's keys; each segment's share of the
+    total at the end."""
+
+    def __init__(self, ctx: LayerContext) -> None:
+        if ctx.module is None:
+            raise HookError(f"layer {ctx.layer}: the value-weighted share needs the attention module's output "
+                            "projection, and the layer reported none")
+        self.t = ctx.tensors
+        self.n_heads = ctx.n_heads
+        self.out_rows = output_projection(ctx.module)
+        self.q_mass = torch.zeros(ctx.n_heads, ctx.plan.n_segments, dtype=torch.float64, device=ctx.tensors.device)
+        self.norms: torch.Tensor | None = None
+
+    def add(self, block: RowBlock, probs: torch.Tensor, values: torch.Tensor | None, key_start: int) -> None:
+        if block.query_index is None:
+            return
+        if values is None:
+            raise HookError("the value-weighted share was given no value states")
+        if self.norms is None:
+            self.norms = value_norms(values, self.out_rows.to(values.device), self.n_heads)  # (H, T)
+        n_keys = probs.shape[-1]
+        weighted = probs[:, block.query_index] * self.norms[:, None, key_start:key_start + n_keys]  # (H, nq, K)
+        self.q_mass += self.t.segment_sums(weighted, key_start).sum(dim=1, dtype=torch.float64)
+
+    def finish(self) -> np.ndarray:
+        total = self.q_mass.sum(dim=-1, keepdim=True)
+        return torch.where(total > 0, self.q_mass / total.clamp_min(1e-300), torch.nan).cpu().numpy()
+
+
+def _reference_segment(e: EagerAttention) -> np.ndarray:
+    if e.values is None or e.out_proj is None:
+        raise HookError("reference: the value-weighted share needs the value states and output projection")
+    n_layers, n_heads = len(e.attentions), e.attentions[0].shape[0]
+    out = np.zeros((n_layers, n_heads, len(e.seg_bounds)))
+    for layer, att in enumerate(e.attentions):
+        values, w = e.values[layer], e.out_proj[layer]  # (H_kv, T, D), (H*D, hidden)
+        dim = values.shape[-1]
+        rep = n_heads // values.shape[0]
+        for h in range(n_heads):
+            norms = np.linalg.norm(values[h // rep] @ w[h * dim:(h + 1) * dim], axis=-1)  # (T,)
+            for s, (a, b) in enumerate(e.seg_bounds):
+                out[layer, h, s] = sum(att[h, q, a:b] @ norms[a:b] for q in e.queries)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return out / out.sum(axis=-1, keepdims=True)
+
+
+def _reference_p_ext(e: EagerAttention) -> np.ndarray:
+    per_seg = e.arrays["value_share_segment"]
+    ext = sum(per_seg[..., s] for s, k in enumerate(e.seg_kinds) if k == "extraneous")
+    den = sum(per_seg[..., s] for s, k in enumerate(e.seg_kinds) if k != "sink" or not e.options.exclude_sink)
+    ext = np.zeros(per_seg.shape[:2]) + ext
+    out = np.full(per_seg.shape[:2], np.nan)
+    np.divide(ext, den, out=out, where=np.asarray(den) > 0)
+    return out
+
+
+def _derive_p_ext(arrays: Mapping[str, np.ndarray], plan: ProbePlan) -> np.ndarray:
+    return share_of_extraneous(by_kind(arrays["value_share_segment"], plan.segment_kinds), plan.options.exclude_sink)
+
+
+VALUE_MASS_SEGMENT = register_measure(Measure(
+    id="value_share_segment", axes=("layer", "head", "segment"), value_range=(0.0, 1.0),
+    description="share of each segment in the value-weighted attention (α ‖v W_O‖) of the query set",
+    reference=_reference_segment, reducer=ValueMass, needs_values=True))
+VALUE_P_EXT = register_measure(Measure(
+    id="value_p_ext", axes=("layer", "head"), value_range=(0.0, 1.0),
+    description="value-weighted P_ext: share of the non-sink value-weighted attention on extraneous segments",
+    reference=_reference_p_ext, derive=_derive_p_ext, has_chance=True, needs_values=True,
+    label="value-weighted P_ext"))
