@@ -264,7 +264,9 @@ def test_report_draws_the_map_and_tables_and_says_why_when_there_is_no_capture(t
 
     sub, trials = _study(np.random.default_rng(0), 8, (1, 2))
     res, arrays = retrieval_heads(sub, trials, "m", k=2, n_boot=50)
-    cell = AttentionCell("m", "Control", 0, 1, 2, 3, None, None, (), "a", "b", "c", None)
+    cell = AttentionCell(model="m", condition="Control", load=0, measure="p_ext", label="P_ext", n_prompts=1,
+                         n_layers=2, n_heads=3, mean=None, key="a", enrichment_mean=None, enrichment_key=None,
+                         chance_key=None, targets=())
     base = IceResult(models=("m",), cells=(), h1=(), h2=(), h3=(), residue_attention=(), attention_cells=(cell,),
                      attention_behaviour=(), taxonomy=())
     ctx = ReportContext(AnalysisSection(), arrays, figures_dir=tmp_path)

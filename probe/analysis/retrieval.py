@@ -46,7 +46,7 @@ import numpy as np
 import pandas as pd
 import scipy.stats
 
-from probe.analysis import inference as inf
+from probe.analysis.attention_tests import attention_failure_tests
 from probe.analysis.estimates import finite, key_int
 from probe.analysis.max_t import max_t_sign_flip
 from probe.attention.answer import AnswerAttention
@@ -413,7 +413,7 @@ def _failed_vs_correct(sub: pd.DataFrame, trials: list[TrialRetrieval], what: st
     conds = sorted(set(d["condition"]))
     dummies = np.column_stack([(d["condition"] == c).to_numpy(dtype=float) for c in conds[1:]]) if len(conds) > 1 \
         else None
-    fits = inf.attention_failure_tests(y, (d["em"].to_numpy() < 0.5), d["load"].to_numpy(dtype=float),
+    fits = attention_failure_tests(y, (d["em"].to_numpy() < 0.5), d["load"].to_numpy(dtype=float),
                                        d["task_id"].to_numpy(), dummies, alpha)
     arrays[f"{key}_estimate"] = fits.estimate.astype(np.float32)
     arrays[f"{key}_q"] = fits.q.astype(np.float32)
