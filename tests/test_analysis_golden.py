@@ -109,5 +109,10 @@ def test_a_schema_4_analysis_still_reads_with_the_same_numbers(runs, tmp_path):
         [{k: getattr(c, k) for k in keep} for c in now.attention_cells]
     p_ext = [(c.mean, c.key) for c in then.attention_cells if c.measure == "p_ext"]
     assert p_ext == [(c.mean, c.key) for c in now.attention_cells if c.measure == "p_ext"]
-    assert dataclasses.replace(then, attention_cells=(), attention_behaviour=()) == \
-        dataclasses.replace(now, attention_cells=(), attention_behaviour=())
+    # the cells' ci_method text changed after this fixture was written (all-equal cells: one observation per
+    # question); every number is the same
+    def plain(r):
+        return dataclasses.replace(r, attention_cells=(), attention_behaviour=(),
+                                   cells=tuple(dataclasses.replace(c, ci_method="") for c in r.cells))
+
+    assert plain(then) == plain(now)

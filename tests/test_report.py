@@ -192,9 +192,9 @@ def test_ar_k_legend_sits_outside_and_panels_say_how_many_prompts(run, report):
     arrays = load_attention_arrays(RunFolder(run))
     fig = F.draw_ar_k(result, arrays, MODEL)
     assert fig.legends and not any(ax.get_legend() for ax in fig.axes)
-    for ax, load in zip(fig.axes, sorted({c.load for c in result.attention_cells if c.ar_k_key})):
-        cells = [c for c in result.attention_cells if c.model == MODEL and c.load == load and c.ar_k_key
-                 and c.condition in ("Saturation", "Residue")]
+    ar_k = [c for c in result.attention_cells if c.measure == "ar_k"]
+    for ax, load in zip(fig.axes, sorted({c.load for c in ar_k})):
+        cells = [c for c in ar_k if c.model == MODEL and c.load == load and c.condition in ("Saturation", "Residue")]
         for c in cells:
             assert f"{c.condition} {c.n_prompts}" in ax.get_title()
 
