@@ -292,3 +292,6 @@ def test_run_bench_times_probed_and_unprobed_arms(tmp_path, tiny_card):
     assert b.n_trials == 4 and b.same_outputs and b.n_attention_files == 4
     assert b.unprobed_s > 0 and b.ratio == pytest.approx(b.probed_s / b.unprobed_s)
     assert "probed / unprobed" in format_run_bench(b)
+    # the third arm: probed with the answer capture, side by side in the same rounds
+    assert b.answer_s is not None and b.answer_s > 0 and b.answer_ratio == pytest.approx(b.answer_s / b.unprobed_s)
+    assert len(b.round_answer_ratios) == 1 and "answer capture / unprobed run" in format_run_bench(b)
