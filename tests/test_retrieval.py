@@ -303,3 +303,15 @@ def test_failed_vs_correct_maps_equal_statsmodels_and_find_a_planted_head():
     assert arrays[score.estimate_key][0, 2] < 0
     p_ext = next(t for t in res.failed_vs_correct if t.measure.startswith("answer-time"))
     assert p_ext.n == 30  # Saturation and Residue trials only
+
+
+def test_no_copyable_token_gives_reasons_not_errors():
+    rng = np.random.default_rng(0)
+    sub, trials = _study(rng, 6, None)
+    empty = [trial_retrieval(AnswerAttention(np.full(4, 99), a.mass[:4], None, a.top_key[:4], a.prompt_ids, KINDS,
+                                             a.segment_labels, SPANS))
+             for a in [capture(rng) for _ in trials]]  # token 99 never occurs in the prompt
+    res, _ = retrieval_heads(sub, empty, "m", k=2, n_boot=20)
+    assert res.saturation_drop is not None and not res.saturation_drop.is_test
+    assert "copyable" in (res.saturation_drop.reason or "")
+    assert max_t_sign_flip(np.zeros((0, 2, 3))).reason is not None

@@ -137,3 +137,37 @@ def test_random_model_has_no_head_above_chance():
     score = arrays[res.control.score_key]
     se = math.sqrt(res.control.chance * (1 - res.control.chance) / res.control.n_copyable)
     assert np.all(score <= res.control.chance + 4 * se)
+
+
+def test_planted_head_is_found_from_the_capture_made_during_generation():
+    """End to end: the toolkit's answer capture (decode steps of ``generate``, no second forward) on the planted
+    model, a left-padded batch of prompts of two lengths; the capture equals the eager one built here, and the
+    analysis ranks the planted head first."""
+    from probe.attention import left_pad
+    from probe.attention.engine import probe_generation
+    from probe.config import ProbeSection
+    from probe.types import Span, TokenizedPrompt
+
+    model, _ = working_plant()
+    ps = prompts(4, 5)
+    tps = [TokenizedPrompt(input_ids=tuple(int(x) for x in p),
+                           spans=tuple(Span(k, a, b, label=k) for k, (a, b) in zip(KINDS, SPANS))) for p in ps]
+    tps[1] = TokenizedPrompt(input_ids=(0,) + tps[1].input_ids,  # one token longer: the others are left-padded
+                             spans=(Span("sink", 0, 2, label="sink"),
+                                    *(Span(k, a + 1, b + 1, label=k) for k, (a, b) in zip(KINDS[1:], SPANS[1:]))))
+    ids, mask, pads = left_pad([tp.input_ids for tp in tps])
+    with torch.no_grad(), probe_generation(model, tps, pads, ProbeSection(answer=True)) as cap:
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=N_GEN, do_sample=False,
+                             pad_token_id=0, eos_token_id=None)
+    answers = [out[i, ids.shape[1]:].tolist() for i in range(len(tps))]
+    assert cap.answer is not None
+    caps = cap.answer.results(answers, [tp.input_ids for tp in tps])
+    for i in (0, 2, 3):
+        eager = capture(model, ps[i])
+        np.testing.assert_array_equal(caps[i].tokens, eager.tokens)
+        np.testing.assert_allclose(caps[i].mass, eager.mass, atol=1e-4)
+        np.testing.assert_array_equal(caps[i].top_key[:, PLANT[0], PLANT[1]], eager.top_key[:, PLANT[0], PLANT[1]])
+    sub = pd.DataFrame({"task_id": [f"q{i}" for i in range(4)], "condition": "Control", "load": 0, "em": 1.0})
+    res, _ = retrieval_heads(sub, [trial_retrieval(c) for c in caps], "planted", k=3, n_boot=20)
+    assert res.control is not None and (res.control.top[0].layer, res.control.top[0].head) == PLANT
+    assert res.control.top[0].score == pytest.approx(1.0)

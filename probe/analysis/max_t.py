@@ -92,7 +92,7 @@ def max_t_sign_flip(D: np.ndarray, n_resamples: int = N_RESAMPLES, seed: int = 0
     if not np.all(np.isfinite(D)):
         raise InferenceInputError("D: non-finite contrasts; keep only questions with a contrast in every cell")
     g, grid = D.shape[0], D.shape[1:]
-    flat = D.reshape(g, -1)
+    flat = D.reshape(g, int(np.prod(grid)))
     est = flat.mean(axis=0) if g else np.full(flat.shape[1], np.nan)
     nan = np.full(flat.shape[1], np.nan)
     if g < min_clusters:

@@ -435,6 +435,9 @@ def _saturation_drop(ctrl: tuple[pd.DataFrame, list[TrialRetrieval]], sat: tuple
     cc, cn = _question_sums(*_restrict(ctrl, questions), questions)
     sc, sn = _question_sums(*_restrict(sat, questions), questions)
     ok = (cn > 0) & (sn > 0)
+    if not ok.any():
+        return replace(base, n=0, n_questions=0, reason="no question has a copyable token in both its Control and "
+                                                        "its Saturation answers")
     D = (sc[ok] / sn[ok, None, None]) - (cc[ok] / cn[ok, None, None])
     res = max_t_sign_flip(D, seed=seed)
     for what, arr in (("estimate", res.estimate), ("q", res.q), ("p_max_t", res.p_max_t)):
