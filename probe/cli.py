@@ -291,11 +291,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         )
         from probe.loading import load_model
 
-        model = load_model(DEFAULT_MODEL).model
+        name = args.model or DEFAULT_MODEL
+        model = load_model(name).model
         if args.lengths:
-            print(format_attention_bench(run_attention_bench(lengths=args.lengths, model=model, repeats=args.repeats)))
+            print(format_attention_bench(run_attention_bench(lengths=args.lengths, model=model, model_name=name,
+                                                             repeats=args.repeats)))
         if args.probe_batch:
-            print(format_probe_batch_bench(run_probe_batch_bench(model, batch_size=args.probe_batch,
+            print(format_probe_batch_bench(run_probe_batch_bench(model, model_name=name, batch_size=args.probe_batch,
                                                                  repeats=args.repeats)))
     return 0
 
@@ -373,6 +375,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "leaves the per-length table out; gpu-check: default 4096-32768)")
     sp.add_argument("--repeats", type=positive_int, default=1,
                     help="attention, run, gpu-check: rounds over the arms (fastest kept)")
+    sp.add_argument("--model", default=None,
+                    help="attention: the model card (name or path) to measure (default: the embedded default model)")
     sp.add_argument("--probe-batch", type=int, default=8,
                     help="attention: batch size of the batched-probing figure (0: leave it out)")
     sp.add_argument("--cpu", action="store_true",

@@ -13,6 +13,8 @@ an :class:`IceResult`:
   ``residue_attention`` (H3 in attention) when probe records exist (:mod:`probe.analysis.attention_link`; the cell
   arrays and the per-head grids go to ``attention_summary.npz``);
 - ``taxonomy`` per model (:mod:`probe.analysis.taxonomy`);
+- ``hop_tracking`` when probe records hold attention while the answer was written (:mod:`probe.analysis.hops`:
+  which fact the model read while it named each hop's answer; None otherwise, and then absent from the file).
 - ``retrieval`` per model when probe records hold an answer capture (:mod:`probe.analysis.retrieval`: retrieval
   heads and the lookback ratio; empty, and absent from ``analysis.json``, otherwise).
 
@@ -40,6 +42,8 @@ from probe.analysis.attention_link import (
 )
 from probe.analysis.estimates import Cell, cell_summaries
 from probe.analysis.families import FamilyAnalysis, FamilyData, FamilyOutput, register_family_analysis
+from probe.analysis.hops import HopTracking, analyze_hops
+from probe.analysis.ice_upgrade import upgrade_ice
 from probe.analysis.hypotheses import (
     H1Fit,
     H3Correlation,
@@ -49,6 +53,7 @@ from probe.analysis.hypotheses import (
     similarity_degradation,
 )
 from probe.analysis.retrieval import RetrievalHeads, analyze_retrieval
+from probe.analysis.results import OMIT_EMPTY, OPTIONAL
 from probe.analysis.taxonomy import Taxonomy, classify_model
 from probe.errors import ProbeError
 from probe.types import Prompt
@@ -80,6 +85,8 @@ class IceResult:
             measure (``measure``; empty without probe records).
         taxonomy: :class:`probe.analysis.taxonomy.Taxonomy` per model.
         retrieval: :class:`probe.analysis.retrieval.RetrievalHeads` per model (empty without answer captures).
+        hop_tracking: :class:`probe.analysis.hops.HopTracking`, or None when no trial's probe record holds
+            attention while the answer was written.
     """
 
     models: tuple[str, ...]
@@ -91,7 +98,8 @@ class IceResult:
     attention_cells: tuple[AttentionCell, ...]
     attention_behaviour: tuple[AttentionBehaviour, ...]
     taxonomy: tuple[Taxonomy, ...]
-    retrieval: tuple[RetrievalHeads, ...] = field(default=(), metadata={"omit_empty": True})
+    retrieval: tuple[RetrievalHeads, ...] = field(default=(), metadata={OMIT_EMPTY: True})
+    hop_tracking: HopTracking | None = field(default=None, metadata={OPTIONAL: True})
 
     def h1_of(self, model: str, condition: str = "Saturation") -> H1Fit | None:
         """The H1 fit of (model, condition), or None."""
@@ -178,9 +186,13 @@ def analyze_ice(data: FamilyData) -> FamilyOutput:
         arrays.update(retrieval_arrays)
     sat = {h.model: h for h in h1 if h.condition == "Saturation"}
     taxonomy = [classify_model(df, m, sat.get(m), cfg) for m in models]
+    hops, hop_arrays, hop_notes = analyze_hops(data.run, data.trials, data.prompts, cfg.alpha)
+    arrays.update(hop_arrays)
+    notes += hop_notes
     result = IceResult(models=tuple(models), cells=tuple(cell_summaries(df, cfg.alpha)), h1=tuple(h1), h2=tuple(h2),
                        h3=tuple(h3), residue_attention=tuple(residue), attention_cells=tuple(att_cells),
-                       attention_behaviour=tuple(attention), taxonomy=tuple(taxonomy), retrieval=tuple(retrieval))
+                       attention_behaviour=tuple(attention), taxonomy=tuple(taxonomy), hop_tracking=hops,
+                       retrieval=tuple(retrieval))
     return FamilyOutput(result=result, arrays=arrays, notes=tuple(notes),
                         n_attention_records=sum({(c.model, c.condition, c.load): c.n_prompts
                                                  for c in att_cells}.values()))
@@ -229,4 +241,4 @@ METHODS = {
 }
 
 ANALYSIS = register_family_analysis(FamilyAnalysis(name=FAMILY, result_type=IceResult, analyze=analyze_ice,
-                                                   tabulate=tabulate_ice, methods=METHODS))
+                                                   tabulate=tabulate_ice, methods=METHODS, upgrade=upgrade_ice))

@@ -33,7 +33,7 @@ with the instruction to re-run ``probe analyze``. Version history:
   ``p_ext_mean``, ``p_ext_key``, ``enrichment_key``, ``chance_key``, ``ar_k_key``, ``ar_targets``); an
   ``attention_behaviour`` entry carries ``measure``, ``label`` and ``has_chance``, ``p_ext_layers`` ->
   ``layer_tests``, ``odds_ratio_per_10pp_p_ext`` -> ``odds_ratio_per_10pp``. A schema-3 or 4 file is read with
-  its attention results mapped so (:func:`upgrade_attention`; its ``attention_summary.npz`` keeps its member
+  its attention results mapped so (the family's registered upgrade, :mod:`probe.analysis.ice_upgrade`; its ``attention_summary.npz`` keeps its member
   names, which the cells name).
 
 Additive sections (no schema change): a field whose metadata carries :data:`OMIT_EMPTY` is written only when it
@@ -42,6 +42,11 @@ holds something and read as empty when absent: ``families.ice.retrieval`` (retri
 
 Freshness: an analysis records the sha256 of the ``trials.jsonl`` it read; :func:`read_analysis` refuses one whose
 trials have changed since (:class:`StaleAnalysisError`) unless asked not to check.
+
+Fields added within a schema: a field with a default takes it when a file lacks it; one also declared with
+``metadata={OPTIONAL: True}`` (default None) is written only when it holds a value, so a run without it writes the
+same file as before. Such fields: ``families.ice.hop_tracking`` (hop tracking,
+present when the run captured attention while the answer was written).
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ from probe.runfolder import RunFolder, write_atomic
 SCHEMA_VERSION = 5
 READABLE_SCHEMAS = (3, 4, 5)  # 3: 4 without interventions; 4: 5 with the attention measure in field names
 
+OPTIONAL = "optional"  # field metadata: written only when not None, read as None when absent (module docstring)
 # field metadata key of an additive section: written only when non-empty, read as its (empty) default when absent,
 # so files written before the section existed, or by runs without its inputs, read unchanged
 OMIT_EMPTY = "omit_empty"
@@ -97,7 +103,8 @@ def to_json(x: object) -> JsonValue:
     """A JSON-ready value: dataclasses by field, tuples as lists, NaN/inf as None, numpy scalars as Python."""
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
         return {f.name: to_json(getattr(x, f.name)) for f in dataclasses.fields(x)
-                if not (f.metadata.get(OMIT_EMPTY) and not getattr(x, f.name))}
+                if not (f.metadata.get(OPTIONAL) and getattr(x, f.name) is None)
+                and not (f.metadata.get(OMIT_EMPTY) and not getattr(x, f.name))}
     if isinstance(x, dict):
         return {str(k): to_json(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
@@ -198,15 +205,17 @@ def _decode_dataclass(cls: type, data: Any, where: str) -> Any:
     unknown = sorted(set(data) - names)
     if unknown:
         raise _Mismatch(f"{where}: unknown field {unknown[0]!r} of {cls.__name__}")
-    missing = [f.name for f in fields if f.name not in data and not f.metadata.get(OMIT_EMPTY)]
+    # a field with a default was added to the schema after some files were written: absent, it takes its default
+    missing = [f.name for f in fields if f.name not in data
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:
         raise _Mismatch(f"{where}: missing field {missing[0]!r} of {cls.__name__}")
-    values = {}
+    values: dict[str, Any] = {}
     for f in fields:
+        if f.name not in data:
+            continue
         decode: Callable[[Any, str], Any] | None = f.metadata.get("decode")
         sub = f"{where}.{f.name}"
-        if f.name not in data:  # an additive section, written only when it holds something
-            continue
         values[f.name] = decode(data[f.name], sub) if decode else _decode(hints[f.name], data[f.name], sub)
     return cls(**values)
 
@@ -300,48 +309,19 @@ def write_analysis(analysis: Analysis, run: RunFolder) -> Path:
     return write_atomic(run.analysis, json.dumps(to_json(analysis), indent=1, allow_nan=False, ensure_ascii=False))
 
 
-def _rename(d: dict, old: str, new: str) -> dict:
-    return {(new if k == old else k): v for k, v in d.items()}
+def _upgrade_families(data: dict, schema: int) -> dict:
+    """An older schema's parsed ``analysis.json`` with each family's result in the current layout, by the upgrade
+    its family analysis registers (:attr:`probe.analysis.families.FamilyAnalysis.upgrade`); every number kept."""
+    from probe.analysis.families import family_analysis
 
-
-def _upgrade_fit(fit: dict | None) -> dict | None:
-    if fit is None:
-        return None
-    out = _rename(fit, "odds_ratio_per_10pp_p_ext", "odds_ratio_per_10pp")
-    if isinstance(out.get("adjusted"), dict):
-        out["adjusted"] = _upgrade_fit(out["adjusted"])
-    return out
-
-
-def _upgrade_cell(cell: dict) -> list[dict]:
-    base = {k: cell[k] for k in ("model", "condition", "load", "n_prompts", "n_layers", "n_heads")}
-    cells = [{**base, "measure": "p_ext", "label": "P_ext", "mean": cell["p_ext_mean"], "key": cell["p_ext_key"],
-              "enrichment_mean": cell["enrichment_mean"], "enrichment_key": cell["enrichment_key"],
-              "chance_key": cell["chance_key"], "targets": []}]
-    if cell.get("ar_k_key"):
-        cells.append({**base, "measure": "ar_k", "label": "AR_k", "mean": None, "key": cell["ar_k_key"],
-                      "enrichment_mean": None, "enrichment_key": None, "chance_key": None,
-                      "targets": cell["ar_targets"]})
-    return cells
-
-
-def upgrade_attention(data: dict) -> dict:
-    """A schema-3/4 ``analysis.json`` (as parsed JSON) with its ICE attention results in the schema-5 layout: the
-    measure (``p_ext``, ``ar_k``) moved from field names into a ``measure`` column; every number kept."""
     families = data.get("families")
-    if not isinstance(families, dict) or not isinstance(families.get("ice"), dict):
+    if not isinstance(families, dict):
         return dict(data)
-    ice = families["ice"]
-    ice = dict(ice)
-    ice["attention_cells"] = [c for cell in ice.get("attention_cells", []) for c in _upgrade_cell(cell)]
-    behaviour = []
-    for a in ice.get("attention_behaviour", []):
-        a = {"model": a["model"], "measure": "p_ext", "label": "P_ext", "has_chance": True,
-             **{k: v for k, v in _rename(a, "p_ext_layers", "layer_tests").items() if k != "model"}}
-        a["layers"] = [_upgrade_fit(f) for f in a.get("layers", [])]
-        behaviour.append(a)
-    ice["attention_behaviour"] = behaviour
-    return {**data, "families": {**families, "ice": ice}}
+    out = {}
+    for name, value in families.items():
+        upgrade = family_analysis(name).upgrade
+        out[name] = upgrade(value, schema) if upgrade is not None and isinstance(value, dict) else value
+    return {**data, "families": out}
 
 
 def read_analysis(run_dir: str | Path | RunFolder, *, check_fresh: bool = True) -> Analysis:
@@ -373,8 +353,8 @@ def read_analysis(run_dir: str | Path | RunFolder, *, check_fresh: bool = True) 
                                   f"{SCHEMA_VERSION}: {redo} again")
     if found == 3:
         data = {**data, "interventions": None}  # written before interventions existed: none
-    if found in (3, 4):
-        data = upgrade_attention(data)
+    if found != SCHEMA_VERSION:
+        data = _upgrade_families(data, found)
         data["schema"] = SCHEMA_VERSION
     try:
         analysis: Analysis = from_json(Analysis, data, str(path))
@@ -391,6 +371,6 @@ def read_analysis(run_dir: str | Path | RunFolder, *, check_fresh: bool = True) 
     return analysis
 
 
-__all__ = ["Analysis", "AnalysisFileError", "AnalysisMissingError", "AnalysisSchemaError", "Inputs",
+__all__ = ["Analysis", "AnalysisFileError", "AnalysisMissingError", "AnalysisSchemaError", "Inputs", "OPTIONAL",
            "READABLE_SCHEMAS", "SCHEMA_VERSION", "StaleAnalysisError", "from_json", "read_analysis", "to_json",
-           "trials_sha256", "upgrade_attention", "write_analysis"]
+           "trials_sha256", "write_analysis"]
