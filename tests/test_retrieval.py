@@ -315,3 +315,15 @@ def test_no_copyable_token_gives_reasons_not_errors():
     assert res.saturation_drop is not None and not res.saturation_drop.is_test
     assert "copyable" in (res.saturation_drop.reason or "")
     assert max_t_sign_flip(np.zeros((0, 2, 3))).reason is not None
+
+
+def test_failed_vs_correct_with_one_load_per_condition_is_not_rank_deficient():
+    rng = np.random.default_rng(2)
+    rows, trials = [], []
+    for q in range(8):
+        for cond, load in (("Control", 0), ("Saturation", 20)):
+            rows.append({"task_id": f"q{q}", "condition": cond, "load": load, "em": float(rng.random() < 0.5)})
+            trials.append(trial_retrieval(capture(rng, copy_head=(1, 1))))
+    res, _ = retrieval_heads(pd.DataFrame(rows), trials, "m", k=2, n_boot=20)
+    assert all("rank deficient" not in (t.reason or "") for t in res.failed_vs_correct)
+    assert res.failed_vs_correct[0].is_test

@@ -411,10 +411,14 @@ def _failed_vs_correct(sub: pd.DataFrame, trials: list[TrialRetrieval], what: st
     if len(d) < 3:
         return replace(base, reason=f"{len(d)} trial(s) with a value ({where}); need 3")
     conds = sorted(set(d["condition"]))
-    dummies = np.column_stack([(d["condition"] == c).to_numpy(dtype=float) for c in conds[1:]]) if len(conds) > 1 \
-        else None
-    fits = attention_failure_tests(y, (d["em"].to_numpy() < 0.5), d["load"].to_numpy(dtype=float),
-                                       d["task_id"].to_numpy(), dummies, alpha)
+    load = d["load"].to_numpy(dtype=float)
+    cols: list[np.ndarray] = []
+    for c in conds[1:]:  # a condition indicator that load already determines (one load per condition) is left out
+        col = (d["condition"] == c).to_numpy(dtype=float)
+        if np.linalg.matrix_rank(np.column_stack([np.ones(len(d)), load, *cols, col])) == 3 + len(cols):
+            cols.append(col)
+    dummies = np.column_stack(cols) if cols else None
+    fits = attention_failure_tests(y, (d["em"].to_numpy() < 0.5), load, d["task_id"].to_numpy(), dummies, alpha)
     arrays[f"{key}_estimate"] = fits.estimate.astype(np.float32)
     arrays[f"{key}_q"] = fits.q.astype(np.float32)
     hits = [HeadResult(int(li), int(h), float(fits.estimate[li, h]), finite(fits.p[li, h]), finite(fits.q[li, h]),
