@@ -221,6 +221,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     from probe.api import show
 
+    if args.answer:
+        from probe.loaded_run import Run
+        from probe.report.hop_view import write_answer_steps
+
+        model = args.model or Run(args.run).local_model()
+        path = write_answer_steps(args.run, model, args.prompt_id, args.out, layer=args.layer, head=args.head)
+        print(f"page: {path}")
+        return 0
     path = show(args.run, args.prompt_id, layer=args.layer, head=args.head, model=args.model, query=args.query,
                 out=args.out, device=args.device)
     print(f"page: {path}")
@@ -359,6 +367,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--query", choices=["question", "last"], help="query set (default: the run's probe.query)")
     sp.add_argument("--out", help="HTML file (default: <run>/show/<model>/<prompt>[.L<l>][.H<h>].html)")
     sp.add_argument("--device", help="cpu, cuda, cuda:1 (default: CUDA when available)")
+    sp.add_argument("--answer", action="store_true",
+                    help="step through the answer: for each generated token, the prompt shaded by where that token's "
+                         "attention went (a run probed with [probe] answer = true; <stem>.answer.html)")
     sp.set_defaults(fn=cmd_show)
     sp = sub.add_parser("models", help="list model cards and whether each is loadable here")
     sp.set_defaults(fn=cmd_models)
