@@ -20,8 +20,8 @@ from probe.attention.intervention import Intervention, apply_intervention
 from probe.attention.result import SegmentAttention
 from probe.config import ProbeSection
 from probe.errors import ConfigError
-from tests.test_attention import ARCHS, _build, make_prompt
-from tests.test_attention_smollm2 import (  # noqa: F401 (smollm2: a fixture)
+from tests.attention.test_attention import ARCHS, _build, make_prompt
+from tests.attention.test_attention_smollm2 import (  # noqa: F401 (smollm2: a fixture)
     CLOSE,
     GERMANE,
     INSTRUCTION,
