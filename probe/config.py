@@ -124,7 +124,7 @@ class ProbeSection:
 INTERVENTION_KINDS: tuple[str, ...] = ("knockout", "steer")
 INTERVENTION_KEYS: tuple[str, ...] = ("extraneous", "filler", "germane", "matched-random")
 INTERVENTION_QUERIES: tuple[str, ...] = ("answer", "after")
-HEAD_RANKINGS: tuple[str, ...] = ("enrichment", "p_ext")
+HEAD_RANKINGS: tuple[str, ...] = ("enrichment", "p_ext", "retrieval")  # retrieval: needs answer captures
 INTERVENTION_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
