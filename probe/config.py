@@ -104,6 +104,7 @@ class ProbeSection:
     residue_mode: str = "cosine"  # or "mass"
     exclude_sink: bool = True
     block_size: int = 256  # query rows computed at a time for AR_k
+    answer: bool = False  # capture the attention of every generated token (docs/probes.md)
 
     def __post_init__(self) -> None:
         if self.query not in QUERY_SETS and not (
@@ -114,12 +115,16 @@ class ProbeSection:
             raise ConfigError(f"probe.gamma: {self.gamma} must lie in (0, 1)")
         if self.residue_mode not in ("cosine", "mass"):
             raise ConfigError(f"probe.residue_mode: {self.residue_mode!r} is not 'cosine' or 'mass'")
+        if self.answer and self.query == "generated":
+            raise ConfigError("probe.answer = true with probe.query = 'generated': the answer capture already holds "
+                              "the attention of every generated token (their mean is the generated query set); use "
+                              "query 'question' or 'last' with answer = true, or answer = false")
 
 
 INTERVENTION_KINDS: tuple[str, ...] = ("knockout", "steer")
 INTERVENTION_KEYS: tuple[str, ...] = ("extraneous", "filler", "germane", "matched-random")
 INTERVENTION_QUERIES: tuple[str, ...] = ("answer", "after")
-HEAD_RANKINGS: tuple[str, ...] = ("enrichment", "p_ext")
+HEAD_RANKINGS: tuple[str, ...] = ("enrichment", "p_ext", "retrieval")  # retrieval: needs answer captures
 INTERVENTION_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 

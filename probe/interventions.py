@@ -14,6 +14,8 @@ Each :class:`~probe.config.InterventionSection` becomes one or more :class:`Reso
   ``by`` over the baseline probe records of that *separate* run (same model); a run whose questions overlap this
   run's is refused, so selection and test never share a question. ``random_control = true`` adds
   ``<name>+random``: K heads drawn (seeded by the experiment seed and the name) from the heads not selected.
+  ``by = "retrieval"`` ranks by the retrieval score of Wu et al. (:mod:`probe.attention.retrieval`) pooled over that
+  run's records that hold an answer capture: copied over copyable generated tokens, summed over the records.
 
 The resolved list is written to the run folder's ``interventions.json`` (:attr:`probe.runfolder.RunFolder.
 interventions`), one object per model and intervention, which the analysis reads.
@@ -282,6 +284,8 @@ def select_heads(from_run: str | Path, model: str, k: int, by: str, n_layers: in
         raise ConfigError(f"interventions: heads.from = {str(from_run)!r} holds {len(shared)} of this run's questions "
                           f"(e.g. {sorted(shared)[0]!r}); select heads on other questions (another task seed or "
                           "source) so selection and test never share a prompt")
+    if by == "retrieval":
+        return _retrieval_ranking(records, model, k, n_layers, n_heads, folder)
     values = []
     for path in records:
         res = SegmentAttention.load(path)
@@ -300,6 +304,34 @@ def select_heads(from_run: str | Path, model: str, k: int, by: str, n_layers: in
         raise ConfigError(f"interventions: heads.top_k = {k}, but only {len(ranked)} heads have a finite {by} in "
                           f"{folder}")
     return tuple(ranked[:k]), len(records)
+
+
+def _retrieval_ranking(records: Sequence[Path], model: str, k: int, n_layers: int, n_heads: int, folder: Path
+                       ) -> tuple[tuple[tuple[int, int], ...], int]:
+    """The ``k`` heads with the largest pooled retrieval score over the records that hold an answer capture."""
+    import numpy as np
+
+    from probe.attention.retrieval import pooled_score, top_heads, trial_retrieval
+    from probe.attention.result import SegmentAttention
+
+    copied, copyable = [], []
+    for path in records:
+        ans = getattr(SegmentAttention.load(path), "answer", None)
+        if ans is None:
+            continue
+        tr = trial_retrieval(ans)
+        if tr.copied.shape != (n_layers, n_heads):
+            raise ConfigError(f"{path}: answer capture of shape {tr.copied.shape}, model {model!r} has {n_layers} "
+                              f"layers x {n_heads} heads")
+        copied.append(tr.copied)
+        copyable.append(tr.copyable)
+    if not copied or sum(copyable) == 0:
+        raise ConfigError(f"interventions: heads.by = \"retrieval\": no record in {folder} holds an answer capture "
+                          "with a copyable token; probe that run with answer capture on, or rank by enrichment")
+    ranked = top_heads(pooled_score(np.stack(copied), np.array(copyable)), n_layers * n_heads)
+    if len(ranked) < k:
+        raise ConfigError(f"interventions: heads.top_k = {k}, but only {len(ranked)} heads have a retrieval score")
+    return tuple(ranked[:k]), len(copied)
 
 
 def random_heads(seed: int, name: str, k: int, n_layers: int, n_heads: int,

@@ -15,6 +15,8 @@ an :class:`IceResult`:
 - ``taxonomy`` per model (:mod:`probe.analysis.taxonomy`);
 - ``hop_tracking`` when probe records hold attention while the answer was written (:mod:`probe.analysis.hops`:
   which fact the model read while it named each hop's answer; None otherwise, and then absent from the file).
+- ``retrieval`` per model when probe records hold an answer capture (:mod:`probe.analysis.retrieval`: retrieval
+  heads and the lookback ratio; empty, and absent from ``analysis.json``, otherwise).
 
 S_sim missing from a Saturation or Residue trial (and its prompt record) is computed from ``prompts.jsonl`` with the
 ``[analysis] embedder`` when the analysis is allowed to (``fill_similarity``); where that is impossible a note says
@@ -50,7 +52,8 @@ from probe.analysis.hypotheses import (
     h2_comparisons,
     similarity_degradation,
 )
-from probe.analysis.results import OPTIONAL
+from probe.analysis.retrieval import RetrievalHeads, analyze_retrieval
+from probe.analysis.results import OMIT_EMPTY, OPTIONAL
 from probe.analysis.taxonomy import Taxonomy, classify_model
 from probe.errors import ProbeError
 from probe.types import Prompt
@@ -81,6 +84,7 @@ class IceResult:
         attention_behaviour: :class:`probe.analysis.attention_link.AttentionBehaviour` per model and linked
             measure (``measure``; empty without probe records).
         taxonomy: :class:`probe.analysis.taxonomy.Taxonomy` per model.
+        retrieval: :class:`probe.analysis.retrieval.RetrievalHeads` per model (empty without answer captures).
         hop_tracking: :class:`probe.analysis.hops.HopTracking`, or None when no trial's probe record holds
             attention while the answer was written.
     """
@@ -94,6 +98,7 @@ class IceResult:
     attention_cells: tuple[AttentionCell, ...]
     attention_behaviour: tuple[AttentionBehaviour, ...]
     taxonomy: tuple[Taxonomy, ...]
+    retrieval: tuple[RetrievalHeads, ...] = field(default=(), metadata={OMIT_EMPTY: True})
     hop_tracking: HopTracking | None = field(default=None, metadata={OPTIONAL: True})
 
     def h1_of(self, model: str, condition: str = "Saturation") -> H1Fit | None:
@@ -175,6 +180,10 @@ def analyze_ice(data: FamilyData) -> FamilyOutput:
                 arrays.update(head_arrays)
             if (m, "Residue") in has:
                 residue += residue_attention(df, per_trial, m, cfg.alpha)
+    retrieval: list[RetrievalHeads] = []
+    if att_cells:
+        retrieval, retrieval_arrays = analyze_retrieval(data.run, df, models, alpha=cfg.alpha, seed=data.seed)
+        arrays.update(retrieval_arrays)
     sat = {h.model: h for h in h1 if h.condition == "Saturation"}
     taxonomy = [classify_model(df, m, sat.get(m), cfg) for m in models]
     hops, hop_arrays, hop_notes = analyze_hops(data.run, data.trials, data.prompts, cfg.alpha)
@@ -182,7 +191,8 @@ def analyze_ice(data: FamilyData) -> FamilyOutput:
     notes += hop_notes
     result = IceResult(models=tuple(models), cells=tuple(cell_summaries(df, cfg.alpha)), h1=tuple(h1), h2=tuple(h2),
                        h3=tuple(h3), residue_attention=tuple(residue), attention_cells=tuple(att_cells),
-                       attention_behaviour=tuple(attention), taxonomy=tuple(taxonomy), hop_tracking=hops)
+                       attention_behaviour=tuple(attention), taxonomy=tuple(taxonomy), hop_tracking=hops,
+                       retrieval=tuple(retrieval))
     return FamilyOutput(result=result, arrays=arrays, notes=tuple(notes),
                         n_attention_records=sum({(c.model, c.condition, c.load): c.n_prompts
                                                  for c in att_cells}.values()))

@@ -36,6 +36,10 @@ with the instruction to re-run ``probe analyze``. Version history:
   its attention results mapped so (the family's registered upgrade, :mod:`probe.analysis.ice_upgrade`; its ``attention_summary.npz`` keeps its member
   names, which the cells name).
 
+Additive sections (no schema change): a field whose metadata carries :data:`OMIT_EMPTY` is written only when it
+holds something and read as empty when absent: ``families.ice.retrieval`` (retrieval heads,
+:class:`probe.analysis.retrieval.RetrievalHeads`, present when probe records hold an answer capture).
+
 Freshness: an analysis records the sha256 of the ``trials.jsonl`` it read; :func:`read_analysis` refuses one whose
 trials have changed since (:class:`StaleAnalysisError`) unless asked not to check.
 
@@ -69,6 +73,9 @@ SCHEMA_VERSION = 5
 READABLE_SCHEMAS = (3, 4, 5)  # 3: 4 without interventions; 4: 5 with the attention measure in field names
 
 OPTIONAL = "optional"  # field metadata: written only when not None, read as None when absent (module docstring)
+# field metadata key of an additive section: written only when non-empty, read as its (empty) default when absent,
+# so files written before the section existed, or by runs without its inputs, read unchanged
+OMIT_EMPTY = "omit_empty"
 
 JsonValue = Union[None, bool, int, float, str, list["JsonValue"], dict[str, "JsonValue"]]
 
@@ -96,7 +103,8 @@ def to_json(x: object) -> JsonValue:
     """A JSON-ready value: dataclasses by field, tuples as lists, NaN/inf as None, numpy scalars as Python."""
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
         return {f.name: to_json(getattr(x, f.name)) for f in dataclasses.fields(x)
-                if not (f.metadata.get(OPTIONAL) and getattr(x, f.name) is None)}
+                if not (f.metadata.get(OPTIONAL) and getattr(x, f.name) is None)
+                and not (f.metadata.get(OMIT_EMPTY) and not getattr(x, f.name))}
     if isinstance(x, dict):
         return {str(k): to_json(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):

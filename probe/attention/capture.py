@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from contextlib import contextmanager
-from typing import Iterator, Sequence
+from typing import Iterator, Protocol, Sequence
 
 import torch
 
@@ -24,6 +24,16 @@ from probe.attention.reduce import LayerAggregates, LayerReducer, PlanTensors, a
 from probe.attention.result import SegmentAttention
 from probe.errors import HookError
 
+
+
+class AnswerSink(Protocol):
+    """What takes every layer call of a ``generate`` besides the prefill probe (the answer capture,
+    :class:`probe.attention.decode.AnswerRows`)."""
+
+    def report(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               attention_mask: torch.Tensor | None, scaling: float, softcap: float | None, edit: BatchEdit | None,
+               module: torch.nn.Module | None) -> None:
+        """One layer call (the prefill or a decode step)."""
 
 
 # A prompt whose probe rows hold fewer score elements than this (heads x T^2 / 2, about T = 1300 for 9 heads) is
@@ -74,6 +84,8 @@ class Capture:
         max_block_elements: most ``rows x keys`` per head in one block of rows (None: ``block_size`` rows).
         prefill_only: take only the call whose queries and keys span the whole batch (generation's prefill) and let
             every other call (decode steps) through; without it any other shape is an error.
+        answer: answer capture (:class:`~probe.attention.decode.AnswerRows`), handed every call of a ``generate``
+            (the prefill's last row and each decode step's query), or None.
 
     Raises:
         HookError: plans and pads disagree on the batch's width.
@@ -86,6 +98,7 @@ class Capture:
         pads: Sequence[int] | None = None,
         max_block_elements: int | None = None,
         prefill_only: bool = False,
+        answer: AnswerSink | None = None,
     ) -> None:
         pads = list(pads) if pads is not None else [0] * len(plans)
         if len(pads) != len(plans) or not plans:
@@ -97,6 +110,7 @@ class Capture:
         self.rows = [_Row(plan, pad, max_block_elements) for plan, pad in zip(plans, pads)]
         self.n_layers = n_layers
         self.prefill_only = prefill_only
+        self.answer = answer
         self.calls: Counter[int] = Counter()
         self.options = plans[0].options
 
@@ -132,6 +146,10 @@ class Capture:
         """
         n_batch, n_heads, n_q, _ = query.shape
         n_kv, n_k = key.shape[1], key.shape[2]
+        if self.answer is not None:
+            if value is None:
+                raise HookError(f"layer {layer}: answer capture needs the value states, and the layer reported none")
+            self.answer.report(layer, query, key, value, attention_mask, scaling, softcap, edit, module)
         if n_q != self.width or n_k != self.width:
             if self.prefill_only:
                 return  # a decode step: one new query against the cache

@@ -16,7 +16,10 @@ row's aggregates equal a one-prompt probe (up to the float rounding of a batched
 
 Generation (:func:`probe_generation`): the capture is told the batch's width and takes only the call whose queries
 and keys both span it — ``generate``'s prefill, which sees the whole prompt — and lets every decode step (one
-query, a longer cache) through untouched. The generated tokens are those of the ``sdpa`` implementation.
+query, a longer cache) through untouched. The generated tokens are those of the ``sdpa`` implementation. With the
+answer capture on (``answer``), every call also hands its generating row (the prefill's last position, then each
+decode step's one query against the cache) to :class:`~probe.attention.decode.AnswerRows`, which reduces it at once
+to per-segment masses (docs/probes.md#attention-while-the-answer-is-written).
 
 Interventions (:mod:`probe.attention.intervention`): the same registered function applies an active edit to the
 layers it names, during a forward pass or every step of ``generate``; a probe active at the same time adds the same
@@ -40,6 +43,7 @@ from transformers import PreTrainedModel
 
 from probe.attention.capacity import ModelShape, block_elements
 from probe.attention.capture import Capture
+from probe.attention.decode import AnswerRows
 from probe.attention.implementation import (
     IMPLEMENTATION,
     SUPPORTED_MODEL_TYPES,
@@ -196,6 +200,7 @@ def probe_generation(
     options: ProbeSection | None = None,
     *,
     compute_residue: bool = True,
+    answer: bool | None = None,
 ) -> Iterator[Capture]:
     """Probe a left-padded batch during ``model.generate``'s own prefill (the probe rides on generation).
 
@@ -210,6 +215,10 @@ def probe_generation(
         pads: left padding of each row.
         options: probe options; the query set must lie inside the prompt (not ``generated``).
         compute_residue: compute AR_k.
+        answer: capture the attention while the answer is written (None: ``options.answer``); then, after
+            ``generate``, ``capture.answer.results(answers, prompt_ids)`` gives one
+            :class:`~probe.attention.answer.AnswerAttention` per prompt
+            (docs/probes.md#attention-while-the-answer-is-written).
 
     Yields:
         The :class:`Capture`.
@@ -223,8 +232,9 @@ def probe_generation(
         raise ConfigError(f"probe.query = {options.query!r} reads the answer; it cannot ride on generation's prefill")
     plans = [build_plan(tp, options, compute_residue=compute_residue) for tp in prompts]
     width = max(p.n_tokens + pad for p, pad in zip(plans, pads))
+    rows = AnswerRows(plans, pads, width) if (options.answer if answer is None else answer) else None
     capture = Capture(plans, int(text_config_of(model).num_hidden_layers), pads,
-                      block_budget(model, width * len(prompts)), prefill_only=True)
+                      block_budget(model, width * len(prompts)), prefill_only=True, answer=rows)
     with attach_probe(model, capture):
         yield capture
 

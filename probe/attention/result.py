@@ -13,8 +13,10 @@ and ``ar_k``; definitions in docs/probes.md), and the chance level of P_ext:
   the same for any measure with a chance level.
 
 It is written to a compact ``.npz`` keyed by ``prompt_id``: one float32 member per measure (named by its id),
-``chance``, and a JSON header (``meta``) that lists the measures. Format 1 (no list: the four built-in arrays)
-still reads.
+``chance``, a JSON header (``meta``) that lists the measures, and, when the probe captured the attention while the
+answer was written (format 3), its per-token members ``answer_tokens``, ``answer_mass``, ``answer_vmass``,
+``answer_top_key`` and ``answer_prompt_ids`` (:attr:`SegmentAttention.answer`). Formats 1 (no list: the four
+built-in arrays) and 2 (no answer members) still read, with ``answer = None``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from probe.attention.answer import AnswerAttention
 from probe.errors import ProbeError
 from probe.types import SEGMENT_KINDS
 
@@ -53,7 +56,9 @@ _MODE: int | None = None
 # Key kinds of ``seg_mass``'s last axis: the segment kinds, then the answer tokens of a ``generated`` probe.
 KEY_KINDS: tuple[str, ...] = (*SEGMENT_KINDS, "generated")
 
-_FORMAT_VERSION = 2
+_FORMAT_VERSION = 3
+# Members of the answer attention (format 3, when captured): docs/records.md.
+_ANSWER_MEMBERS = ("answer_tokens", "answer_mass", "answer_vmass", "answer_top_key", "answer_prompt_ids")
 _FORMAT_1_MEASURES = ("seg_mass", "seg_mass_segment", "p_ext", "ar_k")
 
 
@@ -74,6 +79,9 @@ class SegmentAttention:
         n_tokens: tokens in the probed sequence (prompt + generated answer tokens).
         n_prompt_tokens: tokens of the prompt alone.
         n_queries: size of the query set Q.
+        answer: the attention while the answer was written, per generated token
+            (:class:`~probe.attention.answer.AnswerAttention`), when the probe captured it (``answer = true``),
+            else None (and in records of formats 1 and 2).
     """
 
     measures: dict[str, np.ndarray]
@@ -87,6 +95,7 @@ class SegmentAttention:
     n_tokens: int = 0
     n_prompt_tokens: int = 0
     n_queries: int = 0
+    answer: AnswerAttention | None = None
 
     def __getitem__(self, measure_id: str) -> np.ndarray:
         """The array of measure ``measure_id`` (KeyError naming the measures present)."""
@@ -189,6 +198,7 @@ class SegmentAttention:
             "n_tokens": self.n_tokens,
             "n_prompt_tokens": self.n_prompt_tokens,
             "n_queries": self.n_queries,
+            "answer": self.answer is not None,
         }
 
     def save(self, path: str | Path) -> Path:
@@ -207,6 +217,17 @@ class SegmentAttention:
         if clash:
             raise AttentionRecordError(f"{path}: a measure may not be named {sorted(clash)[0]!r} (a record member)")
         arrays["chance"] = self.chance.astype(np.float32)
+        clash = set(_ANSWER_MEMBERS) & set(arrays)
+        if clash:
+            raise AttentionRecordError(f"{path}: a measure may not be named {sorted(clash)[0]!r} (a record member)")
+        if self.answer is not None:
+            a = self.answer
+            arrays["answer_tokens"] = a.tokens.astype(np.int64)
+            arrays["answer_mass"] = a.mass.astype(np.float32)
+            if a.vmass is not None:
+                arrays["answer_vmass"] = a.vmass.astype(np.float32)
+            arrays["answer_top_key"] = a.top_key.astype(np.int32)
+            arrays["answer_prompt_ids"] = a.prompt_ids.astype(np.int64)
         arrays["meta"] = np.array(json.dumps(self.meta()))
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
@@ -222,7 +243,7 @@ class SegmentAttention:
 
     @staticmethod
     def load(path: str | Path) -> "SegmentAttention":
-        """Read a file written by :meth:`save` (format 1 or 2).
+        """Read a file written by :meth:`save` (formats 1 to 3; before format 3, ``answer`` is None).
 
         Raises:
             AttentionRecordError: the file is not a whole probe record (cut short, overwritten), is of a format
@@ -246,11 +267,11 @@ class SegmentAttention:
             version = meta.get("format")
             if version == 1:
                 names = [n for n in _FORMAT_1_MEASURES if n in z.files]
-            elif version == _FORMAT_VERSION:
+            elif version in (2, _FORMAT_VERSION):
                 names = list(meta["measures"])
             else:
                 raise AttentionRecordError(f"{path}: attention record format {version!r}; this version of "
-                                           f"ICE-Probe reads formats 1 and {_FORMAT_VERSION}: probe the run again")
+                                           f"ICE-Probe reads formats 1 to {_FORMAT_VERSION}: probe the run again")
             missing = [n for n in names if n not in z.files]
             if missing:
                 raise AttentionRecordError(f"{path}: measure {missing[0]!r} is listed but not stored: the file is "
@@ -267,4 +288,15 @@ class SegmentAttention:
                 n_tokens=int(meta["n_tokens"]),
                 n_prompt_tokens=int(meta["n_prompt_tokens"]),
                 n_queries=int(meta["n_queries"]),
+                answer=_load_answer(z, meta) if meta.get("answer") else None,
             )
+
+
+def _load_answer(z: np.lib.npyio.NpzFile, meta: dict) -> AnswerAttention:
+    """The answer attention members of a format-3 record (KeyError for a missing member: a damaged file)."""
+    return AnswerAttention(
+        tokens=z["answer_tokens"], mass=z["answer_mass"],
+        vmass=z["answer_vmass"] if "answer_vmass" in z.files else None, top_key=z["answer_top_key"],
+        prompt_ids=z["answer_prompt_ids"], segment_kinds=tuple(meta["segment_kinds"]),
+        segment_labels=tuple(meta["segment_labels"]),
+        segment_spans=tuple((int(a), int(b)) for a, b in meta["segment_spans"]))

@@ -3,7 +3,9 @@ probe of each batch when asked.
 
 Probing rides on generation: for a query set inside the prompt (``question``, ``last``, ``segment:<i>``) the
 probe's aggregates are computed during ``generate``'s own prefill of the batch
-(:func:`probe.attention.probe_generation`), so a probed run does no extra forward pass. Query ``generated`` reads
+(:func:`probe.attention.probe_generation`), so a probed run does no extra forward pass; with ``answer = true`` the
+same capture also reduces every decode step's query row (the attention while the answer is written), and each
+prompt's ``SegmentAttention.answer`` holds it up to the answer's end token. Query ``generated`` reads
 the answer, so it probes each batch once more after generation, prompt + answer in one left-padded forward pass
 (:func:`probe.attention.probe_batch`).
 
@@ -94,8 +96,12 @@ class LocalBackend:
         ride_along = probe is not None and is_prompt_query(probe)
         eos = _eos_ids(self.loaded.model, self.loaded.tokenizer)
         for batch in self._batches(runnable, gen.batch_size, intervention):
-            out, attention = self._decode(batch, gen, probe if ride_along else None, intervention)
+            out, attention, rows = self._decode(batch, gen, probe if ride_along else None, intervention)
             answers = [_cut(out[i, batch.width:].tolist(), eos, gen.max_new_tokens) for i in range(len(batch.items))]
+            if rows is not None:  # answer capture: each row's tokens up to its end token
+                captured = rows.results([a.ids for a in answers], [tp.input_ids for tp in batch.tokenized])
+                for att, ans in zip(attention, captured):
+                    att.answer = ans
             if probe is not None and not ride_along:  # query "generated": prompt + answer, one forward per batch
                 attention = self._probe_answers(batch, answers, probe, intervention)
             yield from self._assemble(batch, answers, attention)
@@ -148,12 +154,14 @@ class LocalBackend:
                                                         self.loaded.device))
 
     def _decode(self, batch: _Batch, gen: GenerationSection, ride_along: ProbeSection | None,
-                intervention: Intervention | None) -> tuple[Any, list[Any]]:
-        """``model.generate`` over one batch, under its edit, seeded when sampling, the probe riding on the prefill.
+                intervention: Intervention | None) -> tuple[Any, list[Any], Any]:
+        """``model.generate`` over one batch, under its edit, seeded when sampling, the probe riding on the prefill
+        (and, with ``answer = true``, capturing every generation step:
+        docs/probes.md#attention-while-the-answer-is-written).
 
         Returns:
-            The generated ids (B, W + new tokens) and one ``SegmentAttention`` per row (all None without
-            ``ride_along``).
+            The generated ids (B, W + new tokens), one ``SegmentAttention`` per row (all None without
+            ``ride_along``) and the answer capture (``AnswerRows``, None without ``answer``).
         """
         import torch
 
@@ -165,14 +173,16 @@ class LocalBackend:
         inputs = {"input_ids": batch.input_ids.to(device), "attention_mask": batch.mask.to(device)}
         kwargs = decoding_kwargs(gen, self.loaded.tokenizer.pad_token_id)
         attention: list[Any] = [None] * len(batch.items)
+        rows = None
         with torch.inference_mode(), self._seeded(gen, [p.prompt_id for p, _ in batch.items]), editing:
             if ride_along is not None:
                 with probe_generation(model, batch.tokenized, batch.pads, ride_along) as capture:
                     out = model.generate(**inputs, **kwargs)
                 attention = list(capture.results())
+                rows = capture.answer
             else:
                 out = model.generate(**inputs, **kwargs)
-        return out, attention
+        return out, attention, rows
 
     def _seeded(self, gen: GenerationSection, prompt_ids: list[str]) -> contextlib.AbstractContextManager[Any]:
         """Sampling: a forked torch generator state seeded by :func:`sample_seed` (greedy decoding draws nothing)."""

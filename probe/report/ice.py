@@ -31,6 +31,7 @@ from probe.report import ice_figures as F
 from probe.report import ice_hops
 from probe.report.figures import draw_forest, file_stem, ranges, short
 from probe.report.html import esc, table
+from probe.report.retrieval import retrieval_html, retrieval_markdown, retrieval_tables
 from probe.report.sections import ReportContext, ReportSection, Rows, register_section
 from probe.report.tables import md_table, rows_of
 
@@ -432,7 +433,8 @@ def section_html(result: IceResult, ctx: ReportContext) -> str:
             + f"<h2>Table 1: exact match, mean (SEM)</h2>{table1_html(result)}"
             + f"<h2>Figures</h2>{figures_html(result, ctx)}"
             + f"<h2>Statistics</h2>{stats_html(result, ctx.settings)}"
-            + ice_hops.html(result.hop_tracking, ctx))
+            + ice_hops.html(result.hop_tracking, ctx)
+            + retrieval_html(result, ctx))
 
 
 # ----------------------------------------------------------------------------------------- markdown, csv
@@ -480,7 +482,7 @@ def markdown(result: IceResult, settings: AnalysisSection) -> list[str]:
               md_table(["model", "label", "Control EM", "trunc./uninterp. rate", "reason"],
                        [[t.model, t.label, fmt.num(t.control_em), fmt.pct(t.confound_rate_observed), t.reason]
                         for t in result.taxonomy]), ""]
-    return parts + ice_hops.markdown(result.hop_tracking)
+    return parts + ice_hops.markdown(result.hop_tracking) + retrieval_markdown(result)
 
 
 def tables(result: IceResult) -> list[tuple[str, Rows]]:
@@ -497,7 +499,7 @@ def tables(result: IceResult) -> list[tuple[str, Rows]]:
     return [("cells", rows_of(result.cells)), ("h1", rows_of(result.h1)), ("h2", rows_of(result.h2)),
             ("h3", rows_of(result.h3)), ("h3_points", points), ("attention_layers", layer_tests),
             ("attention_logit_layers", logit_layers), ("attention_heads", heads), ("residue_attention", residue),
-            ("taxonomy", rows_of(result.taxonomy))] + ice_hops.tables(result.hop_tracking)
+            ("taxonomy", rows_of(result.taxonomy))] + ice_hops.tables(result.hop_tracking) + retrieval_tables(result)
 
 
 # -------------------------------------------------------------------------------------------- main table

@@ -32,17 +32,26 @@ from probe.attention.reference import output_projection
 from probe.errors import HookError
 
 
-def value_norms(values: torch.Tensor, out_rows: torch.Tensor, n_heads: int) -> torch.Tensor:
+def head_gram(out_rows: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """(head, head_dim, head_dim) float32 Gram matrix W_O^h W_O^hᵀ of each query head's rows of the output projection
+    (``out_rows``: (heads · head_dim, hidden)), so that ‖v W_O^h‖² = v (W_O^h W_O^hᵀ) vᵀ."""
+    w = out_rows.to(torch.float32).reshape(n_heads, out_rows.shape[0] // n_heads, -1)  # (H, D, hidden)
+    return torch.matmul(w, w.transpose(1, 2))
+
+
+def value_norms(values: torch.Tensor, out_rows: torch.Tensor, n_heads: int,
+                gram: torch.Tensor | None = None) -> torch.Tensor:
     """(head, T) float32 ‖v_j W_O^h‖ of every key j and query head h.
 
     Args:
         values: (kv_head, T, head_dim) value states.
         out_rows: (heads · head_dim, hidden) output projection, rows = the attention output's dimensions.
         n_heads: query heads.
+        gram: :func:`head_gram` of ``out_rows`` when already computed (a caller that asks once per decode step).
     """
-    n_kv, _, dim = values.shape
-    w = out_rows.to(torch.float32).reshape(n_heads, dim, -1)  # (H, D, hidden)
-    gram = torch.matmul(w, w.transpose(1, 2))  # (H, D, D)
+    n_kv = values.shape[0]
+    if gram is None:
+        gram = head_gram(out_rows, n_heads)  # (H, D, D)
     v = values.to(torch.float32).repeat_interleave(n_heads // n_kv, dim=0)  # (H, T, D): head h reads KV head h//rep
     sq = (torch.matmul(v, gram) * v).sum(-1)  # (H, T)
     return sq.clamp_min_(0).sqrt_()

@@ -1,0 +1,546 @@
+"""Retrieval heads and the lookback ratio, read from the attention while the answer is written
+(docs/probes.md#retrieval-heads; the capture: :class:`probe.attention.answer.AnswerAttention`).
+
+**Retrieval score** (Wu et al. 2024, "Retrieval Head Mechanistically Explains Long-Context Factuality"). A generated
+token ``t`` is *copied* by head (l, h) when the head's top-attended key ``top_key[t, l, h]`` lies in a germane
+segment and holds the same token id as token ``t``. The head's score is
+
+    copied tokens / copyable tokens,
+
+where a *copyable* token is a generated token whose id occurs somewhere in the prompt's germane segments. Why this
+denominator: Wu et al. divide by the needle's length because their model is asked to repeat the needle verbatim,
+so every needle token is one chance to copy. Here the model writes free reasoning; the tokens it could have copied
+from a germane fact are exactly the generated tokens whose id is in one, so they are the chances to copy. Dividing by
+the germane segments' length instead would lower the score of every head on prompts with long facts the answer
+never needs to repeat, and counting all generated tokens would lower it on long answers; neither says anything about
+the head. A head whose top key were uniformly random over the visible keys would score about the share of visible
+keys that are germane tokens with the generated token's id (:func:`chance_score`): the chance level.
+
+Pooling: a set of trials' score is the sum of their copied tokens over the sum of their copyable tokens (every copy
+chance weighs the same, as Wu et al. pool their needle tests); a trial's own score (for the tests) is its ratio, and
+undefined (NaN) without a copyable token.
+
+**Lookback ratio** (Chuang et al. 2024, "Lookback Lens"). For generated token ``t ≥ 1`` and head (l, h):
+LR = A_ctx / (A_ctx + A_new) with A_ctx the *mean* attention weight per prompt token (the row's prompt mass over the
+prompt's ``N`` tokens, sink tokens included, as in the paper) and A_new the mean weight per answer token visible to
+the row (its answer mass over ``t`` tokens). Row 0 (the last prompt position) sees no answer token and has none. A
+trial's LR is the mean over its rows.
+
+**Answer-time P_ext**: per row, the mass on extraneous segments over the mass on every non-sink key (prompt content
+and the answer so far), the P_ext of docs/probes.md#attention-proportion on the rows that write the answer; a trial's
+value is the mean over its rows.
+
+:func:`analyze_retrieval` turns a run's records into one :class:`RetrievalHeads` per model: the ranking (Control
+pooled, and per condition × load), its stability (Spearman and top-k overlap against Control, question-bootstrap
+intervals), the link between Control retrieval and Saturation distraction across heads, and per-head tests
+(failed − correct, and Saturation − Control with a max-T correction, :mod:`probe.analysis.max_t`).
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pandas as pd
+import scipy.stats
+
+from probe.analysis.attention_tests import attention_failure_tests
+from probe.analysis.estimates import finite, key_int
+from probe.analysis.max_t import max_t_sign_flip
+from probe.attention.answer import AnswerAttention
+from probe.attention.retrieval import (TrialRetrieval, chance_score, copy_events, pooled_score, top_heads,
+                                      trial_retrieval)
+from probe.runfolder import RunFolder
+
+log = logging.getLogger(__name__)
+
+TOP_K = 10
+N_BOOTSTRAP = 999
+CONTROL = "Control"
+SATURATION = "Saturation"
+
+
+# ------------------------------------------------------------------------------------------------ results
+
+
+@dataclass(frozen=True)
+class RetrievalHead:
+    """One head of a ranking: its score, copied tokens and its rank (0 = best)."""
+
+    layer: int
+    head: int
+    rank: int
+    score: float
+    copied: int
+
+
+@dataclass(frozen=True)
+class RetrievalCell:
+    """The pooled retrieval scores of one model × condition × load (``load`` None: pooled over loads).
+
+    Attributes:
+        n_trials, n_questions: trials with an answer capture and their questions; n_tokens, n_copyable: generated
+            and copyable tokens summed over them.
+        chance: mean chance score (:func:`chance_score`) over the trials with a copyable token.
+        score_key, lookback_key, p_ext_key: ``attention_summary.npz`` members holding the (layer, head) pooled score,
+            mean lookback ratio and mean answer-time P_ext.
+        top: the top-k heads, best first.
+        n_above_chance: heads whose pooled score exceeds the chance score.
+    """
+
+    condition: str
+    load: int | None
+    n_trials: int
+    n_questions: int
+    n_tokens: int
+    n_copyable: int
+    chance: float | None
+    score_key: str
+    lookback_key: str
+    p_ext_key: str
+    top: tuple[RetrievalHead, ...]
+    n_above_chance: int
+
+
+@dataclass(frozen=True)
+class RankAgreement:
+    """How well a cell's head scores agree with Control's: Spearman ρ over the heads and top-k overlap.
+
+    Attributes:
+        condition, load: the cell compared with Control.
+        spearman, spearman_ci_low, spearman_ci_high: ρ with its question-bootstrap percentile interval.
+        overlap, overlap_ci_low, overlap_ci_high: |top-k ∩ top-k of Control| / k, with its interval.
+        n_questions: questions in both; reason: why there is no value or interval, else None.
+    """
+
+    condition: str
+    load: int | None
+    spearman: float | None
+    spearman_ci_low: float | None
+    spearman_ci_high: float | None
+    overlap: float | None
+    overlap_ci_low: float | None
+    overlap_ci_high: float | None
+    n_questions: int
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class DistractionLink:
+    """Across heads: Control retrieval score against Saturation answer-time P_ext (``load`` None: pooled).
+
+    Attributes:
+        spearman, spearman_ci_low, spearman_ci_high: Spearman ρ over the heads, question-bootstrap interval.
+        pearson: Pearson r over the heads (descriptive).
+        top_k_p_ext, other_p_ext: mean Saturation P_ext of Control's top-k retrieval heads and of the other heads.
+        n_questions: questions with both; reason: why there is no value, else None.
+    """
+
+    load: int | None
+    spearman: float | None
+    spearman_ci_low: float | None
+    spearman_ci_high: float | None
+    pearson: float | None
+    top_k_p_ext: float | None
+    other_p_ext: float | None
+    n_questions: int
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class HeadResult:
+    """One head of a per-head test that passes its correction (q < α, or max-T p < α)."""
+
+    layer: int
+    head: int
+    estimate: float
+    p: float | None
+    q: float | None
+    p_max_t: float | None
+
+
+@dataclass(frozen=True)
+class HeadMap:
+    """A per-head test over the layer × head map of one model.
+
+    Attributes:
+        measure, estimand: what is tested and what the estimate means.
+        n: observations (trials or questions); n_questions: questions.
+        is_test: False when descriptive (see ``reason``); method: in words.
+        estimate_key, q_key: ``attention_summary.npz`` members with the (layer, head) estimates and BH q-values;
+            p_max_t_key: the max-T adjusted p-values (None where the test has no max-T correction).
+        significant: heads with q < α or max-T p < α, smallest p first.
+    """
+
+    measure: str
+    estimand: str
+    n: int
+    n_questions: int
+    is_test: bool
+    method: str
+    reason: str | None
+    estimate_key: str
+    q_key: str
+    p_max_t_key: str | None
+    significant: tuple[HeadResult, ...]
+
+
+@dataclass(frozen=True)
+class RetrievalHeads:
+    """Retrieval heads of one model (:func:`analyze_retrieval`; module docstring).
+
+    Attributes:
+        model: the model; top_k: k of the rankings and overlaps; n_trials: trials with an answer capture.
+        control: Control pooled (None without Control captures); cells: per condition × load.
+        stability: each non-Control cell against Control.
+        distraction: Control retrieval vs Saturation P_ext across heads, pooled over loads then per load.
+        failed_vs_correct: per head, failed − correct at equal condition and load, BH over the map, one test per
+            measure: the trial's retrieval score, its lookback ratio (trials of every condition) and its answer-time
+            P_ext (Saturation and Residue trials).
+        saturation_drop: per head, Saturation − Control retrieval score paired by question, BH and max-T.
+        reason: why nothing could be estimated, else None; method: in words.
+    """
+
+    model: str
+    top_k: int
+    n_trials: int
+    control: RetrievalCell | None
+    cells: tuple[RetrievalCell, ...]
+    stability: tuple[RankAgreement, ...]
+    distraction: tuple[DistractionLink, ...]
+    failed_vs_correct: tuple[HeadMap, ...]
+    saturation_drop: HeadMap | None
+    reason: str | None
+    method: str
+
+
+METHOD = ("Wu et al. 2024 retrieval score per head: copied / copyable generated tokens (copied: the head's top "
+          "key is in a germane segment and holds the generated token's id; copyable: the token's id occurs in a "
+          "germane segment), pooled as sums over trials; lookback ratio of Chuang et al. 2024 (mean weight per "
+          "prompt token over that plus mean weight per answer token); stability: Spearman rho over heads and "
+          "top-k overlap against Control, 95% question-bootstrap percentile intervals (seeded); per-head tests: "
+          "failed - correct trial score (OLS on failed, load and condition, CR2 clustered by question, BH over "
+          "the layer x head map), Saturation - Control per-question score (one-sample t, BH, and max-T sign-flip "
+          "correction over the map)")
+
+
+# ------------------------------------------------------------------------------------------------ reading
+
+
+def read_answer(run: RunFolder, model: str, prompt_id: str) -> AnswerAttention | None:
+    """The answer capture of (model, prompt id)'s probe record, or None (no record, or a record without one)."""
+    path = run.attention_record(model, prompt_id)
+    if not path.is_file():
+        return None
+    from probe.attention.result import SegmentAttention
+
+    return getattr(SegmentAttention.load(path), "answer", None)
+
+
+def collect(run: RunFolder, df: pd.DataFrame) -> tuple[pd.DataFrame, list[TrialRetrieval]]:
+    """The scored trials whose prompt's record holds an answer capture, and their :class:`TrialRetrieval`."""
+    rows, out = [], []
+    d = df[df["is_scored"]].drop_duplicates(["model", "prompt_id"])
+    for i, r in d.iterrows():
+        ans = read_answer(run, str(r["model"]), str(r["prompt_id"]))
+        if ans is None:
+            continue
+        rows.append(i)
+        out.append(trial_retrieval(ans))
+    return d.loc[rows], out
+
+
+# ------------------------------------------------------------------------------------------------ one model
+
+
+def _spearman_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Spearman ρ of each row pair of (B, m) arrays (average ranks for ties; NaN-free rows expected)."""
+    ra = scipy.stats.rankdata(a, axis=-1)
+    rb = scipy.stats.rankdata(b, axis=-1)
+    ra = ra - ra.mean(axis=-1, keepdims=True)
+    rb = rb - rb.mean(axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (ra * rb).sum(-1) / np.sqrt((ra ** 2).sum(-1) * (rb ** 2).sum(-1))
+
+
+def _overlap(a: np.ndarray, b: np.ndarray, k: int) -> float:
+    return len(set(top_heads(a, k)) & set(top_heads(b, k))) / k
+
+
+def _question_sums(sub: pd.DataFrame, trials: list[TrialRetrieval], questions: list[str]
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """(G, L, H) copied and (G,) copyable summed per question (questions absent: zeros)."""
+    shape = trials[0].copied.shape if trials else (0, 0)
+    copied = np.zeros((len(questions),) + shape)
+    copyable = np.zeros(len(questions))
+    index = {q: i for i, q in enumerate(questions)}
+    for q, t in zip(sub["task_id"].astype(str), trials):
+        copied[index[q]] += t.copied
+        copyable[index[q]] += t.copyable
+    return copied, copyable
+
+
+def _percentile(x: np.ndarray, alpha: float) -> tuple[float | None, float | None]:
+    x = x[np.isfinite(x)]
+    if x.size < 10:
+        return None, None
+    lo, hi = np.quantile(x, [alpha / 2, 1 - alpha / 2])
+    return float(lo), float(hi)
+
+
+def _cell(name: str, cond: str, load: int | None, sub: pd.DataFrame, trials: list[TrialRetrieval], k: int,
+          arrays: dict[str, np.ndarray]) -> RetrievalCell:
+    copied = np.stack([t.copied for t in trials])
+    copyable = np.array([t.copyable for t in trials])
+    score = pooled_score(copied, copyable)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        lookback = np.nanmean(np.stack([t.lookback for t in trials]), axis=0)
+        p_ext = np.nanmean(np.stack([t.answer_p_ext for t in trials]), axis=0)
+    chances = [float(t.chance.flat[0]) for t in trials if t.copyable]
+    chance = float(np.average(chances, weights=[t.copyable for t in trials if t.copyable])) if chances else None
+    for what, arr in (("score", score), ("lookback", lookback), ("p_ext", p_ext)):
+        arrays[f"{name}_{what}"] = arr.astype(np.float32)
+    top = tuple(RetrievalHead(layer=li, head=h, rank=r, score=float(score[li, h]), copied=int(copied[:, li, h].sum()))
+                for r, (li, h) in enumerate(top_heads(score, k)))
+    above = int(np.sum(np.nan_to_num(score, nan=-1.0) > chance)) if chance is not None else 0
+    return RetrievalCell(condition=cond, load=load, n_trials=len(trials), n_questions=int(sub["task_id"].nunique()),
+                         n_tokens=int(sum(t.n_tokens for t in trials)), n_copyable=int(copyable.sum()),
+                         chance=chance, score_key=f"{name}_score", lookback_key=f"{name}_lookback",
+                         p_ext_key=f"{name}_p_ext", top=top, n_above_chance=above)
+
+
+def _agreement(cond: str, load: int | None, ctrl: tuple[pd.DataFrame, list[TrialRetrieval]],
+               other: tuple[pd.DataFrame, list[TrialRetrieval]], k: int, alpha: float, n_boot: int,
+               rng: np.random.Generator) -> RankAgreement:
+    questions = sorted(set(ctrl[0]["task_id"].astype(str)) & set(other[0]["task_id"].astype(str)))
+    out = RankAgreement(cond, load, None, None, None, None, None, None, len(questions), None)
+    if len(questions) < 2:
+        return replace(out, reason=f"{len(questions)} question(s) in both this cell and Control; need 2")
+    keep_c = ctrl[0]["task_id"].astype(str).isin(questions).to_numpy()
+    keep_o = other[0]["task_id"].astype(str).isin(questions).to_numpy()
+    cc, cn = _question_sums(ctrl[0][keep_c], [t for t, m in zip(ctrl[1], keep_c) if m], questions)
+    oc, on = _question_sums(other[0][keep_o], [t for t, m in zip(other[1], keep_o) if m], questions)
+    if cn.sum() == 0 or on.sum() == 0:
+        return replace(out, reason="no copyable token in this cell or in Control")
+    a, b = pooled_score(cc, cn), pooled_score(oc, on)
+    rho = float(_spearman_rows(a.ravel()[None], b.ravel()[None])[0])
+    w = rng.multinomial(len(questions), np.full(len(questions), 1 / len(questions)), size=n_boot).astype(float)
+    ab, bb = pooled_score(cc, cn, w), pooled_score(oc, on, w)  # (B, L, H)
+    ok = np.isfinite(ab).all(axis=(1, 2)) & np.isfinite(bb).all(axis=(1, 2))
+    rhos = _spearman_rows(ab[ok].reshape(ok.sum(), -1), bb[ok].reshape(ok.sum(), -1))
+    overlaps = np.array([_overlap(x, y, k) for x, y in zip(ab[ok], bb[ok])])
+    s_lo, s_hi = _percentile(rhos, alpha)
+    o_lo, o_hi = _percentile(overlaps, alpha)
+    return replace(out, spearman=finite(rho), spearman_ci_low=s_lo, spearman_ci_high=s_hi, overlap=_overlap(a, b, k),
+                   overlap_ci_low=o_lo, overlap_ci_high=o_hi,
+                   reason=None if s_lo is not None else "too few questions for a bootstrap interval")
+
+
+def _distraction(load: int | None, ctrl: tuple[pd.DataFrame, list[TrialRetrieval]],
+                 sat: tuple[pd.DataFrame, list[TrialRetrieval]], k: int, alpha: float, n_boot: int,
+                 rng: np.random.Generator) -> DistractionLink:
+    questions = sorted(set(ctrl[0]["task_id"].astype(str)) & set(sat[0]["task_id"].astype(str)))
+    out = DistractionLink(load, None, None, None, None, None, None, len(questions), None)
+    if len(questions) < 2:
+        return replace(out, reason=f"{len(questions)} question(s) with Control and Saturation captures; need 2")
+    keep_c = ctrl[0]["task_id"].astype(str).isin(questions).to_numpy()
+    cc, cn = _question_sums(ctrl[0][keep_c], [t for t, m in zip(ctrl[1], keep_c) if m], questions)
+    index = {q: i for i, q in enumerate(questions)}
+    shape = cc.shape[1:]
+    ps, pn = np.zeros((len(questions),) + shape), np.zeros((len(questions),) + shape)
+    for q, t in zip(sat[0]["task_id"].astype(str), sat[1]):
+        if q in index:
+            ok = np.isfinite(t.answer_p_ext)
+            ps[index[q]] += np.where(ok, t.answer_p_ext, 0.0)
+            pn[index[q]] += ok
+    if cn.sum() == 0:
+        return replace(out, reason="no copyable token in the Control answers")
+
+    def maps(w: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        w1 = np.ones(len(questions)) if w is None else w
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return pooled_score(cc, cn, w1), np.tensordot(w1, ps, 1) / np.tensordot(w1, pn, 1)
+
+    r, p = maps(None)
+    ok = np.isfinite(r) & np.isfinite(p)
+    if ok.sum() < 3:
+        return replace(out, reason="fewer than 3 heads with both a Control score and a Saturation P_ext")
+    rho = float(_spearman_rows(r[ok][None], p[ok][None])[0])
+    pear = float(np.corrcoef(r[ok], p[ok])[0, 1]) if np.ptp(r[ok]) > 0 and np.ptp(p[ok]) > 0 else None
+    top = top_heads(r, k)
+    mask = np.zeros(r.shape, dtype=bool)
+    for li, h in top:
+        mask[li, h] = True
+    w = rng.multinomial(len(questions), np.full(len(questions), 1 / len(questions)), size=n_boot).astype(float)
+    rhos = []
+    for wb in w:
+        rb, pb = maps(wb)
+        okb = np.isfinite(rb) & np.isfinite(pb)
+        rhos.append(_spearman_rows(rb[okb][None], pb[okb][None])[0] if okb.sum() >= 3 else np.nan)
+    lo, hi = _percentile(np.array(rhos), alpha)
+    return replace(out, spearman=finite(rho), spearman_ci_low=lo, spearman_ci_high=hi, pearson=finite(pear),
+                   top_k_p_ext=finite(np.nanmean(p[mask])) if mask.any() else None,
+                   other_p_ext=finite(np.nanmean(p[~mask & np.isfinite(p)])) if (~mask).any() else None,
+                   reason=None if lo is not None else "too few questions for a bootstrap interval")
+
+
+FAILED_TESTS = (  # (attribute of TrialRetrieval, measure, conditions: None = every condition)
+    ("score", "trial retrieval score per head", None),
+    ("lookback", "lookback ratio per head", None),
+    ("answer_p_ext", "answer-time P_ext per head", ("Saturation", "Residue")),
+)
+
+
+def _failed_vs_correct(sub: pd.DataFrame, trials: list[TrialRetrieval], what: str, measure: str,
+                       conditions: tuple[str, ...] | None, alpha: float, key: str, arrays: dict[str, np.ndarray]
+                       ) -> HeadMap:
+    """Failed − correct per head at equal condition and load, CR2 clustered by question, BH over the map."""
+    values = [np.asarray(getattr(t, what), dtype=float) for t in trials]
+    keep = np.array([bool(np.isfinite(v).any()) for v in values], dtype=bool)
+    if conditions is not None:
+        keep &= sub["condition"].isin(conditions).to_numpy()
+    d = sub[keep]
+    y = np.stack([v for v, m in zip(values, keep) if m]) if keep.any() else np.zeros((0, 1, 1))
+    where = "Saturation and Residue trials" if conditions else "trials of every condition"
+    base = HeadMap(measure=measure, estimand=f"failed - correct difference at equal condition and load ({where})",
+                   n=int(len(d)), n_questions=int(d["task_id"].nunique()), is_test=False, method="", reason=None,
+                   estimate_key=f"{key}_estimate", q_key=f"{key}_q", p_max_t_key=None, significant=())
+    if len(d) < 3:
+        return replace(base, reason=f"{len(d)} trial(s) with a value ({where}); need 3")
+    conds = sorted(set(d["condition"]))
+    load = d["load"].to_numpy(dtype=float)
+    cols: list[np.ndarray] = []
+    for c in conds[1:]:  # a condition indicator that load already determines (one load per condition) is left out
+        col = (d["condition"] == c).to_numpy(dtype=float)
+        if np.linalg.matrix_rank(np.column_stack([np.ones(len(d)), load, *cols, col])) == 3 + len(cols):
+            cols.append(col)
+    dummies = np.column_stack(cols) if cols else None
+    fits = attention_failure_tests(y, (d["em"].to_numpy() < 0.5), load, d["task_id"].to_numpy(), dummies, alpha)
+    arrays[f"{key}_estimate"] = fits.estimate.astype(np.float32)
+    arrays[f"{key}_q"] = fits.q.astype(np.float32)
+    hits = [HeadResult(int(li), int(h), float(fits.estimate[li, h]), finite(fits.p[li, h]), finite(fits.q[li, h]),
+                       None) for li, h in fits.significant(alpha)]
+    hits.sort(key=lambda x: (x.q if x.q is not None else 1.0, x.layer, x.head))
+    return replace(base, is_test=fits.is_test, method=fits.method, reason=fits.reason, significant=tuple(hits))
+
+
+def _saturation_drop(ctrl: tuple[pd.DataFrame, list[TrialRetrieval]], sat: tuple[pd.DataFrame, list[TrialRetrieval]],
+                     alpha: float, seed: int, key: str, arrays: dict[str, np.ndarray]) -> HeadMap:
+    questions = sorted(set(ctrl[0]["task_id"].astype(str)) & set(sat[0]["task_id"].astype(str)))
+    base = HeadMap(measure="retrieval score per head, Saturation vs Control",
+                   estimand="per-question pooled score under Saturation (all loads) minus under Control",
+                   n=len(questions), n_questions=len(questions), is_test=False, method="", reason=None,
+                   estimate_key=f"{key}_estimate", q_key=f"{key}_q", p_max_t_key=f"{key}_p_max_t", significant=())
+    if len(questions) < 2:
+        return replace(base, reason=f"{len(questions)} question(s) with Control and Saturation captures")
+    cc, cn = _question_sums(*_restrict(ctrl, questions), questions)
+    sc, sn = _question_sums(*_restrict(sat, questions), questions)
+    ok = (cn > 0) & (sn > 0)
+    if not ok.any():
+        return replace(base, n=0, n_questions=0, reason="no question has a copyable token in both its Control and "
+                                                        "its Saturation answers")
+    D = (sc[ok] / sn[ok, None, None]) - (cc[ok] / cn[ok, None, None])
+    res = max_t_sign_flip(D, seed=seed)
+    for what, arr in (("estimate", res.estimate), ("q", res.q), ("p_max_t", res.p_max_t)):
+        arrays[f"{key}_{what}"] = np.asarray(arr, dtype=np.float32)
+    how = ("exact, all 2^G sign assignments" if res.is_exact else f"Monte Carlo, {res.n_assignments - 1} sign "
+           f"assignments, seed {seed}")
+    method = ("one-sample t of per-question differences on t(G-1), BH over the layer x head map; max-T sign-flip "
+              f"correction over the map ({how})")
+    hits = []
+    if res.is_test:
+        sig = (np.nan_to_num(res.q, nan=1.0) < alpha) | (np.nan_to_num(res.p_max_t, nan=1.0) < alpha)
+        hits = [HeadResult(int(li), int(h), float(res.estimate[li, h]), finite(res.p[li, h]), finite(res.q[li, h]),
+                           finite(res.p_max_t[li, h])) for li, h in np.argwhere(sig)]
+        hits.sort(key=lambda x: (x.p if x.p is not None else 1.0, x.layer, x.head))
+    return replace(base, n=int(ok.sum()), n_questions=int(ok.sum()), is_test=res.is_test, method=method,
+                   reason=res.reason, significant=tuple(hits))
+
+
+def _restrict(part: tuple[pd.DataFrame, list[TrialRetrieval]], questions: list[str]
+              ) -> tuple[pd.DataFrame, list[TrialRetrieval]]:
+    keep = part[0]["task_id"].astype(str).isin(questions).to_numpy()
+    return part[0][keep], [t for t, m in zip(part[1], keep) if m]
+
+
+def retrieval_heads(sub: pd.DataFrame, trials: list[TrialRetrieval], model: str, k: int = TOP_K,
+                    alpha: float = 0.05, seed: int = 0, n_boot: int = N_BOOTSTRAP, key: str = "ice_retrieval0"
+                    ) -> tuple[RetrievalHeads, dict[str, np.ndarray]]:
+    """Retrieval heads of one model from its trials' :class:`TrialRetrieval` (module docstring).
+
+    Args:
+        sub: the model's trials (columns task_id, condition, load, em), one row per entry of ``trials``.
+        trials: their answer-capture summaries.
+        model: the model.
+        k: top-k of the rankings.
+        alpha: test level; intervals are 1 − alpha.
+        seed: seed of the bootstrap and of the Monte Carlo sign flips.
+        n_boot: bootstrap resamples.
+        key: prefix of the ``attention_summary.npz`` members.
+
+    Returns:
+        The :class:`RetrievalHeads` and its arrays.
+    """
+    arrays: dict[str, np.ndarray] = {}
+    out = RetrievalHeads(model=model, top_k=k, n_trials=len(trials), control=None, cells=(), stability=(),
+                         distraction=(), failed_vs_correct=(), saturation_drop=None, reason=None, method=METHOD)
+    if not trials:
+        return replace(out, reason="no probe record of this model holds an answer capture"), arrays
+    shapes = {t.copied.shape for t in trials}
+    if len(shapes) != 1:
+        return replace(out, reason=f"answer captures of different shapes {sorted(shapes)}"), arrays
+    rng = np.random.default_rng(seed)
+    sub = sub.reset_index(drop=True)
+
+    def part(mask: np.ndarray) -> tuple[pd.DataFrame, list[TrialRetrieval]]:
+        return sub[mask], [t for t, m in zip(trials, mask) if m]
+
+    is_ctrl = (sub["condition"] == CONTROL).to_numpy()
+    ctrl = part(is_ctrl)
+    control = _cell(f"{key}_control", CONTROL, None, *ctrl, k, arrays) if is_ctrl.any() else None
+    cells: list[RetrievalCell] = []
+    stability: list[RankAgreement] = []
+    for (cond, load), g in sub.groupby(["condition", "load"], sort=True):
+        mask = sub.index.isin(g.index)
+        cells.append(_cell(f"{key}_cell{len(cells)}", str(cond), key_int(load), *part(mask), k, arrays))
+        if cond != CONTROL and control is not None:
+            stability.append(_agreement(str(cond), key_int(load), ctrl, part(mask), k, alpha, n_boot, rng))
+    distraction: list[DistractionLink] = []
+    is_sat = (sub["condition"] == SATURATION).to_numpy()
+    saturation_drop = None
+    if control is not None and is_sat.any():
+        sat = part(is_sat)
+        distraction.append(_distraction(None, ctrl, sat, k, alpha, n_boot, rng))
+        for load in sorted(set(sub.loc[is_sat, "load"])):
+            distraction.append(_distraction(key_int(load), ctrl, part(is_sat & (sub["load"] == load).to_numpy()), k,
+                                            alpha, n_boot, rng))
+        saturation_drop = _saturation_drop(ctrl, sat, alpha, seed, f"{key}_drop", arrays)
+    fvc = tuple(_failed_vs_correct(sub, trials, what, measure, conds, alpha, f"{key}_fvc{i}", arrays)
+                for i, (what, measure, conds) in enumerate(FAILED_TESTS))
+    return replace(out, control=control, cells=tuple(cells), stability=tuple(stability),
+                   distraction=tuple(distraction), failed_vs_correct=fvc, saturation_drop=saturation_drop), arrays
+
+
+def analyze_retrieval(run: RunFolder, df: pd.DataFrame, models: list[str], k: int = TOP_K, alpha: float = 0.05,
+                      seed: int = 0) -> tuple[list[RetrievalHeads], dict[str, np.ndarray]]:
+    """Retrieval heads of every model of a run (empty when no record holds an answer capture)."""
+    sub, trials = collect(run, df)
+    if not trials:
+        return [], {}
+    out: list[RetrievalHeads] = []
+    arrays: dict[str, np.ndarray] = {}
+    for i, m in enumerate(models):
+        mask = (sub["model"] == m).to_numpy()
+        res, arr = retrieval_heads(sub[mask], [t for t, keep in zip(trials, mask) if keep], m, k, alpha, seed,
+                                   key=f"ice_retrieval{i}")
+        out.append(res)
+        arrays.update(arr)
+    return out, arrays
+
+
+__all__ = ["DistractionLink", "HeadMap", "HeadResult", "METHOD", "RankAgreement", "RetrievalCell", "RetrievalHead",
+           "RetrievalHeads", "TrialRetrieval", "analyze_retrieval", "chance_score", "collect", "copy_events",
+           "pooled_score", "read_answer", "retrieval_heads", "top_heads", "trial_retrieval"]
