@@ -17,7 +17,7 @@ from statsmodels.stats.proportion import proportion_confint
 
 from statsmodels.stats.multitest import multipletests
 
-from probe.analysis import Analysis, AnalysisConfigError, analyze_run
+from probe.analysis import SCHEMA_VERSION, Analysis, AnalysisConfigError, analyze_run
 from probe.analysis import inference as inf
 from probe.analysis.glm import clustered_logit
 from probe.analysis.ice import IceResult
@@ -371,7 +371,7 @@ def test_tables_and_text_are_written(effect_run):
     assert h1_csv["logit_odds_ratio_per_10pp_load"].to_numpy() == pytest.approx(
         [h.logit.odds_ratio_per_10pp_load for h in ice(analysis).h1])
     stored = json.loads((run / "analysis.json").read_text())
-    assert stored["schema"] == 5 and stored["families"]["ice"]["cells"][0]["em_mean"] == ice(analysis).cells[0].em_mean
+    assert stored["schema"] == SCHEMA_VERSION and stored["families"]["ice"]["cells"][0]["em_mean"] == ice(analysis).cells[0].em_mean
     quick = main_table(run)  # from the trials, without analysis.json
     for c in ice(analysis).cells:
         assert f"{c.em_mean:.3f} ({c.em_sem:.3f})" in quick

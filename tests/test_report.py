@@ -300,7 +300,7 @@ def test_an_analysis_of_another_schema_is_refused_with_what_to_do(tmp_path):
     data = json.loads((d / "analysis.json").read_text())
     old = {k: v for k, v in data.items() if k != "schema"}  # a file written before versions
     (d / "analysis.json").write_text(json.dumps(old))
-    with pytest.raises(AnalysisSchemaError, match=r"schema 1 .*reads schema 5.*probe analyze"):
+    with pytest.raises(AnalysisSchemaError, match=r"schema 1 .*reads schema 6.*probe analyze"):
         read_analysis(d)
     data["families"]["ice"]["cells"][0]["em_meen"] = data["families"]["ice"]["cells"][0].pop("em_mean")
     (d / "analysis.json").write_text(json.dumps(data))

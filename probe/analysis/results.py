@@ -35,6 +35,12 @@ with the instruction to re-run ``probe analyze``. Version history:
   ``layer_tests``, ``odds_ratio_per_10pp_p_ext`` -> ``odds_ratio_per_10pp``. A schema-3 or 4 file is read with
   its attention results mapped so (:func:`upgrade_attention`; its ``attention_summary.npz`` keeps its member
   names, which the cells name).
+- 6: one estimate type (:class:`probe.analysis.estimate.Estimate`: ``value``, ``se``, ``ci_low``, ``ci_high``,
+  ``df``, ``p``, ``q``, ``method``, ``reason``, ``is_test``), nested where a result spelled its estimate out flat:
+  H1's ``beta``/``se``/…/``se_method`` -> ``estimate``; its ``logit``, a layer's logistic fit and its ``adjusted``
+  fit: ``coef``/``se``/… -> ``estimate``; a layer's fit -> ``fit``; a per-layer test's ``estimate``/``se``/… ->
+  ``estimate``; a CogniLoad GLM term is an ``Estimate``. An older file is read with its estimates nested so
+  (:func:`probe.analysis.estimate.nest_flat_estimates`; every number kept).
 
 Freshness: an analysis records the sha256 of the ``trials.jsonl`` it read; :func:`read_analysis` refuses one whose
 trials have changed since (:class:`StaleAnalysisError`) unless asked not to check.
@@ -54,14 +60,16 @@ from typing import Any, Callable, Literal, Union
 
 import numpy as np
 
+from probe.analysis.estimate import nest_flat_estimates
 from probe.analysis.interventions import InterventionResult
 from probe.config import AnalysisSection
 from probe.errors import ProbeError
 from probe.records_import import ImportSummary
 from probe.runfolder import RunFolder, write_atomic
 
-SCHEMA_VERSION = 5
-READABLE_SCHEMAS = (3, 4, 5)  # 3: 4 without interventions; 4: 5 with the attention measure in field names
+SCHEMA_VERSION = 6
+READABLE_SCHEMAS = (3, 4, 5, 6)  # 3: 4 without interventions; 4: 5 with the attention measure in field names;
+# 5: 6 with estimates spelled out flat in their holders
 
 JsonValue = Union[None, bool, int, float, str, list["JsonValue"], dict[str, "JsonValue"]]
 
@@ -333,6 +341,18 @@ def upgrade_attention(data: dict) -> dict:
     return {**data, "families": {**families, "ice": ice}}
 
 
+def upgrade_estimates(data: dict) -> dict:
+    """A schema-3/4/5 ``analysis.json`` (as parsed JSON, attention results already in the schema-5 layout) with
+    every family's estimates nested as one :class:`probe.analysis.estimate.Estimate`; every number kept."""
+    from probe.analysis.families import family_analysis
+
+    families = data.get("families")
+    if not isinstance(families, dict):
+        return dict(data)
+    return {**data, "families": {name: nest_flat_estimates(family_analysis(name).result_type, value)
+                                 for name, value in families.items()}}
+
+
 def read_analysis(run_dir: str | Path | RunFolder, *, check_fresh: bool = True) -> Analysis:
     """The :class:`Analysis` in a run folder's ``analysis.json``, as it is on disk (nothing is re-estimated).
 
@@ -364,6 +384,8 @@ def read_analysis(run_dir: str | Path | RunFolder, *, check_fresh: bool = True) 
         data = {**data, "interventions": None}  # written before interventions existed: none
     if found in (3, 4):
         data = upgrade_attention(data)
+    if found in (3, 4, 5):
+        data = upgrade_estimates(data)
         data["schema"] = SCHEMA_VERSION
     try:
         analysis: Analysis = from_json(Analysis, data, str(path))
@@ -382,4 +404,4 @@ def read_analysis(run_dir: str | Path | RunFolder, *, check_fresh: bool = True) 
 
 __all__ = ["Analysis", "AnalysisFileError", "AnalysisMissingError", "AnalysisSchemaError", "Inputs",
            "READABLE_SCHEMAS", "SCHEMA_VERSION", "StaleAnalysisError", "from_json", "read_analysis", "to_json",
-           "trials_sha256", "upgrade_attention", "write_analysis"]
+           "trials_sha256", "upgrade_attention", "upgrade_estimates", "write_analysis"]
