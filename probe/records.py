@@ -64,6 +64,9 @@ class TrialRecord:
     meta: dict | None = None  # source-specific values (CogniLoad: d, N, rho)
     family: str = "ice"  # the task family that scored it and analyses it (probe.tasks): ice, cogniload
     intervention: str | None = None  # the [[interventions]] entry the model ran under; None: the baseline
+    # the scoring rule that decided the answer (probe.scoring.answers.Extraction: boxed, answer_line, last_line, echo,
+    # none; CogniLoad: poi_category, poi, last); None: not scored, or recorded before trials carried it
+    extraction: str | None = None
 
     @property
     def is_scored(self) -> bool:

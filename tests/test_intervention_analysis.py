@@ -23,7 +23,7 @@ from probe.analysis.interventions import (
     paired_difference,
     recovered_share,
 )
-from probe.analysis.results import to_json
+from probe.analysis.results import SCHEMA_VERSION, to_json
 from probe.config import AnalysisSection
 from probe.records import append_jsonl, load_trials, make_trial_id
 from probe.report import compare_runs, render_report
@@ -156,7 +156,7 @@ def test_recovered_share_interval_covers_at_ten_questions():
 
 def test_rows_pair_each_intervened_trial_with_the_baseline_of_its_prompt(run):
     a = read_analysis(run)
-    assert a.schema == 4 and a.interventions is not None
+    assert a.schema == SCHEMA_VERSION and a.interventions is not None
     trials = load_trials(RunFolder(run).trials)
     base = {t.prompt_id: t.em for t in trials if t.intervention is None}
     ko = [(t.task_id, t.em, base[t.prompt_id]) for t in trials if t.intervention == "ko-ext"]
@@ -237,7 +237,7 @@ def test_a_schema_3_analysis_is_read_as_one_without_interventions(tmp_path):
     del data["interventions"]
     (d / "analysis.json").write_text(json.dumps(data))
     a = read_analysis(d)
-    assert a.schema == 3 and a.interventions is None
+    assert a.schema == SCHEMA_VERSION and a.interventions is None  # read as the current schema
 
 
 # ------------------------------------------------------------------------------------------------- report

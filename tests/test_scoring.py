@@ -172,6 +172,71 @@ def test_truncated_and_uninterpretable() -> None:
     assert slot.uninterpretable and not slot.em and slot.hop_recall == 1.0
 
 
+def test_the_rule_that_decided_is_the_scores_extraction() -> None:
+    decided = {
+        "Quellin lies in Molvia.\n\\boxed{Molvia}": "boxed",
+        "Quellin lies in Molvia.\nAnswer: Molvia": "answer_line",
+        "Vorlan was born in Quellin, in Molvia.": "last_line",
+        "": "none",
+    }
+    for out, rule in decided.items():
+        assert score_output(out, TASK, truncated=False).extraction == rule, out
+    cut = score_output("Vorlan was born in Quellin, which lies in", TASK, truncated=True)
+    assert cut.extraction == "none" and cut.uninterpretable  # a cut-off last line decides nothing
+
+
+# --- the echo rule: a fallback line that names the gold only as its own repeated subject is not an answer -----------
+
+LABEL = Task("label", "synthetic", "Which record label released the first album of the band Zorvik?", "Mirhei",
+             (Hop("The band Zorvik released its first album, Veisrex.", "Veisrex"),
+              Hop("The album Veisrex was released by the record label Mirhei.", "Mirhei")))
+
+
+@pytest.mark.parametrize("out", [
+    "The record label Mirhei was released by the record label Mirhei",  # seen from Qwen2.5-Coder-0.5B
+    "The record label Mirhei was released by the record label Mirhei.",
+    # seen from Qwen2.5-Coder-0.5B under Saturation-80: the fact's own clause copied after the echo
+    "The record label Mirhei was released by the record label Mirhei, which also paid for the studio time.",
+    "Step by step, the band Zorvik.\nThe record label Mirhei is the record label Mirhei.",
+    "Mirhei, Mirhei.",
+    "The first album of the record label Mirhei was released by Mirhei.",
+])
+def test_an_echo_of_the_gold_is_not_credited(out: str) -> None:
+    s = score_output(out, LABEL, truncated=False)
+    assert not s.em and s.extraction == "echo" and not s.uninterpretable and s.answer
+
+
+@pytest.mark.parametrize("out", [
+    "The record label Mirhei released the first album of the band Zorvik.",  # once: the question answered
+    "The album Veisrex was released by the record label Mirhei.",
+    "Mirhei released Veisrex, so the answer is Mirhei.",  # says more than the question: Veisrex, answer
+    "The record label Mirhei released the first album of the band Zorvik, Mirhei.",  # related to the asked name
+    "Based on the information provided, the record label released the first album of the band Zorvik by Mirhei.",
+    "Zorvik's first album came out on Mirhei; it is Mirhei that released it, not Kessel.",
+    "The answer is Mirhei.",
+    "Mirhei",
+])
+def test_a_legitimate_last_sentence_answer_is_credited(out: str) -> None:
+    s = score_output(out, LABEL, truncated=False)
+    assert s.em and s.extraction == "last_line", out
+
+
+@pytest.mark.parametrize("out", [
+    "\\boxed{The record label Mirhei was released by the record label Mirhei}",
+    "Answer: The record label Mirhei was released by the record label Mirhei",
+])
+def test_a_marked_answer_is_never_refused_as_an_echo(out: str) -> None:
+    s = score_output(out, LABEL, truncated=False)
+    assert s.em and s.extraction in ("boxed", "answer_line")
+
+
+def test_the_echo_rule_leaves_numbers_and_wrong_lines_alone() -> None:
+    year = Task("y", "synthetic", "In which year was the founder of the company Tarsk born?", "1850", ())
+    assert score_output("The founder was born in 1850, in 1850.", year, truncated=False).em
+    wrong = score_output("The record label Kessel was released by the record label Kessel", LABEL, truncated=False)
+    assert not wrong.em and wrong.extraction == "last_line"  # wrong anyway: the rule only withholds credit
+
+
 def test_score_with_list_and_mapping_gold() -> None:
     listed = Task("l", "x", "q", ["Ann Lee", "Bo Ray"], ())
     assert score_output("\\boxed{Bo Ray and Ann Lee}", listed, truncated=False).em
@@ -209,3 +274,20 @@ def test_agrees_with_the_published_accuracy_of_complete_answers() -> None:
         assert float(s.em) == float(r["accuracy"]), r["output"][-300:]
         checked += 1
     assert checked >= 50
+
+
+def test_trial_records_carry_the_rule_that_decided() -> None:
+    """The runner writes the score's extraction into the trial record; a backend error records none."""
+    from probe.backends.base import Generation
+    from probe.records import TrialRecord
+    from probe.runner import make_record
+    from probe.types import Prompt
+
+    prompt = Prompt("label|Control|L0|r0", "label", "synthetic", "Control", 0, 0.0, 0, LABEL.question, ())
+    echo = make_record("m", prompt, LABEL, Generation("The record label Mirhei was released by the record label "
+                                                      "Mirhei", truncated=False))
+    assert echo.extraction == "echo" and echo.em == 0.0
+    assert TrialRecord.from_dict(echo.to_dict()).extraction == "echo"
+    boxed = make_record("m", prompt, LABEL, Generation("\\boxed{Mirhei}", truncated=False))
+    assert boxed.extraction == "boxed" and boxed.em == 1.0
+    assert make_record("m", prompt, LABEL, Generation(None, truncated=False, error="timeout")).extraction is None

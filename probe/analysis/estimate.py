@@ -74,10 +74,13 @@ def _is_dataclass_type(tp: Any) -> bool:
     return isinstance(tp, type) and dataclasses.is_dataclass(tp)
 
 
-def _spelled_flat(data: dict, name: str, optional: bool) -> bool:
-    """Whether a dataclass field ``name`` is missing from ``data`` as an object (its fields spelled out flat)."""
-    value = data.get(name)
-    return name not in data or (not isinstance(value, dict) and not (value is None and optional))
+def _spelled_flat(data: dict, f: dataclasses.Field, optional: bool) -> bool:
+    """Whether a dataclass field ``f`` is missing from ``data`` as an object (its fields spelled out flat); a field
+    with a default that is absent is one added later, not spelled out."""
+    if f.name not in data:
+        return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    value = data[f.name]
+    return not isinstance(value, dict) and not (value is None and optional)
 
 
 def _from_flat(cls: type, flat: dict, consumed: set[str]) -> dict:
@@ -86,7 +89,7 @@ def _from_flat(cls: type, flat: dict, consumed: set[str]) -> dict:
     sub: dict = {}
     for f in dataclasses.fields(cls):
         tp, optional = _plain(hints[f.name])
-        if _is_dataclass_type(tp) and _spelled_flat(flat, f.name, optional):
+        if _is_dataclass_type(tp) and _spelled_flat(flat, f, optional):
             sub[f.name] = _from_flat(tp, flat, consumed)
             continue
         for key in (f.name, *(OLD_NAMES.get(f.name, ()) if cls is Estimate else ())):
@@ -138,7 +141,7 @@ def nest_flat_estimates(tp: Any, data: Any) -> Any:
     consumed: set[str] = set()
     for f in dataclasses.fields(tp):
         sub, sub_optional = _plain(hints[f.name])
-        if _is_dataclass_type(sub) and _spelled_flat(out, f.name, sub_optional):
+        if _is_dataclass_type(sub) and _spelled_flat(out, f, sub_optional):
             out[f.name] = _from_flat(sub, data, consumed)
     for key in consumed - own:
         out.pop(key, None)

@@ -7,6 +7,19 @@ question, and stays informative when every answer of a cell is the same; its cov
 in ``docs/statistics.md``. With one question no design effect can be estimated: the mean is given without an
 interval and ``ci_reason`` says so.
 
+*Scoring path* (docs/statistics.md#scoring-path-against-control): every trial records the rule that decided its
+answer (``extraction``: ``boxed``, ``answer_line``, ``last_line``, ``echo``, ``none``;
+:mod:`probe.scoring.answers`). A cell reports the share of each rule among its outputs and *strict EM*: the share of
+scored trials answered correctly by a box or an ``Answer:`` line (a fallback-decided answer counts as not correct),
+with the same interval as EM. A condition whose mix of rules differs from Control's compares EM across scoring paths
+as well as across conditions, so each non-Control cell is tested against the same model's Control cell, question by
+question: the share of its outputs decided by a box or an answer line (the split strict EM rests on) per question,
+minus Control's, by the sign-flip permutation test of H2 (:func:`probe.analysis.inference.paired_sign_flip`, pairs =
+question × replication; exact up to 16 questions). It is clustered by question and assumes nothing about the rules'
+rates; ``scoring_path_shift`` flags p < alpha, like truncation, as a warning about the comparison, not a finding (so
+no multiplicity correction: a missed flag costs more than a spare one). Below 6 questions there is no test and the
+reason says so.
+
 ``em_sem`` is always the plain standard error of the mean over trials (``scipy.stats.sem``), as in the paper's
 Table 1; ``em_se`` is the cluster-robust (CR1) standard error behind the interval's design effect. Skipped trials and
 backend errors are counted in ``n_skipped`` / ``n_error`` and never scored as wrong.
@@ -22,7 +35,8 @@ import numpy as np
 import pandas as pd
 import scipy.stats
 
-from probe.analysis.inference import proportion_ci
+from probe.analysis.inference import paired_sign_flip, proportion_ci
+from probe.scoring.answers import STRICT_EXTRACTIONS
 from probe.types import CONDITIONS
 
 
@@ -97,6 +111,16 @@ class Cell:
         s_sim_mean: mean S_sim of the cell's trials.
         em_interpretable_mean: EM of the scored trials neither truncated nor uninterpretable.
         reason: why there is no estimate, else None.
+        strict_em_mean, strict_em_ci_low, strict_em_ci_high: strict EM (correct *and* decided by a box or an answer
+            line) over the scored trials, with EM's interval; None where a scored trial has no recorded rule
+            (records written before trials carried one).
+        extraction_shares: share of each scoring rule among the outputs (rules that occur in the cell); None
+            where an output has no recorded rule.
+        scoring_path_p: the sign-flip p-value of the cell's share of box-or-answer-line outputs against the same
+            model's Control cell (None for Control, or without a test: see ``scoring_path_reason``).
+        scoring_path_delta: that share minus Control's, averaged over questions.
+        scoring_path_shift: p < alpha: the cell's scoring path differs from Control's beyond chance.
+        scoring_path_reason: why there is no test, else None.
     """
 
     model: str
@@ -123,6 +147,14 @@ class Cell:
     s_sim_mean: float | None
     em_interpretable_mean: float | None
     reason: str | None
+    strict_em_mean: float | None = None
+    strict_em_ci_low: float | None = None
+    strict_em_ci_high: float | None = None
+    extraction_shares: dict[str, float] | None = None
+    scoring_path_p: float | None = None
+    scoring_path_delta: float | None = None
+    scoring_path_shift: bool | None = None
+    scoring_path_reason: str | None = None
 
 
 def em_interval(y: np.ndarray, groups: np.ndarray, alpha: float = 0.05) -> MeanCI:
@@ -175,6 +207,10 @@ def cell_summaries(df: pd.DataFrame, alpha: float = 0.05, level: bool = False) -
         g = groups[(model, condition, load)]
         scored = g[g["is_scored"]]
         est = em_interval(scored["em"].to_numpy(), scored["task_id"].to_numpy(), alpha)
+        path = _scoring_path(g, scored, alpha)
+        if condition != "Control" and not level:
+            control = next((k for k in groups if k[0] == model and k[1] == "Control"), None)
+            path |= _path_shift(g, groups[control] if control else None, alpha)
         clean = scored[~scored["truncated"] & ~scored["uninterpretable"]]
         hop = scored["hop_recall"].dropna()
         ssim = g["s_sim"].dropna()
@@ -190,6 +226,43 @@ def cell_summaries(df: pd.DataFrame, alpha: float = 0.05, level: bool = False) -
             uninterpretable_rate=_rate(g["uninterpretable"], g["has_output"]),
             s_sim_mean=finite(ssim.mean()) if len(ssim) else None,
             em_interpretable_mean=finite(clean["em"].mean()) if len(clean) else None,
-            reason=est.reason,
+            reason=est.reason, **path,
         ))
     return out
+
+
+def _is_strict(g: pd.DataFrame) -> np.ndarray:
+    """(n,) whether each trial's answer was decided by a box or an answer line."""
+    return g["extraction"].isin(list(STRICT_EXTRACTIONS)).to_numpy()
+
+
+def _scoring_path(g: pd.DataFrame, scored: pd.DataFrame, alpha: float) -> dict:
+    """Strict EM with its interval and the share of each scoring rule of one cell (module docstring)."""
+    out: dict = {}
+    if len(scored) and scored["extraction"].notna().all():
+        strict = em_interval(scored["em"].to_numpy() * _is_strict(scored), scored["task_id"].to_numpy(), alpha)
+        out |= {"strict_em_mean": strict.mean, "strict_em_ci_low": strict.ci_low, "strict_em_ci_high": strict.ci_high}
+    outputs = g[g["has_output"]]
+    if len(outputs) and outputs["extraction"].notna().all():
+        shares = outputs["extraction"].value_counts(normalize=True)
+        out["extraction_shares"] = {str(k): float(v) for k, v in sorted(shares.items())}
+    return out
+
+
+def _path_shift(g: pd.DataFrame, control: pd.DataFrame | None, alpha: float) -> dict:
+    """The sign-flip test of a cell's box-or-answer-line share against its model's Control cell."""
+    if control is None:
+        return {"scoring_path_reason": "no Control cell of this model to compare the scoring path with"}
+    key = ["task_id", "replication"]
+    a, b = (part[part["has_output"] & part["extraction"].notna()] for part in (g, control))
+    if a[key].duplicated().any() or b[key].duplicated().any():
+        return {"scoring_path_reason": "several outputs share a (task_id, replication): pairs are ambiguous"}
+    merged = a.assign(strict=_is_strict(a))[key + ["strict"]].merge(
+        b.assign(strict=_is_strict(b))[key + ["strict"]], on=key, suffixes=("_a", "_b"))
+    if merged.empty:
+        return {"scoring_path_reason": "no output with a recorded scoring rule paired with a Control output"}
+    t = paired_sign_flip(merged["strict_a"].to_numpy(float), merged["strict_b"].to_numpy(float),
+                         merged["task_id"].to_numpy(), alpha=alpha)
+    return {"scoring_path_p": t.p, "scoring_path_delta": t.delta,
+            "scoring_path_shift": None if t.p is None else bool(t.p < alpha),
+            "scoring_path_reason": t.reason if t.p is None else None}

@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 _COLUMNS = [
     "trial_id", "model", "prompt_id", "task_id", "source", "condition", "load", "achieved_load", "replication",
     "prompt_tokens", "em", "hop_recall", "truncated", "uninterpretable", "skipped", "skip_reason", "error",
-    "s_sim", "completion_tokens", "family", "intervention",
+    "s_sim", "completion_tokens", "family", "intervention", "extraction",
 ]
 
 

@@ -12,7 +12,9 @@ an :class:`IceResult`:
 - ``attention_cells``, ``attention_behaviour`` (per-layer and per-head tests, logistic robustness fits) and
   ``residue_attention`` (H3 in attention) when probe records exist (:mod:`probe.analysis.attention_link`; the cell
   arrays and the per-head grids go to ``attention_summary.npz``);
-- ``taxonomy`` per model (:mod:`probe.analysis.taxonomy`).
+- ``taxonomy`` per model (:mod:`probe.analysis.taxonomy`);
+- ``hop_tracking`` when probe records hold attention while the answer was written (:mod:`probe.analysis.hops`:
+  which fact the model read while it named each hop's answer; None otherwise, and then absent from the file).
 
 S_sim missing from a Saturation or Residue trial (and its prompt record) is computed from ``prompts.jsonl`` with the
 ``[analysis] embedder`` when the analysis is allowed to (``fill_similarity``); where that is impossible a note says
@@ -22,7 +24,7 @@ so and H3 has a reason instead of an estimate.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -38,6 +40,8 @@ from probe.analysis.attention_link import (
 )
 from probe.analysis.estimates import Cell, cell_summaries
 from probe.analysis.families import FamilyAnalysis, FamilyData, FamilyOutput, register_family_analysis
+from probe.analysis.hops import HopTracking, analyze_hops
+from probe.analysis.ice_upgrade import upgrade_ice
 from probe.analysis.hypotheses import (
     H1Fit,
     H3Correlation,
@@ -46,6 +50,7 @@ from probe.analysis.hypotheses import (
     h2_comparisons,
     similarity_degradation,
 )
+from probe.analysis.results import OPTIONAL
 from probe.analysis.taxonomy import Taxonomy, classify_model
 from probe.errors import ProbeError
 from probe.types import Prompt
@@ -76,6 +81,8 @@ class IceResult:
         attention_behaviour: :class:`probe.analysis.attention_link.AttentionBehaviour` per model and linked
             measure (``measure``; empty without probe records).
         taxonomy: :class:`probe.analysis.taxonomy.Taxonomy` per model.
+        hop_tracking: :class:`probe.analysis.hops.HopTracking`, or None when no trial's probe record holds
+            attention while the answer was written.
     """
 
     models: tuple[str, ...]
@@ -87,6 +94,7 @@ class IceResult:
     attention_cells: tuple[AttentionCell, ...]
     attention_behaviour: tuple[AttentionBehaviour, ...]
     taxonomy: tuple[Taxonomy, ...]
+    hop_tracking: HopTracking | None = field(default=None, metadata={OPTIONAL: True})
 
     def h1_of(self, model: str, condition: str = "Saturation") -> H1Fit | None:
         """The H1 fit of (model, condition), or None."""
@@ -169,9 +177,12 @@ def analyze_ice(data: FamilyData) -> FamilyOutput:
                 residue += residue_attention(df, per_trial, m, cfg.alpha)
     sat = {h.model: h for h in h1 if h.condition == "Saturation"}
     taxonomy = [classify_model(df, m, sat.get(m), cfg) for m in models]
+    hops, hop_arrays, hop_notes = analyze_hops(data.run, data.trials, data.prompts, cfg.alpha)
+    arrays.update(hop_arrays)
+    notes += hop_notes
     result = IceResult(models=tuple(models), cells=tuple(cell_summaries(df, cfg.alpha)), h1=tuple(h1), h2=tuple(h2),
                        h3=tuple(h3), residue_attention=tuple(residue), attention_cells=tuple(att_cells),
-                       attention_behaviour=tuple(attention), taxonomy=tuple(taxonomy))
+                       attention_behaviour=tuple(attention), taxonomy=tuple(taxonomy), hop_tracking=hops)
     return FamilyOutput(result=result, arrays=arrays, notes=tuple(notes),
                         n_attention_records=sum({(c.model, c.condition, c.load): c.n_prompts
                                                  for c in att_cells}.values()))
@@ -220,4 +231,4 @@ METHODS = {
 }
 
 ANALYSIS = register_family_analysis(FamilyAnalysis(name=FAMILY, result_type=IceResult, analyze=analyze_ice,
-                                                   tabulate=tabulate_ice, methods=METHODS))
+                                                   tabulate=tabulate_ice, methods=METHODS, upgrade=upgrade_ice))

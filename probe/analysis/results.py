@@ -33,8 +33,8 @@ with the instruction to re-run ``probe analyze``. Version history:
   ``p_ext_mean``, ``p_ext_key``, ``enrichment_key``, ``chance_key``, ``ar_k_key``, ``ar_targets``); an
   ``attention_behaviour`` entry carries ``measure``, ``label`` and ``has_chance``, ``p_ext_layers`` ->
   ``layer_tests``, ``odds_ratio_per_10pp_p_ext`` -> ``odds_ratio_per_10pp``. A schema-3 or 4 file is read with
-  its attention results mapped so (:func:`upgrade_attention`; its ``attention_summary.npz`` keeps its member
-  names, which the cells name).
+  its attention results mapped so (the family's registered upgrade, :mod:`probe.analysis.ice_upgrade`; its
+  ``attention_summary.npz`` keeps its member names, which the cells name).
 - 6: one estimate type (:class:`probe.analysis.estimate.Estimate`: ``value``, ``se``, ``ci_low``, ``ci_high``,
   ``df``, ``p``, ``q``, ``method``, ``reason``, ``is_test``), nested where a result spelled its estimate out flat:
   H1's ``beta``/``se``/…/``se_method`` -> ``estimate``; its ``logit``, a layer's logistic fit and its ``adjusted``
@@ -44,6 +44,11 @@ with the instruction to re-run ``probe analyze``. Version history:
 
 Freshness: an analysis records the sha256 of the ``trials.jsonl`` it read; :func:`read_analysis` refuses one whose
 trials have changed since (:class:`StaleAnalysisError`) unless asked not to check.
+
+Fields added within a schema: a field with a default takes it when a file lacks it; one also declared with
+``metadata={OPTIONAL: True}`` (default None) is written only when it holds a value, so a run without it writes the
+same file as before. Such fields: ``families.ice.hop_tracking`` (hop tracking,
+present when the run captured attention while the answer was written).
 """
 
 from __future__ import annotations
@@ -71,6 +76,8 @@ SCHEMA_VERSION = 6
 READABLE_SCHEMAS = (3, 4, 5, 6)  # 3: 4 without interventions; 4: 5 with the attention measure in field names;
 # 5: 6 with estimates spelled out flat in their holders
 
+OPTIONAL = "optional"  # field metadata: written only when not None, read as None when absent (module docstring)
+
 JsonValue = Union[None, bool, int, float, str, list["JsonValue"], dict[str, "JsonValue"]]
 
 
@@ -96,7 +103,8 @@ class StaleAnalysisError(AnalysisFileError):
 def to_json(x: object) -> JsonValue:
     """A JSON-ready value: dataclasses by field, tuples as lists, NaN/inf as None, numpy scalars as Python."""
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return {f.name: to_json(getattr(x, f.name)) for f in dataclasses.fields(x)}
+        return {f.name: to_json(getattr(x, f.name)) for f in dataclasses.fields(x)
+                if not (f.metadata.get(OPTIONAL) and getattr(x, f.name) is None)}
     if isinstance(x, dict):
         return {str(k): to_json(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
@@ -197,11 +205,15 @@ def _decode_dataclass(cls: type, data: Any, where: str) -> Any:
     unknown = sorted(set(data) - names)
     if unknown:
         raise _Mismatch(f"{where}: unknown field {unknown[0]!r} of {cls.__name__}")
-    missing = [f.name for f in fields if f.name not in data]
+    # a field with a default was added to the schema after some files were written: absent, it takes its default
+    missing = [f.name for f in fields if f.name not in data
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:
         raise _Mismatch(f"{where}: missing field {missing[0]!r} of {cls.__name__}")
-    values = {}
+    values: dict[str, Any] = {}
     for f in fields:
+        if f.name not in data:
+            continue
         decode: Callable[[Any, str], Any] | None = f.metadata.get("decode")
         sub = f"{where}.{f.name}"
         values[f.name] = decode(data[f.name], sub) if decode else _decode(hints[f.name], data[f.name], sub)
@@ -297,52 +309,23 @@ def write_analysis(analysis: Analysis, run: RunFolder) -> Path:
     return write_atomic(run.analysis, json.dumps(to_json(analysis), indent=1, allow_nan=False, ensure_ascii=False))
 
 
-def _rename(d: dict, old: str, new: str) -> dict:
-    return {(new if k == old else k): v for k, v in d.items()}
+def _upgrade_families(data: dict, schema: int) -> dict:
+    """An older schema's parsed ``analysis.json`` with each family's result in the current layout, by the upgrade
+    its family analysis registers (:attr:`probe.analysis.families.FamilyAnalysis.upgrade`); every number kept."""
+    from probe.analysis.families import family_analysis
 
-
-def _upgrade_fit(fit: dict | None) -> dict | None:
-    if fit is None:
-        return None
-    out = _rename(fit, "odds_ratio_per_10pp_p_ext", "odds_ratio_per_10pp")
-    if isinstance(out.get("adjusted"), dict):
-        out["adjusted"] = _upgrade_fit(out["adjusted"])
-    return out
-
-
-def _upgrade_cell(cell: dict) -> list[dict]:
-    base = {k: cell[k] for k in ("model", "condition", "load", "n_prompts", "n_layers", "n_heads")}
-    cells = [{**base, "measure": "p_ext", "label": "P_ext", "mean": cell["p_ext_mean"], "key": cell["p_ext_key"],
-              "enrichment_mean": cell["enrichment_mean"], "enrichment_key": cell["enrichment_key"],
-              "chance_key": cell["chance_key"], "targets": []}]
-    if cell.get("ar_k_key"):
-        cells.append({**base, "measure": "ar_k", "label": "AR_k", "mean": None, "key": cell["ar_k_key"],
-                      "enrichment_mean": None, "enrichment_key": None, "chance_key": None,
-                      "targets": cell["ar_targets"]})
-    return cells
-
-
-def upgrade_attention(data: dict) -> dict:
-    """A schema-3/4 ``analysis.json`` (as parsed JSON) with its ICE attention results in the schema-5 layout: the
-    measure (``p_ext``, ``ar_k``) moved from field names into a ``measure`` column; every number kept."""
     families = data.get("families")
-    if not isinstance(families, dict) or not isinstance(families.get("ice"), dict):
+    if not isinstance(families, dict):
         return dict(data)
-    ice = families["ice"]
-    ice = dict(ice)
-    ice["attention_cells"] = [c for cell in ice.get("attention_cells", []) for c in _upgrade_cell(cell)]
-    behaviour = []
-    for a in ice.get("attention_behaviour", []):
-        a = {"model": a["model"], "measure": "p_ext", "label": "P_ext", "has_chance": True,
-             **{k: v for k, v in _rename(a, "p_ext_layers", "layer_tests").items() if k != "model"}}
-        a["layers"] = [_upgrade_fit(f) for f in a.get("layers", [])]
-        behaviour.append(a)
-    ice["attention_behaviour"] = behaviour
-    return {**data, "families": {**families, "ice": ice}}
+    out = {}
+    for name, value in families.items():
+        upgrade = family_analysis(name).upgrade
+        out[name] = upgrade(value, schema) if upgrade is not None and isinstance(value, dict) else value
+    return {**data, "families": out}
 
 
 def upgrade_estimates(data: dict) -> dict:
-    """A schema-3/4/5 ``analysis.json`` (as parsed JSON, attention results already in the schema-5 layout) with
+    """A schema-3/4/5 ``analysis.json`` (as parsed JSON, each family already upgraded to the schema-5 layout) with
     every family's estimates nested as one :class:`probe.analysis.estimate.Estimate`; every number kept."""
     from probe.analysis.families import family_analysis
 
@@ -382,8 +365,8 @@ def read_analysis(run_dir: str | Path | RunFolder, *, check_fresh: bool = True) 
                                   f"{SCHEMA_VERSION}: {redo} again")
     if found == 3:
         data = {**data, "interventions": None}  # written before interventions existed: none
-    if found in (3, 4):
-        data = upgrade_attention(data)
+    if found != SCHEMA_VERSION:
+        data = _upgrade_families(data, found)
     if found in (3, 4, 5):
         data = upgrade_estimates(data)
         data["schema"] = SCHEMA_VERSION
@@ -402,6 +385,6 @@ def read_analysis(run_dir: str | Path | RunFolder, *, check_fresh: bool = True) 
     return analysis
 
 
-__all__ = ["Analysis", "AnalysisFileError", "AnalysisMissingError", "AnalysisSchemaError", "Inputs",
+__all__ = ["Analysis", "AnalysisFileError", "AnalysisMissingError", "AnalysisSchemaError", "Inputs", "OPTIONAL",
            "READABLE_SCHEMAS", "SCHEMA_VERSION", "StaleAnalysisError", "from_json", "read_analysis", "to_json",
-           "trials_sha256", "upgrade_attention", "upgrade_estimates", "write_analysis"]
+           "trials_sha256", "upgrade_estimates", "write_analysis"]

@@ -4,7 +4,8 @@
   × condition and load, with taxonomy marks), the figures of :mod:`probe.report.ice_figures` and the H1, H2, H3,
   attention and taxonomy tables;
 - ``analysis.md`` and ``tables/*.csv`` (cells, h1, h2, h3, h3_points, attention_layers, attention_logit_layers,
-  attention_heads, residue_attention, taxonomy);
+  attention_heads, residue_attention, taxonomy; hop_tracking and hop_tracking_trials where the run captured
+  attention while the answer was written, :mod:`probe.report.ice_hops`);
 - the main table's rows (with the taxonomy marks) and lines (taxonomy, H1);
 - a ``probe compare`` part: Table 1, the saturation curve, EM by condition and forest plots of H1 and H3 across runs.
 
@@ -27,6 +28,7 @@ from probe.analysis.hypotheses import H1Fit, H3Correlation, PairedComparison
 from probe.analysis.ice import FAMILY, IceResult
 from probe.config import AnalysisSection
 from probe.report import ice_figures as F
+from probe.report import ice_hops
 from probe.report.figures import draw_forest, file_stem, ranges, short
 from probe.report.html import esc, table
 from probe.report.sections import ReportContext, ReportSection, Rows, register_section
@@ -254,6 +256,10 @@ def _em_cell(c: Cell | None) -> str:
     if c.em_mean is None:
         return f'<span class="note">n=0 ({c.n_error} err, {c.n_skipped} skip)</span>'
     extra = []
+    if c.strict_em_mean is not None:
+        extra.append(f"strict {fmt.num(c.strict_em_mean)}")
+    if c.scoring_path_shift:
+        extra.append(f"§ scoring path ≠ Control (p={fmt.p_value(c.scoring_path_p)})")
     if c.truncated_rate:
         extra.append(f"trunc {fmt.pct(c.truncated_rate)}")
     if c.n_error:
@@ -270,7 +276,9 @@ def table1_html(result: IceResult) -> str:
     header = ["model"] + [esc(c if c == "Control" else f"{c} {ld}%") for c, ld in keys]
     rows = [[esc(f"{m}{marks.get(m, '')}")] + [_em_cell(by.get((m, c, ld))) for c, ld in keys]
             for m in result.models]
-    return table(header, rows) + f'<p class="note">{esc(MARK_LEGEND)}. SEM over trials; n = scored trials.</p>'
+    return table(header, rows) + (f'<p class="note">{esc(MARK_LEGEND)}. SEM over trials; n = scored trials; strict = '
+                                  "strict EM (box or Answer: line only); § = the mix of scoring rules differs from "
+                                  "Control's (sign-flip test by question, p &lt; α).</p>")
 
 
 STATS_NOTE = ("Small-sample inference (docs/statistics.md): EM intervals are Wilson intervals at the Korn–Graubard "
@@ -431,7 +439,8 @@ def section_html(result: IceResult, ctx: ReportContext) -> str:
     return ((f"<h2>Summary</h2>{summary}" if summary else "")
             + f"<h2>Table 1: exact match, mean (SEM)</h2>{table1_html(result)}"
             + f"<h2>Figures</h2>{figures_html(result, ctx)}"
-            + f"<h2>Statistics</h2>{stats_html(result, ctx.settings)}")
+            + f"<h2>Statistics</h2>{stats_html(result, ctx.settings)}"
+            + ice_hops.html(result.hop_tracking, ctx))
 
 
 # ----------------------------------------------------------------------------------------- markdown, csv
@@ -482,7 +491,7 @@ def markdown(result: IceResult, settings: AnalysisSection) -> list[str]:
               md_table(["model", "label", "Control EM", "trunc./uninterp. rate", "reason"],
                        [[t.model, t.label, fmt.num(t.control_em), fmt.pct(t.confound_rate_observed), t.reason]
                         for t in result.taxonomy]), ""]
-    return parts
+    return parts + ice_hops.markdown(result.hop_tracking)
 
 
 def tables(result: IceResult) -> list[tuple[str, Rows]]:
@@ -499,7 +508,7 @@ def tables(result: IceResult) -> list[tuple[str, Rows]]:
     return [("cells", rows_of(result.cells)), ("h1", rows_of(result.h1)), ("h2", rows_of(result.h2)),
             ("h3", rows_of(result.h3)), ("h3_points", points), ("attention_layers", layer_tests),
             ("attention_logit_layers", logit_layers), ("attention_heads", heads), ("residue_attention", residue),
-            ("taxonomy", rows_of(result.taxonomy))]
+            ("taxonomy", rows_of(result.taxonomy))] + ice_hops.tables(result.hop_tracking)
 
 
 # -------------------------------------------------------------------------------------------- main table
@@ -552,6 +561,7 @@ def merge(named: list[tuple[str, IceResult]]) -> IceResult:
         attention_cells=(),
         attention_behaviour=sum((renamed(label, r.attention_behaviour) for label, r in named), ()),
         taxonomy=sum((renamed(label, r.taxonomy) for label, r in named), ()),
+        hop_tracking=ice_hops.merge([(label, r.hop_tracking) for label, r in named]),
     )
 
 
@@ -575,7 +585,7 @@ def compare_html(result: IceResult, ctx: ReportContext) -> str:
                       for m in result.models)
     return (f"<h2>Table 1: exact match, mean (SEM)</h2>{table1_html(result)}"
             f"<h2>Figures</h2>{blocks}<h2>Summary</h2>{summary}"
-            f"<h2>Statistics</h2>{stats_html(result, ctx.settings)}")
+            f"<h2>Statistics</h2>{stats_html(result, ctx.settings)}{ice_hops.html(result.hop_tracking)}")
 
 
 SECTION = register_section(ReportSection(

@@ -17,7 +17,7 @@ from typing import Any, Iterable
 from probe.analysis.results import Analysis, to_json
 from probe.records_import import ImportSummary
 from probe.report.sections import Rows, report_section
-from probe.report.text import MAIN_HEADER, cell_row
+from probe.report.text import MAIN_HEADER, PATH_LEGEND, cell_row
 from probe.runfolder import RunFolder
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ def render_markdown(analysis: Analysis) -> str:
              f"{analysis.n_trials} trials from `{analysis.inputs.trials}` "
              f"(sha256 {analysis.inputs.trials_sha256[:12]}…).", "",
              *import_lines(analysis.imported),
-             "## EM per model × condition × load", "", md_table(MAIN_HEADER, rows), ""]
+             "## EM per model × condition × load", "", md_table(MAIN_HEADER, rows), "", PATH_LEGEND + ".", ""]
     for name, result in analysis.families.items():
         parts += report_section(name).markdown(result, analysis.settings)
     if analysis.interventions is not None:

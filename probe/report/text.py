@@ -15,8 +15,24 @@ from probe.analysis.results import Analysis
 from probe.analysis.run import tabulate_run
 from probe.runfolder import RunFolder
 
-MAIN_HEADER = ["model", "condition", "load", "n", "EM mean (SEM)", "95% CI (clustered)", "hop recall",
-               "truncated", "uninterp.", "errors", "skipped"]
+MAIN_HEADER = ["model", "condition", "load", "n", "EM mean (SEM)", "95% CI (clustered)", "strict EM", "hop recall",
+               "truncated", "uninterp.", "errors", "skipped", "scoring path"]
+# short names of the scoring rules (probe.scoring.answers.Extraction), in the order the scorer tries them
+PATH_NAMES = {"boxed": "box", "answer_line": "line", "last_line": "last", "echo": "echo", "poi_category": "poi+cat",
+              "poi": "poi", "last": "last", "none": "none"}
+PATH_LEGEND = ("scoring path: share of outputs decided by a box, an Answer: line, the last line (last), a last line "
+               "refused as an echo of the gold (echo) or nothing (none); strict EM counts box and line answers only; "
+               "§ = the mix differs from Control's (sign-flip test by question, p < alpha)")
+
+
+def scoring_path(c: Cell) -> str:
+    """The cell's share of each scoring rule, e.g. ``box 40% line 10% last 50%``, and ``§ p=…`` when flagged."""
+    if c.extraction_shares is None:
+        return fmt.DASH
+    order = list(PATH_NAMES)
+    shares = sorted(c.extraction_shares.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 99)
+    text = " ".join(f"{PATH_NAMES.get(k, k)} {fmt.pct(v)}" for k, v in shares)
+    return f"{text} § p={fmt.p_value(c.scoring_path_p)}" if c.scoring_path_shift else text
 
 
 def cell_row(c: Cell, mark: str = "") -> list[str]:
@@ -24,8 +40,9 @@ def cell_row(c: Cell, mark: str = "") -> list[str]:
     em = fmt.DASH if c.em_mean is None else f"{fmt.num(c.em_mean)} ({fmt.num(c.em_sem)})"
     return [
         f"{c.model}{mark}", c.condition, "all" if c.load is None else str(c.load), str(c.n), em,
-        fmt.ci(c.em_ci_low, c.em_ci_high), fmt.num(c.hop_recall_mean, ".2f"), fmt.pct(c.truncated_rate),
-        fmt.pct(c.uninterpretable_rate), str(c.n_error), str(c.n_skipped),
+        fmt.ci(c.em_ci_low, c.em_ci_high), fmt.num(c.strict_em_mean), fmt.num(c.hop_recall_mean, ".2f"),
+        fmt.pct(c.truncated_rate), fmt.pct(c.uninterpretable_rate), str(c.n_error), str(c.n_skipped),
+        scoring_path(c),
     ]
 
 
@@ -51,7 +68,7 @@ def main_table_text(analysis: Analysis) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(MAIN_HEADER))]
     out = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
     out.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join([*out, "", *lines])
+    return "\n".join([*out, PATH_LEGEND, "", *lines])
 
 
 def main_table(run_dir: str | Path | RunFolder) -> str:
@@ -59,4 +76,4 @@ def main_table(run_dir: str | Path | RunFolder) -> str:
     return main_table_text(tabulate_run(run_dir))
 
 
-__all__ = ["MAIN_HEADER", "cell_row", "main_table", "main_table_text"]
+__all__ = ["MAIN_HEADER", "PATH_LEGEND", "cell_row", "main_table", "main_table_text", "scoring_path"]

@@ -5,7 +5,13 @@ Extraction (:func:`extract_answer`), in order:
 1. the last *complete* ``\\boxed{...}`` (braces nested to any depth; an unclosed box is ignored);
 2. else the last line that starts with ``Answer:`` or ``Final answer:`` (markdown emphasis allowed around the
    label); when nothing follows the colon on that line, the answer is the text below it (to the end);
-3. else the last non-empty line.
+3. else the last non-empty line (the *fallback*).
+
+The rule that decided is the score's ``extraction`` (recorded per trial as ``TrialRecord.extraction``):
+``boxed``, ``answer_line``, ``last_line``, ``echo`` (a last line refused by the echo rule below) or ``none``
+(nothing to extract, or a truncated output's cut-off last line). *Strict* EM counts only answers decided by
+``boxed`` or ``answer_line`` (:data:`STRICT_EXTRACTIONS`): the ones the model itself marked as its answer, so a
+condition that changes how often the model marks its answer changes EM but not strict EM's scoring path.
 
 An *empty answer slot* -- the last box is ``\\boxed{}``, or the last ``Answer:`` line has nothing after it
 anywhere -- extracts nothing (``None``): the model announced an answer and gave none.
@@ -24,6 +30,20 @@ appears somewhere in a long reasoning trace does not count. Rule for one gold st
 
 A list gold needs every element matched somewhere in the answer; a mapping gold needs every value matched.
 A gold element that normalises to nothing cannot be matched (EM is false).
+
+**The echo rule** (fallback only). A last line that names a (non-numeric) gold only as the repeated subject of
+its sentence is an *echo*, not an answer: in every sentence that names the gold (sentences end at ``.!?;``), the
+gold occurs at least twice, and the words before its first occurrence and between the first two are all words of
+the question or function words (:data:`ECHO_FILLER`: forms of *be*, *have*, *do*, prepositions, conjunctions,
+pronouns), none of them a name the question asks about (a capitalised word of the question after its first word).
+"The record label Mirhei was released by the record label Mirhei, which also paid for the studio time" for "Which
+record label released the first album of the band Zorvik?" puts the gold on both sides of the question's own verb
+(the clause after it, copied from the text, does not change that): the degenerate copy a small model writes under
+distractors. It is not credited (``extraction = "echo"``, EM false, still interpretable). A line that names the
+gold once ("The record label Mirhei released the first album of the band Zorvik."), that relates it to the
+question's name ("... of the band Zorvik, Mirhei.") or to anything else ("Mirhei released Veisrex, so the answer
+is Mirhei": *Veisrex*, *answer*; "Zorvik's first album came out on Mirhei; it is Mirhei that released it") is
+judged as usual. A box or an ``Answer:`` line is never refused by this rule: the model marked it as its answer.
 
 **Hop recall** applies the same per-string rule to the whole output (reasoning included): the share of hops with
 a known intermediate answer whose answer appears in the output.
@@ -47,12 +67,20 @@ import re
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from probe.types import Gold, Hop, Task
 
-# how the answer was found; "progressive" = CogniLoad's progressive exact match (probe.scoring.cogniload)
-Extraction = Literal["boxed", "answer_line", "last_line", "none", "progressive"]
+# the rule that decided a trial's answer: the ICE rules (module docstring) and CogniLoad's fallbacks
+# (probe.scoring.cogniload: poi_category, poi, last)
+Extraction = Literal["boxed", "answer_line", "last_line", "echo", "none", "poi_category", "poi", "last"]
+EXTRACTIONS: tuple[str, ...] = get_args(Extraction)
+STRICT_EXTRACTIONS = frozenset({"boxed", "answer_line"})  # the rules strict EM counts: the model marked its answer
+# words an echo may hold besides the gold and the question's own words (the echo rule, module docstring)
+ECHO_FILLER = frozenset(
+    "is are was were be been being am has have had do does did of in on at by for from to with into onto about as "
+    "and or but nor so then that which who whom whose this these those it its it's they their there also".split()
+)
 
 REL_TOL = 1e-4  # relative tolerance of numeric answers
 
@@ -91,7 +119,8 @@ class Score:
         hop_recall: share of hops with a known answer recalled in the output, in [0, 1]; None if no hop has one.
         truncated: generation hit ``max_new_tokens`` without an end token (as reported by the backend).
         uninterpretable: nothing could be extracted (see the module docstring).
-        extraction: how the answer was found: "boxed", "answer_line", "last_line" or "none".
+        extraction: the rule that decided (module docstring): "boxed", "answer_line", "last_line", "echo" or
+            "none" (CogniLoad: its own, :mod:`probe.scoring.cogniload`).
     """
 
     answer: str | None
@@ -255,6 +284,45 @@ def exact_match(answer: str | None, gold: Gold, rel_tol: float = REL_TOL) -> boo
     return bool(values) and all(_matches(answer, g, rel_tol) for g in values)
 
 
+_SENTENCE_BREAK = re.compile(r"(?<=[.!?;])\s+")
+
+
+def _echoes(sentence: list[str], g: list[str], asked: set[str], names: set[str]) -> bool:
+    """Whether one sentence's tokens name the gold tokens ``g`` as a repeated subject (the echo rule)."""
+    starts: list[int] = []
+    for i in range(len(sentence) - len(g) + 1):
+        if sentence[i : i + len(g)] == g and (not starts or i >= starts[-1] + len(g)):
+            starts.append(i)
+    if len(starts) < 2:
+        return False
+    frame = sentence[: starts[0]] + sentence[starts[0] + len(g) : starts[1]]  # before the first, between the two
+    return all((t in asked or t in ECHO_FILLER) and t not in names for t in frame)
+
+
+def is_echo(answer: str, gold: str, question: str) -> bool:
+    """Whether a fallback answer names ``gold`` only as a repeated subject (the echo rule of the module docstring).
+
+    Args:
+        answer: the extracted last line.
+        gold: one gold string; a numeric gold is never an echo (numbers are matched by value, not by words).
+        question: the task's question.
+
+    Returns:
+        True when every sentence of the answer that names the gold names it at least twice, and the words before
+        its first occurrence and between the first two are all words of the question or in :data:`ECHO_FILLER`,
+        none of them one of the question's names (its capitalised words after the first).
+    """
+    g = normalize_answer(gold).split()
+    if not g or _gold_number(gold) is not None:
+        return False
+    words = question.split()
+    names = set(normalize_answer(" ".join(w for w in words[1:] if w[:1].isupper())).split())
+    asked = set(normalize_answer(question).split())
+    naming = [toks for toks in (normalize_answer(x).split() for x in _SENTENCE_BREAK.split(answer))
+              if _contains_tokens(toks, g)]
+    return bool(naming) and all(_echoes(toks, g, asked, names) for toks in naming)
+
+
 def hop_recall(output: str, hops: Sequence[Hop]) -> float | None:
     """Share of hops with a known intermediate answer whose answer appears in the output.
 
@@ -285,11 +353,14 @@ def score_output(output: str | None, task: Task, truncated: bool) -> Score:
     text = output or ""
     answer, how = _extract(text)
     if answer is not None and truncated and how == "last_line":
-        answer = None  # a cut-off last line is a fragment of reasoning, not an answer
+        answer, how = None, "none"  # a cut-off last line is a fragment of reasoning, not an answer
     uninterpretable = answer is None
+    em = exact_match(answer, task.gold)
+    if em and how == "last_line" and any(is_echo(answer or "", g, task.question) for g in _gold_values(task.gold)):
+        em, how = False, "echo"
     return Score(
         answer=answer,
-        em=exact_match(answer, task.gold),
+        em=em,
         hop_recall=hop_recall(text, task.hops),
         truncated=truncated,
         uninterpretable=uninterpretable,

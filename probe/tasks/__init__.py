@@ -54,7 +54,7 @@ def _score_cogniload(output: str | None, task: "Task", truncated: bool) -> "Scor
 
     s = score_cogniload(output or "", task)
     return Score(answer=s.answer, em=bool(s.em), hop_recall=None, truncated=truncated,
-                 uninterpretable=s.uninterpretable, extraction="progressive")
+                 uninterpretable=s.uninterpretable, extraction=s.case or "none")
 
 
 def _load_synthetic(section: TaskSection, seed: int) -> list["Task"]:

@@ -16,9 +16,10 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from probe.attention.measure import MEASURES, Measure
+from probe.attention.measure import MEASURES, ORIGIN, Measure
 
 _loaded = False
+_MODULES: list[str] = []
 
 
 def _load() -> None:
@@ -27,13 +28,19 @@ def _load() -> None:
         return
     _loaded = True
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        importlib.import_module(f"{__name__}.{info.name}")
+        _MODULES.append(f"{__name__}.{info.name}")
+        importlib.import_module(_MODULES[-1])
 
 
 def measures() -> list[Measure]:
-    """Every registered measure, in registration order (this package's modules imported first)."""
+    """Every registered measure: this package's modules in name order, each module's entries in the order it
+    registers them, then measures registered elsewhere (a test's toy measure) in registration order. The order
+    does not depend on which module happened to be imported first."""
     _load()
-    return MEASURES.values()
+    rank = {m: i for i, m in enumerate(_MODULES)}
+    entries = MEASURES.values()
+    order = sorted(range(len(entries)), key=lambda i: (rank.get(ORIGIN.get(entries[i].id, ""), len(rank)), i))
+    return [entries[i] for i in order]
 
 
 def measure(measure_id: str) -> Measure:

@@ -1,0 +1,725 @@
+"""Hop tracking: where the model's output names each hop's answer, and which prompt segment it read while writing it.
+
+Definitions (docs/probes.md#hop-tracking):
+
+- **Mention.** A hop's answer is *named* where the output holds it under the toolkit's own matching rule (the rule
+  of exact match and hop recall, :mod:`probe.scoring.answers`: normalised tokens as one contiguous run, numbers
+  compared numerically). The span used is the **first** mention: later mentions can be copied from the model's own
+  earlier text (the answer-so-far column) rather than looked up in the prompt, so only the first one shows where
+  the entity came from.
+- **Tokens.** The characters of the mention are mapped onto the generated tokens by the tokenizer's offsets of the
+  output (or, where re-tokenising the output gives other ids than the model generated, by decoding prefixes of the
+  generated ids); every token that overlaps the mention counts.
+- **Masses.** For those tokens' query rows (:class:`probe.attention.answer.AnswerAttention`: row ``t`` wrote token
+  ``t``), the mass on the germane segment that states the hop (``hop``), on the other germane facts, the
+  extraneous segments, filler, the question, the instruction, sink tokens and the answer so far: per layer and
+  head, averaged over the mention's tokens; raw and value-weighted where the record has value-weighted masses.
+- **Depth window.** The label reads the masses pooled over the heads and over the layers of the upper half of the
+  model (``[L // 2, L)``). The window is fixed in advance, the same for every trial and model, so the label is
+  never tuned on the outcome it is compared with; lower layers mostly attend to nearby tokens and the sink, while
+  lookups of content (copying a name from the context) happen from the middle of the network on.
+- **Labels** (per trial and hop): ``read_right_fact`` when, among the content segments (germane, extraneous,
+  filler), the germane segment stating the hop holds the largest mass; ``read_distractor`` when an extraneous
+  segment that itself names the written entity holds it; ``other`` otherwise; ``not_named`` when the output never
+  names the hop's answer.
+- **Wrong answers.** For the last hop of a scored trial with a wrong extracted answer, the entity tracked is the
+  wrong answer (its first mention in the output), so ``read_distractor`` says that the wrong entity stands in a
+  distractor and was read from there, and ``read_right_fact`` that the model read the right fact and still failed.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import unicodedata
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Literal, Mapping, Sequence
+
+import numpy as np
+
+from probe.analysis.inference import proportion_ci
+from probe.attention.answer import AnswerAttention
+from probe.errors import ProbeError
+from probe.scoring.answers import _ARTICLES, _NUMBER_IN_TEXT, _NUMBER_WORDS, REL_TOL, _gold_number, _to_float
+from probe.records import TrialRecord
+from probe.runfolder import RunFolder
+from probe.types import Gold, Hop, Prompt, Task
+
+HopLabel = Literal["read_right_fact", "read_distractor", "other", "not_named"]
+HOP_LABELS: tuple[str, ...] = ("read_right_fact", "read_distractor", "other", "not_named")
+# where a mention's attention went, by role of the key segment (the columns of HopRow.mass and of the arrays)
+CATEGORIES: tuple[str, ...] = ("hop", "other_germane", "extraneous", "filler", "question", "instruction", "sink",
+                               "answer")
+CONTENT_KINDS: tuple[str, ...] = ("germane", "extraneous", "filler")
+Target = Literal["hop_answer", "wrong_answer"]
+
+
+class HopTrackingError(ProbeError):
+    """A trial's answer tokens, output and segments do not fit together (names the trial and what differs)."""
+
+
+class HopLabelError(HopTrackingError):
+    """A prompt has no germane segment labelled for some hop (laid out by its task, not by the ICE builder)."""
+
+
+# ------------------------------------------------------------------------------------------------ mentions
+
+
+def _normalised_words(text: str) -> list[tuple[str, int, int]]:
+    """The words of :func:`probe.scoring.answers.normalize_answer` with their character spans in ``text``.
+
+    Each character is normalised on its own (NFKD, combining marks dropped, punctuation and symbols turned into a
+    space, lower-cased), so every normalised word keeps the span of the original characters it came from; articles
+    are dropped as the normaliser drops them.
+    """
+    chars: list[tuple[str, int]] = []
+    for i, c in enumerate(text):
+        for d in unicodedata.normalize("NFKD", c):
+            if unicodedata.combining(d):
+                continue
+            chars.append((" " if unicodedata.category(d)[0] in "PS" else d.lower(), i))
+    words: list[tuple[str, int, int]] = []
+    cur: list[str] = []
+    start = end = 0
+    for ch, i in chars + [(" ", len(text))]:
+        if ch.isspace():
+            if cur:
+                words.append(("".join(cur), start, end))
+                cur = []
+            continue
+        if not cur:
+            start = i
+        cur.append(ch)
+        end = i + 1
+    return [w for w in words if w[0] not in _ARTICLES]
+
+
+def mention_spans(text: str, entity: str, rel_tol: float = REL_TOL) -> list[tuple[int, int]]:
+    """Character spans ``[start, end)`` of every mention of ``entity`` in ``text``, in order of position.
+
+    The rule is the one exact match and hop recall apply (:mod:`probe.scoring.answers`): a numeric entity matches
+    any number written in the text with the same value (relative tolerance ``rel_tol``; a bare number also matches
+    an entity with a scale word in its own unit), any other entity matches where its normalised words occur as one
+    contiguous run of the text's normalised words. So ``mention_spans(text, e)`` is non-empty exactly when
+    ``e`` is recalled in ``text``.
+    """
+    target = _gold_number(entity)
+    if target is not None:
+        value, unscaled = target
+        spans: list[tuple[int, int]] = []
+        found: list[tuple[int, int, float, bool]] = [
+            (m.start() + len(m.group()) - len(m.group().lstrip()), m.end(), _to_float(m["num"], m["scale"],
+                                                                                      m["sign"]), bool(m["scale"]))
+            for m in _NUMBER_IN_TEXT.finditer(text)]  # the pattern may take a space before the digits: not kept
+        found += [(m.start(), m.end(), _NUMBER_WORDS[m.group().lower()], False)
+                  for m in re.finditer(r"[A-Za-z]+", text) if m.group().lower() in _NUMBER_WORDS]
+        for a, b, v, has_scale in found:
+            if math.isclose(v, value, rel_tol=rel_tol, abs_tol=1e-9) or (
+                    unscaled is not None and not has_scale and math.isclose(v, unscaled, rel_tol=rel_tol,
+                                                                           abs_tol=1e-9)):
+                spans.append((a, b))
+        return sorted(spans)
+    needle = [w for w, _, _ in _normalised_words(entity)]
+    if not needle:
+        return []
+    words = _normalised_words(text)
+    n = len(needle)
+    return [(words[i][1], words[i + n - 1][2]) for i in range(len(words) - n + 1)
+            if [w for w, _, _ in words[i : i + n]] == needle]
+
+
+def token_char_spans(tokens: Sequence[int], text: str, tokenizer: Any) -> np.ndarray:
+    """``(T, 2)`` character span of each generated token in the recorded output ``text``.
+
+    First the tokenizer's offsets of ``text`` (``return_offsets_mapping``), when re-tokenising the text gives the
+    very ids the model generated; else token ``t`` spans what it adds to the decoding of the few tokens before it,
+    when those pieces rebuild ``text`` exactly; else the ids are decoded prefix by prefix and token ``t`` spans the
+    characters its prefix adds (a token that completes no character, e.g. the first byte of a multi-byte letter,
+    spans none).
+
+    Raises:
+        HopTrackingError: the generated ids do not decode to ``text``.
+    """
+    ids = [int(t) for t in tokens]
+    try:
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        if list(enc["input_ids"]) == ids:
+            return np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(len(ids), 2)
+    except (TypeError, NotImplementedError, KeyError):  # a slow tokenizer offers no offsets: decode instead
+        pass
+    whole = tokenizer.decode(ids, skip_special_tokens=True)
+    if whole != text:
+        raise HopTrackingError(f"the {len(ids)} answer tokens decode to {whole[:60]!r}…, not to the recorded output "
+                               f"{text[:60]!r}…; the attention record and the trial are from different generations")
+    quick = _incremental_spans(ids, text, tokenizer)
+    if quick is not None:
+        return quick
+    out = np.zeros((len(ids), 2), dtype=np.int64)
+    end = 0
+    for t in range(len(ids)):  # every prefix decoded whole: a token that completes no character spans none
+        prefix = tokenizer.decode(ids[: t + 1], skip_special_tokens=True)
+        n = 0
+        for x, y in zip(prefix, text):
+            if x != y:
+                break
+            n += 1
+        out[t] = (end, max(end, n))
+        end = max(end, n)
+    return out
+
+
+_CONTEXT = 6  # tokens decoded before each token, so a tokenizer that drops a word's leading space sees the word
+
+
+def _incremental_spans(ids: list[int], text: str, tokenizer: Any) -> np.ndarray | None:
+    """Token spans from what each token adds to the decoding of the few tokens before it (linear in the answer's
+    length), or None when that does not rebuild ``text`` exactly (a character split over tokens, say)."""
+    out = np.zeros((len(ids), 2), dtype=np.int64)
+    pos = 0
+    for t in range(len(ids)):
+        w = max(0, t - _CONTEXT)
+        before = tokenizer.decode(ids[w:t], skip_special_tokens=True) if t > w else ""
+        after = tokenizer.decode(ids[w : t + 1], skip_special_tokens=True)
+        if not after.startswith(before) or "\ufffd" in after[len(before):]:
+            return None
+        piece = after[len(before):]
+        if text[pos : pos + len(piece)] != piece:
+            return None
+        out[t] = (pos, pos + len(piece))
+        pos += len(piece)
+    return out if pos == len(text) else None
+
+
+@dataclass(frozen=True)
+class Mention:
+    """The first mention of an entity in an output.
+
+    Attributes:
+        char_start, char_end: its characters in the output.
+        token_start, token_end: the generated tokens that overlap them (``[start, end)``).
+        n_mentions: how many mentions the output holds.
+    """
+
+    char_start: int
+    char_end: int
+    token_start: int
+    token_end: int
+    n_mentions: int
+
+
+def first_mention(text: str, entity: str, char_spans: np.ndarray) -> Mention | None:
+    """The first mention of ``entity`` in ``text`` and its token span, or None when the output never names it.
+
+    Args:
+        text: the output.
+        entity: the entity (a hop's answer, the gold, a wrong answer).
+        char_spans: ``(T, 2)`` token character spans (:func:`token_char_spans`).
+    """
+    spans = mention_spans(text, entity)
+    if not spans:
+        return None
+    a, b = spans[0]
+    starts, ends = char_spans[:, 0], char_spans[:, 1]
+    hit = np.flatnonzero((starts < b) & (ends > a) & (ends > starts))
+    if hit.size == 0:
+        return None
+    return Mention(a, b, int(hit[0]), int(hit[-1]) + 1, len(spans))
+
+
+# -------------------------------------------------------------------------------------------- masses, labels
+
+
+def hop_segments(segment_kinds: Sequence[str], segment_labels: Sequence[str]) -> dict[int, int]:
+    """Hop index -> index of the germane segment stating it (the builder labels hop ``i``'s fact ``hop<i>``)."""
+    out: dict[int, int] = {}
+    for s, (kind, label) in enumerate(zip(segment_kinds, segment_labels)):
+        m = re.fullmatch(r"hop(\d+)", label)
+        if kind == "germane" and m:
+            out[int(m.group(1))] = s
+    return out
+
+
+def category_masses(mass: np.ndarray, kinds: Sequence[str], hop_segment: int) -> np.ndarray:
+    """``(..., C)`` mass per :data:`CATEGORIES` from ``(..., S + 1)`` segment masses (last column: the answer)."""
+    s = len(kinds)
+    if mass.shape[-1] != s + 1:
+        raise ValueError(f"mass has {mass.shape[-1]} columns; expected {s + 1} (segments and the answer)")
+    kinds_arr = np.asarray(kinds)
+    cols: list[np.ndarray] = []
+    for cat in CATEGORIES:
+        if cat == "hop":
+            sel = np.zeros(s, dtype=bool)
+            sel[hop_segment] = True
+        elif cat == "other_germane":
+            sel = kinds_arr == "germane"
+            sel[hop_segment] = False
+        elif cat == "answer":
+            cols.append(mass[..., s])
+            continue
+        else:
+            sel = kinds_arr == cat
+        cols.append(mass[..., :s][..., sel].sum(axis=-1))
+    return np.stack(cols, axis=-1)
+
+
+def layer_window(n_layers: int) -> tuple[int, int]:
+    """The depth window of the label: the upper half of the layers, ``[n_layers // 2, n_layers)``."""
+    return n_layers // 2, n_layers
+
+
+def pooled_segment_mass(mass: np.ndarray, rows: slice, window: tuple[int, int]) -> np.ndarray:
+    """``(S + 1,)`` mass per segment of ``mass[rows]`` averaged over the mention's tokens, the window's layers and
+    every head."""
+    lo, hi = window
+    return mass[rows, lo:hi].astype(np.float64).mean(axis=(0, 1, 2))
+
+
+def label_of(pooled: np.ndarray, kinds: Sequence[str], hop_segment: int, names_entity: Sequence[bool]
+             ) -> tuple[HopLabel, int]:
+    """The label of one mention from its pooled segment masses, and the content segment holding the most.
+
+    Args:
+        pooled: ``(S + 1,)`` or ``(S,)`` pooled mass per segment (:func:`pooled_segment_mass`).
+        kinds: the segments' kinds.
+        hop_segment: the germane segment stating the hop.
+        names_entity: per segment, whether its text names the entity written.
+
+    Returns:
+        (label, index of the content segment with the largest mass); ties go to the earlier segment.
+    """
+    content = [s for s, k in enumerate(kinds) if k in CONTENT_KINDS]
+    if not content:
+        return "other", -1
+    top = max(content, key=lambda s: (float(pooled[s]), -s))
+    if top == hop_segment:
+        return "read_right_fact", top
+    if kinds[top] == "extraneous" and names_entity[top]:
+        return "read_distractor", top
+    return "other", top
+
+
+@dataclass(frozen=True)
+class HopRow:
+    """One hop of one trial (a row of ``tables/hop_tracking_trials.csv``).
+
+    Attributes:
+        trial_id, model, task_id, condition, load: the trial.
+        hop: the hop's index (0-based) and ``n_hops`` the task's hops.
+        target: ``hop_answer`` (the hop's own answer was tracked) or ``wrong_answer`` (the last hop of a wrong
+            trial: the extracted wrong answer was tracked).
+        entity: the text tracked.
+        label: the label from raw attention mass; ``label_value`` from value-weighted mass (None without it).
+        top_segment, top_segment_value: the content segment holding the most mass (its label), raw and
+            value-weighted; None when not named.
+        entity_in_distractor: some extraneous segment names the entity.
+        n_mentions: mentions in the output (0: not named); ``token_start`` / ``token_end`` the first one's tokens.
+        mass: pooled raw mass per :data:`CATEGORIES` in the depth window (None when not named);
+            ``vmass`` the same value-weighted.
+    """
+
+    trial_id: str
+    model: str
+    task_id: str
+    condition: str
+    load: int
+    hop: int
+    n_hops: int
+    target: str
+    entity: str
+    label: str
+    label_value: str | None
+    top_segment: str | None
+    top_segment_value: str | None
+    entity_in_distractor: bool
+    n_mentions: int
+    token_start: int | None
+    token_end: int | None
+    mass: tuple[float, ...] | None
+    vmass: tuple[float, ...] | None
+
+
+@dataclass(frozen=True)
+class TrialHops:
+    """Every hop of one trial: the rows and, per hop named, its ``(L, H, C)`` category masses (raw, value)."""
+
+    rows: tuple[HopRow, ...]
+    masses: tuple[np.ndarray | None, ...]
+    vmasses: tuple[np.ndarray | None, ...]
+
+
+def _hop_entity(hops: Sequence[Hop], i: int, gold: Gold) -> str | None:
+    h = hops[i].answer
+    if h is not None and h.strip():
+        return h
+    if i == len(hops) - 1 and isinstance(gold, str) and gold.strip():
+        return gold
+    return None
+
+
+def track_trial(answer: AnswerAttention, output: str, char_spans: np.ndarray, hops: Sequence[Hop], gold: Gold,
+                extracted: str | None, em: float | None, segment_texts: Mapping[int, str], *, trial_id: str = "",
+                model: str = "", task_id: str = "", condition: str = "", load: int = 0,
+                window: tuple[int, int] | None = None) -> TrialHops:
+    """Find, measure and label every hop of one trial (module docstring).
+
+    Args:
+        answer: the trial's answer attention.
+        output: the recorded output text.
+        char_spans: ``(T, 2)`` character spans of the answer tokens in ``output`` (:func:`token_char_spans`).
+        hops: the task's hops (the last one's answer is the gold).
+        gold: the task's gold answer.
+        extracted: the trial's extracted answer; ``em`` its exact match (None: not scored).
+        segment_texts: segment index -> text, for the extraneous segments (whether one names the entity).
+        trial_id, model, task_id, condition, load: copied into the rows.
+        window: layers ``[lo, hi)`` of the label; default :func:`layer_window`.
+
+    Raises:
+        HopTrackingError: the prompt has no germane segment labelled for some hop, or the token spans do not
+            match the answer's tokens.
+    """
+    if len(char_spans) != len(answer.tokens):
+        raise HopTrackingError(f"{trial_id}: {len(char_spans)} token spans for {len(answer.tokens)} answer tokens")
+    kinds = answer.segment_kinds
+    where = hop_segments(kinds, answer.segment_labels)
+    missing = [i for i in range(len(hops)) if i not in where]
+    if missing:
+        raise HopLabelError(f"{trial_id}: no germane segment labelled hop{missing[0]} in the prompt (segments "
+                               f"{', '.join(answer.segment_labels)}); hop tracking needs the ICE builder's labels")
+    lo, hi = window or layer_window(answer.n_layers)
+    rows: list[HopRow] = []
+    masses: list[np.ndarray | None] = []
+    vmasses: list[np.ndarray | None] = []
+    wrong = em is not None and em < 1 and extracted is not None
+    for i in range(len(hops)):
+        last = i == len(hops) - 1
+        entity = extracted if last and wrong else _hop_entity(hops, i, gold)
+        if entity is None:
+            continue
+        target: Target = "wrong_answer" if last and wrong else "hop_answer"
+        seg = where[i]
+        names = [kinds[s] == "extraneous" and bool(mention_spans(segment_texts.get(s, ""), entity))
+                 for s in range(len(kinds))]
+        mention = first_mention(output, entity, char_spans)
+        base = HopRow(trial_id=trial_id, model=model, task_id=task_id, condition=condition, load=int(load), hop=i,
+                      n_hops=len(hops), target=target, entity=entity, label="not_named",
+                      label_value=None if answer.vmass is None else "not_named", top_segment=None,
+                      top_segment_value=None, entity_in_distractor=any(names), n_mentions=0, token_start=None,
+                      token_end=None, mass=None, vmass=None)
+        if mention is None:
+            rows.append(base)
+            masses.append(None)
+            vmasses.append(None)
+            continue
+        span = slice(mention.token_start, mention.token_end)
+        label, top = label_of(pooled_segment_mass(answer.mass, span, (lo, hi)), kinds, seg, names)
+        cat = category_masses(answer.mass[span].astype(np.float64).mean(axis=0), kinds, seg)
+        vlabel: str | None = None
+        vtop: int | None = None
+        vcat: np.ndarray | None = None
+        if answer.vmass is not None:
+            vlabel, vtop = label_of(pooled_segment_mass(answer.vmass, span, (lo, hi)), kinds, seg, names)
+            vcat = category_masses(answer.vmass[span].astype(np.float64).mean(axis=0), kinds, seg)
+        rows.append(replace(
+            base, label=label, label_value=vlabel, top_segment=answer.segment_labels[top] if top >= 0 else None,
+            top_segment_value=answer.segment_labels[vtop] if vtop is not None and vtop >= 0 else None,
+            n_mentions=mention.n_mentions, token_start=mention.token_start, token_end=mention.token_end,
+            mass=tuple(float(x) for x in cat[lo:hi].mean(axis=(0, 1))),
+            vmass=None if vcat is None else tuple(float(x) for x in vcat[lo:hi].mean(axis=(0, 1)))))
+        masses.append(cat)
+        vmasses.append(vcat)
+    return TrialHops(tuple(rows), tuple(masses), tuple(vmasses))
+
+
+# ----------------------------------------------------------------------------------------------- cells, run
+
+
+@dataclass(frozen=True)
+class HopShare:
+    """The share of one label in a cell, with its interval clustered by question.
+
+    Attributes:
+        label: one of :data:`HOP_LABELS`.
+        count: trial-hops with the label; ``share`` = count / the cell's ``n``.
+        ci_low, ci_high: the 1 − alpha interval (:func:`probe.analysis.inference.proportion_ci`, clustered by
+            question); None with one question.
+        n_effective: the effective sample size behind it.
+        reason: why no interval was given.
+    """
+
+    label: str
+    count: int
+    share: float | None
+    ci_low: float | None
+    ci_high: float | None
+    n_effective: float | None
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class HopCell:
+    """Hop-tracking labels of one model × condition × load, for one measure and subset.
+
+    Attributes:
+        model, condition, load: the cell.
+        measure: ``raw`` (attention weights) or ``value`` (value-weighted).
+        subset: ``all`` (every hop of every trial) or ``wrong_answer`` (the last hop of the wrong trials, where
+            the tracked entity is the wrong answer).
+        n: trial-hops; ``n_trials`` trials; ``n_questions`` questions (the clusters).
+        shares: one :class:`HopShare` per label of :data:`HOP_LABELS`.
+        mass: mean pooled mass per :data:`CATEGORIES` over the named trial-hops (depth window, heads pooled);
+            None where none is named.
+        layers: the depth window ``[lo, hi)``.
+        array_key: ``attention_summary.npz`` member with the ``(layer, head, category)`` mean over the named
+            trial-hops (all layers); None where none is named.
+    """
+
+    model: str
+    condition: str
+    load: int
+    measure: str
+    subset: str
+    n: int
+    n_trials: int
+    n_questions: int
+    shares: tuple[HopShare, ...]
+    mass: tuple[float, ...] | None
+    layers: tuple[int, int]
+    array_key: str | None
+
+    def share_of(self, label: str) -> HopShare:
+        return next(s for s in self.shares if s.label == label)
+
+
+@dataclass(frozen=True)
+class HopTracking:
+    """Hop tracking of a run's ICE trials (``IceResult.hop_tracking``; docs/probes.md#hop-tracking).
+
+    Attributes:
+        cells: :class:`HopCell` per model × condition × load × measure × subset.
+        rows: :class:`HopRow` per trial and hop.
+        categories: the mass columns (:data:`CATEGORIES`); ``labels``: :data:`HOP_LABELS`.
+        window: the depth window's rule, in words; ``method``: the whole method in one line.
+        n_trials: trials tracked; ``n_skipped``: trials with an answer record that could not be tracked (the
+            notes say why).
+        reason: why nothing was tracked (None when something was).
+    """
+
+    cells: tuple[HopCell, ...]
+    rows: tuple[HopRow, ...]
+    categories: tuple[str, ...]
+    labels: tuple[str, ...]
+    window: str
+    method: str
+    n_trials: int
+    n_skipped: int
+    reason: str | None
+
+
+WINDOW_RULE = "upper half of the layers, [L // 2, L), heads pooled"
+SUBSETS = ("all", "wrong_answer")
+METHOD = ("per trial and hop, the first mention of the hop's answer in the output (the last hop of a wrong trial: of "
+          "the wrong answer); its tokens' attention pooled over heads and the upper half of the layers; "
+          "read_right_fact = the germane segment stating the hop holds the most mass among content segments, "
+          "read_distractor = an extraneous segment naming the entity does; shares per cell with the Wilson interval "
+          "at the Korn-Graubard effective size, clustered by question")
+
+
+def hop_cells(rows: Sequence[HopRow], masses: Sequence[np.ndarray | None], vmasses: Sequence[np.ndarray | None],
+              windows: Mapping[str, tuple[int, int]], alpha: float = 0.05, key: str = "ice_hops"
+              ) -> tuple[list[HopCell], dict[str, np.ndarray]]:
+    """Label shares per model × condition × load × measure × subset, with intervals clustered by question.
+
+    Args:
+        rows: every trial-hop; ``masses`` / ``vmasses``: their ``(L, H, C)`` category masses (None: not named).
+        windows: model -> its depth window.
+        alpha: 1 − confidence level.
+        key: prefix of the ``attention_summary.npz`` members.
+
+    Returns:
+        (cells, arrays): the cells, and the per-cell ``(layer, head, category)`` means they name.
+    """
+    cells: list[HopCell] = []
+    arrays: dict[str, np.ndarray] = {}
+    cell_keys = sorted({(r.model, r.condition, r.load) for r in rows})
+    for model, condition, load in cell_keys:
+        for measure in ("raw", "value"):
+            for subset in SUBSETS:
+                idx = [i for i, r in enumerate(rows) if (r.model, r.condition, r.load) == (model, condition, load)
+                       and (subset == "all" or r.target == "wrong_answer")]
+                labels = [rows[i].label if measure == "raw" else rows[i].label_value for i in idx]
+                if not idx or any(lab is None for lab in labels):
+                    continue
+                groups = np.array([rows[i].task_id for i in idx], dtype=object)
+                shares = []
+                for lab in HOP_LABELS:
+                    y = np.array([1.0 if x == lab else 0.0 for x in labels])
+                    ci = proportion_ci(y, groups, alpha)
+                    shares.append(HopShare(lab, int(y.sum()), ci.mean, ci.ci_low, ci.ci_high, ci.n_effective,
+                                           ci.reason))
+                src = masses if measure == "raw" else vmasses
+                named = [src[i] for i in idx if src[i] is not None]
+                shapes = {m.shape for m in named if m is not None}
+                mean_mass = array_key = None
+                if named and len(shapes) == 1:
+                    grid = np.mean(np.stack([m for m in named if m is not None]), axis=0)
+                    array_key = f"{key}{len(cells)}"
+                    arrays[array_key] = grid.astype(np.float32)
+                    lo, hi = windows[model]
+                    mean_mass = tuple(float(x) for x in grid[lo:hi].mean(axis=(0, 1)))
+                cells.append(HopCell(model=model, condition=condition, load=int(load), measure=measure, subset=subset,
+                                     n=len(idx), n_trials=len({rows[i].trial_id for i in idx}),
+                                     n_questions=len(set(groups.tolist())), shares=tuple(shares), mass=mean_mass,
+                                     layers=windows[model], array_key=array_key))
+    return cells, arrays
+
+
+AnswerReader = Callable[[str, str], "AnswerAttention | None"]  # (model, prompt id) -> the trial's answer record
+
+
+def read_answer_attention(run: RunFolder) -> AnswerReader:
+    """A reader of the answer attention in a run folder's probe records (None where a record has none)."""
+    def read(model: str, prompt_id: str) -> AnswerAttention | None:
+        path = run.attention_record(model, prompt_id)
+        if not path.is_file():
+            return None
+        from probe.attention.result import SegmentAttention
+
+        return getattr(SegmentAttention.load(path), "answer", None)
+
+    return read
+
+
+def run_tasks(run: RunFolder) -> dict[str, Task]:
+    """The run's tasks by id, loaded as the run loaded them (``config.toml``'s ``[[tasks]]``).
+
+    Raises:
+        ProbeError: the folder has no ``config.toml``, or its tasks cannot be loaded here.
+    """
+    if not run.config.is_file():
+        raise ProbeError(f"{run.config}: not found; hop tracking needs the tasks' hops, which only the run's "
+                         "configuration names")
+    from probe.config import load_config
+    from probe.runner import load_all_tasks
+
+    return {t.task_id: t for t in load_all_tasks(load_config(run.config))}
+
+
+def _tokenizer_of(model: str) -> Any:
+    from probe.loading import get_card, load_tokenizer
+
+    return load_tokenizer(get_card(model))
+
+
+def analyze_hops(run: RunFolder, trials: Sequence[TrialRecord], prompts: Mapping[str, Prompt], alpha: float, *,
+                 read_answer: AnswerReader | None = None, tokenizer_of: Callable[[str], Any] | None = None,
+                 tasks: Mapping[str, Task] | None = None, key: str = "ice_hops"
+                 ) -> tuple[HopTracking | None, dict[str, np.ndarray], list[str]]:
+    """Hop tracking of a run's scored ICE trials (module docstring).
+
+    Args:
+        run: the run folder.
+        trials: the trials (baseline, scored ones are tracked).
+        prompts: the prompt records by id (segment texts).
+        alpha: 1 − confidence level of the cells' intervals.
+        read_answer: (model, prompt id) -> answer attention; default the run folder's probe records.
+        tokenizer_of: model -> its tokenizer; default the model card's.
+        tasks: task id -> task; default the run's configuration (:func:`run_tasks`).
+        key: prefix of the arrays' names.
+
+    Returns:
+        (result, arrays, notes): None when no trial has an answer record (nothing to track: the section says so);
+        else the :class:`HopTracking` (with ``reason`` when records exist but nothing could be tracked).
+    """
+    read = read_answer or read_answer_attention(run)
+    notes: list[str] = []
+    tokenizers: dict[str, Any] = {}
+    failed: dict[str, str] = {}
+    rows: list[HopRow] = []
+    masses: list[np.ndarray | None] = []
+    vmasses: list[np.ndarray | None] = []
+    windows: dict[str, tuple[int, int]] = {}
+    n_found = n_tracked = 0
+    skipped: dict[str, int] = {}
+    misfit: str | None = None  # the first record that did not fit its trial (the note quotes it)
+    task_error: str | None = None
+    for t in trials:  # one record in memory at a time: an answer record is (tokens x layers x heads x segments)
+        if t.output is None or t.em is None or t.intervention is not None or t.family != "ice":
+            continue
+        rec = read(t.model, t.prompt_id)
+        if rec is None:
+            continue
+        n_found += 1
+        if tasks is None and task_error is None:
+            try:
+                tasks = run_tasks(run)
+            except ProbeError as e:
+                task_error = str(e)
+        if tasks is None:
+            continue
+        task = tasks.get(t.task_id)
+        prompt = prompts.get(t.prompt_id)
+        if task is None or prompt is None or not task.hops:
+            why = ("its task is not in the run's configuration" if task is None else
+                   "its prompt is not in prompts.jsonl" if prompt is None else "its task has no hops")
+            skipped[why] = skipped.get(why, 0) + 1
+            continue
+        if t.model not in tokenizers and t.model not in failed:
+            try:
+                tokenizers[t.model] = (tokenizer_of or _tokenizer_of)(t.model)
+            except (ProbeError, OSError, ValueError) as e:
+                failed[t.model] = str(e)
+        if t.model in failed:
+            why = f"the tokenizer of {t.model} is not available ({failed[t.model]})"
+            skipped[why] = skipped.get(why, 0) + 1
+            continue
+        by_label = {seg.label: prompt.segment_text(seg) for seg in prompt.segments}
+        texts = {s: by_label.get(lab, "") for s, (kind, lab) in enumerate(zip(rec.segment_kinds, rec.segment_labels))
+                 if kind != "sink"}
+        try:
+            output = t.output or ""
+            spans = token_char_spans(rec.tokens.tolist(), output, tokenizers[t.model])
+            window = layer_window(rec.n_layers)
+            out = track_trial(rec, output, spans, task.hops, task.gold, t.answer, t.em, texts, trial_id=t.trial_id,
+                              model=t.model, task_id=t.task_id, condition=t.condition, load=t.load, window=window)
+        except HopLabelError:
+            why = "its prompt's germane segments carry no hop labels (laid out by its task, not by the ICE builder)"
+            skipped[why] = skipped.get(why, 0) + 1
+            continue
+        except HopTrackingError as e:
+            misfit = misfit or f"{t.trial_id}: {e}"
+            skipped["the answer record does not fit the trial"] = skipped.get(
+                "the answer record does not fit the trial", 0) + 1
+            continue
+        windows[t.model] = window
+        rows += out.rows
+        masses += out.masses
+        vmasses += out.vmasses
+        n_tracked += 1
+    if n_found == 0:
+        return None, {}, []
+
+    def nothing(reason: str) -> tuple[HopTracking, dict[str, np.ndarray], list[str]]:
+        return (HopTracking(cells=(), rows=(), categories=CATEGORIES, labels=HOP_LABELS, window=WINDOW_RULE,
+                            method=METHOD, n_trials=0, n_skipped=n_found, reason=reason),
+                {}, notes + [f"hop tracking: {reason}"])
+
+    if task_error is not None:
+        return nothing(f"the tasks could not be loaded ({task_error})")
+    if misfit is not None:
+        notes.append(f"hop tracking: first record that does not fit its trial: {misfit}")
+    for why, n in sorted(skipped.items()):
+        notes.append(f"hop tracking: {n} trial(s) skipped: {why}")
+    if not rows:
+        return nothing("no trial with an answer record could be tracked" + (f" ({'; '.join(sorted(skipped))})"
+                                                                            if skipped else ""))
+    cells, arrays = hop_cells(rows, masses, vmasses, windows, alpha, key)
+    return (HopTracking(cells=tuple(cells), rows=tuple(rows), categories=CATEGORIES, labels=HOP_LABELS,
+                        window=WINDOW_RULE, method=METHOD, n_trials=n_tracked, n_skipped=sum(skipped.values()),
+                        reason=None),
+            arrays, notes)
+
+
+__all__ = ["CATEGORIES", "HOP_LABELS", "HopCell", "HopLabel", "HopLabelError", "HopRow", "HopShare", "HopTracking",
+           "HopTrackingError", "Mention", "TrialHops", "WINDOW_RULE", "analyze_hops", "category_masses",
+           "first_mention", "hop_cells", "hop_segments", "label_of", "layer_window", "mention_spans",
+           "pooled_segment_mass", "read_answer_attention", "run_tasks", "token_char_spans", "track_trial"]

@@ -1,0 +1,167 @@
+"""The hop-tracking part of the ICE report: one table of label shares per cell (``report.html``, ``analysis.md``) and
+two CSV tables (``hop_tracking``: the cells; ``hop_tracking_trials``: one row per trial and hop).
+
+Drawn from :class:`probe.analysis.hops.HopTracking` (``IceResult.hop_tracking``); definitions in
+docs/probes.md#hop-tracking. Without answer capture the part says so and why, and writes no CSV.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Mapping
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from probe import formatting as fmt
+from probe.analysis.hops import HopCell, HopTracking
+from probe.report.figures import file_stem, short
+from probe.report.html import esc, table
+from probe.report.sections import ReportContext, Rows
+from probe.report.tables import md_table
+
+TITLE = "Hop tracking: what the model read while it named each hop's answer"
+NOT_RUN = ("not run: no probe record of this run holds attention while the answer was written (hop tracking reads "
+           "the attention of the generated tokens that name each hop's answer, captured when the run probes with "
+           "answer = true in [probe]; docs/probes.md#hop-tracking)")
+LEGEND = ("read right fact: among the content segments, the germane fact stating the hop held the most attention "
+          "while its answer was first written; read distractor: an extraneous segment that names the written entity "
+          "did; other: another segment did; not named: the output never names the hop's answer. Rows “wrong "
+          "answers” count only the last hop of wrong trials, tracked on the wrong answer. Shares with 95% intervals "
+          "clustered by question (Wilson at the Korn–Graubard effective size); masses: mean share of attention on "
+          "the hop's fact, the other facts, the extraneous segments and the question, over the named hops, pooled "
+          "over heads and the layers of the window.")
+SHOWN = ("read_right_fact", "read_distractor", "other", "not_named")
+MASSES = ("hop", "other_germane", "extraneous", "question")
+
+
+def _share(c: HopCell, label: str) -> str:
+    s = c.share_of(label)
+    return f"{fmt.pct(s.share)} {fmt.ci(s.ci_low, s.ci_high, '.2f')}" if s.ci_low is not None else fmt.pct(s.share)
+
+
+def _cells(h: HopTracking, measure: str) -> list[HopCell]:
+    return [c for c in h.cells if c.measure == measure]
+
+
+def _row(h: HopTracking, c: HopCell) -> list[str]:
+    mass = dict(zip(h.categories, c.mass)) if c.mass is not None else {}
+    return ([c.model, c.condition, str(c.load), "wrong answers" if c.subset == "wrong_answer" else "all hops",
+             str(c.n), str(c.n_questions)] + [_share(c, lab) for lab in SHOWN]
+            + [fmt.num(mass.get(k), ".3f") for k in MASSES] + [f"{c.layers[0]}–{c.layers[1] - 1}"])
+
+
+HEADER = (["model", "condition", "load", "hops", "n", "questions"] + [lab.replace("_", " ") for lab in SHOWN]
+          + ["mass: hop's fact", "other facts", "extraneous", "question", "layers"])
+
+
+ROLE_COLOURS = {"hop": "#1b9e77", "other_germane": "#66a61e", "extraneous": "#d95f02", "question": "#c51b7d"}
+ROLE_NAMES = {"hop": "the hop's fact", "other_germane": "other facts", "extraneous": "extraneous",
+              "question": "question"}
+
+
+def draw_layers(h: HopTracking, arrays: Mapping[str, np.ndarray], model: str) -> Figure | None:
+    """Per layer, the head-pooled mass of the named hops' tokens on the hop's fact, the other facts, the extraneous
+    segments and the question: one panel per condition × load (raw attention), the depth window shaded."""
+    cells = [c for c in h.cells if c.model == model and c.measure == "raw" and c.subset == "all" and c.array_key]
+    if not cells:
+        return None
+    fig = Figure(figsize=(max(6.4, 3.2 * len(cells)), 3.4), layout="constrained")
+    axes = fig.subplots(1, len(cells), squeeze=False, sharey=True)[0]
+    for ax, c in zip(axes, cells):
+        grid = arrays[str(c.array_key)]  # (layer, head, role)
+        layers = np.arange(grid.shape[0])
+        for role in MASSES:
+            ax.plot(layers, grid[:, :, h.categories.index(role)].mean(axis=1), marker=".", lw=1.2,
+                    color=ROLE_COLOURS[role], label=ROLE_NAMES[role])
+        ax.axvspan(c.layers[0] - 0.5, c.layers[1] - 0.5, color="#999", alpha=0.12, lw=0)
+        ax.set_title(f"{c.condition}" + ("" if c.condition == "Control" else f" {c.load}%"), fontsize=10)
+        ax.set_xlabel("layer")
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=10, integer=True))
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("attention mass (heads pooled)")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"{short(model)}: where the tokens naming a hop's answer look, by layer (grey: the window)",
+                 fontsize=11, wrap=True)
+    return fig
+
+
+def html(h: HopTracking | None, ctx: ReportContext | None = None) -> str:
+    """The ``report.html`` part (with the per-layer figures when ``ctx`` is given)."""
+    if h is None or h.reason is not None:
+        why = NOT_RUN if h is None else f"not available: {h.reason}"
+        return f'<h3>{esc(TITLE)}</h3><p class="note">Hop tracking {esc(why)}.</p>'
+    parts = [f"<h3>{esc(TITLE)}</h3>", f'<p class="note">{esc(LEGEND)} Window: {esc(h.window)}. '
+             f"{h.n_trials} trials tracked" + (f", {h.n_skipped} skipped (see the notes)" if h.n_skipped else "")
+             + ".</p>"]
+    for measure, name in (("raw", "attention weights"), ("value", "value-weighted attention")):
+        cells = _cells(h, measure)
+        if cells:
+            parts.append(f"<h4>{esc(name)}</h4>" + table(HEADER, [[esc(x) for x in _row(h, c)] for c in cells],
+                                                          left=4))
+    if ctx is not None:
+        for model in sorted({c.model for c in h.cells}):
+            parts.append(ctx.figure(f"hop_layers_{file_stem(model)}", f"{model}: per layer, the attention of the "
+                                    "tokens that first name a hop's answer on the hop's own fact, the other facts, "
+                                    "the extraneous segments and the question (mean over heads and over the named "
+                                    "hops of the cell; grey band: the layers the label reads).",
+                                    draw_layers(h, ctx.arrays, model)))
+    return "".join(parts)
+
+
+def markdown(h: HopTracking | None) -> list[str]:
+    """The ``analysis.md`` part."""
+    out = [f"## {TITLE}", ""]
+    if h is None or h.reason is not None:
+        why = NOT_RUN if h is None else f"not available: {h.reason}"
+        return out + [f"Hop tracking {why}.", ""]
+    out += [LEGEND + f" Window: {h.window}.", ""]
+    for measure, name in (("raw", "attention weights"), ("value", "value-weighted attention")):
+        cells = _cells(h, measure)
+        if cells:
+            out += [f"### {name}", "", md_table(HEADER, [_row(h, c) for c in cells]), ""]
+    return out
+
+
+def tables(h: HopTracking | None) -> list[tuple[str, Rows]]:
+    """``tables/hop_tracking.csv`` (one row per cell) and ``tables/hop_tracking_trials.csv`` (per trial and hop);
+    none without hop tracking."""
+    if h is None:
+        return []
+    cells: Rows = []
+    for c in h.cells:
+        row: dict = {"model": c.model, "condition": c.condition, "load": c.load, "measure": c.measure,
+                     "subset": c.subset, "n": c.n, "n_trials": c.n_trials, "n_questions": c.n_questions,
+                     "layer_lo": c.layers[0], "layer_hi": c.layers[1]}
+        for s in c.shares:
+            row.update({f"{s.label}_count": s.count, f"{s.label}_share": s.share, f"{s.label}_ci_low": s.ci_low,
+                        f"{s.label}_ci_high": s.ci_high})
+        for k, v in zip(h.categories, c.mass or (None,) * len(h.categories)):
+            row[f"mass_{k}"] = v
+        cells.append(row)
+    trials: Rows = []
+    for r in h.rows:
+        row = {k: v for k, v in vars(r).items() if k not in ("mass", "vmass")}
+        for k, v in zip(h.categories, r.mass or (None,) * len(h.categories)):
+            row[f"mass_{k}"] = v
+        for k, v in zip(h.categories, r.vmass or (None,) * len(h.categories)):
+            row[f"vmass_{k}"] = v
+        trials.append(row)
+    return [("hop_tracking", cells), ("hop_tracking_trials", trials)]
+
+
+def merge(named: list[tuple[str, HopTracking | None]]) -> HopTracking | None:
+    """Several runs' hop tracking as one, models renamed ``<run>: <model>`` (None when no run has any)."""
+    have = [(label, h) for label, h in named if h is not None and h.reason is None]
+    if not have:
+        return None
+    first = have[0][1]
+    return replace(first,
+                   cells=tuple(replace(c, model=f"{label}: {c.model}", array_key=None) for label, h in have
+                               for c in h.cells),
+                   rows=tuple(replace(r, model=f"{label}: {r.model}") for label, h in have for r in h.rows),
+                   n_trials=sum(h.n_trials for _, h in have), n_skipped=sum(h.n_skipped for _, h in have))
+
+
+__all__ = ["draw_layers", "html", "markdown", "merge", "tables"]
