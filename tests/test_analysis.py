@@ -376,7 +376,8 @@ def test_tables_and_text_are_written(effect_run):
     assert h1_csv["logit_odds_ratio_per_10pp_load"].to_numpy() == pytest.approx(
         [h.logit.odds_ratio_per_10pp_load for h in ice(analysis).h1])
     stored = json.loads((run / "analysis.json").read_text())
-    assert stored["schema"] == SCHEMA_VERSION and stored["families"]["ice"]["cells"][0]["em_mean"] == ice(analysis).cells[0].em_mean
+    assert stored["schema"] == SCHEMA_VERSION
+    assert stored["families"]["ice"]["cells"][0]["em_mean"] == ice(analysis).cells[0].em_mean
     quick = main_table(run)  # from the trials, without analysis.json
     for c in ice(analysis).cells:
         assert f"{c.em_mean:.3f} ({c.em_sem:.3f})" in quick
@@ -424,8 +425,8 @@ def test_attention_behaviour_finds_the_planted_layer_and_heads_and_matches_stats
     # per head: the planted layer's first head, on enrichment
     e = np.array([r.enrichment[plan.tracking_layer, 0] for r in recs])
     hit = next(h for h in a.heads.significant if (h.layer, h.head) == (plan.tracking_layer, 0))
-    assert hit.estimate == pytest.approx(sm.OLS(e, Xo.astype(float)).fit().params[1])
-    assert hit.p == pytest.approx(inf.clustered_ols(e, Xo.astype(float), groups).estimate.p)
+    assert hit.estimate.value == pytest.approx(sm.OLS(e, Xo.astype(float)).fit().params[1])
+    assert hit.estimate.p == pytest.approx(inf.clustered_ols(e, Xo.astype(float), groups).estimate.p)
     with np.load(run / "attention_summary.npz") as z:
         assert z[a.heads.q_key].shape == (plan.n_layers, plan.n_heads)
         assert z[a.heads.q_key][plan.tracking_layer, 0] == pytest.approx(hit.q, rel=1e-5)
@@ -587,7 +588,7 @@ def assert_claims_survive(data: dict, alpha: float = 0.05) -> int:
             assert set(a["layer_tests"]["significant"] if a["layer_tests"] else ()) == survive
             assert set(a["tracking_layers"]) <= survive
             for h in [*(a["heads"]["significant"] if a["heads"] else []), *a["distractor_heads"]]:
-                assert h["q"] < alpha
+                assert h["estimate"]["q"] < alpha
             logit = {x["layer"] for x in a["layers"] if (q := x["fit"]["estimate"]["q"]) is not None and q < alpha}
             adjusted = {x["layer"] for x in a["layers"] if x["adjusted"] and (q := x["adjusted"]["estimate"]["q"])
                         is not None and q < alpha}
@@ -637,7 +638,8 @@ def test_taxonomy_calls_a_significant_rise_a_rise_not_no_decline() -> None:
                                  is_test=True), intercept=0.5, logit=None, power=None)
     tax = classify_model(df, "m", h1, AnalysisSection())
     assert "no significant" not in tax.reason and "rises" in tax.reason and not tax.is_load_sensitive
-    flat = classify_model(df, "m", dataclasses.replace(h1, estimate=dataclasses.replace(h1.estimate, p=0.4)), AnalysisSection())
+    flat = classify_model(df, "m", dataclasses.replace(h1, estimate=dataclasses.replace(h1.estimate, p=0.4)),
+                          AnalysisSection())
     assert "no significant change" in flat.reason
 
 

@@ -4,6 +4,7 @@ record is regenerated on purpose (and its diff checked, see ``tests/fixtures/gol
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -100,7 +101,7 @@ def test_a_schema_4_analysis_still_reads_with_the_same_numbers(runs, tmp_path):
     old["inputs"]["trials_sha256"] = json.loads((run / "analysis.json").read_text())["inputs"]["trials_sha256"]
     (run / "analysis.json").write_text(json.dumps(old))
     then = read_analysis(run).families["ice"]  # the same trials: fresh
-    now = read_analysis(runs["ice"]).families["ice"]
+    now = without_head_se(read_analysis(runs["ice"]).families)["ice"]  # schema 4 had no SE, df of heads
     def unkeyed(a):  # the npz member names of the head grids changed (``ice_heads0_p_ext_estimate``), not their values
         return dataclasses.replace(a, heads=dataclasses.replace(a.heads, estimate_key=None, q_key=None))
 
@@ -148,9 +149,11 @@ def test_a_schema_5_analysis_still_reads_with_the_same_numbers(runs, tmp_path, n
     """``analysis_schema5.json`` is the golden record as schema 5 wrote it (every estimate spelled out flat in its
     holder: H1's ``beta``, ``se``, …; a layer fit's ``coef``; H2's test fields beside ``q``; CogniLoad terms
     without ``q``, ``reason``, ``is_test``): it reads, and equals today's analysis of the same run in every field
-    but the estimates' added ``method`` text; and its numbers are today's, one for one, found without the
-    upgrade (the multiset of every number in the file)."""
+    but the estimates' added ``method`` text and the significant heads' added SE and df; and every number of it is
+    one of today's, found without the upgrade (the multiset of every number in the file), today's adding only
+    those heads' SE and df."""
     import shutil
+    from collections import Counter
 
     old = json.loads(SCHEMA5.read_text())[name]
     assert old["schema"] == 5
@@ -159,7 +162,7 @@ def test_a_schema_5_analysis_still_reads_with_the_same_numbers(runs, tmp_path, n
     (run / "analysis.json").write_text(json.dumps({k: v for k, v in old.items() if k != "attention_summary_arrays"}))
     then, now = read_analysis(run), read_analysis(runs[name])
     assert then.schema == now.schema == SCHEMA_VERSION
-    assert unmethodical(then.families) == unmethodical(now.families)
+    assert unmethodical(then.families) == unmethodical(without_head_se(now.families))
 
     def numbers(x: object) -> list[str]:
         if isinstance(x, dict):
@@ -169,4 +172,27 @@ def test_a_schema_5_analysis_still_reads_with_the_same_numbers(runs, tmp_path, n
         return [f"{x:.9g}"] if isinstance(x, (int, float)) and not isinstance(x, bool) else []
 
     fresh = json.loads((runs[name] / "analysis.json").read_text())
-    assert sorted(numbers(old["families"])) == sorted(numbers(fresh["families"]))
+    then_n, now_n = Counter(numbers(old["families"])), Counter(numbers(fresh["families"]))
+    assert not then_n - now_n  # no number lost or changed
+    added = Counter(numbers(to_json(now.families))) - Counter(numbers(to_json(without_head_se(now.families))))
+    assert now_n - then_n == added  # the only new numbers: the significant heads' SE and df (schema 6)
+
+
+def without_head_se(families: dict) -> dict:
+    """``families`` with the significant heads' SE and df removed (schema 5 did not record them)."""
+    ice = families.get("ice")
+    if ice is None:
+        return families
+
+    def plain(a):
+        if a.heads is None:
+            return a
+        hits = tuple(dataclasses.replace(h, estimate=dataclasses.replace(h.estimate, se=None, df=None))
+                     for h in a.heads.significant)
+        distractor = tuple(dataclasses.replace(h, estimate=dataclasses.replace(h.estimate, se=None, df=None))
+                           for h in a.distractor_heads)
+        return dataclasses.replace(a, heads=dataclasses.replace(a.heads, significant=hits),
+                                   distractor_heads=distractor)
+
+    return {**families, "ice": dataclasses.replace(ice, attention_behaviour=tuple(
+        plain(a) for a in ice.attention_behaviour))}

@@ -23,7 +23,6 @@ ANALYSIS = Path(__file__).resolve().parents[1] / "probe" / "analysis"
 
 # dataclasses that still spell an estimate out (the next ones to move onto Estimate), each with why it stays
 PENDING = {
-    "HeadHit": "one significant (layer, head) of a grid, its numbers read off ManyFits arrays",
     "Correlation": "Pearson r with Fisher-z CI (also Spearman): a correlation, its own interval and test",
     "H3Correlation": "Correlation plus model, load, points and q (the same composition as PairedComparison next)",
     "PairedDifference": "the interventions' paired EM difference (delta, se, CI, p, df)",

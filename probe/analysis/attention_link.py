@@ -209,15 +209,23 @@ class LayerTests:
 
 @dataclass(frozen=True)
 class HeadHit:
-    """One head whose test survives BH across the layer × head grid (q < α)."""
+    """One head whose test survives BH across the layer × head grid (q < α): its estimate, CI, p and the q-value
+    across the grid."""
 
     layer: int
     head: int
-    estimate: float
-    ci_low: float | None
-    ci_high: float | None
-    p: float
-    q: float
+    estimate: Estimate
+
+    @property
+    def value(self) -> float:
+        """The estimate (always given: only tested heads are hits)."""
+        assert self.estimate.value is not None
+        return self.estimate.value
+
+    @property
+    def q(self) -> float:
+        assert self.estimate.q is not None
+        return self.estimate.q
 
 
 @dataclass(frozen=True)
@@ -527,9 +535,7 @@ def _layer_tests(fits: inf.ManyFits, alpha: float, measure: str, estimand: str, 
 def _head_tests(fits: inf.ManyFits, alpha: float, n: int, key: str, m: Measure
                 ) -> tuple[HeadTests, dict[str, np.ndarray]]:
     n_layers, n_heads = fits.estimate.shape
-    hits = [HeadHit(layer=int(li), head=int(h), estimate=float(fits.estimate[li, h]),
-                    ci_low=finite(fits.ci_low[li, h]), ci_high=finite(fits.ci_high[li, h]), p=float(fits.p[li, h]),
-                    q=float(fits.q[li, h]))
+    hits = [HeadHit(layer=int(li), head=int(h), estimate=fits.estimate_at((int(li), int(h))))
             for li, h in fits.significant(alpha)]
     hits.sort(key=lambda x: (x.q, x.layer, x.head))
     dfs = fits.df[np.isfinite(fits.df)]
@@ -619,7 +625,7 @@ def attention_behaviour(df: pd.DataFrame, per_trial: pd.DataFrame, model: str, a
     logit_adj = tuple(r.layer for r in layers if r.adjusted is not None and _positive_hit(r.adjusted.estimate, alpha))
     return replace(out, n_trials=int(len(d)), n_questions=int(d["task_id"].nunique()), layer_tests=layer_tests,
                    heads=heads, layers=tuple(layers), tracking_layers=tracking,
-                   distractor_heads=tuple(h for h in heads.significant if h.estimate > 0), logit_layers=logit,
+                   distractor_heads=tuple(h for h in heads.significant if h.value > 0), logit_layers=logit,
                    logit_layers_adjusted=logit_adj), arrays
 
 

@@ -110,7 +110,8 @@ def _h2_sentence(rows: list[PairedComparison], alpha: float) -> str:
                 word = "lower" if (r.test.delta or 0) < 0 else "higher"
                 t = r.test
                 items.append(f"{_pair_label(r)}: EM {word} by {fmt.num(abs(t.delta or 0), '.2f')} "
-                             f"({t.n_questions} questions, {fmt.p_phrase(t.p)}, {_q_phrase(r.q)})")  # type: ignore[arg-type]
+                             f"({t.n_questions} questions, {fmt.p_phrase(t.p)}, "  # type: ignore[arg-type]
+                             f"{_q_phrase(r.q)})")  # type: ignore[arg-type]
             parts.append(f"{lead}: significant after correction: " + "; ".join(items) + ".")
             rest = len(tested) - len(sig)
             if rest:
@@ -181,8 +182,8 @@ def _attention_sentences(a: AttentionBehaviour, alpha: float) -> list[str]:
         out.append(f"Per head: not tested ({h.reason}).")
     elif h.significant:
         by_place = sorted(h.significant, key=lambda x: (x.layer, x.head))
-        pos = [x for x in by_place if x.estimate > 0]
-        neg = [x for x in by_place if x.estimate < 0]
+        pos = [x for x in by_place if x.value > 0]
+        neg = [x for x in by_place if x.value < 0]
         text = []
         if pos:
             text.append(f"distractor heads (more enrichment in failed trials): "
@@ -371,9 +372,9 @@ def attention_tables_html(result: IceResult, alpha: float) -> str:
             continue
         for h in a.heads.significant:
             heads.append([esc(a.model), esc(a.label), esc(head_label(h.layer, h.head)),
-                          "distractor head" if h.estimate > 0 else "less enrichment when failing",
-                          fmt.num(h.estimate, "+.3f"), fmt.ci(h.ci_low, h.ci_high, "+.3f"), fmt.p_value(h.p, html=True),
-                          _p_cell(h.q, alpha)])
+                          "distractor head" if h.value > 0 else "less enrichment when failing",
+                          fmt.num(h.value, "+.3f"), fmt.ci(h.estimate.ci_low, h.estimate.ci_high, "+.3f"),
+                          fmt.p_value(h.estimate.p, html=True), _p_cell(h.q, alpha)])
     if result.attention_behaviour:
         grids = "; ".join(f"{esc(a.model)} {esc(a.label)}: {a.heads.n_tested} heads tested"
                           + ("" if a.heads.is_test else f" (not tested: {esc(a.heads.reason)})")
