@@ -101,7 +101,7 @@ def test_import_probe_attention_refuses_an_unsupported_transformers() -> None:
 
 
 @pytest.mark.parametrize("module", ["transformers.modeling_utils", "transformers", "torch.nn.functional", "torch",
-                                   "probe.attention.engine", "tests.test_attention"])
+                                   "probe.attention.engine", "tests.attention.test_attention"])
 @pytest.mark.parametrize("category", [DeprecationWarning, PendingDeprecationWarning, FutureWarning])
 def test_deprecations_from_the_engine_libraries_and_the_toolkit_fail_the_tests(module: str, category: type) -> None:
     with pytest.raises(category):

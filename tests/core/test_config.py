@@ -12,7 +12,7 @@ from probe.config import config_from_dict, dump_config, load_config
 from probe.errors import ConfigError, ModelUnavailableError, UnknownNameError
 from probe.loading import availability, get_card, list_cards, load_model, load_tokenizer, read_card
 
-EXPERIMENTS = sorted(Path(__file__).resolve().parent.parent.glob("experiments/*.toml"))
+EXPERIMENTS = sorted(Path(__file__).resolve().parents[2].glob("experiments/*.toml"))
 
 
 @pytest.mark.parametrize("path", EXPERIMENTS, ids=[p.stem for p in EXPERIMENTS])

@@ -12,7 +12,7 @@ from probe.attention import probe_batch, probe_tokenized, reference_segment_atte
 from probe.attention.measures.value import value_norms
 from probe.config import ProbeSection
 from probe.types import TokenizedPrompt
-from tests.test_attention import ARCHS, _build, make_prompt
+from tests.attention.test_attention import ARCHS, _build, make_prompt
 
 IDS = ("value_share_segment", "value_p_ext")
 

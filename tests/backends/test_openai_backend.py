@@ -32,7 +32,7 @@ from probe.errors import ConfigError
 from probe.loading import ModelCard, read_card
 from probe.types import Prompt, Segment
 
-MODELS = Path(__file__).resolve().parent.parent / "models"
+MODELS = Path(__file__).resolve().parents[2] / "models"
 FAST = RetryPolicy(max_retries=3, base_backoff=0.01, max_backoff=0.05)
 
 

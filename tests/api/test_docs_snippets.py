@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MARKDOWN = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SKIP_MARKER = re.compile(r"^#\s*docs-test:\s*skip\s*\((?P<reason>[^)]*)\)")
 LOADS_A_MODEL = re.compile(r"\bload_model\(|\bprobe\.run\(|from_pretrained\(")

@@ -20,7 +20,8 @@ import pytest
 
 from probe.cli import main
 
-_spec = importlib.util.spec_from_file_location("synthetic_run", Path(__file__).parent / "fixtures" / "synthetic_run.py")
+_spec = importlib.util.spec_from_file_location("synthetic_run",
+                                               Path(__file__).parent.parent / "fixtures" / "synthetic_run.py")
 synthetic_run = importlib.util.module_from_spec(_spec)
 sys.modules["synthetic_run"] = synthetic_run
 _spec.loader.exec_module(synthetic_run)

@@ -20,7 +20,7 @@ from probe.attention.intervention import Intervention, RowEdit, apply_interventi
 from probe.config import ProbeSection
 from probe.errors import ConfigError, SpanError
 from probe.types import Span, TokenizedPrompt
-from tests.test_attention import _build, make_prompt
+from tests.attention.test_attention import _build, make_prompt
 
 pytestmark = pytest.mark.integration
 

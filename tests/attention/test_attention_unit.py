@@ -187,9 +187,9 @@ def test_a_format_1_record_still_reads_with_the_same_values() -> None:
     from pathlib import Path
 
     from probe.attention import probe_tokenized
-    from tests.test_attention import _build, make_prompt
+    from tests.attention.test_attention import _build, make_prompt
 
-    old = SegmentAttention.load(Path(__file__).parent / "fixtures" / "attention_record_format1.npz")
+    old = SegmentAttention.load(Path(__file__).parent.parent / "fixtures" / "attention_record_format1.npz")
     assert set(old.measures) == {"seg_mass", "seg_mass_segment", "p_ext", "ar_k"}
     new = probe_tokenized(_build("llama"), make_prompt(3, layout="saturation", n_tokens=57))
     same = dataclasses.replace(new, measures={k: new[k] for k in old.measures})  # measures added since: not in it

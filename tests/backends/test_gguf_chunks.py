@@ -18,7 +18,7 @@ from probe.errors import ConfigError, ModelUnavailableError
 from probe.gguf_chunks import ChunkSet, installed_parts, join_chunks
 from probe.loading import availability, get_card, read_card
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PAYLOADS = [b"GGUF" + bytes(range(200)) * 3, b"second part " * 50, b"tail"]
 
 

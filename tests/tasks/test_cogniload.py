@@ -423,7 +423,7 @@ def test_scoring_rejects_other_sources() -> None:
 
 def test_paper_experiment_is_the_papers_grid() -> None:
     """5 d x 4 N x 7 rho = 140 cells at 100 puzzles each: the paper's 14,000 puzzles per model."""
-    cfg = load_config(Path(__file__).parent.parent / "experiments" / "cogniload-paper.toml")
+    cfg = load_config(Path(__file__).parent.parent.parent / "experiments" / "cogniload-paper.toml")
     (section,) = cfg.tasks
     assert section.difficulty == GRID_D and section.length == GRID_N
     assert len(section.needle_ratio) == 7 and set(GRID_RHO) <= set(section.needle_ratio)

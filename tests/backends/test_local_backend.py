@@ -1,7 +1,7 @@
 """The pure pieces of ``LocalBackend.generate``: cutting an answer at its end token and the decoding arguments.
 
-The whole of ``generate`` (batching, padding, edits, probes) is covered by tests/test_runner.py,
-tests/test_attention_batch.py and tests/test_interventions_run.py; these pin the rules the split made separate.
+The whole of ``generate`` (batching, padding, edits, probes) is covered by tests/runs/test_runner.py,
+tests/attention/test_attention_batch.py and tests/runs/test_interventions_run.py; these pin the rules the split made separate.
 """
 
 from __future__ import annotations

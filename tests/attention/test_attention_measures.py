@@ -17,7 +17,7 @@ from probe.attention.segments import RowBlock
 from probe.attention.result import SegmentAttention
 from probe.errors import UnknownNameError
 from probe.registry import DuplicateEntryError
-from tests.test_attention import _build, make_prompt
+from tests.attention.test_attention import _build, make_prompt
 
 TOY = "germane_mass"
 

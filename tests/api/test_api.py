@@ -17,7 +17,7 @@ from probe.config import config_from_dict
 from probe.errors import ConfigError, ProbeError
 from probe.loaded_run import RunNotFoundError, UnknownPromptError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "transformers", "numpy", "pandas", "matplotlib", "scipy", "statsmodels", "sentence_transformers")
 
 

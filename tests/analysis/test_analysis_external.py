@@ -14,10 +14,10 @@ from probe.records_import import (ExternalTrialsError, ends_mid_sentence, has_fi
                                   parse_mapping)
 from probe.errors import ConfigError, UnknownNameError
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parent.parent / "fixtures"
 SMALL = FIXTURES / "external_trials.csv"
 MAP = "model=llm,condition=cond,load=pct,replication=rep,run=batch,output=text,gold=truth"
-PAPER = Path(__file__).resolve().parents[1].parent / "shared" / "external" / "ice-paper-published-outputs.csv"
+PAPER = Path(__file__).resolve().parents[2].parent / "shared" / "external" / "ice-paper-published-outputs.csv"
 
 
 def by_key(trials):

@@ -92,7 +92,7 @@ def test_a_schema_4_analysis_still_reads_with_the_same_numbers(runs, tmp_path):
     import dataclasses
     import shutil
 
-    old = json.loads((Path(__file__).parent / "fixtures" / "analysis_schema4_ice.json").read_text())
+    old = json.loads((Path(__file__).parent.parent / "fixtures" / "analysis_schema4_ice.json").read_text())
     assert old["schema"] == 4 and "p_ext_layers" in old["families"]["ice"]["attention_behaviour"][0]
     run = tmp_path / "ice"
     shutil.copytree(runs["ice"], run)

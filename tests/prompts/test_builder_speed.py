@@ -19,7 +19,7 @@ from probe.rng import scalar_draws
 from probe.runner import build_run_prompts, prepare_run_dir
 from probe.types import Prompt, Segment
 
-FIXTURES = Path(__file__).parent / "fixtures" / "builder"
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "builder"
 GOLDEN = json.loads((FIXTURES / "golden.json").read_text())
 
 

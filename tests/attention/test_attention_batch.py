@@ -17,7 +17,7 @@ from probe.attention.plan import build_plan
 from probe.attention.reduce import PlanTensors
 from probe.config import ProbeSection
 from probe.errors import ConfigError
-from tests.test_attention import ARCHS, _build, assert_same, make_prompt
+from tests.attention.test_attention import ARCHS, _build, assert_same, make_prompt
 
 pytestmark = pytest.mark.integration
 
