@@ -141,7 +141,7 @@ def unmethodical(x: object) -> object:
     return strip(to_json(x))
 
 
-SCHEMA5 = Path(__file__).parent / "fixtures" / "analysis_schema5.json"
+SCHEMA5 = Path(__file__).parent.parent / "fixtures" / "analysis_schema5.json"
 
 
 @pytest.mark.parametrize("name", ["ice", "cogniload"])

@@ -19,7 +19,7 @@ from probe.analysis.hypotheses import H1Fit, LoadLogit, PairedComparison
 from probe.analysis.inference import PairedTest
 from probe.analysis.results import from_json, to_json
 
-ANALYSIS = Path(__file__).resolve().parents[1] / "probe" / "analysis"
+ANALYSIS = Path(__file__).resolve().parents[2] / "probe" / "analysis"
 
 # dataclasses that still spell an estimate out (the next ones to move onto Estimate), each with why it stays
 PENDING = {
