@@ -60,6 +60,7 @@ import statsmodels.api as sm
 
 from probe.analysis import inference as inf
 from probe.analysis.attention_tests import attention_failure_tests, residue_similarity_tests
+from probe.analysis.estimate import Estimate
 from probe.analysis.estimates import finite, key_int
 from probe.analysis.glm import exp_or_none, fit_logit
 from probe.runfolder import RunFolder
@@ -140,30 +141,21 @@ class MeasureLogit:
     """Binomial GLM (logit) of a wrong answer on a head-mean attention share (and covariates), clustered by question.
 
     Attributes:
-        coef: log-odds of a wrong answer per unit of the measure (a share in [0, 1], e.g. P_ext); se, ci_low,
-            ci_high, p: its CR2 SE, CI and p on t(df) (None when the fit gives the coefficient only); df:
-            Bell–McCaffrey degrees of freedom; q: BH q-value across the layers of the same fit (one family).
-        odds_ratio_per_10pp: exp(0.1 · coef), the odds ratio of a wrong answer per 10 percentage points of the
-            measure (None where it would overflow).
-        reason: why there is no estimate or no test, else None.
+        estimate: log-odds of a wrong answer per unit of the measure (a share in [0, 1], e.g. P_ext), with its CR2
+            SE, CI and p on t(df) Bell–McCaffrey degrees of freedom (none when the fit gives the coefficient only,
+            see its ``reason``); q: its BH q-value across the layers of the same fit (one family).
+        odds_ratio_per_10pp: exp(0.1 · coefficient), the odds ratio of a wrong answer per 10 percentage points of
+            the measure (None where it would overflow).
     """
 
-    coef: float | None
-    se: float | None
-    ci_low: float | None
-    ci_high: float | None
-    p: float | None
-    q: float | None
-    df: float | None
+    estimate: Estimate
     odds_ratio_per_10pp: float | None
-    reason: str | None
 
 
 @dataclass(frozen=True)
 class LayerFit:
-    """One layer's logistic robustness fit: the :class:`MeasureLogit` fields, and the fit adjusted for load and
-    placement (``adjusted``: the measure with load (pp) and a Residue indicator as covariates; None where no
-    covariate varies).
+    """One layer's logistic robustness fit: the measure alone (``fit``), and the fit adjusted for load and placement
+    (``adjusted``: the measure with load (pp) and a Residue indicator as covariates; None where no covariate varies).
 
     Attributes:
         layer: 0-based layer; n: trials with a finite value of the measure at this layer.
@@ -171,15 +163,7 @@ class LayerFit:
 
     layer: int
     n: int
-    coef: float | None
-    se: float | None
-    ci_low: float | None
-    ci_high: float | None
-    p: float | None
-    q: float | None
-    df: float | None
-    odds_ratio_per_10pp: float | None
-    reason: str | None
+    fit: MeasureLogit
     adjusted: MeasureLogit | None
 
 
@@ -189,19 +173,13 @@ class LayerTest:
 
     Attributes:
         layer: 0-based layer; n: observations used.
-        estimate: the tested coefficient (given also when descriptive); se, ci_low, ci_high, p: CR2 clustered by
-            question, t on ``df`` Bell–McCaffrey degrees of freedom; q: BH q-value across the layers (the family).
+        estimate: the tested coefficient (given also when descriptive) with its CR2 SE clustered by question, CI
+            and p on t(df) Bell–McCaffrey degrees of freedom, and its BH q-value across the layers (the family).
     """
 
     layer: int
     n: int
-    estimate: float | None
-    se: float | None
-    ci_low: float | None
-    ci_high: float | None
-    p: float | None
-    q: float | None
-    df: float | None
+    estimate: Estimate
 
 
 @dataclass(frozen=True)
@@ -231,15 +209,23 @@ class LayerTests:
 
 @dataclass(frozen=True)
 class HeadHit:
-    """One head whose test survives BH across the layer × head grid (q < α)."""
+    """One head whose test survives BH across the layer × head grid (q < α): its estimate, CI, p and the q-value
+    across the grid."""
 
     layer: int
     head: int
-    estimate: float
-    ci_low: float | None
-    ci_high: float | None
-    p: float
-    q: float
+    estimate: Estimate
+
+    @property
+    def value(self) -> float:
+        """The estimate (always given: only tested heads are hits)."""
+        assert self.estimate.value is not None
+        return self.estimate.value
+
+    @property
+    def q(self) -> float:
+        assert self.estimate.q is not None
+        return self.estimate.q
 
 
 @dataclass(frozen=True)
@@ -493,31 +479,42 @@ def _target_ar(rec: AttentionRecord, target: str) -> np.ndarray | None:
     return np.asarray(rec.ar_k_mean[:, rec.ar_targets.index(names[0])], dtype=float)
 
 
+def _with_q(m: MeasureLogit, q: float) -> MeasureLogit:
+    return replace(m, estimate=m.estimate.with_q(finite(q)))
+
+
+def _positive_hit(e: Estimate, alpha: float) -> bool:
+    """A positive estimate with BH q below ``alpha``."""
+    return e.q is not None and e.q < alpha and e.value is not None and e.value > 0
+
+
 def _logit(y: np.ndarray, X: np.ndarray, groups: np.ndarray, alpha: float) -> MeasureLogit:
     """Binomial GLM of ``y`` on ``X`` (constant first, the tested variable second), clustered by ``groups``."""
     fit = fit_logit(y, X, groups)
     if not fit.ok:
-        return MeasureLogit(None, None, None, None, None, None, None, None, fit.reason)
+        return MeasureLogit(Estimate.descriptive(None, fit.reason, fit.se_method), None)
     c = fit.coefficient(1, alpha)
-    return MeasureLogit(coef=finite(c.estimate), se=c.se, ci_low=c.ci_low, ci_high=c.ci_high, p=c.p, q=None,
-                        df=c.df, odds_ratio_per_10pp=exp_or_none(0.1 * c.estimate), reason=c.reason)
+    assert c.value is not None
+    return MeasureLogit(replace(c, value=finite(c.value)), odds_ratio_per_10pp=exp_or_none(0.1 * c.value))
 
 
 def _logit_layer(layer: int, x: np.ndarray, y: np.ndarray, groups: np.ndarray, covariates: np.ndarray,
                  alpha: float, label: str = "P_ext") -> LayerFit:
     ok = np.isfinite(x)
     x, y, groups, covariates = x[ok], y[ok], groups[ok], covariates[ok]
-    out = LayerFit(layer=layer, n=int(len(x)), coef=None, se=None, ci_low=None, ci_high=None, p=None, q=None,
-                   df=None, odds_ratio_per_10pp=None, reason=None, adjusted=None)
+
+    def none(reason: str) -> LayerFit:
+        return LayerFit(layer=layer, n=int(len(x)), fit=MeasureLogit(Estimate.descriptive(None, reason), None),
+                        adjusted=None)
+
     if len(x) < MIN_TRIALS_PER_LAYER_FIT:
-        return replace(out, reason=f"{len(x)} trials with {label}; need at least {MIN_TRIALS_PER_LAYER_FIT}")
+        return none(f"{len(x)} trials with {label}; need at least {MIN_TRIALS_PER_LAYER_FIT}")
     if y.min() == y.max():
-        return replace(out, reason="no variance in outcome (every trial " + ("wrong" if y[0] else "right") + ")")
+        return none("no variance in outcome (every trial " + ("wrong" if y[0] else "right") + ")")
     if np.ptp(x) == 0:
-        return replace(out, reason=f"no variance in {label}")
-    alone = _logit(y, sm.add_constant(x, has_constant="add"), groups, alpha)
-    out = replace(out, coef=alone.coef, se=alone.se, ci_low=alone.ci_low, ci_high=alone.ci_high, p=alone.p,
-                  df=alone.df, odds_ratio_per_10pp=alone.odds_ratio_per_10pp, reason=alone.reason)
+        return none(f"no variance in {label}")
+    out = LayerFit(layer=layer, n=int(len(x)), fit=_logit(y, sm.add_constant(x, has_constant="add"), groups, alpha),
+                   adjusted=None)
     keep = [j for j in range(covariates.shape[1]) if np.ptp(covariates[:, j]) > 0]
     if keep:
         X = np.column_stack([np.ones(len(x)), x, covariates[:, keep]])
@@ -528,9 +525,7 @@ def _logit_layer(layer: int, x: np.ndarray, y: np.ndarray, groups: np.ndarray, c
 def _layer_tests(fits: inf.ManyFits, alpha: float, measure: str, estimand: str, n: int) -> LayerTests:
     """A :class:`LayerTests` from the (layer,) arrays of a :class:`probe.analysis.inference.ManyFits`."""
     layers = tuple(
-        LayerTest(layer=i, n=int(fits.n[i]), estimate=finite(fits.estimate[i]), se=finite(fits.se[i]),
-                  ci_low=finite(fits.ci_low[i]), ci_high=finite(fits.ci_high[i]), p=finite(fits.p[i]),
-                  q=finite(fits.q[i]), df=finite(fits.df[i]))
+        LayerTest(layer=i, n=int(fits.n[i]), estimate=fits.estimate_at(i))
         for i in range(fits.estimate.shape[0]))
     return LayerTests(measure=measure, estimand=estimand, n=n, n_questions=fits.n_clusters, is_test=fits.is_test,
                       method=fits.method, reason=fits.reason, layers=layers,
@@ -540,9 +535,7 @@ def _layer_tests(fits: inf.ManyFits, alpha: float, measure: str, estimand: str, 
 def _head_tests(fits: inf.ManyFits, alpha: float, n: int, key: str, m: Measure
                 ) -> tuple[HeadTests, dict[str, np.ndarray]]:
     n_layers, n_heads = fits.estimate.shape
-    hits = [HeadHit(layer=int(li), head=int(h), estimate=float(fits.estimate[li, h]),
-                    ci_low=finite(fits.ci_low[li, h]), ci_high=finite(fits.ci_high[li, h]), p=float(fits.p[li, h]),
-                    q=float(fits.q[li, h]))
+    hits = [HeadHit(layer=int(li), head=int(h), estimate=fits.estimate_at((int(li), int(h))))
             for li, h in fits.significant(alpha)]
     hits.sort(key=lambda x: (x.q, x.layer, x.head))
     dfs = fits.df[np.isfinite(fits.df)]
@@ -622,19 +615,17 @@ def attention_behaviour(df: pd.DataFrame, per_trial: pd.DataFrame, model: str, a
     head_fits = attention_failure_tests(per_head, failed, load, groups, residue[:, None], alpha)
     heads, arrays = _head_tests(head_fits, alpha, len(d), key, m)
     layers = [_logit_layer(li, mat[:, li], failed, groups, covariates, alpha, label) for li in range(mat.shape[1])]
-    q_alone = inf.bh_qvalues(np.array([np.nan if r.p is None else r.p for r in layers]))
-    q_adj = inf.bh_qvalues(np.array([np.nan if r.adjusted is None or r.adjusted.p is None else r.adjusted.p
-                                     for r in layers]))
-    layers = [replace(r, q=finite(qa), adjusted=None if r.adjusted is None else replace(r.adjusted, q=finite(qb)))
+    q_alone = inf.bh_qvalues(np.array([np.nan if r.fit.estimate.p is None else r.fit.estimate.p for r in layers]))
+    q_adj = inf.bh_qvalues(np.array([np.nan if r.adjusted is None or r.adjusted.estimate.p is None
+                                     else r.adjusted.estimate.p for r in layers]))
+    layers = [replace(r, fit=_with_q(r.fit, qa), adjusted=None if r.adjusted is None else _with_q(r.adjusted, qb))
               for r, qa, qb in zip(layers, q_alone, q_adj)]
-    tracking = tuple(t.layer for t in layer_tests.layers
-                     if t.q is not None and t.q < alpha and t.estimate is not None and t.estimate > 0)
-    logit = tuple(r.layer for r in layers if r.q is not None and r.q < alpha and r.coef is not None and r.coef > 0)
-    logit_adj = tuple(r.layer for r in layers if (a := r.adjusted) is not None and a.q is not None and a.q < alpha
-                      and a.coef is not None and a.coef > 0)
+    tracking = tuple(t.layer for t in layer_tests.layers if _positive_hit(t.estimate, alpha))
+    logit = tuple(r.layer for r in layers if _positive_hit(r.fit.estimate, alpha))
+    logit_adj = tuple(r.layer for r in layers if r.adjusted is not None and _positive_hit(r.adjusted.estimate, alpha))
     return replace(out, n_trials=int(len(d)), n_questions=int(d["task_id"].nunique()), layer_tests=layer_tests,
                    heads=heads, layers=tuple(layers), tracking_layers=tracking,
-                   distractor_heads=tuple(h for h in heads.significant if h.estimate > 0), logit_layers=logit,
+                   distractor_heads=tuple(h for h in heads.significant if h.value > 0), logit_layers=logit,
                    logit_layers_adjusted=logit_adj), arrays
 
 

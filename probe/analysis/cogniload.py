@@ -61,6 +61,7 @@ import pandas as pd
 
 from probe import formatting as fmt
 from probe.analysis.cogniload_attention import NeedleHaySummary, cogniload_attention
+from probe.analysis.estimate import Estimate
 from probe.analysis.estimates import Cell, cell_summaries
 from probe.analysis.families import FamilyAnalysis, FamilyData, FamilyOutput, register_family_analysis
 from probe.analysis.glm import LogitFit, fit_logit
@@ -87,29 +88,14 @@ class CogniloadAnalysisError(ProbeError):
 
 
 @dataclass(frozen=True)
-class Term:
-    """One coefficient of a GLM: estimate (logit scale), standard error, 95 % CI and p.
-
-    ``df`` is the t reference's degrees of freedom (clustered by puzzle), None for the normal reference of a
-    model-based fit; ``se``, ``ci_low``, ``ci_high``, ``p`` are None when the fit gives coefficients only (see
-    :attr:`GlmFit.se_method`)."""
-
-    estimate: float
-    se: float | None
-    ci_low: float | None
-    ci_high: float | None
-    p: float | None
-    df: float | None
-
-
-@dataclass(frozen=True)
 class GlmFit:
     """One GLM of one model (``quadratic``, ``linear``, ``d_x_N``, ``d_x_rho``).
 
     Attributes:
         status: ``ok``, ``not_estimable`` or ``degenerate``; reason: why not ``ok``, else None.
         terms: the terms fitted; dropped: term -> why it was left out; n: trials.
-        params: term -> :class:`Term` (empty unless ``ok``); aic: the fit's AIC (None unless ``ok``).
+        params: term -> its :class:`~probe.analysis.estimate.Estimate` (logit scale, 95 % CI; ``df`` None for the
+            normal reference of a model-based fit; empty unless ``ok``); aic: the fit's AIC (None unless ``ok``).
         se_method: how the standard errors were computed, and why there are none where a fit gives coefficients
             only (None unless ``ok``).
     """
@@ -119,7 +105,7 @@ class GlmFit:
     terms: tuple[str, ...]
     dropped: dict[str, str]
     n: int
-    params: dict[str, Term]
+    params: dict[str, Estimate]
     aic: float | None
     se_method: str | None
 
@@ -408,7 +394,7 @@ def _analyze_model(model: str, trials: list[TrialRecord], n_bootstrap: int, rng:
         levels={k: tuple(v) for k, v in out["levels"].items()}, means=means,
         accuracy_by={k: {lv: LevelAccuracy(**a) for lv, a in by.items()} for k, by in out["accuracy_by"].items()},
         fits={name: GlmFit(status=f["status"], reason=f["reason"], terms=tuple(f["terms"]), dropped=f["dropped"],
-                           n=f["n"], params={t: Term(**v) for t, v in f["params"].items()}, aic=f["aic"],
+                           n=f["n"], params=dict(f["params"]), aic=f["aic"],
                            se_method=f["se_method"])
               for name, f in fits.items()},
         aic_preferred=out["aic_preferred"], delta_aic=out["delta_aic"],
@@ -485,8 +471,7 @@ def _fit_summary(fit: _Fit, dropped: dict[str, str], n: int) -> dict:
     out["params"] = {}
     for i, t in enumerate(fit.terms):
         c = fit.result.coefficient(i, 0.05)
-        out["params"][t] = {"estimate": fit.params[t], "se": c.se, "ci_low": c.ci_low, "ci_high": c.ci_high, "p": c.p,
-                            "df": c.df}
+        out["params"][t] = replace(c, value=fit.params[t])
     out["aic"] = fit.result.aic
     se_method = fit.result.se_method
     if fit.result.test_reason:

@@ -41,6 +41,7 @@ import statsmodels.api as sm
 from statsmodels.genmod.generalized_linear_model import GLMResults
 from statsmodels.tools.sm_exceptions import ConvergenceWarning, PerfectSeparationError, PerfectSeparationWarning
 
+from probe.analysis.estimate import Estimate
 from probe.analysis.inference import (
     DEGENERATE_REASON,
     MIN_CLUSTERS,
@@ -59,27 +60,6 @@ from probe.analysis.inference import (
 )
 
 FitStatus = Literal["ok", "failed", "separation", "not_converged", "not_finite"]
-
-
-@dataclass(frozen=True)
-class Coefficient:
-    """One coefficient of a fit: estimate, standard error, (1 − alpha) CI and two-sided p.
-
-    Attributes:
-        estimate: the coefficient (log-odds scale).
-        se, ci_low, ci_high, p: None when the fit is descriptive or the clustered SE is 0 (see ``reason``).
-        df: degrees of freedom of the t reference (Bell–McCaffrey for CR2, G − 1 for CR1); None for the normal
-            reference of a model-based fit.
-        reason: why there is no SE, else None.
-    """
-
-    estimate: float
-    se: float | None
-    ci_low: float | None
-    ci_high: float | None
-    p: float | None
-    df: float | None
-    reason: str | None
 
 
 @dataclass(frozen=True, eq=False)
@@ -130,19 +110,21 @@ class LogitFit:
         assert self.result is not None, "AIC of a failed fit"
         return float(self.result.aic)
 
-    def coefficient(self, index: int, alpha: float = 0.05) -> Coefficient:
-        """Coefficient ``index`` (a column of the design) with its (1 − alpha) CI and p on the fit's reference."""
+    def coefficient(self, index: int, alpha: float = 0.05) -> Estimate:
+        """Coefficient ``index`` (a column of the design) with its (1 − alpha) CI and p on the fit's reference
+        (log-odds scale; ``df`` None for the normal reference of a model-based fit; ``method``: the fit's
+        ``se_method``)."""
         res = self.result
         assert res is not None, "coefficient of a failed fit"
         est = float(res.params[index])
         if self.test_reason is not None:
-            return Coefficient(est, None, None, None, None, None, self.test_reason)
+            return Estimate.descriptive(est, self.test_reason, self.se_method)
         if self.codes is not None and self.n_clusters is not None:
             few = contrast_guard(np.asarray(res.model.exog, dtype=float)[:, index],
                                  np.asarray(res.model.endog, dtype=float), self.codes, self.min_clusters,
                                  "the tested variable")
             if few is not None:
-                return Coefficient(est, None, None, None, None, None, few)
+                return Estimate.descriptive(est, few, self.se_method)
         if self.vcov is None or self.vcov == "CR1":  # statsmodels' own SE: model-based (normal) or CR1 (t, G - 1)
             se = float(res.bse[index])
             df = None if self.vcov is None else float(res.df_resid_inference)
@@ -154,18 +136,17 @@ class LogitFit:
             sw = np.sqrt(mu * (1 - mu))  # (n,) square root of the working weights
             w, df = sandwich_weights(X * sw[:, None], self.codes, self.n_clusters, index, "CR2")
             if not math.isfinite(df):
-                return Coefficient(est, None, None, None, None, None, DEGENERATE_REASON)
+                return Estimate.descriptive(est, DEGENERATE_REASON, self.se_method)
             se = cluster_se(w, (y - mu) / sw, self.codes, self.n_clusters)
         if not math.isfinite(se) or se <= 1e-12 * max(1.0, abs(est)):
-            return Coefficient(est, None, None, None, None, None,
-                               "the standard error is 0 or not finite: the outcome does not vary within the tested "
-                               "contrast, so it cannot be tested")
+            return Estimate.descriptive(est, "the standard error is 0 or not finite: the outcome does not vary within "
+                                        "the tested contrast, so it cannot be tested", self.se_method)
         if df is None:
             crit, p = scipy.stats.norm.ppf(1 - alpha / 2), 2 * scipy.stats.norm.sf(abs(est / se))
         else:
             crit, p = scipy.stats.t.ppf(1 - alpha / 2, df), 2 * scipy.stats.t.sf(abs(est / se), df)
-        return Coefficient(estimate=est, se=se, ci_low=est - float(crit) * se, ci_high=est + float(crit) * se,
-                           p=float(p), df=df, reason=None)
+        return Estimate(value=est, se=se, ci_low=est - float(crit) * se, ci_high=est + float(crit) * se, df=df,
+                        p=float(p), method=self.se_method, is_test=True)
 
 
 MAX_STD_COEF = 12.0  # |coef * sd(x)| above this: an odds ratio of e^12 per standard deviation is separation
@@ -354,5 +335,5 @@ def exp_or_none(x: float) -> float | None:
     return math.exp(x) if abs(x) < 700 else None
 
 
-__all__ = ["MAX_STD_COEF", "Coefficient", "FitStatus", "LogitFit", "clustered_logit", "exp_or_none", "fit_logit",
+__all__ = ["MAX_STD_COEF", "FitStatus", "LogitFit", "clustered_logit", "exp_or_none", "fit_logit",
            "separation"]

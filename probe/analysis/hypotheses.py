@@ -32,9 +32,10 @@ import pandas as pd
 import statsmodels.api as sm
 
 from probe.analysis import inference as inf
+from probe.analysis.estimate import Estimate
 from probe.analysis.estimates import finite
 from probe.analysis.glm import exp_or_none, fit_logit
-from probe.analysis.inference import McNemarResult, Power
+from probe.analysis.inference import PairedTest, Power
 
 log = logging.getLogger(__name__)
 
@@ -44,23 +45,15 @@ class LoadLogit:
     """H1's robustness line: Binomial GLM (logit) of EM on load, clustered by question (:mod:`probe.analysis.glm`).
 
     Attributes:
-        coef: log-odds of a right answer per percentage point of load; se, ci_low, ci_high, p: its CR2 SE, CI and p
-            on t(df) (None when the fit gives coefficients only); df: Bell–McCaffrey degrees of freedom.
-        odds_ratio_per_10pp_load: exp(10 · coef), the odds ratio of a right answer per 10 percentage points of
-            load (None where it would overflow).
-        se_method: how the standard errors were computed.
-        reason: why there is no estimate or no test, else None.
+        estimate: log-odds of a right answer per percentage point of load, with its CR2 SE, CI and p on t(df)
+            Bell–McCaffrey degrees of freedom (none when the fit gives coefficients only; see its ``reason``), and
+            how the standard errors were computed (``method``).
+        odds_ratio_per_10pp_load: exp(10 · coefficient), the odds ratio of a right answer per 10 percentage points
+            of load (None where it would overflow).
     """
 
-    coef: float | None
-    se: float | None
-    ci_low: float | None
-    ci_high: float | None
-    p: float | None
-    df: float | None
+    estimate: Estimate
     odds_ratio_per_10pp_load: float | None
-    se_method: str | None
-    reason: str | None
 
 
 @dataclass(frozen=True)
@@ -70,14 +63,13 @@ class H1Fit:
     Attributes:
         model, condition: the fit's model and condition (``Saturation``: H1 proper; ``Residue``, ``LongControl``).
         n: scored trials in the fit; n_clusters: questions; loads: the load levels (0 = Control).
-        beta: EM per percentage point of load (linear probability model; given also when descriptive); se, ci_low,
-            ci_high, p: CR2 clustered by question, t with ``df`` Bell–McCaffrey degrees of freedom (None when
-            descriptive); intercept: EM at load 0.
-        is_test: whether se, CI and p are given (False below the minimum number of questions, see ``reason``).
-        se_method: how the standard errors were computed.
+        estimate: β, EM per percentage point of load (linear probability model; given also when descriptive),
+            with its CR2 SE clustered by question, CI and p on t(df) Bell–McCaffrey degrees of freedom (none when
+            descriptive: below the minimum number of questions, see its ``reason``), and how the standard errors
+            were computed (``method``).
+        intercept: EM at load 0.
         logit: the logistic robustness fit (None where the linear fit was not made).
         power: post-hoc power and minimum detectable |β| on the same t(df) reference (None without a test).
-        reason: why there is no estimate or no test, else None.
     """
 
     model: str
@@ -85,18 +77,10 @@ class H1Fit:
     n: int
     n_clusters: int
     loads: tuple[int, ...]
-    beta: float | None
-    se: float | None
-    ci_low: float | None
-    ci_high: float | None
-    p: float | None
-    df: float | None
+    estimate: Estimate
     intercept: float | None
-    is_test: bool
-    se_method: str | None
     logit: LoadLogit | None
     power: Power | None
-    reason: str | None
 
 
 @dataclass(frozen=True)
@@ -106,18 +90,9 @@ class PairedComparison:
     Attributes:
         model: the model; a, b: the two conditions; load: the load compared (of ``a``); note: how the pairs were
             formed where that is not plain (a LongControl level without load).
-        n_pairs: (question, replication) pairs scored in both conditions; n_questions: questions among them.
-        em_a, em_b: EM of each condition on the pairs.
-        delta: mean over questions of the per-question mean difference em_a − em_b (the tested statistic).
-        p: two-sided sign-flip permutation p-value (the primary test); q: its BH q-value across the model's
-            comparisons (the H2 family). None when descriptive.
-        is_exact: the p-value enumerates all 2^G sign assignments; n_resamples: assignments used; seed: seed of
-            the Monte Carlo draws (None when exact).
-        mcnemar: the secondary exact McNemar test on the pairs (ignores clustering; None without pairs).
-        power: power and MDE (EM units) of the one-sample t test of the per-question differences (G − 1 df).
-        is_test: whether ``p`` is a test (False when descriptive, see ``reason``).
-        method: the primary test, in words.
-        reason: why there is no test, or why it has no information, else None.
+        test: the paired test (:class:`probe.analysis.inference.PairedTest`: pairs, EM of each condition, the
+            per-question Δ, the sign-flip p, McNemar, power, or why there is no test).
+        q: the BH q-value of ``test.p`` across the model's comparisons (the H2 family); None when descriptive.
     """
 
     model: str
@@ -125,21 +100,8 @@ class PairedComparison:
     b: str
     load: int
     note: str | None
-    n_pairs: int
-    n_questions: int
-    em_a: float | None
-    em_b: float | None
-    delta: float | None
-    p: float | None
+    test: PairedTest
     q: float | None
-    is_exact: bool
-    n_resamples: int | None
-    seed: int | None
-    mcnemar: McNemarResult | None
-    power: Power | None
-    is_test: bool
-    method: str
-    reason: str | None
 
 
 @dataclass(frozen=True)
@@ -200,10 +162,10 @@ def with_qvalues(p: list[float | None]) -> list[float | None]:
 def _load_logit(y: np.ndarray, X: np.ndarray, groups: np.ndarray, alpha: float) -> LoadLogit:
     fit = fit_logit(y, X, groups)
     if not fit.ok:
-        return LoadLogit(None, None, None, None, None, None, None, fit.se_method, fit.reason)
+        return LoadLogit(Estimate.descriptive(None, fit.reason, fit.se_method), None)
     c = fit.coefficient(1, alpha)
-    return LoadLogit(coef=finite(c.estimate), se=c.se, ci_low=c.ci_low, ci_high=c.ci_high, p=c.p, df=c.df,
-                     odds_ratio_per_10pp_load=exp_or_none(10 * c.estimate), se_method=fit.se_method, reason=c.reason)
+    assert c.value is not None
+    return LoadLogit(replace(c, value=finite(c.value)), odds_ratio_per_10pp_load=exp_or_none(10 * c.value))
 
 
 def fit_load_trend(df: pd.DataFrame, model: str, condition: str, alpha: float = 0.05) -> H1Fit:
@@ -223,31 +185,31 @@ def fit_load_trend(df: pd.DataFrame, model: str, condition: str, alpha: float = 
     d = d.assign(x=np.where(d["condition"] == "Control", 0, d["load"]).astype(float))
     loads = tuple(sorted(int(v) for v in d["x"].unique()))
     n_clusters = int(d["task_id"].nunique())
-    empty = H1Fit(model=model, condition=condition, n=int(len(d)), n_clusters=n_clusters, loads=loads, beta=None,
-                  se=None, ci_low=None, ci_high=None, p=None, df=None, intercept=None, is_test=False, se_method=None,
-                  logit=None, power=None, reason=None)
+
+    def empty(reason: str) -> H1Fit:
+        return H1Fit(model=model, condition=condition, n=int(len(d)), n_clusters=n_clusters, loads=loads,
+                     estimate=Estimate.descriptive(None, reason), intercept=None, logit=None, power=None)
+
     n_cond = int((d["condition"] == condition).sum())
     if n_cond == 0:
-        return replace(empty, reason=f"no scored {condition} trial at a load above 0")
+        return empty(f"no scored {condition} trial at a load above 0")
     if not (d["condition"] == "Control").any():
-        return replace(empty, reason="no scored Control trial (load 0)")
+        return empty("no scored Control trial (load 0)")
     if len(loads) < 2:
-        return replace(empty, reason="fewer than two load levels")
+        return empty("fewer than two load levels")
     y = d["em"].to_numpy(dtype=float)
     if np.all(y == y[0]):
-        return replace(empty, reason=f"EM has no variance (every scored trial has EM {y[0]:g})")
+        return empty(f"EM has no variance (every scored trial has EM {y[0]:g})")
     X = sm.add_constant(d["x"].to_numpy(dtype=float), has_constant="add")
     groups = d["task_id"].to_numpy()
     fit = inf.clustered_ols(y, X, groups, term=1, alpha=alpha)
-    out = replace(empty, beta=finite(fit.estimate) if fit.estimate is not None else None,
-                  intercept=finite(fit.params[0]) if fit.params else None, se_method=fit.method,
-                  reason=fit.reason, is_test=fit.is_test)
-    if fit.estimate is None:
+    e = fit.estimate
+    out = H1Fit(model=model, condition=condition, n=int(len(d)), n_clusters=n_clusters, loads=loads,
+                estimate=replace(e, value=None if e.value is None else finite(e.value)),
+                intercept=finite(fit.params[0]) if fit.params else None, logit=None, power=fit.power)
+    if e.value is None:
         return out
-    out = replace(out, logit=_load_logit(y, X, groups, alpha))
-    if not fit.is_test:
-        return out
-    return replace(out, se=fit.se, ci_low=fit.ci_low, ci_high=fit.ci_high, p=fit.p, df=fit.df, power=fit.power)
+    return replace(out, logit=_load_logit(y, X, groups, alpha))
 
 
 # ---------------------------------------------------------------------------------------------------- H2
@@ -280,20 +242,23 @@ def paired_comparison(model: str, a: str, b: str, load: int, ta: pd.DataFrame, t
     Returns:
         The :class:`PairedComparison` (``q`` None: filled per family by :func:`h2_comparisons`).
     """
-    out = PairedComparison(model=model, a=a, b=b, load=load, note=note, n_pairs=0, n_questions=0, em_a=None,
-                           em_b=None, delta=None, p=None, q=None, is_exact=False, n_resamples=None, seed=None,
-                           mcnemar=None, power=None, is_test=False, method="sign-flip permutation of per-question "
-                           "mean differences", reason=None)
+
+    def comparison(test: PairedTest) -> PairedComparison:
+        return PairedComparison(model=model, a=a, b=b, load=load, note=note, test=test, q=None)
+
     merged, why = _pair(ta, tb)
     if merged is None:
-        return replace(out, reason=why)
+        return comparison(_no_pairs(why))
     if merged.empty:
-        return replace(out, reason="no pair: no (task_id, replication) scored in both conditions")
-    t = inf.paired_sign_flip(merged["em_a"].to_numpy(float), merged["em_b"].to_numpy(float),
-                             merged["task_id"].to_numpy(), alpha=alpha, seed=seed)
-    return replace(out, n_pairs=t.n_pairs, n_questions=t.n_questions, em_a=t.em_a, em_b=t.em_b, delta=t.delta,
-                   p=t.p, is_exact=t.is_exact, n_resamples=t.n_resamples, seed=t.seed, mcnemar=t.mcnemar,
-                   power=t.power, is_test=t.is_test, method=t.method, reason=t.reason)
+        return comparison(_no_pairs("no pair: no (task_id, replication) scored in both conditions"))
+    return comparison(inf.paired_sign_flip(merged["em_a"].to_numpy(float), merged["em_b"].to_numpy(float),
+                                           merged["task_id"].to_numpy(), alpha=alpha, seed=seed))
+
+
+def _no_pairs(reason: str | None) -> PairedTest:
+    return PairedTest(n_pairs=0, n_questions=0, em_a=None, em_b=None, delta=None, p=None, is_exact=False,
+                      n_resamples=None, seed=None, mcnemar=None, power=None, is_test=False,
+                      method="sign-flip permutation of per-question mean differences", reason=reason)
 
 
 def h2_comparisons(df: pd.DataFrame, model: str, alpha: float, seed: int) -> list[PairedComparison]:
@@ -348,7 +313,7 @@ def h2_comparisons(df: pd.DataFrame, model: str, alpha: float, seed: int) -> lis
     for ld in loads("Residue"):
         if ld in sat_loads:
             add("Residue", "Saturation", ld, trials("Residue", ld), trials("Saturation", ld))
-    q = with_qvalues([r.p if r.is_test else None for r in rows])
+    q = with_qvalues([r.test.p if r.test.is_test else None for r in rows])
     return [replace(r, q=v) for r, v in zip(rows, q)]
 
 

@@ -50,6 +50,7 @@ from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.power import TTestPower
 from statsmodels.stats.proportion import proportion_confint
 
+from probe.analysis.estimate import Estimate
 from probe.errors import ProbeError
 
 log = logging.getLogger(__name__)
@@ -442,36 +443,28 @@ class ClusteredFit:
     Attributes:
         model: ``ols`` (linear probability model for 0/1 outcomes) or ``logit`` (Binomial GLM, log-odds).
         term: index of the tested column of the design matrix.
-        estimate: the tested coefficient (given also when descriptive, None when it cannot be estimated).
-        se, ci_low, ci_high, p: cluster-robust standard error, interval and two-sided p-value on t(df); None when
-            descriptive.
-        df: degrees of freedom of the t reference (Bell–McCaffrey for CR2, G − 1 for CR1; None when descriptive).
+        estimate: the tested coefficient (given also when descriptive, None when it cannot be estimated) with its
+            cluster-robust standard error, interval and two-sided p-value on t(df) (Bell–McCaffrey df for CR2,
+            G − 1 for CR1), the method in words, and why the fit is descriptive or missing (none for a test).
         vcov: ``CR2`` or ``CR1``.
         n: observations.
         n_clusters: questions.
         params: every coefficient of the fit, in the order of the design matrix's columns.
-        is_test: False when the fit is descriptive only (see ``reason``).
-        method: the method, in words.
-        reason: why the fit is descriptive or missing (None for a test).
         power: post-hoc power and minimum detectable effect on the same t(df) reference (None when descriptive).
     """
 
     model: Literal["ols", "logit"]
     term: int
-    estimate: float | None
-    se: float | None
-    ci_low: float | None
-    ci_high: float | None
-    p: float | None
-    df: float | None
+    estimate: Estimate
     vcov: VarianceType
     n: int
     n_clusters: int
     params: tuple[float, ...]
-    is_test: bool
-    method: str
-    reason: str | None
     power: Power | None
+
+    @property
+    def is_test(self) -> bool:
+        return self.estimate.is_test
 
 
 def design_arrays(y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: int) -> tuple[np.ndarray, np.ndarray,
@@ -501,9 +494,8 @@ def fit_method(model: str, vcov: VarianceType, n_clusters: int) -> str:
 def descriptive_fit(model: Literal["ols", "logit"], term: int, vcov: VarianceType, n: int, n_clusters: int,
                  method: str, reason: str, params: tuple[float, ...] = ()) -> ClusteredFit:
     estimate = params[term] if params else None
-    return ClusteredFit(model=model, term=term, estimate=estimate, se=None, ci_low=None, ci_high=None, p=None,
-                        df=None, vcov=vcov, n=n, n_clusters=n_clusters, params=params, is_test=False, method=method,
-                        reason=reason, power=None)
+    return ClusteredFit(model=model, term=term, estimate=Estimate.descriptive(estimate, reason, method), vcov=vcov,
+                        n=n, n_clusters=n_clusters, params=params, power=None)
 
 
 def tested_fit(model: Literal["ols", "logit"], term: int, vcov: VarianceType, params: tuple[float, ...], se: float,
@@ -516,10 +508,10 @@ def tested_fit(model: Literal["ols", "logit"], term: int, vcov: VarianceType, pa
                             "the tested contrast, so it cannot be tested", params)
     est = params[term]
     t_crit = float(scipy.stats.t.ppf(1 - alpha / 2, df))
-    return ClusteredFit(model=model, term=term, estimate=est, se=se, ci_low=est - t_crit * se,
-                        ci_high=est + t_crit * se, p=float(2 * scipy.stats.t.sf(abs(est / se), df)), df=df,
-                        vcov=vcov, n=n, n_clusters=n_clusters, params=params, is_test=True, method=method,
-                        reason=None, power=t_power(est, se, df, alpha))
+    e = Estimate(value=est, se=se, ci_low=est - t_crit * se, ci_high=est + t_crit * se, df=df,
+                 p=float(2 * scipy.stats.t.sf(abs(est / se), df)), method=method, is_test=True)
+    return ClusteredFit(model=model, term=term, estimate=e, vcov=vcov, n=n, n_clusters=n_clusters, params=params,
+                        power=t_power(est, se, df, alpha))
 
 
 def cluster_se(w: np.ndarray, resid: np.ndarray, codes: np.ndarray, n_clusters: int) -> float:
@@ -624,6 +616,17 @@ class ManyFits:
     method: str
     reason: str | None
 
+    def estimate_at(self, index: int | tuple[int, ...]) -> Estimate:
+        """The :class:`~probe.analysis.estimate.Estimate` of one cell of the grid (NaN as None; a test where its p
+        is finite; the method and any reason are the grid's, on this object)."""
+        def at(a: np.ndarray) -> float | None:
+            v = float(a[index])
+            return v if math.isfinite(v) else None
+
+        p = at(self.p)
+        return Estimate(value=at(self.estimate), se=at(self.se), ci_low=at(self.ci_low), ci_high=at(self.ci_high),
+                        df=at(self.df), p=p, q=at(self.q), is_test=p is not None)
+
     def significant(self, alpha: float = 0.05) -> np.ndarray:
         """Grid indices (rows of ``np.argwhere``) whose BH q-value is below ``alpha``."""
         return np.argwhere(np.nan_to_num(self.q, nan=1.0) < alpha)
@@ -721,9 +724,10 @@ def clustered_ols_many(Y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: i
             continue
         fit = clustered_ols(Yf[ok, j], X[ok], g_arr[ok], term, alpha, vcov, min_clusters)
         n_used[j] = fit.n
-        est[j] = np.nan if fit.estimate is None else fit.estimate
+        e = fit.estimate
+        est[j] = np.nan if e.value is None else e.value
         if fit.is_test:
-            se[j], p[j], lo[j], hi[j], df[j] = fit.se, fit.p, fit.ci_low, fit.ci_high, fit.df
+            se[j], p[j], lo[j], hi[j], df[j] = e.se, e.p, e.ci_low, e.ci_high, e.df
     if (~finite).any():
         log.info("clustered_ols_many: %d of %d outcomes have missing rows and were fitted one by one",
                  int((~finite).sum()), m)

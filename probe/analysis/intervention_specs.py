@@ -11,11 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from probe.config import INTERVENTION_KEYS
 from probe.interventions import InterventionsFileError, read_interventions
 from probe.runfolder import INTERVENTIONS, RunFolder
 
 INTERVENTIONS_FILE = INTERVENTIONS  # the run folder's file name (probe.runfolder)
-KEYS = ("extraneous", "filler", "germane", "matched-random")
+KEYS = INTERVENTION_KEYS  # declared once, with the [[interventions]] section (probe.config)
 
 
 # ------------------------------------------------------------------------------------------------- declaration

@@ -82,10 +82,11 @@ def paired_difference(em_a: np.ndarray, em_b: np.ndarray, questions: np.ndarray,
     qs, codes = np.unique(g.astype(str), return_inverse=True)
     d = np.bincount(codes, weights=a - b) / np.bincount(codes)  # (G,) per-question mean differences
     fit = inf.clustered_ols(d, np.ones((d.size, 1)), qs, term=0, alpha=alpha)
-    if not fit.is_test or fit.ci_low is None or fit.ci_high is None:
-        return replace(out, reason=t.reason or f"no interval: {fit.reason}")
+    e = fit.estimate
+    if not e.is_test or e.ci_low is None or e.ci_high is None:
+        return replace(out, reason=t.reason or f"no interval: {e.reason}")
     # a difference of two proportions lies in [-1, 1]: the t interval is cut there (its coverage can only grow)
-    return replace(out, ci_low=max(-1.0, fit.ci_low), ci_high=min(1.0, fit.ci_high), se=fit.se, df=fit.df)
+    return replace(out, ci_low=max(-1.0, e.ci_low), ci_high=min(1.0, e.ci_high), se=e.se, df=e.df)
 
 
 @dataclass(frozen=True)

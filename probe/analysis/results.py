@@ -33,8 +33,14 @@ with the instruction to re-run ``probe analyze``. Version history:
   ``p_ext_mean``, ``p_ext_key``, ``enrichment_key``, ``chance_key``, ``ar_k_key``, ``ar_targets``); an
   ``attention_behaviour`` entry carries ``measure``, ``label`` and ``has_chance``, ``p_ext_layers`` ->
   ``layer_tests``, ``odds_ratio_per_10pp_p_ext`` -> ``odds_ratio_per_10pp``. A schema-3 or 4 file is read with
-  its attention results mapped so (the family's registered upgrade, :mod:`probe.analysis.ice_upgrade`; its ``attention_summary.npz`` keeps its member
-  names, which the cells name).
+  its attention results mapped so (the family's registered upgrade, :mod:`probe.analysis.ice_upgrade`; its
+  ``attention_summary.npz`` keeps its member names, which the cells name).
+- 6: one estimate type (:class:`probe.analysis.estimate.Estimate`: ``value``, ``se``, ``ci_low``, ``ci_high``,
+  ``df``, ``p``, ``q``, ``method``, ``reason``, ``is_test``), nested where a result spelled its estimate out flat:
+  H1's ``beta``/``se``/…/``se_method`` -> ``estimate``; its ``logit``, a layer's logistic fit and its ``adjusted``
+  fit: ``coef``/``se``/… -> ``estimate``; a layer's fit -> ``fit``; a per-layer test's ``estimate``/``se``/… ->
+  ``estimate``; a CogniLoad GLM term is an ``Estimate``. An older file is read with its estimates nested so
+  (:func:`probe.analysis.estimate.nest_flat_estimates`; every number kept).
 
 Additive sections (no schema change): a field whose metadata carries :data:`OMIT_EMPTY` is written only when it
 holds something and read as empty when absent: ``families.ice.retrieval`` (retrieval heads,
@@ -63,14 +69,16 @@ from typing import Any, Callable, Literal, Union
 
 import numpy as np
 
+from probe.analysis.estimate import nest_flat_estimates
 from probe.analysis.interventions import InterventionResult
 from probe.config import AnalysisSection
 from probe.errors import ProbeError
 from probe.records_import import ImportSummary
 from probe.runfolder import RunFolder, write_atomic
 
-SCHEMA_VERSION = 5
-READABLE_SCHEMAS = (3, 4, 5)  # 3: 4 without interventions; 4: 5 with the attention measure in field names
+SCHEMA_VERSION = 6
+READABLE_SCHEMAS = (3, 4, 5, 6)  # 3: 4 without interventions; 4: 5 with the attention measure in field names;
+# 5: 6 with estimates spelled out flat in their holders
 
 OPTIONAL = "optional"  # field metadata: written only when not None, read as None when absent (module docstring)
 # field metadata key of an additive section: written only when non-empty, read as its (empty) default when absent,
@@ -324,6 +332,18 @@ def _upgrade_families(data: dict, schema: int) -> dict:
     return {**data, "families": out}
 
 
+def upgrade_estimates(data: dict) -> dict:
+    """A schema-3/4/5 ``analysis.json`` (as parsed JSON, each family already upgraded to the schema-5 layout) with
+    every family's estimates nested as one :class:`probe.analysis.estimate.Estimate`; every number kept."""
+    from probe.analysis.families import family_analysis
+
+    families = data.get("families")
+    if not isinstance(families, dict):
+        return dict(data)
+    return {**data, "families": {name: nest_flat_estimates(family_analysis(name).result_type, value)
+                                 for name, value in families.items()}}
+
+
 def read_analysis(run_dir: str | Path | RunFolder, *, check_fresh: bool = True) -> Analysis:
     """The :class:`Analysis` in a run folder's ``analysis.json``, as it is on disk (nothing is re-estimated).
 
@@ -355,6 +375,8 @@ def read_analysis(run_dir: str | Path | RunFolder, *, check_fresh: bool = True) 
         data = {**data, "interventions": None}  # written before interventions existed: none
     if found != SCHEMA_VERSION:
         data = _upgrade_families(data, found)
+    if found in (3, 4, 5):
+        data = upgrade_estimates(data)
         data["schema"] = SCHEMA_VERSION
     try:
         analysis: Analysis = from_json(Analysis, data, str(path))
@@ -373,4 +395,4 @@ def read_analysis(run_dir: str | Path | RunFolder, *, check_fresh: bool = True) 
 
 __all__ = ["Analysis", "AnalysisFileError", "AnalysisMissingError", "AnalysisSchemaError", "Inputs", "OPTIONAL",
            "READABLE_SCHEMAS", "SCHEMA_VERSION", "StaleAnalysisError", "from_json", "read_analysis", "to_json",
-           "trials_sha256", "write_analysis"]
+           "trials_sha256", "upgrade_estimates", "write_analysis"]

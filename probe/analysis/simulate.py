@@ -169,8 +169,8 @@ def before_mean_ci(y: np.ndarray, codes: np.ndarray, alpha: float = ALPHA) -> tu
 
 def _normal_p(fit: inf.ClusteredFit) -> float:
     """The p-value of the same fit on a normal reference (how the logistic fits were tested before)."""
-    assert fit.estimate is not None and fit.se is not None, "only tests have a standard error"
-    return float(2 * scipy.stats.norm.sf(abs(fit.estimate / fit.se)))
+    assert fit.estimate.value is not None and fit.estimate.se is not None, "only tests have a standard error"
+    return float(2 * scipy.stats.norm.sf(abs(fit.estimate.value / fit.estimate.se)))
 
 
 def _rejects(p: float | None) -> bool:
@@ -270,15 +270,15 @@ def null_h1(seed: int, clusters: int, n_runs: int, replications: int = 2,
         o2 = inf.clustered_ols(y, X, codes, min_clusters=min_clusters)
         if o1.is_test and o2.is_test:
             n_ols += 1
-            counts["ols_cr1"] += _rejects(o1.p)
-            counts["ols_cr2"] += _rejects(o2.p)
+            counts["ols_cr1"] += _rejects(o1.estimate.p)
+            counts["ols_cr2"] += _rejects(o2.estimate.p)
         l1 = glm.clustered_logit(y, X, codes, vcov="CR1", min_clusters=min_clusters)
         l2 = glm.clustered_logit(y, X, codes, min_clusters=min_clusters)
         if l1.is_test and l2.is_test:
             n_logit += 1
             counts["logit_z"] += _normal_p(l1) < ALPHA
-            counts["logit_cr1"] += _rejects(l1.p)
-            counts["logit_cr2"] += _rejects(l2.p)
+            counts["logit_cr1"] += _rejects(l1.estimate.p)
+            counts["logit_cr2"] += _rejects(l2.estimate.p)
     n_ols, n_logit = max(n_ols, 1), max(n_logit, 1)
     return [
         RejectionRow("H1 linear probability model", clusters, n_runs, "test", counts["ols_cr1"] / n_ols,
@@ -298,10 +298,10 @@ def power_h1(seed: int, clusters: int, n_runs: int, beta: float = -0.004, replic
     for _ in range(n_runs):
         y, x, codes = h1_data(rng, clusters, replications, beta)
         fit = inf.clustered_ols(y, sm.add_constant(x), codes)
-        hits += _rejects(fit.p)
-        if fit.se is not None and fit.df is not None:
-            ses.append(fit.se)
-            dfs.append(fit.df)
+        hits += _rejects(fit.estimate.p)
+        if fit.estimate.se is not None and fit.estimate.df is not None:
+            ses.append(fit.estimate.se)
+            dfs.append(fit.estimate.df)
     se = float(np.sqrt(np.mean(np.square(ses))))
     n = clusters * (1 + len(LOADS)) * replications
     before = NormalIndPower().power(effect_size=abs(beta) / se / math.sqrt(n), nobs1=n, alpha=ALPHA, ratio=0)
@@ -410,8 +410,8 @@ def null_layers(seed: int, clusters: int, n_runs: int, replications: int = 2, n_
                     n_logit += 1
                     p_before.append(_normal_p(f1))
                 c["z" + adj] += _normal_p(f1) < ALPHA
-                c["t1" + adj] += _rejects(f1.p)
-                c["t2" + adj] += _rejects(f2.p)
+                c["t1" + adj] += _rejects(f1.estimate.p)
+                c["t2" + adj] += _rejects(f2.estimate.p)
         r1 = att.attention_failure_tests(layer, failed, load, codes, covariates=residue[:, None], vcov="CR1",
                                          min_clusters=min_clusters)
         r2 = att.attention_failure_tests(layer, failed, load, codes, covariates=residue[:, None],

@@ -112,9 +112,9 @@ def classify_model(df: pd.DataFrame, model: str, h1: H1Fit | None, cfg: Analysis
     if brittle:
         return label(BRITTLE, f"Control EM {em} < {fmt.num(cfg.brittle_em, '.2f')}: fails without extraneous text; "
                               "no inference about extraneous load", brittle, confounded)
-    beta, p = (h1.beta, h1.p) if h1 is not None else (None, None)
+    beta, p = (h1.estimate.value, h1.estimate.p) if h1 is not None else (None, None)
     if beta is None or p is None:
-        why = (h1.reason if h1 is not None else None) or "no H1 fit"
+        why = (h1.estimate.reason if h1 is not None else None) or "no H1 fit"
         return label(RESILIENT, f"Control EM {em} passes the gate; load sensitivity not tested ({why})",
                      brittle, confounded)
     sensitive = beta < 0 and p < cfg.alpha

@@ -85,7 +85,7 @@ def _rho_title(s: CogniloadFits | None) -> str:
     if b2 is None:
         why = "not fitted" if quad.status == "ok" else f"main fit {quad.status}"
         return f"β_ρ²: {why}; {_delta_text(s.delta_rho)}"
-    return f"β_ρ² = {fmt.num(b2.estimate, '+.2e')} (p = {fmt.num(b2.p, '.2g')}); {_delta_text(s.delta_rho)}"
+    return f"β_ρ² = {fmt.num(b2.value, '+.2e')} (p = {fmt.num(b2.p, '.2g')}); {_delta_text(s.delta_rho)}"
 
 
 def _matrix(mat: tuple[tuple[float | None, ...], ...]) -> np.ndarray:

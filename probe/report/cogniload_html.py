@@ -94,7 +94,7 @@ def glm_table_html(result: CogniloadResult, alpha: float) -> str:
                 if v.p is not None and v.p < alpha:
                     p = f'<span class="sig">{p}</span>'
                 rows.append([esc(model) if i == 0 else "", esc(fit) if i == 0 else "", esc(f.status) if i == 0
-                             else "", esc(TERM_LABELS.get(term, term)), fmt.num(v.estimate, "+.4g"),
+                             else "", esc(TERM_LABELS.get(term, term)), fmt.num(v.value, "+.4g"),
                              fmt.ci(v.ci_low, v.ci_high, "+.4g"), p,
                              fmt.num(f.aic, ".1f") if i == 0 else "", note if i == 0 else ""])
     return table(["model", "fit", "status", "term", "estimate (logit)", "95% CI", "p", "AIC", "note"], rows, left=4)

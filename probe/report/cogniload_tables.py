@@ -27,7 +27,8 @@ def fit_rows(result: CogniloadResult) -> Rows:
                 rows.append({**base, "term": None, "estimate": None, "se": None, "ci_low": None, "ci_high": None,
                              "p": None, "note": note})
             for i, (term, v) in enumerate(f.params.items()):
-                rows.append({**base, "term": term, **rows_of([v])[0], "note": note if i == 0 else None})
+                rows.append({**base, "term": term, "estimate": v.value, "se": v.se, "ci_low": v.ci_low,
+                             "ci_high": v.ci_high, "p": v.p, "df": v.df, "note": note if i == 0 else None})
     return rows
 
 

@@ -44,11 +44,11 @@ def _rho_shape_sentence(s: CogniloadFits, alpha: float) -> str:
     aic = ("" if s.delta_aic is None
            else f"; AIC prefers the {s.aic_preferred} fit (ΔAIC = {fmt.num(s.delta_aic, '+.1f')})")
     if b2.p is None:
-        return (f"Shape in ρ: β_ρ² = {fmt.num(b2.estimate, '+.2e')}, described only, not tested "
+        return (f"Shape in ρ: β_ρ² = {fmt.num(b2.value, '+.2e')}, described only, not tested "
                 f"({quad.se_method}).")
-    coef = f"β_ρ² = {fmt.num(b2.estimate, '+.2e')}, {fmt.p_phrase(b2.p)}"
+    coef = f"β_ρ² = {fmt.num(b2.value, '+.2e')}, {fmt.p_phrase(b2.p)}"
     if b2.p < alpha:
-        shape = "U-shaped" if b2.estimate > 0 else "inverted-U-shaped"
+        shape = "U-shaped" if (b2.value or 0) > 0 else "inverted-U-shaped"
         return f"Accuracy is {shape} in ρ ({coef}{aic})."
     return f"No significant curvature of accuracy in ρ ({coef}{aic})."
 

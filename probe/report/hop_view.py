@@ -153,9 +153,10 @@ def write_answer_steps(run_dir: str | Path | RunFolder, model: str, prompt_id: s
     if task is None:
         raise ProbeError(f"{run.config}: the run's tasks hold no task {trial.task_id!r}")
     if tokenizer is None:
-        from probe.loading import get_card, load_tokenizer
+        from probe.loaded_run import Run
+        from probe.loading import load_tokenizer
 
-        tokenizer = load_tokenizer(get_card(model))
+        tokenizer = load_tokenizer(Run(run).card(model))  # the run's own card (a card file is not registered)
     spans = token_char_spans(answer.tokens.tolist(), trial.output, tokenizer)
     by_label = {seg.label: prompt.segment_text(seg) for seg in prompt.segments}
     texts = {s: by_label.get(lab, "") for s, (kind, lab) in enumerate(zip(answer.segment_kinds, answer.segment_labels))

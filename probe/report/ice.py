@@ -66,28 +66,29 @@ def head_label(layer: int, head: int) -> str:
 
 def _h1_sentence(h: H1Fit, alpha: float) -> str:
     name = {"Saturation": "Saturation (H1)", "Residue": "Residue", "LongControl": "LongControl"}[h.condition]
-    if h.beta is None:
-        return f"{name}: no load trend estimated ({h.reason})."
-    if not h.is_test or h.p is None:
-        return (f"{name}: β = {fmt.num(h.beta, '+.4f')} per percentage point, described only, not tested "
-                f"({h.reason}).")
-    ci = f"95% CI {fmt.ci(h.ci_low, h.ci_high, '+.4f')}"
-    ref = f"t with {fmt.num(h.df, '.1f')} df"
-    if h.p < alpha:
-        direction = "declines" if h.beta < 0 else "rises"
-        s = (f"{name}: EM {direction} with load, β = {fmt.num(h.beta, '+.4f')} per percentage point "
-             f"({fmt.num(10 * h.beta, '+.3f')} per 10 points), {ci}, {fmt.p_phrase(h.p)} ({ref}), n = {h.n} trials "
-             f"over {h.n_clusters} questions.")
+    e = h.estimate
+    if e.value is None:
+        return f"{name}: no load trend estimated ({e.reason})."
+    if not e.is_test or e.p is None:
+        return (f"{name}: β = {fmt.num(e.value, '+.4f')} per percentage point, described only, not tested "
+                f"({e.reason}).")
+    ci = f"95% CI {fmt.ci(e.ci_low, e.ci_high, '+.4f')}"
+    ref = f"t with {fmt.num(e.df, '.1f')} df"
+    if e.p < alpha:
+        direction = "declines" if e.value < 0 else "rises"
+        s = (f"{name}: EM {direction} with load, β = {fmt.num(e.value, '+.4f')} per percentage point "
+             f"({fmt.num(10 * e.value, '+.3f')} per 10 points), {ci}, {fmt.p_phrase(e.p)} ({ref}), n = {h.n} "
+             f"trials over {h.n_clusters} questions.")
     else:
-        s = (f"{name}: no significant change of EM with load, β = {fmt.num(h.beta, '+.4f')} per percentage point, "
-             f"{ci}, {fmt.p_phrase(h.p)} ({ref}).")
+        s = (f"{name}: no significant change of EM with load, β = {fmt.num(e.value, '+.4f')} per percentage point, "
+             f"{ci}, {fmt.p_phrase(e.p)} ({ref}).")
         if h.power is not None and h.power.power is not None:
             s += (f" Power at this β {fmt.num(h.power.power, '.2f')}; a slope of ±{fmt.num(h.power.mde, '.4f')}/pp "
                   "would have been detected with 80% power (noncentral t on the same df).")
     lg = h.logit
-    if lg is not None and lg.coef is not None and lg.p is not None:
-        agrees = (lg.p < alpha) == (h.p < alpha)
-        s += (f" Logistic check: {fmt.num(lg.coef, '+.4f')} log-odds/pp, {fmt.p_phrase(lg.p)}"
+    if lg is not None and lg.estimate.value is not None and lg.estimate.p is not None:
+        agrees = (lg.estimate.p < alpha) == (e.p < alpha)
+        s += (f" Logistic check: {fmt.num(lg.estimate.value, '+.4f')} log-odds/pp, {fmt.p_phrase(lg.estimate.p)}"
               f" ({'agrees' if agrees else 'does not agree'} on significance).")
     return s
 
@@ -97,7 +98,7 @@ def _pair_label(r: PairedComparison) -> str:
 
 
 def _h2_sentence(rows: list[PairedComparison], alpha: float) -> str:
-    tested = [r for r in rows if r.is_test and r.p is not None and r.q is not None]
+    tested = [r for r in rows if r.test.is_test and r.test.p is not None and r.q is not None]
     untested = [r for r in rows if r not in tested]
     lead = (f"H2 (sign-flip test of per-question differences, Benjamini–Hochberg over the {len(tested)} tested "
             f"comparisons of this model)")
@@ -107,9 +108,11 @@ def _h2_sentence(rows: list[PairedComparison], alpha: float) -> str:
         if sig:
             items = []
             for r in sig:
-                word = "lower" if (r.delta or 0) < 0 else "higher"
-                items.append(f"{_pair_label(r)}: EM {word} by {fmt.num(abs(r.delta or 0), '.2f')} "
-                             f"({r.n_questions} questions, {fmt.p_phrase(r.p)}, {_q_phrase(r.q)})")  # type: ignore[arg-type]
+                word = "lower" if (r.test.delta or 0) < 0 else "higher"
+                t = r.test
+                items.append(f"{_pair_label(r)}: EM {word} by {fmt.num(abs(t.delta or 0), '.2f')} "
+                             f"({t.n_questions} questions, {fmt.p_phrase(t.p)}, "  # type: ignore[arg-type]
+                             f"{_q_phrase(r.q)})")  # type: ignore[arg-type]
             parts.append(f"{lead}: significant after correction: " + "; ".join(items) + ".")
             rest = len(tested) - len(sig)
             if rest:
@@ -117,10 +120,11 @@ def _h2_sentence(rows: list[PairedComparison], alpha: float) -> str:
         else:
             best = min(tested, key=lambda r: r.q)  # type: ignore[arg-type, return-value]
             parts.append(f"{lead}: no comparison survives the correction (smallest q = {fmt.num(best.q, '.3f')}, "
-                         f"{_pair_label(best)}, Δ = {fmt.num(best.delta, '+.2f')}, "
-                         f"{fmt.p_phrase(best.p) if best.p is not None else fmt.DASH}"
-                         + (f"; MDE {fmt.num(best.power.mde, '.2f')} EM at 80% power" if best.power else "") + ").")
-    reasons = sorted({str(r.reason) for r in untested})
+                         f"{_pair_label(best)}, Δ = {fmt.num(best.test.delta, '+.2f')}, "
+                         f"{fmt.p_phrase(best.test.p) if best.test.p is not None else fmt.DASH}"
+                         + (f"; MDE {fmt.num(best.test.power.mde, '.2f')} EM at 80% power" if best.test.power else "")
+                         + ").")
+    reasons = sorted({str(r.test.reason) for r in untested})
     if untested:
         parts.append(("H2 (paired comparisons): n" if not tested else "N") + f"ot tested ({len(untested)}): "
                      + "; ".join(reasons) + ".")
@@ -150,13 +154,13 @@ def _layers_phrase(t: LayerTests, alpha: float, positive: str) -> str:
     n = len(t.layers)
     if not t.is_test:
         return f"not tested ({t.reason})"
-    hits = [x for x in t.layers if x.q is not None and x.q < alpha]
+    hits = [x for x in t.layers if x.estimate.q is not None and x.estimate.q < alpha]
     if not hits:
-        qs = [x.q for x in t.layers if x.q is not None]
+        qs = [x.estimate.q for x in t.layers if x.estimate.q is not None]
         return (f"no layer survives Benjamini–Hochberg over the {n} layers"
                 + (f" (smallest q = {fmt.num(min(qs), '.3f')})" if qs else ""))
-    up = [x.layer for x in hits if (x.estimate or 0) > 0]
-    down = [x.layer for x in hits if (x.estimate or 0) < 0]
+    up = [x.layer for x in hits if (x.estimate.value or 0) > 0]
+    down = [x.layer for x in hits if (x.estimate.value or 0) < 0]
     out = []
     if up:
         out.append(f"{positive} in layer{'s' if len(up) > 1 else ''} {ranges(up)}")
@@ -179,8 +183,8 @@ def _attention_sentences(a: AttentionBehaviour, alpha: float) -> list[str]:
         out.append(f"Per head: not tested ({h.reason}).")
     elif h.significant:
         by_place = sorted(h.significant, key=lambda x: (x.layer, x.head))
-        pos = [x for x in by_place if x.estimate > 0]
-        neg = [x for x in by_place if x.estimate < 0]
+        pos = [x for x in by_place if x.value > 0]
+        neg = [x for x in by_place if x.value < 0]
         text = []
         if pos:
             text.append(f"distractor heads (more enrichment in failed trials): "
@@ -191,7 +195,7 @@ def _attention_sentences(a: AttentionBehaviour, alpha: float) -> list[str]:
         out.append(f"Per head, q < {alpha:g} over the {grid}: " + "; ".join(text) + ".")
     else:
         out.append(f"Per head: no head survives Benjamini–Hochberg over the {grid}.")
-    fitted = [r for r in a.layers if r.q is not None]
+    fitted = [r for r in a.layers if r.fit.estimate.q is not None]
     if fitted:
         logit = ranges(a.logit_layers_adjusted)
         out.append(f"Logistic robustness (wrong answer on {a.label} with load and placement, BH over layers): "
@@ -290,22 +294,24 @@ def stats_html(result: IceResult, settings: AnalysisSection) -> str:
     alpha = settings.alpha
     h1 = table(["model", "condition", "β (EM/pp)", "95% CI", "p", "df", "logit coef", "logit p", "power", "MDE80",
                 "n", "questions", "note"],
-               [[esc(h.model), esc(h.condition), fmt.num(h.beta, "+.5f"), fmt.ci(h.ci_low, h.ci_high, "+.5f"),
-                 _p_cell(h.p, alpha), fmt.num(h.df, ".1f"), fmt.num(h.logit.coef if h.logit else None, "+.4f"),
-                 fmt.p_value(h.logit.p if h.logit else None, html=True),
+               [[esc(h.model), esc(h.condition), fmt.num(h.estimate.value, "+.5f"),
+                 fmt.ci(h.estimate.ci_low, h.estimate.ci_high, "+.5f"), _p_cell(h.estimate.p, alpha),
+                 fmt.num(h.estimate.df, ".1f"), fmt.num(h.logit.estimate.value if h.logit else None, "+.4f"),
+                 fmt.p_value(h.logit.estimate.p if h.logit else None, html=True),
                  fmt.num(h.power.power if h.power else None, ".2f"),
                  fmt.num(h.power.mde if h.power else None, ".4f"), str(h.n), str(h.n_clusters),
-                 esc(h.reason or (h.logit.reason if h.logit else None) or "")]
+                 esc(h.estimate.reason or (h.logit.estimate.reason if h.logit else None) or "")]
                 for h in result.h1], left=2, text=(12,))
     h2 = table(["model", "a vs b", "load", "pairs", "questions", "EM a", "EM b", "Δ per question", "p (sign flip)",
                 "q (BH)", "McNemar a only / b only", "McNemar p", "MDE80", "note"],
-               [[esc(r.model), esc(f"{r.a} vs {r.b}"), str(r.load), str(r.n_pairs), str(r.n_questions),
-                 fmt.num(r.em_a), fmt.num(r.em_b), fmt.num(r.delta, "+.3f"), fmt.p_value(r.p, html=True),
+               [[esc(r.model), esc(f"{r.a} vs {r.b}"), str(r.load), str(r.test.n_pairs), str(r.test.n_questions),
+                 fmt.num(r.test.em_a), fmt.num(r.test.em_b), fmt.num(r.test.delta, "+.3f"),
+                 fmt.p_value(r.test.p, html=True),
                  _p_cell(r.q, alpha),
-                 f"{r.mcnemar.n_a_only} / {r.mcnemar.n_b_only}" if r.mcnemar else fmt.DASH,
-                 fmt.p_value(r.mcnemar.p if r.mcnemar else None, html=True),
-                 fmt.num(r.power.mde if r.power else None, ".2f"),
-                 esc("; ".join(x for x in (r.note, r.reason) if x))]
+                 f"{r.test.mcnemar.n_a_only} / {r.test.mcnemar.n_b_only}" if r.test.mcnemar else fmt.DASH,
+                 fmt.p_value(r.test.mcnemar.p if r.test.mcnemar else None, html=True),
+                 fmt.num(r.test.power.mde if r.test.power else None, ".2f"),
+                 esc("; ".join(x for x in (r.note, r.test.reason) if x))]
                 for r in result.h2], left=2, text=(13,))
     h3 = table(["model", "Residue load", "questions", "Pearson r", "95% CI (Fisher z)", "p", "q (BH)", "Spearman ρ",
                 "p (ρ)", "note"],
@@ -343,18 +349,20 @@ def attention_tables_html(result: IceResult, alpha: float) -> str:
         if a.layer_tests is None:
             continue
         for t in a.layer_tests.layers:
-            if t.q is not None and t.q < alpha:
-                rows.append([esc(a.model), esc(f"{a.label}, failed − correct"), str(t.layer), fmt.num(t.estimate, "+.4f"),
-                             fmt.ci(t.ci_low, t.ci_high, "+.4f"), fmt.p_value(t.p, html=True), _p_cell(t.q, alpha),
-                             fmt.num(t.df, ".1f")])
+            if t.estimate.q is not None and t.estimate.q < alpha:
+                e = t.estimate
+                rows.append([esc(a.model), esc(f"{a.label}, failed − correct"), str(t.layer), fmt.num(e.value, "+.4f"),
+                             fmt.ci(e.ci_low, e.ci_high, "+.4f"), fmt.p_value(e.p, html=True), _p_cell(e.q, alpha),
+                             fmt.num(e.df, ".1f")])
     for r in result.residue_attention:
         if r.test is None:
             continue
         for t in r.test.layers:
-            if t.q is not None and t.q < alpha:
+            if t.estimate.q is not None and t.estimate.q < alpha:
+                e = t.estimate
                 rows.append([esc(r.model), esc(f"AR_k ({r.target}) per unit S_sim"), str(t.layer),
-                             fmt.num(t.estimate, "+.4f"), fmt.ci(t.ci_low, t.ci_high, "+.4f"),
-                             fmt.p_value(t.p, html=True), _p_cell(t.q, alpha), fmt.num(t.df, ".1f")])
+                             fmt.num(e.value, "+.4f"), fmt.ci(e.ci_low, e.ci_high, "+.4f"),
+                             fmt.p_value(e.p, html=True), _p_cell(e.q, alpha), fmt.num(e.df, ".1f")])
     if result.attention_behaviour or result.residue_attention:
         body = (table(["model", "test", "layer", "estimate", "95% CI", "p", "q (BH)", "df"], rows, left=2) if rows
                 else '<p class="note">No layer passes its family\'s correction.</p>')
@@ -365,9 +373,9 @@ def attention_tables_html(result: IceResult, alpha: float) -> str:
             continue
         for h in a.heads.significant:
             heads.append([esc(a.model), esc(a.label), esc(head_label(h.layer, h.head)),
-                          "distractor head" if h.estimate > 0 else "less enrichment when failing",
-                          fmt.num(h.estimate, "+.3f"), fmt.ci(h.ci_low, h.ci_high, "+.3f"), fmt.p_value(h.p, html=True),
-                          _p_cell(h.q, alpha)])
+                          "distractor head" if h.value > 0 else "less enrichment when failing",
+                          fmt.num(h.value, "+.3f"), fmt.ci(h.estimate.ci_low, h.estimate.ci_high, "+.3f"),
+                          fmt.p_value(h.estimate.p, html=True), _p_cell(h.q, alpha)])
     if result.attention_behaviour:
         grids = "; ".join(f"{esc(a.model)} {esc(a.label)}: {a.heads.n_tested} heads tested"
                           + ("" if a.heads.is_test else f" (not tested: {esc(a.heads.reason)})")
@@ -393,7 +401,8 @@ def figures_html(result: IceResult, ctx: ReportContext) -> str:
                    F.draw_em_by_condition(result, marks)),
         ctx.figure("h1_forest", "H1 slope β (EM per percentage point of load) with 95% CI (CR2, t on Bell–McCaffrey "
                    "df), per model.",
-                   draw_forest([(f"{short(h.model)}{marks.get(h.model, '')}", h.beta, h.ci_low, h.ci_high) for h in h1],
+                   draw_forest([(f"{short(h.model)}{marks.get(h.model, '')}", h.estimate.value, h.estimate.ci_low,
+                                 h.estimate.ci_high) for h in h1],
                                "β (EM per pp of load)", "H1: load trend under Saturation") if h1 else None),
         ctx.figure("h3_scatter", "H3: per question S_sim vs degradation, least-squares line, Pearson r with Fisher-z "
                    "CI and the p of the same pivot.", F.draw_h3_scatter(result, marks)),
@@ -447,20 +456,23 @@ def markdown(result: IceResult, settings: AnalysisSection) -> list[str]:
     parts += ["## H1: EM per percentage point of load (Control = load 0)", "",
               md_table(["model", "condition", "β (EM/pp)", "95% CI", "p", "df", "logit coef", "logit p", "power",
                         "MDE80", "n", "G", "note"],
-                       [[h.model, h.condition, fmt.num(h.beta, "+.5f"), fmt.ci(h.ci_low, h.ci_high, "+.5f"),
-                         fmt.p_value(h.p), fmt.num(h.df, ".1f"), fmt.num(h.logit.coef if h.logit else None, "+.4f"),
-                         fmt.p_value(h.logit.p if h.logit else None),
+                       [[h.model, h.condition, fmt.num(h.estimate.value, "+.5f"),
+                         fmt.ci(h.estimate.ci_low, h.estimate.ci_high, "+.5f"), fmt.p_value(h.estimate.p),
+                         fmt.num(h.estimate.df, ".1f"), fmt.num(h.logit.estimate.value if h.logit else None, "+.4f"),
+                         fmt.p_value(h.logit.estimate.p if h.logit else None),
                          fmt.num(h.power.power if h.power else None, ".2f"),
                          fmt.num(h.power.mde if h.power else None, ".4f"), str(h.n), str(h.n_clusters),
-                         h.reason or (h.logit.reason if h.logit else None) or ""] for h in result.h1]), ""]
+                         h.estimate.reason or (h.logit.estimate.reason if h.logit else None) or ""]
+                        for h in result.h1]), ""]
     parts += ["## H2: paired comparisons (sign-flip test; McNemar secondary; BH per model)", "",
               md_table(["model", "comparison", "load", "pairs", "G", "EM a", "EM b", "Δ", "p", "q", "McNemar p",
                         "MDE80", "note"],
-                       [[r.model, f"{r.a} vs {r.b}", str(r.load), str(r.n_pairs), str(r.n_questions),
-                         fmt.num(r.em_a), fmt.num(r.em_b), fmt.num(r.delta, "+.3f"), fmt.p_value(r.p),
-                         fmt.p_value(r.q), fmt.p_value(r.mcnemar.p if r.mcnemar else None),
-                         fmt.num(r.power.mde if r.power else None, ".2f"),
-                         "; ".join(x for x in (r.note, r.reason) if x)] for r in result.h2]), ""]
+                       [[r.model, f"{r.a} vs {r.b}", str(r.load), str(r.test.n_pairs), str(r.test.n_questions),
+                         fmt.num(r.test.em_a), fmt.num(r.test.em_b), fmt.num(r.test.delta, "+.3f"),
+                         fmt.p_value(r.test.p),
+                         fmt.p_value(r.q), fmt.p_value(r.test.mcnemar.p if r.test.mcnemar else None),
+                         fmt.num(r.test.power.mde if r.test.power else None, ".2f"),
+                         "; ".join(x for x in (r.note, r.test.reason) if x)] for r in result.h2]), ""]
     parts += ["## H3: S_sim vs degradation (Control − Residue; BH per model)", "",
               md_table(["model", "load", "questions", "r", "95% CI (Fisher z)", "p", "q", "Spearman ρ", "note"],
                        [[r.model, "pooled" if r.load is None else str(r.load), str(r.n_tasks), fmt.num(r.r, "+.3f"),
@@ -517,13 +529,14 @@ def main_lines(result: IceResult, settings: AnalysisSection) -> list[str]:
     for h in result.h1:
         if h.condition != "Saturation":
             continue
-        if h.beta is None:
-            lines.append(f"H1 {h.model}: no estimate ({h.reason})")
-        elif not h.is_test:
-            lines.append(f"H1 {h.model}: β = {fmt.num(h.beta, '+.5f')} EM/pp, not tested ({h.reason})")
+        e = h.estimate
+        if e.value is None:
+            lines.append(f"H1 {h.model}: no estimate ({e.reason})")
+        elif not e.is_test:
+            lines.append(f"H1 {h.model}: β = {fmt.num(e.value, '+.5f')} EM/pp, not tested ({e.reason})")
         else:
-            lines.append(f"H1 {h.model}: β = {fmt.num(h.beta, '+.5f')} EM/pp {fmt.ci(h.ci_low, h.ci_high, '+.5f')}, "
-                         f"p = {fmt.p_value(h.p)} (CR2, t on {fmt.num(h.df, '.1f')} df), n = {h.n} over "
+            lines.append(f"H1 {h.model}: β = {fmt.num(e.value, '+.5f')} EM/pp {fmt.ci(e.ci_low, e.ci_high, '+.5f')}, "
+                         f"p = {fmt.p_value(e.p)} (CR2, t on {fmt.num(e.df, '.1f')} df), n = {h.n} over "
                          f"{h.n_clusters} questions")
     if result.cells:
         lines.append(MARK_LEGEND)
@@ -558,7 +571,7 @@ def merge(named: list[tuple[str, IceResult]]) -> IceResult:
 def compare_html(result: IceResult, ctx: ReportContext) -> str:
     """The ICE part of a comparison page: Table 1, figures across runs, summaries, statistics."""
     marks = taxonomy_marks(result)
-    h1 = [(f"{m}{marks.get(m, '')}", h.beta, h.ci_low, h.ci_high) for m in result.models
+    h1 = [(f"{m}{marks.get(m, '')}", h.estimate.value, h.estimate.ci_low, h.estimate.ci_high) for m in result.models
           if (h := result.h1_of(m)) is not None]
     h3 = [(m, h.r, h.ci_low, h.ci_high) for m in result.models for h in result.h3 if h.model == m and h.load is None]
     blocks = "".join([

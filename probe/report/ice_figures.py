@@ -79,9 +79,9 @@ def draw_saturation_curve(result: IceResult, taxonomy: Mapping[str, str]) -> Fig
         slopes = []
         for cond, abbr in (("Saturation", "Sat"), ("Residue", "Res")):
             fit = result.h1_of(model, cond)
-            if fit is not None and fit.beta is not None:
-                test = f"p={fmt.num(fit.p, '.2g')}" if fit.is_test else "not tested"
-                slopes.append(f"{abbr} β={fmt.num(fit.beta, '+.4f')}/pp ({test})")
+            if fit is not None and fit.estimate.value is not None:
+                test = f"p={fmt.num(fit.estimate.p, '.2g')}" if fit.estimate.is_test else "not tested"
+                slopes.append(f"{abbr} β={fmt.num(fit.estimate.value, '+.4f')}/pp ({test})")
         title = f"{short(model)}{taxonomy.get(model, '')}"
         ax.set_title(title + ("\n" + ", ".join(slopes) if slopes else ""), fontsize=9)
         ax.set_xlim(-5, xmax)
@@ -329,18 +329,18 @@ def draw_h3_scatter(result: IceResult, taxonomy: Mapping[str, str]) -> Figure | 
 
 def _layer_series(ax: Axes, tests: LayerTests, alpha: float, shift: float, marker: str, label: str) -> bool:
     """Per-layer estimates with 95 % CIs on ``ax``; filled orange where q < alpha. Returns whether anything was drawn."""
-    drawn = [t for t in tests.layers if t.estimate is not None]
+    drawn = [t for t in tests.layers if t.estimate.value is not None]
     if not drawn:
         return False
     xs = np.array([t.layer for t in drawn], dtype=float) + shift
-    est = np.array([t.estimate for t in drawn], dtype=float)
-    with_ci = [i for i, t in enumerate(drawn) if t.ci_low is not None and t.ci_high is not None]
+    est = np.array([t.estimate.value for t in drawn], dtype=float)
+    with_ci = [i for i, t in enumerate(drawn) if t.estimate.ci_low is not None and t.estimate.ci_high is not None]
     if with_ci:
-        lo = np.array([np.nan if drawn[i].ci_low is None else drawn[i].ci_low for i in with_ci], dtype=float)
-        hi = np.array([np.nan if drawn[i].ci_high is None else drawn[i].ci_high for i in with_ci], dtype=float)
+        lo = np.array([np.nan if (v := drawn[i].estimate.ci_low) is None else v for i in with_ci], dtype=float)
+        hi = np.array([np.nan if (v := drawn[i].estimate.ci_high) is None else v for i in with_ci], dtype=float)
         err = np.array([est[with_ci] - lo, hi - est[with_ci]])
         ax.errorbar(xs[with_ci], est[with_ci], yerr=err, fmt="none", ecolor="#aaaaaa", capsize=2)
-    sig = np.array([t.q is not None and t.q < alpha for t in drawn])
+    sig = np.array([t.estimate.q is not None and t.estimate.q < alpha for t in drawn])
     ax.scatter(xs[~sig], est[~sig], marker=marker, zorder=3, s=22, facecolors="white", edgecolors="#4d4d4d",
                label=label)
     if sig.any():
@@ -351,8 +351,9 @@ def _layer_series(ax: Axes, tests: LayerTests, alpha: float, shift: float, marke
 def draw_residue_attention(result: IceResult, alpha: float = 0.05) -> Figure | None:
     """H3 in attention: per layer the slope of head-mean AR_k on S_sim with 95 % CI, one panel per model, the two
     targets side by side; filled orange where q < alpha (BH across layers)."""
-    models = [m for m in result.models if any(r.test is not None and any(t.estimate is not None for t in r.test.layers)
-                                               for r in result.residue_attention_of(m))]
+    models = [m for m in result.models
+              if any(r.test is not None and any(t.estimate.value is not None for t in r.test.layers)
+                     for r in result.residue_attention_of(m))]
     if not models:
         return None
     n_layers = max(len(r.test.layers) for m in models for r in result.residue_attention_of(m) if r.test is not None)
@@ -365,7 +366,7 @@ def draw_residue_attention(result: IceResult, alpha: float = 0.05) -> Figure | N
                 notes.append(f"{r.target}: {r.reason}")
                 continue
             _layer_series(ax, r.test, alpha, shift, marker, f"{r.target} target ({r.n_prompts} prompts)")
-            hits = [t.layer for t in r.test.layers if t.q is not None and t.q < alpha]
+            hits = [t.layer for t in r.test.layers if t.estimate.q is not None and t.estimate.q < alpha]
             notes.append(f"{r.target}: q<{alpha:g} in {ranges(hits)}" if r.test.is_test
                          else f"{r.target}: not tested ({r.test.reason.split(':')[0] if r.test.reason else ''})")
         ax.axhline(0, color="k", lw=0.8)
@@ -427,5 +428,4 @@ def draw_attention_behaviour(result: IceResult, alpha: float = 0.05) -> Figure |
 
 def _as_layer_test(layer: int, f: LayerFit | MeasureLogit) -> LayerTest:
     """A logistic fit as a :class:`LayerTest` (for drawing with :func:`_layer_series`)."""
-    return LayerTest(layer=layer, n=0, estimate=f.coef, se=f.se, ci_low=f.ci_low, ci_high=f.ci_high, p=f.p, q=f.q,
-                     df=f.df)
+    return LayerTest(layer=layer, n=0, estimate=(f.fit if isinstance(f, LayerFit) else f).estimate)

@@ -17,9 +17,10 @@ from statsmodels.stats.proportion import proportion_confint
 
 from statsmodels.stats.multitest import multipletests
 
-from probe.analysis import Analysis, AnalysisConfigError, analyze_run
+from probe.analysis import SCHEMA_VERSION, Analysis, AnalysisConfigError, analyze_run
 from probe.analysis import inference as inf
 from probe.analysis.glm import clustered_logit
+from probe.analysis.estimate import Estimate
 from probe.analysis.ice import IceResult
 from probe.config import AnalysisSection
 from probe.records import TrialRecord, append_jsonl
@@ -128,20 +129,21 @@ def test_h1_recovers_planted_beta_and_matches_statsmodels(effect_run):
         h = next(x for x in ice(analysis).h1 if x.condition == cond)
         ols, glm, d, X = _direct_h1(df, cond)
         y, groups = d["em"].to_numpy(float), d["task_id"].to_numpy()
-        assert h.n == len(d) and h.is_test
-        assert (h.intercept, h.beta) == pytest.approx(tuple(ols.params))
+        assert h.n == len(d) and h.estimate.is_test
+        assert (h.intercept, h.estimate.value) == pytest.approx(tuple(ols.params))
         # the small-sample reference: CR2 with Bell-McCaffrey df, exactly as the checked estimator gives it
         ref = inf.clustered_ols(y, X, groups)
-        assert (h.se, h.p, h.ci_low, h.ci_high, h.df) == pytest.approx((ref.se, ref.p, ref.ci_low, ref.ci_high,
-                                                                        ref.df))
-        assert h.df == pytest.approx(plan.n_tasks - 1, rel=0.05)  # load varies within questions: about G - 1 df
-        assert h.p == pytest.approx(2 * scipy.stats.t.sf(abs(h.beta / h.se), h.df))
-        assert h.ci_low <= beta_true <= h.ci_high
-        assert h.p < 0.001
-        assert h.logit.coef == pytest.approx(glm.params[1], rel=1e-5)
+        e, r = h.estimate, ref.estimate
+        assert (e.se, e.p, e.ci_low, e.ci_high, e.df) == pytest.approx((r.se, r.p, r.ci_low, r.ci_high, r.df))
+        assert e.df == pytest.approx(plan.n_tasks - 1, rel=0.05)  # load varies within questions: about G - 1 df
+        assert e.p == pytest.approx(2 * scipy.stats.t.sf(abs(e.value / e.se), e.df))
+        assert h.estimate.ci_low <= beta_true <= h.estimate.ci_high
+        assert h.estimate.p < 0.001
+        assert h.logit.estimate.value == pytest.approx(glm.params[1], rel=1e-5)
         lref = clustered_logit(y, X, groups)
-        assert (h.logit.se, h.logit.p, h.logit.df) == pytest.approx((lref.se, lref.p, lref.df), rel=1e-6)
-        assert h.logit.coef < 0
+        lg, lr = h.logit.estimate, lref.estimate
+        assert (lg.se, lg.p, lg.df) == pytest.approx((lr.se, lr.p, lr.df), rel=1e-6)
+        assert h.logit.estimate.value < 0
     tax = ice(analysis).taxonomy[0]
     assert tax.is_load_sensitive is True and "load-sensitive" in tax.label
 
@@ -154,9 +156,10 @@ def _nct_power(nc: float, df: float) -> float:
 def test_h1_power_is_the_noncentral_t_on_the_tests_df(effect_run):
     _, analysis, _ = effect_run
     h = next(x for x in ice(analysis).h1 if x.condition == "LongControl")
-    assert h.power.df == h.df
-    assert h.power.power == pytest.approx(_nct_power(abs(h.beta) / h.se, h.df), rel=1e-6)
-    assert _nct_power(h.power.mde / h.se, h.df) == pytest.approx(0.80, abs=1e-4)  # the MDE has 80 % power
+    assert h.power.df == h.estimate.df
+    e = h.estimate
+    assert h.power.power == pytest.approx(_nct_power(abs(e.value) / e.se, e.df), rel=1e-6)
+    assert _nct_power(h.power.mde / e.se, e.df) == pytest.approx(0.80, abs=1e-4)  # the MDE has 80 % power
 
 
 # ------------------------------------------------------------------------------------------- H2
@@ -174,22 +177,22 @@ def test_h2_sign_flip_on_direct_pairing_mcnemar_beside_it_bh_over_the_family(eff
         m = a[key + ["em"]].merge(b[key + ["em"]], on=key)
         ya, yb = m["em_x"].to_numpy() == 1, m["em_y"].to_numpy() == 1
         table = [[(ya & yb).sum(), (ya & ~yb).sum()], [(~ya & yb).sum(), (~ya & ~yb).sum()]]
-        assert r.n_pairs == r.mcnemar.n_pairs == len(m) and r.n_questions == m["task_id"].nunique()
-        assert (r.mcnemar.n_a_only, r.mcnemar.n_b_only) == (table[0][1], table[1][0])
-        assert r.mcnemar.p == pytest.approx(mcnemar(table, exact=True).pvalue)
+        assert r.test.n_pairs == r.test.mcnemar.n_pairs == len(m) and r.test.n_questions == m["task_id"].nunique()
+        assert (r.test.mcnemar.n_a_only, r.test.mcnemar.n_b_only) == (table[0][1], table[1][0])
+        assert r.test.mcnemar.p == pytest.approx(mcnemar(table, exact=True).pvalue)
         d = (m["em_x"] - m["em_y"]).groupby(m["task_id"]).mean().to_numpy()  # per-question mean difference
-        assert r.delta == pytest.approx(d.mean())
+        assert r.test.delta == pytest.approx(d.mean())
         # 60 questions: Monte Carlo sign flips, seeded with the experiment's seed (0 here) plus the row's index
         direct = scipy.stats.permutation_test((d,), np.mean, permutation_type="samples", n_resamples=9_999,
                                               rng=np.random.default_rng(k))
-        assert not r.is_exact and r.seed == k and r.p == pytest.approx(direct.pvalue)
-    assert [r.q for r in rows] == pytest.approx(multipletests([r.p for r in rows], method="fdr_bh")[1])
+        assert not r.test.is_exact and r.test.seed == k and r.test.p == pytest.approx(direct.pvalue)
+    assert [r.q for r in rows] == pytest.approx(multipletests([r.test.p for r in rows], method="fdr_bh")[1])
     comparisons = {(r.a, r.b) for r in rows}
     assert comparisons == {("LongControl", "Control"), ("Saturation", "LongControl"), ("Residue", "Control"),
                            ("Residue", "Saturation")}
     assert len(rows) == 12
     sat80 = next(r for r in rows if (r.a, r.b, r.load) == ("Saturation", "LongControl", 80))
-    assert sat80.q < 0.01 and sat80.delta < 0  # planted: 0.4 below LongControl at 80 % (p >= 1/10,000 here)
+    assert sat80.q < 0.01 and sat80.test.delta < 0  # planted: 0.4 below LongControl at 80 % (p >= 1/10,000 here)
 
 
 def test_h2_power_is_the_one_sample_t_of_the_per_question_differences(effect_run):
@@ -201,8 +204,8 @@ def test_h2_power_is_the_one_sample_t_of_the_per_question_differences(effect_run
                                                   on=["task_id", "replication"])
     d = (m["em_x"] - m["em_y"]).groupby(m["task_id"]).mean()
     se = d.std(ddof=1) / math.sqrt(len(d))
-    assert r.power.df == len(d) - 1
-    assert r.power.power == pytest.approx(_nct_power(abs(d.mean()) / se, len(d) - 1), rel=1e-6)
+    assert r.test.power.df == len(d) - 1
+    assert r.test.power.power == pytest.approx(_nct_power(abs(d.mean()) / se, len(d) - 1), rel=1e-6)
 
 
 # ------------------------------------------------------------------------------------------- H3
@@ -253,7 +256,8 @@ def test_h3_matches_scipy_and_covers_population_r(h3_run):
 def test_null_set_has_nothing_significant(null_run):
     _, analysis = null_run
     alpha = analysis.settings.alpha
-    assert all(h.p >= alpha for h in ice(analysis).h1), [(h.condition, h.p) for h in ice(analysis).h1]
+    assert all(h.estimate.p >= alpha for h in ice(analysis).h1), \
+        [(h.condition, h.estimate.p) for h in ice(analysis).h1]
     assert all(r.q >= alpha for r in ice(analysis).h2), [(r.a, r.b, r.load, r.q) for r in ice(analysis).h2]
     assert all(r.p is None or r.p >= alpha for r in ice(analysis).h3)
     tax = ice(analysis).taxonomy[0]
@@ -286,17 +290,18 @@ def test_no_variance_one_cluster_and_no_pairs_give_reasons(tmp_path):
     trials.append(_trial(i, "only", "Residue", 50, 99, 0.0))  # no Control pair with replication 99
     analysis = analyze_run(_write(tmp_path / "deg", trials), AnalysisSection(), fill_similarity=False)
     sat = next(h for h in ice(analysis).h1 if h.condition == "Saturation")
-    assert sat.beta is None and "no variance" in sat.reason
+    assert sat.estimate.value is None and "no variance" in sat.estimate.reason
     res = next(h for h in ice(analysis).h1 if h.condition == "Residue")
     # one question: the slope is described, never tested
-    assert res.beta is not None and not res.is_test and res.p is None and "fewer than the minimum of 6" in res.reason
+    e = res.estimate
+    assert e.value is not None and not e.is_test and e.p is None and "fewer than the minimum of 6" in e.reason
     assert res.power is None
     lc = [h for h in ice(analysis).h1 if h.condition == "LongControl"]
     assert lc == []  # no LongControl trial: no row
     control = next(c for c in ice(analysis).cells if c.condition == "Control")
     assert control.em_mean == 1.0 and control.em_ci_low is None and "one question" in control.ci_reason
     residue_pair = next(r for r in ice(analysis).h2 if r.a == "Residue" and r.b == "Control")
-    assert residue_pair.n_pairs == 0 and residue_pair.p is None and "no pair" in residue_pair.reason
+    assert residue_pair.test.n_pairs == 0 and residue_pair.test.p is None and "no pair" in residue_pair.test.reason
     h3 = ice(analysis).h3[0]
     assert h3.r is None and h3.reason
     one = next(c for c in ice(analysis).cells if c.condition == "Residue")
@@ -327,7 +332,7 @@ def test_duplicate_pair_keys_are_reported_not_guessed(tmp_path):
               _trial(2, "q", "LongControl", 20, 0, 1.0)]
     analysis = analyze_run(_write(tmp_path / "dup", trials), AnalysisSection(), fill_similarity=False)
     r = ice(analysis).h2[0]
-    assert r.p is None and "ambiguous" in r.reason
+    assert r.test.p is None and "ambiguous" in r.test.reason
 
 
 # ------------------------------------------------------------------------------------------- taxonomy
@@ -371,7 +376,8 @@ def test_tables_and_text_are_written(effect_run):
     assert h1_csv["logit_odds_ratio_per_10pp_load"].to_numpy() == pytest.approx(
         [h.logit.odds_ratio_per_10pp_load for h in ice(analysis).h1])
     stored = json.loads((run / "analysis.json").read_text())
-    assert stored["schema"] == 5 and stored["families"]["ice"]["cells"][0]["em_mean"] == ice(analysis).cells[0].em_mean
+    assert stored["schema"] == SCHEMA_VERSION
+    assert stored["families"]["ice"]["cells"][0]["em_mean"] == ice(analysis).cells[0].em_mean
     quick = main_table(run)  # from the trials, without analysis.json
     for c in ice(analysis).cells:
         assert f"{c.em_mean:.3f} ({c.em_sem:.3f})" in quick
@@ -411,16 +417,16 @@ def test_attention_behaviour_finds_the_planted_layer_and_heads_and_matches_stats
     Xo = np.column_stack([np.ones(len(d)), failed, d["load"].to_numpy(float), (d["condition"] == "Residue")])
     ols = sm.OLS(d["x"].to_numpy(), Xo.astype(float)).fit()
     t = a.layer_tests.layers[plan.tracking_layer]
-    assert t.n == len(d) and t.estimate == pytest.approx(ols.params[1])
-    ref = inf.clustered_ols(d["x"].to_numpy(), Xo.astype(float), groups)
-    assert (t.se, t.p, t.df) == pytest.approx((ref.se, ref.p, ref.df))
-    assert [x.q for x in a.layer_tests.layers] == pytest.approx(
-        multipletests([x.p for x in a.layer_tests.layers], method="fdr_bh")[1])
+    assert t.n == len(d) and t.estimate.value == pytest.approx(ols.params[1])
+    ref = inf.clustered_ols(d["x"].to_numpy(), Xo.astype(float), groups).estimate
+    assert (t.estimate.se, t.estimate.p, t.estimate.df) == pytest.approx((ref.se, ref.p, ref.df))
+    assert [x.estimate.q for x in a.layer_tests.layers] == pytest.approx(
+        multipletests([x.estimate.p for x in a.layer_tests.layers], method="fdr_bh")[1])
     # per head: the planted layer's first head, on enrichment
     e = np.array([r.enrichment[plan.tracking_layer, 0] for r in recs])
     hit = next(h for h in a.heads.significant if (h.layer, h.head) == (plan.tracking_layer, 0))
-    assert hit.estimate == pytest.approx(sm.OLS(e, Xo.astype(float)).fit().params[1])
-    assert hit.p == pytest.approx(inf.clustered_ols(e, Xo.astype(float), groups).p)
+    assert hit.estimate.value == pytest.approx(sm.OLS(e, Xo.astype(float)).fit().params[1])
+    assert hit.estimate.p == pytest.approx(inf.clustered_ols(e, Xo.astype(float), groups).estimate.p)
     with np.load(run / "attention_summary.npz") as z:
         assert z[a.heads.q_key].shape == (plan.n_layers, plan.n_heads)
         assert z[a.heads.q_key][plan.tracking_layer, 0] == pytest.approx(hit.q, rel=1e-5)
@@ -429,9 +435,10 @@ def test_attention_behaviour_finds_the_planted_layer_and_heads_and_matches_stats
     fit = sm.GLM(failed, X, family=sm.families.Binomial()).fit()
     layer = a.layers[plan.tracking_layer]
     assert layer.n == len(d)
-    assert layer.coef == pytest.approx(fit.params[1], rel=1e-5)
-    lref = clustered_logit(failed, X, groups)
-    assert (layer.ci_low, layer.ci_high, layer.df) == pytest.approx((lref.ci_low, lref.ci_high, lref.df), rel=1e-5)
+    e = layer.fit.estimate
+    assert e.value == pytest.approx(fit.params[1], rel=1e-5)
+    lref = clustered_logit(failed, X, groups).estimate
+    assert (e.ci_low, e.ci_high, e.df) == pytest.approx((lref.ci_low, lref.ci_high, lref.df), rel=1e-5)
     cells = {(c.condition, c.load, c.measure): c for c in ice(analysis).attention_cells}
     assert {k[:2] for k in cells} == {("Control", 0), ("Saturation", 20), ("Saturation", 80), ("Residue", 20),
                                       ("Residue", 80)}
@@ -452,8 +459,8 @@ def test_attention_layer_without_outcome_variance_is_skipped_with_reason(tmp_pat
     make_run(tmp_path / "a", plan)
     analysis = analyze_run(tmp_path / "a", AnalysisSection())
     a = ice(analysis).attention_behaviour[0]
-    assert a.tracking_layers == () and all(r.coef is None for r in a.layers)
-    assert all(r.reason for r in a.layers)
+    assert a.tracking_layers == () and all(r.fit.estimate.value is None for r in a.layers)
+    assert all(r.fit.estimate.reason for r in a.layers)
     # every trial right (and 6 questions): nothing to contrast, so no test and no head named
     assert not a.layer_tests.is_test and "no contrast" in a.layer_tests.reason and a.distractor_heads == ()
 
@@ -478,14 +485,15 @@ def test_h2_monte_carlo_sign_flips_take_the_experiments_seed(tmp_path):
     RunFolder(run).config.write_text(CONFIG.format(seed=4321))
     analysis = analyze_run(run, fill_similarity=False)
     assert analysis.seed == 4321 and analysis.seed_source == "config.toml"
-    drawn = [(k, r) for k, r in enumerate(ice(analysis).h2) if r.is_test and r.reason is None]
+    drawn = [(k, r.test) for k, r in enumerate(ice(analysis).h2) if r.test.is_test and r.test.reason is None]
     assert len(drawn) >= 4
     for k, r in drawn:  # comparison k draws its sign flips with the experiment's seed + k
         assert not r.is_exact and r.seed == 4321 + k and r.n_resamples == inf.N_RESAMPLES
     RunFolder(run).config.write_text(CONFIG.format(seed=7))
     other = analyze_run(run, fill_similarity=False)
-    assert [r.seed for r in ice(other).h2 if r.is_test and r.reason is None] == [7 + k for k, _ in drawn]
-    assert [r.p for r in ice(other).h2 if r.is_test and r.reason is None] != [r.p for _, r in drawn]
+    again = [r.test for r in ice(other).h2 if r.test.is_test and r.test.reason is None]
+    assert [r.seed for r in again] == [7 + k for k, _ in drawn]
+    assert [r.p for r in again] != [r.p for _, r in drawn]
 
 
 def test_an_unreadable_config_is_an_error_not_defaults(tmp_path):
@@ -535,7 +543,7 @@ def test_h3_in_attention_finds_the_planted_layer_and_matches_statsmodels(residue
     for r in rows.values():
         # the planted layer is found, with the smallest q (BH controls the share of false layers, not their number)
         assert r.test.is_test and plan.ar_layer in r.test.significant and r.is_load_adjusted
-        assert min(r.test.layers, key=lambda x: x.q).layer == plan.ar_layer
+        assert min(r.test.layers, key=lambda x: x.estimate.q).layer == plan.ar_layer
         assert r.n_prompts == plan.n_tasks * len(plan.loads) * plan.n_reps and r.n_questions == plan.n_tasks
     df = read_trials(run)
     d = df[df["condition"] == "Residue"].drop_duplicates("prompt_id")
@@ -544,14 +552,16 @@ def test_h3_in_attention_finds_the_planted_layer_and_matches_statsmodels(residue
     y = np.array([r.ar_k_mean[plan.ar_layer, -1] for r in recs])  # the question is the last target
     X = np.column_stack([np.ones(len(d)), d["s_sim"].to_numpy(float), d["load"].to_numpy(float)])
     t = rows["question"].test.layers[plan.ar_layer]
-    assert t.estimate == pytest.approx(sm.OLS(y, X).fit().params[1])
-    ref = inf.clustered_ols(y, X, d["task_id"].to_numpy())
+    t = t.estimate
+    assert t.value == pytest.approx(sm.OLS(y, X).fit().params[1])
+    ref = inf.clustered_ols(y, X, d["task_id"].to_numpy()).estimate
     assert (t.se, t.p, t.df) == pytest.approx((ref.se, ref.p, ref.df))
     assert t.ci_low <= plan.ar_slope <= t.ci_high
-    layers = rows["question"].test.layers
+    layers = [x.estimate for x in rows["question"].test.layers]
     assert [x.q for x in layers] == pytest.approx(multipletests([x.p for x in layers], method="fdr_bh")[1])
     germane = np.array([r.ar_k_mean[plan.ar_layer, 1] for r in recs])  # germane 2: the last germane segment
-    assert rows["last germane"].test.layers[plan.ar_layer].estimate == pytest.approx(sm.OLS(germane, X).fit().params[1])
+    assert rows["last germane"].test.layers[plan.ar_layer].estimate.value == \
+        pytest.approx(sm.OLS(germane, X).fit().params[1])
 
 
 def assert_claims_survive(data: dict, alpha: float = 0.05) -> int:
@@ -574,19 +584,20 @@ def assert_claims_survive(data: dict, alpha: float = 0.05) -> int:
                 checked += 1
         for a in fam.get("attention_behaviour", []):
             layers = a["layer_tests"]["layers"] if a["layer_tests"] else []
-            survive = {x["layer"] for x in layers if x["q"] is not None and x["q"] < alpha}
+            survive = {x["layer"] for x in layers if (q := x["estimate"]["q"]) is not None and q < alpha}
             assert set(a["layer_tests"]["significant"] if a["layer_tests"] else ()) == survive
             assert set(a["tracking_layers"]) <= survive
             for h in [*(a["heads"]["significant"] if a["heads"] else []), *a["distractor_heads"]]:
-                assert h["q"] < alpha
-            logit = {x["layer"] for x in a["layers"] if x["q"] is not None and x["q"] < alpha}
-            adjusted = {x["layer"] for x in a["layers"] if x["adjusted"] and x["adjusted"]["q"] is not None
-                        and x["adjusted"]["q"] < alpha}
+                assert h["estimate"]["q"] < alpha
+            logit = {x["layer"] for x in a["layers"] if (q := x["fit"]["estimate"]["q"]) is not None and q < alpha}
+            adjusted = {x["layer"] for x in a["layers"] if x["adjusted"] and (q := x["adjusted"]["estimate"]["q"])
+                        is not None and q < alpha}
             assert set(a["logit_layers"]) <= logit and set(a["logit_layers_adjusted"]) <= adjusted
             checked += len(layers) + len(a["layers"])
         for r in fam.get("residue_attention", []):
             if r["test"]:
-                survive = {x["layer"] for x in r["test"]["layers"] if x["q"] is not None and x["q"] < alpha}
+                survive = {x["layer"] for x in r["test"]["layers"]
+                           if (q := x["estimate"]["q"]) is not None and q < alpha}
                 assert set(r["test"]["significant"]) == survive
                 checked += len(r["test"]["layers"])
     return checked
@@ -600,7 +611,8 @@ def test_no_interval_leaves_its_range_and_no_attention_claim_skips_its_correctio
     # the check bites: a layer named without surviving BH, or an interval past 1, is caught
     data = json.loads((attention_run[0] / "analysis.json").read_text())
     a = data["families"]["ice"]["attention_behaviour"][0]
-    extra = next(x["layer"] for x in a["layer_tests"]["layers"] if x["q"] is not None and x["q"] >= 0.05)
+    extra = next(x["layer"] for x in a["layer_tests"]["layers"]
+                 if (q := x["estimate"]["q"]) is not None and q >= 0.05)
     a["tracking_layers"] = [*a["tracking_layers"], extra]
     with pytest.raises(AssertionError):
         assert_claims_survive(data)
@@ -621,12 +633,13 @@ def test_taxonomy_calls_a_significant_rise_a_rise_not_no_decline() -> None:
     df = pd.DataFrame({"model": ["m"] * 4, "condition": ["Control"] * 4, "is_scored": [True] * 4,
                        "em": [1.0, 1.0, 0.0, 1.0], "has_output": [True] * 4, "truncated": [False] * 4,
                        "uninterpretable": [False] * 4, "error": [None] * 4, "skipped": [False] * 4})
-    h1 = H1Fit(model="m", condition="Saturation", n=40, n_clusters=10, loads=(0, 20, 80), beta=0.0052, se=0.002,
-               ci_low=0.001, ci_high=0.009, p=0.026, df=9.0, intercept=0.5, is_test=True, se_method="CR2",
-               logit=None, power=None, reason=None)
+    h1 = H1Fit(model="m", condition="Saturation", n=40, n_clusters=10, loads=(0, 20, 80),
+               estimate=Estimate(value=0.0052, se=0.002, ci_low=0.001, ci_high=0.009, df=9.0, p=0.026, method="CR2",
+                                 is_test=True), intercept=0.5, logit=None, power=None)
     tax = classify_model(df, "m", h1, AnalysisSection())
     assert "no significant" not in tax.reason and "rises" in tax.reason and not tax.is_load_sensitive
-    flat = classify_model(df, "m", dataclasses.replace(h1, p=0.4), AnalysisSection())
+    flat = classify_model(df, "m", dataclasses.replace(h1, estimate=dataclasses.replace(h1.estimate, p=0.4)),
+                          AnalysisSection())
     assert "no significant change" in flat.reason
 
 

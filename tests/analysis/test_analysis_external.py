@@ -144,6 +144,6 @@ def test_paper_outputs_errors_and_truncation_are_recognised(tmp_path):
         assert sum(t["truncated"] for t in mine) / len(mine) > 0.8, model
         assert tax[model] == "confounded"
     # replications of the different source files are distinct pairs, so H2 pairs are not ambiguous
-    assert not any("ambiguous" in (r.reason or "") for r in analysis.families["ice"].h2)
+    assert not any("ambiguous" in (r.test.reason or "") for r in analysis.families["ice"].h2)
     llama = next(r for r in analysis.families["ice"].h2 if r.model.endswith("3-8B-Instruct") and r.a == "LongControl")
-    assert llama.n_pairs == 30
+    assert llama.test.n_pairs == 30

@@ -1,9 +1,10 @@
-"""The analysis reproduces every value of the golden record ``tests/fixtures/analysis_golden.json`` (schema 5), written
+"""The analysis reproduces every value of the golden record ``tests/fixtures/analysis_golden.json`` (schema 6), written
 from the same fixture runs by ``python tests/fixtures/golden_runs.py``: a change of any number fails here until the
 record is regenerated on purpose (and its diff checked, see ``tests/fixtures/golden_runs.py``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -62,13 +63,14 @@ def test_ice_estimates_equal_the_golden_record(runs):
     # a few headline values, named: the planted effects they estimate and the small-sample reference behind them
     ice = analysis.families["ice"]
     h1 = ice.h1_of("model-a", "Saturation")
-    assert h1.beta < 0 and h1.is_test and h1.df == pytest.approx(9, abs=0.1)  # 10 questions, load within questions
-    assert h1.logit.odds_ratio_per_10pp_load == pytest.approx(math.exp(10 * h1.logit.coef))
+    e = h1.estimate
+    assert e.value < 0 and e.is_test and e.df == pytest.approx(9, abs=0.1)  # 10 questions, load within questions
+    assert h1.logit.odds_ratio_per_10pp_load == pytest.approx(math.exp(10 * h1.logit.estimate.value))
     assert all(0 <= c.em_ci_low <= c.em_ci_high <= 1 for c in ice.cells)
     layer = ice.attention_behaviour[0].layers[2]
-    assert layer.odds_ratio_per_10pp == pytest.approx(math.exp(0.1 * layer.coef))
+    assert layer.fit.odds_ratio_per_10pp == pytest.approx(math.exp(0.1 * layer.fit.estimate.value))
     assert ice.attention_behaviour[0].tracking_layers == (2,)  # the fixture's planted layer
-    assert to_json(ice)["h2"][0]["mcnemar"] is not None
+    assert to_json(ice)["h2"][0]["test"]["mcnemar"] is not None
 
 
 def test_cogniload_estimates_equal_the_golden_record(runs):
@@ -80,7 +82,7 @@ def test_cogniload_estimates_equal_the_golden_record(runs):
     assert analysis.n_trials_by_family == {"cogniload": golden["n_trials_by_family"]["cogniload"]}
     assert analysis.seed == 777 and analysis.seed_source == "config.toml"
     fits = analysis.families["cogniload"].models["model-a"]
-    assert fits.fits["quadratic"].params["rho2"].estimate > 0  # the planted U-shape
+    assert fits.fits["quadratic"].params["rho2"].value > 0  # the planted U-shape
 
 
 def test_a_schema_4_analysis_still_reads_with_the_same_numbers(runs, tmp_path):
@@ -99,11 +101,12 @@ def test_a_schema_4_analysis_still_reads_with_the_same_numbers(runs, tmp_path):
     old["inputs"]["trials_sha256"] = json.loads((run / "analysis.json").read_text())["inputs"]["trials_sha256"]
     (run / "analysis.json").write_text(json.dumps(old))
     then = read_analysis(run).families["ice"]  # the same trials: fresh
-    now = read_analysis(runs["ice"]).families["ice"]
+    now = without_head_se(read_analysis(runs["ice"]).families)["ice"]  # schema 4 had no SE, df of heads
     def unkeyed(a):  # the npz member names of the head grids changed (``ice_heads0_p_ext_estimate``), not their values
         return dataclasses.replace(a, heads=dataclasses.replace(a.heads, estimate_key=None, q_key=None))
 
-    assert [unkeyed(a) for a in then.attention_behaviour] == [unkeyed(a) for a in now.attention_behaviour]
+    assert unmethodical([unkeyed(a) for a in then.attention_behaviour]) == \
+        unmethodical([unkeyed(a) for a in now.attention_behaviour])
     assert then.attention_behaviour[0].heads.estimate_key == "ice_heads0_estimate"
     assert then.residue_attention == now.residue_attention
     keep = ("model", "condition", "load", "measure", "label", "n_prompts", "n_layers", "n_heads", "enrichment_mean",
@@ -122,4 +125,74 @@ def test_a_schema_4_analysis_still_reads_with_the_same_numbers(runs, tmp_path):
         return dataclasses.replace(r, attention_cells=(), attention_behaviour=(),
                                    cells=tuple(dataclasses.replace(c, ci_method="", **later) for c in r.cells))
 
-    assert plain(then) == plain(now)
+    assert unmethodical(plain(then)) == unmethodical(plain(now))
+
+
+def unmethodical(x: object) -> object:
+    """The JSON form of ``x`` without the ``method`` text of its estimates (schema 6 gives every estimate the
+    method its fit names; older files gave it to some holders only): the numbers and every other field stay."""
+    def strip(v: object) -> object:
+        if isinstance(v, dict):
+            est = {"value", "se", "ci_low", "ci_high", "df", "p", "q", "method", "reason", "is_test"} == set(v)
+            return {k: strip(w) for k, w in v.items() if not (est and k == "method")}
+        if isinstance(v, list):
+            return [strip(w) for w in v]
+        return v
+    return strip(to_json(x))
+
+
+SCHEMA5 = Path(__file__).parent.parent / "fixtures" / "analysis_schema5.json"
+
+
+@pytest.mark.parametrize("name", ["ice", "cogniload"])
+def test_a_schema_5_analysis_still_reads_with_the_same_numbers(runs, tmp_path, name):
+    """``analysis_schema5.json`` is the golden record as schema 5 wrote it (every estimate spelled out flat in its
+    holder: H1's ``beta``, ``se``, …; a layer fit's ``coef``; H2's test fields beside ``q``; CogniLoad terms
+    without ``q``, ``reason``, ``is_test``): it reads, and equals today's analysis of the same run in every field
+    but the estimates' added ``method`` text and the significant heads' added SE and df; and every number of it is
+    one of today's, found without the upgrade (the multiset of every number in the file), today's adding only
+    those heads' SE and df."""
+    import shutil
+    from collections import Counter
+
+    old = json.loads(SCHEMA5.read_text())[name]
+    assert old["schema"] == 5
+    run = tmp_path / name
+    shutil.copytree(runs[name], run)
+    (run / "analysis.json").write_text(json.dumps({k: v for k, v in old.items() if k != "attention_summary_arrays"}))
+    then, now = read_analysis(run), read_analysis(runs[name])
+    assert then.schema == now.schema == SCHEMA_VERSION
+    assert unmethodical(then.families) == unmethodical(without_head_se(now.families))
+
+    def numbers(x: object) -> list[str]:
+        if isinstance(x, dict):
+            return [n for k, v in x.items() if k not in ("schema", "created", "run_dir") for n in numbers(v)]
+        if isinstance(x, list):
+            return [n for v in x for n in numbers(v)]
+        return [f"{x:.9g}"] if isinstance(x, (int, float)) and not isinstance(x, bool) else []
+
+    fresh = json.loads((runs[name] / "analysis.json").read_text())
+    then_n, now_n = Counter(numbers(old["families"])), Counter(numbers(fresh["families"]))
+    assert not then_n - now_n  # no number lost or changed
+    added = Counter(numbers(to_json(now.families))) - Counter(numbers(to_json(without_head_se(now.families))))
+    assert now_n - then_n == added  # the only new numbers: the significant heads' SE and df (schema 6)
+
+
+def without_head_se(families: dict) -> dict:
+    """``families`` with the significant heads' SE and df removed (schema 5 did not record them)."""
+    ice = families.get("ice")
+    if ice is None:
+        return families
+
+    def plain(a):
+        if a.heads is None:
+            return a
+        hits = tuple(dataclasses.replace(h, estimate=dataclasses.replace(h.estimate, se=None, df=None))
+                     for h in a.heads.significant)
+        distractor = tuple(dataclasses.replace(h, estimate=dataclasses.replace(h.estimate, se=None, df=None))
+                           for h in a.distractor_heads)
+        return dataclasses.replace(a, heads=dataclasses.replace(a.heads, significant=hits),
+                                   distractor_heads=distractor)
+
+    return {**families, "ice": dataclasses.replace(ice, attention_behaviour=tuple(
+        plain(a) for a in ice.attention_behaviour))}

@@ -97,7 +97,7 @@ def test_recovers_the_true_coefficients(recovered: tuple[list[TrialRecord], Cogn
     assert fit.status == "ok" and fit.terms == ("const", "d", "log10_N", "rho", "rho2")
     for term, true in TRUE.items():
         p = fit.params[term]
-        assert abs(p.estimate - true) < 3.5 * p.se, (term, p, true)
+        assert abs(p.value - true) < 3.5 * p.se, (term, p, true)
     assert fit.params["d"].p < 1e-6 and fit.params["log10_N"].p < 1e-6
 
 
@@ -119,7 +119,7 @@ def test_coefficients_equal_a_direct_maximum_likelihood_fit(recovered: tuple[lis
     sol = optimize.minimize(nll, np.zeros(5), jac=grad, method="BFGS", options={"gtol": 1e-10, "maxiter": 2000})
     direct = dict(zip(["const", "d", "log10_N", "rho", "rho2"], sol.x / np.array([1, 1, 1, 100, 1e4])))
     for term, val in direct.items():
-        assert res.fits["quadratic"].params[term].estimate == pytest.approx(val, rel=1e-4, abs=1e-8)
+        assert res.fits["quadratic"].params[term].value == pytest.approx(val, rel=1e-4, abs=1e-8)
     k = 5
     assert res.fits["quadratic"].aic == pytest.approx(2 * k + 2 * sol.fun, rel=1e-6)
 
@@ -136,7 +136,7 @@ def test_quadratic_rho_preferred_by_aic_when_the_response_is_u_shaped(
 def test_thresholds_match_the_closed_form_and_cover_the_truth(recovered: tuple[list[TrialRecord], CogniloadFits]) -> None:
     trials, res = recovered
     means = _means(trials)
-    fitted = {t: v.estimate for t, v in res.fits["quadratic"].params.items()}
+    fitted = {t: v.value for t, v in res.fits["quadratic"].params.items()}
     from_fit = closed_form_thresholds(fitted, means)
     truth = closed_form_thresholds(TRUE, means)
     assert 20 < truth["ECL50"] < 250 and 5 < truth["NT50"] < 95 and 1 < truth["ID50"] < 10
@@ -167,7 +167,7 @@ def test_recovers_interactions(term: str, fit: str) -> None:
     res = analyze_cogniload(make_trials(b, per_cell=25, seed=5), n_bootstrap=0, seed=0).models["m"]
     p = res.fits[fit].params[term]
     assert res.fits[fit].status == "ok"
-    assert abs(p.estimate - b[term]) < 3.5 * p.se and p.p < 0.01
+    assert abs(p.value - b[term]) < 3.5 * p.se and p.p < 0.01
 
 
 def test_thresholds_outside_the_tested_range_are_not_numbers() -> None:
@@ -176,7 +176,7 @@ def test_thresholds_outside_the_tested_range_are_not_numbers() -> None:
     ecl = res.thresholds["ECL50"]
     assert ecl.status == "above_range" and ecl.value is None and ecl.ci_low is None
     assert "250" in ecl.reason and "extrapolation" in ecl.reason
-    fitted = {t: v.estimate for t, v in res.fits["quadratic"].params.items()}
+    fitted = {t: v.value for t, v in res.fits["quadratic"].params.items()}
     means = _means(make_trials(strong, 1, 3))
     assert ecl.extrapolated == pytest.approx(closed_form_thresholds(fitted, means)["ECL50"])
     assert ecl.extrapolated > 250

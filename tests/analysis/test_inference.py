@@ -147,8 +147,8 @@ def test_cr2_with_singleton_clusters_is_hc2() -> None:
     hc2 = sm.OLS(y, X).fit(cov_type="HC2")
     for term in range(3):
         fit = inf.clustered_ols(y, X, np.arange(n), term=term)
-        assert fit.se == pytest.approx(hc2.bse[term], rel=1e-10)
-        assert fit.estimate == pytest.approx(hc2.params[term], rel=1e-12)
+        assert fit.estimate.se == pytest.approx(hc2.bse[term], rel=1e-10)
+        assert fit.estimate.value == pytest.approx(hc2.params[term], rel=1e-12)
 
 
 def test_cr2_of_a_balanced_mean_is_the_variance_of_cluster_means_on_g_minus_1_df() -> None:
@@ -157,10 +157,10 @@ def test_cr2_of_a_balanced_mean_is_the_variance_of_cluster_means_on_g_minus_1_df
     y = rng.normal(size=g * r) + rng.normal(size=g)[clusters(g, r)]
     fit = inf.clustered_ols(y, np.ones((g * r, 1)), clusters(g, r), term=0)
     means = y.reshape(g, r).mean(axis=1)
-    assert fit.se == pytest.approx(math.sqrt(means.var(ddof=1) / g), rel=1e-10)
-    assert fit.df == pytest.approx(g - 1, rel=1e-10)
+    assert fit.estimate.se == pytest.approx(math.sqrt(means.var(ddof=1) / g), rel=1e-10)
+    assert fit.estimate.df == pytest.approx(g - 1, rel=1e-10)
     tt = scipy.stats.ttest_1samp(means, 0.0)  # the cluster-means t-test: same t, same df, same p
-    assert fit.p == pytest.approx(tt.pvalue, rel=1e-8)
+    assert fit.estimate.p == pytest.approx(tt.pvalue, rel=1e-8)
 
 
 def test_bell_mccaffrey_df_against_the_full_hat_matrix() -> None:
@@ -196,8 +196,8 @@ def test_logit_cr2_with_singleton_clusters_is_the_hc2_sandwich() -> None:
     bread = np.linalg.inv(X.T @ (W[:, None] * X))
     h = W * np.einsum("ij,jk,ik->i", X, bread, X)
     meat = X.T @ (((y - mu) ** 2 / (1 - h))[:, None] * X)
-    assert fit.se == pytest.approx(math.sqrt((bread @ meat @ bread)[1, 1]), rel=1e-8)
-    assert fit.estimate == pytest.approx(glm.params[1])
+    assert fit.estimate.se == pytest.approx(math.sqrt((bread @ meat @ bread)[1, 1]), rel=1e-8)
+    assert fit.estimate.value == pytest.approx(glm.params[1])
 
 
 def test_cr1_options_are_statsmodels() -> None:
@@ -206,10 +206,12 @@ def test_cr1_options_are_statsmodels() -> None:
     y = (rng.random(codes.size) < 0.5).astype(float)
     ref = sm.OLS(y, X).fit(cov_type="cluster", cov_kwds={"groups": codes}, use_t=True)
     fit = inf.clustered_ols(y, X, codes, vcov="CR1")
-    assert (fit.se, fit.p, fit.ci_low, fit.df) == pytest.approx((ref.bse[1], ref.pvalues[1], ref.conf_int()[1, 0], 9))
+    e = fit.estimate
+    assert (e.se, e.p, e.ci_low, e.df) == pytest.approx((ref.bse[1], ref.pvalues[1], ref.conf_int()[1, 0], 9))
     ref = sm.GLM(y, X, family=sm.families.Binomial()).fit(cov_type="cluster", cov_kwds={"groups": codes}, use_t=True)
     fit = clustered_logit(y, X, codes, vcov="CR1")
-    assert (fit.se, fit.p, fit.ci_high) == pytest.approx((ref.bse[1], ref.pvalues[1], ref.conf_int()[1, 1]))
+    e = fit.estimate
+    assert (e.se, e.p, e.ci_high) == pytest.approx((ref.bse[1], ref.pvalues[1], ref.conf_int()[1, 1]))
 
 
 def test_fits_below_the_minimum_number_of_questions_are_descriptive() -> None:
@@ -219,8 +221,8 @@ def test_fits_below_the_minimum_number_of_questions_are_descriptive() -> None:
     y = (rng.random(codes.size) < 0.6 - 0.004 * x).astype(float)
     X = sm.add_constant(x)
     for fit in (inf.clustered_ols(y, X, codes), clustered_logit(y, X, codes)):
-        assert not fit.is_test and fit.p is None and fit.se is None and fit.power is None
-        assert fit.estimate is not None and "fewer than the minimum of 6" in fit.reason
+        assert not fit.is_test and fit.estimate.p is None and fit.estimate.se is None and fit.power is None
+        assert fit.estimate.value is not None and "fewer than the minimum of 6" in fit.estimate.reason
     many = inf.clustered_ols_many(rng.normal(size=(codes.size, 3, 2)), X, codes)
     assert not many.is_test and np.isnan(many.p).all() and np.isfinite(many.estimate).all()
     ok = inf.clustered_ols(y, X, codes, min_clusters=inf.MIN_CLUSTERS - 1)
@@ -230,8 +232,8 @@ def test_fits_below_the_minimum_number_of_questions_are_descriptive() -> None:
 def test_degenerate_fits_say_why() -> None:
     codes = clusters(8, 4)
     X = sm.add_constant(np.tile([0.0, 20, 50, 80], 8))
-    assert "no variance" in inf.clustered_ols(np.ones(32), X, codes).reason
-    assert "rank deficient" in inf.clustered_ols(np.ones(32), np.ones((32, 2)), codes).reason
+    assert "no variance" in inf.clustered_ols(np.ones(32), X, codes).estimate.reason
+    assert "rank deficient" in inf.clustered_ols(np.ones(32), np.ones((32, 2)), codes).estimate.reason
     y = (X[:, 1] > 30).astype(float)  # perfectly separated
     assert not clustered_logit(y, X, codes).is_test
     with pytest.raises(inf.InferenceInputError, match="0/1"):
@@ -275,7 +277,7 @@ def test_many_fits_match_statsmodels_per_column() -> None:
         assert got == pytest.approx((ref.params[1], ref.bse[1], ref.pvalues[1], *ref.conf_int()[1]), rel=1e-9)
         one = inf.clustered_ols(col[ok], X[ok], codes[ok])
         assert (cr2.estimate[layer, head], cr2.se[layer, head], cr2.p[layer, head], cr2.df[layer, head]) == \
-            pytest.approx((one.estimate, one.se, one.p, one.df), rel=1e-9)
+            pytest.approx((one.estimate.value, one.estimate.se, one.estimate.p, one.estimate.df), rel=1e-9)
     assert cr2.n[3, 4] == n - 1 and cr2.n[0, 0] == n
     np.testing.assert_allclose(cr2.q, multipletests(cr2.p.ravel(), method="fdr_bh")[1].reshape(30, 9))
 
@@ -310,7 +312,7 @@ def test_per_head_test_finds_planted_heads_only() -> None:
     # the same coefficient as one fit with the same design
     X = np.column_stack([np.ones(failed.size), failed, load, residue])
     one = inf.clustered_ols(values[:, 2, 1], X, codes)
-    assert (res.estimate[2, 1], res.p[2, 1]) == pytest.approx((one.estimate, one.p), rel=1e-9)
+    assert (res.estimate[2, 1], res.p[2, 1]) == pytest.approx((one.estimate.value, one.estimate.p), rel=1e-9)
 
 
 def test_per_head_test_without_a_contrast() -> None:
@@ -479,10 +481,10 @@ def test_one_question_carrying_the_contrast_is_descriptive(vcov: str) -> None:
     assert "1 of 7 questions" in str(res.reason)
     X = np.column_stack([np.ones(q.size), failed, load])
     fit = inf.clustered_ols(y[:, 0], X, q, vcov=vcov)  # type: ignore[arg-type]
-    assert not fit.is_test and fit.p is None and "1 of 7 questions" in str(fit.reason)
+    assert not fit.is_test and fit.estimate.p is None and "1 of 7 questions" in str(fit.estimate.reason)
     y01 = failed.astype(float)  # a 0/1 outcome that varies in one question only
     lfit = clustered_logit(y01, np.column_stack([np.ones(q.size), y[:, 0]]), q, vcov=vcov)  # type: ignore[arg-type]
-    assert not lfit.is_test and lfit.p is None and "1 of 7 questions" in str(lfit.reason)
+    assert not lfit.is_test and lfit.estimate.p is None and "1 of 7 questions" in str(lfit.estimate.reason)
 
 
 def test_contrast_clusters_counts_the_questions_off_the_common_value() -> None:
@@ -550,7 +552,7 @@ def test_h1_logistic_under_quasi_separation_is_descriptive() -> None:
     fit = fit_logit(y, X, q)
     assert fit.status == "separation" and "infinite" in str(fit.reason)
     lfit = clustered_logit(y, X, q)
-    assert not lfit.is_test and lfit.p is None
+    assert not lfit.is_test and lfit.estimate.p is None
     y2 = y.copy()
     y2[(load == 50) & (q == 5)] = 1.0  # right answers at two loads: the MLE is finite again
     assert separation(y2, X) is None and fit_logit(y2, X, q).ok

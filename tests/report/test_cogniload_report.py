@@ -171,7 +171,7 @@ def test_cogniload_section_of_the_analysis(run, analysis):
     assert analysis.seed == SEED and analysis.seed_source == "config.toml"
     assert result.models == analyze_cogniload(trials, N_BOOT, SEED).models
     quad = result.models["model-a"].fits["quadratic"]
-    assert quad.status == "ok" and quad.params["rho2"].estimate > 0  # the planted U-shape
+    assert quad.status == "ok" and quad.params["rho2"].value > 0  # the planted U-shape
     for model in MODELS:
         mine = [t for t in trials if t.model == model]
         cells = result.cells[model]

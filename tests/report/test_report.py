@@ -210,13 +210,13 @@ def test_summary_claims_follow_the_numbers(run, report):
     result, settings = ice(run), read_analysis(run).settings
     h1 = result.h1_of(MODEL, "Saturation")
     text = " ".join(model_summary(result, MODEL, settings))
-    if h1.p < 0.05 and h1.beta < 0:
+    if h1.estimate.p < 0.05 and h1.estimate.value < 0:
         assert "EM declines with load" in text
     else:
         assert "no significant change" in text and "declines" not in text
     # the same analysis with a non-significant slope must not speak of a decline
     forced = dataclasses.replace(
-        result, h1=tuple(dataclasses.replace(h, p=0.4) for h in result.h1),
+        result, h1=tuple(dataclasses.replace(h, estimate=dataclasses.replace(h.estimate, p=0.4)) for h in result.h1),
         taxonomy=tuple(dataclasses.replace(t, label="resilient", is_load_sensitive=False) for t in result.taxonomy))
     text = " ".join(model_summary(forced, MODEL, settings))
     assert "declines" not in text and "no significant change of EM with load" in text
@@ -229,13 +229,15 @@ def test_summary_quotes_only_what_survives_its_familys_correction(run, report):
     assert att.tracking_layers and "failed trials put more attention on extraneous text in layer" in text
     assert "distractor heads" in text
     # the same p-values with q-values that do not pass: nothing may be called significant
-    h2 = tuple(dataclasses.replace(r, p=0.001, q=0.2) for r in result.h2)
-    layers = tuple(dataclasses.replace(t, p=0.001, q=0.3) for t in att.layer_tests.layers)
+    h2 = tuple(dataclasses.replace(r, test=dataclasses.replace(r.test, p=0.001), q=0.2) for r in result.h2)
+    layers = tuple(dataclasses.replace(t, estimate=dataclasses.replace(t.estimate, p=0.001, q=0.3))
+                   for t in att.layer_tests.layers)
     weak = dataclasses.replace(
         att, layer_tests=dataclasses.replace(att.layer_tests, layers=layers, significant=()), tracking_layers=(),
         heads=dataclasses.replace(att.heads, significant=()), distractor_heads=())
     residue = tuple(dataclasses.replace(r, test=dataclasses.replace(
-        r.test, layers=tuple(dataclasses.replace(t, q=0.5) for t in r.test.layers), significant=()))
+        r.test, layers=tuple(dataclasses.replace(t, estimate=t.estimate.with_q(0.5)) for t in r.test.layers),
+        significant=()))
         for r in result.residue_attention)
     forced = dataclasses.replace(result, h2=h2, attention_behaviour=(weak,), residue_attention=residue,
                                  h3=tuple(dataclasses.replace(h, q=0.5) for h in result.h3))
@@ -300,7 +302,7 @@ def test_an_analysis_of_another_schema_is_refused_with_what_to_do(tmp_path):
     data = json.loads((d / "analysis.json").read_text())
     old = {k: v for k, v in data.items() if k != "schema"}  # a file written before versions
     (d / "analysis.json").write_text(json.dumps(old))
-    with pytest.raises(AnalysisSchemaError, match=r"schema 1 .*reads schema 5.*probe analyze"):
+    with pytest.raises(AnalysisSchemaError, match=r"schema 1 .*reads schema 6.*probe analyze"):
         read_analysis(d)
     data["families"]["ice"]["cells"][0]["em_meen"] = data["families"]["ice"]["cells"][0].pop("em_mean")
     (d / "analysis.json").write_text(json.dumps(data))

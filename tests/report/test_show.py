@@ -166,3 +166,49 @@ def test_show_escapes_all_text_and_recomputes_without_a_record(tmp_path: Path, t
     assert html.escape("t<i>&1") in page
     assert "no attention record in the run" in page  # probing was off: masses are recomputed
     assert "Q&amp;A" in page
+
+
+def test_show_answer_steps_through_the_generated_tokens(tmp_path, tiny_card, capsys):
+    """``probe show --answer`` on a run probed with ``answer = true``: one step per generated token, each holding
+    that token's attention over the prompt's segments as the record stores it; without the capture it says why."""
+    from probe.attention.result import SegmentAttention
+    from probe.runfolder import RunFolder
+
+    exp = tmp_path / "a.toml"
+    exp.write_text(f"""
+[experiment]
+name = "steps"
+seed = 3
+models = ["{tiny_card}"]
+output_dir = "{tmp_path / 'outputs'}"
+[[tasks]]
+source = "synthetic"
+n = 1
+hops = 2
+[ice]
+conditions = ["Control"]
+[generation]
+max_new_tokens = 6
+[probe]
+enabled = true
+answer = true
+[analysis]
+embedder = ""
+""")
+    assert main(["run", str(exp), "-q"]) == 0
+    run = RunFolder(tmp_path / "outputs" / "steps")
+    prompt_id = json.loads(run.prompts.read_text().splitlines()[0])["prompt_id"]
+    capsys.readouterr()
+    assert main(["show", str(run.root), prompt_id, "--answer"]) == 0
+    page = Path(capsys.readouterr().out.split("page: ")[1].strip())
+    assert page.name.endswith(".answer.html") and page.is_file()
+    answer = SegmentAttention.load(run.attention_record("tiny-llama", prompt_id)).answer
+    assert answer is not None and len(answer.tokens) > 0
+    text = page.read_text()
+    assert text.count('class="step"') == len(answer.tokens) or text.count("<details") >= len(answer.tokens)
+
+    exp.write_text(exp.read_text().replace("answer = true", "answer = false").replace('"steps"', '"plain"'))
+    assert main(["run", str(exp), "-q"]) == 0
+    capsys.readouterr()
+    assert main(["show", str(tmp_path / "outputs" / "plain"), prompt_id, "--answer"]) == 2
+    assert "answer = true" in capsys.readouterr().err

@@ -1,0 +1,145 @@
+"""One estimate type: every fit and test of the analysis reports its estimate as a
+:class:`probe.analysis.estimate.Estimate`, and no result repeats another result's fields.
+
+Checked over the source (AST), so a new near-copy fails here before it reaches ``analysis.json``; and the older
+layouts are read back with their numbers (round trips and the upgrade of flat estimates)."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from probe.analysis.attention_link import LayerFit, LayerTest, MeasureLogit
+from probe.analysis.estimate import Estimate, nest_flat_estimates
+from probe.analysis.hypotheses import H1Fit, LoadLogit, PairedComparison
+from probe.analysis.inference import PairedTest
+from probe.analysis.results import from_json, to_json
+
+ANALYSIS = Path(__file__).resolve().parents[2] / "probe" / "analysis"
+
+# dataclasses that still spell an estimate out (the next ones to move onto Estimate), each with why it stays
+PENDING = {
+    "Correlation": "Pearson r with Fisher-z CI (also Spearman): a correlation, its own interval and test",
+    "H3Correlation": "Correlation plus model, load, points and q (the same composition as PairedComparison next)",
+    "PairedDifference": "the interventions' paired EM difference (delta, se, CI, p, df)",
+}
+# the one type, and the grid of many fits (arrays: one Estimate per cell via ManyFits.estimate_at)
+ALLOWED = {"Estimate", "ManyFits"}
+
+
+def _dataclasses(root: Path) -> dict[str, tuple[str, list[str]]]:
+    """Every dataclass under ``root``: name -> (module file, its annotated field names in order)."""
+    out: dict[str, tuple[str, list[str]]] = {}
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            decorated = any((isinstance(d, ast.Name) and d.id == "dataclass")
+                            or (isinstance(d, ast.Call) and isinstance(d.func, ast.Name) and d.func.id == "dataclass")
+                            for d in node.decorator_list)
+            if decorated:
+                fields = [s.target.id for s in node.body
+                          if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)]
+                out[node.name] = (path.name, fields)
+    return out
+
+
+def near_copies(root: Path) -> dict[str, str]:
+    """Dataclasses that declare an estimate's fields themselves (a p-value with a standard error or an interval)
+    or repeat every field of another result (of five fields or more): name -> why."""
+    classes = _dataclasses(root)
+    found: dict[str, str] = {}
+    for name, (module, fields) in classes.items():
+        f = set(fields)
+        if "p" in f and ("se" in f or {"ci_low", "ci_high"} <= f):
+            found[name] = f"{module}: declares {sorted(f & {'estimate', 'se', 'ci_low', 'ci_high', 'df', 'p'})}"
+        for other, (_, other_fields) in classes.items():
+            if other != name and len(other_fields) >= 5 and set(other_fields) <= f:
+                found[name] = f"{module}: repeats every field of {other}"
+    return found
+
+
+def test_no_module_of_the_analysis_declares_another_estimate_type():
+    found = {k: v for k, v in near_copies(ANALYSIS).items() if k not in ALLOWED}
+    new = {k: v for k, v in found.items() if k not in PENDING}
+    assert not new, f"use probe.analysis.estimate.Estimate (compose it) instead: {new}"
+    gone = sorted(set(PENDING) - set(found))
+    assert not gone, f"{gone} no longer spell an estimate out: take them off PENDING"
+
+
+def test_the_check_finds_a_near_copy(tmp_path):
+    (tmp_path / "mod.py").write_text(
+        "from dataclasses import dataclass\n\n\n@dataclass(frozen=True)\nclass Slope:\n"
+        "    coef: float\n    se: float\n    ci_low: float\n    ci_high: float\n    p: float\n\n\n"
+        "@dataclass\nclass Pair:\n    a: int\n    b: int\n    c: int\n    d: int\n    e: int\n\n\n"
+        "@dataclass\nclass PairAndQ:\n    a: int\n    b: int\n    c: int\n    d: int\n    e: int\n    q: float\n")
+    assert set(near_copies(tmp_path)) == {"Slope", "PairAndQ"}
+
+
+ROUND_TRIPS = [
+    Estimate(value=0.25, se=0.1, ci_low=0.05, ci_high=0.45, df=9.0, p=0.03, q=0.06, method="CR2", is_test=True),
+    Estimate.descriptive(-1.5, "fewer than the minimum of 6 questions", "CR2"),
+    H1Fit(model="m", condition="Saturation", n=40, n_clusters=10, loads=(0, 20), intercept=0.7, logit=LoadLogit(
+        Estimate(value=-0.02, se=0.01, ci_low=-0.04, ci_high=0.0, df=8.5, p=0.07, is_test=True), 0.82),
+        estimate=Estimate(value=-0.004, se=0.001, ci_low=-0.006, ci_high=-0.002, df=9.0, p=0.002, is_test=True),
+        power=None),
+    LayerFit(layer=2, n=120, fit=MeasureLogit(Estimate(value=3.0, se=1.0, p=0.01, q=0.04, is_test=True), 1.35),
+             adjusted=None),
+]
+
+
+@pytest.mark.parametrize("value", ROUND_TRIPS, ids=lambda v: type(v).__name__)
+def test_results_round_trip_through_their_json(value):
+    text = json.dumps(to_json(value), allow_nan=False)
+    assert from_json(type(value), json.loads(text)) == value
+
+
+def test_flat_estimates_of_older_files_are_nested_with_every_number():
+    """The schema-5 layouts, written by hand: H1 with ``beta``…``se_method``; a layer's logistic fit spelled out
+    flat with its ``adjusted`` fit; a per-layer test whose ``estimate`` was the number; H2 with its test's fields
+    beside ``q``; a CogniLoad term."""
+    h1 = {"model": "m", "condition": "Saturation", "n": 40, "n_clusters": 10, "loads": [0, 20], "beta": -0.004,
+          "se": 0.001, "ci_low": -0.006, "ci_high": -0.002, "p": 0.002, "df": 9.0, "intercept": 0.7,
+          "is_test": True, "se_method": "CR2", "power": None, "reason": None,
+          "logit": {"coef": -0.02, "se": 0.01, "ci_low": -0.04, "ci_high": 0.0, "p": 0.07, "df": 8.5,
+                    "odds_ratio_per_10pp_load": 0.82, "se_method": "CR2 (G=10)", "reason": None}}
+    got = from_json(H1Fit, nest_flat_estimates(H1Fit, h1))
+    assert got.estimate == Estimate(value=-0.004, se=0.001, ci_low=-0.006, ci_high=-0.002, df=9.0, p=0.002,
+                                    method="CR2", is_test=True)
+    assert got.logit == LoadLogit(Estimate(value=-0.02, se=0.01, ci_low=-0.04, ci_high=0.0, df=8.5, p=0.07,
+                                           method="CR2 (G=10)", is_test=True), 0.82)
+    assert (got.intercept, got.n, got.loads) == (0.7, 40, (0, 20))
+
+    flat = {"coef": 3.0, "se": 1.0, "ci_low": 1.0, "ci_high": 5.0, "p": 0.01, "q": 0.04, "df": 7.5,
+            "odds_ratio_per_10pp": 1.35, "reason": None}
+    layer = from_json(LayerFit, nest_flat_estimates(LayerFit, {"layer": 2, "n": 120, **flat, "adjusted": {
+        **flat, "coef": 2.0, "reason": "adjusted"}}))
+    assert layer.fit == MeasureLogit(Estimate(value=3.0, se=1.0, ci_low=1.0, ci_high=5.0, df=7.5, p=0.01, q=0.04,
+                                              is_test=True), 1.35)
+    assert layer.adjusted is not None and layer.adjusted.estimate.value == 2.0
+    assert layer.adjusted.estimate.reason == "adjusted"
+    no_fit = from_json(LayerFit, nest_flat_estimates(LayerFit, {
+        "layer": 0, "n": 3, **{k: None for k in flat}, "reason": "3 trials", "adjusted": None}))
+    assert no_fit.fit.estimate == Estimate.descriptive(None, "3 trials") and no_fit.adjusted is None
+
+    test = from_json(LayerTest, nest_flat_estimates(LayerTest, {
+        "layer": 1, "n": 50, "estimate": 0.2, "se": 0.05, "ci_low": 0.1, "ci_high": 0.3, "p": 0.001, "q": 0.004,
+        "df": 12.0}))
+    assert test.estimate == Estimate(value=0.2, se=0.05, ci_low=0.1, ci_high=0.3, df=12.0, p=0.001, q=0.004,
+                                     is_test=True)
+
+    paired = {f.name: None for f in dataclasses.fields(PairedTest)}
+    paired.update(n_pairs=20, n_questions=10, em_a=0.4, em_b=0.6, delta=-0.2, p=0.03, is_exact=True,
+                  n_resamples=1024, is_test=True, method="sign flip", mcnemar=None)
+    h2 = from_json(PairedComparison, nest_flat_estimates(PairedComparison, {
+        "model": "m", "a": "Saturation", "b": "Control", "load": 80, "note": None, **paired, "q": 0.05}))
+    assert h2.q == 0.05 and h2.test == PairedTest(**paired)
+
+    term = nest_flat_estimates(dict[str, Estimate], {"d": {"estimate": -0.3, "se": 0.1, "ci_low": -0.5,
+                                                           "ci_high": -0.1, "p": 0.003, "df": None}})
+    assert from_json(dict[str, Estimate], term) == {"d": Estimate(value=-0.3, se=0.1, ci_low=-0.5, ci_high=-0.1,
+                                                                  p=0.003, is_test=True)}
