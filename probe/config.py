@@ -166,7 +166,8 @@ class InterventionSection:
     """One ``[[interventions]]`` table (see :mod:`probe.attention.intervention` for what each value does).
 
     ``layers``: ``"all"``, a list of layers, or a :class:`LayerWindow` sweep. ``heads``: ``"all"``, a list of
-    ``[layer, head]`` pairs, or :class:`TopHeads` from a separate probe run.
+    ``[layer, head]`` pairs, or :class:`TopHeads` from a separate probe run. ``conditions`` and ``loads``: the
+    prompts it runs on (None: every prompt; a load list leaves Control, load 0, out unless it names 0).
     """
 
     name: str
@@ -176,6 +177,13 @@ class InterventionSection:
     queries: str = "answer"
     layers: str | tuple[int, ...] | LayerWindow = "all"
     heads: str | tuple[tuple[int, int], ...] | TopHeads = "all"
+    conditions: tuple[str, ...] | None = None
+    loads: tuple[int, ...] | None = None
+
+    def applies_to(self, condition: str, load: int) -> bool:
+        """Whether a prompt of ``condition`` at ``load`` (0 for Control) runs under this intervention."""
+        return ((self.conditions is None or condition in self.conditions)
+                and (self.loads is None or load in self.loads))
 
     def __post_init__(self) -> None:
         what = f"interventions[{self.name!r}]"
@@ -208,6 +216,11 @@ class InterventionSection:
         if self.heads != "all" and self.layers != "all" and not (
                 isinstance(self.layers, tuple) and isinstance(self.heads, tuple)):
             raise ConfigError(f"{what}: a layer sweep or top-k heads need the other of layers / heads to be \"all\"")
+        if self.conditions is not None and (not self.conditions or len(set(self.conditions)) != len(self.conditions)):
+            raise ConfigError(f"{what}.conditions: {list(self.conditions)} must name distinct conditions")
+        if self.loads is not None and (not self.loads or len(set(self.loads)) != len(self.loads)
+                                       or any(not 0 <= x <= 100 for x in self.loads)):
+            raise ConfigError(f"{what}.loads: {list(self.loads)} must be distinct loads in percent (0 to 100)")
         if isinstance(self.layers, tuple) and isinstance(self.heads, tuple):
             outside = sorted({layer for layer, _ in self.heads} - set(self.layers))
             if outside:
@@ -229,6 +242,11 @@ class InterventionSection:
                 kw[k] = _coerce(str, data[k], f"{where}.{k}")
         if "alpha" in data:
             kw["alpha"] = _coerce(float, data["alpha"], f"{where}.alpha")
+        for k, typ in (("conditions", str), ("loads", int)):
+            if k in data:
+                if not isinstance(data[k], list):
+                    raise ConfigError(f"{where}.{k}: {data[k]!r}; use a list")
+                kw[k] = tuple(_coerce(typ, x, f"{where}.{k}") for x in data[k])
         layers = data.get("layers", "all")
         if isinstance(layers, list):
             kw["layers"] = tuple(_coerce(int, x, f"{where}.layers") for x in layers)
@@ -278,6 +296,10 @@ class InterventionSection:
                           "random_control": self.heads.random_control}
         else:
             d["heads"] = [list(h) for h in self.heads] if isinstance(self.heads, tuple) else self.heads
+        if self.conditions is not None:
+            d["conditions"] = list(self.conditions)
+        if self.loads is not None:
+            d["loads"] = list(self.loads)
         return d
 
 
@@ -385,6 +407,7 @@ def config_from_dict(data: dict[str, Any], where: str = "<config>") -> Experimen
                                 for i, t in enumerate(raw_interventions)),
         )
         _check_intervention_names(cfg.interventions)
+        _check_intervention_cells(cfg)
         _refuse_idle_options(raw_tasks, data.get("ice", {}), where)
     except ConfigError as e:
         msg = str(e)
@@ -417,6 +440,22 @@ def _check_intervention_names(sections: tuple[InterventionSection, ...]) -> None
         if s.name in seen:
             raise ConfigError(f"interventions.name: {s.name!r} is used twice; give each intervention its own name")
         seen.add(s.name)
+
+
+def _check_intervention_cells(cfg: "ExperimentConfig") -> None:
+    """An intervention's ``conditions`` / ``loads`` must be ones the experiment runs (else it would run nowhere)."""
+    for s in cfg.interventions:
+        what = f"interventions[{s.name!r}]"
+        if s.conditions is not None:
+            unknown = [c for c in s.conditions if c not in cfg.ice.conditions]
+            if unknown:
+                raise ConfigError(f"{what}.conditions: {unknown} not in ice.conditions {list(cfg.ice.conditions)}")
+        if s.loads is not None:
+            runs = set(cfg.ice.loads) | ({0} if "Control" in cfg.ice.conditions else set())
+            unknown_loads = [x for x in s.loads if x not in runs]
+            if unknown_loads:
+                raise ConfigError(f"{what}.loads: {unknown_loads} not in ice.loads {list(cfg.ice.loads)} "
+                                  "(0 is Control's load)")
 
 
 def _refuse_idle_options(raw_tasks: list[dict[str, Any]], raw_ice: dict[str, Any], where: str) -> None:

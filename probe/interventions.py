@@ -242,7 +242,9 @@ class ResolvedIntervention:
         return {"name": self.name, "model": model, "group": s.name, "kind": s.kind, "alpha": s.alpha,
                 "keys": s.keys, "queries": s.queries, "layers": list(self.layers),
                 "heads": "all" if self.heads is None else [list(h) for h in self.heads],
-                "window": None if self.window is None else list(self.window), "selection": self.selection}
+                "window": None if self.window is None else list(self.window), "selection": self.selection,
+                "conditions": None if s.conditions is None else list(s.conditions),
+                "loads": None if s.loads is None else list(s.loads)}
 
 
 def _question_texts(prompts: Sequence[Prompt]) -> set[str]:

@@ -406,6 +406,8 @@ def _run_arm(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], tas
     name = iv.name if iv is not None else None
     done = done_ids(run)
     mine = shard_of(prompts, rank, world)
+    if iv is not None:  # an intervention's conditions / loads: the prompts it runs on
+        mine = [p for p in mine if iv.section.applies_to(p.condition, p.load)]
     pending = [p for p in mine if make_trial_id(model, p.prompt_id, name) not in done]
     log.info("%s%s: rank %d of %d: %d trials to run, %d already recorded", model,
              "" if name is None else f" [{name}]", rank, world, len(pending), len(mine) - len(pending))

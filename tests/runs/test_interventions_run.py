@@ -75,6 +75,26 @@ def test_run_records_every_prompt_once_per_intervention(tmp_path, tiny_card) -> 
     assert ko["window"] is None and ko["selection"] is None and ko["model"] == "tiny-llama"
 
 
+def test_an_intervention_runs_only_on_the_cells_it_names(tmp_path, tiny_card) -> None:
+    """``conditions`` / ``loads`` restrict an intervention to those prompts; the baseline still runs on every one,
+    and a resumed run adds nothing."""
+    sections = [{"name": "ko", "kind": "knockout", "conditions": ["Residue"]},
+                {"name": "ko-control", "kind": "knockout", "keys": "matched-random", "loads": [0]}]
+    cfg = make_cfg(tmp_path, tiny_card, interventions=sections, probe=False)
+    run_dir = runner.run_experiment(cfg, progress=False)
+    trials = load_trials(run_dir / "trials.jsonl")
+    cells = {(t.intervention, t.condition) for t in trials}
+    assert {c for iv, c in cells if iv is None} == {"Control", "Residue"}
+    assert {c for iv, c in cells if iv == "ko"} == {"Residue"}
+    assert {c for iv, c in cells if iv == "ko-control"} == {"Control"}
+    assert len(trials) == 4 + 2 + 2
+    saved = json.loads((run_dir / "interventions.json").read_text())
+    assert [(d["name"], d["conditions"], d["loads"]) for d in saved] == [("ko", ["Residue"], None),
+                                                                         ("ko-control", None, [0])]
+    assert runner.run_experiment(cfg, progress=False) == run_dir
+    assert len(load_trials(run_dir / "trials.jsonl")) == len(trials)
+
+
 def test_interrupted_intervention_run_resumes_without_duplicates(tmp_path, tiny_card, monkeypatch) -> None:
     cfg = make_cfg(tmp_path, tiny_card, interventions=INTERVENTIONS[:1], probe=False)
     real_generate = runner.LocalBackend.generate
@@ -142,7 +162,8 @@ def test_section_round_trips_through_the_run_config(tmp_path, tiny_card) -> None
     sections = [*INTERVENTIONS,
                 {"name": "pairs", "kind": "steer", "alpha": 0.5, "queries": "after", "layers": [0, 1],
                  "heads": [[0, 1], [1, 2]]},
-                {"name": "top", "kind": "knockout", "heads": {"top_k": 2, "from": "outputs/x", "by": "p_ext"}}]
+                {"name": "top", "kind": "knockout", "heads": {"top_k": 2, "from": "outputs/x", "by": "p_ext"}},
+                {"name": "cell", "kind": "knockout", "conditions": ["Residue"], "loads": [50]}]
     cfg = make_cfg(tmp_path, tiny_card, interventions=sections)
     assert config_from_dict(tomllib.loads(dump_config(cfg))) == cfg
 
@@ -161,6 +182,11 @@ def test_section_round_trips_through_the_run_config(tmp_path, tiny_card) -> None
     ({"name": "a", "kind": "knockout", "heads": [[0]]}, r"\.heads"),
     ({"name": "a", "kind": "knockout", "heads": {"top_k": 0, "from": "x"}}, "top_k"),
     ({"name": "a", "kind": "knockout", "colour": 1}, "unknown key"),
+    ({"name": "a", "kind": "knockout", "conditions": ["Saturation"]}, r"\.conditions: \['Saturation'\] not in"),
+    ({"name": "a", "kind": "knockout", "conditions": "Residue"}, r"\.conditions: 'Residue'; use a list"),
+    ({"name": "a", "kind": "knockout", "conditions": []}, r"\.conditions"),
+    ({"name": "a", "kind": "knockout", "loads": [20]}, r"\.loads: \[20\] not in"),
+    ({"name": "a", "kind": "knockout", "loads": [50, 50]}, r"\.loads"),
 ])
 def test_section_errors_name_the_field(tmp_path, tiny_card, section, match) -> None:
     with pytest.raises(ConfigError, match=match):
