@@ -161,22 +161,36 @@ class TopHeads:
             raise ConfigError(f"heads.by: {self.by!r}; use one of {', '.join(HEAD_RANKINGS)}")
 
 
-@dataclass(frozen=True)
-class InterventionSection:
-    """One ``[[interventions]]`` table (see :mod:`probe.attention.intervention` for what each value does).
+class InterventionFieldError(ConfigError):
+    """A value of an intervention that does not fit its field; ``field`` and ``problem`` let a reader that knows
+    where the value came from (a TOML table, an entry of ``interventions.json``) name that place."""
 
-    ``layers``: ``"all"``, a list of layers, or a :class:`LayerWindow` sweep. ``heads``: ``"all"``, a list of
-    ``[layer, head]`` pairs, or :class:`TopHeads` from a separate probe run. ``conditions`` and ``loads``: the
-    prompts it runs on (None: every prompt; a load list leaves Control, load 0, out unless it names 0).
+    def __init__(self, where: str, field_name: str, problem: str) -> None:
+        super().__init__(f"{where}.{field_name}: {problem}")
+        self.field = field_name
+        self.problem = problem
+
+
+@dataclass(frozen=True)
+class InterventionEdit:
+    """What an intervention does and which prompts it runs on: the fields the ``[[interventions]]`` table
+    (:class:`InterventionSection`) and the resolved intervention (:class:`probe.interventions.Intervention`) share,
+    declared and checked here once (docs/interventions.md).
+
+    Attributes:
+        kind: ``knockout`` or ``steer``.
+        keys: ``extraneous``, ``filler``, ``germane`` or ``matched-random``.
+        queries: ``answer`` or ``after``.
+        alpha: the steering coefficient (``steer`` only, finite and >= 0; 0 equals the knockout).
+        conditions / loads: the prompts it runs on (None: every prompt; a load list leaves Control, load 0, out
+            unless it names 0). Keyword-only.
     """
 
-    name: str
     kind: str
-    alpha: float | None = None
     keys: str = "extraneous"
     queries: str = "answer"
-    layers: str | tuple[int, ...] | LayerWindow = "all"
-    heads: str | tuple[tuple[int, int], ...] | TopHeads = "all"
+    alpha: float | None = None
+    _: dataclasses.KW_ONLY
     conditions: tuple[str, ...] | None = None
     loads: tuple[int, ...] | None = None
 
@@ -185,22 +199,55 @@ class InterventionSection:
         return ((self.conditions is None or condition in self.conditions)
                 and (self.loads is None or load in self.loads))
 
+    def edit_values(self) -> dict[str, Any]:
+        """The shared fields by name (what a resolved intervention copies from its table)."""
+        return {f.name: getattr(self, f.name) for f in fields(InterventionEdit)}
+
+    def _where(self) -> str:
+        return type(self).__name__
+
+    def _refuse(self, field_name: str, problem: str) -> None:
+        raise InterventionFieldError(self._where(), field_name, problem)
+
     def __post_init__(self) -> None:
-        what = f"interventions[{self.name!r}]"
+        if self.kind not in INTERVENTION_KINDS:
+            self._refuse("kind", f"{self.kind!r}; use {' or '.join(INTERVENTION_KINDS)}")
+        if self.kind == "knockout" and self.alpha is not None:
+            self._refuse("alpha", f"{self.alpha} has no effect on a knockout; remove it or use kind = \"steer\"")
+        if self.kind == "steer" and (self.alpha is None or not self.alpha >= 0 or math.isinf(self.alpha)):
+            self._refuse("alpha", f"a steer needs a finite alpha >= 0 (0 equals the knockout), got {self.alpha}")
+        if self.keys not in INTERVENTION_KEYS:
+            self._refuse("keys", f"{self.keys!r}; use one of {', '.join(INTERVENTION_KEYS)}")
+        if self.queries not in INTERVENTION_QUERIES:
+            self._refuse("queries", f"{self.queries!r}; use {' or '.join(INTERVENTION_QUERIES)}")
+        if self.conditions is not None and (not self.conditions or len(set(self.conditions)) != len(self.conditions)):
+            self._refuse("conditions", f"{list(self.conditions)} must name distinct conditions")
+        if self.loads is not None and (not self.loads or len(set(self.loads)) != len(self.loads)
+                                       or any(not 0 <= x <= 100 for x in self.loads)):
+            self._refuse("loads", f"{list(self.loads)} must be distinct loads in percent (0 to 100)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class InterventionSection(InterventionEdit):
+    """One ``[[interventions]]`` table (see :mod:`probe.attention.intervention` for what each value does): the
+    shared fields of :class:`InterventionEdit`, a name, and the layers and heads as declared.
+
+    ``layers``: ``"all"``, a list of layers, or a :class:`LayerWindow` sweep. ``heads``: ``"all"``, a list of
+    ``[layer, head]`` pairs, or :class:`TopHeads` from a separate probe run. Every field is keyword-only.
+    """
+
+    name: str
+    layers: str | tuple[int, ...] | LayerWindow = "all"
+    heads: str | tuple[tuple[int, int], ...] | TopHeads = "all"
+
+    def _where(self) -> str:
+        return f"interventions[{self.name!r}]"
+
+    def __post_init__(self) -> None:
+        what = self._where()
         if not INTERVENTION_NAME.match(self.name):
             raise ConfigError(f"interventions.name: {self.name!r}; use letters, digits, '_', '.' or '-'")
-        if self.kind not in INTERVENTION_KINDS:
-            raise ConfigError(f"{what}.kind: {self.kind!r}; use {' or '.join(INTERVENTION_KINDS)}")
-        if self.kind == "knockout" and self.alpha is not None:
-            raise ConfigError(f"{what}.alpha: {self.alpha} has no effect on a knockout; remove it or use "
-                              "kind = \"steer\"")
-        if self.kind == "steer" and (self.alpha is None or not self.alpha >= 0 or math.isinf(self.alpha)):
-            raise ConfigError(f"{what}.alpha: a steer needs a finite alpha >= 0 (0 equals the knockout), got "
-                              f"{self.alpha}")
-        if self.keys not in INTERVENTION_KEYS:
-            raise ConfigError(f"{what}.keys: {self.keys!r}; use one of {', '.join(INTERVENTION_KEYS)}")
-        if self.queries not in INTERVENTION_QUERIES:
-            raise ConfigError(f"{what}.queries: {self.queries!r}; use {' or '.join(INTERVENTION_QUERIES)}")
+        super().__post_init__()
         if isinstance(self.layers, str) and self.layers != "all":
             raise ConfigError(f"{what}.layers: {self.layers!r}; use \"all\", a list of layers or "
                               "{window = W, stride = S}")
@@ -216,11 +263,6 @@ class InterventionSection:
         if self.heads != "all" and self.layers != "all" and not (
                 isinstance(self.layers, tuple) and isinstance(self.heads, tuple)):
             raise ConfigError(f"{what}: a layer sweep or top-k heads need the other of layers / heads to be \"all\"")
-        if self.conditions is not None and (not self.conditions or len(set(self.conditions)) != len(self.conditions)):
-            raise ConfigError(f"{what}.conditions: {list(self.conditions)} must name distinct conditions")
-        if self.loads is not None and (not self.loads or len(set(self.loads)) != len(self.loads)
-                                       or any(not 0 <= x <= 100 for x in self.loads)):
-            raise ConfigError(f"{what}.loads: {list(self.loads)} must be distinct loads in percent (0 to 100)")
         if isinstance(self.layers, tuple) and isinstance(self.heads, tuple):
             outside = sorted({layer for layer, _ in self.heads} - set(self.layers))
             if outside:

@@ -102,7 +102,7 @@ def _heads_text(spec: InterventionSpec | None) -> str:
     if spec is None:
         return "undeclared"
     if spec.heads is None:
-        return f"all heads of layers {_layers(spec.layers)}"
+        return "all heads" if spec.layers is None else f"all heads of layers {_layers(spec.layers)}"
     return ", ".join(f"L{layer}.H{head}" for layer, head in spec.heads)
 
 

@@ -36,7 +36,7 @@ from tests.fixtures.synthetic_run import Plan, make_run
 def spec(name: str, keys: str, window: list[int] | None = None, group: str | None = None,
          selection: dict | None = None, heads: object = "all") -> dict:
     layers = list(range(4)) if window is None else list(range(window[0], window[1] + 1))
-    return dict(name=name, kind="knockout", alpha=None, keys=keys, queries="question+generated", layers=layers,
+    return dict(name=name, kind="knockout", alpha=None, keys=keys, queries="answer", layers=layers,
                 heads=heads, window=window, group=group or name, selection=selection)
 
 
@@ -219,7 +219,7 @@ def test_existing_estimates_read_baseline_trials_only(run, tmp_path):
 def test_loader_tolerates_absence_and_names_a_bad_field(tmp_path):
     assert load_interventions(tmp_path) == ()
     (tmp_path / "interventions.json").write_text(json.dumps([{**spec("x", "extraneous"), "keys": "everything"}]))
-    with pytest.raises(InterventionsFileError, match=r"interventions.json.*entry 0 \(x\) keys 'everything'"):
+    with pytest.raises(InterventionsFileError, match=r"interventions.json: entry 0 \(x\) field 'keys': 'everything'"):
         load_interventions(tmp_path)
     bad = spec("x", "extraneous")
     del bad["layers"]

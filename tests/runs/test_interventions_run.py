@@ -3,6 +3,7 @@ trials and probe records per intervention, resumption, and refusals."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tomllib
 from pathlib import Path
@@ -141,8 +142,10 @@ def test_top_k_heads_come_from_a_separate_probe_run(tmp_path, tiny_card) -> None
     assert [r.name for r in resolved] == ["top", "top+random"]
     assert sorted(resolved[0].heads) == want
     assert not set(resolved[1].heads) & set(resolved[0].heads) and len(resolved[1].heads) == 3
-    assert resolved[0].selection["from"] == str(sel_dir) and resolved[0].selection["k"] == 3
-    assert resolved[1].selection["control_of"] == "top"
+    sel = resolved[0].selection
+    assert sel is not None and sel.from_run == str(sel_dir) and sel.k == 3 and sel.by == "enrichment"
+    assert sel.n_prompts == len(recs) and sel.control_of is None
+    assert resolved[1].selection == dataclasses.replace(sel, control_of="top")
     # the same questions in selection and test are refused
     same = make_cfg(tmp_path, tiny_card, interventions=[top], name="same", seed=11)
     runner.prepare_run_dir(same)
