@@ -101,6 +101,7 @@ class ProbeSection:
     enabled: bool = False
     query: str = "question"  # question | last | generated | segment:<i>
     gamma: float = 0.5
+    residue: bool = True  # compute AR_k (the rows of every germane, question and earlier extraneous token)
     residue_mode: str = "cosine"  # or "mass"
     exclude_sink: bool = True
     block_size: int = 256  # query rows computed at a time for AR_k

@@ -260,8 +260,9 @@ def test_uniform_attention_gives_chance(arch: str, exclude_sink: bool, query: st
 def test_without_residue_same_masses(models) -> None:
     tp = make_prompt(seed=9)
     full = probe_tokenized(models["qwen2"], tp)
-    lean = probe_tokenized(models["qwen2"], tp, compute_residue=False)
+    lean = probe_tokenized(models["qwen2"], tp, ProbeSection(residue=False))
     assert lean.ar_k is None
+    assert lean.options["residue"] is False and full.options["residue"] is True  # the record says which
     np.testing.assert_allclose(lean.seg_mass, full.seg_mass, atol=1e-6)
     np.testing.assert_allclose(lean.chance, full.chance, atol=1e-7)
 
