@@ -118,7 +118,8 @@ def heads_rows(result: InterventionResult) -> list[list[str]]:
     for s in result.specs:
         if s.selection is None:
             continue
-        role = f"random control of {s.selection.control_of}" if s.selection.control_of else "top-k by enrichment"
+        role = (f"random control of {s.selection.control_of}" if s.selection.control_of
+                else f"top-k by {s.selection.by or 'enrichment'}")  # by: recorded since the first file version
         out.append([s.name, role, str(s.selection.k), s.selection.from_run or fmt.DASH, _heads_text(s)])
     return out
 
