@@ -37,8 +37,8 @@ from dataclasses import KW_ONLY, MISSING, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
 
-from probe.config import (HEAD_RANKINGS, INTERVENTION_KEYS, INTERVENTION_KINDS, INTERVENTION_QUERIES,
-                          ExperimentConfig, InterventionEdit, InterventionFieldError, LayerWindow, TopHeads)
+from probe.config import (HEAD_RANKINGS, ExperimentConfig, InterventionEdit, InterventionFieldError, LayerWindow,
+                          TopHeads)
 from probe.errors import ConfigError, ProbeError
 from probe.runfolder import RunFolder, write_atomic
 from probe.types import Prompt
@@ -47,9 +47,6 @@ if TYPE_CHECKING:
     import numpy as np
 
 log = logging.getLogger(__name__)
-
-KINDS, KEY_SETS, QUERY_SETS = INTERVENTION_KINDS, INTERVENTION_KEYS, INTERVENTION_QUERIES
-
 
 JSON_KEY = "json_key"  # field metadata: the field's key in interventions.json when it is not the field's name
 ALL_WHEN_NONE = "all_when_none"  # field metadata: None is written "all" (every head)
@@ -120,7 +117,7 @@ class Intervention(InterventionEdit):
     model: str | None = None
 
     def _where(self) -> str:
-        return f"intervention {self.name!r}"
+        return f"Intervention(name={self.name!r})"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -159,8 +156,12 @@ class Intervention(InterventionEdit):
 
     @classmethod
     def from_json(cls, data: Any, where: str = "interventions.json entry") -> "Intervention":
-        """Read one ``interventions.json`` entry, of this version or an earlier one (fields added since
-        — ``conditions``, ``loads``, ``model``, ``group``, ``window``, ``selection``, ``alpha`` — may be absent).
+        """Read one ``interventions.json`` entry, of this version or an earlier one.
+
+        Every entry holds ``name``, ``kind``, ``keys``, ``queries``, ``layers`` and ``heads``; the other fields may
+        be absent and take their defaults (``conditions`` and ``loads``, written since they exist: every prompt;
+        ``group``: the name; ``model``, ``window``, ``selection``, ``alpha``: None), so files of earlier versions and
+        hand-written entries read.
 
         Args:
             data: the entry (parsed JSON).
