@@ -279,17 +279,13 @@ class InterventionSection(InterventionEdit):
         if unknown:
             raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; valid keys: "
                               f"{', '.join(sorted(names))}")
-        kw: dict[str, Any] = {}
-        for k in ("name", "kind", "keys", "queries"):
-            if k in data:
-                kw[k] = _coerce(str, data[k], f"{where}.{k}")
-        if "alpha" in data:
-            kw["alpha"] = _coerce(float, data["alpha"], f"{where}.alpha")
-        for k, typ in (("conditions", str), ("loads", int)):
-            if k in data:
-                if not isinstance(data[k], list):
-                    raise ConfigError(f"{where}.{k}: {data[k]!r}; use a list")
-                kw[k] = tuple(_coerce(typ, x, f"{where}.{k}") for x in data[k])
+        missing = [f.name for f in fields(InterventionSection)
+                   if f.default is dataclasses.MISSING and f.name not in data]
+        if missing:
+            raise ConfigError(f"{where}: missing key(s) {', '.join(missing)} (every intervention needs a name and a "
+                              "kind)")
+        hints = get_type_hints(InterventionSection)
+        kw: dict[str, Any] = {k: _coerce(hints[k], data[k], f"{where}.{k}") for k in _PLAIN_KEYS if k in data}
         layers = data.get("layers", "all")
         if isinstance(layers, list):
             kw["layers"] = tuple(_coerce(int, x, f"{where}.layers") for x in layers)
@@ -325,11 +321,7 @@ class InterventionSection(InterventionEdit):
 
     def to_table(self) -> dict[str, Any]:
         """The TOML table (``from_table(to_table())`` is this section)."""
-        d: dict[str, Any] = {"name": self.name, "kind": self.kind}
-        if self.alpha is not None:
-            d["alpha"] = self.alpha
-        d["keys"] = self.keys
-        d["queries"] = self.queries
+        d: dict[str, Any] = {k: _to_plain(getattr(self, k)) for k in _PLAIN_KEYS if getattr(self, k) is not None}
         if isinstance(self.layers, LayerWindow):
             d["layers"] = {"window": self.layers.window, "stride": self.layers.stride}
         else:
@@ -339,11 +331,12 @@ class InterventionSection(InterventionEdit):
                           "random_control": self.heads.random_control}
         else:
             d["heads"] = [list(h) for h in self.heads] if isinstance(self.heads, tuple) else self.heads
-        if self.conditions is not None:
-            d["conditions"] = list(self.conditions)
-        if self.loads is not None:
-            d["loads"] = list(self.loads)
         return d
+
+
+# the keys of an [[interventions]] table read and written as their field's type says (layers and heads take several
+# forms): the name first, then the fields shared with the resolved intervention
+_PLAIN_KEYS = ("name", *(f.name for f in fields(InterventionEdit)))
 
 
 @dataclass(frozen=True)
