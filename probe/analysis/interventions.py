@@ -204,9 +204,9 @@ class InterventionResult:
     alpha: float
     notes: tuple[str, ...]
 
-    def spec(self, name: str) -> InterventionSpec | None:
-        """The declaration of intervention ``name`` (None when undeclared)."""
-        return next((s for s in self.specs if s.name == name), None)
+    def spec(self, name: str, model: str | None = None) -> InterventionSpec | None:
+        """The declaration of intervention ``name`` (for ``model`` when given; None when undeclared)."""
+        return next((s for s in self.specs if s.name == name and (model is None or s.model in (None, model))), None)
 
     def claims(self) -> tuple[Contrast, ...]:
         """The specific contrasts that show a causal effect."""
@@ -286,6 +286,8 @@ def analyze_interventions(data: RunData, specs: Sequence[InterventionSpec], alph
     cells = df[df["intervention"].notna()][["model", "family", "condition", "load"]].drop_duplicates()
     for model, family, condition, load in sorted(cells.itertuples(index=False, name=None)):
         load = int(load)
+        mine = [s for s in specs if s.model in (None, model)]  # each model's own entries (its own heads, layers)
+        by_name = {s.name: s for s in mine}
         in_cell = (scored["model"] == model) & (scored["family"] == family) & (scored["condition"] == condition) \
             & (scored["load"] == load)
         cell = scored[in_cell]
@@ -320,13 +322,13 @@ def analyze_interventions(data: RunData, specs: Sequence[InterventionSpec], alph
             if spec is None:
                 continue
             if spec.keys == "extraneous":
-                twin = _twin(spec, specs)
+                twin = _twin(spec, mine)
                 if twin is None or twin.name not in cell_rows:
                     notes.append(f"{model} {condition} {load}: {n} has no matched-random twin with trials (same kind, "
                                  "alpha, queries, layers, heads, window): its specificity is not tested")
                 else:
                     specific.append(contrast("specific", n, twin.name))
-            ctl = [s for s in specs if s.selection is not None and s.selection.control_of == n]
+            ctl = [s for s in mine if s.selection is not None and s.selection.control_of == n]
             for c in ctl:
                 if c.name in cell_rows:
                     heads.append(contrast("heads", n, c.name))

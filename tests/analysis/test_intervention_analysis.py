@@ -318,3 +318,27 @@ def test_recovered_share_gives_no_zero_width_interval():
     zero = recovered_share(b, b, c)
     assert zero.estimate == pytest.approx(0.0) and zero.ci_low is None and zero.reason
 
+
+
+def test_each_model_reads_its_own_entries_of_a_shared_name(tmp_path):
+    """Two models resolve the same declared intervention to different layers (as top-k heads differ by model):
+    each model's specific contrast uses its own entry and its own twin."""
+    d = tmp_path / "two"
+    make_run(d, Plan(n_tasks=8, loads=(80,), conditions=("Control", "Saturation"), models=("model-a", "model-b"),
+                     seed=5))
+    specs = {"model-a": [dict(spec("ko-ext", "extraneous"), model="model-a"),
+                         dict(spec("rand-a", "matched-random"), model="model-a")],
+             "model-b": [dict(spec("ko-ext", "extraneous", [0, 1]), group="ko-ext", window=None, model="model-b"),
+                         dict(spec("rand-b", "matched-random", [0, 1]), group="rand-b", window=None,
+                              model="model-b")]}
+    rng = np.random.default_rng(0)
+    new = [dataclasses.replace(t, trial_id=make_trial_id(t.model, t.prompt_id, s["name"]), intervention=s["name"],
+                               em=None if t.em is None else float(rng.random() < 0.5))
+           for t in load_trials(RunFolder(d).trials) if t.intervention is None and t.condition != "Control"
+           for s in specs[t.model]]
+    append_jsonl(RunFolder(d).trials, (x.to_dict() for x in new))
+    (d / "interventions.json").write_text(json.dumps(specs["model-a"] + specs["model-b"]))
+    res = analyze_run(d, AnalysisSection(), seed=0, fill_similarity=False).interventions
+    assert res is not None
+    assert sorted((c.model, c.a, c.b) for c in res.specific) == [("model-a", "ko-ext", "rand-a"),
+                                                                  ("model-b", "ko-ext", "rand-b")]
