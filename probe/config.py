@@ -323,12 +323,11 @@ class InterventionSection(InterventionEdit):
         """The TOML table (``from_table(to_table())`` is this section)."""
         d: dict[str, Any] = {k: _to_plain(getattr(self, k)) for k in _PLAIN_KEYS if getattr(self, k) is not None}
         if isinstance(self.layers, LayerWindow):
-            d["layers"] = {"window": self.layers.window, "stride": self.layers.stride}
+            d["layers"] = dataclasses.asdict(self.layers)
         else:
             d["layers"] = list(self.layers) if isinstance(self.layers, tuple) else self.layers
-        if isinstance(self.heads, TopHeads):
-            d["heads"] = {"top_k": self.heads.top_k, "from": self.heads.from_run, "by": self.heads.by,
-                          "random_control": self.heads.random_control}
+        if isinstance(self.heads, TopHeads):  # the run folder is written `from` (a Python keyword)
+            d["heads"] = {"from" if k == "from_run" else k: v for k, v in dataclasses.asdict(self.heads).items()}
         else:
             d["heads"] = [list(h) for h in self.heads] if isinstance(self.heads, tuple) else self.heads
         return d
