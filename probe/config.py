@@ -13,7 +13,7 @@ import re
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, get_args, get_origin, get_type_hints
+from typing import Any, NoReturn, get_args, get_origin, get_type_hints
 
 from probe.errors import ConfigError
 from probe.runfolder import RunFolder
@@ -207,7 +207,7 @@ class InterventionEdit:
     def _where(self) -> str:
         return type(self).__name__
 
-    def _refuse(self, field_name: str, problem: str) -> None:
+    def _refuse(self, field_name: str, problem: str) -> NoReturn:
         raise InterventionFieldError(self._where(), field_name, problem)
 
     def __post_init__(self) -> None:
