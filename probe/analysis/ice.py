@@ -186,7 +186,7 @@ def analyze_ice(data: FamilyData) -> FamilyOutput:
         arrays.update(retrieval_arrays)
     sat = {h.model: h for h in h1 if h.condition == "Saturation"}
     taxonomy = [classify_model(df, m, sat.get(m), cfg) for m in models]
-    hops, hop_arrays, hop_notes = analyze_hops(data.run, data.trials, data.prompts, cfg.alpha)
+    hops, hop_arrays, hop_notes = analyze_hops(data.run, data.trials, data.prompts, cfg.alpha, seed=data.seed)
     arrays.update(hop_arrays)
     notes += hop_notes
     result = IceResult(models=tuple(models), cells=tuple(cell_summaries(df, cfg.alpha)), h1=tuple(h1), h2=tuple(h2),
