@@ -175,7 +175,8 @@ def analyze_ice(data: FamilyData) -> FamilyOutput:
         for i, m in enumerate(models):
             for measure in [m for m in linked_measures() if any(c.measure == m.id for c in att_cells)]:
                 behaviour, head_arrays = attention_behaviour(df, per_trial, m, cfg.alpha,
-                                                             key=f"ice_heads{i}_{measure.id}", measure=measure.id)
+                                                             key=f"ice_heads{i}_{measure.id}", measure=measure.id,
+                                                             seed=data.seed)
                 attention.append(behaviour)
                 arrays.update(head_arrays)
             if (m, "Residue") in has:

@@ -179,7 +179,8 @@ def test_a_schema_5_analysis_still_reads_with_the_same_numbers(runs, tmp_path, n
 
 
 def without_head_se(families: dict) -> dict:
-    """``families`` with the significant heads' SE and df removed (schema 5 did not record them)."""
+    """``families`` with the significant heads' SE and df removed (schema 5 did not record them), and the per-head
+    max-T option (added within schema 6: its fields take their defaults in older files)."""
     ice = families.get("ice")
     if ice is None:
         return families
@@ -187,12 +188,13 @@ def without_head_se(families: dict) -> dict:
     def plain(a):
         if a.heads is None:
             return a
-        hits = tuple(dataclasses.replace(h, estimate=dataclasses.replace(h.estimate, se=None, df=None))
+        hits = tuple(dataclasses.replace(h, estimate=dataclasses.replace(h.estimate, se=None, df=None), p_max_t=None)
                      for h in a.heads.significant)
-        distractor = tuple(dataclasses.replace(h, estimate=dataclasses.replace(h.estimate, se=None, df=None))
-                           for h in a.distractor_heads)
-        return dataclasses.replace(a, heads=dataclasses.replace(a.heads, significant=hits),
-                                   distractor_heads=distractor)
+        distractor = tuple(dataclasses.replace(h, estimate=dataclasses.replace(h.estimate, se=None, df=None),
+                                               p_max_t=None) for h in a.distractor_heads)
+        heads = dataclasses.replace(a.heads, significant=hits, p_max_t_key=None, max_t_questions=0,
+                                    max_t_significant=(), max_t_method=None)
+        return dataclasses.replace(a, heads=heads, distractor_heads=distractor)
 
     return {**families, "ice": dataclasses.replace(ice, attention_behaviour=tuple(
         plain(a) for a in ice.attention_behaviour))}
