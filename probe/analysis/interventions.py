@@ -237,8 +237,7 @@ def _row(model: str, family: str, condition: str, load: int, name: str, spec: In
     per_q = per_q.join(control.rename("em_c"), how="inner")
     em_control = float(per_q["em_c"].mean()) if len(per_q) else None
     if control.empty:
-        rec = RecoveredShare(None, None, None, None, None, 0, RECOVERED_METHOD,
-                             f"no baseline {CONTROL_CONDITION} trial of {model}: EM_Control is unknown")
+        rec = RecoveredShare.undefined(0, f"no baseline {CONTROL_CONDITION} trial of {model}: EM_Control is unknown")
     else:
         rec = recovered_share(per_q["em_a"].to_numpy(), per_q["em_b"].to_numpy(), per_q["em_c"].to_numpy(), alpha)
     return InterventionRow(model=model, family=family, condition=condition, load=load, intervention=name,
@@ -350,13 +349,13 @@ def _with_claims(contrasts: list[Contrast], alpha: float) -> list[Contrast]:
     out = list(contrasts)
     for model in sorted({c.model for c in contrasts}):
         idx = [i for i, c in enumerate(contrasts) if c.model == model]
-        p = np.array([np.nan if contrasts[i].test.p is None else contrasts[i].test.p for i in idx], dtype=float)
+        p = np.array([np.nan if (pi := contrasts[i].test.estimate.p) is None else pi for i in idx], dtype=float)
         q = inf.bh_qvalues(p)
         for i, qi in zip(idx, q):
             c = contrasts[i]
             qv = float(qi) if math.isfinite(qi) else None
-            claim = bool(qv is not None and qv < alpha and c.test.delta is not None and c.test.delta > 0
-                         and c.unmatched is None)
+            delta = c.test.estimate.value
+            claim = bool(qv is not None and qv < alpha and delta is not None and delta > 0 and c.unmatched is None)
             out[i] = replace(c, q=qv, claim=claim)
     return out
 

@@ -227,26 +227,28 @@ def test_h3_matches_scipy_and_covers_population_r(h3_run):
     res = df[df["condition"] == "Residue"].groupby("task_id").agg(em=("em", "mean"), s=("s_sim", "mean"))
     joined = res.join(control.rename("c"), how="inner")
     x, y = joined["s"].to_numpy(), (joined["c"] - joined["em"]).to_numpy()
-    h = next(r for r in ice(analysis).h3 if r.load is None)
+    c = next(r for r in ice(analysis).h3 if r.load is None).correlation
+    h = c.estimate
     pr = scipy.stats.pearsonr(x, y)
     ci = pr.confidence_interval(0.95)
-    assert h.n_tasks == len(x) == plan.n_tasks
-    assert h.r == pytest.approx(pr.statistic)
+    assert c.n == len(x) == plan.n_tasks
+    assert h.value == pytest.approx(pr.statistic)
     # the p-value of the Fisher-z pivot the interval inverts, so the two always agree
-    assert h.p == pytest.approx(2 * scipy.stats.norm.sf(abs(math.atanh(h.r)) * math.sqrt(len(x) - 3)))
+    assert h.p == pytest.approx(2 * scipy.stats.norm.sf(abs(math.atanh(h.value)) * math.sqrt(len(x) - 3)))
     assert (h.ci_low, h.ci_high) == pytest.approx((ci.low, ci.high))
     # Fisher z by hand: tanh(atanh(r) +- z/sqrt(n-3))
     zc = scipy.stats.norm.ppf(0.975)
-    assert h.ci_low == pytest.approx(math.tanh(math.atanh(h.r) - zc / math.sqrt(len(x) - 3)), rel=1e-6)
-    assert h.spearman_rho == pytest.approx(scipy.stats.spearmanr(x, y).statistic)
+    assert h.ci_low == pytest.approx(math.tanh(math.atanh(h.value) - zc / math.sqrt(len(x) - 3)), rel=1e-6)
+    rank = scipy.stats.spearmanr(x, y)
+    assert (c.spearman.value, c.spearman.p) == pytest.approx((rank.statistic, rank.pvalue)) and c.spearman.is_test
     truth = population_h3_r(plan)
     assert truth > 0.2
     assert h.ci_low <= truth <= h.ci_high
     assert h.p < 0.01
     per_load = [r for r in ice(analysis).h3 if r.load is not None]
     assert sorted(r.load for r in per_load) == list(plan.loads)
-    assert all(r.r is not None for r in per_load)
-    rows = ice(analysis).h3
+    assert all(r.correlation.estimate.value is not None for r in per_load)
+    rows = [r.correlation.estimate for r in ice(analysis).h3]
     assert [r.q for r in rows] == pytest.approx(multipletests([r.p for r in rows], method="fdr_bh")[1])
 
 
@@ -259,7 +261,7 @@ def test_null_set_has_nothing_significant(null_run):
     assert all(h.estimate.p >= alpha for h in ice(analysis).h1), \
         [(h.condition, h.estimate.p) for h in ice(analysis).h1]
     assert all(r.q >= alpha for r in ice(analysis).h2), [(r.a, r.b, r.load, r.q) for r in ice(analysis).h2]
-    assert all(r.p is None or r.p >= alpha for r in ice(analysis).h3)
+    assert all(e.p is None or e.p >= alpha for r in ice(analysis).h3 for e in (r.correlation.estimate,))
     tax = ice(analysis).taxonomy[0]
     assert tax.label == "resilient" and tax.is_load_sensitive is False
 
@@ -302,8 +304,8 @@ def test_no_variance_one_cluster_and_no_pairs_give_reasons(tmp_path):
     assert control.em_mean == 1.0 and control.em_ci_low is None and "one question" in control.ci_reason
     residue_pair = next(r for r in ice(analysis).h2 if r.a == "Residue" and r.b == "Control")
     assert residue_pair.test.n_pairs == 0 and residue_pair.test.p is None and "no pair" in residue_pair.test.reason
-    h3 = ice(analysis).h3[0]
-    assert h3.r is None and h3.reason
+    h3 = ice(analysis).h3[0].correlation.estimate
+    assert h3.value is None and h3.reason
     one = next(c for c in ice(analysis).cells if c.condition == "Residue")
     assert one.em_sem is None and one.em_ci_low is None and one.reason is None and one.ci_reason
 
@@ -606,7 +608,7 @@ def assert_claims_survive(data: dict, alpha: float = 0.05) -> int:
             if c["em_ci_low"] is not None:
                 assert 0.0 <= c["em_ci_low"] <= c["em_mean"] <= c["em_ci_high"] <= 1.0, c
                 checked += 1
-        for h in fam.get("h3", []):
+        for h in (row["correlation"]["estimate"] for row in fam.get("h3", [])):
             if h["ci_low"] is not None:
                 assert -1.0 <= h["ci_low"] <= h["ci_high"] <= 1.0 and (h["p"] < alpha) == (h["ci_low"] > 0 or
                                                                                             h["ci_high"] < 0)
