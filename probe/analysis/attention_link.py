@@ -34,7 +34,7 @@ docs/statistics.md):
     positive difference are the *distractor heads*. The grid of estimates and q-values goes to
     ``attention_summary.npz``, with the max-T adjusted p-values of the family-wise option over the same grid
     (:mod:`probe.analysis.max_t`: per question, the failed − correct mean of residuals on load and Residue, signs of
-    whole questions flipped; ``max_t_significant``).
+    whole questions flipped; ``heads.max_t``).
   * per layer, the logistic robustness line (``layers``): Binomial GLM of *wrong answer* on the head-mean measure,
     alone and with load (pp) and a Residue indicator as covariates (``adjusted``), the analysis' one logistic fit
     (:func:`probe.analysis.glm.fit_logit`: CR2 clustered by question, t on Bell–McCaffrey df), BH q-values across
@@ -232,6 +232,26 @@ class HeadHit:
 
 
 @dataclass(frozen=True)
+class HeadMaxT:
+    """The max-T correction over a per-head grid (family-wise; :mod:`probe.analysis.max_t`): per question, the
+    failed − correct mean of the residuals of each head on load and Residue
+    (:func:`probe.analysis.max_t.question_contrasts`), signs of whole questions flipped.
+
+    Attributes:
+        p_max_t_key: ``attention_summary.npz`` member with the (layer, head) max-T adjusted p-values (None when
+            there is no test).
+        n_questions: questions with failed and correct trials (the max-T's G).
+        significant: every head with max-T p < α (either sign), smallest p first.
+        method: the correction in words, or why there is none.
+    """
+
+    p_max_t_key: str | None
+    n_questions: int
+    significant: tuple[HeadHit, ...]
+    method: str
+
+
+@dataclass(frozen=True)
 class HeadTests:
     """The per-head test of one model and measure: failed − correct enrichment (value / chance; the value itself for
     a measure without a chance level) per head, one BH family over the grid.
@@ -244,12 +264,8 @@ class HeadTests:
         estimate_key, q_key: members of ``attention_summary.npz`` holding the (layer, head) estimates and q-values
             (None without a grid).
         significant: every head with q < α (either sign), smallest q first.
-        p_max_t_key: member with the max-T adjusted p-values over the grid (family-wise; per-question failed −
-            correct contrasts of residuals on load and Residue, :func:`probe.analysis.max_t.question_contrasts`);
-            None without a max-T test (files written before it).
-        max_t_questions: questions with failed and correct trials (the max-T's G).
-        max_t_significant: every head with max-T p < α (either sign), smallest p first.
-        max_t_method: the max-T correction in words, or why there is none (None in files written before it).
+        max_t: the family-wise max-T option over the same grid (:class:`HeadMaxT`); None in files written before
+            it.
     """
 
     measure: str
@@ -266,10 +282,7 @@ class HeadTests:
     estimate_key: str | None
     q_key: str | None
     significant: tuple[HeadHit, ...]
-    p_max_t_key: str | None = None
-    max_t_questions: int = 0
-    max_t_significant: tuple[HeadHit, ...] = ()
-    max_t_method: str | None = None
+    max_t: HeadMaxT | None = None
 
 
 @dataclass(frozen=True)
@@ -575,8 +588,8 @@ def _with_max_t(heads: HeadTests, fits: inf.ManyFits, per_head: np.ndarray, fail
     qc = question_contrasts(per_head[full], failed[full], groups[full], nuisance[full])
     res = max_t_sign_flip(qc.D, seed=seed)
     if not res.is_test or not fits.is_test:
-        return replace(heads, max_t_method=f"no max-T correction ({res.reason or fits.reason})",
-                       max_t_questions=len(qc.questions))
+        return replace(heads, max_t=HeadMaxT(p_max_t_key=None, n_questions=len(qc.questions), significant=(),
+                                             method=f"no max-T correction ({res.reason or fits.reason})"))
     arrays[f"{key}_p_max_t"] = np.asarray(res.p_max_t, dtype=np.float32)
     pm = res.p_max_t
 
@@ -589,10 +602,10 @@ def _with_max_t(heads: HeadTests, fits: inf.ManyFits, per_head: np.ndarray, fail
                  key=lambda x: (x.p_max_t if x.p_max_t is not None else 1.0, x.layer, x.head))
     return replace(heads, significant=tuple(replace(x, p_max_t=finite(pm[x.layer, x.head]))
                                             for x in heads.significant),
-                   max_t_method=f"max-T sign-flip correction over the grid on per-question failed - correct "
-                                f"contrasts of residuals on load and Residue, {len(qc.questions)} question(s) with "
-                                f"both ({how})",
-                   p_max_t_key=f"{key}_p_max_t", max_t_questions=len(qc.questions), max_t_significant=tuple(sig))
+                   max_t=HeadMaxT(p_max_t_key=f"{key}_p_max_t", n_questions=len(qc.questions), significant=tuple(sig),
+                                  method=f"max-T sign-flip correction over the grid on per-question failed - correct "
+                                         f"contrasts of residuals on load and Residue, {len(qc.questions)} "
+                                         f"question(s) with both ({how})"))
 
 
 def method_of(label: str, has_chance: bool = True) -> str:

@@ -28,7 +28,7 @@ sides.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 
@@ -39,8 +39,26 @@ from probe.analysis.inference import ManyFits
 from probe.analysis.max_t import max_t_sign_flip, question_contrasts
 from probe.analysis.retrieval import HeadMap, HeadResult
 
-if TYPE_CHECKING:
-    from probe.analysis.hops import HopRow
+
+class HopRow(Protocol):
+    """What the tests read of a trial-hop (:class:`probe.analysis.hops.HopRow`, which imports this module)."""
+
+    @property
+    def trial_id(self) -> str: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def task_id(self) -> str: ...
+    @property
+    def condition(self) -> str: ...
+    @property
+    def load(self) -> int: ...
+    @property
+    def hop(self) -> int: ...
+    @property
+    def n_hops(self) -> int: ...
+    @property
+    def em(self) -> float | None: ...
 
 FAILED_CORRECT = "failed - correct"
 SATURATION_CONTROL = "Saturation - Control"

@@ -386,9 +386,10 @@ def attention_tables_html(result: IceResult, alpha: float) -> str:
         body = (table(["model", "measure", "head (layer.head)", "kind", "failed − correct enrichment", "95% CI", "p",
                        "q (BH)", "max-T p"], heads, left=4) if heads else
                 '<p class="note">No head passes the correction.</p>')
-        max_t = "; ".join(f"{esc(a.model)} {esc(a.label)}: {len(a.heads.max_t_significant)} head(s) with max-T p < "
-                          f"{alpha:g} over {a.heads.max_t_questions} questions with both outcomes"
-                          for a in result.attention_behaviour if a.heads is not None and a.heads.p_max_t_key)
+        max_t = "; ".join(f"{esc(a.model)} {esc(a.label)}: {len(a.heads.max_t.significant)} head(s) with max-T p < "
+                          f"{alpha:g} over {a.heads.max_t.n_questions} questions with both outcomes"
+                          for a in result.attention_behaviour
+                          if a.heads is not None and a.heads.max_t is not None and a.heads.max_t.p_max_t_key)
         parts.append("<h3>Distractor heads: enrichment (P_ext / chance), failed − correct at equal load and placement "
                      f"(BH family: the model's layer × head grid)</h3><p class=\"note\">{grids}."
                      + (f" Family-wise over the grid (max-T sign flip of whole questions, "

@@ -464,8 +464,9 @@ def test_attention_heads_max_t_finds_the_planted_layer_and_equals_its_question_c
 
     run, analysis, plan = attention_run
     a = ice(analysis).attention_behaviour[0]
-    assert a.heads.p_max_t_key is not None and a.heads.max_t_significant
-    assert {h.layer for h in a.heads.max_t_significant} == {plan.tracking_layer}
+    mt = a.heads.max_t
+    assert mt is not None and mt.p_max_t_key is not None and mt.significant
+    assert {h.layer for h in mt.significant} == {plan.tracking_layer}
     df = scored(read_trials(run))
     d = df[df["condition"].isin(["Saturation", "Residue"])].reset_index(drop=True)
     folder = RunFolder(run)
@@ -479,9 +480,9 @@ def test_attention_heads_max_t_finds_the_planted_layer_and_equals_its_question_c
     m = r.groupby(["q", "f"]).mean()
     D = np.stack([m.loc[(q, 1.0)].to_numpy() - m.loc[(q, 0.0)].to_numpy() for q in both])
     want = max_t_sign_flip(D.reshape(len(both), plan.n_layers, plan.n_heads), seed=analysis.seed)
-    assert a.heads.max_t_questions == len(both)
+    assert mt.n_questions == len(both)
     with np.load(run / "attention_summary.npz") as z:
-        np.testing.assert_allclose(z[a.heads.p_max_t_key], want.p_max_t, rtol=1e-6)
+        np.testing.assert_allclose(z[mt.p_max_t_key], want.p_max_t, rtol=1e-6)
 
 
 def test_attention_layer_without_outcome_variance_is_skipped_with_reason(tmp_path):
