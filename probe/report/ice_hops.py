@@ -145,6 +145,39 @@ def draw_layers(h: HopTracking, arrays: Mapping[str, np.ndarray], model: str) ->
     return fig
 
 
+def draw_tests(h: HopTracking, model: str) -> Figure | None:
+    """Per layer, the head-pooled difference of each fitted test of the model's raw hop masses with its 95 %
+    interval (one panel per test; filled markers: q < α across the layers). None without a fitted test."""
+    tests = [t for t in h.tests if t.model == model and t.measure == "raw" and t.layers is not None]
+    if not tests:
+        return None
+    fig = Figure(figsize=(max(6.4, 3.0 * len(tests)), 3.2), layout="constrained")
+    axes = fig.subplots(1, len(tests), squeeze=False, sharey=True)[0]
+    for ax, t in zip(axes, tests):
+        assert t.layers is not None
+        rows = t.layers.layers
+        x = np.array([lt.layer for lt in rows])
+        est = np.array([np.nan if lt.estimate.value is None else lt.estimate.value for lt in rows])
+        lo = np.array([np.nan if lt.estimate.ci_low is None else lt.estimate.ci_low for lt in rows])
+        hi = np.array([np.nan if lt.estimate.ci_high is None else lt.estimate.ci_high for lt in rows])
+        colour = ROLE_COLOURS.get(t.category, "#333")
+        ax.axhline(0, color="#999", lw=0.8)
+        ax.fill_between(x, lo, hi, color=colour, alpha=0.18, lw=0)
+        ax.plot(x, est, color=colour, lw=1.2)
+        sig = np.isin(x, t.layers.significant)
+        ax.scatter(x[~sig], est[~sig], s=12, facecolors="white", edgecolors=colour, zorder=3)
+        ax.scatter(x[sig], est[sig], s=18, color=colour, zorder=3)
+        what = t.contrast + ("" if t.load is None else f" {t.load}%")
+        ax.set_title(f"{what}\n{ROLE_NAMES.get(t.category, t.category)}", fontsize=9)
+        ax.set_xlabel("layer")
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=10, integer=True))
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("difference in mass (heads pooled)")
+    fig.suptitle(f"{short(model)}: hop masses by outcome and condition, per layer (95% CI, filled: q < α)",
+                 fontsize=11, wrap=True)
+    return fig
+
+
 def html(h: HopTracking | None, ctx: ReportContext | None = None) -> str:
     """The ``report.html`` part (with the per-layer figures when ``ctx`` is given)."""
     if h is None or h.reason is not None:
@@ -163,6 +196,14 @@ def html(h: HopTracking | None, ctx: ReportContext | None = None) -> str:
         rows = _tests_rows(h, alpha)
         parts.append(f"<h4>{esc(TESTS_TITLE)}</h4><p class=\"note\">{esc(TESTS_LEGEND)} {esc(_untested(h))}</p>"
                      + (table(TESTS_HEADER, [[esc(x) for x in row] for row in rows], left=4) if rows else ""))
+        if ctx is not None:
+            for model in sorted({t.model for t in h.tests}):
+                parts.append(ctx.figure(f"hop_tests_{file_stem(model)}", f"{model}: per layer, the head-pooled "
+                                        "difference in the attention of the tokens that first name a hop's answer "
+                                        "(failed − correct on the hop's fact and on the extraneous segments; "
+                                        "Saturation − Control on the hop's fact), raw attention weights, with 95% "
+                                        "intervals clustered by question; filled markers pass BH across the layers.",
+                                        draw_tests(h, model)))
     if ctx is not None:
         for model in sorted({c.model for c in h.cells}):
             parts.append(ctx.figure(f"hop_layers_{file_stem(model)}", f"{model}: per layer, the attention of the "
@@ -246,4 +287,4 @@ def merge(named: list[tuple[str, HopTracking | None]]) -> HopTracking | None:
                    n_trials=sum(h.n_trials for _, h in have), n_skipped=sum(h.n_skipped for _, h in have))
 
 
-__all__ = ["draw_layers", "html", "markdown", "merge", "tables"]
+__all__ = ["draw_layers", "draw_tests", "html", "markdown", "merge", "tables"]

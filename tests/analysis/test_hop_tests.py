@@ -213,3 +213,21 @@ def test_report_names_the_tests_it_could_not_fit():
     h, _ = tracking([replace(r, em=1.0) for r in rows], masses)
     page = ice_hops.html(h)
     assert "Not tested: failed - correct hop (raw)" in page and "every trial is correct" in page
+
+
+def test_report_draws_the_per_layer_test_figure(tmp_path):
+    from probe.config import AnalysisSection
+    from probe.report import ice_hops
+    from probe.report.sections import ReportContext
+
+    h, arrays = tracking(*study(n_questions=20, seed=5, fail_ext=(2, 1)))
+    ctx = ReportContext(AnalysisSection(), arrays, tmp_path / "figures")
+    page = ice_hops.html(h, ctx)
+    assert [p.name for p in ctx.written] == ["hop_tests_m.png"] and page.count("<figure") == 1
+    fig = ice_hops.draw_tests(h, "m")
+    fitted = [t for t in h.tests if t.layers is not None]
+    assert fig is not None and len(fig.axes) == len(fitted)
+    fc = next(t for t in fitted if t.contrast == FAILED_CORRECT and t.category == "extraneous")
+    ax = fig.axes[fitted.index(fc)]
+    np.testing.assert_allclose(ax.lines[-1].get_ydata(), [lt.estimate.value for lt in fc.layers.layers])
+    assert ice_hops.draw_tests(h, "other model") is None
