@@ -231,3 +231,67 @@ def test_report_draws_the_per_layer_test_figure(tmp_path):
     ax = fig.axes[fitted.index(fc)]
     np.testing.assert_allclose(ax.lines[-1].get_ydata(), [lt.estimate.value for lt in fc.layers.layers])
     assert ice_hops.draw_tests(h, "other model") is None
+
+
+@pytest.mark.slow
+def test_a_run_analysed_end_to_end_carries_fitted_tests_into_every_product(tmp_path, monkeypatch):
+    """12 questions x Saturation at 20 and 80 % x 2 replications, answer attention planted so that failed trials
+    look at the distractor d1 in layer 4, head 1, while writing: analysis.json (round trip), attention_summary.npz,
+    tables/hop_mass_tests.csv and report.html all carry the fitted failed - correct tests."""
+    import probe.analysis.hops as hops_module
+    from probe.analysis import analyze_run, read_analysis
+    from probe.attention.answer import AnswerAttention
+    from probe.prompts.builder import Piece, assemble
+    from probe.records import TrialRecord, write_jsonl
+    from probe.report import render_report, write_tables
+    from probe.runfolder import RunFolder
+    from probe.types import Prompt, Task
+    from tests.analysis.test_hops import HOPS, KINDS, LABELS, N_HEADS, N_LAYERS, PIECES, TEXTS, PieceTokenizer
+
+    run = RunFolder(tmp_path)
+    body = [Piece("germane", HOPS[0].fact, "hop0"), Piece("extraneous", TEXTS[3], "d0"),
+            Piece("germane", HOPS[1].fact, "hop1"), Piece("extraneous", TEXTS[5], "d1")]
+    question = "What is the capital of Vorlan's birthplace?"
+    text, segs = assemble("Answer.", body, question)
+    rng = np.random.default_rng(0)
+    prompts, trials, records, tasks = {}, [], {}, {}
+    t = len(PIECES)
+    for q in range(12):
+        tasks[f"q{q}"] = Task(f"q{q}", "synthetic", question, "Arden", HOPS)
+        for load in (20, 80):
+            for rep in (0, 1):
+                pid = f"q{q}|Saturation|L{load}|r{rep}"
+                prompts[pid] = Prompt(pid, f"q{q}", "synthetic", "Saturation", load, float(load), rep, text, segs)
+                em = float(rng.random() > (0.2 if load == 20 else 0.6))
+                trials.append(TrialRecord(trial_id=f"m::{pid}", model="m", prompt_id=pid, task_id=f"q{q}",
+                                          source="synthetic", condition="Saturation", load=load,
+                                          achieved_load=float(load), replication=rep, prompt_tokens=40,
+                                          output="".join(PIECES), answer="Arden" if em else "Zerin", gold="Arden",
+                                          em=em, hop_recall=0.5, truncated=False, uninterpretable=False))
+                mass = rng.dirichlet(np.ones(len(KINDS) + 1) * 5, size=(t, N_LAYERS, N_HEADS))
+                if not em:
+                    mass[:, 4, 1, 5] += 0.5
+                mass /= mass.sum(-1, keepdims=True)
+                records[pid] = AnswerAttention(
+                    tokens=np.arange(t), mass=mass.astype(np.float32), vmass=None,
+                    top_key=np.zeros((t, N_LAYERS, N_HEADS), dtype=np.int32), prompt_ids=np.arange(40),
+                    segment_kinds=KINDS, segment_labels=LABELS,
+                    segment_spans=((0, 3), (3, 10), (10, 16), (16, 22), (22, 28), (28, 34), (34, 38), (38, 40)))
+    write_jsonl(run.trials, [x.to_dict() for x in trials])
+    write_jsonl(run.prompts, [p.to_dict() for p in prompts.values()])
+    monkeypatch.setattr(hops_module, "read_answer_attention", lambda run: (lambda m, p: records[p]))
+    monkeypatch.setattr(hops_module, "_tokenizer_of", lambda model: PieceTokenizer(PIECES))
+    monkeypatch.setattr(hops_module, "run_tasks", lambda run: tasks)
+    analysis = analyze_run(run, fill_similarity=False)
+    h = analysis.families["ice"].hop_tracking
+    fc = next(x for x in h.tests if x.contrast == FAILED_CORRECT and x.category == "extraneous")
+    assert fc.layers.is_test and fc.heads.is_test and fc.max_t_questions >= 6
+    assert (4, 1) in {(x.layer, x.head) for x in fc.heads.significant}
+    assert all(x.reason is not None for x in h.tests if x.contrast == SATURATION_CONTROL)  # no Control trial
+    assert read_analysis(run) == analysis
+    with np.load(run.attention_summary) as z:
+        assert z[fc.heads.p_max_t_key][4, 1] < 0.05 and z[fc.heads.estimate_key].shape == (N_LAYERS, N_HEADS)
+    write_tables(analysis, run)
+    assert (run.tables / "hop_mass_tests.csv").is_file()
+    page = render_report(run).read_text()
+    assert "L4.H1" in page and (run.figures / "hop_tests_m.png").is_file()
