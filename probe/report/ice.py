@@ -377,15 +377,23 @@ def attention_tables_html(result: IceResult, alpha: float) -> str:
             heads.append([esc(a.model), esc(a.label), esc(head_label(h.layer, h.head)),
                           "distractor head" if h.value > 0 else "less enrichment when failing",
                           fmt.num(h.value, "+.3f"), fmt.ci(h.estimate.ci_low, h.estimate.ci_high, "+.3f"),
-                          fmt.p_value(h.estimate.p, html=True), _p_cell(h.q, alpha)])
+                          fmt.p_value(h.estimate.p, html=True), _p_cell(h.q, alpha),
+                          fmt.p_value(h.p_max_t, html=True)])
     if result.attention_behaviour:
         grids = "; ".join(f"{esc(a.model)} {esc(a.label)}: {a.heads.n_tested} heads tested"
                           + ("" if a.heads.is_test else f" (not tested: {esc(a.heads.reason)})")
                           for a in result.attention_behaviour if a.heads is not None)
         body = (table(["model", "measure", "head (layer.head)", "kind", "failed − correct enrichment", "95% CI", "p",
-                       "q (BH)"], heads, left=4) if heads else '<p class="note">No head passes the correction.</p>')
+                       "q (BH)", "max-T p"], heads, left=4) if heads else
+                '<p class="note">No head passes the correction.</p>')
+        max_t = "; ".join(f"{esc(a.model)} {esc(a.label)}: {len(a.heads.max_t.significant)} head(s) with max-T p < "
+                          f"{alpha:g} over {a.heads.max_t.n_questions} questions with both outcomes"
+                          for a in result.attention_behaviour
+                          if a.heads is not None and a.heads.max_t is not None and a.heads.max_t.p_max_t_key)
         parts.append("<h3>Distractor heads: enrichment (P_ext / chance), failed − correct at equal load and placement "
-                     f"(BH family: the model's layer × head grid)</h3><p class=\"note\">{grids}.</p>{body}")
+                     f"(BH family: the model's layer × head grid)</h3><p class=\"note\">{grids}."
+                     + (f" Family-wise over the grid (max-T sign flip of whole questions, "
+                        f"docs/statistics.md#hop-mass-tests): {max_t}." if max_t else "") + f"</p>{body}")
     return "".join(parts)
 
 

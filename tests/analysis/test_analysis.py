@@ -455,6 +455,36 @@ def test_attention_behaviour_finds_the_planted_layer_and_heads_and_matches_stats
         assert np.isnan(z[cells[("Control", 0, "p_ext")].enrichment_key]).all()  # chance 0: enrichment undefined
 
 
+def test_attention_heads_max_t_finds_the_planted_layer_and_equals_its_question_contrasts(attention_run):
+    """The family-wise option over the head grid: the max-T p-values stored are those of the per-question failed -
+    correct contrasts of enrichment residuals on [1, load, Residue] (statsmodels residuals, pandas means here), and
+    only heads of the planted layer pass it."""
+    from probe.analysis.max_t import max_t_sign_flip
+    from probe.attention.result import SegmentAttention
+
+    run, analysis, plan = attention_run
+    a = ice(analysis).attention_behaviour[0]
+    mt = a.heads.max_t
+    assert mt is not None and mt.p_max_t_key is not None and mt.significant
+    assert {h.layer for h in mt.significant} == {plan.tracking_layer}
+    df = scored(read_trials(run))
+    d = df[df["condition"].isin(["Saturation", "Residue"])].reset_index(drop=True)
+    folder = RunFolder(run)
+    e = np.stack([SegmentAttention.load(folder.attention_record(m, p)).enrichment
+                  for m, p in zip(d["model"], d["prompt_id"])])
+    N = np.column_stack([np.ones(len(d)), d["load"].to_numpy(float), (d["condition"] == "Residue").to_numpy(float)])
+    resid = np.stack([sm.OLS(e[:, li, h], N).fit().resid for li in range(plan.n_layers)
+                      for h in range(plan.n_heads)], axis=1)
+    r = pd.DataFrame(resid).assign(q=d["task_id"], f=(d["em"] < 0.5).astype(float))
+    both = [q for q in dict.fromkeys(d["task_id"]) if r.loc[r["q"] == q, "f"].nunique() == 2]
+    m = r.groupby(["q", "f"]).mean()
+    D = np.stack([m.loc[(q, 1.0)].to_numpy() - m.loc[(q, 0.0)].to_numpy() for q in both])
+    want = max_t_sign_flip(D.reshape(len(both), plan.n_layers, plan.n_heads), seed=analysis.seed)
+    assert mt.n_questions == len(both)
+    with np.load(run / "attention_summary.npz") as z:
+        np.testing.assert_allclose(z[mt.p_max_t_key], want.p_max_t, rtol=1e-6)
+
+
 def test_attention_layer_without_outcome_variance_is_skipped_with_reason(tmp_path):
     plan = Plan(n_tasks=6, n_reps=1, loads=(50,), conditions=("Control", "Saturation"), p_control=0.98,
                 beta_sat=0.0, task_sd=0.0, attention=True, tracking_layer=0, n_layers=2, n_heads=2, seed=1)
