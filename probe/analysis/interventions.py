@@ -26,8 +26,11 @@ Estimates, per model × family × condition × load × intervention (:class:`Int
 - **Specific contrast** (:class:`Contrast`, ``kind="specific"``): EM(extraneous-key intervention) − EM(its
   ``matched-random`` twin: same kind, alpha, queries, layers, heads and window), paired by prompt, tested as
   above. Benjamini–Hochberg q-values across every specific contrast of a model (one family). A causal effect is
-  claimed (``claim``) only where q < alpha and the contrast is positive: the extraneous knockout recovers more than
-  removing as many random tokens.
+  claimed (``claim``) only where q < alpha, the contrast is positive, the control is matched, and the extraneous
+  intervention alone raises EM over the baseline (its own paired difference positive with p < alpha): it recovers
+  more than removing as many random tokens *and* recovers something. A contrast carried by the control's harm alone
+  (the random knockout lowers EM, the extraneous one changes nothing distinguishable) is no causal effect of
+  attention to the extraneous segments, and is reported as such.
 - **Top-k heads against random heads** (``kind="heads"``): EM(top-k) − EM(its random-heads control, the
   intervention whose ``selection.control_of`` names it), paired by prompt, tested as above.
 - **Layer-window sweep** (:class:`Sweep`): the members of one ``group`` that carry a ``window``, their paired
@@ -134,10 +137,13 @@ class Contrast:
         a, b: the intervention names.
         test: the paired difference EM(a) − EM(b).
         q: BH q-value within the model's family of ``specific`` contrasts (None for ``heads`` or when descriptive).
-        claim: a causal effect is shown: ``specific``, q < alpha, a positive difference and a matched control.
+        claim: a causal effect is shown: ``specific``, q < alpha, a positive difference, a matched control, and
+            ``a`` alone raises EM over the baseline (``a_alone`` positive with p < alpha).
         unmatched: why the control ``b`` is no matched control in this cell (a matched-random draw that found fewer
             tokens than the extraneous segments hold, so it knocked out other content too); None when matched. An
             unmatched contrast is reported but never claimed.
+        a_alone: ``a``'s own paired difference against the baseline trials of the same prompts (None in files
+            written before it was recorded).
     """
 
     kind: Literal["specific", "heads"]
@@ -151,6 +157,7 @@ class Contrast:
     q: float | None
     claim: bool
     unmatched: str | None = None
+    a_alone: PairedDifference | None = None
 
 
 @dataclass(frozen=True)
@@ -314,7 +321,7 @@ def analyze_interventions(data: RunData, specs: Sequence[InterventionSpec], alph
                              f" of {len(short)} trials (up to {int(short.max())} short), so it also removed germane "
                              "or instruction text: it is no matched control here")
             return Contrast(kind=kind, model=model, family=family, condition=condition, load=load, a=a, b=b, test=t,
-                            q=None, claim=False, unmatched=unmatched)
+                            q=None, claim=False, unmatched=unmatched, a_alone=cell_rows[a].diff)
 
         for n in cell_rows:
             spec = by_name.get(n)
@@ -357,7 +364,11 @@ def _with_claims(contrasts: list[Contrast], alpha: float) -> list[Contrast]:
             c = contrasts[i]
             qv = float(qi) if math.isfinite(qi) else None
             delta = c.test.estimate.value
-            claim = bool(qv is not None and qv < alpha and delta is not None and delta > 0 and c.unmatched is None)
+            alone = c.a_alone.estimate if c.a_alone is not None else None
+            helps = bool(alone is not None and alone.p is not None and alone.p < alpha and alone.value is not None
+                         and alone.value > 0)
+            claim = bool(qv is not None and qv < alpha and delta is not None and delta > 0 and c.unmatched is None
+                         and helps)
             out[i] = replace(c, q=qv, claim=claim)
     return out
 

@@ -86,6 +86,15 @@ def summary_lines(result: InterventionResult) -> list[str]:
             lines.append(f"{where}: {c.a} raises EM by {t.value:+.3f} (95% CI {ci}) over its matched-random control "
                          f"{c.b} (BH q = {c.q:.3g} < {alpha}): a causal effect of attention to the extraneous "
                          "segments is shown.")
+        elif (c.q is not None and c.q < alpha and t.value is not None and t.value > 0 and c.unmatched is None
+              and c.a_alone is not None):
+            a = c.a_alone.estimate
+            a_ci = fmt.ci(a.ci_low, a.ci_high)
+            a_est = fmt.DASH if a.value is None else f"{a.value:+.3f}"
+            lines.append(f"{where}: no causal effect shown: {c.a} beats its matched-random control {c.b} by "
+                         f"{t.value:+.3f} (95% CI {ci}; BH q = {c.q:.3g}), but {c.a} alone changes EM by {a_est} "
+                         f"(95% CI {a_ci}; p = {fmt.p_value(a.p)}) against the baseline: the contrast is carried by "
+                         f"the harm {c.b} does, not by what removing the extraneous tokens recovers.")
         else:
             why = (f"control not matched: {c.unmatched}" if c.unmatched is not None else t.reason if t.p is None else
                    f"q = {fmt.p_value(c.q)}" + ("" if c.q is not None and c.q < alpha else f" >= {alpha}")

@@ -297,6 +297,32 @@ def test_compare_puts_the_causal_tests_of_runs_side_by_side(run, tmp_path):
     assert "Causal tests: interventions" in page and "run: model-a" in page and "run#1: model-a" in page
 
 
+def test_a_contrast_carried_by_the_controls_harm_is_no_claim(tmp_path):
+    """The extraneous knockout leaves EM where the baseline has it, the random one destroys answers: the contrast is
+    significant, but nothing is recovered by removing the distractors, so no causal effect is claimed."""
+    d = tmp_path / "harm"
+    make_run(d, dataclasses.replace(PLAN, p_control=0.9, beta_sat=-0.002))
+    folder = RunFolder(d)
+    new = []
+    for t in load_trials(folder.trials):
+        if t.condition == "Saturation":  # ko-ext: every answer as in the baseline; ko-rand: every answer lost
+            new += [dataclasses.replace(t, trial_id=make_trial_id(t.model, t.prompt_id, name), intervention=name,
+                                        em=em) for name, em in (("ko-ext", t.em), ("ko-rand", 0.0))]
+    append_jsonl(folder.trials, (x.to_dict() for x in new))
+    (d / "interventions.json").write_text(json.dumps(SPECS[:2]))
+    res = analyze_run(d, AnalysisSection(), seed=0, fill_similarity=False).interventions
+    assert res is not None
+    (c,) = res.specific
+    assert c.test.estimate.value > 0 and c.q is not None and c.q < 0.05  # the contrast alone would be a claim
+    assert c.a_alone is not None and not (c.a_alone.estimate.p < 0.05 and c.a_alone.estimate.value > 0)
+    row = next(r for r in res.rows if r.intervention == "ko-ext" and r.condition == "Saturation")
+    assert c.a_alone == row.diff  # the knockout's own paired difference against the baseline
+    assert not c.claim and not res.claims()
+    text = " ".join(summary_lines(res))
+    assert "carried by the harm ko-rand does" in text and "causal effect of attention" not in text
+    assert read_analysis(d).interventions == res
+
+
 def test_a_matched_random_control_that_drew_too_few_tokens_supports_no_claim(tmp_path):
     """The same significant contrast as in the fixture run, but the control's draws fell short in some prompts (as
     at load 80 on the default model): the contrast is reported, marked unmatched, and never claimed."""
