@@ -30,7 +30,7 @@ READING_BEGIN = "<!-- reading: begin"
 READING_END = "<!-- reading: end -->"
 READING_PLACEHOLDER = ("*No reading written yet: write what the numbers below support, and what they do not, "
                        "between these two markers; `probe results` keeps it.*")
-_TRIALS = re.compile(r"trials ([0-9a-f]{12})")
+_TRIALS = re.compile(r"\b[0-9a-f]{12}\b")  # the stamp's short sha256s, one per run
 
 
 class ResultsPageError(ProbeError):
@@ -128,7 +128,7 @@ def _reading(old: str | None, runs: Sequence[PageRun]) -> tuple[str, list[str]]:
     start = old.index(READING_BEGIN)
     head_end = old.index("\n", start)
     body = old[head_end + 1:old.index(READING_END)].rstrip("\n")
-    written_for = set(_TRIALS.findall(old[start:head_end])) or set(re.findall(r"[0-9a-f]{12}", old[start:head_end]))
+    written_for = set(_TRIALS.findall(old[start:head_end]))
     warnings = []
     if body.strip() and body.strip() != READING_PLACEHOLDER and written_for != shas:
         warnings.append(f"the reading was written for trials {' '.join(sorted(written_for)) or '(unnamed)'}; the "

@@ -66,6 +66,20 @@ def test_the_reading_is_kept_and_a_change_of_trials_is_named(run, tmp_path) -> N
     assert len(warnings) == 1 and "0123456789ab" in warnings[0] and sha in warnings[0]
 
 
+def test_a_page_of_two_runs_keeps_its_reading_without_a_false_alarm(run, tmp_path) -> None:
+    other = tmp_path / "other"
+    make_run(other, Plan(n_tasks=6, n_reps=1, loads=(80,), seed=9))
+    analyze_run(other)
+    out = tmp_path / "two.md"
+    write_results_page([run, other], out)
+    text = out.read_text()
+    start = text.index("\n", text.index(READING_BEGIN)) + 1
+    out.write_text(text[:start] + "Two runs, one reading.\n" + text[text.index(READING_END):])
+    _, warnings = write_results_page([run, other], out)
+    assert not warnings and "Two runs, one reading." in out.read_text()
+    assert out.read_text().count("## Run `") == 2
+
+
 def test_a_folder_without_an_analysis_is_named(tmp_path) -> None:
     (tmp_path / "bare").mkdir()
     with pytest.raises(ResultsPageError, match=r"bare: no analysis.json; run `probe analyze"):
