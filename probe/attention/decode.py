@@ -30,7 +30,7 @@ from transformers import PreTrainedModel
 from probe.attention.answer import AnswerAttention
 from probe.attention.edits import BatchEdit
 from probe.attention.implementation import attention_implementation
-from probe.attention.measures.value import head_gram, value_norms
+from probe.attention.measures.value import module_gram, value_norms
 from probe.attention.plan import ProbePlan
 from probe.attention.reference import _value_states, output_projection
 from probe.errors import HookError
@@ -91,7 +91,7 @@ class AnswerRows:
         n_b, n_kv, n_k, dim = value.shape
         if layer not in self.grams:
             self.out_rows[layer] = output_projection(module).detach()
-            self.grams[layer] = head_gram(self.out_rows[layer].to(value.device), n_heads)
+            self.grams[layer] = module_gram(module, n_heads, value.device)
         store = self.norms.get(layer)
         new_from = 0 if store is None else hi - 1  # prefill: every key; decode step: its new key (the last)
         if store is None or store.shape[3] < hi:
