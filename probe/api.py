@@ -245,7 +245,7 @@ class Model(LoadedModel):
         raise ArgumentError(f"{call}: a prompt must be a built Prompt or a TokenizedPrompt, got {_kind(prompt)}")
 
     def probe(self, prompt: Prompt | TokenizedPrompt, options: ProbeSection | None = None,
-              generated_ids: Sequence[int] | None = None, *, compute_residue: bool = True,
+              generated_ids: Sequence[int] | None = None, *, compute_residue: bool | None = None,
               **option_values: Any) -> SegmentAttention:
         """Probe one prompt with the attention engine (:func:`probe.attention.probe_tokenized`; docs/probes.md).
 
@@ -254,8 +254,9 @@ class Model(LoadedModel):
                 partition the tokens).
             options: probe options (default ``ProbeSection()``: query ``question``, γ = 0.5, cosine residue).
             generated_ids: answer ids appended to the prompt (query ``generated``).
-            compute_residue: compute AR_k (costs more: every row of the germane, question and extraneous segments).
-            **option_values: single options to change (``query="last"``, ``gamma=0.7``, ...).
+            compute_residue: the older spelling of ``residue=`` (None: as ``options`` says).
+            **option_values: single options to change (``query="last"``, ``gamma=0.7``, ``residue=False`` to skip
+                AR_k, which costs every row of the germane, question and extraneous segments, ...).
 
         Returns:
             The prompt's :class:`~probe.attention.SegmentAttention`: ``seg_mass`` (layer, head, kind),
@@ -270,14 +271,17 @@ class Model(LoadedModel):
         from probe.config import ProbeSection
 
         opts = options or ProbeSection()
+        if compute_residue is not None:
+            if "residue" in option_values:
+                raise ArgumentError("probe: give residue= or its older spelling compute_residue=, not both")
+            option_values["residue"] = compute_residue
         if option_values:
             unknown = sorted(set(option_values) - {f.name for f in dataclasses.fields(ProbeSection)})
             if unknown:
                 raise ConfigError(f"probe_prompt: {unknown[0]!r} is not a probe option (the keys of [probe]: "
                                   f"{', '.join(f.name for f in dataclasses.fields(ProbeSection))})")
             opts = dataclasses.replace(opts, **option_values)
-        return probe_tokenized(self.model, self._tokenized("probe_prompt", prompt), opts, generated_ids,
-                               compute_residue=compute_residue)
+        return probe_tokenized(self.model, self._tokenized("probe_prompt", prompt), opts, generated_ids)
 
     @contextlib.contextmanager
     def intervention(self, prompts: PromptLike | Sequence[PromptLike], spec: Intervention | None = None, *,
@@ -580,7 +584,7 @@ def tokenize_prompt(model: ModelLike, prompt: Prompt, use_chat_template: bool | 
 
 
 def probe_prompt(model: ModelLike, prompt: Prompt | TokenizedPrompt, options: ProbeSection | None = None,
-                 generated_ids: Sequence[int] | None = None, *, compute_residue: bool = True,
+                 generated_ids: Sequence[int] | None = None, *, compute_residue: bool | None = None,
                  **option_values: Any) -> SegmentAttention:
     """Probe one prompt's attention per layer and head: :meth:`Model.probe` (docs/probes.md).
 

@@ -11,6 +11,7 @@ import argparse
 import errno
 import logging
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
@@ -211,6 +212,24 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_results(args: argparse.Namespace) -> int:
+    """Analyse and report each run folder, then write the results page from their analyses."""
+    from probe.api import analyze
+    from probe.report import render_report
+    from probe.report.results import write_results_page
+
+    for run in args.runs:
+        analyze(Path(run))
+        render_report(Path(run))
+    command = "probe results " + " ".join(args.runs) + f" --out {args.out}" + (
+        f" --title {shlex.quote(args.title)}" if args.title != "Results" else "")
+    page, warnings = write_results_page(args.runs, args.out, title=args.title, command=command)
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    print(f"results: {page}")
+    return 0
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from probe.report import compare_runs
 
@@ -354,6 +373,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("report", help=f"write {runfolder.REPORT} and figures for a run folder")
     sp.add_argument("run")
     sp.set_defaults(fn=cmd_report)
+    sp = sub.add_parser("results", help="analyse and report run folders, then write a results page (Markdown) "
+                        "from their analyses, keeping its hand-written reading")
+    sp.add_argument("runs", nargs="+", help="run folders, the main one first")
+    sp.add_argument("--out", default="docs/results.md", help="the page (default docs/results.md)")
+    sp.add_argument("--title", default="Results", help="the page's heading")
+    sp.set_defaults(fn=cmd_results)
     sp = sub.add_parser("compare", help="several runs side by side")
     sp.add_argument("runs", nargs="+")
     sp.add_argument("--out", default="outputs/comparison")

@@ -13,7 +13,7 @@ import re
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, get_args, get_origin, get_type_hints
+from typing import Any, NoReturn, get_args, get_origin, get_type_hints
 
 from probe.errors import ConfigError
 from probe.runfolder import RunFolder
@@ -101,6 +101,7 @@ class ProbeSection:
     enabled: bool = False
     query: str = "question"  # question | last | generated | segment:<i>
     gamma: float = 0.5
+    residue: bool = True  # compute AR_k (the rows of every germane, question and earlier extraneous token)
     residue_mode: str = "cosine"  # or "mass"
     exclude_sink: bool = True
     block_size: int = 256  # query rows computed at a time for AR_k
@@ -161,22 +162,36 @@ class TopHeads:
             raise ConfigError(f"heads.by: {self.by!r}; use one of {', '.join(HEAD_RANKINGS)}")
 
 
-@dataclass(frozen=True)
-class InterventionSection:
-    """One ``[[interventions]]`` table (see :mod:`probe.attention.intervention` for what each value does).
+class InterventionFieldError(ConfigError):
+    """A value of an intervention that does not fit its field; ``field`` and ``problem`` let a reader that knows
+    where the value came from (a TOML table, an entry of ``interventions.json``) name that place."""
 
-    ``layers``: ``"all"``, a list of layers, or a :class:`LayerWindow` sweep. ``heads``: ``"all"``, a list of
-    ``[layer, head]`` pairs, or :class:`TopHeads` from a separate probe run. ``conditions`` and ``loads``: the
-    prompts it runs on (None: every prompt; a load list leaves Control, load 0, out unless it names 0).
+    def __init__(self, where: str, field_name: str, problem: str) -> None:
+        super().__init__(f"{where}.{field_name}: {problem}")
+        self.field = field_name
+        self.problem = problem
+
+
+@dataclass(frozen=True)
+class InterventionEdit:
+    """What an intervention does and which prompts it runs on: the fields the ``[[interventions]]`` table
+    (:class:`InterventionSection`) and the resolved intervention (:class:`probe.interventions.Intervention`) share,
+    declared and checked here once (docs/interventions.md).
+
+    Attributes:
+        kind: ``knockout`` or ``steer``.
+        keys: ``extraneous``, ``filler``, ``germane`` or ``matched-random``.
+        queries: ``answer`` or ``after``.
+        alpha: the steering coefficient (``steer`` only, finite and >= 0; 0 equals the knockout).
+        conditions / loads: the prompts it runs on (None: every prompt; a load list leaves Control, load 0, out
+            unless it names 0). Keyword-only.
     """
 
-    name: str
     kind: str
-    alpha: float | None = None
     keys: str = "extraneous"
     queries: str = "answer"
-    layers: str | tuple[int, ...] | LayerWindow = "all"
-    heads: str | tuple[tuple[int, int], ...] | TopHeads = "all"
+    alpha: float | None = None
+    _: dataclasses.KW_ONLY
     conditions: tuple[str, ...] | None = None
     loads: tuple[int, ...] | None = None
 
@@ -185,22 +200,55 @@ class InterventionSection:
         return ((self.conditions is None or condition in self.conditions)
                 and (self.loads is None or load in self.loads))
 
+    def edit_values(self) -> dict[str, Any]:
+        """The shared fields by name (what a resolved intervention copies from its table)."""
+        return {f.name: getattr(self, f.name) for f in fields(InterventionEdit)}
+
+    def _where(self) -> str:
+        return type(self).__name__
+
+    def _refuse(self, field_name: str, problem: str) -> NoReturn:
+        raise InterventionFieldError(self._where(), field_name, problem)
+
     def __post_init__(self) -> None:
-        what = f"interventions[{self.name!r}]"
+        if self.kind not in INTERVENTION_KINDS:
+            self._refuse("kind", f"{self.kind!r}; use {' or '.join(INTERVENTION_KINDS)}")
+        if self.kind == "knockout" and self.alpha is not None:
+            self._refuse("alpha", f"{self.alpha} has no effect on a knockout; remove it or use kind = \"steer\"")
+        if self.kind == "steer" and (self.alpha is None or not self.alpha >= 0 or math.isinf(self.alpha)):
+            self._refuse("alpha", f"a steer needs a finite alpha >= 0 (0 equals the knockout), got {self.alpha}")
+        if self.keys not in INTERVENTION_KEYS:
+            self._refuse("keys", f"{self.keys!r}; use one of {', '.join(INTERVENTION_KEYS)}")
+        if self.queries not in INTERVENTION_QUERIES:
+            self._refuse("queries", f"{self.queries!r}; use {' or '.join(INTERVENTION_QUERIES)}")
+        if self.conditions is not None and (not self.conditions or len(set(self.conditions)) != len(self.conditions)):
+            self._refuse("conditions", f"{list(self.conditions)} must name distinct conditions")
+        if self.loads is not None and (not self.loads or len(set(self.loads)) != len(self.loads)
+                                       or any(not 0 <= x <= 100 for x in self.loads)):
+            self._refuse("loads", f"{list(self.loads)} must be distinct loads in percent (0 to 100)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class InterventionSection(InterventionEdit):
+    """One ``[[interventions]]`` table (see :mod:`probe.attention.intervention` for what each value does): the
+    shared fields of :class:`InterventionEdit`, a name, and the layers and heads as declared.
+
+    ``layers``: ``"all"``, a list of layers, or a :class:`LayerWindow` sweep. ``heads``: ``"all"``, a list of
+    ``[layer, head]`` pairs, or :class:`TopHeads` from a separate probe run. Every field is keyword-only.
+    """
+
+    name: str
+    layers: str | tuple[int, ...] | LayerWindow = "all"
+    heads: str | tuple[tuple[int, int], ...] | TopHeads = "all"
+
+    def _where(self) -> str:
+        return f"interventions[{self.name!r}]"
+
+    def __post_init__(self) -> None:
+        what = self._where()
         if not INTERVENTION_NAME.match(self.name):
             raise ConfigError(f"interventions.name: {self.name!r}; use letters, digits, '_', '.' or '-'")
-        if self.kind not in INTERVENTION_KINDS:
-            raise ConfigError(f"{what}.kind: {self.kind!r}; use {' or '.join(INTERVENTION_KINDS)}")
-        if self.kind == "knockout" and self.alpha is not None:
-            raise ConfigError(f"{what}.alpha: {self.alpha} has no effect on a knockout; remove it or use "
-                              "kind = \"steer\"")
-        if self.kind == "steer" and (self.alpha is None or not self.alpha >= 0 or math.isinf(self.alpha)):
-            raise ConfigError(f"{what}.alpha: a steer needs a finite alpha >= 0 (0 equals the knockout), got "
-                              f"{self.alpha}")
-        if self.keys not in INTERVENTION_KEYS:
-            raise ConfigError(f"{what}.keys: {self.keys!r}; use one of {', '.join(INTERVENTION_KEYS)}")
-        if self.queries not in INTERVENTION_QUERIES:
-            raise ConfigError(f"{what}.queries: {self.queries!r}; use {' or '.join(INTERVENTION_QUERIES)}")
+        super().__post_init__()
         if isinstance(self.layers, str) and self.layers != "all":
             raise ConfigError(f"{what}.layers: {self.layers!r}; use \"all\", a list of layers or "
                               "{window = W, stride = S}")
@@ -216,11 +264,6 @@ class InterventionSection:
         if self.heads != "all" and self.layers != "all" and not (
                 isinstance(self.layers, tuple) and isinstance(self.heads, tuple)):
             raise ConfigError(f"{what}: a layer sweep or top-k heads need the other of layers / heads to be \"all\"")
-        if self.conditions is not None and (not self.conditions or len(set(self.conditions)) != len(self.conditions)):
-            raise ConfigError(f"{what}.conditions: {list(self.conditions)} must name distinct conditions")
-        if self.loads is not None and (not self.loads or len(set(self.loads)) != len(self.loads)
-                                       or any(not 0 <= x <= 100 for x in self.loads)):
-            raise ConfigError(f"{what}.loads: {list(self.loads)} must be distinct loads in percent (0 to 100)")
         if isinstance(self.layers, tuple) and isinstance(self.heads, tuple):
             outside = sorted({layer for layer, _ in self.heads} - set(self.layers))
             if outside:
@@ -236,17 +279,13 @@ class InterventionSection:
         if unknown:
             raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; valid keys: "
                               f"{', '.join(sorted(names))}")
-        kw: dict[str, Any] = {}
-        for k in ("name", "kind", "keys", "queries"):
-            if k in data:
-                kw[k] = _coerce(str, data[k], f"{where}.{k}")
-        if "alpha" in data:
-            kw["alpha"] = _coerce(float, data["alpha"], f"{where}.alpha")
-        for k, typ in (("conditions", str), ("loads", int)):
-            if k in data:
-                if not isinstance(data[k], list):
-                    raise ConfigError(f"{where}.{k}: {data[k]!r}; use a list")
-                kw[k] = tuple(_coerce(typ, x, f"{where}.{k}") for x in data[k])
+        missing = [f.name for f in fields(InterventionSection)
+                   if f.default is dataclasses.MISSING and f.name not in data]
+        if missing:
+            raise ConfigError(f"{where}: missing key(s) {', '.join(missing)} (every intervention needs a name and a "
+                              "kind)")
+        hints = get_type_hints(InterventionSection)
+        kw: dict[str, Any] = {k: _coerce(hints[k], data[k], f"{where}.{k}") for k in _PLAIN_KEYS if k in data}
         layers = data.get("layers", "all")
         if isinstance(layers, list):
             kw["layers"] = tuple(_coerce(int, x, f"{where}.layers") for x in layers)
@@ -282,25 +321,21 @@ class InterventionSection:
 
     def to_table(self) -> dict[str, Any]:
         """The TOML table (``from_table(to_table())`` is this section)."""
-        d: dict[str, Any] = {"name": self.name, "kind": self.kind}
-        if self.alpha is not None:
-            d["alpha"] = self.alpha
-        d["keys"] = self.keys
-        d["queries"] = self.queries
+        d: dict[str, Any] = {k: _to_plain(getattr(self, k)) for k in _PLAIN_KEYS if getattr(self, k) is not None}
         if isinstance(self.layers, LayerWindow):
-            d["layers"] = {"window": self.layers.window, "stride": self.layers.stride}
+            d["layers"] = dataclasses.asdict(self.layers)
         else:
             d["layers"] = list(self.layers) if isinstance(self.layers, tuple) else self.layers
-        if isinstance(self.heads, TopHeads):
-            d["heads"] = {"top_k": self.heads.top_k, "from": self.heads.from_run, "by": self.heads.by,
-                          "random_control": self.heads.random_control}
+        if isinstance(self.heads, TopHeads):  # the run folder is written `from` (a Python keyword)
+            d["heads"] = {"from" if k == "from_run" else k: v for k, v in dataclasses.asdict(self.heads).items()}
         else:
             d["heads"] = [list(h) for h in self.heads] if isinstance(self.heads, tuple) else self.heads
-        if self.conditions is not None:
-            d["conditions"] = list(self.conditions)
-        if self.loads is not None:
-            d["loads"] = list(self.loads)
         return d
+
+
+# the keys of an [[interventions]] table read and written as their field's type says (layers and heads take several
+# forms): the name first, then the fields shared with the resolved intervention
+_PLAIN_KEYS = ("name", *(f.name for f in fields(InterventionEdit)))
 
 
 @dataclass(frozen=True)

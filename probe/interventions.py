@@ -5,8 +5,8 @@ resolved for one model: layer sweeps expanded, top-k heads selected.
 key mask and first query; :mod:`probe.attention.intervention` applies them in the model's attention. This module
 imports neither torch nor numpy (``probe.Intervention`` is cheap to reach).
 
-Each :class:`~probe.config.InterventionSection` becomes one or more :class:`ResolvedIntervention` (an
-:class:`~probe.attention.intervention.Intervention` with explicit layers and heads, plus where it came from):
+Each :class:`~probe.config.InterventionSection` becomes one or more :class:`Intervention` with explicit layers and
+heads, the model it was resolved for and where it came from (``group``, ``window``, ``selection``):
 
 - ``layers = {window = W, stride = S}`` expands into windows ``[a, a + W − 1]`` for ``a = 0, S, 2S, …`` while the
   window fits in the model, named ``<name>@L<a>-<b>``;
@@ -18,21 +18,27 @@ Each :class:`~probe.config.InterventionSection` becomes one or more :class:`Reso
   run's records that hold an answer capture: copied over copyable generated tokens, summed over the records.
 
 The resolved list is written to the run folder's ``interventions.json`` (:attr:`probe.runfolder.RunFolder.
-interventions`), one object per model and intervention, which the analysis reads.
+interventions`), one object per model and intervention: :meth:`Intervention.to_json` is its file form and
+:meth:`Intervention.from_json` the one reader (files of earlier versions, without ``conditions``, ``loads``,
+``model``, ``group``, ``window`` or ``selection``, read with those absent), which :func:`load_interventions` and the
+analysis use.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
 import math
-from dataclasses import dataclass, field
+import types
+import typing
+from dataclasses import KW_ONLY, MISSING, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
 
-from probe.config import (INTERVENTION_KEYS, INTERVENTION_KINDS, INTERVENTION_QUERIES, ExperimentConfig,
-                          InterventionSection, LayerWindow, TopHeads)
+from probe.config import (HEAD_RANKINGS, ExperimentConfig, InterventionEdit, InterventionFieldError, LayerWindow,
+                          TopHeads)
 from probe.errors import ConfigError, ProbeError
 from probe.runfolder import RunFolder, write_atomic
 from probe.types import Prompt
@@ -42,54 +48,91 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-KINDS, KEY_SETS, QUERY_SETS = INTERVENTION_KINDS, INTERVENTION_KEYS, INTERVENTION_QUERIES
+JSON_KEY = "json_key"  # field metadata: the field's key in interventions.json when it is not the field's name
+ALL_WHEN_NONE = "all_when_none"  # field metadata: None is written "all" (every head)
+REQUIRED = "required"  # field metadata: a field with a None default that every interventions.json entry holds
+MAY_BE_ABSENT = "may_be_absent"  # field metadata: a field with another default that an entry may leave out
 
 
 @dataclass(frozen=True)
-class Intervention:
-    """What to edit: kind, keys, queries, layers and heads (resolved: explicit layer and head lists, or all).
+class HeadSelection:
+    """How the heads of a top-k intervention (or of its random control) were chosen.
 
     Attributes:
-        kind: ``knockout`` or ``steer``.
-        keys: ``extraneous``, ``filler``, ``germane`` or ``matched-random``.
-        queries: ``answer`` or ``after`` (:mod:`probe.attention.intervention`).
-        alpha: the steering coefficient (``steer`` only, ≥ 0; 0 equals the knockout).
+        from_run: the separate probe run whose records ranked the heads (``from`` in ``interventions.json``).
+        k: number of heads.
+        by: the per-head measure ranked by (``enrichment``, ``p_ext`` or ``retrieval``; None when not recorded).
+        n_prompts: the records averaged (None when not recorded).
+        control_of: for a random-heads control, the name of the top-k intervention it controls; None for the top-k
+            intervention itself.
+    """
+
+    from_run: str = field(metadata={JSON_KEY: "from"})
+    k: int
+    by: str | None = None
+    n_prompts: int | None = None
+    control_of: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.k < 1:
+            raise InterventionFieldError("HeadSelection", "k", f"{self.k} must be >= 1")
+        if self.by is not None and self.by not in HEAD_RANKINGS:
+            raise InterventionFieldError("HeadSelection", "by", f"{self.by!r}; use one of {', '.join(HEAD_RANKINGS)}")
+        if self.n_prompts is not None and self.n_prompts < 0:
+            raise InterventionFieldError("HeadSelection", "n_prompts", f"{self.n_prompts} must be >= 0")
+
+
+@dataclass(frozen=True)
+class Intervention(InterventionEdit):
+    """One intervention: what to edit (kind, keys, queries, α: :class:`~probe.config.InterventionEdit`), the layers
+    and heads edited, and, once resolved from an experiment's ``[[interventions]]``, for which model and from what.
+
+    The engine applies it (:mod:`probe.attention.intervention`); the runner writes the resolved ones to the run
+    folder's ``interventions.json`` (:meth:`to_json`) and the analysis reads them back (:meth:`from_json`).
+
+    Attributes:
+        kind, keys, queries, alpha, conditions, loads: see :class:`~probe.config.InterventionEdit`.
         layers: the layers edited (0-based), None for every layer.
         heads: ``(layer, head)`` pairs edited, None for every head of ``layers``; when given, only these heads are
             edited (``layers`` must then be None or hold their layers).
         name: the name trials and records carry.
+        group: the declared ``[[interventions]]`` table it comes from (a sweep member's sweep; its own name when
+            not given). Keyword-only, as are the fields below.
+        window: ``(first, last)`` layer of a layer-window sweep member, else None.
+        selection: for top-k and random heads, how they were chosen (:class:`HeadSelection`), else None.
+        model: the model card it was resolved for (None: not resolved for a model).
 
     Raises:
-        ConfigError: an unknown kind, key set or query set, or an α that does not fit the kind.
+        ConfigError: an unknown kind, key set or query set, an α that does not fit the kind, or layers / heads
+            that do not fit each other (:class:`~probe.config.InterventionFieldError` names the field).
     """
 
-    kind: str
-    keys: str = "extraneous"
-    queries: str = "answer"
-    alpha: float | None = None
-    layers: tuple[int, ...] | None = None
-    heads: tuple[tuple[int, int], ...] | None = None
+    layers: tuple[int, ...] | None = field(default=None, metadata={REQUIRED: True})
+    heads: tuple[tuple[int, int], ...] | None = field(default=None, metadata={REQUIRED: True, ALL_WHEN_NONE: True})
     name: str = "intervention"
+    _: KW_ONLY
+    group: str = field(default="", metadata={MAY_BE_ABSENT: True})
+    window: tuple[int, int] | None = None
+    selection: HeadSelection | None = None
+    model: str | None = None
+
+    def _where(self) -> str:
+        return f"Intervention(name={self.name!r})"
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ConfigError(f"intervention {self.name!r}: kind {self.kind!r}; use {' or '.join(KINDS)}")
-        if self.keys not in KEY_SETS:
-            raise ConfigError(f"intervention {self.name!r}: keys {self.keys!r}; use one of {', '.join(KEY_SETS)}")
-        if self.queries not in QUERY_SETS:
-            raise ConfigError(f"intervention {self.name!r}: queries {self.queries!r}; use {' or '.join(QUERY_SETS)}")
-        if self.kind == "knockout" and self.alpha is not None:
-            raise ConfigError(f"intervention {self.name!r}: alpha = {self.alpha} has no effect on a knockout; "
-                              "remove it (or use kind = \"steer\")")
-        if self.kind == "steer" and (self.alpha is None or not self.alpha >= 0 or math.isinf(self.alpha)):
-            raise ConfigError(f"intervention {self.name!r}: a steer needs a finite alpha >= 0 (got {self.alpha})")
+        super().__post_init__()
+        if not self.group:
+            object.__setattr__(self, "group", self.name)
         if self.layers is not None and any(layer < 0 for layer in self.layers):
-            raise ConfigError(f"intervention {self.name!r}: layers {list(self.layers)} must be >= 0")
+            self._refuse("layers", f"{list(self.layers)} must be >= 0")
         if self.heads is not None:
             if any(layer < 0 or head < 0 for layer, head in self.heads):
-                raise ConfigError(f"intervention {self.name!r}: heads {[list(h) for h in self.heads]} must be >= 0")
+                self._refuse("heads", f"{[list(h) for h in self.heads]} must be >= 0")
             if self.layers is not None and not {lh[0] for lh in self.heads} <= set(self.layers):
-                raise ConfigError(f"intervention {self.name!r}: heads name layers outside layers {list(self.layers)}")
+                self._refuse("heads", f"{[list(h) for h in self.heads]} name layers outside layers "
+                             f"{list(self.layers)}")
+        if self.window is not None and self.window[0] > self.window[1]:
+            self._refuse("window", f"{list(self.window)} must be [first, last] with first <= last")
 
     @property
     def score_bias(self) -> float:
@@ -98,7 +141,37 @@ class Intervention:
             return float("-inf")
         return math.log(float(self.alpha))  # type: ignore[arg-type]  # steer: alpha is set (checked above)
 
+    @property
+    def centre(self) -> float | None:
+        """The window's centre layer ((first + last) / 2), None outside a sweep."""
+        return None if self.window is None else (self.window[0] + self.window[1]) / 2
 
+    def twin_key(self) -> tuple[Any, ...]:
+        """Everything but the keys: two interventions with equal twin keys differ only in what they act on."""
+        return (self.kind, self.alpha, self.queries, self.layers, self.heads, self.window)
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``interventions.json`` entry (:meth:`from_json` reads it back equal)."""
+        return _encode(self)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "interventions.json entry") -> "Intervention":
+        """Read one ``interventions.json`` entry, of this version or an earlier one.
+
+        Every entry holds ``name``, ``kind``, ``keys``, ``queries``, ``layers`` and ``heads``; the other fields may
+        be absent and take their defaults (``conditions`` and ``loads``, written since they exist: every prompt;
+        ``group``: the name; ``model``, ``window``, ``selection``, ``alpha``: None), so files of earlier versions and
+        hand-written entries read.
+
+        Args:
+            data: the entry (parsed JSON).
+            where: the file and the entry, for the error message (``<path>: entry <i>``).
+
+        Raises:
+            InterventionsFileError: not an object, a missing or unknown field, a value of the wrong type or one the
+                intervention refuses; the message names ``where``, the intervention and the field.
+        """
+        return _decode_object(cls, data, where)
 
 
 @dataclass(frozen=True)
@@ -203,48 +276,6 @@ def _count(meta: Mapping[str, Any], key: str, default: int, where: str) -> int:
         raise ProbeError(f"{where}: meta {key}={v!r} must be a whole number of key tokens >= 0 (the record is "
                          "damaged there: repair the value, or delete the trial to run it again)")
     return int(v)
-
-
-@dataclass(frozen=True)
-class ResolvedIntervention:
-    """One intervention as one model runs it.
-
-    Attributes:
-        name: the name trials and records carry.
-        section: the declared ``[[interventions]]`` table it comes from.
-        layers: the layers edited (every layer when the section says ``all``).
-        heads: ``(layer, head)`` pairs, or None for every head of ``layers``.
-        window: ``(first, last)`` layer of a sweep member, else None.
-        selection: for top-k and random heads: ``from`` (the run folder), ``k``, ``by``, ``n_prompts`` (records
-            averaged), ``control_of`` (the name of the top-k intervention a random control stands beside, else
-            None).
-    """
-
-    name: str
-    section: InterventionSection
-    layers: tuple[int, ...]
-    heads: tuple[tuple[int, int], ...] | None = None
-    window: tuple[int, int] | None = None
-    selection: dict[str, Any] | None = field(default=None, hash=False, compare=False)
-
-    @property
-    def group(self) -> str:
-        return self.section.name
-
-    def spec(self) -> Intervention:
-        """The :class:`Intervention` the engine applies."""
-        s = self.section
-        return Intervention(kind=s.kind, keys=s.keys, queries=s.queries, alpha=s.alpha, layers=self.layers,
-                            heads=self.heads, name=self.name)
-
-    def to_dict(self, model: str) -> dict[str, Any]:
-        s = self.section
-        return {"name": self.name, "model": model, "group": s.name, "kind": s.kind, "alpha": s.alpha,
-                "keys": s.keys, "queries": s.queries, "layers": list(self.layers),
-                "heads": "all" if self.heads is None else [list(h) for h in self.heads],
-                "window": None if self.window is None else list(self.window), "selection": self.selection,
-                "conditions": None if s.conditions is None else list(s.conditions),
-                "loads": None if s.loads is None else list(s.loads)}
 
 
 def _question_texts(prompts: Sequence[Prompt]) -> set[str]:
@@ -358,7 +389,7 @@ def sweep_windows(window: LayerWindow, n_layers: int, name: str) -> list[tuple[i
 
 
 def resolve_interventions(cfg: ExperimentConfig, model: str, n_layers: int, n_heads: int,
-                          prompts: Sequence[Prompt] = ()) -> list[ResolvedIntervention]:
+                          prompts: Sequence[Prompt] = ()) -> list[Intervention]:
     """Every intervention of the experiment as ``model`` runs it (sweeps expanded, heads selected).
 
     Args:
@@ -370,12 +401,17 @@ def resolve_interventions(cfg: ExperimentConfig, model: str, n_layers: int, n_he
     Raises:
         ConfigError: a layer or head outside the model, a selection that cannot be made, or names that collide.
     """
-    out: list[ResolvedIntervention] = []
+    out: list[Intervention] = []
     everything = tuple(range(n_layers))
     for s in cfg.interventions:
+        def resolved(name: str, layers: tuple[int, ...], heads: tuple[tuple[int, int], ...] | None = None,
+                     **provenance: Any) -> Intervention:
+            return Intervention(**s.edit_values(), layers=layers, heads=heads, name=name, group=s.name, model=model,
+                                **provenance)
+
         if isinstance(s.layers, LayerWindow):
             for a, b in sweep_windows(s.layers, n_layers, s.name):
-                out.append(ResolvedIntervention(f"{s.name}@L{a}-{b}", s, tuple(range(a, b + 1)), window=(a, b)))
+                out.append(resolved(f"{s.name}@L{a}-{b}", tuple(range(a, b + 1)), window=(a, b)))
             continue
         layers: tuple[int, ...] = s.layers if isinstance(s.layers, tuple) else everything
         bad = [x for x in layers if x >= n_layers]
@@ -385,12 +421,12 @@ def resolve_interventions(cfg: ExperimentConfig, model: str, n_layers: int, n_he
         if isinstance(s.heads, TopHeads):
             t = s.heads
             heads, n = select_heads(t.from_run, model, t.top_k, t.by, n_layers, n_heads, prompts)
-            sel = {"from": t.from_run, "k": t.top_k, "by": t.by, "n_prompts": n, "control_of": None}
-            out.append(ResolvedIntervention(s.name, s, tuple(sorted({h[0] for h in heads})), heads, selection=sel))
+            sel = HeadSelection(from_run=t.from_run, k=t.top_k, by=t.by, n_prompts=n)
+            out.append(resolved(s.name, tuple(sorted({h[0] for h in heads})), heads, selection=sel))
             if t.random_control:
                 rnd = random_heads(cfg.experiment.seed, f"{s.name}+random", t.top_k, n_layers, n_heads, heads)
-                out.append(ResolvedIntervention(f"{s.name}+random", s, tuple(sorted({h[0] for h in rnd})), rnd,
-                                                selection={**sel, "control_of": s.name}))
+                out.append(resolved(f"{s.name}+random", tuple(sorted({h[0] for h in rnd})), rnd,
+                                    selection=dataclasses.replace(sel, control_of=s.name)))
             continue
         if isinstance(s.heads, tuple):
             bad_heads = [list(h) for h in s.heads if h[0] >= n_layers or h[1] >= n_heads]
@@ -398,9 +434,9 @@ def resolve_interventions(cfg: ExperimentConfig, model: str, n_layers: int, n_he
                 raise ConfigError(f"interventions: {s.name}: heads {bad_heads} are outside model {model!r}'s "
                                   f"{n_layers} layers x {n_heads} heads")
             heads_layers = tuple(sorted({h[0] for h in s.heads}))
-            out.append(ResolvedIntervention(s.name, s, heads_layers if s.layers == "all" else layers, s.heads))
+            out.append(resolved(s.name, heads_layers if s.layers == "all" else layers, s.heads))
             continue
-        out.append(ResolvedIntervention(s.name, s, layers))
+        out.append(resolved(s.name, layers))
     names = [r.name for r in out]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -409,13 +445,22 @@ def resolve_interventions(cfg: ExperimentConfig, model: str, n_layers: int, n_he
     return out
 
 
-def write_interventions(run: str | Path | RunFolder, model: str, resolved: Sequence[ResolvedIntervention]) -> Path:
+def write_interventions(run: str | Path | RunFolder, model: str, resolved: Sequence[Intervention]) -> Path:
     """Record ``model``'s resolved interventions in the run folder's ``interventions.json`` (the other models'
-    entries are kept), atomically."""
-    path = RunFolder(run).interventions
-    entries = [e for e in read_interventions(run) if e.get("model") != model]
-    entries += [r.to_dict(model) for r in resolved]
-    return write_atomic(path, json.dumps(entries, indent=2, ensure_ascii=False))
+    entries are kept), atomically.
+
+    Raises:
+        InterventionsFileError: the file there cannot be read (:func:`load_interventions`).
+        ConfigError: an intervention resolved for another model.
+    """
+    other = [e for e in resolved if e.model not in (None, model)]
+    if other:
+        raise ConfigError(f"write_interventions: {other[0].name!r} was resolved for model {other[0].model!r}, "
+                          f"not {model!r}")
+    entries = [e for e in load_interventions(run) if e.model != model]
+    entries += [dataclasses.replace(r, model=model) for r in resolved]
+    return write_atomic(RunFolder(run).interventions,
+                        json.dumps([e.to_json() for e in entries], indent=2, ensure_ascii=False))
 
 
 class InterventionsFileError(ConfigError):
@@ -423,7 +468,8 @@ class InterventionsFileError(ConfigError):
 
 
 def read_interventions(run: str | Path | RunFolder) -> list[dict[str, Any]]:
-    """The entries of a run folder's ``interventions.json`` (empty when the run has none).
+    """The entries of a run folder's ``interventions.json`` as parsed JSON (empty when the run has none);
+    :func:`load_interventions` reads them as :class:`Intervention`.
 
     Raises:
         InterventionsFileError: the file is not a JSON list.
@@ -441,5 +487,111 @@ def read_interventions(run: str | Path | RunFolder) -> list[dict[str, Any]]:
     return data
 
 
-__all__ = ["Intervention", "InterventionsFileError", "ResolvedIntervention", "RowEdit", "random_heads", "read_interventions", "resolve_interventions", "select_heads",
-           "sweep_windows", "write_interventions"]
+def load_interventions(run: str | Path | RunFolder) -> tuple[Intervention, ...]:
+    """The interventions a run folder declares (``interventions.json``, :meth:`Intervention.from_json` per entry);
+    () when the file is absent.
+
+    Raises:
+        InterventionsFileError: the file is not JSON, not a list of objects, misses a field or has a wrong type
+            (names the file, the entry and the field), or two entries of one model share a name.
+    """
+    path = RunFolder(run).interventions
+    entries = tuple(Intervention.from_json(d, f"{path}: entry {i}") for i, d in enumerate(read_interventions(run)))
+    seen: set[tuple[str | None, str]] = set()
+    for e in entries:
+        if (e.model, e.name) in seen:
+            of = "" if e.model is None else f" of model {e.model!r}"
+            raise InterventionsFileError(f"{path}: intervention {e.name!r}{of} is declared more than once")
+        seen.add((e.model, e.name))
+    return entries
+
+
+# ------------------------------------------------------------------------------------------------- file form
+
+
+class _Bad(Exception):
+    """A value that does not fit its field (re-raised as InterventionsFileError naming the place)."""
+
+
+def _encode(x: Any) -> Any:
+    """The JSON form of a field value: dataclasses by field (``JSON_KEY`` renames, ``ALL_WHEN_NONE``), tuples as
+    lists."""
+    if is_dataclass(x) and not isinstance(x, type):
+        return {f.metadata.get(JSON_KEY, f.name): "all" if f.metadata.get(ALL_WHEN_NONE) and getattr(x, f.name)
+                is None else _encode(getattr(x, f.name)) for f in fields(x)}
+    if isinstance(x, (list, tuple)):
+        return [_encode(v) for v in x]
+    return x
+
+
+def _decode(tp: Any, v: Any) -> Any:
+    """``v`` (parsed JSON) as a value of type ``tp``: str, int, float, bool, ``X | None``, ``tuple[X, ...]``,
+    ``tuple[X, Y]`` or a dataclass; raises _Bad with what is wrong."""
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        options = [a for a in typing.get_args(tp) if a is not type(None)]  # X | None: one type and None
+        return None if v is None else _decode(options[0], v)
+    if origin is tuple:
+        args = typing.get_args(tp)
+        items = [args[0]] * len(v) if isinstance(v, list) and args[-1] is Ellipsis else list(args)
+        if not isinstance(v, list) or len(v) != len(items):
+            raise _Bad(f"{v!r} is not a list" + ("" if args[-1] is Ellipsis else f" of {len(args)}"))
+        return tuple(_decode(a, x) for a, x in zip(items, v))
+    if isinstance(tp, type) and is_dataclass(tp):
+        return _decode_object(tp, v, "")
+    if tp is float and isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    if tp in (int, str, bool) and isinstance(v, tp) and not (tp is int and isinstance(v, bool)):
+        return v
+    raise _Bad(f"{v!r} is not {'a number' if tp is float else 'an integer' if tp is int else f'a {tp.__name__}'}")
+
+
+def _required(f: dataclasses.Field[Any]) -> bool:
+    """Whether every entry holds the field: it has no default, one other than None (unless MAY_BE_ABSENT), or is
+    marked REQUIRED."""
+    if f.metadata.get(MAY_BE_ABSENT):
+        return False
+    return (f.default is MISSING and f.default_factory is MISSING) or f.default is not None \
+        or bool(f.metadata.get(REQUIRED))
+
+
+def _decode_object(cls: Any, data: Any, where: str) -> Any:
+    """A dataclass from its JSON object, each field checked; errors name ``where``, the entry's name and the field
+    (for a nested object, ``where`` is "" and the caller names the place)."""
+    if not isinstance(data, dict):
+        problem = f"is {type(data).__name__}, not an object"
+        if where:
+            raise InterventionsFileError(f"{where} {problem}")
+        raise _Bad(f"{data!r} is not an object")
+    name = data.get("name")
+    at = f"{where} ({name})" if where and isinstance(name, str) else where
+    hints = typing.get_type_hints(cls)
+    by_key = {f.metadata.get(JSON_KEY, f.name): f for f in fields(cls)}
+    unknown = sorted(set(data) - set(by_key))
+    missing = [k for k, f in by_key.items() if k not in data and _required(f)]
+
+    def bad(message: str) -> Exception:
+        return InterventionsFileError(f"{at} {message}") if where else _Bad(message)
+
+    if missing:
+        raise bad(f"has no field {missing[0]!r}; the runner writes it: re-run `probe run` or fix the file")
+    if unknown:
+        raise bad(f"has an unknown field {unknown[0]!r}; valid fields: {', '.join(by_key)}")
+    values: dict[str, Any] = {}
+    for key, f in by_key.items():
+        if key not in data:
+            continue
+        v = data[key]
+        try:
+            values[f.name] = None if f.metadata.get(ALL_WHEN_NONE) and v == "all" else _decode(hints[f.name], v)
+        except _Bad as e:
+            raise bad(f"field {key!r}: {e}") from None
+    try:
+        return cls(**values)
+    except InterventionFieldError as e:
+        raise bad(f"field {e.field!r}: {e.problem}") from None
+
+
+__all__ = ["HeadSelection", "Intervention", "InterventionsFileError", "KeyCount", "RowEdit", "load_interventions",
+           "random_heads", "read_interventions", "resolve_interventions", "select_heads", "sweep_windows",
+           "write_interventions"]

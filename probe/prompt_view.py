@@ -205,7 +205,7 @@ def view_prompt(run: str | Path | Run, prompt_id: str, *, model: str | LoadedMod
     texts = token_texts(prompt, loaded.tokenizer, loaded.card.use_chat_template, tokenized.input_ids)
     per_token = token_attention(loaded.model, tokenized, options)
     record, note = _record_of(run, prompt_id, model, tokenized, per_token, options)
-    plan = build_plan(tokenized, options, compute_residue=False)
+    plan = build_plan(tokenized, dataclasses.replace(options, residue=False))
     return PromptView(run_path=run.path, model=model, prompt=prompt, tokenized=tokenized, token_text=texts,
                       per_token=per_token, query_positions=tuple(int(q) for q in plan.query_positions),
                       options=options, record=record, record_note=note,

@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 from probe.backends import LocalBackend, make_backend
 from probe.backends.base import Backend, Generation
 from probe.config import ExperimentConfig, ProbeSection, dump_config, read_run_config
-from probe.interventions import ResolvedIntervention, resolve_interventions, write_interventions
+from probe.interventions import Intervention, resolve_interventions, write_interventions
 from probe.errors import ConfigError
 from probe.loading import ModelCard, get_card, load_tokenizer
 from probe.prompts.builder import IceBuilder
@@ -375,7 +375,7 @@ def done_ids(run: str | Path | RunFolder) -> set[str]:
 def run_model(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], tasks: dict[str, Task],
               rank: int = 0, world: int = 1, progress: bool = True,
               on_batch: Callable[[list[TrialRecord]], None] | None = None,
-              interventions: Sequence[ResolvedIntervention] = ()) -> int:
+              interventions: Sequence[Intervention] = ()) -> int:
     """Run one model over its prompts, appending trial records; returns the number of new trials.
 
     Each prompt runs once as the baseline and once under each intervention (trial ids and probe records name it),
@@ -396,7 +396,7 @@ def run_model(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], ta
 
 
 def _run_arm(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], tasks: dict[str, Task],
-             iv: ResolvedIntervention | None, rank: int, world: int, progress: bool,
+             iv: Intervention | None, rank: int, world: int, progress: bool,
              on_batch: Callable[[list[TrialRecord]], None] | None) -> int:
     """The baseline (``iv`` None) or one intervention over the model's prompts (see :func:`run_model`)."""
     from tqdm import tqdm
@@ -407,7 +407,7 @@ def _run_arm(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], tas
     done = done_ids(run)
     mine = shard_of(prompts, rank, world)
     if iv is not None:  # an intervention's conditions / loads: the prompts it runs on
-        mine = [p for p in mine if iv.section.applies_to(p.condition, p.load)]
+        mine = [p for p in mine if iv.applies_to(p.condition, p.load)]
     pending = [p for p in mine if make_trial_id(model, p.prompt_id, name) not in done]
     log.info("%s%s: rank %d of %d: %d trials to run, %d already recorded", model,
              "" if name is None else f" [{name}]", rank, world, len(pending), len(mine) - len(pending))
@@ -418,7 +418,7 @@ def _run_arm(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], tas
     if not pending and not reprobe:
         return 0
     greedy = cfg.generation.temperature == 0
-    per_id = iv is not None and iv.section.keys == "matched-random"
+    per_id = iv is not None and iv.keys == "matched-random"
 
     def group_key(p: Prompt) -> str:
         return p.text if greedy and not per_id else p.prompt_id
@@ -439,7 +439,7 @@ def _run_arm(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], tas
         if probe_opts is not None:
             kwargs["probe"] = probe_opts
         if iv is not None:
-            kwargs["intervention"] = iv.spec()
+            kwargs["intervention"] = iv
     try:
         for prompt, gen in backend.generate(unique, cfg.generation, **kwargs):
             key = group_key(prompt)
@@ -630,7 +630,7 @@ def _run_models(cfg: ExperimentConfig, cards: list[ModelCard], task_list: list[T
             revisions[card.name] = backend.loaded.revision
         if rank == 0:
             write_manifest(run_dir, cfg, cards, revisions)
-        resolved: list[ResolvedIntervention] = []
+        resolved: list[Intervention] = []
         if cfg.interventions and isinstance(backend, LocalBackend):
             from probe.attention.engine import layers_and_heads
 

@@ -32,7 +32,9 @@ docs/statistics.md):
   * per head (``heads``): the same test on each head's enrichment (the value itself for a measure without a chance
     level), BH across the whole layer × head grid (one family per model and measure); heads with q < α and a
     positive difference are the *distractor heads*. The grid of estimates and q-values goes to
-    ``attention_summary.npz``.
+    ``attention_summary.npz``, with the max-T adjusted p-values of the family-wise option over the same grid
+    (:mod:`probe.analysis.max_t`: per question, the failed − correct mean of residuals on load and Residue, signs of
+    whole questions flipped; ``heads.max_t``).
   * per layer, the logistic robustness line (``layers``): Binomial GLM of *wrong answer* on the head-mean measure,
     alone and with load (pp) and a Residue indicator as covariates (``adjusted``), the analysis' one logistic fit
     (:func:`probe.analysis.glm.fit_logit`: CR2 clustered by question, t on Bell–McCaffrey df), BH q-values across
@@ -209,12 +211,13 @@ class LayerTests:
 
 @dataclass(frozen=True)
 class HeadHit:
-    """One head whose test survives BH across the layer × head grid (q < α): its estimate, CI, p and the q-value
-    across the grid."""
+    """One head whose test survives BH across the layer × head grid (q < α), or the max-T correction: its estimate,
+    CI, p, the q-value across the grid and its max-T adjusted p (None without a max-T test)."""
 
     layer: int
     head: int
     estimate: Estimate
+    p_max_t: float | None = None
 
     @property
     def value(self) -> float:
@@ -226,6 +229,26 @@ class HeadHit:
     def q(self) -> float:
         assert self.estimate.q is not None
         return self.estimate.q
+
+
+@dataclass(frozen=True)
+class HeadMaxT:
+    """The max-T correction over a per-head grid (family-wise; :mod:`probe.analysis.max_t`): per question, the
+    failed − correct mean of the residuals of each head on load and Residue
+    (:func:`probe.analysis.max_t.question_contrasts`), signs of whole questions flipped.
+
+    Attributes:
+        p_max_t_key: ``attention_summary.npz`` member with the (layer, head) max-T adjusted p-values (None when
+            there is no test).
+        n_questions: questions with failed and correct trials (the max-T's G).
+        significant: every head with max-T p < α (either sign), smallest p first.
+        method: the correction in words, or why there is none.
+    """
+
+    p_max_t_key: str | None
+    n_questions: int
+    significant: tuple[HeadHit, ...]
+    method: str
 
 
 @dataclass(frozen=True)
@@ -241,6 +264,8 @@ class HeadTests:
         estimate_key, q_key: members of ``attention_summary.npz`` holding the (layer, head) estimates and q-values
             (None without a grid).
         significant: every head with q < α (either sign), smallest q first.
+        max_t: the family-wise max-T option over the same grid (:class:`HeadMaxT`); None in files written before
+            it.
     """
 
     measure: str
@@ -257,6 +282,7 @@ class HeadTests:
     estimate_key: str | None
     q_key: str | None
     significant: tuple[HeadHit, ...]
+    max_t: HeadMaxT | None = None
 
 
 @dataclass(frozen=True)
@@ -551,6 +577,37 @@ def _head_tests(fits: inf.ManyFits, alpha: float, n: int, key: str, m: Measure
     return heads, arrays
 
 
+def _with_max_t(heads: HeadTests, fits: inf.ManyFits, per_head: np.ndarray, failed: np.ndarray, groups: np.ndarray,
+                nuisance: np.ndarray, alpha: float, seed: int, key: str, arrays: dict[str, np.ndarray]) -> HeadTests:
+    """The per-head test with the max-T correction over the grid (docs/statistics.md#max-t-permutation-correction):
+    per question, failed minus correct mean of the residuals on ``nuisance``, over the trials with a value in every
+    head and the questions with both outcomes."""
+    from probe.analysis.max_t import max_t_sign_flip, question_contrasts
+
+    full = np.all(np.isfinite(per_head.reshape(len(per_head), -1)), axis=1)
+    qc = question_contrasts(per_head[full], failed[full], groups[full], nuisance[full])
+    res = max_t_sign_flip(qc.D, seed=seed)
+    if not res.is_test or not fits.is_test:
+        return replace(heads, max_t=HeadMaxT(p_max_t_key=None, n_questions=len(qc.questions), significant=(),
+                                             method=f"no max-T correction ({res.reason or fits.reason})"))
+    arrays[f"{key}_p_max_t"] = np.asarray(res.p_max_t, dtype=np.float32)
+    pm = res.p_max_t
+
+    def hit(li: int, h: int) -> HeadHit:
+        return HeadHit(layer=li, head=h, estimate=fits.estimate_at((li, h)), p_max_t=finite(pm[li, h]))
+
+    how = ("exact, all 2^G sign assignments" if res.is_exact else f"Monte Carlo, {res.n_assignments - 1} sign "
+           f"assignments, seed {seed}")
+    sig = sorted((hit(int(li), int(h)) for li, h in np.argwhere(np.nan_to_num(pm, nan=1.0) < alpha)),
+                 key=lambda x: (x.p_max_t if x.p_max_t is not None else 1.0, x.layer, x.head))
+    return replace(heads, significant=tuple(replace(x, p_max_t=finite(pm[x.layer, x.head]))
+                                            for x in heads.significant),
+                   max_t=HeadMaxT(p_max_t_key=f"{key}_p_max_t", n_questions=len(qc.questions), significant=tuple(sig),
+                                  method=f"max-T sign-flip correction over the grid on per-question failed - correct "
+                                         f"contrasts of residuals on load and Residue, {len(qc.questions)} "
+                                         f"question(s) with both ({how})"))
+
+
 def method_of(label: str, has_chance: bool = True) -> str:
     """The one-line method of :func:`attention_behaviour` for a measure named ``label``."""
     heads = f"{label} enrichment" if has_chance else label
@@ -564,7 +621,7 @@ METHOD = method_of("P_ext")
 
 
 def attention_behaviour(df: pd.DataFrame, per_trial: pd.DataFrame, model: str, alpha: float = 0.05,
-                        key: str = "ice_heads0", measure: str = "p_ext"
+                        key: str = "ice_heads0", measure: str = "p_ext", seed: int = 0
                         ) -> tuple[AttentionBehaviour, dict[str, np.ndarray]]:
     """Attention ↔ behaviour of one model and one linked measure: per-layer and per-head tests, logistic fits
     (module docstring).
@@ -576,6 +633,7 @@ def attention_behaviour(df: pd.DataFrame, per_trial: pd.DataFrame, model: str, a
         alpha: test and FDR level.
         key: prefix of the npz members holding the per-head grids.
         measure: the measure's id (one of :func:`linked_measures`).
+        seed: seed of the per-head max-T's Monte Carlo sign assignments (the experiment's seed).
 
     Returns:
         The model's :class:`AttentionBehaviour` and the arrays for ``attention_summary.npz``.
@@ -614,6 +672,8 @@ def attention_behaviour(df: pd.DataFrame, per_trial: pd.DataFrame, model: str, a
                                f"failed - correct difference in {label} (share) at equal load and placement", len(d))
     head_fits = attention_failure_tests(per_head, failed, load, groups, residue[:, None], alpha)
     heads, arrays = _head_tests(head_fits, alpha, len(d), key, m)
+    heads = _with_max_t(heads, head_fits, per_head, failed, groups, np.column_stack([np.ones(len(d)), covariates]),
+                        alpha, seed, key, arrays)
     layers = [_logit_layer(li, mat[:, li], failed, groups, covariates, alpha, label) for li in range(mat.shape[1])]
     q_alone = inf.bh_qvalues(np.array([np.nan if r.fit.estimate.p is None else r.fit.estimate.p for r in layers]))
     q_adj = inf.bh_qvalues(np.array([np.nan if r.adjusted is None or r.adjusted.estimate.p is None

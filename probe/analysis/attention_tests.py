@@ -2,6 +2,9 @@
 
 - :func:`attention_failure_tests`: per layer or per head, the failed − correct difference of an attention measure at
   equal load (and placement), CR2 clustered by question with Bell–McCaffrey df, BH over the grid.
+- :func:`condition_contrast_tests`: per layer or per head, the difference of an attention measure between two
+  conditions (e.g. Saturation at one load − Control) over the trials of both, CR2 clustered by question, BH over
+  the grid.
 - :func:`residue_similarity_tests`: H3 in attention, the slope of head-mean AR_k on S_sim per layer.
 
 Both are :func:`probe.analysis.inference.clustered_ols_many` on a design built here, so the minimum-G rule and its
@@ -73,6 +76,49 @@ def attention_failure_tests(values: np.ndarray, is_failed: np.ndarray, load: np.
     return replace(res, method=what + "; " + res.method)
 
 
+def condition_contrast_tests(values: np.ndarray, is_treated: np.ndarray, groups: np.ndarray,
+                             covariates: np.ndarray | None = None, alpha: float = 0.05, vcov: VarianceType = "CR2",
+                             min_clusters: int = MIN_CLUSTERS, what: str = "treated - reference") -> ManyFits:
+    """Per head (or layer): does the attention measure differ between two conditions of the same questions?
+
+    Method: the fit of :func:`attention_failure_tests` with the condition indicator in place of failure and without
+    load (one load per side: load would be the indicator): OLS of the measure on [1, is_treated, covariates] over
+    the trials of both conditions, CR2 standard errors clustered by question with Bell–McCaffrey df, BH across the
+    grid. A covariate that does not vary, or that the columns before it determine, is left out and the method says
+    so.
+
+    Args:
+        values: (trial, *grid) attention measure.
+        is_treated: (trial,) True for the condition tested (e.g. Saturation at 80 %), False for the reference.
+        groups: (trial,) question ids.
+        covariates: (trial, c) adjustment columns (e.g. hop position), or None.
+        alpha, vcov, min_clusters: as :func:`attention_failure_tests`.
+        what: the contrast in words (the method line names it).
+
+    Returns:
+        The :class:`ManyFits` of the treated − reference difference, arrays of shape ``grid``.
+    """
+    values = np.asarray(values, dtype=float)
+    n = values.shape[0] if values.ndim else 0
+    treated = as_vector("is_treated", np.asarray(is_treated, dtype=float), n)
+    extra = np.zeros((n, 0)) if covariates is None else np.asarray(covariates, dtype=float).reshape(n, -1)
+    if not np.all(np.isfinite(extra)):
+        raise InferenceInputError("covariates: non-finite values; drop such rows first")
+    cols = [np.ones(n), treated]
+    for c in extra.T:
+        if np.linalg.matrix_rank(np.column_stack([*cols, c])) > len(cols):
+            cols.append(c)
+    res = clustered_ols_many(values, np.column_stack(cols), groups, term=1, alpha=alpha, vcov=vcov,
+                             min_clusters=min_clusters)
+    if np.ptp(treated) == 0:
+        return replace(res, is_test=False, reason="every trial is on one side of the contrast: nothing to compare")
+    dropped = extra.shape[1] - (len(cols) - 2)
+    how = f"{what} difference adjusted for {len(cols) - 2} covariate(s)"
+    if dropped:
+        how += f"; {dropped} constant or collinear covariate(s) left out"
+    return replace(res, method=how + "; " + res.method)
+
+
 @dataclass(frozen=True, eq=False)
 class ResidueSimilarity:
     """H3 in attention: the slope of head-mean AR_k on S_sim per layer, with the pooled correlation.
@@ -132,4 +178,4 @@ def residue_similarity_tests(ar_k: np.ndarray, s_sim: np.ndarray, groups: np.nda
     return ResidueSimilarity(fits=fits, pearson_r=r, is_load_adjusted=bool(adjusted))
 
 
-__all__ = ["ResidueSimilarity", "attention_failure_tests", "residue_similarity_tests"]
+__all__ = ["ResidueSimilarity", "attention_failure_tests", "condition_contrast_tests", "residue_similarity_tests"]

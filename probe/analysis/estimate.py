@@ -1,9 +1,10 @@
 """One estimate with its uncertainty: the type every fit and test of the analysis reports.
 
 A regression coefficient (:mod:`probe.analysis.glm`, :mod:`probe.analysis.inference`), the H1 slope and its
-logistic robustness fit, a CogniLoad GLM term and an attention ↔ behaviour coefficient are each one
-:class:`Estimate`; a result with more to say (its model, its odds ratio, its power) holds an :class:`Estimate` beside
-those fields rather than repeating the estimate's. See docs/statistics.md for the methods.
+logistic robustness fit, a CogniLoad GLM term, an attention ↔ behaviour coefficient, H3's correlations, an
+intervention's paired difference and its recovered share are each one :class:`Estimate`; a result with more to
+say (its model, its odds ratio, its power) holds an :class:`Estimate` beside those fields rather than repeating
+the estimate's. See docs/statistics.md for the methods.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ class Estimate:
         q: Benjamini–Hochberg q-value within the estimate's family of tests; None outside a family or when
             descriptive.
         method: how the standard error and reference were computed, in words (None where the holder says it).
-        reason: why there is no estimate or no test, else None.
-        is_test: whether ``se``, the interval and ``p`` are given.
+        reason: why there is no estimate, no test or no interval, else None.
+        is_test: whether a test was made (``p`` given, and ``se`` and the interval where the method has them); an
+            interval without a test (Fieller's for a ratio of means) leaves it False.
     """
 
     value: float | None
@@ -61,6 +63,20 @@ ESTIMATE_FIELDS = ("se", "ci_low", "ci_high", "p")
 # what an Estimate's field was called where a result spelled it out flat (analysis schema 5 and before)
 OLD_NAMES = {"value": ("estimate", "coef", "beta"), "method": ("se_method",)}
 
+# field metadata of a nested result: what its fields were called where its holder spelled it out flat
+# (:func:`flat_names`)
+FLAT_NAMES = "flat_names"
+FLAT_ONLY = "flat_only"
+
+
+def flat_names(only: bool = False, **names: str) -> dict[str, Any]:
+    """Field metadata for a nested result (an :class:`Estimate` or a result holding one) whose fields an older
+    analysis file spelled out flat in the holder under other names: ``names`` maps a field of the nested type to its
+    old key (``value="r"``: the estimate was the holder's ``r``). With ``only``, the nested result takes those keys
+    and no other (a second estimate beside the holder's first: Spearman's ``spearman_rho`` and ``spearman_p``
+    beside Pearson's ``r`` and ``p``)."""
+    return {FLAT_NAMES: dict(names), FLAT_ONLY: only}
+
 
 def _plain(tp: Any) -> tuple[Any, bool]:
     """``X`` of ``X | None`` and whether None is allowed."""
@@ -83,16 +99,25 @@ def _spelled_flat(data: dict, f: dataclasses.Field, optional: bool) -> bool:
     return not isinstance(value, dict) and not (value is None and optional)
 
 
-def _from_flat(cls: type, flat: dict, consumed: set[str]) -> dict:
-    """The fields of ``cls`` taken from a parent's flat fields (a nested dataclass field from the same flat dict)."""
+def _from_flat(cls: type, flat: dict, consumed: set[str], holder: dataclasses.Field | None = None) -> dict:
+    """The fields of ``cls`` taken from a parent's flat fields (a nested dataclass field from the same flat dict),
+    under the old names the holder's field declares (:func:`flat_names`)."""
     hints = typing.get_type_hints(cls)
+    names: dict[str, str] = holder.metadata.get(FLAT_NAMES, {}) if holder is not None else {}
+    only = bool(holder.metadata.get(FLAT_ONLY)) if holder is not None else False
     sub: dict = {}
     for f in dataclasses.fields(cls):
         tp, optional = _plain(hints[f.name])
-        if _is_dataclass_type(tp) and _spelled_flat(flat, f, optional):
-            sub[f.name] = _from_flat(tp, flat, consumed)
+        if _is_dataclass_type(tp) and _spelled_flat(flat, f, optional) and not only:
+            sub[f.name] = _from_flat(tp, flat, consumed, f)
             continue
-        for key in (f.name, *(OLD_NAMES.get(f.name, ()) if cls is Estimate else ())):
+        if f.name in names:
+            keys: tuple[str, ...] = (names[f.name],)
+        elif only:
+            keys = ()
+        else:
+            keys = (f.name, *(OLD_NAMES.get(f.name, ()) if cls is Estimate else ()))
+        for key in keys:
             if key in flat:
                 sub[f.name] = flat[key]
                 consumed.add(key)
@@ -117,9 +142,11 @@ def _fill_estimate(d: dict) -> dict:
 def nest_flat_estimates(tp: Any, data: Any) -> Any:
     """The JSON of a result of type ``tp`` written before estimates were one type (analysis schema 5 and before),
     in today's layout: an estimate spelled out flat in its holder (``coef``/``beta``/``estimate``, ``se``,
-    ``ci_low``, ``ci_high``, ``p``, ``q``, ``df``, ``reason``) becomes a nested :class:`Estimate`, and a result that
-    repeated another's fields (a layer's fit) holds that result. Every number is kept; fields an older estimate
-    did not have are filled (no q, method or reason; ``is_test`` where p is given). Used only on older files."""
+    ``ci_low``, ``ci_high``, ``p``, ``q``, ``df``, ``reason``, or the names the holder's field declares with
+    :func:`flat_names`: H3's ``r``, a paired difference's ``delta``) becomes a nested :class:`Estimate`, and a
+    result that repeated another's fields (a layer's fit, H3's correlation) holds that result. Every number is kept;
+    fields an older estimate did not have are filled (no q, method or reason; ``is_test`` where p is given). Used
+    only on older files (analysis schema 6 and before)."""
     tp, _ = _plain(tp)
     if data is None:
         return None
@@ -142,7 +169,7 @@ def nest_flat_estimates(tp: Any, data: Any) -> Any:
     for f in dataclasses.fields(tp):
         sub, sub_optional = _plain(hints[f.name])
         if _is_dataclass_type(sub) and _spelled_flat(out, f, sub_optional):
-            out[f.name] = _from_flat(sub, data, consumed)
+            out[f.name] = _from_flat(sub, data, consumed, f)
     for key in consumed - own:
         out.pop(key, None)
     for f in dataclasses.fields(tp):
@@ -151,4 +178,4 @@ def nest_flat_estimates(tp: Any, data: Any) -> Any:
     return out
 
 
-__all__ = ["ESTIMATE_FIELDS", "Estimate", "nest_flat_estimates"]
+__all__ = ["ESTIMATE_FIELDS", "Estimate", "flat_names", "nest_flat_estimates"]

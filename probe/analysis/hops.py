@@ -32,12 +32,14 @@ from __future__ import annotations
 import math
 import re
 import unicodedata
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
 
+from probe.analysis.hop_tests import HopMassTest, hop_mass_tests
 from probe.analysis.inference import proportion_ci
+from probe.analysis.results import OMIT_EMPTY
 from probe.attention.answer import AnswerAttention
 from probe.errors import ProbeError
 from probe.scoring.answers import _ARTICLES, _NUMBER_IN_TEXT, _NUMBER_WORDS, REL_TOL, _gold_number, _to_float
@@ -315,6 +317,7 @@ class HopRow:
         n_mentions: mentions in the output (0: not named); ``token_start`` / ``token_end`` the first one's tokens.
         mass: pooled raw mass per :data:`CATEGORIES` in the depth window (None when not named);
             ``vmass`` the same value-weighted.
+        em: the trial's exact match (the outcome the hop-mass tests compare; None in files written before it).
     """
 
     trial_id: str
@@ -336,6 +339,7 @@ class HopRow:
     token_end: int | None
     mass: tuple[float, ...] | None
     vmass: tuple[float, ...] | None
+    em: float | None = None
 
 
 @dataclass(frozen=True)
@@ -404,7 +408,7 @@ def track_trial(answer: AnswerAttention, output: str, char_spans: np.ndarray, ho
                       n_hops=len(hops), target=target, entity=entity, label="not_named",
                       label_value=None if answer.vmass is None else "not_named", top_segment=None,
                       top_segment_value=None, entity_in_distractor=any(names), n_mentions=0, token_start=None,
-                      token_end=None, mass=None, vmass=None)
+                      token_end=None, mass=None, vmass=None, em=None if em is None else float(em))
         if mention is None:
             rows.append(base)
             masses.append(None)
@@ -502,6 +506,9 @@ class HopTracking:
         n_trials: trials tracked; ``n_skipped``: trials with an answer record that could not be tracked (the
             notes say why).
         reason: why nothing was tracked (None when something was).
+        tests: the question-clustered tests of the hop masses (:mod:`probe.analysis.hop_tests`: failed − correct
+            and Saturation − Control, per layer and per head with BH and max-T), per model and measure; empty in
+            files written before them.
     """
 
     cells: tuple[HopCell, ...]
@@ -513,6 +520,7 @@ class HopTracking:
     n_trials: int
     n_skipped: int
     reason: str | None
+    tests: tuple[HopMassTest, ...] = field(default=(), metadata={OMIT_EMPTY: True})
 
 
 WINDOW_RULE = "upper half of the layers, [L // 2, L), heads pooled"
@@ -612,7 +620,7 @@ def _tokenizer_of(model: str) -> Any:
 
 def analyze_hops(run: RunFolder, trials: Sequence[TrialRecord], prompts: Mapping[str, Prompt], alpha: float, *,
                  read_answer: AnswerReader | None = None, tokenizer_of: Callable[[str], Any] | None = None,
-                 tasks: Mapping[str, Task] | None = None, key: str = "ice_hops"
+                 tasks: Mapping[str, Task] | None = None, key: str = "ice_hops", seed: int = 0
                  ) -> tuple[HopTracking | None, dict[str, np.ndarray], list[str]]:
     """Hop tracking of a run's scored ICE trials (module docstring).
 
@@ -625,6 +633,7 @@ def analyze_hops(run: RunFolder, trials: Sequence[TrialRecord], prompts: Mapping
         tokenizer_of: model -> its tokenizer; default the model card's.
         tasks: task id -> task; default the run's configuration (:func:`run_tasks`).
         key: prefix of the arrays' names.
+        seed: seed of the hop-mass tests' Monte Carlo sign assignments (the experiment's seed).
 
     Returns:
         (result, arrays, notes): None when no trial has an answer record (nothing to track: the section says so);
@@ -713,9 +722,18 @@ def analyze_hops(run: RunFolder, trials: Sequence[TrialRecord], prompts: Mapping
         return nothing("no trial with an answer record could be tracked" + (f" ({'; '.join(sorted(skipped))})"
                                                                             if skipped else ""))
     cells, arrays = hop_cells(rows, masses, vmasses, windows, alpha, key)
+    tests: list[HopMassTest] = []
+    for m_i, model in enumerate(sorted({r.model for r in rows})):
+        for measure, src in (("raw", masses), ("value", vmasses)):
+            if not any(v is not None for r, v in zip(rows, src) if r.model == model):
+                continue
+            found, arr = hop_mass_tests(rows, src, model, measure, CATEGORIES, alpha, seed,
+                                        key=f"{key}_tests{m_i}{measure}_")
+            tests += found
+            arrays.update(arr)
     return (HopTracking(cells=tuple(cells), rows=tuple(rows), categories=CATEGORIES, labels=HOP_LABELS,
                         window=WINDOW_RULE, method=METHOD, n_trials=n_tracked, n_skipped=sum(skipped.values()),
-                        reason=None),
+                        reason=None, tests=tuple(tests)),
             arrays, notes)
 
 

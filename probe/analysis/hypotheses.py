@@ -25,17 +25,17 @@ SE, interval or p-value; ``is_test`` False, ``reason`` says why). Each returns a
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
 import statsmodels.api as sm
 
 from probe.analysis import inference as inf
-from probe.analysis.estimate import Estimate
+from probe.analysis.estimate import Estimate, flat_names
 from probe.analysis.estimates import finite
 from probe.analysis.glm import exp_or_none, fit_logit
-from probe.analysis.inference import PairedTest, Power
+from probe.analysis.inference import Correlation, PairedTest, Power
 
 log = logging.getLogger(__name__)
 
@@ -121,32 +121,16 @@ class H3Correlation:
 
     Attributes:
         model, load: the model and the Residue load (None: pooled).
-        n_tasks: questions with Control EM, Residue EM and S_sim.
-        r, ci_low, ci_high, p: Pearson r of S_sim and degradation, its Fisher-z interval and the p-value of the same
-            pivot (p < α exactly when the interval excludes 0); q: BH q-value across the model's H3 rows.
-        spearman_rho, spearman_p: Spearman's ρ and its p (robustness).
-        slope, intercept: least-squares line of degradation on S_sim (``scipy.stats.linregress``), for drawing.
-        is_test: whether ``p`` is a test (n ≥ 4 questions and both variables vary).
-        method: the method, in words.
-        reason: why there is no estimate or no test, else None.
+        correlation: the correlation of S_sim and degradation over the questions with Control EM, Residue EM and
+            S_sim (:class:`probe.analysis.inference.Correlation`: ``n`` questions; Pearson r, its Fisher-z interval,
+            the p-value of the same pivot and its BH q-value across the model's H3 rows in ``estimate``; Spearman's
+            ρ and its p in ``spearman``; the least-squares line for drawing), or why there is no estimate or test.
         points: one :class:`H3Point` per question (the scatter plot).
     """
 
     model: str
     load: int | None
-    n_tasks: int
-    r: float | None
-    ci_low: float | None
-    ci_high: float | None
-    p: float | None
-    q: float | None
-    spearman_rho: float | None
-    spearman_p: float | None
-    slope: float | None
-    intercept: float | None
-    is_test: bool
-    method: str
-    reason: str | None
+    correlation: Correlation = field(metadata=flat_names(n="n_tasks"))
     points: tuple[H3Point, ...]
 
 
@@ -321,10 +305,7 @@ def h2_comparisons(df: pd.DataFrame, model: str, alpha: float, seed: int) -> lis
 
 
 def _correlate(model: str, load: int | None, x: np.ndarray, y: np.ndarray, alpha: float) -> H3Correlation:
-    c = inf.similarity_correlation(x, y, alpha)
-    return H3Correlation(model=model, load=load, n_tasks=c.n, r=c.r, ci_low=c.ci_low, ci_high=c.ci_high, p=c.p,
-                         q=None, spearman_rho=c.spearman_rho, spearman_p=c.spearman_p, slope=c.slope,
-                         intercept=c.intercept, is_test=c.is_test, method=c.method, reason=c.reason, points=())
+    return H3Correlation(model=model, load=load, correlation=inf.similarity_correlation(x, y, alpha), points=())
 
 
 def similarity_degradation(df: pd.DataFrame, model: str, alpha: float = 0.05) -> list[H3Correlation]:
@@ -352,12 +333,18 @@ def similarity_degradation(df: pd.DataFrame, model: str, alpha: float = 0.05) ->
         y = per_task["degradation"].to_numpy(dtype=float)
         res = _correlate(model, ld, x, y, alpha)
         if residue.empty:
-            res = replace(res, reason="no scored Residue trial")
+            res = _with_reason(res, "no scored Residue trial")
         elif residue["s_sim"].isna().all():
-            res = replace(res, reason="no S_sim recorded for the Residue trials (nor computable from prompts.jsonl)")
+            res = _with_reason(res, "no S_sim recorded for the Residue trials (nor computable from prompts.jsonl)")
         points = tuple(H3Point(task_id=str(t), s_sim=float(v.s_sim), degradation=float(v.degradation),
                                em_control=float(v.em_control), em_residue=float(v.em_residue))
                        for t, v in per_task.iterrows())
         rows.append(replace(res, points=points))
-    q = with_qvalues([r.p if r.is_test else None for r in rows])
-    return [replace(r, q=v) for r, v in zip(rows, q)]
+    q = with_qvalues([r.correlation.estimate.p if r.correlation.estimate.is_test else None for r in rows])
+    return [replace(r, correlation=replace(r.correlation, estimate=r.correlation.estimate.with_q(v)))
+            for r, v in zip(rows, q)]
+
+
+def _with_reason(h: H3Correlation, reason: str) -> H3Correlation:
+    """``h`` with the reason it has no estimate (its correlation's)."""
+    return replace(h, correlation=replace(h.correlation, estimate=replace(h.correlation.estimate, reason=reason)))

@@ -175,7 +175,8 @@ def analyze_ice(data: FamilyData) -> FamilyOutput:
         for i, m in enumerate(models):
             for measure in [m for m in linked_measures() if any(c.measure == m.id for c in att_cells)]:
                 behaviour, head_arrays = attention_behaviour(df, per_trial, m, cfg.alpha,
-                                                             key=f"ice_heads{i}_{measure.id}", measure=measure.id)
+                                                             key=f"ice_heads{i}_{measure.id}", measure=measure.id,
+                                                             seed=data.seed)
                 attention.append(behaviour)
                 arrays.update(head_arrays)
             if (m, "Residue") in has:
@@ -186,7 +187,7 @@ def analyze_ice(data: FamilyData) -> FamilyOutput:
         arrays.update(retrieval_arrays)
     sat = {h.model: h for h in h1 if h.condition == "Saturation"}
     taxonomy = [classify_model(df, m, sat.get(m), cfg) for m in models]
-    hops, hop_arrays, hop_notes = analyze_hops(data.run, data.trials, data.prompts, cfg.alpha)
+    hops, hop_arrays, hop_notes = analyze_hops(data.run, data.trials, data.prompts, cfg.alpha, seed=data.seed)
     arrays.update(hop_arrays)
     notes += hop_notes
     result = IceResult(models=tuple(models), cells=tuple(cell_summaries(df, cfg.alpha)), h1=tuple(h1), h2=tuple(h2),

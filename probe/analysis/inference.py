@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
@@ -50,7 +50,7 @@ from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.power import TTestPower
 from statsmodels.stats.proportion import proportion_confint
 
-from probe.analysis.estimate import Estimate
+from probe.analysis.estimate import Estimate, flat_names
 from probe.errors import ProbeError
 
 log = logging.getLogger(__name__)
@@ -874,34 +874,28 @@ def paired_sign_flip(em_a: np.ndarray, em_b: np.ndarray, groups: np.ndarray, alp
 # ---------------------------------------------------------------------------------------------------- H3
 
 
+SPEARMAN_METHOD = "Spearman rank correlation (scipy.stats.spearmanr)"
+
+
 @dataclass(frozen=True)
 class Correlation:
     """H3: Pearson r of per-question S_sim with degradation, with a test and an interval that agree.
 
     Attributes:
         n: questions.
-        r: Pearson r (given, descriptive, from n = 3 on; None when undefined).
-        ci_low, ci_high: Fisher-z interval (None for n < 4).
-        p: two-sided p-value from the same Fisher-z pivot, so p < alpha exactly when the interval excludes 0.
-        spearman_rho, spearman_p: Spearman's rank correlation and its p-value (robustness).
+        estimate: Pearson r (given, descriptive, from n = 3 on; None when undefined), its Fisher-z interval (none
+            for n < 4) and the two-sided p-value from the same pivot, so p < alpha exactly when the interval
+            excludes 0 (no ``se``: the pivot is on the z scale); ``is_test`` False when n < 4 or a variable is
+            constant, with the ``reason``; the method, in words; its ``q`` where the holder puts it in a family.
+        spearman: Spearman's rank correlation and its p-value (robustness; no interval); no value without a test.
         slope, intercept: least-squares line of degradation on S_sim (for drawing).
-        is_test: False when n < 4 or a variable is constant.
-        method: the method, in words.
-        reason: why no test was made (None for a test).
     """
 
     n: int
-    r: float | None
-    ci_low: float | None
-    ci_high: float | None
-    p: float | None
-    spearman_rho: float | None
-    spearman_p: float | None
+    estimate: Estimate = field(metadata=flat_names(value="r"))
+    spearman: Estimate = field(metadata=flat_names(only=True, value="spearman_rho", p="spearman_p"))
     slope: float | None
     intercept: float | None
-    is_test: bool
-    method: str
-    reason: str | None
 
 
 def similarity_correlation(s_sim: np.ndarray, degradation: np.ndarray, alpha: float = 0.05,
@@ -930,31 +924,36 @@ def similarity_correlation(s_sim: np.ndarray, degradation: np.ndarray, alpha: fl
     y = as_vector("degradation", degradation, x.shape[0])
     n = int(x.shape[0])
     method = "Pearson r; Fisher-z interval and the p-value of the same pivot; Spearman as robustness"
-    none = Correlation(n=n, r=None, ci_low=None, ci_high=None, p=None, spearman_rho=None, spearman_p=None,
-                       slope=None, intercept=None, is_test=False, method=method, reason=None)
+    no_rank = Estimate(value=None, method=SPEARMAN_METHOD)
+    none = Correlation(n=n, estimate=Estimate.descriptive(None, None, method), spearman=no_rank, slope=None,
+                       intercept=None)
     x_const = n > 0 and np.ptp(x) <= 1e-12 * max(1.0, float(np.abs(x).max()))
     y_const = n > 0 and np.ptp(y) <= 1e-12 * max(1.0, float(np.abs(y).max()))  # 0.5 - 1/3 vs 1/6: rounding only
     if n < 3 or x_const or y_const:
         why = (f"{n} question(s); need at least {MIN_CORRELATION_N}" if n < 3 else
                "S_sim is the same for every question" if x_const else
                f"degradation is the same ({y[0]:g}) for every question")
-        return replace(none, reason=why)
+        return replace(none, estimate=Estimate.descriptive(None, why, method))
     res = scipy.stats.pearsonr(x, y)
     r = float(res.statistic)
     line = scipy.stats.linregress(x, y)
     min_n = max(min_n, MIN_CORRELATION_N)
-    described = replace(none, r=r, slope=float(line.slope), intercept=float(line.intercept))
+    described = replace(none, slope=float(line.slope), intercept=float(line.intercept))
     if n < min_n:
         need = ("the Fisher-z interval and its test need at least" if min_n == MIN_CORRELATION_N else
                 "fewer than the minimum of")
-        return replace(described, reason=f"{n} questions, {need} {min_n}: r is descriptive only (see "
-                                         f"docs/statistics.md#the-minimum-number-of-questions)")
+        return replace(described, estimate=Estimate.descriptive(
+            r, f"{n} questions, {need} {min_n}: r is descriptive only (see "
+               f"docs/statistics.md#the-minimum-number-of-questions)", method))
     if abs(r) >= 1 - 1e-12:
-        return replace(described, reason=f"r = {r:+.0f}: every question lies on one line, so the Fisher-z pivot is "
-                                         f"infinite and no interval or p-value can be given; r is descriptive only")
+        return replace(described, estimate=Estimate.descriptive(
+            r, f"r = {r:+.0f}: every question lies on one line, so the Fisher-z pivot is infinite and no interval or "
+               f"p-value can be given; r is descriptive only", method))
     ci = res.confidence_interval(confidence_level=1 - alpha)
     p = float(2 * scipy.stats.norm.sf(abs(math.atanh(r)) * math.sqrt(n - 3)))
     sp = scipy.stats.spearmanr(x, y)
-    return Correlation(n=n, r=r, ci_low=float(ci.low), ci_high=float(ci.high), p=p,
-                       spearman_rho=_float(sp.statistic), spearman_p=_float(sp.pvalue), slope=float(line.slope),
-                       intercept=float(line.intercept), is_test=True, method=method, reason=None)
+    rank_p = _float(sp.pvalue)
+    return replace(described, estimate=Estimate(value=r, ci_low=float(ci.low), ci_high=float(ci.high), p=p,
+                                                method=method, is_test=True),
+                   spearman=Estimate(value=_float(sp.statistic), p=rank_p, method=SPEARMAN_METHOD,
+                                     is_test=rank_p is not None))

@@ -26,8 +26,11 @@ Estimates, per model × family × condition × load × intervention (:class:`Int
 - **Specific contrast** (:class:`Contrast`, ``kind="specific"``): EM(extraneous-key intervention) − EM(its
   ``matched-random`` twin: same kind, alpha, queries, layers, heads and window), paired by prompt, tested as
   above. Benjamini–Hochberg q-values across every specific contrast of a model (one family). A causal effect is
-  claimed (``claim``) only where q < alpha and the contrast is positive: the extraneous knockout recovers more than
-  removing as many random tokens.
+  claimed (``claim``) only where q < alpha, the contrast is positive, the control is matched, and the extraneous
+  intervention alone raises EM over the baseline (its own paired difference positive with p < alpha): it recovers
+  more than removing as many random tokens *and* recovers something. A contrast carried by the control's harm alone
+  (the random knockout lowers EM, the extraneous one changes nothing distinguishable) is no causal effect of
+  attention to the extraneous segments, and is reported as such.
 - **Top-k heads against random heads** (``kind="heads"``): EM(top-k) − EM(its random-heads control, the
   intervention whose ``selection.control_of`` names it), paired by prompt, tested as above.
 - **Layer-window sweep** (:class:`Sweep`): the members of one ``group`` that carry a ``window``, their paired
@@ -134,10 +137,13 @@ class Contrast:
         a, b: the intervention names.
         test: the paired difference EM(a) − EM(b).
         q: BH q-value within the model's family of ``specific`` contrasts (None for ``heads`` or when descriptive).
-        claim: a causal effect is shown: ``specific``, q < alpha, a positive difference and a matched control.
+        claim: a causal effect is shown: ``specific``, q < alpha, a positive difference, a matched control, and
+            ``a`` alone raises EM over the baseline (``a_alone`` positive with p < alpha).
         unmatched: why the control ``b`` is no matched control in this cell (a matched-random draw that found fewer
             tokens than the extraneous segments hold, so it knocked out other content too); None when matched. An
             unmatched contrast is reported but never claimed.
+        a_alone: ``a``'s own paired difference against the baseline trials of the same prompts (None in files
+            written before it was recorded).
     """
 
     kind: Literal["specific", "heads"]
@@ -151,6 +157,7 @@ class Contrast:
     q: float | None
     claim: bool
     unmatched: str | None = None
+    a_alone: PairedDifference | None = None
 
 
 @dataclass(frozen=True)
@@ -204,9 +211,9 @@ class InterventionResult:
     alpha: float
     notes: tuple[str, ...]
 
-    def spec(self, name: str) -> InterventionSpec | None:
-        """The declaration of intervention ``name`` (None when undeclared)."""
-        return next((s for s in self.specs if s.name == name), None)
+    def spec(self, name: str, model: str | None = None) -> InterventionSpec | None:
+        """The declaration of intervention ``name`` (for ``model`` when given; None when undeclared)."""
+        return next((s for s in self.specs if s.name == name and (model is None or s.model in (None, model))), None)
 
     def claims(self) -> tuple[Contrast, ...]:
         """The specific contrasts that show a causal effect."""
@@ -237,8 +244,7 @@ def _row(model: str, family: str, condition: str, load: int, name: str, spec: In
     per_q = per_q.join(control.rename("em_c"), how="inner")
     em_control = float(per_q["em_c"].mean()) if len(per_q) else None
     if control.empty:
-        rec = RecoveredShare(None, None, None, None, None, 0, RECOVERED_METHOD,
-                             f"no baseline {CONTROL_CONDITION} trial of {model}: EM_Control is unknown")
+        rec = RecoveredShare.undefined(0, f"no baseline {CONTROL_CONDITION} trial of {model}: EM_Control is unknown")
     else:
         rec = recovered_share(per_q["em_a"].to_numpy(), per_q["em_b"].to_numpy(), per_q["em_c"].to_numpy(), alpha)
     return InterventionRow(model=model, family=family, condition=condition, load=load, intervention=name,
@@ -286,6 +292,8 @@ def analyze_interventions(data: RunData, specs: Sequence[InterventionSpec], alph
     cells = df[df["intervention"].notna()][["model", "family", "condition", "load"]].drop_duplicates()
     for model, family, condition, load in sorted(cells.itertuples(index=False, name=None)):
         load = int(load)
+        mine = [s for s in specs if s.model in (None, model)]  # each model's own entries (its own heads, layers)
+        by_name = {s.name: s for s in mine}
         in_cell = (scored["model"] == model) & (scored["family"] == family) & (scored["condition"] == condition) \
             & (scored["load"] == load)
         cell = scored[in_cell]
@@ -313,20 +321,20 @@ def analyze_interventions(data: RunData, specs: Sequence[InterventionSpec], alph
                              f" of {len(short)} trials (up to {int(short.max())} short), so it also removed germane "
                              "or instruction text: it is no matched control here")
             return Contrast(kind=kind, model=model, family=family, condition=condition, load=load, a=a, b=b, test=t,
-                            q=None, claim=False, unmatched=unmatched)
+                            q=None, claim=False, unmatched=unmatched, a_alone=cell_rows[a].diff)
 
         for n in cell_rows:
             spec = by_name.get(n)
             if spec is None:
                 continue
             if spec.keys == "extraneous":
-                twin = _twin(spec, specs)
+                twin = _twin(spec, mine)
                 if twin is None or twin.name not in cell_rows:
                     notes.append(f"{model} {condition} {load}: {n} has no matched-random twin with trials (same kind, "
                                  "alpha, queries, layers, heads, window): its specificity is not tested")
                 else:
                     specific.append(contrast("specific", n, twin.name))
-            ctl = [s for s in specs if s.selection is not None and s.selection.control_of == n]
+            ctl = [s for s in mine if s.selection is not None and s.selection.control_of == n]
             for c in ctl:
                 if c.name in cell_rows:
                     heads.append(contrast("heads", n, c.name))
@@ -350,13 +358,17 @@ def _with_claims(contrasts: list[Contrast], alpha: float) -> list[Contrast]:
     out = list(contrasts)
     for model in sorted({c.model for c in contrasts}):
         idx = [i for i, c in enumerate(contrasts) if c.model == model]
-        p = np.array([np.nan if contrasts[i].test.p is None else contrasts[i].test.p for i in idx], dtype=float)
+        p = np.array([np.nan if (pi := contrasts[i].test.estimate.p) is None else pi for i in idx], dtype=float)
         q = inf.bh_qvalues(p)
         for i, qi in zip(idx, q):
             c = contrasts[i]
             qv = float(qi) if math.isfinite(qi) else None
-            claim = bool(qv is not None and qv < alpha and c.test.delta is not None and c.test.delta > 0
-                         and c.unmatched is None)
+            delta = c.test.estimate.value
+            alone = c.a_alone.estimate if c.a_alone is not None else None
+            helps = bool(alone is not None and alone.p is not None and alone.p < alpha and alone.value is not None
+                         and alone.value > 0)
+            claim = bool(qv is not None and qv < alpha and delta is not None and delta > 0 and c.unmatched is None
+                         and helps)
             out[i] = replace(c, q=qv, claim=claim)
     return out
 

@@ -8,12 +8,13 @@ applies them to a run's intervened trials is :mod:`probe.analysis.interventions`
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import scipy.stats
 
 from probe.analysis import inference as inf
+from probe.analysis.estimate import Estimate, flat_names
 
 
 # ------------------------------------------------------------------------------------------------- estimates
@@ -27,31 +28,19 @@ class PairedDifference:
         n_prompts: prompts scored under both.
         n_questions: questions (clusters) among them.
         em_a, em_b: mean EM of ``a`` and of ``b`` over the paired prompts.
-        delta: mean over questions of the per-question mean difference (None without pairs).
-        ci_low, ci_high: CR2 interval of ``delta``, cut to [-1, 1] (None when descriptive or the differences do
-            not vary).
-        se: its standard error; df: its t reference's degrees of freedom.
-        p: two-sided question-level sign-flip p-value (None when descriptive).
+        estimate: the mean over questions of the per-question mean difference (no value without pairs), its CR2
+            standard error, interval (cut to [-1, 1]) and t reference's degrees of freedom (none when descriptive or
+            the differences do not vary), the two-sided question-level sign-flip p-value (none when descriptive,
+            ``is_test`` False, with the ``reason``), and the methods, in words.
         is_exact: the p-value enumerates every sign assignment.
-        is_test: False when descriptive (see ``reason``).
-        method: the methods, in words.
-        reason: why there is no test or interval (None otherwise).
     """
 
     n_prompts: int
     n_questions: int
     em_a: float | None
     em_b: float | None
-    delta: float | None
-    ci_low: float | None
-    ci_high: float | None
-    se: float | None
-    df: float | None
-    p: float | None
+    estimate: Estimate = field(metadata=flat_names(value="delta"))
     is_exact: bool
-    is_test: bool
-    method: str
-    reason: str | None
 
 
 def paired_difference(em_a: np.ndarray, em_b: np.ndarray, questions: np.ndarray, alpha: float = 0.05,
@@ -74,9 +63,9 @@ def paired_difference(em_a: np.ndarray, em_b: np.ndarray, questions: np.ndarray,
     t = inf.paired_sign_flip(a, b, g, alpha=alpha, seed=seed)
     method = (f"{t.method}; interval: CR2 t interval of the mean per-question difference (Bell-McCaffrey df), "
               "cut to [-1, 1]")
-    out = PairedDifference(n_prompts=t.n_pairs, n_questions=t.n_questions, em_a=t.em_a, em_b=t.em_b, delta=t.delta,
-                           ci_low=None, ci_high=None, se=None, df=None, p=t.p, is_exact=t.is_exact,
-                           is_test=t.is_test, method=method, reason=t.reason)
+    est = Estimate(value=t.delta, p=t.p, method=method, reason=t.reason, is_test=t.is_test)
+    out = PairedDifference(n_prompts=t.n_pairs, n_questions=t.n_questions, em_a=t.em_a, em_b=t.em_b, estimate=est,
+                           is_exact=t.is_exact)
     if t.n_pairs == 0 or not t.is_test:
         return out
     qs, codes = np.unique(g.astype(str), return_inverse=True)
@@ -84,9 +73,10 @@ def paired_difference(em_a: np.ndarray, em_b: np.ndarray, questions: np.ndarray,
     fit = inf.clustered_ols(d, np.ones((d.size, 1)), qs, term=0, alpha=alpha)
     e = fit.estimate
     if not e.is_test or e.ci_low is None or e.ci_high is None:
-        return replace(out, reason=t.reason or f"no interval: {e.reason}")
+        return replace(out, estimate=replace(est, reason=t.reason or f"no interval: {e.reason}"))
     # a difference of two proportions lies in [-1, 1]: the t interval is cut there (its coverage can only grow)
-    return replace(out, ci_low=max(-1.0, e.ci_low), ci_high=min(1.0, e.ci_high), se=e.se, df=e.df)
+    return replace(out, estimate=replace(est, ci_low=max(-1.0, e.ci_low), ci_high=min(1.0, e.ci_high), se=e.se,
+                                         df=e.df))
 
 
 @dataclass(frozen=True)
@@ -94,23 +84,24 @@ class RecoveredShare:
     """(EM_int − EM_base) / (EM_Control − EM_base) with its Fieller interval, or the reason it is undefined.
 
     Attributes:
-        estimate: the share (1: the intervention recovers the whole loss; 0: nothing); None when undefined.
-        ci_low, ci_high: Fieller interval on t(G − 1); None when undefined, descriptive or unbounded.
+        estimate: the share (1: the intervention recovers the whole loss; 0: nothing; no value when undefined), its
+            Fieller interval on t(G − 1) (none when undefined, descriptive or unbounded; no test, so ``is_test`` is
+            False and there is no ``se`` or ``p``), the method, in words, and why the share or its interval is not
+            given (``reason``).
         numerator: mean over questions of EM_int − EM_base.
         denominator: mean over questions of EM_Control − EM_base.
         n_questions: questions with an intervened, a baseline and a Control trial.
-        method: the method, in words.
-        reason: why the share or its interval is not given (None otherwise).
     """
 
-    estimate: float | None
-    ci_low: float | None
-    ci_high: float | None
+    estimate: Estimate
     numerator: float | None
     denominator: float | None
     n_questions: int
-    method: str
-    reason: str | None
+
+    @classmethod
+    def undefined(cls, n_questions: int, reason: str) -> RecoveredShare:
+        """A share that cannot be estimated, and why."""
+        return cls(Estimate.descriptive(None, reason, RECOVERED_METHOD), None, None, n_questions)
 
 
 RECOVERED_METHOD = "ratio of per-question mean differences; Fieller interval on t(G-1)"
@@ -166,28 +157,34 @@ def recovered_share(em_int: np.ndarray, em_base: np.ndarray, em_control: np.ndar
     """
     i, b, c = (np.asarray(x, dtype=float) for x in (em_int, em_base, em_control))
     G = int(i.size)
-    out = RecoveredShare(None, None, None, None, None, G, RECOVERED_METHOD, None)
     if G == 0:
-        return replace(out, reason="no question has an intervened, a baseline and a Control trial")
+        return RecoveredShare.undefined(G, "no question has an intervened, a baseline and a Control trial")
     num, den = i - b, c - b
     nm, dm = float(num.mean()), float(den.mean())
-    out = replace(out, numerator=nm, denominator=dm)
+    out = RecoveredShare(Estimate.descriptive(None, None, RECOVERED_METHOD), numerator=nm, denominator=dm,
+                         n_questions=G)
     if dm <= 0:
-        return replace(out, reason=f"EM_Control - EM_base = {dm:+.3f} <= 0: the baseline lost nothing to Control, so "
-                                   "there is nothing to recover and the share is undefined")
-    out = replace(out, estimate=nm / dm)
+        return replace(out, estimate=replace(out.estimate, reason=(
+            f"EM_Control - EM_base = {dm:+.3f} <= 0: the baseline lost nothing to Control, so there is nothing to "
+            "recover and the share is undefined")))
+
+    def share(reason: str | None, ci: tuple[float, float] | None = None) -> RecoveredShare:
+        return replace(out, estimate=replace(out.estimate, value=nm / dm, reason=reason,
+                                             ci_low=None if ci is None else ci[0],
+                                             ci_high=None if ci is None else ci[1]))
+
     if G < min_clusters:
-        return replace(out, reason=inf.few_clusters_reason(G, min_clusters))
+        return share(inf.few_clusters_reason(G, min_clusters))
     resid = num - (nm / dm) * den
     if float(np.max(np.abs(resid))) <= 1e-12 * max(1.0, float(np.max(np.abs(num))), float(np.max(np.abs(den)))):
-        return replace(out, reason="every question recovers the same share of its loss (EM_int - EM_base is "
-                                   "proportional to EM_Control - EM_base): the questions give no spread to build an "
-                                   "interval from, so the share is descriptive only")
+        return share("every question recovers the same share of its loss (EM_int - EM_base is proportional to "
+                     "EM_Control - EM_base): the questions give no spread to build an interval from, so the share "
+                     "is descriptive only")
     ci = fieller_interval(num, den, alpha)
     if ci is None:
-        return replace(out, reason="the loss EM_Control - EM_base is not distinguishable from 0 at this level: "
-                                   "the interval of the share is unbounded")
-    return replace(out, ci_low=ci[0], ci_high=ci[1])
+        return share("the loss EM_Control - EM_base is not distinguishable from 0 at this level: the interval of "
+                     "the share is unbounded")
+    return share(None, ci=ci)
 
 
 __all__ = ["RECOVERED_METHOD", "PairedDifference", "RecoveredShare", "fieller_interval", "fieller_quadratic",

@@ -41,6 +41,16 @@ with the instruction to re-run ``probe analyze``. Version history:
   fit: ``coef``/``se``/… -> ``estimate``; a layer's fit -> ``fit``; a per-layer test's ``estimate``/``se``/… ->
   ``estimate``; a CogniLoad GLM term is an ``Estimate``. An older file is read with its estimates nested so
   (:func:`probe.analysis.estimate.nest_flat_estimates`; every number kept).
+- 7: the last estimates spelled out by hand hold an ``Estimate`` too: an H3 row's ``n_tasks``, ``r``, ``ci_low``,
+  ``ci_high``, ``p``, ``q``, ``is_test``, ``method``, ``reason``, ``spearman_rho``, ``spearman_p``, ``slope``,
+  ``intercept`` -> ``correlation`` (:class:`probe.analysis.inference.Correlation`: ``n``, ``estimate`` with r as
+  its ``value`` and the q-value in it, ``spearman``, ``slope``, ``intercept``); an intervention's paired
+  difference (``diff``, a contrast's ``test``): ``delta``, ``se``, ``ci_low``, ``ci_high``, ``df``, ``p``,
+  ``is_test``, ``method``, ``reason`` -> ``estimate``; a recovered share: ``estimate`` (the number), ``ci_low``,
+  ``ci_high``, ``method``, ``reason`` -> ``estimate``. A schema-3 to 6 file is read with them nested so (every
+  number kept). A declared intervention (``interventions.specs``) is the run's own type
+  (:class:`probe.interventions.Intervention`), which adds ``model``, ``conditions``, ``loads`` and a selection's
+  ``by`` and ``n_prompts``; an older file lacks them (read as None).
 
 Additive sections (no schema change): a field whose metadata carries :data:`OMIT_EMPTY` is written only when it
 holds something and read as empty when absent: ``families.ice.retrieval`` (retrieval heads,
@@ -76,9 +86,9 @@ from probe.errors import ProbeError
 from probe.records_import import ImportSummary
 from probe.runfolder import RunFolder, write_atomic
 
-SCHEMA_VERSION = 6
-READABLE_SCHEMAS = (3, 4, 5, 6)  # 3: 4 without interventions; 4: 5 with the attention measure in field names;
-# 5: 6 with estimates spelled out flat in their holders
+SCHEMA_VERSION = 7
+READABLE_SCHEMAS = (3, 4, 5, 6, 7)  # 3: 4 without interventions; 4: 5 with the attention measure in field names;
+# 5: 6 with estimates spelled out flat in their holders; 6: 7 with H3 and the interventions' estimates flat
 
 OPTIONAL = "optional"  # field metadata: written only when not None, read as None when absent (module docstring)
 # field metadata key of an additive section: written only when non-empty, read as its (empty) default when absent,
@@ -333,15 +343,18 @@ def _upgrade_families(data: dict, schema: int) -> dict:
 
 
 def upgrade_estimates(data: dict) -> dict:
-    """A schema-3/4/5 ``analysis.json`` (as parsed JSON, each family already upgraded to the schema-5 layout) with
-    every family's estimates nested as one :class:`probe.analysis.estimate.Estimate`; every number kept."""
+    """A schema-3 to 6 ``analysis.json`` (as parsed JSON, each family already upgraded to the schema-5 layout) with
+    every family's and the interventions' estimates nested as one :class:`probe.analysis.estimate.Estimate`; every
+    number kept (estimates a file already nests are kept as they are)."""
     from probe.analysis.families import family_analysis
 
+    out = dict(data)
     families = data.get("families")
-    if not isinstance(families, dict):
-        return dict(data)
-    return {**data, "families": {name: nest_flat_estimates(family_analysis(name).result_type, value)
-                                 for name, value in families.items()}}
+    if isinstance(families, dict):
+        out["families"] = {name: nest_flat_estimates(family_analysis(name).result_type, value)
+                           for name, value in families.items()}
+    out["interventions"] = nest_flat_estimates(InterventionResult | None, data.get("interventions"))
+    return out
 
 
 def read_analysis(run_dir: str | Path | RunFolder, *, check_fresh: bool = True) -> Analysis:
@@ -375,7 +388,7 @@ def read_analysis(run_dir: str | Path | RunFolder, *, check_fresh: bool = True) 
         data = {**data, "interventions": None}  # written before interventions existed: none
     if found != SCHEMA_VERSION:
         data = _upgrade_families(data, found)
-    if found in (3, 4, 5):
+    if found in (3, 4, 5, 6):
         data = upgrade_estimates(data)
         data["schema"] = SCHEMA_VERSION
     try:

@@ -33,7 +33,8 @@ value is the mean over its rows.
 :func:`analyze_retrieval` turns a run's records into one :class:`RetrievalHeads` per model: the ranking (Control
 pooled, and per condition × load), its stability (Spearman and top-k overlap against Control, question-bootstrap
 intervals), the link between Control retrieval and Saturation distraction across heads, and per-head tests
-(failed − correct, and Saturation − Control with a max-T correction, :mod:`probe.analysis.max_t`).
+(failed − correct and Saturation − Control, each with BH and a max-T correction over the map,
+:mod:`probe.analysis.max_t`).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ import scipy.stats
 
 from probe.analysis.attention_tests import attention_failure_tests
 from probe.analysis.estimates import finite, key_int
-from probe.analysis.max_t import max_t_sign_flip
+from probe.analysis.max_t import max_t_sign_flip, question_contrasts
 from probe.attention.answer import AnswerAttention
 from probe.attention.retrieval import (TrialRetrieval, chance_score, copy_events, pooled_score, top_heads,
                                       trial_retrieval)
@@ -196,7 +197,7 @@ class RetrievalHeads:
         control: Control pooled (None without Control captures); cells: per condition × load.
         stability: each non-Control cell against Control.
         distraction: Control retrieval vs Saturation P_ext across heads, pooled over loads then per load.
-        failed_vs_correct: per head, failed − correct at equal condition and load, BH over the map, one test per
+        failed_vs_correct: per head, failed − correct at equal condition and load, BH and max-T over the map, one test per
             measure: the trial's retrieval score, its lookback ratio (trials of every condition) and its answer-time
             P_ext (Saturation and Residue trials).
         saturation_drop: per head, Saturation − Control retrieval score paired by question, BH and max-T.
@@ -395,9 +396,10 @@ FAILED_TESTS = (  # (attribute of TrialRetrieval, measure, conditions: None = ev
 
 
 def _failed_vs_correct(sub: pd.DataFrame, trials: list[TrialRetrieval], what: str, measure: str,
-                       conditions: tuple[str, ...] | None, alpha: float, key: str, arrays: dict[str, np.ndarray]
-                       ) -> HeadMap:
-    """Failed − correct per head at equal condition and load, CR2 clustered by question, BH over the map."""
+                       conditions: tuple[str, ...] | None, alpha: float, key: str, arrays: dict[str, np.ndarray],
+                       seed: int = 0) -> HeadMap:
+    """Failed − correct per head at equal condition and load, CR2 clustered by question, BH over the map, and the
+    max-T correction over the map (:func:`probe.analysis.max_t.question_contrasts`)."""
     values = [np.asarray(getattr(t, what), dtype=float) for t in trials]
     keep = np.array([bool(np.isfinite(v).any()) for v in values], dtype=bool)
     if conditions is not None:
@@ -418,13 +420,32 @@ def _failed_vs_correct(sub: pd.DataFrame, trials: list[TrialRetrieval], what: st
         if np.linalg.matrix_rank(np.column_stack([np.ones(len(d)), load, *cols, col])) == 3 + len(cols):
             cols.append(col)
     dummies = np.column_stack(cols) if cols else None
-    fits = attention_failure_tests(y, (d["em"].to_numpy() < 0.5), load, d["task_id"].to_numpy(), dummies, alpha)
+    failed = d["em"].to_numpy() < 0.5
+    groups = d["task_id"].to_numpy()
+    fits = attention_failure_tests(y, failed, load, groups, dummies, alpha)
     arrays[f"{key}_estimate"] = fits.estimate.astype(np.float32)
     arrays[f"{key}_q"] = fits.q.astype(np.float32)
+    # max-T over the map: per question, failed minus correct mean of the residuals on [1, load, condition], over the
+    # trials with a value in every head and the questions that have both outcomes
+    full = np.all(np.isfinite(y.reshape(len(y), -1)), axis=1)
+    nuisance = np.column_stack([np.ones(len(d)), load, *cols])[full]
+    qc = question_contrasts(y[full], failed[full], groups[full], nuisance)
+    mt = max_t_sign_flip(qc.D, seed=seed)
+    arrays[f"{key}_p_max_t"] = np.asarray(mt.p_max_t, dtype=np.float32)
+    how = ("exact, all 2^G sign assignments" if mt.is_exact else f"Monte Carlo, {mt.n_assignments - 1} sign "
+           f"assignments, seed {seed}")
+    method = fits.method + (f"; max-T sign-flip correction over the map on per-question failed - correct contrasts of "
+                            f"residuals on load and condition, {len(qc.questions)} question(s) with both ({how})"
+                            if mt.is_test else f"; no max-T correction ({mt.reason})")
+    sig = fits.significant(alpha).tolist() if fits.is_test else []
+    if fits.is_test:
+        sig += [[int(li), int(h)] for li, h in np.argwhere(np.nan_to_num(mt.p_max_t, nan=1.0) < alpha)
+                if [int(li), int(h)] not in sig]
     hits = [HeadResult(int(li), int(h), float(fits.estimate[li, h]), finite(fits.p[li, h]), finite(fits.q[li, h]),
-                       None) for li, h in fits.significant(alpha)]
+                       finite(mt.p_max_t[li, h])) for li, h in sig]
     hits.sort(key=lambda x: (x.q if x.q is not None else 1.0, x.layer, x.head))
-    return replace(base, is_test=fits.is_test, method=fits.method, reason=fits.reason, significant=tuple(hits))
+    return replace(base, is_test=fits.is_test, method=method, reason=fits.reason, p_max_t_key=f"{key}_p_max_t",
+                   significant=tuple(hits))
 
 
 def _saturation_drop(ctrl: tuple[pd.DataFrame, list[TrialRetrieval]], sat: tuple[pd.DataFrame, list[TrialRetrieval]],
@@ -518,7 +539,7 @@ def retrieval_heads(sub: pd.DataFrame, trials: list[TrialRetrieval], model: str,
             distraction.append(_distraction(key_int(load), ctrl, part(is_sat & (sub["load"] == load).to_numpy()), k,
                                             alpha, n_boot, rng))
         saturation_drop = _saturation_drop(ctrl, sat, alpha, seed, f"{key}_drop", arrays)
-    fvc = tuple(_failed_vs_correct(sub, trials, what, measure, conds, alpha, f"{key}_fvc{i}", arrays)
+    fvc = tuple(_failed_vs_correct(sub, trials, what, measure, conds, alpha, f"{key}_fvc{i}", arrays, seed)
                 for i, (what, measure, conds) in enumerate(FAILED_TESTS))
     return replace(out, control=control, cells=tuple(cells), stability=tuple(stability),
                    distraction=tuple(distraction), failed_vs_correct=fvc, saturation_drop=saturation_drop), arrays

@@ -561,7 +561,7 @@ def null_h3(seed: int, n_questions: int, n_runs: int, min_n: int = inf.MIN_CLUST
         p = rng.beta(1.0, 1.0, size=n_questions)
         control = (rng.random((n_questions, 2)) < p[:, None]).mean(axis=1)
         residue = (rng.random((n_questions, 6)) < 0.8 * p[:, None]).mean(axis=1)
-        res = inf.similarity_correlation(s_sim, control - residue, min_n=min_n)
+        res = inf.similarity_correlation(s_sim, control - residue, min_n=min_n).estimate
         if not res.is_test:
             continue
         done += 1
@@ -645,19 +645,20 @@ def recovered_share_coverage(seed: int, n_questions: int, n_runs: int, replicati
         yb, yi = (u < p_base[:, None]).mean(1), (u < p_int[:, None]).mean(1)
         yc = (rng.random((n_questions, replications)) < c[:, None]).mean(1)
         r = recovered_share(yi, yb, yc, alpha)
-        if r.estimate is None:
+        est = r.estimate.value
+        if est is None:
             undefined += 1
             continue
         qa, qb, qc = fieller_quadratic(yi - yb, yc - yb, alpha)
         if method == "delta":
-            z = (yi - yb) - r.estimate * (yc - yb)
+            z = (yi - yb) - est * (yc - yb)
             half = float(scipy.stats.t.ppf(1 - alpha / 2, n_questions - 1)) * float(np.std(z, ddof=1)) / (
                 math.sqrt(n_questions) * abs(r.denominator or 0.0))
-            hit = abs(r.estimate - share) <= half
+            hit = abs(est - share) <= half
         else:
             hit = qa * share**2 + qb * share + qc <= 0  # the truth is in Fieller's set, bounded or not
         covered += hit
-        if r.ci_low is not None:
+        if r.estimate.ci_low is not None:
             bounded += 1
             cov_b += hit
     defined = n_runs - undefined

@@ -17,6 +17,7 @@ from typing import Iterator, Protocol, Sequence
 
 import torch
 
+from probe.attention.answer import AnswerAttention
 from probe.attention.edits import BatchEdit
 from probe.attention.masks import BlockMask, allowed_keys, block_mask, causal_block_mask
 from probe.attention.plan import ProbePlan
@@ -34,6 +35,9 @@ class AnswerSink(Protocol):
                attention_mask: torch.Tensor | None, scaling: float, softcap: float | None, edit: BatchEdit | None,
                module: torch.nn.Module | None) -> None:
         """One layer call (the prefill or a decode step)."""
+
+    def results(self, answers: Sequence[Sequence[int]], prompt_ids: Sequence[Sequence[int]]) -> list[AnswerAttention]:
+        """Per batch row, the attention while its answer was written."""
 
 
 # A prompt whose probe rows hold fewer score elements than this (heads x T^2 / 2, about T = 1300 for 9 heads) is

@@ -115,7 +115,6 @@ def probe_batch(
     options: ProbeSection | None = None,
     generated_ids: Sequence[Sequence[int]] | None = None,
     *,
-    compute_residue: bool = True,
     value_weighted: bool = True,
 ) -> list[SegmentAttention]:
     """Probe several prompts in one forward pass (left-padded); each result equals :func:`probe_tokenized`'s.
@@ -124,9 +123,9 @@ def probe_batch(
         model: a loaded Hugging Face causal LM of a supported architecture, in eval mode (or a ``probe.load_model``
             model, whose transformers model is used).
         prompts: the prompts' ids and token spans.
-        options: query set, γ, residue mode, sink exclusion, block size (defaults: ``ProbeSection()``).
+        options: query set, γ, residue (AR_k or not) and its mode, sink exclusion, block size (defaults:
+            ``ProbeSection()``).
         generated_ids: per prompt, answer token ids appended after it; required by query ``generated``.
-        compute_residue: compute AR_k.
         value_weighted: compute the value-weighted measures (docs/probes.md#value-weighted-share).
 
     Returns:
@@ -143,8 +142,7 @@ def probe_batch(
     answers = [list(g) for g in generated_ids] if generated_ids is not None else [[] for _ in prompts]
     if len(answers) != len(prompts):
         raise ConfigError(f"probe_batch: {len(prompts)} prompts but {len(answers)} generated answers")
-    plans = [build_plan(tp, options, n_generated=len(g), compute_residue=compute_residue)
-             for tp, g in zip(prompts, answers)]
+    plans = [build_plan(tp, options, n_generated=len(g)) for tp, g in zip(prompts, answers)]
     ids, mask, pads = left_pad([list(tp.input_ids) + g for tp, g in zip(prompts, answers)])
     width = ids.shape[1]
     capture = Capture(plans, int(text_config_of(model).num_hidden_layers), pads,
@@ -166,7 +164,6 @@ def probe_tokenized(
     options: ProbeSection | None = None,
     generated_ids: Sequence[int] | None = None,
     *,
-    compute_residue: bool = True,
     value_weighted: bool = True,
 ) -> SegmentAttention:
     """Probe one prompt: segment masses, P_ext with chance and enrichment, sink mass and AR_k (docs/probes.md).
@@ -179,10 +176,10 @@ def probe_tokenized(
             model, whose transformers model is used).
         tokenized: the prompt's ids and token spans (``probe.prompts.tokenize.encode_prompt`` makes them; any spans
             that partition the tokens will do).
-        options: query set, γ, residue mode, sink exclusion, block size (defaults: ``ProbeSection()``).
-        generated_ids: answer token ids appended after the prompt; required by query ``generated``.
-        compute_residue: compute AR_k (needs the rows of every token of the germane, question and earlier
+        options: query set, γ, residue and its mode, sink exclusion, block size (defaults: ``ProbeSection()``).
+            ``options.residue`` computes AR_k (needs the rows of every token of the germane, question and earlier
             extraneous segments); False computes only the query set's rows.
+        generated_ids: answer token ids appended after the prompt; required by query ``generated``.
         value_weighted: compute the value-weighted measures (docs/probes.md#value-weighted-share).
 
     Returns:
@@ -193,8 +190,7 @@ def probe_tokenized(
         SpanError / ConfigError: the query set cannot be formed from the spans / options.
     """
     generated = [list(generated_ids)] if generated_ids is not None else None
-    return probe_batch(model, [tokenized], options, generated, compute_residue=compute_residue,
-                       value_weighted=value_weighted)[0]
+    return probe_batch(model, [tokenized], options, generated, value_weighted=value_weighted)[0]
 
 
 @contextmanager
@@ -204,7 +200,6 @@ def probe_generation(
     pads: Sequence[int],
     options: ProbeSection | None = None,
     *,
-    compute_residue: bool = True,
     answer: bool | None = None,
 ) -> Iterator[Capture]:
     """Probe a left-padded batch during ``model.generate``'s own prefill (the probe rides on generation).
@@ -218,8 +213,8 @@ def probe_generation(
         model: a loaded Hugging Face causal LM of a supported architecture, in eval mode.
         prompts: the batch's prompts (ids and token spans), in batch order.
         pads: left padding of each row.
-        options: probe options; the query set must lie inside the prompt (not ``generated``).
-        compute_residue: compute AR_k.
+        options: probe options (``options.residue``: compute AR_k); the query set must lie inside the prompt (not
+            ``generated``).
         answer: capture the attention while the answer is written (None: ``options.answer``); then, after
             ``generate``, ``capture.answer.results(answers, prompt_ids)`` gives one
             :class:`~probe.attention.answer.AnswerAttention` per prompt
@@ -235,7 +230,7 @@ def probe_generation(
     options = options or ProbeSection()
     if not is_prompt_query(options):
         raise ConfigError(f"probe.query = {options.query!r} reads the answer; it cannot ride on generation's prefill")
-    plans = [build_plan(tp, options, compute_residue=compute_residue) for tp in prompts]
+    plans = [build_plan(tp, options) for tp in prompts]
     width = max(p.n_tokens + pad for p, pad in zip(plans, pads))
     rows = AnswerRows(plans, pads, width) if (options.answer if answer is None else answer) else None
     capture = Capture(plans, int(text_config_of(model).num_hidden_layers), pads,

@@ -74,17 +74,14 @@ def probe_transformer_lens(
     tokenized: TokenizedPrompt,
     options: ProbeSection | None = None,
     generated_ids: Sequence[int] | None = None,
-    *,
-    compute_residue: bool = True,
 ) -> SegmentAttention:
     """Probe one prompt with a TransformerLens ``TransformerBridge`` (same measures as ``probe_tokenized``).
 
     Args:
         tl_model: a ``TransformerBridge`` (anything with ``cfg.n_layers``, ``hook_dict`` and ``run_with_hooks``).
         tokenized: prompt ids and token spans.
-        options: probe options (defaults: ``ProbeSection()``).
+        options: probe options (defaults: ``ProbeSection()``; ``options.residue``: compute AR_k).
         generated_ids: answer ids appended to the prompt (query ``generated``).
-        compute_residue: compute AR_k.
 
     Returns:
         The prompt's :class:`SegmentAttention`.
@@ -94,7 +91,7 @@ def probe_transformer_lens(
     """
     options = options or ProbeSection()
     generated = list(generated_ids or ())
-    plan = build_plan(tokenized, options, n_generated=len(generated), compute_residue=compute_residue)
+    plan = build_plan(tokenized, options, n_generated=len(generated))
     n_layers = int(tl_model.cfg.n_layers)
     names = [_PATTERN.format(layer=i) for i in range(n_layers)]
     missing = [n for n in names if n not in tl_model.hook_dict]

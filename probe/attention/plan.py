@@ -43,8 +43,7 @@ class ProbePlan:
         ar_sources: per target, ``(source segment, weight γ^(k−j))`` pairs of the extraneous segments before it.
         row_positions: (n_rows,) int64 sorted positions whose attention rows must be computed: Q, plus the tokens
             of the targets (residue) and of the sources that precede some target (cosine residue).
-        compute_residue: whether AR_k is computed.
-        options: the probe options.
+        options: the probe options (``options.residue``: whether AR_k is computed, :attr:`compute_residue`).
     """
 
     n_tokens: int
@@ -57,8 +56,12 @@ class ProbePlan:
     ar_targets: tuple[int, ...]
     ar_sources: tuple[tuple[tuple[int, float], ...], ...]
     row_positions: np.ndarray
-    compute_residue: bool
     options: ProbeSection
+
+    @property
+    def compute_residue(self) -> bool:
+        """Whether AR_k is computed (``options.residue``)."""
+        return self.options.residue
 
     @property
     def n_segments(self) -> int:
@@ -77,15 +80,14 @@ def build_plan(
     tokenized: TokenizedPrompt,
     options: ProbeSection,
     n_generated: int = 0,
-    compute_residue: bool = True,
 ) -> ProbePlan:
     """Lay out the segments, the query set and the AR targets of one probe.
 
     Args:
         tokenized: the prompt's ids and token spans (partitioning every token).
-        options: query set, γ, residue mode, sink exclusion, block size.
+        options: query set, γ, whether to compute the residue (then the rows AR_k needs are planned) and its mode,
+            sink exclusion, block size.
         n_generated: number of answer tokens appended after the prompt (0: prompt only).
-        compute_residue: whether to plan the rows AR_k needs.
 
     Returns:
         The plan.
@@ -147,7 +149,7 @@ def build_plan(
     )
 
     rows = [query]
-    if compute_residue:
+    if options.residue:
         for t in targets:
             rows.append(np.arange(spans[t][0], spans[t][1], dtype=np.int64))
         if options.residue_mode == "cosine":
@@ -166,6 +168,5 @@ def build_plan(
         ar_targets=targets,
         ar_sources=sources,
         row_positions=row_positions,
-        compute_residue=compute_residue,
         options=options,
     )

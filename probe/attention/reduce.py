@@ -139,7 +139,7 @@ def assemble_result(plan: ProbePlan, layers: list[LayerAggregates]) -> SegmentAt
             "residue_mode": o.residue_mode,
             "exclude_sink": o.exclude_sink,
             "block_size": o.block_size,
-            "residue": plan.compute_residue,
+            "residue": o.residue,
         },
         n_tokens=plan.n_tokens,
         n_prompt_tokens=plan.n_prompt_tokens,

@@ -9,6 +9,7 @@ token ``t``. Summed over a segment's tokens it is that segment's mass in the ord
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 from probe.attention.engine import probe_tokenized
@@ -53,7 +54,7 @@ def token_attention(model: PreTrainedModel, tokenized: TokenizedPrompt,
     if opts.query not in TOKEN_QUERY_SETS:
         raise ConfigError(f"probe.query = {opts.query!r}: attention per token is shown for the query sets "
                           f"{', '.join(TOKEN_QUERY_SETS)}; choose one of them")
-    return probe_tokenized(model, split_into_tokens(tokenized), opts, compute_residue=False)
+    return probe_tokenized(model, split_into_tokens(tokenized), dataclasses.replace(opts, residue=False))
 
 
 __all__ = ["TOKEN_QUERY_SETS", "split_into_tokens", "token_attention"]

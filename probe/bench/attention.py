@@ -284,11 +284,11 @@ def _arms(model: PreTrainedModel, tp: TokenizedPrompt, ids: torch.Tensor, n_laye
 
     arms: dict[str, Callable[[], object]] = {
         "plain": plain,
-        "engine": lambda: probe_tokenized(model, tp, ProbeSection(), compute_residue=False),
-        "engine_raw": lambda: probe_tokenized(model, tp, ProbeSection(), compute_residue=False, value_weighted=False),
+        "engine": lambda: probe_tokenized(model, tp, ProbeSection(residue=False)),
+        "engine_raw": lambda: probe_tokenized(model, tp, ProbeSection(residue=False), value_weighted=False),
     }
     if residue:
-        arms["engine_ar"] = lambda: probe_tokenized(model, tp, ProbeSection(), compute_residue=True)
+        arms["engine_ar"] = lambda: probe_tokenized(model, tp, ProbeSection(residue=True))
     if full:
         arms["eager"] = lambda: _eager(model, ids)
         if bridge is not None:

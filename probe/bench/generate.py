@@ -161,7 +161,7 @@ def run_intervention_bench(experiment: str, n_prompts: int = 16, batch_size: int
     if sections:
         n_layers, n_heads = layers_and_heads(backend.loaded.model)
         first = replace(cfg, interventions=(sections[0],))
-        spec = resolve_interventions(first, model_name, n_layers, n_heads)[0].spec()
+        spec = resolve_interventions(first, model_name, n_layers, n_heads)[0]
     spec = replace(spec, kind="steer", alpha=1.0, name=f"{spec.name} (as a steer with alpha = 1)")
     gen = replace(cfg.generation, batch_size=batch_size if batch_size is not None else cfg.generation.batch_size)
     list(backend.generate(prompts[:2], gen, intervention=spec))  # warm-up

@@ -1,6 +1,6 @@
 """``probe bench gpu-check`` (``make gpu-check``): the probe engine's checks and figures on one CUDA GPU, in one go.
 
-Three parts, in at most ~8 minutes on one large GPU:
+Four parts, in at most ~8 minutes on one large GPU:
 
 1. **Exactness on the device.** Tiny random-weight models of every supported architecture (grouped-query heads, sliding
    windows shorter than the prompt, Gemma 2's soft-capping, Gemma 3's mixed layers), probed one prompt at a time and
@@ -18,6 +18,12 @@ Three parts, in at most ~8 minutes on one large GPU:
 3. **Batched generation and probing of the same prompts** on that model: eight left-padded prompts generated
    without and with the probe riding on the prefill (the tokens must be the same), and probed again with
    :func:`probe.attention.probe_batch` (the aggregates must agree).
+4. **Attention while the answer is written.** On the tiny architectures, three left-padded prompts generated with
+   the answer capture on (docs/probes.md#attention-while-the-answer-is-written), each generated token's raw and
+   value-weighted segment masses against a post-hoc eager forward over prompt + answer on the same device
+   (:func:`probe.attention.decode.reference_answer_attention`), in float32 to :data:`ANSWER_F32_TOL` and in bfloat16
+   to :data:`BF16_TOL` (the same reasoning as part 1: eager rounds scores and weights to bfloat16, the capture
+   keeps float32 scores).
 
 With ``cpu=True`` the same code runs on the CPU with tiny configs and fewer architectures in a few seconds (the
 test suite runs it, so it cannot rot). Without CUDA and without ``cpu=True`` it refuses with :class:`DeviceError`.
@@ -47,6 +53,7 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 F32_TOL = 1e-4
+ANSWER_F32_TOL = 2e-5  # the test suite's bound on the CPU (float32 rounding of large random scores: 1.6e-5)
 BF16_TOL = 2e-2
 CHANCE_TOL = 1e-6
 GPU_LENGTHS = (4096, 8192, 16384, 32768)
@@ -92,9 +99,26 @@ class GenerationRow:
 
 
 @dataclass
+class AnswerRow:
+    """One architecture in one dtype: the answer capture's largest difference from the post-hoc eager reference."""
+
+    arch: str
+    dtype: str
+    n_tokens: int
+    max_diff: float
+    max_vdiff: float
+    tol: float
+
+    @property
+    def ok(self) -> bool:
+        return self.max_diff <= self.tol and self.max_vdiff <= self.tol
+
+
+@dataclass
 class GpuCheckReport:
     device: str
     exact: list[ExactRow] = field(default_factory=list)
+    answer: list[AnswerRow] = field(default_factory=list)
     bench: list[dict] = field(default_factory=list)
     generation: GenerationRow | None = None
     seconds: float = 0.0
@@ -107,7 +131,8 @@ class GpuCheckReport:
 
     @property
     def ok(self) -> bool:
-        return (all(r.ok for r in self.exact) and bool(self.exact) and self.generation is not None
+        return (all(r.ok for r in self.exact) and bool(self.exact) and all(r.ok for r in self.answer)
+                and bool(self.answer) and self.generation is not None
                 and self.generation.ok and self.longest_probed is not None)
 
 
@@ -216,6 +241,38 @@ def check_exactness(device: torch.device, archs: tuple[str, ...] = TINY_ARCHS) -
     return rows
 
 
+def check_answer_capture(device: torch.device, archs: tuple[str, ...] = TINY_ARCHS,
+                         n_new: int = 8) -> list[AnswerRow]:
+    """Tiny architectures in float32 and bfloat16: the decode-step capture of three left-padded prompts against
+    :func:`~probe.attention.decode.reference_answer_attention` of each prompt + its answer."""
+    from probe.attention.decode import reference_answer_attention
+
+    rows = []
+    for dtype, init, tol in ((torch.float32, 0.5, ANSWER_F32_TOL), (torch.bfloat16, 0.2, BF16_TOL)):
+        for arch in archs:
+            model = tiny_model(arch, init).to(device=device, dtype=dtype)  # type: ignore[call-arg]
+            prompts = [bench_prompt(n, 128, n_pairs=3, seed=20 + s) for s, n in enumerate((72, 56, 64))]
+            ids, mask, pads = left_pad([tp.input_ids for tp in prompts])
+            with torch.no_grad(), probe_generation(model, prompts, pads, ProbeSection(answer=True)) as cap:
+                out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=n_new,
+                                     min_new_tokens=n_new, do_sample=False, pad_token_id=0, eos_token_id=None)
+            answers = [out[i, ids.shape[1]:].tolist() for i in range(len(prompts))]
+            assert cap.answer is not None
+            got = cap.answer.results(answers, [tp.input_ids for tp in prompts])
+            worst, worst_v = 0.0, 0.0
+            for tp, a, g in zip(prompts, answers, got):
+                ref = reference_answer_attention(model, tp, a)
+                worst = max(worst, float(np.abs(g.mass - ref.mass).max()))
+                if g.vmass is not None and ref.vmass is not None:
+                    worst_v = max(worst_v, float(np.abs(g.vmass - ref.vmass).max()))
+                else:
+                    worst_v = float("inf")  # a capture without its value-weighted rows fails the check
+            rows.append(AnswerRow(arch, str(dtype).removeprefix("torch."), n_new, worst, worst_v, tol))
+            log.info("answer capture %s %s: %.2e / %.2e", arch, dtype, worst, worst_v)
+            del model
+    return rows
+
+
 def check_generation(model: LlamaForCausalLM, tiny: bool) -> GenerationRow:
     """Eight left-padded prompts (four when ``tiny``): generate, generate with the probe on the prefill,
     probe_batch; compare."""
@@ -279,6 +336,7 @@ def run_gpu_check(cpu: bool = False, lengths: tuple[int, ...] | None = None, tim
     start = time.perf_counter()
     report = GpuCheckReport(device=torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu")
     report.exact = check_exactness(device, TINY_ARCHS if not cpu else CPU_ARCHS)
+    report.answer = check_answer_capture(device, TINY_ARCHS if not cpu else CPU_ARCHS)
     model = llama3_8b_shaped(device, tiny=cpu)
     lengths = lengths or (CPU_LENGTHS if cpu else GPU_LENGTHS)
     full_gb = (torch.cuda.get_device_properties(0).total_memory / 1e9 * 0.45) if device.type == "cuda" else 0.05
@@ -312,6 +370,13 @@ def format_gpu_check(report: GpuCheckReport) -> str:
                   f"probe_batch {g.probe_batch_s:.2f} s",
                   f"   same tokens: {'yes' if g.same_tokens else 'NO'}; ride-along vs probe_batch max |difference| "
                   f"{g.max_diff:.1e} (tolerance {g.tol:.0e})  {'ok' if g.ok else 'FAILED'}"]
+    lines += ["", "4. attention while the answer is written: the decode-step capture against a post-hoc eager forward "
+                  "(max |difference|, raw / value-weighted segment mass per generated token)"]
+    for a in report.answer:
+        lines.append(f"   {a.arch:8s} {a.dtype:9s} {a.max_diff:9.2e} / {a.max_vdiff:9.2e}  ({a.n_tokens} tokens, "
+                     f"tolerance {a.tol:.0e})  {'ok' if a.ok else 'FAILED'}")
+    if not report.answer:
+        lines.append("   (no rows)")
     lines += [f"note: {n}" for n in report.notes]
     lines += ["", f"{'PASSED' if report.ok else 'FAILED'} in {report.seconds:.0f} s"]
     return "\n".join(lines)

@@ -132,20 +132,22 @@ def _h2_sentence(rows: list[PairedComparison], alpha: float) -> str:
 
 
 def _h3_sentence(h: H3Correlation, alpha: float) -> str:
-    if h.r is None:
-        return f"H3: no correlation estimated ({h.reason})."
-    if not h.is_test or h.p is None or h.q is None:
-        return f"H3: r = {fmt.num(h.r, '+.2f')} over {h.n_tasks} questions, described only, not tested ({h.reason})."
-    ci = f", 95% CI {fmt.ci(h.ci_low, h.ci_high, '+.2f')}"
-    if h.q < alpha:
-        word = "more" if h.r > 0 else "less"
+    c = h.correlation
+    e, rank = c.estimate, c.spearman
+    if e.value is None:
+        return f"H3: no correlation estimated ({e.reason})."
+    if not e.is_test or e.p is None or e.q is None:
+        return f"H3: r = {fmt.num(e.value, '+.2f')} over {c.n} questions, described only, not tested ({e.reason})."
+    ci = f", 95% CI {fmt.ci(e.ci_low, e.ci_high, '+.2f')}"
+    if e.q < alpha:
+        word = "more" if e.value > 0 else "less"
         lead = f"H3: questions whose distractors are more similar degrade {word} under Residue"
     else:
         lead = ("H3: no significant correlation between task similarity and degradation survives the correction "
                 "over the H3 rows")
-    sp = ("" if h.spearman_rho is None or h.spearman_p is None
-          else f"; Spearman ρ = {fmt.num(h.spearman_rho, '+.2f')} ({fmt.p_phrase(h.spearman_p)})")
-    return (f"{lead} (Pearson r = {fmt.num(h.r, '+.2f')}{ci}, {fmt.p_phrase(h.p)}, {_q_phrase(h.q)}, {h.n_tasks} "
+    sp = ("" if rank.value is None or rank.p is None
+          else f"; Spearman ρ = {fmt.num(rank.value, '+.2f')} ({fmt.p_phrase(rank.p)})")
+    return (f"{lead} (Pearson r = {fmt.num(e.value, '+.2f')}{ci}, {fmt.p_phrase(e.p)}, {_q_phrase(e.q)}, {c.n} "
             f"questions{sp}).")
 
 
@@ -315,10 +317,10 @@ def stats_html(result: IceResult, settings: AnalysisSection) -> str:
                 for r in result.h2], left=2, text=(13,))
     h3 = table(["model", "Residue load", "questions", "Pearson r", "95% CI (Fisher z)", "p", "q (BH)", "Spearman ρ",
                 "p (ρ)", "note"],
-               [[esc(r.model), "pooled" if r.load is None else str(r.load), str(r.n_tasks), fmt.num(r.r, "+.3f"),
-                 fmt.ci(r.ci_low, r.ci_high, "+.3f"), fmt.p_value(r.p, html=True), _p_cell(r.q, alpha),
-                 fmt.num(r.spearman_rho, "+.3f"), fmt.p_value(r.spearman_p, html=True), esc(r.reason or "")]
-                for r in result.h3], left=2, text=(9,))
+               [[esc(r.model), "pooled" if r.load is None else str(r.load), str(c.n), fmt.num(e.value, "+.3f"),
+                 fmt.ci(e.ci_low, e.ci_high, "+.3f"), fmt.p_value(e.p, html=True), _p_cell(e.q, alpha),
+                 fmt.num(c.spearman.value, "+.3f"), fmt.p_value(c.spearman.p, html=True), esc(e.reason or "")]
+                for r in result.h3 for c in (r.correlation,) for e in (c.estimate,)], left=2, text=(9,))
     tax = table(["model", "label", "Control EM", "trunc./uninterp.", "gates", "reason"],
                 [[esc(t.model), esc(t.label), fmt.num(t.control_em), fmt.pct(t.confound_rate_observed),
                   esc(f"EM<{t.gates.brittle_em}, rate>{t.gates.confound_rate}, α={t.gates.alpha}"), esc(t.reason)]
@@ -375,15 +377,23 @@ def attention_tables_html(result: IceResult, alpha: float) -> str:
             heads.append([esc(a.model), esc(a.label), esc(head_label(h.layer, h.head)),
                           "distractor head" if h.value > 0 else "less enrichment when failing",
                           fmt.num(h.value, "+.3f"), fmt.ci(h.estimate.ci_low, h.estimate.ci_high, "+.3f"),
-                          fmt.p_value(h.estimate.p, html=True), _p_cell(h.q, alpha)])
+                          fmt.p_value(h.estimate.p, html=True), _p_cell(h.q, alpha),
+                          fmt.p_value(h.p_max_t, html=True)])
     if result.attention_behaviour:
         grids = "; ".join(f"{esc(a.model)} {esc(a.label)}: {a.heads.n_tested} heads tested"
                           + ("" if a.heads.is_test else f" (not tested: {esc(a.heads.reason)})")
                           for a in result.attention_behaviour if a.heads is not None)
         body = (table(["model", "measure", "head (layer.head)", "kind", "failed − correct enrichment", "95% CI", "p",
-                       "q (BH)"], heads, left=4) if heads else '<p class="note">No head passes the correction.</p>')
+                       "q (BH)", "max-T p"], heads, left=4) if heads else
+                '<p class="note">No head passes the correction.</p>')
+        max_t = "; ".join(f"{esc(a.model)} {esc(a.label)}: {len(a.heads.max_t.significant)} head(s) with max-T p < "
+                          f"{alpha:g} over {a.heads.max_t.n_questions} questions with both outcomes"
+                          for a in result.attention_behaviour
+                          if a.heads is not None and a.heads.max_t is not None and a.heads.max_t.p_max_t_key)
         parts.append("<h3>Distractor heads: enrichment (P_ext / chance), failed − correct at equal load and placement "
-                     f"(BH family: the model's layer × head grid)</h3><p class=\"note\">{grids}.</p>{body}")
+                     f"(BH family: the model's layer × head grid)</h3><p class=\"note\">{grids}."
+                     + (f" Family-wise over the grid (max-T sign flip of whole questions, "
+                        f"docs/statistics.md#hop-mass-tests): {max_t}." if max_t else "") + f"</p>{body}")
     return "".join(parts)
 
 
@@ -475,9 +485,10 @@ def markdown(result: IceResult, settings: AnalysisSection) -> list[str]:
                          "; ".join(x for x in (r.note, r.test.reason) if x)] for r in result.h2]), ""]
     parts += ["## H3: S_sim vs degradation (Control − Residue; BH per model)", "",
               md_table(["model", "load", "questions", "r", "95% CI (Fisher z)", "p", "q", "Spearman ρ", "note"],
-                       [[r.model, "pooled" if r.load is None else str(r.load), str(r.n_tasks), fmt.num(r.r, "+.3f"),
-                         fmt.ci(r.ci_low, r.ci_high, "+.3f"), fmt.p_value(r.p), fmt.p_value(r.q),
-                         fmt.num(r.spearman_rho, "+.3f"), r.reason or ""] for r in result.h3]), ""]
+                       [[r.model, "pooled" if r.load is None else str(r.load), str(c.n), fmt.num(e.value, "+.3f"),
+                         fmt.ci(e.ci_low, e.ci_high, "+.3f"), fmt.p_value(e.p), fmt.p_value(e.q),
+                         fmt.num(c.spearman.value, "+.3f"), e.reason or ""]
+                        for r in result.h3 for c in (r.correlation,) for e in (c.estimate,)]), ""]
     if result.attention_behaviour:
         parts += ["## Attention ↔ behaviour (BH across layers; across the layer × head grid)", ""]
         for a in result.attention_behaviour:
@@ -573,7 +584,8 @@ def compare_html(result: IceResult, ctx: ReportContext) -> str:
     marks = taxonomy_marks(result)
     h1 = [(f"{m}{marks.get(m, '')}", h.estimate.value, h.estimate.ci_low, h.estimate.ci_high) for m in result.models
           if (h := result.h1_of(m)) is not None]
-    h3 = [(m, h.r, h.ci_low, h.ci_high) for m in result.models for h in result.h3 if h.model == m and h.load is None]
+    h3 = [(m, e.value, e.ci_low, e.ci_high) for m in result.models for h in result.h3 if h.model == m and h.load is None
+          for e in (h.correlation.estimate,)]
     blocks = "".join([
         ctx.figure("saturation_curve", "EM vs load per model and run, 95% CIs.", F.draw_saturation_curve(result, marks)),
         ctx.figure("em_by_condition", "EM per condition × load, all models and runs.",

@@ -305,16 +305,18 @@ def draw_h3_scatter(result: IceResult, taxonomy: Mapping[str, str]) -> Figure | 
         xs = np.array([p.s_sim for p in h.points])
         ys = np.array([p.degradation for p in h.points])
         ax.scatter(xs, ys, s=16, alpha=0.7, color=COND_COLOURS["Residue"])
-        if h.slope is not None and h.intercept is not None:
+        c = h.correlation
+        e = c.estimate
+        if c.slope is not None and c.intercept is not None:
             line = np.linspace(xs.min(), xs.max(), 50)
-            ax.plot(line, h.intercept + h.slope * line, color="k", lw=1.2)
-        if h.r is not None:
-            ci = "" if h.ci_low is None else f" {fmt.ci(h.ci_low, h.ci_high, '+.2f')}"
-            text = (f"r = {fmt.num(h.r, '+.2f')}{ci}, p = {fmt.num(h.p, '.3g')}, q = {fmt.num(h.q, '.3g')}, "
-                    f"n = {h.n_tasks}" if h.is_test
-                    else f"r = {fmt.num(h.r, '+.2f')}, n = {h.n_tasks}: described only, not tested")
+            ax.plot(line, c.intercept + c.slope * line, color="k", lw=1.2)
+        if e.value is not None:
+            ci = "" if e.ci_low is None else f" {fmt.ci(e.ci_low, e.ci_high, '+.2f')}"
+            text = (f"r = {fmt.num(e.value, '+.2f')}{ci}, p = {fmt.num(e.p, '.3g')}, q = {fmt.num(e.q, '.3g')}, "
+                    f"n = {c.n}" if e.is_test
+                    else f"r = {fmt.num(e.value, '+.2f')}, n = {c.n}: described only, not tested")
         else:
-            text = f"no r: {h.reason}"
+            text = f"no r: {e.reason}"
         ax.axhline(0, color="grey", lw=0.8)
         ax.set_xlabel("S_sim (question vs mean extraneous embedding)")
         ax.set_ylabel("degradation EM(Control) − EM(Residue)")

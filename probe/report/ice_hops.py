@@ -1,5 +1,7 @@
-"""The hop-tracking part of the ICE report: one table of label shares per cell (``report.html``, ``analysis.md``) and
-two CSV tables (``hop_tracking``: the cells; ``hop_tracking_trials``: one row per trial and hop).
+"""The hop-tracking part of the ICE report: one table of label shares per cell (``report.html``, ``analysis.md``),
+beside it one table of the tests of the hop masses (failed − correct, Saturation − Control; per layer and per head),
+and three CSV tables (``hop_tracking``: the cells; ``hop_tracking_trials``: one row per trial and hop;
+``hop_mass_tests``: one row per test).
 
 Drawn from :class:`probe.analysis.hops.HopTracking` (``IceResult.hop_tracking``); definitions in
 docs/probes.md#hop-tracking. Without answer capture the part says so and why, and writes no CSV.
@@ -15,6 +17,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from probe import formatting as fmt
+from probe.analysis.hop_tests import HopMassTest
 from probe.analysis.hops import HopCell, HopTracking
 from probe.report.figures import file_stem, short
 from probe.report.html import esc, table
@@ -56,6 +59,61 @@ HEADER = (["model", "condition", "load", "hops", "n", "questions"] + [lab.replac
           + ["mass: hop's fact", "other facts", "extraneous", "question", "layers"])
 
 
+TESTS_TITLE = "Does the mass on the hop's fact, or on the extraneous segments, differ by outcome and condition?"
+TESTS_LEGEND = ("One row per test: the attention of the tokens that first name a hop's answer on the hop's own fact "
+                "(or on the extraneous segments), failed − correct over the Saturation and Residue trials at equal "
+                "load, placement and hop position, and Saturation − Control at each load at equal hop position. "
+                "Per layer: the head-pooled mass, CR2 clustered by question (Bell–McCaffrey df), BH across the "
+                "layers; per head: the same fit, BH across the layer × head map, and the max-T sign-flip "
+                "correction over the map (family-wise; per question, the mean of one side minus the other, of "
+                "adjusted residuals, questions with both sides). Layers and heads are listed where q < 0.05 (max-T: "
+                "p < 0.05), with the sign of the difference; docs/statistics.md#hop-mass-tests.")
+TESTS_HEADER = ["model", "attention", "contrast", "mass", "trial-hops", "questions", "layers (q < α)",
+                "largest layer difference", "heads (q < α)", "heads (max-T p < α)", "top head"]
+
+
+def _signed(layer: int, value: float | None) -> str:
+    return f"{layer}{'+' if (value or 0) > 0 else '−'}"
+
+
+def _test_row(t: HopMassTest, alpha: float) -> list[str]:
+    contrast = t.contrast + ("" if t.load is None else f" ({t.load} %)")
+    head = [t.model, "value-weighted" if t.measure == "value" else "weights", contrast,
+            "hop's fact" if t.category == "hop" else t.category, str(t.n)]
+    if t.layers is None or t.heads is None:
+        return head + [str(t.n_questions), f"not tested: {t.reason}"] + [""] * 4
+    qs = f"{t.n_questions} ({t.max_t_questions} both sides)"
+    if not t.layers.is_test:
+        return head + [qs, f"descriptive: {t.layers.reason}"] + [""] * 4
+    sig = [lt for lt in t.layers.layers if lt.layer in t.layers.significant]
+    layers = ", ".join(_signed(lt.layer, lt.estimate.value) for lt in sig) or "none"
+    big = max(t.layers.layers, key=lambda lt: abs(lt.estimate.value or 0.0))
+    e = big.estimate
+    largest = (f"layer {big.layer}: {fmt.num(e.value, '+.3f')} {fmt.ci(e.ci_low, e.ci_high, '+.3f')}, "
+               f"q {fmt.p_value(e.q)}")
+    bh = [h for h in t.heads.significant if h.q is not None and h.q < alpha]
+    mt = [h for h in t.heads.significant if h.p_max_t is not None and h.p_max_t < alpha]
+    top = t.heads.significant[0] if t.heads.significant else None
+    top_s = "none" if top is None else (f"L{top.layer}.H{top.head} {fmt.num(top.estimate, '+.3f')}, q "
+                                        f"{fmt.p_value(top.q)}, max-T p {fmt.p_value(top.p_max_t)}")
+    return head + [qs, layers, largest, str(len(bh)), str(len(mt)), top_s]
+
+
+def _tests_rows(h: HopTracking, alpha: float = 0.05) -> list[list[str]]:
+    """Rows of the tests that were fitted (descriptive ones included); the others go to :func:`_untested`."""
+    return [_test_row(t, alpha) for t in h.tests if t.layers is not None]
+
+
+def _untested(h: HopTracking) -> str:
+    """One sentence on the tests that could not be fitted, grouped by reason ("" when none)."""
+    why: dict[str, list[str]] = {}
+    for t in h.tests:
+        if t.layers is None:
+            what = f"{t.contrast}{'' if t.load is None else f' ({t.load} %)'} {t.category} ({t.measure})"
+            why.setdefault(str(t.reason), []).append(what)
+    return " ".join(f"Not tested: {', '.join(v)}: {k}." for k, v in why.items())
+
+
 ROLE_COLOURS = {"hop": "#1b9e77", "other_germane": "#66a61e", "extraneous": "#d95f02", "question": "#c51b7d"}
 ROLE_NAMES = {"hop": "the hop's fact", "other_germane": "other facts", "extraneous": "extraneous",
               "question": "question"}
@@ -87,6 +145,39 @@ def draw_layers(h: HopTracking, arrays: Mapping[str, np.ndarray], model: str) ->
     return fig
 
 
+def draw_tests(h: HopTracking, model: str) -> Figure | None:
+    """Per layer, the head-pooled difference of each fitted test of the model's raw hop masses with its 95 %
+    interval (one panel per test; filled markers: q < α across the layers). None without a fitted test."""
+    tests = [t for t in h.tests if t.model == model and t.measure == "raw" and t.layers is not None]
+    if not tests:
+        return None
+    fig = Figure(figsize=(max(6.4, 3.0 * len(tests)), 3.2), layout="constrained")
+    axes = fig.subplots(1, len(tests), squeeze=False, sharey=True)[0]
+    for ax, t in zip(axes, tests):
+        assert t.layers is not None
+        rows = t.layers.layers
+        x = np.array([lt.layer for lt in rows])
+        est = np.array([np.nan if lt.estimate.value is None else lt.estimate.value for lt in rows])
+        lo = np.array([np.nan if lt.estimate.ci_low is None else lt.estimate.ci_low for lt in rows])
+        hi = np.array([np.nan if lt.estimate.ci_high is None else lt.estimate.ci_high for lt in rows])
+        colour = ROLE_COLOURS.get(t.category, "#333")
+        ax.axhline(0, color="#999", lw=0.8)
+        ax.fill_between(x, lo, hi, color=colour, alpha=0.18, lw=0)
+        ax.plot(x, est, color=colour, lw=1.2)
+        sig = np.isin(x, t.layers.significant)
+        ax.scatter(x[~sig], est[~sig], s=12, facecolors="white", edgecolors=colour, zorder=3)
+        ax.scatter(x[sig], est[sig], s=18, color=colour, zorder=3)
+        what = t.contrast + ("" if t.load is None else f" {t.load}%")
+        ax.set_title(f"{what}\n{ROLE_NAMES.get(t.category, t.category)}", fontsize=9)
+        ax.set_xlabel("layer")
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=10, integer=True))
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("difference in mass (heads pooled)")
+    fig.suptitle(f"{short(model)}: hop masses by outcome and condition, per layer (95% CI, filled: q < α)",
+                 fontsize=11, wrap=True)
+    return fig
+
+
 def html(h: HopTracking | None, ctx: ReportContext | None = None) -> str:
     """The ``report.html`` part (with the per-layer figures when ``ctx`` is given)."""
     if h is None or h.reason is not None:
@@ -100,6 +191,19 @@ def html(h: HopTracking | None, ctx: ReportContext | None = None) -> str:
         if cells:
             parts.append(f"<h4>{esc(name)}</h4>" + table(HEADER, [[esc(x) for x in _row(h, c)] for c in cells],
                                                           left=4))
+    if h.tests:
+        alpha = ctx.settings.alpha if ctx is not None else 0.05
+        rows = _tests_rows(h, alpha)
+        parts.append(f"<h4>{esc(TESTS_TITLE)}</h4><p class=\"note\">{esc(TESTS_LEGEND)} {esc(_untested(h))}</p>"
+                     + (table(TESTS_HEADER, [[esc(x) for x in row] for row in rows], left=4) if rows else ""))
+        if ctx is not None:
+            for model in sorted({t.model for t in h.tests}):
+                parts.append(ctx.figure(f"hop_tests_{file_stem(model)}", f"{model}: per layer, the head-pooled "
+                                        "difference in the attention of the tokens that first name a hop's answer "
+                                        "(failed − correct on the hop's fact and on the extraneous segments; "
+                                        "Saturation − Control on the hop's fact), raw attention weights, with 95% "
+                                        "intervals clustered by question; filled markers pass BH across the layers.",
+                                        draw_tests(h, model)))
     if ctx is not None:
         for model in sorted({c.model for c in h.cells}):
             parts.append(ctx.figure(f"hop_layers_{file_stem(model)}", f"{model}: per layer, the attention of the "
@@ -121,12 +225,17 @@ def markdown(h: HopTracking | None) -> list[str]:
         cells = _cells(h, measure)
         if cells:
             out += [f"### {name}", "", md_table(HEADER, [_row(h, c) for c in cells]), ""]
+    if h.tests:
+        rows = _tests_rows(h)
+        out += [f"### {TESTS_TITLE}", "", f"{TESTS_LEGEND} {_untested(h)}".strip(), ""]
+        out += [md_table(TESTS_HEADER, rows), ""] if rows else []
     return out
 
 
 def tables(h: HopTracking | None) -> list[tuple[str, Rows]]:
-    """``tables/hop_tracking.csv`` (one row per cell) and ``tables/hop_tracking_trials.csv`` (per trial and hop);
-    none without hop tracking."""
+    """``tables/hop_tracking.csv`` (one row per cell), ``tables/hop_tracking_trials.csv`` (per trial and hop) and
+    ``tables/hop_mass_tests.csv`` (per test: every layer, and the heads that pass BH or max-T); none without hop
+    tracking."""
     if h is None:
         return []
     cells: Rows = []
@@ -148,7 +257,20 @@ def tables(h: HopTracking | None) -> list[tuple[str, Rows]]:
         for k, v in zip(h.categories, r.vmass or (None,) * len(h.categories)):
             row[f"vmass_{k}"] = v
         trials.append(row)
-    return [("hop_tracking", cells), ("hop_tracking_trials", trials)]
+    tests: Rows = []
+    for t in h.tests:
+        base: dict = {"model": t.model, "measure": t.measure, "category": t.category, "contrast": t.contrast,
+                      "load": t.load, "n": t.n, "n_trials": t.n_trials, "n_questions": t.n_questions,
+                      "max_t_questions": t.max_t_questions, "reason": t.reason}
+        for lt in t.layers.layers if t.layers is not None else ():
+            e = lt.estimate
+            tests.append({**base, "layer": lt.layer, "head": None, "estimate": e.value, "ci_low": e.ci_low,
+                          "ci_high": e.ci_high, "p": e.p, "q": e.q, "p_max_t": None})
+        for hr in t.heads.significant if t.heads is not None else ():
+            tests.append({**base, "layer": hr.layer, "head": hr.head, "estimate": hr.estimate, "ci_low": None,
+                          "ci_high": None, "p": hr.p, "q": hr.q, "p_max_t": hr.p_max_t})
+    out = [("hop_tracking", cells), ("hop_tracking_trials", trials)]
+    return out + ([("hop_mass_tests", tests)] if tests else [])
 
 
 def merge(named: list[tuple[str, HopTracking | None]]) -> HopTracking | None:
@@ -160,8 +282,9 @@ def merge(named: list[tuple[str, HopTracking | None]]) -> HopTracking | None:
     return replace(first,
                    cells=tuple(replace(c, model=f"{label}: {c.model}", array_key=None) for label, h in have
                                for c in h.cells),
+                   tests=tuple(replace(t, model=f"{label}: {t.model}") for label, h in have for t in h.tests),
                    rows=tuple(replace(r, model=f"{label}: {r.model}") for label, h in have for r in h.rows),
                    n_trials=sum(h.n_trials for _, h in have), n_skipped=sum(h.n_skipped for _, h in have))
 
 
-__all__ = ["draw_layers", "html", "markdown", "merge", "tables"]
+__all__ = ["draw_layers", "draw_tests", "html", "markdown", "merge", "tables"]

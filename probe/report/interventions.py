@@ -37,20 +37,21 @@ RECOVERY_HEADER = ["model", "condition", "load", "intervention", "keys", "n (que
 
 def _diff(d: PairedDifference | None) -> str:
     """``+0.250 [+0.10, +0.40]`` (or the estimate alone, or a dash)."""
-    if d is None or d.delta is None:
+    e = None if d is None else d.estimate
+    if e is None or e.value is None:
         return fmt.DASH
-    if d.ci_low is None or d.ci_high is None:
-        return f"{d.delta:+.3f}"
-    return f"{d.delta:+.3f} [{d.ci_low:+.2f}, {d.ci_high:+.2f}]"
+    if e.ci_low is None or e.ci_high is None:
+        return f"{e.value:+.3f}"
+    return f"{e.value:+.3f} [{e.ci_low:+.2f}, {e.ci_high:+.2f}]"
 
 
 def _share(row: InterventionRow) -> str:
-    r = row.recovered
-    if r.estimate is None:
+    r = row.recovered.estimate
+    if r.value is None:
         return f"undefined: {r.reason}"
     if r.ci_low is None or r.ci_high is None:
-        return f"{r.estimate:.2f} (no interval: {r.reason})"
-    return f"{r.estimate:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}]"
+        return f"{r.value:.2f} (no interval: {r.reason})"
+    return f"{r.value:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}]"
 
 
 def _specific_of(result: InterventionResult, row: InterventionRow) -> Contrast | None:
@@ -67,7 +68,7 @@ def recovery_rows(result: InterventionResult) -> list[list[str]]:
         em = (fmt.DASH if d.em_a is None or d.em_b is None else f"{d.em_b:.3f} → {d.em_a:.3f}")
         vs = fmt.DASH if c is None else f"{_diff(c.test)} (vs {c.b})"
         out.append([row.model, row.condition, str(row.load), row.intervention, row.keys or "undeclared",
-                    f"{d.n_prompts} ({d.n_questions})", em, _diff(d), fmt.p_value(d.p), _share(row), vs,
+                    f"{d.n_prompts} ({d.n_questions})", em, _diff(d), fmt.p_value(d.estimate.p), _share(row), vs,
                     fmt.DASH if c is None else fmt.p_value(c.q)])
     return out
 
@@ -78,18 +79,27 @@ def summary_lines(result: InterventionResult) -> list[str]:
     alpha = result.alpha
     lines = []
     for c in result.specific:
-        t = c.test
+        t = c.test.estimate
         where = f"{c.model}, {c.condition} at load {c.load}"
         ci = fmt.ci(t.ci_low, t.ci_high)
-        if c.claim and c.q is not None:
-            lines.append(f"{where}: {c.a} raises EM by {t.delta:+.3f} (95% CI {ci}) over its matched-random control "
+        if c.claim and c.q is not None and t.value is not None:
+            lines.append(f"{where}: {c.a} raises EM by {t.value:+.3f} (95% CI {ci}) over its matched-random control "
                          f"{c.b} (BH q = {c.q:.3g} < {alpha}): a causal effect of attention to the extraneous "
                          "segments is shown.")
+        elif (c.q is not None and c.q < alpha and t.value is not None and t.value > 0 and c.unmatched is None
+              and c.a_alone is not None):
+            a = c.a_alone.estimate
+            a_ci = fmt.ci(a.ci_low, a.ci_high)
+            a_est = fmt.DASH if a.value is None else f"{a.value:+.3f}"
+            lines.append(f"{where}: no causal effect shown: {c.a} beats its matched-random control {c.b} by "
+                         f"{t.value:+.3f} (95% CI {ci}; BH q = {c.q:.3g}), but {c.a} alone changes EM by {a_est} "
+                         f"(95% CI {a_ci}; p = {fmt.p_value(a.p)}) against the baseline: the contrast is carried by "
+                         f"the harm {c.b} does, not by what removing the extraneous tokens recovers.")
         else:
             why = (f"control not matched: {c.unmatched}" if c.unmatched is not None else t.reason if t.p is None else
                    f"q = {fmt.p_value(c.q)}" + ("" if c.q is not None and c.q < alpha else f" >= {alpha}")
-                   + ("" if t.delta is None or t.delta > 0 else ", and the contrast is not positive"))
-            est = fmt.DASH if t.delta is None else f"{t.delta:+.3f}"
+                   + ("" if t.value is None or t.value > 0 else ", and the contrast is not positive"))
+            est = fmt.DASH if t.value is None else f"{t.value:+.3f}"
             lines.append(f"{where}: no causal effect shown: {c.a} vs its matched-random control {c.b}: "
                          f"{est} (95% CI {ci}; {why}).")
     if not result.specific:
@@ -102,7 +112,7 @@ def _heads_text(spec: InterventionSpec | None) -> str:
     if spec is None:
         return "undeclared"
     if spec.heads is None:
-        return f"all heads of layers {_layers(spec.layers)}"
+        return "all heads" if spec.layers is None else f"all heads of layers {_layers(spec.layers)}"
     return ", ".join(f"L{layer}.H{head}" for layer, head in spec.heads)
 
 
@@ -118,7 +128,8 @@ def heads_rows(result: InterventionResult) -> list[list[str]]:
     for s in result.specs:
         if s.selection is None:
             continue
-        role = f"random control of {s.selection.control_of}" if s.selection.control_of else "top-k by enrichment"
+        role = (f"random control of {s.selection.control_of}" if s.selection.control_of
+                else f"top-k by {s.selection.by or 'enrichment'}")  # by: recorded since the first file version
         out.append([s.name, role, str(s.selection.k), s.selection.from_run or fmt.DASH, _heads_text(s)])
     return out
 
@@ -126,7 +137,7 @@ def heads_rows(result: InterventionResult) -> list[list[str]]:
 def heads_contrast_rows(result: InterventionResult) -> list[list[str]]:
     """Top-k heads against their random heads, per cell."""
     return [[c.model, c.condition, str(c.load), c.a, c.b, f"{c.test.n_prompts} ({c.test.n_questions})",
-             _diff(c.test), fmt.p_value(c.test.p)] for c in result.heads]
+             _diff(c.test), fmt.p_value(c.test.estimate.p)] for c in result.heads]
 
 
 def draw_sweep(sweep: Sweep) -> Figure | None:
@@ -138,8 +149,9 @@ def draw_sweep(sweep: Sweep) -> Figure | None:
     ax_d, ax_r = fig.subplots(1, 2)
     x = [p.centre for p in sweep.points]
     for ax, values, label in (
-            (ax_d, [(p.diff.delta, p.diff.ci_low, p.diff.ci_high) for p in sweep.points], "EM_int − EM_base"),
-            (ax_r, [(p.recovered.estimate, p.recovered.ci_low, p.recovered.ci_high) for p in sweep.points],
+            (ax_d, [(e.value, e.ci_low, e.ci_high) for p in sweep.points for e in (p.diff.estimate,)],
+             "EM_int − EM_base"),
+            (ax_r, [(e.value, e.ci_low, e.ci_high) for p in sweep.points for e in (p.recovered.estimate,)],
              "recovered share")):
         xs = [xi for xi, v in zip(x, values) if v[0] is not None]
         ys = [v[0] for v in values if v[0] is not None]
@@ -202,9 +214,9 @@ def tables(result: InterventionResult) -> list[tuple[str, Rows]]:
     for r in result.rows:
         c = specific.get((r.model, r.family, r.condition, r.load, r.intervention))
         rows += rows_of([r], specific_vs=None if c is None else c.b,
-                        specific_delta=None if c is None else c.test.delta,
-                        specific_ci_low=None if c is None else c.test.ci_low,
-                        specific_ci_high=None if c is None else c.test.ci_high,
+                        specific_delta=None if c is None else c.test.estimate.value,
+                        specific_ci_low=None if c is None else c.test.estimate.ci_low,
+                        specific_ci_high=None if c is None else c.test.estimate.ci_high,
                         specific_q=None if c is None else c.q, claim=None if c is None else c.claim)
     sweeps: Rows = [row for s in result.sweeps
                     for row in rows_of(s.points, model=s.model, family=s.family, condition=s.condition,

@@ -227,26 +227,28 @@ def test_h3_matches_scipy_and_covers_population_r(h3_run):
     res = df[df["condition"] == "Residue"].groupby("task_id").agg(em=("em", "mean"), s=("s_sim", "mean"))
     joined = res.join(control.rename("c"), how="inner")
     x, y = joined["s"].to_numpy(), (joined["c"] - joined["em"]).to_numpy()
-    h = next(r for r in ice(analysis).h3 if r.load is None)
+    c = next(r for r in ice(analysis).h3 if r.load is None).correlation
+    h = c.estimate
     pr = scipy.stats.pearsonr(x, y)
     ci = pr.confidence_interval(0.95)
-    assert h.n_tasks == len(x) == plan.n_tasks
-    assert h.r == pytest.approx(pr.statistic)
+    assert c.n == len(x) == plan.n_tasks
+    assert h.value == pytest.approx(pr.statistic)
     # the p-value of the Fisher-z pivot the interval inverts, so the two always agree
-    assert h.p == pytest.approx(2 * scipy.stats.norm.sf(abs(math.atanh(h.r)) * math.sqrt(len(x) - 3)))
+    assert h.p == pytest.approx(2 * scipy.stats.norm.sf(abs(math.atanh(h.value)) * math.sqrt(len(x) - 3)))
     assert (h.ci_low, h.ci_high) == pytest.approx((ci.low, ci.high))
     # Fisher z by hand: tanh(atanh(r) +- z/sqrt(n-3))
     zc = scipy.stats.norm.ppf(0.975)
-    assert h.ci_low == pytest.approx(math.tanh(math.atanh(h.r) - zc / math.sqrt(len(x) - 3)), rel=1e-6)
-    assert h.spearman_rho == pytest.approx(scipy.stats.spearmanr(x, y).statistic)
+    assert h.ci_low == pytest.approx(math.tanh(math.atanh(h.value) - zc / math.sqrt(len(x) - 3)), rel=1e-6)
+    rank = scipy.stats.spearmanr(x, y)
+    assert (c.spearman.value, c.spearman.p) == pytest.approx((rank.statistic, rank.pvalue)) and c.spearman.is_test
     truth = population_h3_r(plan)
     assert truth > 0.2
     assert h.ci_low <= truth <= h.ci_high
     assert h.p < 0.01
     per_load = [r for r in ice(analysis).h3 if r.load is not None]
     assert sorted(r.load for r in per_load) == list(plan.loads)
-    assert all(r.r is not None for r in per_load)
-    rows = ice(analysis).h3
+    assert all(r.correlation.estimate.value is not None for r in per_load)
+    rows = [r.correlation.estimate for r in ice(analysis).h3]
     assert [r.q for r in rows] == pytest.approx(multipletests([r.p for r in rows], method="fdr_bh")[1])
 
 
@@ -259,7 +261,7 @@ def test_null_set_has_nothing_significant(null_run):
     assert all(h.estimate.p >= alpha for h in ice(analysis).h1), \
         [(h.condition, h.estimate.p) for h in ice(analysis).h1]
     assert all(r.q >= alpha for r in ice(analysis).h2), [(r.a, r.b, r.load, r.q) for r in ice(analysis).h2]
-    assert all(r.p is None or r.p >= alpha for r in ice(analysis).h3)
+    assert all(e.p is None or e.p >= alpha for r in ice(analysis).h3 for e in (r.correlation.estimate,))
     tax = ice(analysis).taxonomy[0]
     assert tax.label == "resilient" and tax.is_load_sensitive is False
 
@@ -302,8 +304,8 @@ def test_no_variance_one_cluster_and_no_pairs_give_reasons(tmp_path):
     assert control.em_mean == 1.0 and control.em_ci_low is None and "one question" in control.ci_reason
     residue_pair = next(r for r in ice(analysis).h2 if r.a == "Residue" and r.b == "Control")
     assert residue_pair.test.n_pairs == 0 and residue_pair.test.p is None and "no pair" in residue_pair.test.reason
-    h3 = ice(analysis).h3[0]
-    assert h3.r is None and h3.reason
+    h3 = ice(analysis).h3[0].correlation.estimate
+    assert h3.value is None and h3.reason
     one = next(c for c in ice(analysis).cells if c.condition == "Residue")
     assert one.em_sem is None and one.em_ci_low is None and one.reason is None and one.ci_reason
 
@@ -453,6 +455,36 @@ def test_attention_behaviour_finds_the_planted_layer_and_heads_and_matches_stats
         assert np.isnan(z[cells[("Control", 0, "p_ext")].enrichment_key]).all()  # chance 0: enrichment undefined
 
 
+def test_attention_heads_max_t_finds_the_planted_layer_and_equals_its_question_contrasts(attention_run):
+    """The family-wise option over the head grid: the max-T p-values stored are those of the per-question failed -
+    correct contrasts of enrichment residuals on [1, load, Residue] (statsmodels residuals, pandas means here), and
+    only heads of the planted layer pass it."""
+    from probe.analysis.max_t import max_t_sign_flip
+    from probe.attention.result import SegmentAttention
+
+    run, analysis, plan = attention_run
+    a = ice(analysis).attention_behaviour[0]
+    mt = a.heads.max_t
+    assert mt is not None and mt.p_max_t_key is not None and mt.significant
+    assert {h.layer for h in mt.significant} == {plan.tracking_layer}
+    df = scored(read_trials(run))
+    d = df[df["condition"].isin(["Saturation", "Residue"])].reset_index(drop=True)
+    folder = RunFolder(run)
+    e = np.stack([SegmentAttention.load(folder.attention_record(m, p)).enrichment
+                  for m, p in zip(d["model"], d["prompt_id"])])
+    N = np.column_stack([np.ones(len(d)), d["load"].to_numpy(float), (d["condition"] == "Residue").to_numpy(float)])
+    resid = np.stack([sm.OLS(e[:, li, h], N).fit().resid for li in range(plan.n_layers)
+                      for h in range(plan.n_heads)], axis=1)
+    r = pd.DataFrame(resid).assign(q=d["task_id"], f=(d["em"] < 0.5).astype(float))
+    both = [q for q in dict.fromkeys(d["task_id"]) if r.loc[r["q"] == q, "f"].nunique() == 2]
+    m = r.groupby(["q", "f"]).mean()
+    D = np.stack([m.loc[(q, 1.0)].to_numpy() - m.loc[(q, 0.0)].to_numpy() for q in both])
+    want = max_t_sign_flip(D.reshape(len(both), plan.n_layers, plan.n_heads), seed=analysis.seed)
+    assert mt.n_questions == len(both)
+    with np.load(run / "attention_summary.npz") as z:
+        np.testing.assert_allclose(z[mt.p_max_t_key], want.p_max_t, rtol=1e-6)
+
+
 def test_attention_layer_without_outcome_variance_is_skipped_with_reason(tmp_path):
     plan = Plan(n_tasks=6, n_reps=1, loads=(50,), conditions=("Control", "Saturation"), p_control=0.98,
                 beta_sat=0.0, task_sd=0.0, attention=True, tracking_layer=0, n_layers=2, n_heads=2, seed=1)
@@ -577,7 +609,7 @@ def assert_claims_survive(data: dict, alpha: float = 0.05) -> int:
             if c["em_ci_low"] is not None:
                 assert 0.0 <= c["em_ci_low"] <= c["em_mean"] <= c["em_ci_high"] <= 1.0, c
                 checked += 1
-        for h in fam.get("h3", []):
+        for h in (row["correlation"]["estimate"] for row in fam.get("h3", [])):
             if h["ci_low"] is not None:
                 assert -1.0 <= h["ci_low"] <= h["ci_high"] <= 1.0 and (h["p"] < alpha) == (h["ci_low"] > 0 or
                                                                                             h["ci_high"] < 0)

@@ -1,4 +1,4 @@
-"""The analysis reproduces every value of the golden record ``tests/fixtures/analysis_golden.json`` (schema 6), written
+"""The analysis reproduces every value of the golden record ``tests/fixtures/analysis_golden.json`` (schema 7), written
 from the same fixture runs by ``python tests/fixtures/golden_runs.py``: a change of any number fails here until the
 record is regenerated on purpose (and its diff checked, see ``tests/fixtures/golden_runs.py``)."""
 
@@ -130,7 +130,8 @@ def test_a_schema_4_analysis_still_reads_with_the_same_numbers(runs, tmp_path):
 
 def unmethodical(x: object) -> object:
     """The JSON form of ``x`` without the ``method`` text of its estimates (schema 6 gives every estimate the
-    method its fit names; older files gave it to some holders only): the numbers and every other field stay."""
+    method its fit names, schema 7 H3's Spearman estimate too; older files gave it to some holders only): the
+    numbers and every other field stay."""
     def strip(v: object) -> object:
         if isinstance(v, dict):
             est = {"value", "se", "ci_low", "ci_high", "df", "p", "q", "method", "reason", "is_test"} == set(v)
@@ -178,8 +179,46 @@ def test_a_schema_5_analysis_still_reads_with_the_same_numbers(runs, tmp_path, n
     assert now_n - then_n == added  # the only new numbers: the significant heads' SE and df (schema 6)
 
 
-def without_head_se(families: dict) -> dict:
-    """``families`` with the significant heads' SE and df removed (schema 5 did not record them)."""
+SCHEMA6 = Path(__file__).parent.parent / "fixtures" / "analysis_schema6.json"
+
+
+@pytest.mark.parametrize("name", ["ice", "cogniload"])
+def test_a_schema_6_analysis_still_reads_with_the_same_numbers(runs, tmp_path, name):
+    """``analysis_schema6.json`` is the golden record as schema 6 wrote it (H3's correlation spelled out flat:
+    ``n_tasks``, ``r``, ``ci_low``, …, ``spearman_rho``, ``spearman_p``): it reads, equals today's analysis of the
+    same run in every field but the Spearman estimate's added ``method`` text, and holds the same multiset of
+    numbers as today's record."""
+    import shutil
+    from collections import Counter
+
+    old = json.loads(SCHEMA6.read_text())[name]
+    assert old["schema"] == 6
+    if name == "ice":
+        assert "r" in old["families"]["ice"]["h3"][0] and "correlation" not in old["families"]["ice"]["h3"][0]
+    run = tmp_path / name
+    shutil.copytree(runs[name], run)
+    (run / "analysis.json").write_text(json.dumps({k: v for k, v in old.items() if k != "attention_summary_arrays"}))
+    then, now = read_analysis(run), read_analysis(runs[name])
+    assert then.schema == now.schema == SCHEMA_VERSION
+    assert unmethodical(then.families) == unmethodical(without_max_t(now.families))  # max-T: added within schema 7
+    assert then.interventions == now.interventions is None
+
+    def numbers(x: object) -> list[str]:
+        if isinstance(x, dict):
+            return [n for k, v in x.items() if k not in ("schema", "created", "run_dir") for n in numbers(v)]
+        if isinstance(x, list):
+            return [n for v in x for n in numbers(v)]
+        return [f"{x:.9g}"] if isinstance(x, (int, float)) and not isinstance(x, bool) else []
+
+    fresh = json.loads((runs[name] / "analysis.json").read_text())
+    added = Counter(numbers(to_json(now.families))) - Counter(numbers(to_json(without_max_t(now.families))))
+    assert Counter(numbers(old["families"])) == Counter(numbers(fresh["families"])) - added
+    assert not Counter(numbers(old["families"])) - Counter(numbers(fresh["families"]))  # none lost
+
+
+def without_max_t(families: dict) -> dict:
+    """``families`` without the per-head max-T option (added within schema 7: its fields take their defaults in
+    older files)."""
     ice = families.get("ice")
     if ice is None:
         return families
@@ -187,12 +226,31 @@ def without_head_se(families: dict) -> dict:
     def plain(a):
         if a.heads is None:
             return a
-        hits = tuple(dataclasses.replace(h, estimate=dataclasses.replace(h.estimate, se=None, df=None))
+        hits = tuple(dataclasses.replace(h, p_max_t=None) for h in a.heads.significant)
+        return dataclasses.replace(a, heads=dataclasses.replace(a.heads, significant=hits, max_t=None),
+                                   distractor_heads=tuple(dataclasses.replace(h, p_max_t=None)
+                                                          for h in a.distractor_heads))
+
+    return {**families, "ice": dataclasses.replace(ice, attention_behaviour=tuple(
+        plain(a) for a in ice.attention_behaviour))}
+
+
+def without_head_se(families: dict) -> dict:
+    """``families`` with the significant heads' SE and df removed (schema 5 did not record them), and the per-head
+    max-T option (added within schema 6: its fields take their defaults in older files)."""
+    ice = families.get("ice")
+    if ice is None:
+        return families
+
+    def plain(a):
+        if a.heads is None:
+            return a
+        hits = tuple(dataclasses.replace(h, estimate=dataclasses.replace(h.estimate, se=None, df=None), p_max_t=None)
                      for h in a.heads.significant)
-        distractor = tuple(dataclasses.replace(h, estimate=dataclasses.replace(h.estimate, se=None, df=None))
-                           for h in a.distractor_heads)
-        return dataclasses.replace(a, heads=dataclasses.replace(a.heads, significant=hits),
-                                   distractor_heads=distractor)
+        distractor = tuple(dataclasses.replace(h, estimate=dataclasses.replace(h.estimate, se=None, df=None),
+                                               p_max_t=None) for h in a.distractor_heads)
+        heads = dataclasses.replace(a.heads, significant=hits, max_t=None)
+        return dataclasses.replace(a, heads=heads, distractor_heads=distractor)
 
     return {**families, "ice": dataclasses.replace(ice, attention_behaviour=tuple(
         plain(a) for a in ice.attention_behaviour))}

@@ -16,17 +16,16 @@ import pytest
 from probe.analysis.attention_link import LayerFit, LayerTest, MeasureLogit
 from probe.analysis.estimate import Estimate, nest_flat_estimates
 from probe.analysis.hypotheses import H1Fit, LoadLogit, PairedComparison
-from probe.analysis.inference import PairedTest
+from probe.analysis.hypotheses import H3Correlation, H3Point
+from probe.analysis.inference import Correlation, PairedTest
+from probe.analysis.paired_ratio import PairedDifference, RecoveredShare
 from probe.analysis.results import from_json, to_json
 
 ANALYSIS = Path(__file__).resolve().parents[2] / "probe" / "analysis"
 
-# dataclasses that still spell an estimate out (the next ones to move onto Estimate), each with why it stays
-PENDING = {
-    "Correlation": "Pearson r with Fisher-z CI (also Spearman): a correlation, its own interval and test",
-    "H3Correlation": "Correlation plus model, load, points and q (the same composition as PairedComparison next)",
-    "PairedDifference": "the interventions' paired EM difference (delta, se, CI, p, df)",
-}
+# dataclasses that still spell an estimate out (the next ones to move onto Estimate), each with why it stays;
+# empty: every estimate of the analysis is an Estimate (Correlation, H3Correlation and PairedDifference were the last)
+PENDING: dict[str, str] = {}
 # the one type, and the grid of many fits (arrays: one Estimate per cell via ManyFits.estimate_at)
 ALLOWED = {"Estimate", "ManyFits"}
 
@@ -89,6 +88,16 @@ ROUND_TRIPS = [
         power=None),
     LayerFit(layer=2, n=120, fit=MeasureLogit(Estimate(value=3.0, se=1.0, p=0.01, q=0.04, is_test=True), 1.35),
              adjusted=None),
+    H3Correlation(model="m", load=None, correlation=Correlation(
+        n=10, estimate=Estimate(value=0.59, ci_low=-0.06, ci_high=0.89, p=0.07, q=0.15, method="Pearson r",
+                                is_test=True),
+        spearman=Estimate(value=0.64, p=0.046, method="Spearman", is_test=True), slope=0.86, intercept=-0.22),
+        points=(H3Point("t0", 0.24, 0.0, 1.0, 1.0),)),
+    PairedDifference(n_prompts=12, n_questions=6, em_a=0.5, em_b=0.25, estimate=Estimate(
+        value=0.25, se=0.1, ci_low=0.0, ci_high=0.5, df=5.0, p=0.06, method="sign flip", is_test=True),
+        is_exact=True),
+    RecoveredShare(Estimate(value=0.4, ci_low=0.1, ci_high=0.8, method="Fieller"), 0.1, 0.25, 6),
+    RecoveredShare.undefined(0, "no question"),
 ]
 
 
@@ -143,3 +152,39 @@ def test_flat_estimates_of_older_files_are_nested_with_every_number():
                                                            "ci_high": -0.1, "p": 0.003, "df": None}})
     assert from_json(dict[str, Estimate], term) == {"d": Estimate(value=-0.3, se=0.1, ci_low=-0.5, ci_high=-0.1,
                                                                   p=0.003, is_test=True)}
+
+
+def test_the_schema_6_layouts_of_h3_and_the_interventions_are_nested_with_every_number():
+    """Schema 6 spelled out H3's correlation (``n_tasks``, ``r``, …, ``spearman_rho``, ``spearman_p``), a paired
+    difference (``delta``, ``se``, …) and a recovered share (``estimate`` the number, ``ci_low``, …) flat."""
+    h3 = {"model": "m", "load": 20, "n_tasks": 10, "r": 0.59, "ci_low": -0.06, "ci_high": 0.89, "p": 0.07, "q": 0.15,
+          "spearman_rho": 0.64, "spearman_p": 0.046, "slope": 0.86, "intercept": -0.22, "is_test": True,
+          "method": "Pearson r", "reason": None,
+          "points": [{"task_id": "t0", "s_sim": 0.24, "degradation": 0.0, "em_control": 1.0, "em_residue": 1.0}]}
+    got = from_json(H3Correlation, nest_flat_estimates(H3Correlation, h3))
+    assert got == H3Correlation(model="m", load=20, correlation=Correlation(
+        n=10, estimate=Estimate(value=0.59, ci_low=-0.06, ci_high=0.89, p=0.07, q=0.15, method="Pearson r",
+                                is_test=True),
+        spearman=Estimate(value=0.64, p=0.046, is_test=True), slope=0.86, intercept=-0.22),
+        points=(H3Point("t0", 0.24, 0.0, 1.0, 1.0),))
+    untested = from_json(H3Correlation, nest_flat_estimates(H3Correlation, {
+        **h3, "r": None, "ci_low": None, "ci_high": None, "p": None, "q": None, "spearman_rho": None,
+        "spearman_p": None, "is_test": False, "reason": "3 questions"}))
+    assert untested.correlation.estimate == Estimate.descriptive(None, "3 questions", "Pearson r")
+    assert untested.correlation.spearman == Estimate(value=None)
+
+    diff = {"n_prompts": 12, "n_questions": 6, "em_a": 0.5, "em_b": 0.25, "delta": 0.25, "ci_low": 0.0,
+            "ci_high": 0.5, "se": 0.1, "df": 5.0, "p": 0.06, "is_exact": True, "is_test": True, "method": "sign flip",
+            "reason": None}
+    share = {"estimate": 0.4, "ci_low": 0.1, "ci_high": 0.8, "numerator": 0.1, "denominator": 0.25,
+             "n_questions": 6, "method": "Fieller", "reason": "no spread"}
+    assert from_json(PairedDifference, nest_flat_estimates(PairedDifference, diff)) == PairedDifference(
+        n_prompts=12, n_questions=6, em_a=0.5, em_b=0.25, estimate=Estimate(
+            value=0.25, se=0.1, ci_low=0.0, ci_high=0.5, df=5.0, p=0.06, method="sign flip", is_test=True),
+        is_exact=True)
+    assert from_json(RecoveredShare, nest_flat_estimates(RecoveredShare, share)) == RecoveredShare(
+        Estimate(value=0.4, ci_low=0.1, ci_high=0.8, method="Fieller", reason="no spread"), 0.1, 0.25, 6)
+    undefined = {**share, "estimate": None, "ci_low": None, "ci_high": None, "numerator": None,
+                 "denominator": None, "n_questions": 0, "reason": "no question"}
+    assert from_json(RecoveredShare, nest_flat_estimates(RecoveredShare, undefined)) == RecoveredShare(
+        Estimate(value=None, method="Fieller", reason="no question"), None, None, 0)

@@ -401,21 +401,23 @@ def test_correlation_test_and_interval_agree() -> None:
         n = int(rng.integers(4, 12))
         x = rng.normal(size=n)
         y = 0.8 * x + rng.normal(size=n)
-        c = inf.similarity_correlation(x, y, min_n=4)
+        c = inf.similarity_correlation(x, y, min_n=4).estimate
         ref = scipy.stats.pearsonr(x, y)
         ci = ref.confidence_interval()
-        assert (c.r, c.ci_low, c.ci_high) == pytest.approx((ref.statistic, ci.low, ci.high))
+        assert (c.value, c.ci_low, c.ci_high) == pytest.approx((ref.statistic, ci.low, ci.high))
         assert (c.p < 0.05) == (c.ci_low > 0 or c.ci_high < 0)
 
 
 def test_correlation_at_n_four_reproduces_the_issue_and_refuses_n_three() -> None:
-    c = inf.similarity_correlation(np.array([0.1, 0.2, 0.3, 0.5]), np.array([0.0, 0.5, 0.5, 1.0]), min_n=4)
-    assert c.r == pytest.approx(0.956, abs=1e-3) and c.ci_low < 0 < c.p - 0.05
+    c = inf.similarity_correlation(np.array([0.1, 0.2, 0.3, 0.5]), np.array([0.0, 0.5, 0.5, 1.0]), min_n=4).estimate
+    assert c.value == pytest.approx(0.956, abs=1e-3) and c.ci_low < 0 < c.p - 0.05
     assert scipy.stats.pearsonr([0.1, 0.2, 0.3, 0.5], [0.0, 0.5, 0.5, 1.0]).pvalue < 0.05  # the old, inconsistent p
     three = inf.similarity_correlation(np.array([0.1, 0.2, 0.3]), np.array([0.0, 0.5, 1.0]))
-    assert not three.is_test and three.p is None and three.ci_low is None and three.r == pytest.approx(1.0)
+    e = three.estimate
+    assert not e.is_test and e.p is None and e.ci_low is None and e.value == pytest.approx(1.0)
+    assert three.spearman.value is None and not three.spearman.is_test  # no test: no robustness figure either
     flat = inf.similarity_correlation(np.array([0.1, 0.2, 0.3, 0.4]), np.array([0.5, 1 / 3 + 1 / 6, 0.5, 0.5]))
-    assert flat.r is None and "same" in flat.reason
+    assert flat.estimate.value is None and "same" in flat.estimate.reason
 
 
 # --------------------------------------------------------------------------------------- null simulations
@@ -522,14 +524,14 @@ def test_correlation_below_six_questions_is_descriptive() -> None:
     rng = np.random.default_rng(5)
     x = rng.normal(size=5)
     y = 3 * x + 0.1 * rng.normal(size=5)
-    five = inf.similarity_correlation(x, y)
+    five = inf.similarity_correlation(x, y).estimate
     assert not five.is_test and five.p is None and five.ci_low is None
-    assert five.r == pytest.approx(scipy.stats.pearsonr(x, y).statistic) and "minimum of 6" in str(five.reason)
-    line = inf.similarity_correlation(np.arange(8.0), 2 * np.arange(8.0) + 1, min_n=4)
+    assert five.value == pytest.approx(scipy.stats.pearsonr(x, y).statistic) and "minimum of 6" in str(five.reason)
+    line = inf.similarity_correlation(np.arange(8.0), 2 * np.arange(8.0) + 1, min_n=4).estimate
     assert not line.is_test and line.p is None and line.ci_low is None and "one line" in str(line.reason)
-    four = inf.similarity_correlation(np.arange(4.0), -np.arange(4.0), min_n=4)
+    four = inf.similarity_correlation(np.arange(4.0), -np.arange(4.0), min_n=4).estimate
     assert not four.is_test and four.p is None
-    six = inf.similarity_correlation(np.r_[x, 0.3], np.r_[y, 0.0])
+    six = inf.similarity_correlation(np.r_[x, 0.3], np.r_[y, 0.0]).estimate
     assert six.is_test and six.p is not None
 
 

@@ -36,7 +36,7 @@ from tests.fixtures.synthetic_run import Plan, make_run
 def spec(name: str, keys: str, window: list[int] | None = None, group: str | None = None,
          selection: dict | None = None, heads: object = "all") -> dict:
     layers = list(range(4)) if window is None else list(range(window[0], window[1] + 1))
-    return dict(name=name, kind="knockout", alpha=None, keys=keys, queries="question+generated", layers=layers,
+    return dict(name=name, kind="knockout", alpha=None, keys=keys, queries="answer", layers=layers,
                 heads=heads, window=window, group=group or name, selection=selection)
 
 
@@ -89,13 +89,16 @@ def test_paired_difference_equals_the_per_question_t_interval_and_the_enumerated
     b = (rng.random(g.size) < 0.4).astype(float)
     a = np.maximum(b, (rng.random(g.size) < 0.5).astype(float))
     d = paired_difference(a, b, g)
+    e = d.estimate
     dq = _per_question(a, b, g)
-    assert d.delta == pytest.approx(dq.mean()) and d.em_a == pytest.approx(a.mean())
-    ci = scipy.stats.ttest_1samp(dq, 0).confidence_interval(0.95)
-    assert (d.ci_low, d.ci_high) == pytest.approx((ci.low, ci.high)) and d.df == pytest.approx(9)
+    assert e.value == pytest.approx(dq.mean()) and d.em_a == pytest.approx(a.mean())
+    tt = scipy.stats.ttest_1samp(dq, 0)
+    ci = tt.confidence_interval(0.95)
+    assert (e.ci_low, e.ci_high) == pytest.approx((ci.low, ci.high)) and e.df == pytest.approx(9)
+    assert e.se == pytest.approx(scipy.stats.sem(dq))
     flips = np.array(list(itertools.product([-1, 1], repeat=10)))  # every sign assignment, by hand
     stats = np.abs((flips * dq).mean(1))
-    assert d.p == pytest.approx(np.mean(stats >= abs(dq.mean()) - 1e-12)) and d.is_exact and d.is_test
+    assert e.p == pytest.approx(np.mean(stats >= abs(dq.mean()) - 1e-12)) and d.is_exact and e.is_test
 
 
 def test_paired_difference_interval_stays_within_minus_one_and_one():
@@ -107,13 +110,15 @@ def test_paired_difference_interval_stays_within_minus_one_and_one():
     d = paired_difference(a, b, g)
     ci = scipy.stats.ttest_1samp(_per_question(a, b, g), 0).confidence_interval(0.95)
     assert ci.low < -1.0
-    assert (d.ci_low, d.ci_high) == pytest.approx((-1.0, ci.high)) and d.delta == pytest.approx(-6 / 7)
+    e = d.estimate
+    assert (e.ci_low, e.ci_high) == pytest.approx((-1.0, ci.high)) and e.value == pytest.approx(-6 / 7)
 
 
 def test_paired_difference_below_the_minimum_questions_is_descriptive():
     d = paired_difference(np.array([1.0, 1, 1, 0]), np.array([0.0, 0, 1, 0]), np.array(["a", "a", "b", "b"]))
-    assert d.delta == pytest.approx(0.5) and d.p is None and d.ci_low is None and not d.is_test
-    assert "fewer than the minimum" in (d.reason or "")
+    e = d.estimate
+    assert e.value == pytest.approx(0.5) and e.p is None and e.ci_low is None and not e.is_test
+    assert "fewer than the minimum" in (e.reason or "")
 
 
 def test_recovered_share_and_its_fieller_interval_match_direct_computation():
@@ -121,9 +126,9 @@ def test_recovered_share_and_its_fieller_interval_match_direct_computation():
     c = rng.uniform(0.7, 1.0, 12)
     b = c - rng.uniform(0.3, 0.6, 12)
     i = b + 0.5 * (c - b) + rng.normal(0, 0.1, 12)
-    r = recovered_share(i, b, c)
-    assert r.estimate == pytest.approx((i - b).mean() / (c - b).mean())
-    assert r.ci_low is not None and r.ci_high is not None and r.ci_low < r.estimate < r.ci_high
+    r = recovered_share(i, b, c).estimate
+    assert r.value == pytest.approx((i - b).mean() / (c - b).mean()) and not r.is_test and r.p is None
+    assert r.ci_low is not None and r.ci_high is not None and r.ci_low < r.value < r.ci_high
     # Fieller's set: the R whose t test of mean(num - R den) = 0 does not reject (scipy, on a fine grid)
     grid = np.linspace(r.ci_low - 0.3, r.ci_high + 0.3, 2001)
     inside = np.array([scipy.stats.ttest_1samp((i - b) - R * (c - b), 0).pvalue >= 0.05 for R in grid])
@@ -133,15 +138,15 @@ def test_recovered_share_and_its_fieller_interval_match_direct_computation():
 
 def test_recovered_share_undefined_cases_give_a_reason():
     b = np.full(8, 0.5)
-    none = recovered_share(np.full(8, 0.7), b, np.full(8, 0.4))  # Control below baseline: nothing to recover
-    assert none.estimate is None and "nothing to recover" in (none.reason or "")
-    zero = recovered_share(np.full(8, 0.7), b, b)
-    assert zero.estimate is None and "<= 0" in (zero.reason or "")
-    noisy = recovered_share(np.array([1, 0, 1, 0, 1, 0, 1, 0.0]), b, np.array([1, 0, 1, 1, 0, 0, 0.5, 1]))
-    assert noisy.estimate is not None and noisy.ci_low is None and "unbounded" in (noisy.reason or "")
+    none = recovered_share(np.full(8, 0.7), b, np.full(8, 0.4)).estimate  # Control below baseline: nothing to recover
+    assert none.value is None and "nothing to recover" in (none.reason or "")
+    zero = recovered_share(np.full(8, 0.7), b, b).estimate
+    assert zero.value is None and "<= 0" in (zero.reason or "")
+    noisy = recovered_share(np.array([1, 0, 1, 0, 1, 0, 1, 0.0]), b, np.array([1, 0, 1, 1, 0, 0, 0.5, 1])).estimate
+    assert noisy.value is not None and noisy.ci_low is None and "unbounded" in (noisy.reason or "")
     assert fieller_interval(np.array([1, 0, 1, 0, 1, 0.0]), np.array([1, -1, 1, 0, -1, 0.5])) is None
-    empty = recovered_share(np.zeros(0), np.zeros(0), np.zeros(0))
-    assert empty.estimate is None and "no question" in (empty.reason or "")
+    empty = recovered_share(np.zeros(0), np.zeros(0), np.zeros(0)).estimate
+    assert empty.value is None and "no question" in (empty.reason or "")
 
 
 def test_recovered_share_interval_covers_at_ten_questions():
@@ -164,7 +169,8 @@ def test_rows_pair_each_intervened_trial_with_the_baseline_of_its_prompt(run):
     row = next(r for r in a.interventions.rows if r.intervention == "ko-ext")
     assert row.diff.n_prompts == 24 and row.diff.n_questions == 12
     assert row.diff.em_a == pytest.approx(ei.mean()) and row.diff.em_b == pytest.approx(eb.mean())
-    assert row.diff.delta == pytest.approx(_per_question(ei, eb, g).mean()) and row.diff.delta > 0
+    delta = row.diff.estimate.value
+    assert delta == pytest.approx(_per_question(ei, eb, g).mean()) and delta > 0
     control = {t.task_id: [] for t in trials}
     for t in trials:
         if t.intervention is None and t.condition == "Control":
@@ -172,20 +178,23 @@ def test_rows_pair_each_intervened_trial_with_the_baseline_of_its_prompt(run):
     qs = np.unique(g)
     c = np.array([np.mean(control[q]) for q in qs])
     num = np.array([ei[g == q].mean() - eb[g == q].mean() for q in qs])
-    assert row.recovered.estimate == pytest.approx(num.mean() / (c - np.array([eb[g == q].mean() for q in qs])).mean())
+    den = c - np.array([eb[g == q].mean() for q in qs])
+    assert row.recovered.estimate.value == pytest.approx(num.mean() / den.mean())
 
 
 def test_specific_contrast_claims_only_what_the_bh_corrected_test_supports(run):
     res = read_analysis(run).interventions
     assert res is not None
     (c,) = res.specific
-    assert (c.a, c.b) == ("ko-ext", "ko-rand") and c.test.delta > 0 and c.q is not None and c.q < 0.05 and c.claim
+    assert (c.a, c.b) == ("ko-ext", "ko-rand") and c.test.estimate.value > 0
+    assert c.q is not None and c.q < 0.05 and c.claim
     trials = load_trials(RunFolder(run).trials)
     em = {(t.prompt_id, t.intervention): t.em for t in trials}
     pids = sorted({t.prompt_id for t in trials if t.intervention == "ko-ext"})
     direct = paired_difference(np.array([em[p, "ko-ext"] for p in pids]), np.array([em[p, "ko-rand"] for p in pids]),
                                np.array([p.split("-")[0] for p in pids]))
-    assert c.test.delta == pytest.approx(direct.delta) and c.test.p == pytest.approx(direct.p)
+    assert c.test.estimate.value == pytest.approx(direct.estimate.value)
+    assert c.test.estimate.p == pytest.approx(direct.estimate.p)
     (h,) = res.heads
     assert (h.a, h.b) == ("top4", "rand4") and not h.claim  # heads contrasts carry no causal claim
     (sw,) = res.sweeps
@@ -199,9 +208,9 @@ def test_no_claim_when_the_extraneous_knockout_does_not_beat_its_matched_control
                       {"ko-ext": 0.6, "ko-rand": 0.6, "ko-ext2": 0.6}, seed=5)
     res = analyze_run(d, AnalysisSection(), seed=0, fill_similarity=False).interventions
     assert res is not None and len(res.specific) == 2 and not res.claims()
-    p = np.array([c.test.p for c in res.specific])
+    p = np.array([c.test.estimate.p for c in res.specific])
     assert [c.q for c in res.specific] == pytest.approx(list(multipletests(p, method="fdr_bh")[1]))
-    assert all(c.q is not None and c.q >= 0.05 or c.test.delta <= 0 for c in res.specific)
+    assert all(c.q is not None and c.q >= 0.05 or c.test.estimate.value <= 0 for c in res.specific)
     lines = " ".join(summary_lines(res))
     assert "no causal effect shown" in lines and "causal effect of attention" not in lines
 
@@ -219,7 +228,7 @@ def test_existing_estimates_read_baseline_trials_only(run, tmp_path):
 def test_loader_tolerates_absence_and_names_a_bad_field(tmp_path):
     assert load_interventions(tmp_path) == ()
     (tmp_path / "interventions.json").write_text(json.dumps([{**spec("x", "extraneous"), "keys": "everything"}]))
-    with pytest.raises(InterventionsFileError, match=r"interventions.json.*entry 0 \(x\) keys 'everything'"):
+    with pytest.raises(InterventionsFileError, match=r"interventions.json: entry 0 \(x\) field 'keys': 'everything'"):
         load_interventions(tmp_path)
     bad = spec("x", "extraneous")
     del bad["layers"]
@@ -254,8 +263,8 @@ def test_report_section_renders_the_table_the_curve_and_the_heads(run):
     (sw,) = read_analysis(run).interventions.sweeps
     fig = draw_sweep(sw)  # the curve plots each window's paired difference and share at its centre
     assert list(fig.axes[0].lines[0].get_xdata()) == [0.5, 2.5]
-    assert list(fig.axes[0].lines[0].get_ydata()) == pytest.approx([p.diff.delta for p in sw.points])
-    assert list(fig.axes[1].lines[0].get_ydata()) == pytest.approx([p.recovered.estimate for p in sw.points])
+    assert list(fig.axes[0].lines[0].get_ydata()) == pytest.approx([p.diff.estimate.value for p in sw.points])
+    assert list(fig.axes[1].lines[0].get_ydata()) == pytest.approx([p.recovered.estimate.value for p in sw.points])
     written = {p.name for p in write_tables(read_analysis(run), run)}
     assert {"interventions.csv", "intervention_contrasts.csv", "intervention_sweeps.csv"} <= written
     assert "## Causal tests: interventions" in (run / "analysis.md").read_text()
@@ -288,6 +297,32 @@ def test_compare_puts_the_causal_tests_of_runs_side_by_side(run, tmp_path):
     assert "Causal tests: interventions" in page and "run: model-a" in page and "run#1: model-a" in page
 
 
+def test_a_contrast_carried_by_the_controls_harm_is_no_claim(tmp_path):
+    """The extraneous knockout leaves EM where the baseline has it, the random one destroys answers: the contrast is
+    significant, but nothing is recovered by removing the distractors, so no causal effect is claimed."""
+    d = tmp_path / "harm"
+    make_run(d, dataclasses.replace(PLAN, p_control=0.9, beta_sat=-0.002))
+    folder = RunFolder(d)
+    new = []
+    for t in load_trials(folder.trials):
+        if t.condition == "Saturation":  # ko-ext: every answer as in the baseline; ko-rand: every answer lost
+            new += [dataclasses.replace(t, trial_id=make_trial_id(t.model, t.prompt_id, name), intervention=name,
+                                        em=em) for name, em in (("ko-ext", t.em), ("ko-rand", 0.0))]
+    append_jsonl(folder.trials, (x.to_dict() for x in new))
+    (d / "interventions.json").write_text(json.dumps(SPECS[:2]))
+    res = analyze_run(d, AnalysisSection(), seed=0, fill_similarity=False).interventions
+    assert res is not None
+    (c,) = res.specific
+    assert c.test.estimate.value > 0 and c.q is not None and c.q < 0.05  # the contrast alone would be a claim
+    assert c.a_alone is not None and not (c.a_alone.estimate.p < 0.05 and c.a_alone.estimate.value > 0)
+    row = next(r for r in res.rows if r.intervention == "ko-ext" and r.condition == "Saturation")
+    assert c.a_alone == row.diff  # the knockout's own paired difference against the baseline
+    assert not c.claim and not res.claims()
+    text = " ".join(summary_lines(res))
+    assert "carried by the harm ko-rand does" in text and "causal effect of attention" not in text
+    assert read_analysis(d).interventions == res
+
+
 def test_a_matched_random_control_that_drew_too_few_tokens_supports_no_claim(tmp_path):
     """The same significant contrast as in the fixture run, but the control's draws fell short in some prompts (as
     at load 80 on the default model): the contrast is reported, marked unmatched, and never claimed."""
@@ -302,7 +337,7 @@ def test_a_matched_random_control_that_drew_too_few_tokens_supports_no_claim(tmp
     res = analyze_run(d, AnalysisSection(), seed=0, fill_similarity=False).interventions
     assert res is not None
     (c,) = res.specific
-    assert c.test.delta > 0 and c.q is not None and c.q < 0.05  # the test alone would support a claim
+    assert c.test.estimate.value > 0 and c.q is not None and c.q < 0.05  # the test alone would support a claim
     assert c.unmatched is not None and "122 short" in c.unmatched and not c.claim and not res.claims()
     assert any("control not matched" in line for line in summary_lines(res))
     assert read_analysis(d).interventions == res
@@ -312,9 +347,66 @@ def test_recovered_share_gives_no_zero_width_interval():
     """num proportional to den in every question: Fieller's set collapses to a point; say so instead."""
     c = np.array([1.0, 1, 1, 1, 0.5, 0.5, 1, 1])
     b = np.array([0.0, 0.5, 0, 0.5, 0, 0, 0.5, 0])
-    half = recovered_share(b + 0.5 * (c - b), b, c)
-    assert half.estimate == pytest.approx(0.5) and half.ci_low is None and half.ci_high is None
+    half = recovered_share(b + 0.5 * (c - b), b, c).estimate
+    assert half.value == pytest.approx(0.5) and half.ci_low is None and half.ci_high is None
     assert "same share" in (half.reason or "")
-    zero = recovered_share(b, b, c)
-    assert zero.estimate == pytest.approx(0.0) and zero.ci_low is None and zero.reason
+    zero = recovered_share(b, b, c).estimate
+    assert zero.value == pytest.approx(0.0) and zero.ci_low is None and zero.reason
 
+
+
+def test_each_model_reads_its_own_entries_of_a_shared_name(tmp_path):
+    """Two models resolve the same declared intervention to different layers (as top-k heads differ by model):
+    each model's specific contrast uses its own entry and its own twin."""
+    d = tmp_path / "two"
+    make_run(d, Plan(n_tasks=8, loads=(80,), conditions=("Control", "Saturation"), models=("model-a", "model-b"),
+                     seed=5))
+    specs = {"model-a": [dict(spec("ko-ext", "extraneous"), model="model-a"),
+                         dict(spec("rand-a", "matched-random"), model="model-a")],
+             "model-b": [dict(spec("ko-ext", "extraneous", [0, 1]), group="ko-ext", window=None, model="model-b"),
+                         dict(spec("rand-b", "matched-random", [0, 1]), group="rand-b", window=None,
+                              model="model-b")]}
+    rng = np.random.default_rng(0)
+    new = [dataclasses.replace(t, trial_id=make_trial_id(t.model, t.prompt_id, s["name"]), intervention=s["name"],
+                               em=None if t.em is None else float(rng.random() < 0.5))
+           for t in load_trials(RunFolder(d).trials) if t.intervention is None and t.condition != "Control"
+           for s in specs[t.model]]
+    append_jsonl(RunFolder(d).trials, (x.to_dict() for x in new))
+    (d / "interventions.json").write_text(json.dumps(specs["model-a"] + specs["model-b"]))
+    res = analyze_run(d, AnalysisSection(), seed=0, fill_similarity=False).interventions
+    assert res is not None
+    assert sorted((c.model, c.a, c.b) for c in res.specific) == [("model-a", "ko-ext", "rand-a"),
+                                                                  ("model-b", "ko-ext", "rand-b")]
+
+
+def _schema6(diff: dict) -> dict:
+    """A paired difference or recovered share as analysis schema 6 wrote it: its estimate's fields spelled out
+    flat (a difference's value as ``delta``, a share's as ``estimate``; no ``q`` and, for a share, no ``se``,
+    ``df``, ``p`` or ``is_test``)."""
+    e = diff["estimate"]
+    if "n_prompts" in diff:
+        return {**{k: v for k, v in diff.items() if k != "estimate"}, "delta": e["value"],
+                **{k: e[k] for k in ("ci_low", "ci_high", "se", "df", "p", "is_test", "method", "reason")}}
+    return {**{k: v for k, v in diff.items() if k != "estimate"}, "estimate": e["value"],
+            **{k: e[k] for k in ("ci_low", "ci_high", "method", "reason")}}
+
+
+def test_a_schema_6_analysis_of_interventions_still_reads_with_the_same_numbers(run, tmp_path):
+    """The interventions of a schema-6 ``analysis.json`` (paired differences and recovered shares spelled out flat)
+    read into today's types with every number."""
+    import shutil
+
+    data = json.loads((run / "analysis.json").read_text())
+    iv = data["interventions"]
+    old = {**iv, "rows": [{**r, "diff": _schema6(r["diff"]), "recovered": _schema6(r["recovered"])}
+                          for r in iv["rows"]],
+           "specific": [{**c, "test": _schema6(c["test"])} for c in iv["specific"]],
+           "heads": [{**c, "test": _schema6(c["test"])} for c in iv["heads"]],
+           "sweeps": [{**s, "points": [{**p, "diff": _schema6(p["diff"]), "recovered": _schema6(p["recovered"])}
+                                       for p in s["points"]]} for s in iv["sweeps"]]}
+    assert "delta" in old["rows"][0]["diff"] and not isinstance(old["rows"][0]["recovered"]["estimate"], dict)
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    (copy / "analysis.json").write_text(json.dumps({**data, "schema": 6, "interventions": old}))
+    then = read_analysis(copy)
+    assert then.schema == SCHEMA_VERSION and then.interventions == read_analysis(run).interventions

@@ -301,6 +301,10 @@ def test_failed_vs_correct_maps_equal_statsmodels_and_find_a_planted_head():
                          (sub["condition"] == "Saturation").astype(float)])
     assert arrays[score.estimate_key][0, 2] == pytest.approx(sm.OLS(y, X).fit().params[1], rel=1e-5)
     assert arrays[score.estimate_key][0, 2] < 0
+    # the max-T over the map finds the planted head, and no other (per-question failed - correct contrasts)
+    pm = arrays[score.p_max_t_key]
+    assert pm[0, 2] < 0.05 and np.all(np.delete(pm.ravel(), 2) >= 0.05)
+    assert next(h for h in score.significant if (h.layer, h.head) == (0, 2)).p_max_t == pytest.approx(pm[0, 2])
     p_ext = next(t for t in res.failed_vs_correct if t.measure.startswith("answer-time"))
     assert p_ext.n == 30  # Saturation and Residue trials only
 

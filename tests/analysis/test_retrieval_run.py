@@ -69,7 +69,8 @@ def test_a_probed_run_with_answer_capture_gets_retrieval_heads(tmp_path, tiny_ca
     prompts = runner.build_run_prompts(cfg, progress=False)["tiny-llama"]
     if copyable:
         resolved = resolve_interventions(cfg, "tiny-llama", 2, 4, prompts)
-        assert resolved[0].selection["by"] == "retrieval" and len(resolved[0].heads) == 2
+        sel = resolved[0].selection
+        assert sel is not None and sel.by == "retrieval" and len(resolved[0].heads or ()) == 2
     else:
         with pytest.raises(ConfigError, match="copyable token"):
             resolve_interventions(cfg, "tiny-llama", 2, 4, prompts)

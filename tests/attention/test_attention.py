@@ -260,8 +260,9 @@ def test_uniform_attention_gives_chance(arch: str, exclude_sink: bool, query: st
 def test_without_residue_same_masses(models) -> None:
     tp = make_prompt(seed=9)
     full = probe_tokenized(models["qwen2"], tp)
-    lean = probe_tokenized(models["qwen2"], tp, compute_residue=False)
+    lean = probe_tokenized(models["qwen2"], tp, ProbeSection(residue=False))
     assert lean.ar_k is None
+    assert lean.options["residue"] is False and full.options["residue"] is True  # the record says which
     np.testing.assert_allclose(lean.seg_mass, full.seg_mass, atol=1e-6)
     np.testing.assert_allclose(lean.chance, full.chance, atol=1e-7)
 
@@ -354,8 +355,8 @@ def test_probe_without_value_weighted_measures() -> None:
     every other array is the same."""
     model = _build("llama")
     tp = make_prompt(seed=5, n_tokens=48)
-    full = probe_tokenized(model, tp, compute_residue=False)
-    raw = probe_tokenized(model, tp, compute_residue=False, value_weighted=False)
+    full = probe_tokenized(model, tp, ProbeSection(residue=False))
+    raw = probe_tokenized(model, tp, ProbeSection(residue=False), value_weighted=False)
     assert {"value_share_segment", "value_p_ext"} <= set(full.measures)
     assert set(raw.measures) == set(full.measures) - {"value_share_segment", "value_p_ext"}
     for k in raw.measures:

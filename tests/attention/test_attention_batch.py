@@ -106,7 +106,7 @@ def _blocks(n: int, block_size: int, positions: np.ndarray | None = None) -> Pla
     from probe.types import Span, TokenizedPrompt
 
     tp = TokenizedPrompt(input_ids=tuple(range(n)), spans=(Span("sink", 0, 1), Span("segment", 1, n)))
-    plan = build_plan(tp, ProbeSection(query="segment:1", block_size=block_size), compute_residue=False)
+    plan = build_plan(tp, ProbeSection(query="segment:1", block_size=block_size, residue=False))
     if positions is not None:
         object.__setattr__(plan, "row_positions", positions)
     return PlanTensors(plan, torch.device("cpu"))

@@ -21,6 +21,28 @@ def test_cpu_mode_runs_every_part() -> None:
     assert report.bench[0]["eager_s"] is not None  # eager fits at this size, so it is measured
     assert report.generation is not None and report.generation.same_tokens
     assert "PASSED" in text and "longest T probed" in text
+    # part 4: every architecture of the CPU mode in both dtypes, raw and value-weighted rows held to the reference
+    assert {(r.arch, r.dtype) for r in report.answer} == {(a, d) for a in ("llama", "gemma2", "gemma3")
+                                                          for d in ("float32", "bfloat16")}
+    assert all(0 < r.max_diff <= r.tol and r.max_vdiff <= r.tol for r in report.answer), text
+    assert "4. attention while the answer is written" in text
+
+
+def test_a_capture_that_drifts_from_its_reference_fails_the_check(monkeypatch) -> None:
+    """The answer part compares with the reference: a capture whose masses are shifted fails it."""
+    from probe.attention import decode
+    from probe.bench import gpu_check
+
+    real = decode.reference_answer_attention
+
+    def shifted(model, tp, answer):  # noqa: ANN001, ANN202
+        ref = real(model, tp, answer)
+        ref.mass[..., 0] += 1e-3
+        return ref
+
+    monkeypatch.setattr(decode, "reference_answer_attention", shifted)
+    rows = gpu_check.check_answer_capture(torch.device("cpu"), ("llama",), n_new=3)
+    assert rows and not any(r.ok for r in rows if r.dtype == "float32")
 
 
 def test_without_cuda_it_refuses_unless_cpu_mode_is_asked(monkeypatch, capsys) -> None:

@@ -231,3 +231,22 @@ def test_probe_models_probes_each_served_url_and_names_a_missing_gguf(tmp_path, 
     assert rows["nofile"].split()[2] == "no"
     assert "holds no 'SmolLM2-135M-Instruct.Q9.gguf'" in rows["nofile"]
     assert "SmolLM2-135M-Instruct.Q4_1.gguf" in rows["nofile"]  # what the package holds
+
+
+def test_probe_residue_is_an_option_and_a_config_without_it_computes_it():
+    """``[probe] residue`` says whether AR_k is computed; a config written before the option existed reads as
+    computing it (as every run did), so resuming its run folder finds no difference."""
+    from probe.runner import record_differences
+
+    base = {"experiment": {"name": "r"}, "tasks": [{"source": "synthetic"}]}
+    old = config_from_dict(base)
+    assert old.probe.residue is True
+    lean = config_from_dict({**base, "probe": {"enabled": True, "residue": False}})
+    assert lean.probe.residue is False
+    assert config_from_dict(tomllib.loads(dump_config(lean))) == lean
+    assert "residue = false" in dump_config(lean)
+    assert record_differences(old, config_from_dict({**base, "probe": {"residue": True}})) == []
+    assert record_differences(old, config_from_dict({**base, "probe": {"residue": False}})) == [
+        "probe.residue: True -> False"]
+    with pytest.raises(ConfigError, match=r"probe\.residue"):
+        config_from_dict({**base, "probe": {"residue": "no"}})

@@ -240,7 +240,9 @@ def test_summary_quotes_only_what_survives_its_familys_correction(run, report):
         significant=()))
         for r in result.residue_attention)
     forced = dataclasses.replace(result, h2=h2, attention_behaviour=(weak,), residue_attention=residue,
-                                 h3=tuple(dataclasses.replace(h, q=0.5) for h in result.h3))
+                                 h3=tuple(dataclasses.replace(h, correlation=dataclasses.replace(
+                                     h.correlation, estimate=h.correlation.estimate.with_q(0.5)))
+                                     for h in result.h3))
     text = " ".join(model_summary(forced, MODEL, settings))
     assert "no comparison survives the correction" in text and "significant after correction" not in text
     assert "no layer survives Benjamini–Hochberg over the 36 layers" in text
@@ -302,7 +304,7 @@ def test_an_analysis_of_another_schema_is_refused_with_what_to_do(tmp_path):
     data = json.loads((d / "analysis.json").read_text())
     old = {k: v for k, v in data.items() if k != "schema"}  # a file written before versions
     (d / "analysis.json").write_text(json.dumps(old))
-    with pytest.raises(AnalysisSchemaError, match=r"schema 1 .*reads schema 6.*probe analyze"):
+    with pytest.raises(AnalysisSchemaError, match=r"schema 1 .*reads schema 7.*probe analyze"):
         read_analysis(d)
     data["families"]["ice"]["cells"][0]["em_meen"] = data["families"]["ice"]["cells"][0].pop("em_mean")
     (d / "analysis.json").write_text(json.dumps(data))

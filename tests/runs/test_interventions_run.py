@@ -3,6 +3,7 @@ trials and probe records per intervention, resumption, and refusals."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tomllib
 from pathlib import Path
@@ -141,8 +142,10 @@ def test_top_k_heads_come_from_a_separate_probe_run(tmp_path, tiny_card) -> None
     assert [r.name for r in resolved] == ["top", "top+random"]
     assert sorted(resolved[0].heads) == want
     assert not set(resolved[1].heads) & set(resolved[0].heads) and len(resolved[1].heads) == 3
-    assert resolved[0].selection["from"] == str(sel_dir) and resolved[0].selection["k"] == 3
-    assert resolved[1].selection["control_of"] == "top"
+    sel = resolved[0].selection
+    assert sel is not None and sel.from_run == str(sel_dir) and sel.k == 3 and sel.by == "enrichment"
+    assert sel.n_prompts == len(recs) and sel.control_of is None
+    assert resolved[1].selection == dataclasses.replace(sel, control_of="top")
     # the same questions in selection and test are refused
     same = make_cfg(tmp_path, tiny_card, interventions=[top], name="same", seed=11)
     runner.prepare_run_dir(same)
@@ -182,8 +185,10 @@ def test_section_round_trips_through_the_run_config(tmp_path, tiny_card) -> None
     ({"name": "a", "kind": "knockout", "heads": [[0]]}, r"\.heads"),
     ({"name": "a", "kind": "knockout", "heads": {"top_k": 0, "from": "x"}}, "top_k"),
     ({"name": "a", "kind": "knockout", "colour": 1}, "unknown key"),
+    ({"kind": "knockout"}, r"missing key\(s\) name"),
+    ({"name": "a", "kind": "knockout", "loads": ["50"]}, r"\.loads: expected int, got '50'"),
     ({"name": "a", "kind": "knockout", "conditions": ["Saturation"]}, r"\.conditions: \['Saturation'\] not in"),
-    ({"name": "a", "kind": "knockout", "conditions": "Residue"}, r"\.conditions: 'Residue'; use a list"),
+    ({"name": "a", "kind": "knockout", "conditions": "Residue"}, r"\.conditions: expected a list, got 'Residue'"),
     ({"name": "a", "kind": "knockout", "conditions": []}, r"\.conditions"),
     ({"name": "a", "kind": "knockout", "loads": [20]}, r"\.loads: \[20\] not in"),
     ({"name": "a", "kind": "knockout", "loads": [50, 50]}, r"\.loads"),

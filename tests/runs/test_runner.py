@@ -249,9 +249,10 @@ def test_two_tokenizers_name_themselves_in_prompt_ids_and_records(tmp_path, tiny
     assert sorted(p.name for p in run.attention_root.iterdir()) == ["org%2Ftiny", "tiny-llama"]
 
 
-@pytest.mark.parametrize("query", ["question", "generated"])
-def test_probed_run_records_equal_a_separate_probe_per_prompt(tmp_path, tiny_card, query):
-    """The probe computed during generation (or after it, in batches, for query 'generated') is the one-prompt probe."""
+@pytest.mark.parametrize("query, residue", [("question", True), ("generated", True), ("question", False)])
+def test_probed_run_records_equal_a_separate_probe_per_prompt(tmp_path, tiny_card, query, residue):
+    """The probe computed during generation (or after it, in batches, for query 'generated') is the one-prompt probe;
+    with ``[probe] residue = false`` the records hold no AR_k and say so."""
     import numpy as np
 
     from probe.attention import SegmentAttention, probe_tokenized
@@ -261,7 +262,7 @@ def test_probed_run_records_equal_a_separate_probe_per_prompt(tmp_path, tiny_car
     from probe.runfolder import RunFolder
 
     cfg = make_cfg(tmp_path, tiny_card)
-    cfg = replace(cfg, probe=replace(cfg.probe, enabled=True, query=query))
+    cfg = replace(cfg, probe=replace(cfg.probe, enabled=True, query=query, residue=residue))
     run = RunFolder(runner.run_experiment(cfg, progress=False))
     trials = load_trials(run.trials)
     assert len(trials) == expected_trials(cfg)
@@ -276,7 +277,8 @@ def test_probed_run_records_equal_a_separate_probe_per_prompt(tmp_path, tiny_car
         want = probe_tokenized(backend.loaded.model, tp, cfg.probe,
                             generated_ids=answers[p.prompt_id] if query == "generated" else None)
         assert stored.n_tokens == want.n_tokens
-        for field in ("seg_mass", "seg_mass_segment", "p_ext", "chance", "ar_k"):
+        assert stored.options["residue"] is residue and (stored.ar_k is None) is (not residue)
+        for field in ("seg_mass", "seg_mass_segment", "p_ext", "chance", *(("ar_k",) if residue else ())):
             np.testing.assert_allclose(getattr(stored, field), getattr(want, field), atol=1e-5, equal_nan=True)
 
 

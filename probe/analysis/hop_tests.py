@@ -1,0 +1,223 @@
+"""Question-clustered tests of the hop masses: where the tokens naming a hop's answer look, by outcome and condition.
+
+The quantity (docs/probes.md#hop-tracking): for one trial-hop whose answer the output names, the attention of the
+mention's tokens (averaged over them) on the germane segment that states the hop (``hop``) or on the extraneous
+segments (``extraneous``), per layer and head; per layer it is pooled over the heads (their mean). The tests
+(docs/statistics.md#hop-mass-tests), one set per model, measure (raw attention weights; value-weighted) and mass:
+
+- **failed − correct**: over the named trial-hops of the Saturation and Residue trials (the prompts with
+  extraneous segments, as in the attention ↔ behaviour analysis), the OLS of the mass on [1, failed, load,
+  Residue, last hop, hop index] (:func:`probe.analysis.attention_tests.attention_failure_tests`): the mean
+  difference between trials that end wrong and trials that end right at equal load, placement and hop position.
+  The last hop of a wrong trial is tracked on the wrong answer, so there the mass is where the model looked while
+  it wrote the wrong entity. Masses ``hop`` and ``extraneous``.
+- **Saturation − Control at each load**: over the named trial-hops of Control and of Saturation at that load, the
+  OLS of the mass on [1, Saturation, last hop, hop index]
+  (:func:`probe.analysis.attention_tests.condition_contrast_tests`). Mass ``hop`` only: a Control prompt has no
+  extraneous segment, so its extraneous mass is 0 by construction.
+
+Each is fitted per layer (head-pooled mass; BH across the layers, one family) and per head (BH across the layer ×
+head map, one family), CR2 clustered by question with Bell–McCaffrey df; below the minimum number of questions
+(or of questions carrying the contrast) it is descriptive. The per-head map also gets the max-T sign-flip
+correction (:mod:`probe.analysis.max_t`, family-wise over the map, permuting whole questions): per question the
+mean over its trials on one side minus the mean over its trials on the other, of the residuals of the same
+adjustment columns (:func:`probe.analysis.max_t.question_contrasts`), for the questions with trials on both
+sides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from probe.analysis.attention_link import EXTRANEOUS_CONDITIONS, LayerTests, _layer_tests
+from probe.analysis.attention_tests import attention_failure_tests, condition_contrast_tests
+from probe.analysis.estimates import finite
+from probe.analysis.inference import ManyFits
+from probe.analysis.max_t import max_t_sign_flip, question_contrasts
+from probe.analysis.retrieval import HeadMap, HeadResult
+
+
+class HopRow(Protocol):
+    """What the tests read of a trial-hop (:class:`probe.analysis.hops.HopRow`, which imports this module)."""
+
+    @property
+    def trial_id(self) -> str: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def task_id(self) -> str: ...
+    @property
+    def condition(self) -> str: ...
+    @property
+    def load(self) -> int: ...
+    @property
+    def hop(self) -> int: ...
+    @property
+    def n_hops(self) -> int: ...
+    @property
+    def em(self) -> float | None: ...
+
+FAILED_CORRECT = "failed - correct"
+SATURATION_CONTROL = "Saturation - Control"
+MASS_NAMES = {"hop": "mass on the hop's own fact", "extraneous": "mass on the extraneous segments"}
+TESTED = ((FAILED_CORRECT, ("hop", "extraneous")), (SATURATION_CONTROL, ("hop",)))
+
+
+@dataclass(frozen=True)
+class HopMassTest:
+    """One test of a hop mass (module docstring): per layer (heads pooled) and per head.
+
+    Attributes:
+        model: the model; measure: ``raw`` or ``value``; category: the mass (``hop`` or ``extraneous``).
+        contrast: ``failed - correct`` or ``Saturation - Control``; load: the Saturation load of the latter (None
+            for the former, which pools loads and adjusts for them).
+        estimand: what the estimate means, with its unit.
+        n: trial-hops; n_trials: trials; n_questions: questions.
+        layers: per layer, the head-pooled mass (BH across layers); None without a fit.
+        heads: per head (BH over the map, and the max-T correction: ``p_max_t_key``); None without a fit.
+        max_t_questions: questions with trials on both sides (the max-T's G); max_t_exact: whether all 2^G sign
+            assignments were used (None without a max-T test).
+        reason: why nothing was fitted, else None.
+    """
+
+    model: str
+    measure: str
+    category: str
+    contrast: str
+    load: int | None
+    estimand: str
+    n: int
+    n_trials: int
+    n_questions: int
+    layers: LayerTests | None
+    heads: HeadMap | None
+    max_t_questions: int
+    max_t_exact: bool | None
+    reason: str | None
+
+
+def _covariates(rows: Sequence[HopRow], base: list[np.ndarray], extra: list[np.ndarray]) -> list[np.ndarray]:
+    """The columns of ``extra`` plus hop position (last hop; each hop index) that raise the rank of ``base`` and of
+    those kept before them (a constant or collinear column is left out)."""
+    hop = np.array([float(r.hop) for r in rows])
+    last = np.array([float(r.hop == r.n_hops - 1) for r in rows])
+    cands = [*extra, last] + [(hop == h).astype(float) for h in sorted(set(hop.tolist()))[1:]]
+    kept: list[np.ndarray] = []
+    for c in cands:
+        if np.linalg.matrix_rank(np.column_stack([*base, *kept, c])) > len(base) + len(kept):
+            kept.append(c)
+    return kept
+
+
+def _head_map(fits: ManyFits, alpha: float, seed: int, measure: str, estimand: str, n: int, key: str,
+              Y: np.ndarray, side: np.ndarray, groups: np.ndarray, nuisance: np.ndarray,
+              arrays: dict[str, np.ndarray]) -> tuple[HeadMap, int, bool | None]:
+    """The per-head map: the clustered fits with BH, and the max-T correction on the per-question contrasts."""
+    qc = question_contrasts(Y, side, groups, nuisance)
+    res = max_t_sign_flip(qc.D, seed=seed)
+    arrays[f"{key}_estimate"] = fits.estimate.astype(np.float32)
+    arrays[f"{key}_q"] = fits.q.astype(np.float32)
+    arrays[f"{key}_p_max_t"] = np.asarray(res.p_max_t, dtype=np.float32)
+    how = ("exact, all 2^G sign assignments" if res.is_exact else f"Monte Carlo, {res.n_assignments - 1} sign "
+           f"assignments, seed {seed}")
+    max_t = (f"max-T sign-flip correction over the map on per-question contrasts of adjusted residuals, "
+             f"{len(qc.questions)} question(s) with both sides ({how})" if res.is_test else
+             f"no max-T correction ({res.reason})")
+    hits: list[HeadResult] = []
+    if fits.is_test:
+        sig = (np.nan_to_num(fits.q, nan=1.0) < alpha) | (np.nan_to_num(res.p_max_t, nan=1.0) < alpha)
+        hits = [HeadResult(int(li), int(h), float(fits.estimate[li, h]), finite(fits.p[li, h]), finite(fits.q[li, h]),
+                           finite(res.p_max_t[li, h])) for li, h in np.argwhere(sig)]
+        hits.sort(key=lambda x: (x.p if x.p is not None else 1.0, x.layer, x.head))
+    heads = HeadMap(measure=measure, estimand=estimand, n=n, n_questions=fits.n_clusters, is_test=fits.is_test,
+                    method=f"{fits.method}; {max_t}", reason=fits.reason, estimate_key=f"{key}_estimate",
+                    q_key=f"{key}_q", p_max_t_key=f"{key}_p_max_t", significant=tuple(hits))
+    return heads, len(qc.questions), res.is_exact if res.is_test else None
+
+
+def hop_mass_tests(rows: Sequence[HopRow], masses: Sequence[np.ndarray | None], model: str, measure: str,
+                   categories: Sequence[str], alpha: float = 0.05, seed: int = 0, key: str = "ice_hop_tests"
+                   ) -> tuple[list[HopMassTest], dict[str, np.ndarray]]:
+    """Every test of one model and measure (module docstring).
+
+    Args:
+        rows: the trial-hops (:class:`probe.analysis.hops.HopRow`: model, task_id, condition, load, hop, n_hops,
+            em).
+        masses: their ``(L, H, C)`` category masses of this measure (None: not named).
+        model: the model tested (other rows are ignored).
+        measure: ``raw`` or ``value`` (copied into the results).
+        categories: the mass columns (:data:`probe.analysis.hops.CATEGORIES`).
+        alpha: test level, FDR level and 1 − confidence level.
+        seed: seed of the max-T's Monte Carlo sign assignments.
+        key: prefix of the ``attention_summary.npz`` members.
+
+    Returns:
+        (tests, arrays).
+    """
+    out: list[HopMassTest] = []
+    arrays: dict[str, np.ndarray] = {}
+    idx = [i for i, r in enumerate(rows) if r.model == model and masses[i] is not None
+           and r.em is not None]
+    shapes = {np.asarray(masses[i]).shape for i in idx}
+    if len(shapes) > 1:
+        return [], {}
+    loads = sorted({int(rows[i].load) for i in idx if rows[i].condition == "Saturation"})
+    plans: list[tuple[str, int | None]] = [(FAILED_CORRECT, None)] + [(SATURATION_CONTROL, ld) for ld in loads]
+    for contrast, load in plans:
+        if contrast == FAILED_CORRECT:
+            sel = [i for i in idx if rows[i].condition in EXTRANEOUS_CONDITIONS]
+        else:
+            sel = [i for i in idx if rows[i].condition == "Control"
+                   or (rows[i].condition == "Saturation" and int(rows[i].load) == load)]
+        sub = [rows[i] for i in sel]
+        groups = np.array([str(r.task_id) for r in sub], dtype=object)
+        n_trials = len({r.trial_id for r in sub})
+        for category in dict(TESTED)[contrast]:
+            name = MASS_NAMES[category] + (" (value-weighted)" if measure == "value" else "")
+            where = "Saturation and Residue trials" if contrast == FAILED_CORRECT else \
+                f"Saturation at {load} % and Control trials"
+            estimand = (f"{contrast} difference in the {name} (a share) while the hop's answer is written, "
+                        + ("at equal load, placement and hop position" if contrast == FAILED_CORRECT
+                           else "at equal hop position") + f" ({where})")
+            base = HopMassTest(model=model, measure=measure, category=category, contrast=contrast, load=load,
+                               estimand=estimand, n=len(sub), n_trials=n_trials,
+                               n_questions=len(set(groups.tolist())), layers=None, heads=None, max_t_questions=0,
+                               max_t_exact=None, reason=None)
+            if len(sub) < 3:
+                out.append(replace(base, reason=f"{len(sub)} named trial-hop(s) ({where}); need 3"))
+                continue
+            c = list(categories).index(category)
+            Y = np.stack([np.asarray(masses[i], dtype=float)[..., c] for i in sel])  # (n, L, H)
+            k = f"{key}{len(out)}"
+            if contrast == FAILED_CORRECT:
+                side = np.array([float(r.em is not None and r.em < 0.5) for r in sub])
+                load_col = np.array([float(r.load) for r in sub])
+                residue = np.array([float(r.condition == "Residue") for r in sub])
+                base_cols = [np.ones(len(sub)), side] + ([load_col] if np.ptp(load_col) > 0 else [])
+                cov = _covariates(sub, base_cols, [residue])
+                covm = np.column_stack(cov) if cov else None
+                layer_fits = attention_failure_tests(Y.mean(axis=2), side, load_col, groups, covm, alpha)
+                head_fits = attention_failure_tests(Y, side, load_col, groups, covm, alpha)
+                nuisance = np.column_stack([base_cols[0], *base_cols[2:], *cov])
+            else:
+                side = np.array([float(r.condition == "Saturation") for r in sub])
+                cov = _covariates(sub, [np.ones(len(sub)), side], [])
+                covm = np.column_stack(cov) if cov else None
+                what = f"Saturation at {load} % - Control"
+                layer_fits = condition_contrast_tests(Y.mean(axis=2), side, groups, covm, alpha, what=what)
+                head_fits = condition_contrast_tests(Y, side, groups, covm, alpha, what=what)
+                nuisance = np.column_stack([np.ones(len(sub)), *cov])
+            if np.ptp(side) == 0:
+                out.append(replace(base, reason=str(layer_fits.reason)))
+                continue
+            layers = _layer_tests(layer_fits, alpha, f"head-pooled {name} per layer", estimand, len(sub))
+            heads, g_max, exact = _head_map(head_fits, alpha, seed, f"{name} per head", estimand, len(sub), k, Y,
+                                            side, groups, nuisance, arrays)
+            out.append(replace(base, layers=layers, heads=heads, max_t_questions=g_max, max_t_exact=exact))
+    return out, arrays
+
+
+__all__ = ["FAILED_CORRECT", "HopMassTest", "SATURATION_CONTROL", "hop_mass_tests"]

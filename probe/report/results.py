@@ -1,0 +1,190 @@
+"""A results page in Markdown (``docs/results.md``) from analysed run folders: ``probe results``.
+
+The page is the run's own numbers and figures, written again from ``analysis.json`` each time (nothing here
+estimates anything): per run folder, the design it ran (from its ``config.toml``, when it has one), every table of ``analysis.md``
+(estimates with their intervals and family-corrected q) and the report's figures, copied next to the page. One part
+is written by hand and kept when the page is written again: the reading, between the lines
+``<!-- reading: begin ... -->`` and ``<!-- reading: end -->``. Its first line names the sha256 of the trials it was
+written for; when a run's trials have changed since, :func:`write_results_page` says so (the reading may describe
+numbers the page no longer shows) and keeps it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from probe.analysis.results import Analysis, read_analysis
+from probe.config import ExperimentConfig, InterventionSection, LayerWindow, TopHeads, load_config
+from probe.errors import ProbeError
+from probe.report.tables import render_markdown
+from probe.runfolder import RunFolder, write_atomic
+
+log = logging.getLogger(__name__)
+
+READING_BEGIN = "<!-- reading: begin"
+READING_END = "<!-- reading: end -->"
+READING_PLACEHOLDER = ("*No reading written yet: write what the numbers below support, and what they do not, "
+                       "between these two markers; `probe results` keeps it.*")
+_TRIALS = re.compile(r"trials ([0-9a-f]{12})")
+
+
+class ResultsPageError(ProbeError):
+    """A run folder cannot go on the results page (not analysed, or its analysis is stale)."""
+
+
+@dataclass(frozen=True)
+class PageRun:
+    """One run folder on the page: its analysis and its configuration."""
+
+    run: RunFolder
+    analysis: Analysis
+    config: ExperimentConfig | None  # None: trials written by another tool (no config.toml)
+
+
+def _read_run(path: str | Path) -> PageRun:
+    run = RunFolder(path)
+    if not run.analysis.exists():
+        raise ResultsPageError(f"{run.root}: no analysis.json; run `probe analyze {run.root}` (or `probe results`, "
+                               "which analyses first)")
+    return PageRun(run, read_analysis(run), load_config(run.config) if run.config.exists() else None)
+
+
+def _where(conditions: tuple[str, ...] | None, loads: tuple[int, ...] | None) -> str:
+    cond = ", ".join(conditions) if conditions else "every condition"
+    load = "every load" if loads is None else "load " + ", ".join(f"{x} %" for x in loads)
+    return f"{cond}; {load}"
+
+
+def design_lines(cfg: ExperimentConfig) -> list[str]:
+    """The design of one run in a few Markdown lines: models, tasks, conditions, loads, generation, probe,
+    interventions."""
+    tasks = "; ".join(
+        f"{t.source} × {t.n}" + (f" ({t.hops}-hop)" if t.source == "synthetic" else "")
+        + (f" (at most {t.max_hops} sub-questions)" if t.source == "fanoutqa" else "") for t in cfg.tasks)
+    probe = "off"
+    if cfg.probe.enabled:
+        probe = f"on (query rows: {cfg.probe.query}" + ("; answer capture" if cfg.probe.answer else "") + ")"
+    lines = [f"- models: {', '.join(f'`{m}`' for m in cfg.experiment.models)}; seed {cfg.experiment.seed}",
+             f"- tasks: {tasks}",
+             f"- conditions: {', '.join(cfg.ice.conditions)} at loads {', '.join(f'{x} %' for x in cfg.ice.loads)}"
+             f", {cfg.ice.replications} replication(s), distractors {cfg.ice.distractor_strategy}",
+             f"- generation: at most {cfg.generation.max_new_tokens} new tokens, temperature "
+             f"{cfg.generation.temperature:g}; probing {probe}"]
+    for iv in cfg.interventions:
+        alpha = f" α = {iv.alpha:g}" if iv.alpha is not None else ""
+        lines.append(f"- intervention `{iv.name}`: {iv.kind}{alpha} of the {iv.keys} keys from the {iv.queries} "
+                     f"queries, {_layers(iv)}, {_heads(iv)}; on {_where(iv.conditions, iv.loads)}")
+    return lines
+
+
+def _layers(iv: InterventionSection) -> str:
+    if isinstance(iv.layers, LayerWindow):
+        return f"windows of {iv.layers.window} layers every {iv.layers.stride}"
+    if isinstance(iv.layers, tuple):
+        return "layers " + ", ".join(str(x) for x in iv.layers)
+    return "every layer"
+
+
+def _heads(iv: InterventionSection) -> str:
+    if isinstance(iv.heads, TopHeads):
+        return (f"the top {iv.heads.top_k} heads by {iv.heads.by} in `{iv.heads.from_run}`"
+                + (" (and as many random heads)" if iv.heads.random_control else ""))
+    if isinstance(iv.heads, tuple):
+        return f"{len(iv.heads)} chosen heads"
+    return "every head"
+
+
+def _demote(markdown: str, by: int = 1) -> str:
+    """Every Markdown heading one level deeper (the page's own headings sit above the run's)."""
+    return re.sub(r"^(#{1,5}) ", lambda m: "#" * (len(m.group(1)) + by) + " ", markdown, flags=re.M)
+
+
+def _copy_figures(run: RunFolder, img_dir: Path, page_dir: Path) -> list[tuple[str, str]]:
+    """Copy the report's figures of ``run`` under ``img_dir/<run name>/``; (caption, path relative to the page)."""
+    if not run.figures.is_dir():
+        return []
+    dest = img_dir / run.name
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    out = []
+    for fig in sorted(run.figures.glob("*.png")):
+        shutil.copy2(fig, dest / fig.name)
+        out.append((fig.stem.replace("_", " "), (dest / fig.name).relative_to(page_dir).as_posix()))
+    return out
+
+
+def _reading(old: str | None, runs: Sequence[PageRun]) -> tuple[str, list[str]]:
+    """The hand-written block of the page being replaced (or a placeholder), and warnings on stale readings."""
+    shas = {r.analysis.inputs.trials_sha256[:12] for r in runs}
+    stamp = f"{READING_BEGIN}: written for trials {' '.join(sorted(shas))} -->"
+    if old is None or READING_BEGIN not in old or READING_END not in old:
+        return f"{stamp}\n{READING_PLACEHOLDER}\n{READING_END}", []
+    start = old.index(READING_BEGIN)
+    head_end = old.index("\n", start)
+    body = old[head_end + 1:old.index(READING_END)].rstrip("\n")
+    written_for = set(_TRIALS.findall(old[start:head_end])) or set(re.findall(r"[0-9a-f]{12}", old[start:head_end]))
+    warnings = []
+    if body.strip() and body.strip() != READING_PLACEHOLDER and written_for != shas:
+        warnings.append(f"the reading was written for trials {' '.join(sorted(written_for)) or '(unnamed)'}; the "
+                        f"runs now hold {' '.join(sorted(shas))}: read it again against the new numbers, then change "
+                        "its first line's sha256 to the new one")
+        stamp = old[start:head_end]
+    return f"{stamp}\n{body}\n{READING_END}", warnings
+
+
+def write_results_page(run_dirs: Sequence[str | Path], out: str | Path, *, title: str = "Results",
+                       command: str = "", img_dir: str | Path | None = None) -> tuple[Path, list[str]]:
+    """Write the results page for analysed (and reported) run folders.
+
+    Args:
+        run_dirs: run folders, the main one first.
+        out: the Markdown file (its reading block, if any, is kept).
+        title: the page's heading.
+        command: the command that regenerates the page (named on it).
+        img_dir: where the figures are copied (default ``img/results`` beside ``out``).
+
+    Returns:
+        The page's path and the warnings (a reading written for other trials).
+
+    Raises:
+        ResultsPageError: a folder without ``analysis.json``.
+    """
+    out = Path(out)
+    runs = [_read_run(d) for d in run_dirs]
+    images = Path(img_dir) if img_dir is not None else out.parent / "img" / "results"
+    old = out.read_text(encoding="utf-8") if out.exists() else None
+    reading, warnings = _reading(old, runs)
+    parts = [f"# {title}", "",
+             "This page is written from the run folders' `analysis.json` and report figures"
+             + (f" by `{command}`" if command else "") + ": every number below is the analysis's own, with its "
+             "interval and, where a family of tests is corrected, its Benjamini–Hochberg q (definitions in "
+             "[statistics.md](statistics.md)). The reading is written by hand and kept when the page is written "
+             "again.", "",
+             "## Reading", "", reading, ""]
+    for r in runs:
+        a = r.analysis
+        parts += [f"## Run `{r.run.name}`", "",
+                  f"{a.n_trials} trials (`{r.run.root.name}/trials.jsonl`, sha256 {a.inputs.trials_sha256[:12]}…)"
+                  f"; toolkit as recorded in the run's `manifest.json`.", "",
+                  *(design_lines(r.config) if r.config is not None
+                    else ["- design: the folder has no `config.toml` (trials written by another tool)"]), ""]
+        # its own heading and trial-count line give way to the run's
+        body = render_markdown(a).split("\n\n", 2)[2]
+        parts += [_demote(body, 1).strip(), ""]
+        figures = _copy_figures(r.run, images, out.parent)
+        if figures:
+            parts += [f"### Figures of `{r.run.name}`", ""]
+            parts += [f"![{cap}]({path})\n" for cap, path in figures]
+    write_atomic(out, "\n".join(parts).rstrip() + "\n")
+    for w in warnings:
+        log.warning("%s: %s", out, w)
+    return out, warnings
+
+
+__all__ = ["READING_BEGIN", "READING_END", "ResultsPageError", "design_lines", "write_results_page"]

@@ -1,0 +1,297 @@
+"""Tests of the hop masses (probe.analysis.hop_tests) and the per-question contrasts of the max-T (probe.analysis.max_t).
+
+Estimates are checked against statsmodels OLS on a design built here by hand, p-values against the scalar clustered
+estimator on the same columns, the per-question contrasts against statsmodels residuals averaged with pandas, and
+the max-T p-values against a direct enumeration of sign flips. Planted effects are put into the masses by the test.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+import pytest
+import statsmodels.api as sm
+
+from probe.analysis.hop_tests import FAILED_CORRECT, SATURATION_CONTROL, hop_mass_tests
+from probe.analysis.hops import CATEGORIES, HopRow
+from probe.analysis.inference import clustered_ols
+from probe.analysis.max_t import question_contrasts, simulate_failed_null
+
+L, H = 3, 4
+HOP, EXT = CATEGORIES.index("hop"), CATEGORIES.index("extraneous")
+BASE = HopRow(trial_id="", model="m", task_id="", condition="", load=0, hop=0, n_hops=2, target="hop_answer",
+              entity="x", label="other", label_value=None, top_segment=None, top_segment_value=None,
+              entity_in_distractor=False, n_mentions=1, token_start=0, token_end=1, mass=None, vmass=None, em=1.0)
+
+
+def study(n_questions: int = 16, seed: int = 0, fail_ext: tuple[int, int] | None = None,
+          sat_hop: tuple[int, int] | None = None, effect: float = 0.25
+          ) -> tuple[list[HopRow], list[np.ndarray | None]]:
+    """Trial-hops of Control, Saturation and Residue at loads 20 and 80, two hops each, a fifth of them not named
+    (no mass). Failure rises with load and so does every head's extraneous mass (confounding); ``fail_ext`` gains
+    ``effect`` extraneous mass in failed trials, ``sat_hop`` loses ``effect`` hop mass under Saturation at 80 %."""
+    rng = np.random.default_rng(seed)
+    rows: list[HopRow] = []
+    masses: list[np.ndarray | None] = []
+    for q in range(n_questions):
+        q_eff = rng.normal(0, 0.05, size=(L, H))
+        for cond, load in (("Control", 0), ("Saturation", 20), ("Saturation", 80), ("Residue", 20), ("Residue", 80)):
+            em = float(rng.random() > 0.15 + 0.5 * (load == 80) + 0.1 * (q % 3 == 0))
+            for hop in (0, 1):
+                m = rng.normal(0.2, 0.04, size=(L, H, len(CATEGORIES))) + q_eff[..., None]
+                m[..., EXT] = 0.0 if cond == "Control" else m[..., EXT] + 0.001 * load
+                m[..., HOP] += 0.03 * hop
+                if fail_ext is not None and em < 0.5 and cond != "Control":
+                    m[fail_ext + (EXT,)] += effect
+                if sat_hop is not None and cond == "Saturation" and load == 80:
+                    m[sat_hop + (HOP,)] -= effect
+                named = rng.random() > 0.2
+                rows.append(replace(BASE, trial_id=f"q{q}{cond}{load}", task_id=f"q{q}", condition=cond, load=load,
+                                    hop=hop, em=em, target="wrong_answer" if hop == 1 and em < 0.5 else "hop_answer",
+                                    label="other" if named else "not_named", n_mentions=int(named)))
+                masses.append(m if named else None)
+    return rows, masses
+
+
+def frame(rows: list[HopRow], masses: list[np.ndarray | None]) -> pd.DataFrame:
+    """The named trial-hops as a table (``i``: the row's index in ``rows``)."""
+    keep = [i for i, m in enumerate(masses) if m is not None]
+    rows = [rows[i] for i in keep]
+    return pd.DataFrame({"q": [r.task_id for r in rows], "cond": [r.condition for r in rows],
+                         "load": [float(r.load) for r in rows], "hop": [float(r.hop) for r in rows],
+                         "failed": [float(r.em is not None and r.em < 0.5) for r in rows], "i": keep})
+
+
+def test_failed_correct_matches_statsmodels_and_the_scalar_estimator():
+    rows, masses = study()
+    tests, arrays = hop_mass_tests(rows, masses, "m", "raw", CATEGORIES, seed=1)
+    fc = next(t for t in tests if t.contrast == FAILED_CORRECT and t.category == "extraneous")
+    df = frame(rows, masses)
+    d = df[df["cond"].isin(["Saturation", "Residue"])]
+    X = np.column_stack([np.ones(len(d)), d["failed"], d["load"], (d["cond"] == "Residue").astype(float),
+                         d["hop"]])  # 2-hop tasks: the last hop is hop 1 (one column, not two)
+    Y = np.stack([masses[i][..., EXT] for i in d["i"]])
+    assert fc.n == len(d) and fc.n_questions == d["q"].nunique()
+    est = arrays[fc.heads.estimate_key]
+    for li, h in itertools.product(range(L), range(H)):
+        assert est[li, h] == pytest.approx(sm.OLS(Y[:, li, h], X).fit().params[1], abs=1e-6)
+    ref = clustered_ols(Y.mean(axis=2)[:, 1], X, d["q"].to_numpy(), term=1)
+    lt = fc.layers.layers[1].estimate
+    assert (lt.value, lt.p, lt.df) == (pytest.approx(ref.estimate.value), pytest.approx(ref.estimate.p),
+                                       pytest.approx(ref.estimate.df))
+    assert fc.layers.is_test and fc.heads.is_test and fc.heads.p_max_t_key in arrays
+
+
+def test_question_contrasts_are_residual_means_per_question_and_max_t_enumerates():
+    rows, masses = study(n_questions=8, seed=3)
+    df = frame(rows, masses)
+    d = df[df["cond"].isin(["Saturation", "Residue"])].reset_index(drop=True)
+    Y = np.stack([masses[i][..., EXT] for i in d["i"]])
+    N = np.column_stack([np.ones(len(d)), d["load"], (d["cond"] == "Residue").astype(float), d["hop"]])
+    qc = question_contrasts(Y, d["failed"].to_numpy(), d["q"].to_numpy(), N)
+    # independent: statsmodels residuals, pandas group means
+    resid = np.stack([sm.OLS(Y[:, li, h], N).fit().resid for li in range(L) for h in range(H)], axis=1)
+    r = pd.DataFrame(resid).assign(q=d["q"], f=d["failed"])
+    means = r.groupby(["q", "f"]).mean()
+    both = [q for q in dict.fromkeys(d["q"]) if {0.0, 1.0} <= set(d.loc[d["q"] == q, "failed"])]
+    want = np.stack([means.loc[(q, 1.0)].to_numpy() - means.loc[(q, 0.0)].to_numpy() for q in both])
+    assert list(qc.questions) == both and qc.n_dropped == d["q"].nunique() - len(both)
+    np.testing.assert_allclose(qc.D.reshape(len(both), -1), want, atol=1e-10)
+    # the p_max_t stored by the test is the direct enumeration of sign flips of those contrasts
+    tests, arrays = hop_mass_tests(rows, masses, "m", "raw", CATEGORIES)
+    fc = next(t for t in tests if t.contrast == FAILED_CORRECT and t.category == "extraneous")
+    assert fc.max_t_questions == len(both) and fc.max_t_exact
+
+    def tstat(x: np.ndarray) -> np.ndarray:
+        return x.mean(0) / (x.std(0, ddof=1) / np.sqrt(len(x)))
+
+    obs = np.abs(tstat(want))
+    maxes = np.array([np.abs(tstat(np.array(s)[:, None] * want)).max()
+                      for s in itertools.product((1, -1), repeat=len(both))])
+    np.testing.assert_allclose(arrays[fc.heads.p_max_t_key].ravel(), [(maxes >= o - 1e-12).mean() for o in obs],
+                               rtol=1e-6)
+
+
+def test_a_planted_failure_head_is_found_by_max_t_and_only_it():
+    rows, masses = study(n_questions=20, seed=5, fail_ext=(2, 1))
+    tests, arrays = hop_mass_tests(rows, masses, "m", "raw", CATEGORIES, seed=2)
+    fc = next(t for t in tests if t.contrast == FAILED_CORRECT and t.category == "extraneous")
+    pm = arrays[fc.heads.p_max_t_key]
+    assert pm[2, 1] < 0.05
+    assert np.all(np.delete(pm.ravel(), 2 * H + 1) >= 0.05)
+    assert (2, 1) in {(h.layer, h.head) for h in fc.heads.significant}
+    assert 2 in fc.layers.significant  # the head-pooled layer carries it too
+    # without the plant: the load confounding alone finds nothing under max-T
+    rows0, masses0 = study(n_questions=20, seed=5)
+    tests0, arrays0 = hop_mass_tests(rows0, masses0, "m", "raw", CATEGORIES, seed=2)
+    fc0 = next(t for t in tests0 if t.contrast == FAILED_CORRECT and t.category == "extraneous")
+    assert np.all(arrays0[fc0.heads.p_max_t_key] >= 0.05)
+
+
+def test_saturation_control_per_load_finds_the_planted_drop():
+    rows, masses = study(n_questions=12, seed=7, sat_hop=(0, 3))
+    tests, arrays = hop_mass_tests(rows, masses, "m", "raw", CATEGORIES, seed=2)
+    sc = {t.load: t for t in tests if t.contrast == SATURATION_CONTROL}
+    assert set(sc) == {20, 80} and all(t.category == "hop" for t in sc.values())  # extraneous: 0 in Control
+    df = frame(rows, masses)
+    d = df[(df["cond"] == "Control") | ((df["cond"] == "Saturation") & (df["load"] == 80))]
+    X = np.column_stack([np.ones(len(d)), (d["cond"] == "Saturation").astype(float), d["hop"]])
+    Y = np.stack([masses[i][0, 3, HOP] for i in d["i"]])
+    assert arrays[sc[80].heads.estimate_key][0, 3] == pytest.approx(sm.OLS(Y, X).fit().params[1], abs=1e-6)
+    assert arrays[sc[80].heads.p_max_t_key][0, 3] < 0.05
+    assert arrays[sc[20].heads.p_max_t_key][0, 3] >= 0.05
+
+
+def test_too_few_rows_or_one_side_say_why():
+    rows, masses = study(n_questions=3)
+    only_ok = [replace(r, em=1.0) for r in rows]
+    tests, _ = hop_mass_tests(only_ok, masses, "m", "raw", CATEGORIES)
+    fc = [t for t in tests if t.contrast == FAILED_CORRECT]
+    assert fc and all(t.layers is None and "every trial is correct" in (t.reason or "") for t in fc)
+    tests, _ = hop_mass_tests(rows[:2], masses[:2], "m", "raw", CATEGORIES)
+    assert all(t.reason is not None for t in tests)
+    few, _ = hop_mass_tests(rows, masses, "m", "raw", CATEGORIES)  # 3 questions: descriptive
+    f = next(t for t in few if t.contrast == FAILED_CORRECT)
+    assert f.layers is not None and not f.layers.is_test and f.heads is not None and not f.heads.significant
+
+
+def test_simulated_family_wise_error_and_power():
+    rates = simulate_failed_null(n_sims=150, n_questions=10, grid=(4, 4), n_resamples=199, seed=4, clustered=False)
+    assert rates["max_t"] <= 0.05 + 2 * np.sqrt(0.05 * 0.95 / 150)
+    assert rates["max_t_raw"] > 0.15  # without the adjustment, load alone makes failed trials differ
+    power = simulate_failed_null(n_sims=40, n_questions=20, grid=(4, 4), n_resamples=199, seed=5, effect=3.0,
+                                 planted=(1, 2), clustered=False)
+    assert power["found"] >= 0.9
+
+
+def tracking(rows: list[HopRow], masses: list[np.ndarray | None]):
+    from probe.analysis.hops import HOP_LABELS, METHOD, WINDOW_RULE, HopTracking
+
+    tests, arrays = hop_mass_tests(rows, masses, "m", "raw", CATEGORIES, seed=2)
+    return HopTracking(cells=(), rows=tuple(rows), categories=CATEGORIES, labels=HOP_LABELS, window=WINDOW_RULE,
+                       method=METHOD, n_trials=len({r.trial_id for r in rows}), n_skipped=0, reason=None,
+                       tests=tuple(tests)), arrays
+
+
+def test_tests_round_trip_through_the_file_and_older_files_read_without_them():
+    from probe.analysis.hops import HopTracking
+    from probe.analysis.results import from_json, to_json
+
+    h, _ = tracking(*study(n_questions=20, seed=5, fail_ext=(2, 1)))
+    assert h.tests and from_json(HopTracking, to_json(h)) == h
+    old = to_json(replace(h, tests=()))
+    assert isinstance(old, dict) and "tests" not in old  # a run without them writes the file it wrote before
+    assert from_json(HopTracking, old).tests == ()
+    legacy = [{k: v for k, v in row.items() if k != "em"} for row in old["rows"]]  # rows written before ``em``
+    assert all(r.em is None for r in from_json(HopTracking, {**old, "rows": legacy}).rows)
+
+
+def test_report_shows_the_tests_beside_the_hop_table():
+    from probe.report import ice_hops
+
+    h, _ = tracking(*study(n_questions=20, seed=5, fail_ext=(2, 1)))
+    page = ice_hops.html(h)
+    assert ice_hops.TESTS_TITLE in page.replace("&#x27;", "'") and "L2.H1" in page
+    md = "\n".join(ice_hops.markdown(h))
+    assert "L2.H1" in md and "failed - correct" in md and "Saturation - Control (80 %)" in md
+    named = dict(ice_hops.tables(h))
+    rows = named["hop_mass_tests"]
+    fc = next(t for t in h.tests if t.contrast == FAILED_CORRECT and t.category == "extraneous")
+    head = [r for r in rows if r["category"] == "extraneous" and r["head"] is not None]
+    assert {(r["layer"], r["head"]) for r in head} == {(x.layer, x.head) for x in fc.heads.significant}
+    assert len([r for r in rows if r["category"] == "extraneous" and r["head"] is None]) == L
+    assert "hop_mass_tests" not in dict(ice_hops.tables(replace(h, tests=())))
+
+
+def test_report_names_the_tests_it_could_not_fit():
+    from probe.report import ice_hops
+
+    rows, masses = study(n_questions=3)
+    h, _ = tracking([replace(r, em=1.0) for r in rows], masses)
+    page = ice_hops.html(h)
+    assert "Not tested: failed - correct hop (raw)" in page and "every trial is correct" in page
+
+
+def test_report_draws_the_per_layer_test_figure(tmp_path):
+    from probe.config import AnalysisSection
+    from probe.report import ice_hops
+    from probe.report.sections import ReportContext
+
+    h, arrays = tracking(*study(n_questions=20, seed=5, fail_ext=(2, 1)))
+    ctx = ReportContext(AnalysisSection(), arrays, tmp_path / "figures")
+    page = ice_hops.html(h, ctx)
+    assert [p.name for p in ctx.written] == ["hop_tests_m.png"] and page.count("<figure") == 1
+    fig = ice_hops.draw_tests(h, "m")
+    fitted = [t for t in h.tests if t.layers is not None]
+    assert fig is not None and len(fig.axes) == len(fitted)
+    fc = next(t for t in fitted if t.contrast == FAILED_CORRECT and t.category == "extraneous")
+    ax = fig.axes[fitted.index(fc)]
+    np.testing.assert_allclose(ax.lines[-1].get_ydata(), [lt.estimate.value for lt in fc.layers.layers])
+    assert ice_hops.draw_tests(h, "other model") is None
+
+
+@pytest.mark.slow
+def test_a_run_analysed_end_to_end_carries_fitted_tests_into_every_product(tmp_path, monkeypatch):
+    """12 questions x Saturation at 20 and 80 % x 2 replications, answer attention planted so that failed trials
+    look at the distractor d1 in layer 4, head 1, while writing: analysis.json (round trip), attention_summary.npz,
+    tables/hop_mass_tests.csv and report.html all carry the fitted failed - correct tests."""
+    import probe.analysis.hops as hops_module
+    from probe.analysis import analyze_run, read_analysis
+    from probe.attention.answer import AnswerAttention
+    from probe.prompts.builder import Piece, assemble
+    from probe.records import TrialRecord, write_jsonl
+    from probe.report import render_report, write_tables
+    from probe.runfolder import RunFolder
+    from probe.types import Prompt, Task
+    from tests.analysis.test_hops import HOPS, KINDS, LABELS, N_HEADS, N_LAYERS, PIECES, TEXTS, PieceTokenizer
+
+    run = RunFolder(tmp_path)
+    body = [Piece("germane", HOPS[0].fact, "hop0"), Piece("extraneous", TEXTS[3], "d0"),
+            Piece("germane", HOPS[1].fact, "hop1"), Piece("extraneous", TEXTS[5], "d1")]
+    question = "What is the capital of Vorlan's birthplace?"
+    text, segs = assemble("Answer.", body, question)
+    rng = np.random.default_rng(0)
+    prompts, trials, records, tasks = {}, [], {}, {}
+    t = len(PIECES)
+    for q in range(12):
+        tasks[f"q{q}"] = Task(f"q{q}", "synthetic", question, "Arden", HOPS)
+        for load in (20, 80):
+            for rep in (0, 1):
+                pid = f"q{q}|Saturation|L{load}|r{rep}"
+                prompts[pid] = Prompt(pid, f"q{q}", "synthetic", "Saturation", load, float(load), rep, text, segs)
+                em = float(rng.random() > (0.2 if load == 20 else 0.6))
+                trials.append(TrialRecord(trial_id=f"m::{pid}", model="m", prompt_id=pid, task_id=f"q{q}",
+                                          source="synthetic", condition="Saturation", load=load,
+                                          achieved_load=float(load), replication=rep, prompt_tokens=40,
+                                          output="".join(PIECES), answer="Arden" if em else "Zerin", gold="Arden",
+                                          em=em, hop_recall=0.5, truncated=False, uninterpretable=False))
+                mass = rng.dirichlet(np.ones(len(KINDS) + 1) * 5, size=(t, N_LAYERS, N_HEADS))
+                if not em:
+                    mass[:, 4, 1, 5] += 0.5
+                mass /= mass.sum(-1, keepdims=True)
+                records[pid] = AnswerAttention(
+                    tokens=np.arange(t), mass=mass.astype(np.float32), vmass=None,
+                    top_key=np.zeros((t, N_LAYERS, N_HEADS), dtype=np.int32), prompt_ids=np.arange(40),
+                    segment_kinds=KINDS, segment_labels=LABELS,
+                    segment_spans=((0, 3), (3, 10), (10, 16), (16, 22), (22, 28), (28, 34), (34, 38), (38, 40)))
+    write_jsonl(run.trials, [x.to_dict() for x in trials])
+    write_jsonl(run.prompts, [p.to_dict() for p in prompts.values()])
+    monkeypatch.setattr(hops_module, "read_answer_attention", lambda run: (lambda m, p: records[p]))
+    monkeypatch.setattr(hops_module, "_tokenizer_of", lambda model: PieceTokenizer(PIECES))
+    monkeypatch.setattr(hops_module, "run_tasks", lambda run: tasks)
+    analysis = analyze_run(run, fill_similarity=False)
+    h = analysis.families["ice"].hop_tracking
+    fc = next(x for x in h.tests if x.contrast == FAILED_CORRECT and x.category == "extraneous")
+    assert fc.layers.is_test and fc.heads.is_test and fc.max_t_questions >= 6
+    assert (4, 1) in {(x.layer, x.head) for x in fc.heads.significant}
+    assert all(x.reason is not None for x in h.tests if x.contrast == SATURATION_CONTROL)  # no Control trial
+    assert read_analysis(run) == analysis
+    with np.load(run.attention_summary) as z:
+        assert z[fc.heads.p_max_t_key][4, 1] < 0.05 and z[fc.heads.estimate_key].shape == (N_LAYERS, N_HEADS)
+    write_tables(analysis, run)
+    assert (run.tables / "hop_mass_tests.csv").is_file()
+    page = render_report(run).read_text()
+    assert "L4.H1" in page and (run.figures / "hop_tests_m.png").is_file()

@@ -1,0 +1,106 @@
+"""The results page (``probe results``): the analysis's numbers, the design, the figures, and a hand-written
+reading kept across regenerations."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from probe.analysis import analyze_run
+from probe.config import config_from_dict, dump_config
+from probe.report import render_report
+from probe.report.results import READING_BEGIN, READING_END, ResultsPageError, design_lines, write_results_page
+from tests.fixtures.synthetic_run import Plan, make_run
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("results") / "study"
+    make_run(d, Plan(n_tasks=8, n_reps=1, loads=(20, 80), attention=True, n_layers=4, n_heads=2, seed=3))
+    analyze_run(d)
+    render_report(d)
+    return d
+
+
+def test_every_cell_of_the_analysis_is_on_the_page_with_its_interval(run, tmp_path) -> None:
+    page, warnings = write_results_page([run], tmp_path / "results.md", command="probe results x")
+    text = page.read_text()
+    cells = json.loads((run / "analysis.json").read_text())["families"]["ice"]["cells"]
+    assert cells and not warnings
+    for c in cells:  # read from the file, not through the code that writes the page
+        em, lo, hi = c["em_mean"], c["em_ci_low"], c["em_ci_high"]
+        row = next(line for line in text.splitlines()
+                   if line.startswith(f"| {c['model']} | {c['condition']} | {c['load']} |"))
+        assert f"| {em:.3f} (" in row and f"[{lo:.3f}, {hi:.3f}]" in row, row
+    assert "`probe results x`" in text
+    assert "no `config.toml`" in text  # this folder was written by the fixture, not by probe run
+
+
+def test_figures_are_copied_beside_the_page_and_every_link_resolves(run, tmp_path) -> None:
+    page, _ = write_results_page([run], tmp_path / "docs" / "results.md")
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", page.read_text())
+    assert len(links) == len(list((run / "figures").glob("*.png"))) > 0
+    for link in links:
+        assert (page.parent / link).is_file()
+        assert link.startswith("img/results/study/")
+
+
+def test_the_reading_is_kept_and_a_change_of_trials_is_named(run, tmp_path) -> None:
+    out = tmp_path / "results.md"
+    write_results_page([run], out)
+    text = out.read_text()
+    assert READING_BEGIN in text and READING_END in text
+    mine = "Saturation costs the model about a third of its answers."
+    start = text.index("\n", text.index(READING_BEGIN)) + 1
+    out.write_text(text[:start] + mine + "\n" + text[text.index(READING_END):])
+    _, warnings = write_results_page([run], out)
+    assert mine in out.read_text() and not warnings
+    stale = out.read_text()
+    sha = re.search(r"written for trials ([0-9a-f]{12})", stale).group(1)
+    out.write_text(stale.replace(f"written for trials {sha}", "written for trials 0123456789ab"))
+    _, warnings = write_results_page([run], out)
+    assert mine in out.read_text()
+    assert len(warnings) == 1 and "0123456789ab" in warnings[0] and sha in warnings[0]
+
+
+def test_a_folder_without_an_analysis_is_named(tmp_path) -> None:
+    (tmp_path / "bare").mkdir()
+    with pytest.raises(ResultsPageError, match=r"bare: no analysis.json; run `probe analyze"):
+        write_results_page([tmp_path / "bare"], tmp_path / "r.md")
+    assert not (tmp_path / "r.md").exists()
+
+
+def test_the_design_names_each_intervention_and_where_it_runs(tmp_path) -> None:
+    cfg = config_from_dict({
+        "experiment": {"name": "s", "seed": 5, "models": ["smollm2-135m-instruct"], "output_dir": str(tmp_path)},
+        "tasks": [{"source": "synthetic", "n": 3, "hops": 3}],
+        "ice": {"conditions": ["Control", "Saturation"], "loads": [20, 80], "replications": 1},
+        "probe": {"enabled": True, "answer": True},
+        "interventions": [
+            {"name": "ko", "kind": "knockout", "conditions": ["Saturation"], "loads": [20]},
+            {"name": "sweep", "kind": "steer", "alpha": 0.5, "layers": {"window": 4, "stride": 4}},
+            {"name": "top", "kind": "knockout", "heads": {"top_k": 8, "from": "outputs/h", "by": "retrieval",
+                                                          "random_control": True}}]})
+    lines = "\n".join(design_lines(cfg))
+    assert "synthetic × 3 (3-hop)" in lines and "answer capture" in lines
+    assert "`ko`: knockout of the extraneous keys from the answer queries, every layer, every head; on Saturation; " \
+           "load 20 %" in lines
+    assert "`sweep`: steer α = 0.5" in lines and "windows of 4 layers every 4" in lines
+    assert "the top 8 heads by retrieval in `outputs/h` (and as many random heads)" in lines
+    assert "every condition; every load" in lines
+    assert dump_config(cfg)  # the same config a run folder would hold
+
+
+def test_the_command_analyses_reports_and_writes_the_page(run, tmp_path, capsys) -> None:
+    from probe.cli import main
+
+    out = tmp_path / "page.md"
+    assert main(["results", str(run), "--out", str(out), "--title", "A study"]) == 0
+    text = out.read_text()
+    assert text.startswith("# A study\n") and f"probe results {run} --out {out} --title 'A study'" in text
+    assert f"results: {out}" in capsys.readouterr().out
+    assert main(["results", str(tmp_path), "--out", str(out)]) == 2  # no trials there: named, nothing written
+    assert "error:" in capsys.readouterr().err and out.read_text() == text
