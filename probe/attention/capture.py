@@ -17,6 +17,7 @@ from typing import Iterator, Protocol, Sequence
 
 import torch
 
+from probe.attention.answer import AnswerAttention
 from probe.attention.edits import BatchEdit
 from probe.attention.masks import BlockMask, allowed_keys, block_mask, causal_block_mask
 from probe.attention.plan import ProbePlan
@@ -34,6 +35,9 @@ class AnswerSink(Protocol):
                attention_mask: torch.Tensor | None, scaling: float, softcap: float | None, edit: BatchEdit | None,
                module: torch.nn.Module | None) -> None:
         """One layer call (the prefill or a decode step)."""
+
+    def results(self, answers: Sequence[Sequence[int]], prompt_ids: Sequence[Sequence[int]]) -> list[AnswerAttention]:
+        """Per batch row, the attention while its answer was written."""
 
 
 # A prompt whose probe rows hold fewer score elements than this (heads x T^2 / 2, about T = 1300 for 9 heads) is
@@ -86,6 +90,8 @@ class Capture:
             every other call (decode steps) through; without it any other shape is an error.
         answer: answer capture (:class:`~probe.attention.decode.AnswerRows`), handed every call of a ``generate``
             (the prefill's last row and each decode step's query), or None.
+        value_weighted: compute the measures that read value states (False: leave them out, as where the weights
+            are offloaded; ``probe bench attention`` times their cost so).
 
     Raises:
         HookError: plans and pads disagree on the batch's width.
@@ -99,6 +105,7 @@ class Capture:
         max_block_elements: int | None = None,
         prefill_only: bool = False,
         answer: AnswerSink | None = None,
+        value_weighted: bool = True,
     ) -> None:
         pads = list(pads) if pads is not None else [0] * len(plans)
         if len(pads) != len(plans) or not plans:
@@ -113,6 +120,7 @@ class Capture:
         self.answer = answer
         self.calls: Counter[int] = Counter()
         self.options = plans[0].options
+        self.value_weighted = value_weighted
 
     @property
     def plans(self) -> list[ProbePlan]:
@@ -212,7 +220,7 @@ class Capture:
                 masks = [block_mask(mask, b) for b in tensors.blocks]
             if all(m.additive is None for m in masks):  # the rows of a bias mask are not kept across layers
                 row.block_masks[mask_key] = masks
-        reducer = LayerReducer(row.plan, n_heads, tensors, layer, module)
+        reducer = LayerReducer(row.plan, n_heads, tensors, layer, module if self.value_weighted else None)
         values = None
         if reducer.needs_values:
             if value is None:

@@ -30,7 +30,7 @@ from transformers import PreTrainedModel
 from probe.attention.answer import AnswerAttention
 from probe.attention.edits import BatchEdit
 from probe.attention.implementation import attention_implementation
-from probe.attention.measures.value import head_gram, value_norms
+from probe.attention.measures.value import module_gram, value_norms
 from probe.attention.plan import ProbePlan
 from probe.attention.reference import _value_states, output_projection
 from probe.errors import HookError
@@ -40,6 +40,10 @@ from probe.types import TokenizedPrompt
 
 class AnswerRows:
     """Collects, per layer and generation step, the answer-attention row of every prompt of a left-padded batch.
+
+    Each layer's steps go into one preallocated tensor (grown by doubling), so a decode step allocates nothing but
+    its row: the raw and the value-weighted masses come out of one scatter (the norms are kept beside a row of ones,
+    so the raw mass is the same product, by 1), and the top key is written in place.
 
     Args:
         plans: one probe plan (of the prompt alone) per batch row.
@@ -60,10 +64,12 @@ class AnswerRows:
             colmap[i, pad:] = plan.seg_of_token[: plan.n_prompt_tokens]
         self._prompt_colmap = torch.from_numpy(colmap)
         self._colmap: dict[torch.device, torch.Tensor] = {}
-        self.mass: dict[int, list[torch.Tensor]] = {}  # layer -> per step (B, H, C) float32
-        self.vmass: dict[int, list[torch.Tensor]] = {}
-        self.top: dict[int, list[torch.Tensor]] = {}  # layer -> per step (B, H) int64 padded key position
-        self.norms: dict[int, torch.Tensor] = {}  # layer -> (B, H, capacity) ‖v W_O^h‖ by padded position
+        self.n_steps: dict[int, int] = {}  # layer -> steps reported
+        # layer -> (step capacity, B, H, R, C) float32: R = 1 (raw mass) or 2 (raw, value-weighted)
+        self.masses: dict[int, torch.Tensor] = {}
+        self.tops: dict[int, torch.Tensor] = {}  # layer -> (step capacity, B, H) int64 padded key position
+        # layer -> (B, H, 2, key capacity): ones, then ‖v W_O^h‖ by padded position
+        self.norms: dict[int, torch.Tensor] = {}
         self.grams: dict[int, torch.Tensor] = {}
         self.out_rows: dict[int, torch.Tensor] = {}
 
@@ -80,28 +86,46 @@ class AnswerRows:
 
     def _add_norms(self, layer: int, value: torch.Tensor, module: torch.nn.Module, n_heads: int, lo: int,
                    hi: int) -> torch.Tensor:
-        """(B, H, hi - lo) norms of keys ``[lo, hi)``: computed for the prompt in the prefill, for the new key in a
-        decode step, kept by position."""
+        """(B, H, 2, hi - lo): ones, then the norms of keys ``[lo, hi)`` (computed for the prompt in the prefill,
+        for the new key in a decode step, kept by position)."""
         n_b, n_kv, n_k, dim = value.shape
         if layer not in self.grams:
             self.out_rows[layer] = output_projection(module).detach()
-            self.grams[layer] = head_gram(self.out_rows[layer].to(value.device), n_heads)
+            self.grams[layer] = module_gram(module, n_heads, value.device)
         store = self.norms.get(layer)
         new_from = 0 if store is None else hi - 1  # prefill: every key; decode step: its new key (the last)
-        fresh = value[:, :, new_from - (hi - n_k):, :].to(torch.float32)  # (B, H_kv, n_new, D)
-        n_new = fresh.shape[2]
-        flat = fresh.permute(1, 0, 2, 3).reshape(n_kv, n_b * n_new, dim)
-        norms = value_norms(flat, self.out_rows[layer], n_heads, gram=self.grams[layer])
-        norms = norms.reshape(n_heads, n_b, n_new).permute(1, 0, 2)
-        if store is None or store.shape[2] < hi:
-            cap = max(hi, 2 * (store.shape[2] if store is not None else self.width))
-            grown = torch.zeros(n_b, n_heads, cap, dtype=torch.float32, device=value.device)
+        if store is None or store.shape[3] < hi:
+            cap = max(hi, 2 * (store.shape[3] if store is not None else self.width))
+            grown = torch.ones(n_b, n_heads, 2, cap, dtype=torch.float32, device=value.device)
             if store is not None:
-                grown[:, :, : store.shape[2]] = store
+                grown[:, :, 1, : store.shape[3]] = store[:, :, 1]
             store = grown
             self.norms[layer] = store
-        store[:, :, new_from:hi] = norms
-        return store[:, :, lo:hi]
+        if new_from == hi - 1:  # one key: (H, B) norms, the same products as value_norms makes of (H, B, D)
+            v = value[:, :, -1, :].to(torch.float32).transpose(0, 1).repeat_interleave(n_heads // n_kv, dim=0)
+            sq = (torch.matmul(v, self.grams[layer]) * v).sum(-1)
+            store[:, :, 1, new_from] = sq.clamp_min_(0).sqrt_().T
+        else:
+            fresh = value[:, :, new_from - (hi - n_k):, :].to(torch.float32)  # (B, H_kv, n_new, D)
+            n_new = fresh.shape[2]
+            flat = fresh.permute(1, 0, 2, 3).reshape(n_kv, n_b * n_new, dim)
+            norms = value_norms(flat, self.out_rows[layer], n_heads, gram=self.grams[layer])
+            store[:, :, 1, new_from:hi] = norms.reshape(n_heads, n_b, n_new).permute(1, 0, 2)
+        return store[:, :, :, lo:hi]
+
+    def _step_slots(self, layer: int, step: int, n_b: int, n_heads: int, n_rows: int,
+                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The zeroed (B, H, R, C) masses and (B, H) top keys of ``step`` in the layer's buffers (grown as needed)."""
+        buf, top = self.masses.get(layer), self.tops.get(layer)
+        if buf is None or top is None or buf.shape[0] <= step:
+            cap = max(step + 1, 2 * buf.shape[0] if buf is not None else 64)
+            grown = torch.zeros(cap, n_b, n_heads, n_rows, self.n_cols, dtype=torch.float32, device=device)
+            grown_top = torch.zeros(cap, n_b, n_heads, dtype=torch.long, device=device)
+            if buf is not None and top is not None:
+                grown[: buf.shape[0]] = buf
+                grown_top[: top.shape[0]] = top
+            buf, top = self.masses[layer], self.tops[layer] = grown, grown_top
+        return buf[step], top[step]
 
     def report(
         self,
@@ -126,18 +150,20 @@ class AnswerRows:
         """
         n_b, n_heads, n_q, dim = query.shape
         n_kv, n_k = key.shape[1], key.shape[2]
-        steps = self.mass.setdefault(layer, [])
-        if not steps:
+        step = self.n_steps.get(layer, 0)
+        if not step:
             if n_q != self.width or n_k != self.width:
                 raise HookError(f"layer {layer}: answer capture expected the prefill of {self.width} tokens first, "
                                 f"got {n_q} queries x {n_k} keys")
+            if n_b != len(self.plans):
+                raise HookError(f"layer {layer}: a batch of {n_b} rows, the answer capture expects {len(self.plans)}")
         elif n_q != 1:
             raise HookError(f"layer {layer}: a decode step of {n_q} queries; answer capture reads one new query per "
                             "step (assisted or chunked decoding is not supported)")
-        last = self.width - 1 + len(steps)  # padded position of the generating query
-        lo = last - n_k + 1  # the keys are the last n_k positions (a sliding-window cache keeps only the window)
-        if n_b != len(self.plans):
+        elif n_b != len(self.plans):
             raise HookError(f"layer {layer}: a batch of {n_b} rows, the answer capture expects {len(self.plans)}")
+        last = self.width - 1 + step  # padded position of the generating query
+        lo = last - n_k + 1  # the keys are the last n_k positions (a sliding-window cache keeps only the window)
         rep = n_heads // n_kv
         q = query[:, :, -1, :].to(torch.float32).mul(scaling).reshape(n_b, n_kv, rep, dim)
         scores = torch.matmul(q, key.to(torch.float32).transpose(-1, -2)).reshape(n_b, n_heads, n_k)
@@ -155,13 +181,16 @@ class AnswerRows:
             pos = torch.tensor([last], device=edit.device)
             scores += edit.bias(layer, pos, lo, last + 1)[:, :, 0, :].to(scores.device)
         probs = torch.softmax(scores, dim=-1)  # (B, H, K); the generating query always sees itself: no empty row
-        cols = self._columns(probs.device, lo, last + 1)[:, None, :].expand(n_b, n_heads, n_k)
-        zeros = torch.zeros(n_b, n_heads, self.n_cols, dtype=torch.float32, device=probs.device)
-        steps.append(zeros.scatter_add(2, cols, probs))
-        self.top.setdefault(layer, []).append(probs.argmax(dim=-1) + lo)
-        if module is not None:
-            weighted = probs * self._add_norms(layer, value, module, n_heads, lo, last + 1)
-            self.vmass.setdefault(layer, []).append(zeros.scatter_add(2, cols, weighted))
+        weights = None if module is None else self._add_norms(layer, value, module, n_heads, lo, last + 1)
+        n_rows = 1 if weights is None else 2
+        masses, top = self._step_slots(layer, step, n_b, n_heads, n_rows, probs.device)
+        self.n_steps[layer] = step + 1
+        torch.argmax(probs, dim=-1, out=top)
+        if lo:
+            top += lo
+        cols = self._columns(probs.device, lo, last + 1)[:, None, None, :].expand(n_b, n_heads, n_rows, n_k)
+        rows = probs[:, :, None, :] if weights is None else probs[:, :, None, :] * weights  # (B, H, R, K)
+        masses.scatter_add_(3, cols, rows)
 
     def results(self, answers: Sequence[Sequence[int]], prompt_ids: Sequence[Sequence[int]]) -> list[AnswerAttention]:
         """One :class:`AnswerAttention` per batch row: rows ``0 .. len(answer) - 1`` of its steps.
@@ -173,19 +202,21 @@ class AnswerRows:
         Raises:
             HookError: layers that saw different numbers of steps, or fewer steps than an answer's tokens.
         """
-        layers = sorted(self.mass)
-        counts = {len(self.mass[layer]) for layer in layers}
+        layers = sorted(self.n_steps)
+        counts = {self.n_steps[layer] for layer in layers}
         if len(counts) != 1 or layers != list(range(len(layers))):
             raise HookError(f"answer capture: layers {layers} saw {sorted(counts)} generation steps (one count each)")
         n_steps = counts.pop()
         longest = max((len(a) for a in answers), default=0)
         if longest > n_steps:
             raise HookError(f"answer capture: {n_steps} generation steps seen for an answer of {longest} tokens")
-        mass = torch.stack([torch.stack(self.mass[layer]) for layer in layers], dim=2).cpu()  # (T, B, L, H, C)
-        top = torch.stack([torch.stack(self.top[layer]) for layer in layers], dim=2).cpu()  # (T, B, L, H)
-        vmass = None
-        if self.vmass and sorted(self.vmass) == layers:
-            vmass = torch.stack([torch.stack(self.vmass[layer]) for layer in layers], dim=2).cpu()
+        with_values = {self.masses[layer].shape[3] for layer in layers} == {2}
+        # (T, B, L, H, R, C); a layer without value-weighted masses leaves them out of every layer
+        both = torch.stack([self.masses[layer][:longest, ..., : 2 if with_values else 1, :] for layer in layers],
+                           dim=2).cpu()
+        mass = both[..., 0, :]
+        top = torch.stack([self.tops[layer][:longest] for layer in layers], dim=2).cpu()  # (T, B, L, H)
+        vmass = both[..., 1, :] if with_values else None
         out = []
         for i, (plan, pad, answer, ids) in enumerate(zip(self.plans, self.pads, answers, prompt_ids)):
             n = len(answer)

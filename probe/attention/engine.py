@@ -114,6 +114,8 @@ def probe_batch(
     prompts: Sequence[TokenizedPrompt],
     options: ProbeSection | None = None,
     generated_ids: Sequence[Sequence[int]] | None = None,
+    *,
+    value_weighted: bool = True,
 ) -> list[SegmentAttention]:
     """Probe several prompts in one forward pass (left-padded); each result equals :func:`probe_tokenized`'s.
 
@@ -124,6 +126,7 @@ def probe_batch(
         options: query set, γ, residue (AR_k or not) and its mode, sink exclusion, block size (defaults:
             ``ProbeSection()``).
         generated_ids: per prompt, answer token ids appended after it; required by query ``generated``.
+        value_weighted: compute the value-weighted measures (docs/probes.md#value-weighted-share).
 
     Returns:
         One :class:`SegmentAttention` per prompt, in order.
@@ -143,7 +146,7 @@ def probe_batch(
     ids, mask, pads = left_pad([list(tp.input_ids) + g for tp, g in zip(prompts, answers)])
     width = ids.shape[1]
     capture = Capture(plans, int(text_config_of(model).num_hidden_layers), pads,
-                      block_budget(model, width * len(prompts)))
+                      block_budget(model, width * len(prompts)), value_weighted=value_weighted)
     device = input_device(model)  # not the first parameter's: a dispatched model may keep it on `meta`
     kwargs: dict[str, torch.Tensor] = {}
     if any(pads):  # position ids from 0 in every row, as generate makes them
@@ -160,6 +163,8 @@ def probe_tokenized(
     tokenized: TokenizedPrompt,
     options: ProbeSection | None = None,
     generated_ids: Sequence[int] | None = None,
+    *,
+    value_weighted: bool = True,
 ) -> SegmentAttention:
     """Probe one prompt: segment masses, P_ext with chance and enrichment, sink mass and AR_k (docs/probes.md).
 
@@ -175,6 +180,7 @@ def probe_tokenized(
             ``options.residue`` computes AR_k (needs the rows of every token of the germane, question and earlier
             extraneous segments); False computes only the query set's rows.
         generated_ids: answer token ids appended after the prompt; required by query ``generated``.
+        value_weighted: compute the value-weighted measures (docs/probes.md#value-weighted-share).
 
     Returns:
         The prompt's :class:`SegmentAttention`.
@@ -184,7 +190,7 @@ def probe_tokenized(
         SpanError / ConfigError: the query set cannot be formed from the spans / options.
     """
     generated = [list(generated_ids)] if generated_ids is not None else None
-    return probe_batch(model, [tokenized], options, generated)[0]
+    return probe_batch(model, [tokenized], options, generated, value_weighted=value_weighted)[0]
 
 
 @contextmanager

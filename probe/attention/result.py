@@ -27,6 +27,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 
@@ -233,8 +234,7 @@ class SegmentAttention:
         try:
             os.fchmod(fd, _file_mode())  # mkstemp makes 0600; every file of a run folder has one mode
             with os.fdopen(fd, "wb") as fh:
-                # numpy's stub types **kwds so that a str-keyed dict could reach allow_pickle: bool
-                np.savez_compressed(fh, **arrays)  # type: ignore[arg-type]
+                _write_npz(fh, arrays)
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -290,6 +290,19 @@ class SegmentAttention:
                 n_queries=int(meta["n_queries"]),
                 answer=_load_answer(z, meta) if meta.get("answer") else None,
             )
+
+
+def _write_npz(fh: IO[bytes], arrays: dict[str, np.ndarray]) -> None:
+    """The members as ``np.savez`` lays them out (``<name>.npy`` in a zip, read by ``np.load``): float arrays stored
+    as they are, the others (token ids, key positions, the JSON header) deflated. float32 attention weights do not
+    compress (deflate saved 6 % of an answer record) and deflating them cost more than the probe itself: about a
+    tenth of a probed run with the answer capture (docs/performance.md#a-probed-run)."""
+    with zipfile.ZipFile(fh, mode="w", allowZip64=True) as zf:
+        for name, arr in arrays.items():
+            info = zipfile.ZipInfo(name + ".npy", date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_STORED if arr.dtype.kind == "f" else zipfile.ZIP_DEFLATED
+            with zf.open(info, "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asanyarray(arr), allow_pickle=False)
 
 
 def _load_answer(z: np.lib.npyio.NpzFile, meta: dict) -> AnswerAttention:

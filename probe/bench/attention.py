@@ -5,6 +5,8 @@ sink / instruction / germane and extraneous segments alternating / question / si
 
 - ``plain``: the model's base with its fast attention (SDPA), no cache, no LM head — the floor;
 - ``engine``: :func:`probe.attention.probe_tokenized` with the default query set (question + last token), no residue;
+- ``engine_raw``: the same without the value-weighted measures (``value_weighted=False``), so that
+  ``engine / engine_raw`` is what the value-weighted share costs;
 - ``engine_ar``: the same with AR_k (cosine), which needs the rows of every germane, question and extraneous token;
 - ``eager``: eager attention with ``output_attentions=True`` (all L·H·T² weights kept);
 - ``lens``: a TransformerLens ``TransformerBridge`` ``run_with_cache`` of every ``hook_pattern``.
@@ -49,7 +51,7 @@ from probe.types import Span, TokenizedPrompt
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
-ARMS = ("plain", "engine", "engine_ar", "eager", "lens")
+ARMS = ("plain", "engine", "engine_raw", "engine_ar", "eager", "lens")
 
 
 def bench_prompt(n_tokens: int, vocab_size: int, n_pairs: int = 8, seed: int = 0) -> TokenizedPrompt:
@@ -201,7 +203,8 @@ def run_attention_bench(
     Returns:
         One dict per T: ``n_tokens``, ``<arm>_s`` and ``<arm>_gb`` (None when skipped), ``notes``, ``rounds``,
         the ratios ``engine_time_ratio``, ``engine_mem_ratio``, ``engine_ar_time_ratio``, ``engine_ar_mem_ratio``
-        (engine / plain) and ``engine_time_ratio_range``, ``engine_ar_time_ratio_range`` (lowest, highest
+        (engine / plain), ``value_time_ratio`` (engine / engine_raw: the value-weighted measures' cost) and
+        ``engine_time_ratio_range``, ``engine_ar_time_ratio_range``, ``value_time_ratio_range`` (lowest, highest
         per-round ratio).
     """
     if model is None:
@@ -257,6 +260,9 @@ def run_attention_bench(
             if arm in times:
                 per_round = [a / p for a, p in zip(times[arm], times["plain"])]
                 row[f"{arm}_time_ratio_range"] = (min(per_round), max(per_round))
+        per_round = [a / p for a, p in zip(times["engine"], times["engine_raw"])]
+        row["value_time_ratio_range"] = (min(per_round), max(per_round))
+        row["value_time_ratio"] = row["engine_s"] / row["engine_raw_s"]
         row["engine_time_ratio"] = row["engine_s"] / row["plain_s"]
         row["engine_mem_ratio"] = row["engine_gb"] / row["plain_gb"] if row["plain_gb"] else None
         row["engine_ar_time_ratio"] = row["engine_ar_s"] / row["plain_s"] if row["engine_ar_s"] is not None else None
@@ -279,6 +285,7 @@ def _arms(model: PreTrainedModel, tp: TokenizedPrompt, ids: torch.Tensor, n_laye
     arms: dict[str, Callable[[], object]] = {
         "plain": plain,
         "engine": lambda: probe_tokenized(model, tp, ProbeSection(residue=False)),
+        "engine_raw": lambda: probe_tokenized(model, tp, ProbeSection(residue=False), value_weighted=False),
     }
     if residue:
         arms["engine_ar"] = lambda: probe_tokenized(model, tp, ProbeSection(residue=True))
@@ -326,19 +333,22 @@ def format_attention_bench(rows: list[dict]) -> str:
 
     arms = [a for a in ARMS if any(r[f"{a}_s"] is not None for r in rows)] or list(ARMS)
     head = (f"{'T':>6}  " + "  ".join(f"{a:>17}" for a in arms)
-            + "   engine/plain time  mem   engine_ar/plain time  mem")
+            + "   engine/plain time  mem   engine_ar/plain time  mem   engine/engine_raw time")
     lines = [head, "-" * len(head)]
     for r in rows:
         cells = "  ".join(f"{cell(r[f'{a}_s'], r[f'{a}_gb']):>17}" for a in arms)
         lines.append(f"{r['n_tokens']:>6}  {cells}   {r['engine_time_ratio']:17.2f}  {ratio(r['engine_mem_ratio']):>4}"
-                     f"   {ratio(r['engine_ar_time_ratio']):>20}  {ratio(r.get('engine_ar_mem_ratio')):>4}")
+                     f"   {ratio(r['engine_ar_time_ratio']):>20}  {ratio(r.get('engine_ar_mem_ratio')):>4}"
+                     f"   {ratio(r.get('value_time_ratio')):>22}")
     notes = sorted({n for r in rows for n in r["notes"]})
     if rows:
         lines.append(f"model {rows[0]['model']} on {rows[0]['device']}; time = fastest of {rows[0]['rounds']} "
-                     "round(s); memory = peak above the level before the call, in a separate call")
+                     "round(s); memory = peak above the level before the call, in a separate call; engine_raw = "
+                     "engine without the value-weighted measures (engine/engine_raw: what they cost)")
         if rows[0]["rounds"] > 1:
             spread = [f"T={r['n_tokens']}: engine/plain {_span(r.get('engine_time_ratio_range'))}, engine_ar/plain "
-                      f"{_span(r.get('engine_ar_time_ratio_range'))}" for r in rows]
+                      f"{_span(r.get('engine_ar_time_ratio_range'))}, engine/engine_raw "
+                      f"{_span(r.get('value_time_ratio_range'))}" for r in rows]
             lines.append("per-round time ratios (lowest-highest): " + "; ".join(spread))
     lines += [f"note: {n}" for n in notes]
     return "\n".join(lines)

@@ -340,12 +340,27 @@ def test_bench_rows_on_tiny_model() -> None:
     for r in rows:
         assert r["plain_s"] > 0 and r["engine_s"] > 0 and r["engine_ar_s"] > 0 and r["rounds"] == 3
         assert r["engine_time_ratio"] == pytest.approx(r["engine_s"] / r["plain_s"])
-        for arm in ("engine", "engine_ar"):  # the spread of the per-round ratios
+        for arm in ("engine", "engine_ar", "value"):  # the spread of the per-round ratios
             lo, hi = r[f"{arm}_time_ratio_range"]
             assert 0 < lo <= hi
+        assert r["engine_raw_s"] > 0 and r["value_time_ratio"] == pytest.approx(r["engine_s"] / r["engine_raw_s"])
     table = format_attention_bench(rows)
     assert "skipped" in table and "eager/lens skipped" in table and "fastest of 3 round(s)" in table
+    assert "engine/engine_raw" in table
     assert "per-round time ratios" in table
+
+
+def test_probe_without_value_weighted_measures() -> None:
+    """``value_weighted=False`` (the bench's engine_raw arm) leaves out exactly the measures that read value states;
+    every other array is the same."""
+    model = _build("llama")
+    tp = make_prompt(seed=5, n_tokens=48)
+    full = probe_tokenized(model, tp, ProbeSection(residue=False))
+    raw = probe_tokenized(model, tp, ProbeSection(residue=False), value_weighted=False)
+    assert {"value_share_segment", "value_p_ext"} <= set(full.measures)
+    assert set(raw.measures) == set(full.measures) - {"value_share_segment", "value_p_ext"}
+    for k in raw.measures:
+        np.testing.assert_array_equal(raw.measures[k], full.measures[k])
 
 
 def test_probe_batch_bench_on_tiny_model() -> None:

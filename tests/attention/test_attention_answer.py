@@ -160,6 +160,13 @@ def test_record_round_trip_and_older_records(models, tmp_path) -> None:
     for name in ("tokens", "mass", "vmass", "top_key", "prompt_ids"):
         np.testing.assert_array_equal(getattr(back.answer, name), getattr(got[0], name))
     assert back.answer.segment_spans == got[0].segment_spans
+    # float members are stored (float32 weights do not compress, and deflating them cost a tenth of a probed run),
+    # the integer members and the header deflated; np.load reads both
+    import zipfile
+    with zipfile.ZipFile(path) as z:
+        kinds = {i.filename: i.compress_type for i in z.infolist()}
+    assert kinds["answer_mass.npy"] == kinds["answer_vmass.npy"] == kinds["p_ext.npy"] == zipfile.ZIP_STORED
+    assert kinds["answer_top_key.npy"] == kinds["answer_tokens.npy"] == kinds["meta.npy"] == zipfile.ZIP_DEFLATED
     probes[1].save(tmp_path / "q.npz")
     assert SegmentAttention.load(tmp_path / "q.npz").answer is None
     # a format-2 record (before the answer capture) reads with answer = None

@@ -134,3 +134,19 @@ def test_a_toy_measure_is_analysed_and_reported(toy: Measure, tmp_path) -> None:
     assert set(layers_csv["measure"]) == {"p_ext", TOY}
     assert (folder.figures / f"{TOY}_layers_model-a.png").is_file()
     assert "germane mass" in (run / "report.html").read_text(encoding="utf-8")
+
+
+def test_the_gram_of_a_layer_is_kept_until_its_weight_changes() -> None:
+    """The value-weighted measures compute each layer's W_O^h W_O^hᵀ once (not per prompt and batch), and again
+    after an in-place edit of the output projection (an independent product of the edited weight)."""
+    from probe.attention.measures.value import module_gram
+
+    attn = torch.nn.Module()
+    attn.o_proj = torch.nn.Linear(8, 6, bias=False)
+    first = module_gram(attn, 2, torch.device("cpu"))
+    assert module_gram(attn, 2, torch.device("cpu")) is first
+    with torch.no_grad():
+        attn.o_proj.weight.mul_(3.0)
+    w = attn.o_proj.weight.detach().T.reshape(2, 4, 6)  # head h: rows h*4 .. h*4+3 of W_O
+    expected = torch.stack([w[h] @ w[h].T for h in range(2)])
+    torch.testing.assert_close(module_gram(attn, 2, torch.device("cpu")), expected, rtol=1e-6, atol=1e-6)

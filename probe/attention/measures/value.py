@@ -23,6 +23,7 @@ from typing import Mapping
 
 import numpy as np
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from probe.attention.measure import EagerAttention, LayerContext, Measure, register_measure
 from probe.attention.measures.mass import by_kind, share_of_extraneous
@@ -37,6 +38,28 @@ def head_gram(out_rows: torch.Tensor, n_heads: int) -> torch.Tensor:
     (``out_rows``: (heads · head_dim, hidden)), so that ‖v W_O^h‖² = v (W_O^h W_O^hᵀ) vᵀ."""
     w = out_rows.to(torch.float32).reshape(n_heads, out_rows.shape[0] // n_heads, -1)  # (H, D, hidden)
     return torch.matmul(w, w.transpose(1, 2))
+
+
+# weight tensor -> ((its version, data pointer, heads, device), Gram): the Gram of a layer is computed once, not per
+# prompt, layer call and batch (it cost a matrix product over the hidden size each time)
+_GRAMS: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def module_gram(module: torch.nn.Module, n_heads: int, device: torch.device) -> torch.Tensor:
+    """:func:`head_gram` of the module's output projection on ``device``, kept while the weight is unchanged (an
+    in-place edit of the weight bumps its version and the Gram is computed again)."""
+    out_rows = output_projection(module)
+    weight = out_rows._base if out_rows._base is not None else out_rows  # o_proj.weight.T is a view of the weight
+    try:
+        version = weight._version
+    except RuntimeError:  # an inference tensor keeps no version (and cannot be edited in place outside inference)
+        version = -1
+    stamp = (version, weight.data_ptr(), n_heads, device)
+    kept = _GRAMS.get(weight)
+    if kept is None or kept[0] != stamp:
+        kept = (stamp, head_gram(out_rows.detach().to(device), n_heads))
+        _GRAMS[weight] = kept
+    return kept[1]
 
 
 def value_norms(values: torch.Tensor, out_rows: torch.Tensor, n_heads: int,
@@ -67,6 +90,7 @@ class ValueMass:
                             "projection, and the layer reported none")
         self.t = ctx.tensors
         self.n_heads = ctx.n_heads
+        self.module = ctx.module
         self.out_rows = output_projection(ctx.module)
         self.q_mass = torch.zeros(ctx.n_heads, ctx.plan.n_segments, dtype=torch.float64, device=ctx.tensors.device)
         self.norms: torch.Tensor | None = None
@@ -77,7 +101,8 @@ class ValueMass:
         if values is None:
             raise HookError("the value-weighted share was given no value states")
         if self.norms is None:
-            self.norms = value_norms(values, self.out_rows.to(values.device), self.n_heads)  # (H, T)
+            gram = module_gram(self.module, self.n_heads, values.device)
+            self.norms = value_norms(values, self.out_rows, self.n_heads, gram=gram)  # (H, T)
         n_keys = probs.shape[-1]
         weighted = probs[:, block.query_index] * self.norms[:, None, key_start:key_start + n_keys]  # (H, nq, K)
         self.q_mass += self.t.segment_sums(weighted, key_start).sum(dim=1, dtype=torch.float64)
