@@ -101,16 +101,11 @@ class AnswerRows:
                 grown[:, :, 1, : store.shape[3]] = store[:, :, 1]
             store = grown
             self.norms[layer] = store
-        if new_from == hi - 1:  # one key: (H, B) norms, the same products as value_norms makes of (H, B, D)
-            v = value[:, :, -1, :].to(torch.float32).transpose(0, 1).repeat_interleave(n_heads // n_kv, dim=0)
-            sq = (torch.matmul(v, self.grams[layer]) * v).sum(-1)
-            store[:, :, 1, new_from] = sq.clamp_min_(0).sqrt_().T
-        else:
-            fresh = value[:, :, new_from - (hi - n_k):, :].to(torch.float32)  # (B, H_kv, n_new, D)
-            n_new = fresh.shape[2]
-            flat = fresh.permute(1, 0, 2, 3).reshape(n_kv, n_b * n_new, dim)
-            norms = value_norms(flat, self.out_rows[layer], n_heads, gram=self.grams[layer])
-            store[:, :, 1, new_from:hi] = norms.reshape(n_heads, n_b, n_new).permute(1, 0, 2)
+        fresh = value[:, :, new_from - (hi - n_k):, :].to(torch.float32)  # (B, H_kv, n_new, D)
+        n_new = fresh.shape[2]
+        flat = fresh.permute(1, 0, 2, 3).reshape(n_kv, n_b * n_new, dim)
+        norms = value_norms(flat, self.out_rows[layer], n_heads, gram=self.grams[layer])
+        store[:, :, 1, new_from:hi] = norms.reshape(n_heads, n_b, n_new).permute(1, 0, 2)
         return store[:, :, :, lo:hi]
 
     def _step_slots(self, layer: int, step: int, n_b: int, n_heads: int, n_rows: int,
