@@ -38,23 +38,112 @@ from probe.loading import input_device
 from probe.types import TokenizedPrompt
 
 
+# Steps a layer keeps before it folds them: the queries of several decode steps meet the layer's key cache in one
+# product, so the cache is read once per flush rather than once per step (the cost of the capture was that reading).
+STEPS_PER_FLUSH = 16
+# At most this many score elements (steps × batch × heads × keys) per flush: long prompts and big batches flush sooner.
+FLUSH_ELEMENTS = 1 << 22
+
+
+def _window(module: torch.nn.Module | None) -> int | None | bool:
+    """The sliding window of a layer's attention (None: the layer sees every earlier key; False: unknown)."""
+    if module is None:
+        return False
+    if hasattr(module, "sliding_window"):  # Qwen2/3, Gemma2/3: per layer (None on full-attention layers)
+        return getattr(module, "sliding_window")
+    return getattr(getattr(module, "config", None), "sliding_window", None)  # Mistral: the model's; Llama, GPT-2: none
+
+
+class _Pending:
+    """A layer's generation steps waiting for its next flush: their queries (float32, in one buffer), positions and
+    masks, and the layer call's latest key and value cache (which covers every waiting step's keys)."""
+
+    def __init__(self, capacity: int, n_b: int, n_heads: int, dim: int, device: torch.device) -> None:
+        self.queries = torch.empty(n_b, n_heads, capacity, dim, dtype=torch.float32, device=device)
+        self.n_heads = n_heads
+        self.clear()
+
+    def clear(self) -> None:
+        self.n = 0
+        self.first = 0
+        self.lo = 0
+        self.lasts: list[int] = []
+        self.masks: list[torch.Tensor | None] = []
+        self.key: torch.Tensor | None = None
+        self.value: torch.Tensor | None = None
+        self.module: torch.nn.Module | None = None
+        self.edit: BatchEdit | None = None
+        self.scaling = 1.0
+        self.softcap: float | None = None
+
+    def add(self, step: int, last: int, lo: int, query_row: torch.Tensor, attention_mask: torch.Tensor | None,
+            key: torch.Tensor, value: torch.Tensor, scaling: float, softcap: float | None, edit: BatchEdit | None,
+            module: torch.nn.Module | None) -> None:
+        if not self.n:
+            self.first, self.lo = step, lo
+        self.queries[:, :, self.n].copy_(query_row)
+        mask = None
+        if attention_mask is not None:
+            mask = attention_mask[:, 0, -1, :]  # (B or 1, K): the generating query's row
+            if attention_mask.shape[2] > 1:
+                mask = mask.clone()  # the prefill's (W, W) mask is not kept for one row
+        self.masks.append(mask)
+        self.lasts.append(last)
+        self.n += 1
+        self.key, self.value, self.module, self.edit = key, value, module, edit
+        self.scaling, self.softcap = scaling, softcap
+
+    def additive_mask(self, lasts: list[int], lo: int, n_k: int, device: torch.device) -> torch.Tensor:
+        """(B or 1, 1, n, K) float32 additive mask of the waiting steps over the flush's keys ``lo .. lo + K - 1``:
+        each step's own mask on the keys it saw, −inf on the later keys (its future)."""
+        n = len(lasts)
+        seen = torch.tensor([last - lo + 1 for last in lasts], device=device)  # keys each step saw
+        out = torch.zeros(n, n_k, dtype=torch.float32, device=device)
+        out.masked_fill_(torch.arange(n_k, device=device)[None, :] >= seen[:, None], float("-inf"))
+        rows = [m for m in self.masks if m is not None]
+        if not rows:
+            return out[None, None]
+        n_b = max(m.shape[0] for m in rows)
+        full = out[None].repeat(n_b, 1, 1)  # (B, n, K)
+        for i, m in enumerate(self.masks):
+            if m is None:
+                continue
+            k = m.shape[-1]
+            if m.dtype == torch.bool:
+                full[:, i, :k].masked_fill_(~m.to(device), float("-inf"))
+            else:
+                full[:, i, :k] += m.to(device=device, dtype=torch.float32)
+        return full[:, None]
+
+
 class AnswerRows:
     """Collects, per layer and generation step, the answer-attention row of every prompt of a left-padded batch.
 
-    Each layer's steps go into one preallocated tensor (grown by doubling), so a decode step allocates nothing but
-    its row: the raw and the value-weighted masses come out of one scatter (the norms are kept beside a row of ones,
-    so the raw mass is the same product, by 1), and the top key is written in place.
+    A layer's generating queries wait, up to :data:`STEPS_PER_FLUSH` steps, in a small buffer (one copy per step);
+    a flush computes all their rows against the layer's key cache at once: one product over the cache, the mask of
+    each step (kept from its call: a step's row covers the keys up to its own position, later keys are masked), the
+    active edit's bias at each step's position, one softmax, and one scatter of raw and value-weighted masses into
+    segment columns (the norms are kept beside a row of ones, so the raw mass is the same product, by 1). Steps wait
+    only while the cache keeps every key: a layer with a sliding window flushes before the window is reached and then
+    folds each step at once, as its cache starts dropping keys. :meth:`results` flushes what is left.
 
     Args:
         plans: one probe plan (of the prompt alone) per batch row.
         pads: left padding of each row.
         width: the batch's prompt width (``len(prompt) + pad`` of every row).
+        steps_per_flush: the most steps a layer keeps before folding them (1: fold each step at once; None:
+            :data:`STEPS_PER_FLUSH`).
     """
 
-    def __init__(self, plans: Sequence[ProbePlan], pads: Sequence[int], width: int) -> None:
+    def __init__(self, plans: Sequence[ProbePlan], pads: Sequence[int], width: int,
+                 steps_per_flush: int | None = None) -> None:
+        steps_per_flush = STEPS_PER_FLUSH if steps_per_flush is None else steps_per_flush
+        if steps_per_flush < 1:
+            raise ValueError(f"steps_per_flush must be at least 1, got {steps_per_flush}")
         self.plans = list(plans)
         self.pads = list(pads)
         self.width = width
+        self.steps_per_flush = steps_per_flush
         self.n_segments = [p.n_segments for p in self.plans]
         smax = max(self.n_segments)
         self.answer_col = smax  # every row's answer column; padding goes to smax + 1 (dropped)
@@ -63,64 +152,74 @@ class AnswerRows:
         for i, (plan, pad) in enumerate(zip(self.plans, self.pads)):
             colmap[i, pad:] = plan.seg_of_token[: plan.n_prompt_tokens]
         self._prompt_colmap = torch.from_numpy(colmap)
-        self._colmap: dict[torch.device, torch.Tensor] = {}
+        self._onehots: dict[torch.device, torch.Tensor] = {}
         self.n_steps: dict[int, int] = {}  # layer -> steps reported
         # layer -> (step capacity, B, H, R, C) float32: R = 1 (raw mass) or 2 (raw, value-weighted)
         self.masses: dict[int, torch.Tensor] = {}
         self.tops: dict[int, torch.Tensor] = {}  # layer -> (step capacity, B, H) int64 padded key position
-        # layer -> (B, H, 2, key capacity): ones, then ‖v W_O^h‖ by padded position
+        # layer -> (B, H, key capacity): ‖v W_O^h‖ by padded position (the first n_normed filled)
         self.norms: dict[int, torch.Tensor] = {}
+        self.n_normed: dict[int, int] = {}
         self.grams: dict[int, torch.Tensor] = {}
         self.out_rows: dict[int, torch.Tensor] = {}
+        self._pending: dict[int, _Pending] = {}
+        self._windows: dict[int, int | None | bool] = {}  # layer -> its sliding window (_window)
 
-    def _columns(self, device: torch.device, lo: int, hi: int) -> torch.Tensor:
-        """(B, hi - lo) column of each key position ``[lo, hi)`` (padded coordinates)."""
-        cm = self._colmap.get(device)
-        if cm is None or cm.shape[1] < hi:
-            cap = max(hi, 2 * (cm.shape[1] if cm is not None else self.width))
-            cm = torch.full((len(self.plans), cap), self.answer_col, dtype=torch.long)
-            cm[:, : self.width] = self._prompt_colmap
-            cm = cm.to(device)
-            self._colmap[device] = cm
-        return cm[:, lo:hi]
+    def _onehot(self, device: torch.device, lo: int, hi: int) -> torch.Tensor:
+        """(B, hi - lo, C) float32: 1 in the column (segment, answer or padding) of each key position ``[lo, hi)``
+        (padded coordinates), so that a row of weights times it is the row's mass per column."""
+        oh = self._onehots.get(device)
+        if oh is None or oh.shape[1] < hi:
+            cap = max(hi, 2 * (oh.shape[1] if oh is not None else self.width))
+            cols = torch.full((len(self.plans), cap), self.answer_col, dtype=torch.long)
+            cols[:, : self.width] = self._prompt_colmap
+            oh = torch.zeros(len(self.plans), cap, self.n_cols, dtype=torch.float32)
+            oh.scatter_(2, cols[:, :, None], 1.0)
+            oh = oh.to(device)
+            self._onehots[device] = oh
+        return oh[:, lo:hi]
 
-    def _add_norms(self, layer: int, value: torch.Tensor, module: torch.nn.Module, n_heads: int, lo: int,
-                   hi: int) -> torch.Tensor:
-        """(B, H, 2, hi - lo): ones, then the norms of keys ``[lo, hi)`` (computed for the prompt in the prefill,
-        for the new key in a decode step, kept by position)."""
+    def _norms(self, layer: int, value: torch.Tensor, module: torch.nn.Module, n_heads: int, lo: int,
+               hi: int) -> torch.Tensor:
+        """(B, H, hi - lo): the norms ``‖v_j W_O^h‖`` of keys ``[lo, hi)`` (``value`` holds those keys); the norms of
+        keys not seen before are computed now, each key's once, and kept by position."""
         n_b, n_kv, n_k, dim = value.shape
         if layer not in self.grams:
             self.out_rows[layer] = output_projection(module).detach()
             self.grams[layer] = module_gram(module, n_heads, value.device)
         store = self.norms.get(layer)
-        new_from = 0 if store is None else hi - 1  # prefill: every key; decode step: its new key (the last)
-        if store is None or store.shape[3] < hi:
-            cap = max(hi, 2 * (store.shape[3] if store is not None else self.width))
-            grown = torch.ones(n_b, n_heads, 2, cap, dtype=torch.float32, device=value.device)
+        new_from = self.n_normed.get(layer, 0)
+        if store is None or store.shape[2] < hi:
+            cap = max(hi, 2 * (store.shape[2] if store is not None else self.width))
+            grown = torch.zeros(n_b, n_heads, cap, dtype=torch.float32, device=value.device)
             if store is not None:
-                grown[:, :, 1, : store.shape[3]] = store[:, :, 1]
+                grown[:, :, : store.shape[2]] = store
             store = grown
             self.norms[layer] = store
-        fresh = value[:, :, new_from - (hi - n_k):, :].to(torch.float32)  # (B, H_kv, n_new, D)
-        n_new = fresh.shape[2]
-        flat = fresh.permute(1, 0, 2, 3).reshape(n_kv, n_b * n_new, dim)
-        norms = value_norms(flat, self.out_rows[layer], n_heads, gram=self.grams[layer])
-        store[:, :, 1, new_from:hi] = norms.reshape(n_heads, n_b, n_new).permute(1, 0, 2)
-        return store[:, :, :, lo:hi]
+        if new_from < hi:
+            fresh = value[:, :, new_from - lo:, :].to(torch.float32)  # (B, H_kv, n_new, D)
+            n_new = fresh.shape[2]
+            flat = fresh.permute(1, 0, 2, 3).reshape(n_kv, n_b * n_new, dim)
+            norms = value_norms(flat, self.out_rows[layer], n_heads, gram=self.grams[layer])
+            store[:, :, new_from:hi] = norms.reshape(n_heads, n_b, n_new).permute(1, 0, 2)
+            self.n_normed[layer] = hi
+        return store[:, :, lo:hi]
 
-    def _step_slots(self, layer: int, step: int, n_b: int, n_heads: int, n_rows: int,
+    def _step_slots(self, layer: int, first: int, n: int, n_b: int, n_heads: int, n_rows: int,
                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """The zeroed (B, H, R, C) masses and (B, H) top keys of ``step`` in the layer's buffers (grown as needed)."""
+        """The (n, B, H, R, C) masses and (n, B, H) top keys of steps ``first .. first + n - 1`` in the layer's
+        buffers (zeroed when allocated, each step written once; grown as needed)."""
         buf, top = self.masses.get(layer), self.tops.get(layer)
-        if buf is None or top is None or buf.shape[0] <= step:
-            cap = max(step + 1, 2 * buf.shape[0] if buf is not None else 64)
+        end = first + n
+        if buf is None or top is None or buf.shape[0] < end:
+            cap = max(end, 2 * buf.shape[0] if buf is not None else 64)
             grown = torch.zeros(cap, n_b, n_heads, n_rows, self.n_cols, dtype=torch.float32, device=device)
             grown_top = torch.zeros(cap, n_b, n_heads, dtype=torch.long, device=device)
             if buf is not None and top is not None:
                 grown[: buf.shape[0]] = buf
                 grown_top[: top.shape[0]] = top
             buf, top = self.masses[layer], self.tops[layer] = grown, grown_top
-        return buf[step], top[step]
+        return buf[first:end], top[first:end]
 
     def report(
         self,
@@ -134,17 +233,17 @@ class AnswerRows:
         edit: BatchEdit | None,
         module: torch.nn.Module | None,
     ) -> None:
-        """Fold one layer call's generating row into the step's arrays.
+        """Keep one layer call's generating row for the layer's next flush (or fold it now: class docstring).
 
         Args: as :meth:`probe.attention.capture.Capture.report`; ``query`` (B, H, n_q, D) with ``n_q`` the batch's
         width (the prefill) or 1 (a decode step), ``key`` / ``value`` (B, H_kv, K, D) the cache's last K positions.
 
         Raises:
-            HookError: a call that is neither a prefill of the batch nor a one-query decode step, or a mask whose
-                shape does not match the keys.
+            HookError: a call that is neither a prefill of the batch nor a one-query decode step, a mask whose
+                shape does not match the keys, or a cache that dropped keys some waiting step still needs.
         """
         n_b, n_heads, n_q, dim = query.shape
-        n_kv, n_k = key.shape[1], key.shape[2]
+        n_k = key.shape[2]
         step = self.n_steps.get(layer, 0)
         if not step:
             if n_q != self.width or n_k != self.width:
@@ -157,35 +256,65 @@ class AnswerRows:
                             "step (assisted or chunked decoding is not supported)")
         elif n_b != len(self.plans):
             raise HookError(f"layer {layer}: a batch of {n_b} rows, the answer capture expects {len(self.plans)}")
+        if attention_mask is not None and attention_mask.shape[-1] != n_k:
+            raise HookError(f"layer {layer}: a mask over {attention_mask.shape[-1]} keys for {n_k} keys")
         last = self.width - 1 + step  # padded position of the generating query
         lo = last - n_k + 1  # the keys are the last n_k positions (a sliding-window cache keeps only the window)
-        rep = n_heads // n_kv
-        q = query[:, :, -1, :].to(torch.float32).mul(scaling).reshape(n_b, n_kv, rep, dim)
-        scores = torch.matmul(q, key.to(torch.float32).transpose(-1, -2)).reshape(n_b, n_heads, n_k)
-        if softcap is not None:
-            scores = scores.div_(softcap).tanh_().mul_(softcap)
-        if attention_mask is not None:
-            if attention_mask.shape[-1] != n_k:
-                raise HookError(f"layer {layer}: a mask over {attention_mask.shape[-1]} keys for {n_k} keys")
-            m = attention_mask[:, 0, -1, :][:, None, :]  # (B or 1, 1, K)
-            if m.dtype == torch.bool:
-                scores.masked_fill_(~m, float("-inf"))
-            else:
-                scores += m.to(torch.float32)
-        if edit is not None and edit.edits_layer(layer):
-            pos = torch.tensor([last], device=edit.device)
-            scores += edit.bias(layer, pos, lo, last + 1)[:, :, 0, :].to(scores.device)
-        probs = torch.softmax(scores, dim=-1)  # (B, H, K); the generating query always sees itself: no empty row
-        weights = None if module is None else self._add_norms(layer, value, module, n_heads, lo, last + 1)
-        n_rows = 1 if weights is None else 2
-        masses, top = self._step_slots(layer, step, n_b, n_heads, n_rows, probs.device)
+        pending = self._pending.get(layer)
+        if pending is None:
+            pending = self._pending[layer] = _Pending(self.steps_per_flush, n_b, n_heads, dim, query.device)
+        elif pending.n and lo != pending.lo:
+            raise HookError(f"layer {layer}: the cache dropped keys that {pending.n} waiting generation steps still "
+                            f"need (keys from position {lo}, the steps read from {pending.lo}); fold each step at "
+                            "once (steps_per_flush = 1)")
+        pending.add(step, last, lo, query[:, :, -1, :], attention_mask, key, value, scaling, softcap, edit, module)
         self.n_steps[layer] = step + 1
-        torch.argmax(probs, dim=-1, out=top)
+        window = self._windows.get(layer, False)
+        if window is False:
+            window = self._windows[layer] = _window(module)
+        waits = window is None or (window is not False and last + 2 < window)  # the next step still sees key 0
+        if (not waits or lo or pending.n >= self.steps_per_flush
+                or (pending.n + 1) * n_b * n_heads * (n_k + 1) > FLUSH_ELEMENTS):
+            self._flush(layer)
+
+    def _flush(self, layer: int) -> None:
+        """Fold the layer's waiting steps into its buffers (class docstring) and release the cache they held."""
+        p = self._pending.get(layer)
+        if p is None or not p.n:
+            return
+        key, value, module = p.key, p.value, p.module
+        assert key is not None and value is not None
+        n_b, n_kv, n_k, dim = key.shape
+        n_heads, n = p.n_heads, p.n
+        lo, hi = p.lo, p.lo + n_k
+        lasts = p.lasts[:n]
+        rep = n_heads // n_kv
+        q = p.queries[:, :, :n].mul(p.scaling).reshape(n_b, n_kv, rep * n, dim)  # (B, H_kv, rep·n, D)
+        scores = torch.matmul(q, key.to(torch.float32).transpose(-1, -2)).view(n_b, n_heads, n, n_k)
+        if p.softcap is not None:
+            scores = scores.div_(p.softcap).tanh_().mul_(p.softcap)
+        scores += p.additive_mask(lasts, lo, n_k, scores.device)
+        if p.edit is not None and p.edit.edits_layer(layer):
+            pos = torch.tensor(lasts, device=p.edit.device)
+            scores += p.edit.bias(layer, pos, lo, hi).to(scores.device)
+        # the softmax's normalisation is left to the column sums: the row's exponentials times the one-hot columns
+        # give its unnormalised mass per column, whose total is the softmax's denominator
+        peak, top_key = scores.max(dim=-1, keepdim=True)  # (B, H, n, 1): the top key, and the shift for exp
+        weights = scores.sub_(peak).exp_()  # (B, H, n, K); each generating query sees itself: no empty row
+        norms = None if module is None else self._norms(layer, value, module, n_heads, lo, hi)  # (B, H, K)
+        masses, top = self._step_slots(layer, p.first, n, n_b, n_heads, 1 if norms is None else 2, weights.device)
+        top.copy_(top_key[..., 0].permute(2, 0, 1))
         if lo:
             top += lo
-        cols = self._columns(probs.device, lo, last + 1)[:, None, None, :].expand(n_b, n_heads, n_rows, n_k)
-        rows = probs[:, :, None, :] if weights is None else probs[:, :, None, :] * weights  # (B, H, R, K)
-        masses.scatter_add_(3, cols, rows)
+        onehot = self._onehot(weights.device, lo, hi)  # (B, K, C): 1 in each key's column
+        mass = torch.bmm(weights.view(n_b, n_heads * n, n_k), onehot).view(n_b, n_heads, n, self.n_cols)
+        total = mass.sum(dim=-1, keepdim=True)
+        masses[:, :, :, 0].copy_(mass.div_(total).permute(2, 0, 1, 3))
+        if norms is not None:
+            weights.mul_(norms[:, :, None, :])  # exp(s_qj − peak) ‖v_j W_O^h‖
+            vmass = torch.bmm(weights.view(n_b, n_heads * n, n_k), onehot).view(n_b, n_heads, n, self.n_cols)
+            masses[:, :, :, 1].copy_(vmass.div_(total).permute(2, 0, 1, 3))  # α_qj ‖v_j W_O^h‖ per column
+        p.clear()
 
     def results(self, answers: Sequence[Sequence[int]], prompt_ids: Sequence[Sequence[int]]) -> list[AnswerAttention]:
         """One :class:`AnswerAttention` per batch row: rows ``0 .. len(answer) - 1`` of its steps.
@@ -197,6 +326,9 @@ class AnswerRows:
         Raises:
             HookError: layers that saw different numbers of steps, or fewer steps than an answer's tokens.
         """
+        with torch.inference_mode():  # generate may have run in inference mode, and its buffers are then inference's
+            for layer in list(self._pending):
+                self._flush(layer)
         layers = sorted(self.n_steps)
         counts = {self.n_steps[layer] for layer in layers}
         if len(counts) != 1 or layers != list(range(len(layers))):

@@ -51,7 +51,7 @@ def _prompts() -> list:
 
 
 def _capture(model: torch.nn.Module, prompts: list, sample: bool = False, n_new: int = N_NEW,
-             ids: torch.Tensor | None = None, mask: torch.Tensor | None = None
+             ids: torch.Tensor | None = None, mask: torch.Tensor | None = None, inference: bool = False
              ) -> tuple[list[list[int]], list[AnswerAttention], list[SegmentAttention]]:
     """Generate the batch with the answer capture on; each row's answer (every new token), capture and prefill probe."""
     if ids is None:
@@ -59,7 +59,8 @@ def _capture(model: torch.nn.Module, prompts: list, sample: bool = False, n_new:
     else:
         pads = [int((mask[i] == 0).sum()) for i in range(len(prompts))]
     kwargs = dict(do_sample=True, temperature=1.5) if sample else dict(do_sample=False)
-    with torch.no_grad(), probe_generation(model, prompts, pads, ProbeSection(answer=True)) as cap:
+    grad_mode = torch.inference_mode() if inference else torch.no_grad()  # the runner generates in inference mode
+    with grad_mode, probe_generation(model, prompts, pads, ProbeSection(answer=True)) as cap:
         out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n_new, pad_token_id=0, **kwargs)
     probes = cap.results()
     answers = [out[i, ids.shape[1]:].tolist() for i in range(len(prompts))]
@@ -230,3 +231,41 @@ def test_embedded_smollm2_capture_equals_eager_reference(smollm2) -> None:
     answers, got, _ = _capture(model, prompts, n_new=8)
     for tp, a, g in zip(prompts, answers, got):
         _assert_equal_reference(model, tp, a, g)
+
+
+@pytest.mark.parametrize("arch", ["llama-gqa3", "qwen2", "gemma3"])
+def test_steps_folded_together_equal_each_step_folded_at_once(models, arch: str, monkeypatch) -> None:
+    """A layer's decode steps wait and are folded several at a time (one product over the key cache); 23 new tokens
+    cross several flushes of 4 and one of 16: the rows equal those folded one step at a time, and the reference. (The
+    flushes of 4 run in inference mode, as the runner's generation does, and the last one after it.)"""
+    import probe.attention.decode as decode
+
+    prompts = _prompts()
+    got = {}
+    for steps in (1, 4, 16):
+        monkeypatch.setattr(decode, "STEPS_PER_FLUSH", steps)
+        answers, got[steps], _ = _capture(models[arch], prompts, n_new=23, inference=steps == 4)
+    tol = ATOL_OF.get(arch, ATOL) / 5  # the same rows, products summed in another order
+    for steps in (4, 16):
+        for a, b in zip(got[1], got[steps]):
+            np.testing.assert_allclose(b.mass, a.mass, atol=tol, rtol=0)
+            np.testing.assert_allclose(b.vmass, a.vmass, atol=tol, rtol=0)  # type: ignore[arg-type]
+            assert (a.top_key == b.top_key).mean() > 0.99
+    for tp, a, g in zip(prompts, answers, got[16]):
+        assert len(a) > 16  # past the first flush of 16 (an end token may stop the batch before 23)
+        _assert_equal_reference(models[arch], tp, a, g, ATOL_OF.get(arch, ATOL))
+
+
+def test_sliding_window_reached_while_steps_wait(models) -> None:
+    """A sliding-window layer folds its waiting steps before its cache starts dropping keys: Mistral with a window of
+    44 keys, prompts of 30 and 36 tokens, 20 new tokens (the window is reached at the 8th): equal to the reference."""
+    model = models["mistral"]
+    prompts = [make_prompt(seed=21, n_tokens=30), make_prompt(seed=22, layout="residue", n_tokens=36)]
+    model.config.sliding_window = 44
+    try:
+        answers, got, _ = _capture(model, prompts, n_new=20)
+        for tp, a, g in zip(prompts, answers, got):
+            _assert_equal_reference(model, tp, a, g)
+            assert g.mass[-1, ..., :-1].sum(-1).max() < 1  # the last rows see fewer prompt keys than the first
+    finally:
+        model.config.sliding_window = 16
