@@ -1,22 +1,24 @@
-"""Answer capture: the attention of every generation step, reduced at once to per-segment masses (an
+"""Answer capture: the attention of every generation step, reduced to per-segment masses (an
 :class:`~probe.attention.answer.AnswerAttention` per prompt; definitions:
 docs/probes.md#attention-while-the-answer-is-written).
 
 During ``generate`` the engine's attention function reports every layer call to the active capture. With answer
 capture on, :class:`AnswerRows` takes, from each call, the one query row that produces the next token: in the prefill
 the last prompt position (row ``t = 0``), in each decode step its single new query against the cache (row ``t``,
-whose input is token ``t - 1``). For each batch row it computes that query's post-softmax row over the keys of the
-call, exactly as the probe's rows are computed (float32 scores, soft-capping, the model's mask, an active
-intervention's bias), and folds it at once into
+whose input is token ``t - 1``). For each batch row it computes that query's post-softmax row over the keys it saw,
+exactly as the probe's rows are computed (float32 scores, soft-capping, the model's mask, an active intervention's
+bias), and folds it into
 
-- the mass on each prompt segment and on the answer tokens so far (one scatter over the keys),
-- the same weighted by ``‖v_j W_O^h‖`` (value-weighted, renormalised over the row; the norms of the prompt's keys
-  are computed once in the prefill, each decode step adds its new key's),
+- the mass on each prompt segment and on the answer tokens so far (the row times a one-hot of the key columns),
+- the same weighted by ``‖v_j W_O^h‖`` (value-weighted, renormalised over the row; each key's norm is computed
+  once, the prompt's at the first fold, each new key's at the fold after it arrives),
 - the position of the top-attended key.
 
-Nothing larger than one row of keys per layer and step exists, and no second forward pass runs. The answer measures
-are per token, a shape the measure registry (whose arrays are per prompt, ``layer`` first, reduced over blocks of
-prefill rows) does not hold, so they live here, with their reference :func:`reference_answer_attention`.
+A layer's steps wait and are folded up to :data:`STEPS_PER_FLUSH` at a time, so its key cache is read once per fold
+rather than once per step. Nothing larger than the waiting steps' rows over the cache exists, and no second forward
+pass runs. The answer measures are per token, a shape the measure registry (whose arrays are per prompt, ``layer``
+first, reduced over blocks of prefill rows) does not hold, so they live here, with their reference
+:func:`reference_answer_attention`.
 """
 
 from __future__ import annotations
@@ -122,8 +124,9 @@ class AnswerRows:
     A layer's generating queries wait, up to :data:`STEPS_PER_FLUSH` steps, in a small buffer (one copy per step);
     a flush computes all their rows against the layer's key cache at once: one product over the cache, the mask of
     each step (kept from its call: a step's row covers the keys up to its own position, later keys are masked), the
-    active edit's bias at each step's position, one softmax, and one scatter of raw and value-weighted masses into
-    segment columns (the norms are kept beside a row of ones, so the raw mass is the same product, by 1). Steps wait
+    active edit's bias at each step's position, then the rows' exponentials (shifted by each row's top score, whose
+    key is the top key) times a one-hot of the key columns: each row's unnormalised mass per column, whose total is
+    the softmax's denominator; the same with each key weighted by its norm gives the value-weighted masses. Steps wait
     only while the cache keeps every key: a layer with a sliding window flushes before the window is reached and then
     folds each step at once, as its cache starts dropping keys. :meth:`results` flushes what is left.
 
