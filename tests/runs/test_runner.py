@@ -282,18 +282,50 @@ def test_probed_run_records_equal_a_separate_probe_per_prompt(tmp_path, tiny_car
             np.testing.assert_allclose(getattr(stored, field), getattr(want, field), atol=1e-5, equal_nan=True)
 
 
-def test_run_bench_times_probed_and_unprobed_arms(tmp_path, tiny_card):
+@pytest.mark.parametrize("n_batches", [1, 2, 3, 6])
+def test_run_bench_rotates_the_arms_over_every_batch(n_batches: int) -> None:
+    from probe.bench.run import arm_order
+
+    names = ["unprobed", "probed", "answer"]
+    for b in range(n_batches):
+        orders = [arm_order(names, r, b) for r in range(3)]
+        assert all(sorted(o) == sorted(names) for o in orders)
+        assert {o[0] for o in orders} == set(names)  # each arm leads this batch once over three rounds
+    if n_batches > 1:
+        assert arm_order(names, 0, 0) != arm_order(names, 0, 1)
+
+
+def test_run_bench_times_probed_and_unprobed_arms(tmp_path, tiny_card, monkeypatch):
+    import probe.bench.run as bench_run
     from probe.bench.run import format_run_bench, run_probe_cost_bench
 
     exp = tmp_path / "exp.toml"
     exp.write_text(f'[experiment]\nname = "b"\nseed = 3\nmodels = ["{tiny_card}"]\n'
                    '[[tasks]]\nsource = "synthetic"\nn = 1\nhops = 2\n'
-                   '[ice]\nloads = [50]\nreplications = 1\n[generation]\nmax_new_tokens = 3\nbatch_size = 4\n'
+                   '[ice]\nloads = [50]\nreplications = 1\n[generation]\nmax_new_tokens = 3\nbatch_size = 2\n'
                    '[analysis]\nembedder = ""\n')
-    b = run_probe_cost_bench(str(exp), rounds=1, output_dir=str(tmp_path / "out"))
-    assert b.n_trials == 4 and b.same_outputs and b.n_attention_files == 4
+    calls: list[tuple[str, tuple[str, ...]]] = []
+    real = bench_run.run_model
+
+    def recording(cfg, backend, prompts, *args, **kwargs):
+        calls.append((cfg.experiment.name, tuple(p.prompt_id for p in prompts)))
+        return real(cfg, backend, prompts, *args, **kwargs)
+
+    monkeypatch.setattr(bench_run, "run_model", recording)
+    b = run_probe_cost_bench(str(exp), rounds=2, output_dir=str(tmp_path / "out"))
+    assert b.n_trials == 4 and b.same_outputs and b.n_attention_files == 4 and b.n_batches == 2
     assert b.unprobed_s > 0 and b.ratio == pytest.approx(b.probed_s / b.unprobed_s)
     assert "probed / unprobed" in format_run_bench(b)
     # the third arm: probed with the answer capture, side by side in the same rounds
     assert b.answer_s is not None and b.answer_s > 0 and b.answer_ratio == pytest.approx(b.answer_s / b.unprobed_s)
-    assert len(b.round_answer_ratios) == 1 and "answer capture / unprobed run" in format_run_bench(b)
+    assert len(b.round_answer_ratios) == 2 and "answer capture / unprobed run" in format_run_bench(b)
+    assert len(b.batch_ratios) == len(b.batch_answer_ratios) == 4  # 2 rounds x 2 batches
+    assert "per batch, 4 paired: median" in format_run_bench(b)
+    # interleaved batch by batch: each batch runs in all three arms before the next, the arms' order rotating
+    assert len(calls) == 2 * 2 * 3
+    batches = [calls[i][1] for i in range(0, len(calls), 3)]
+    assert all(len(set(calls[i + j][1] for j in range(3))) == 1 for i in range(0, len(calls), 3))
+    assert batches[0] != batches[1] and batches[:2] == batches[2:] and sum(len(x) for x in batches[:2]) == 4
+    firsts = [calls[i][0] for i in range(0, len(calls), 3)]  # (round 0: batch 0, batch 1; round 1: batch 0, 1)
+    assert firsts[0] != firsts[2] and firsts[1] != firsts[3]  # each batch's order changes from round to round
+    assert firsts[0] != firsts[1]  # and from batch to batch
