@@ -213,6 +213,11 @@ class RunFolder:
         return self.root / FIGURES_DIR
 
     @property
+    def figure_index(self) -> Path:
+        """``figures/index.json``: the report's figures in the order the report shows them, with their captions."""
+        return self.root / FIGURES_DIR / "index.json"
+
+    @property
     def tables(self) -> Path:
         return self.root / TABLES_DIR
 

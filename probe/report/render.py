@@ -9,6 +9,7 @@ analysis' notes and its methods.
 
 from __future__ import annotations
 
+import json
 import logging
 import zipfile
 from pathlib import Path
@@ -19,7 +20,7 @@ from probe.analysis.results import Analysis, AnalysisFileError, read_analysis
 from probe.report.html import esc, page
 from probe.report.sections import ReportContext, report_section
 from probe.records import check_records
-from probe.runfolder import RunFolder
+from probe.runfolder import RunFolder, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,8 @@ def render_report(run_dir: str | Path | RunFolder) -> Path:
             + (f"<h2>Notes</h2><ul>{notes}</ul>" if notes else "")
             + f"<h2>Methods</h2><ul>{methods}</ul>")
     run.report.write_text(page(title, body), encoding="utf-8")
+    if ctx.written:  # the figures in the report's order, with its captions (the results page follows it)
+        write_atomic(run.figure_index, json.dumps([{"file": f, "caption": c} for f, c in ctx.captions], indent=1))
     log.info("%s: report with %d figures", run.report, len(ctx.written))
     return run.report
 

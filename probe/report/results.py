@@ -11,6 +11,7 @@ numbers the page no longer shows) and keeps it.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import shutil
@@ -105,17 +106,31 @@ def _demote(markdown: str, by: int = 1) -> str:
 
 
 def _copy_figures(run: RunFolder, img_dir: Path, page_dir: Path) -> list[tuple[str, str]]:
-    """Copy the report's figures of ``run`` under ``img_dir/<run name>/``; (caption, path relative to the page)."""
+    """Copy the report's figures of ``run`` under ``img_dir/<run name>/``; (caption, path relative to the page).
+
+    The figures come in the report's order with its captions (``figures/index.json``, written by ``probe report``);
+    a figure file the index does not name is left out (an earlier report drew it). A run reported before the index
+    existed gives its figures in file-name order, captioned by their names.
+    """
     if not run.figures.is_dir():
         return []
+    if run.figure_index.is_file():
+        try:
+            listed = [(str(e["file"]), str(e["caption"])) for e in json.loads(run.figure_index.read_text("utf-8"))]
+        except (ValueError, KeyError, TypeError) as e:
+            raise ProbeError(f"{run.figure_index}: not a figure index ({e}); run `probe report {run.root}` "
+                             "again") from None
+        figures = [(run.figures / name, caption) for name, caption in listed if (run.figures / name).is_file()]
+    else:
+        figures = [(fig, fig.stem.replace("_", " ")) for fig in sorted(run.figures.glob("*.png"))]
     dest = img_dir / run.name
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
     out = []
-    for fig in sorted(run.figures.glob("*.png")):
+    for fig, caption in figures:
         shutil.copy2(fig, dest / fig.name)
-        out.append((fig.stem.replace("_", " "), (dest / fig.name).relative_to(page_dir).as_posix()))
+        out.append((caption, (dest / fig.name).relative_to(page_dir).as_posix()))
     return out
 
 
@@ -180,7 +195,8 @@ def write_results_page(run_dirs: Sequence[str | Path], out: str | Path, *, title
         figures = _copy_figures(r.run, images, out.parent)
         if figures:
             parts += [f"### Figures of `{r.run.name}`", ""]
-            parts += [f"![{cap}]({path})\n" for cap, path in figures]
+            for cap, path in figures:  # alt text the file's name (a caption may hold brackets), the caption below
+                parts += [f"![{Path(path).stem}]({path})", "", f"*{cap.strip()}*", ""]
     write_atomic(out, "\n".join(parts).rstrip() + "\n")
     for w in warnings:
         log.warning("%s: %s", out, w)

@@ -47,6 +47,7 @@ class ReportContext:
         self.figures_dir = figures_dir
         self.source = source
         self.written: list[Path] = []
+        self.captions: list[tuple[str, str]] = []  # (file name, caption) of each figure written, in order
 
     @property
     def arrays(self) -> "ArrayView":
@@ -63,6 +64,7 @@ class ReportContext:
             path = self.figures_dir / f"{stem}.png"
             path.write_bytes(png)
             self.written.append(path)
+            self.captions.append((path.name, caption))
         return figure_block(png, caption, stem)
 
 

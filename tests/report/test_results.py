@@ -11,6 +11,7 @@ import pytest
 
 from probe.analysis import analyze_run
 from probe.config import config_from_dict, dump_config
+from probe.errors import ProbeError
 from probe.report import render_report
 from probe.report.results import READING_BEGIN, READING_END, ResultsPageError, design_lines, write_results_page
 from tests.fixtures.synthetic_run import Plan, make_run
@@ -46,6 +47,35 @@ def test_figures_are_copied_beside_the_page_and_every_link_resolves(run, tmp_pat
     for link in links:
         assert (page.parent / link).is_file()
         assert link.startswith("img/results/study/")
+
+
+def test_figures_follow_the_report_order_and_captions_and_leave_out_stale_files(run, tmp_path) -> None:
+    """The page lists the figures in the order report.html shows them, each with the report's caption; a PNG left in
+    figures/ by an earlier report (not in figures/index.json) is not shown; a damaged index is named."""
+    import html
+
+    shown = re.findall(r'<figure><img alt="([^"]+)" src="data:[^"]+"><figcaption>([^<]*)</figcaption>',
+                       (run / "report.html").read_text())
+    assert len(shown) > 3
+    stale = run / "figures" / "aaa_from_an_earlier_report.png"
+    stale.write_bytes((run / "figures" / f"{shown[0][0]}.png").read_bytes())
+    try:
+        page, _ = write_results_page([run], tmp_path / "results.md")
+        text = page.read_text()
+        links = re.findall(r"!\[([^\]]*)\]\(([^)]+)\)\n\n\*([^\n]*)\*", text)
+        assert [stem for stem, _, _ in links] == [stem for stem, _ in shown]
+        assert [cap for _, _, cap in links] == [html.unescape(c).strip() for _, c in shown]
+        assert "aaa_from_an_earlier_report" not in text
+        index = run / "figures" / "index.json"
+        kept = index.read_text()
+        index.write_text("[{\"name\": 1}]")
+        try:
+            with pytest.raises(ProbeError, match=r"index\.json: not a figure index"):
+                write_results_page([run], tmp_path / "again.md")
+        finally:
+            index.write_text(kept)
+    finally:
+        stale.unlink()
 
 
 def test_the_reading_is_kept_and_a_change_of_trials_is_named(run, tmp_path) -> None:
