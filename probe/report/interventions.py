@@ -123,14 +123,16 @@ def _layers(layers: tuple[int, ...]) -> str:
 
 
 def heads_rows(result: InterventionResult) -> list[list[str]]:
-    """Top-k interventions, their random-heads controls and the heads each acts on."""
+    """Top-k interventions, their random-heads controls and the heads each acts on, per model (each model resolves its
+    own heads)."""
     out = []
     for s in result.specs:
         if s.selection is None:
             continue
         role = (f"random control of {s.selection.control_of}" if s.selection.control_of
                 else f"top-k by {s.selection.by or 'enrichment'}")  # by: recorded since the first file version
-        out.append([s.name, role, str(s.selection.k), s.selection.from_run or fmt.DASH, _heads_text(s)])
+        out.append([s.model or fmt.DASH, s.name, role, str(s.selection.k), s.selection.from_run or fmt.DASH,
+                    _heads_text(s)])
     return out
 
 
@@ -187,8 +189,8 @@ def section_html(result: InterventionResult, ctx: ReportContext) -> str:
         parts += ["<h3>Layer-window sweeps</h3>", *figures]
     if result.heads or heads_rows(result):
         parts += ["<h3>Heads</h3>",
-                  table(["intervention", "role", "k", "selected from", "heads"],
-                        [[esc(v) for v in r] for r in heads_rows(result)], left=2, text=(4,)),
+                  table(["model", "intervention", "role", "k", "selected from", "heads"],
+                        [[esc(v) for v in r] for r in heads_rows(result)], left=3, text=(5,)),
                   table(["model", "condition", "load", "top-k", "random", "n (questions)", "diff [CI]", "p"],
                         [[esc(v) for v in r] for r in heads_contrast_rows(result)], left=5)]
     return "".join(parts)  # the section's notes are listed once, under the report's Notes
@@ -199,7 +201,7 @@ def markdown(result: InterventionResult, settings: AnalysisSection) -> list[str]
     out = ["## Causal tests: interventions", "", *[f"- {s}" for s in summary_lines(result)], "",
            md_table(RECOVERY_HEADER, recovery_rows(result)), ""]
     if heads_rows(result):
-        out += [md_table(["intervention", "role", "k", "selected from", "heads"], heads_rows(result)), ""]
+        out += [md_table(["model", "intervention", "role", "k", "selected from", "heads"], heads_rows(result)), ""]
     if result.heads:
         out += [md_table(["model", "condition", "load", "top-k", "random", "n (questions)", "diff [CI]", "p"],
                          heads_contrast_rows(result)), ""]

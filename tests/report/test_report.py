@@ -375,3 +375,23 @@ def test_numbers_are_written_by_one_formatter():
     assert (fmt.p_value(0.0004), fmt.p_value(0.0004, html=True), fmt.p_value(0.04567)) == ("<0.001", "&lt;0.001", "0.046")
     assert (fmt.p_phrase(0.0004), fmt.p_phrase(0.2)) == ("p < 0.001", "p = 0.200")
     assert (fmt.pct(0.25), fmt.pct(None), fmt.ci(0.1, 0.2), fmt.ci(None, 0.2)) == ("25%", "—", "[0.100, 0.200]", "—")
+
+
+def test_heads_table_names_the_model_each_selection_was_resolved_for() -> None:
+    """Two models resolve the same top-k intervention to their own heads: the table gives each its own row, with its
+    model, in the report and in analysis.md."""
+    from probe.analysis.interventions import InterventionResult
+    from probe.interventions import HeadSelection, Intervention
+    from probe.report.interventions import heads_rows, markdown
+
+    def top(model: str, heads: tuple) -> Intervention:
+        return Intervention(kind="knockout", keys="extraneous", heads=heads, name="top3", model=model,
+                            selection=HeadSelection(from_run="outputs/sel", k=len(heads), by="retrieval"))
+
+    result = InterventionResult(specs=(top("model-a", ((1, 2), (3, 0))), top("model-b", ((0, 1), (2, 2)))),
+                                rows=(), specific=(), heads=(), sweeps=(), alpha=0.05, notes=())
+    rows = heads_rows(result)
+    assert [r[0] for r in rows] == ["model-a", "model-b"]
+    assert rows[0][-1] == "L1.H2, L3.H0" and rows[1][-1] == "L0.H1, L2.H2"
+    md = "\n".join(markdown(result, AnalysisSection()))
+    assert "| model | intervention |" in md and "| model-b | top3 |" in md
