@@ -15,6 +15,10 @@ segments (``extraneous``), per layer and head; per layer it is pooled over the h
   OLS of the mass on [1, Saturation, last hop, hop index]
   (:func:`probe.analysis.attention_tests.condition_contrast_tests`). Mass ``hop`` only: a Control prompt has no
   extraneous segment, so its extraneous mass is 0 by construction.
+- **Saturation − LongControl at each load**: the same against LongControl at the same load, whose prompt has the
+  Saturation prompt's length in neutral filler. A longer prompt alone spreads attention over more keys, so
+  Saturation − Control mixes length with distraction; against LongControl only what the distractors are remains.
+  Mass ``hop`` only (LongControl has no extraneous segment either).
 
 Each is fitted per layer (head-pooled mass; BH across the layers, one family) and per head (BH across the layer ×
 head map, one family), CR2 clustered by question with Bell–McCaffrey df; below the minimum number of questions
@@ -62,8 +66,12 @@ class HopRow(Protocol):
 
 FAILED_CORRECT = "failed - correct"
 SATURATION_CONTROL = "Saturation - Control"
+SATURATION_LONGCONTROL = "Saturation - LongControl"
 MASS_NAMES = {"hop": "mass on the hop's own fact", "extraneous": "mass on the extraneous segments"}
-TESTED = ((FAILED_CORRECT, ("hop", "extraneous")), (SATURATION_CONTROL, ("hop",)))
+TESTED = ((FAILED_CORRECT, ("hop", "extraneous")), (SATURATION_CONTROL, ("hop",)), (SATURATION_LONGCONTROL, ("hop",)))
+# the condition each condition contrast sets Saturation against, and whether it matches the load (LongControl's
+# length follows the Saturation load it is matched to; Control has one length)
+REFERENCE = {SATURATION_CONTROL: ("Control", False), SATURATION_LONGCONTROL: ("LongControl", True)}
 
 
 @dataclass(frozen=True)
@@ -72,8 +80,8 @@ class HopMassTest:
 
     Attributes:
         model: the model; measure: ``raw`` or ``value``; category: the mass (``hop`` or ``extraneous``).
-        contrast: ``failed - correct`` or ``Saturation - Control``; load: the Saturation load of the latter (None
-            for the former, which pools loads and adjusts for them).
+        contrast: ``failed - correct``, ``Saturation - Control`` or ``Saturation - LongControl``; load: the Saturation
+            load of the condition contrasts (None for failed − correct, which pools loads and adjusts for them).
         estimand: what the estimate means, with its unit.
         n: trial-hops; n_trials: trials; n_questions: questions.
         layers: per layer, the head-pooled mass (BH across layers); None without a fit.
@@ -165,23 +173,31 @@ def hop_mass_tests(rows: Sequence[HopRow], masses: Sequence[np.ndarray | None], 
     if len(shapes) > 1:
         return [], {}
     loads = sorted({int(rows[i].load) for i in idx if rows[i].condition == "Saturation"})
-    plans: list[tuple[str, int | None]] = [(FAILED_CORRECT, None)] + [(SATURATION_CONTROL, ld) for ld in loads]
+    plans: list[tuple[str, int | None]] = [(FAILED_CORRECT, None)]
+    for contrast, (reference, by_load) in REFERENCE.items():
+        plans += [(contrast, ld) for ld in loads
+                  if any(rows[i].condition == reference and (not by_load or int(rows[i].load) == ld) for i in idx)]
     for contrast, load in plans:
         if contrast == FAILED_CORRECT:
             sel = [i for i in idx if rows[i].condition in EXTRANEOUS_CONDITIONS]
         else:
-            sel = [i for i in idx if rows[i].condition == "Control"
+            reference, by_load = REFERENCE[contrast]
+            sel = [i for i in idx if (rows[i].condition == reference and (not by_load or int(rows[i].load) == load))
                    or (rows[i].condition == "Saturation" and int(rows[i].load) == load)]
         sub = [rows[i] for i in sel]
         groups = np.array([str(r.task_id) for r in sub], dtype=object)
         n_trials = len({r.trial_id for r in sub})
         for category in dict(TESTED)[contrast]:
             name = MASS_NAMES[category] + (" (value-weighted)" if measure == "value" else "")
-            where = "Saturation and Residue trials" if contrast == FAILED_CORRECT else \
-                f"Saturation at {load} % and Control trials"
-            estimand = (f"{contrast} difference in the {name} (a share) while the hop's answer is written, "
-                        + ("at equal load, placement and hop position" if contrast == FAILED_CORRECT
-                           else "at equal hop position") + f" ({where})")
+            if contrast == FAILED_CORRECT:
+                where, equal = "Saturation and Residue trials", "at equal load, placement and hop position"
+            elif REFERENCE[contrast][1]:
+                where = f"Saturation and {REFERENCE[contrast][0]} trials at {load} %"
+                equal = "at equal prompt length and hop position"
+            else:
+                where, equal = f"Saturation at {load} % and {REFERENCE[contrast][0]} trials", "at equal hop position"
+            estimand = f"{contrast} difference in the {name} (a share) while the hop's answer is written, {equal} " \
+                       f"({where})"
             base = HopMassTest(model=model, measure=measure, category=category, contrast=contrast, load=load,
                                estimand=estimand, n=len(sub), n_trials=n_trials,
                                n_questions=len(set(groups.tolist())), layers=None, heads=None, max_t_questions=0,
@@ -206,7 +222,7 @@ def hop_mass_tests(rows: Sequence[HopRow], masses: Sequence[np.ndarray | None], 
                 side = np.array([float(r.condition == "Saturation") for r in sub])
                 cov = _covariates(sub, [np.ones(len(sub)), side], [])
                 covm = np.column_stack(cov) if cov else None
-                what = f"Saturation at {load} % - Control"
+                what = f"Saturation at {load} % - {REFERENCE[contrast][0]}"
                 layer_fits = condition_contrast_tests(Y.mean(axis=2), side, groups, covm, alpha, what=what)
                 head_fits = condition_contrast_tests(Y, side, groups, covm, alpha, what=what)
                 nuisance = np.column_stack([np.ones(len(sub)), *cov])
@@ -220,4 +236,4 @@ def hop_mass_tests(rows: Sequence[HopRow], masses: Sequence[np.ndarray | None], 
     return out, arrays
 
 
-__all__ = ["FAILED_CORRECT", "HopMassTest", "SATURATION_CONTROL", "hop_mass_tests"]
+__all__ = ["FAILED_CORRECT", "HopMassTest", "SATURATION_CONTROL", "SATURATION_LONGCONTROL", "hop_mass_tests"]

@@ -1,5 +1,6 @@
 """The hop-tracking part of the ICE report: one table of label shares per cell (``report.html``, ``analysis.md``),
-beside it one table of the tests of the hop masses (failed − correct, Saturation − Control; per layer and per head),
+beside it one table of the tests of the hop masses (failed − correct, Saturation − Control, Saturation − LongControl;
+per layer and per head),
 and three CSV tables (``hop_tracking``: the cells; ``hop_tracking_trials``: one row per trial and hop;
 ``hop_mass_tests``: one row per test).
 
@@ -62,7 +63,9 @@ HEADER = (["model", "condition", "load", "hops", "n", "questions"] + [lab.replac
 TESTS_TITLE = "Does the mass on the hop's fact, or on the extraneous segments, differ by outcome and condition?"
 TESTS_LEGEND = ("One row per test: the attention of the tokens that first name a hop's answer on the hop's own fact "
                 "(or on the extraneous segments), failed − correct over the Saturation and Residue trials at equal "
-                "load, placement and hop position, and Saturation − Control at each load at equal hop position. "
+                "load, placement and hop position, Saturation − Control at each load at equal hop position, and "
+                "Saturation − LongControl at each load (equal prompt length: what the distractors add beyond "
+                "length). "
                 "Per layer: the head-pooled mass, CR2 clustered by question (Bell–McCaffrey df), BH across the "
                 "layers; per head: the same fit, BH across the layer × head map, and the max-T sign-flip "
                 "correction over the map (family-wise; per question, the mean of one side minus the other, of "
@@ -119,14 +122,29 @@ ROLE_NAMES = {"hop": "the hop's fact", "other_germane": "other facts", "extraneo
               "question": "question"}
 
 
+PANELS_PER_ROW = 4
+
+
+def _panel_grid(n: int, width: float, height: float) -> tuple[Figure, list]:
+    """A figure of ``n`` panels sharing the y axis, at most :data:`PANELS_PER_ROW` to a row (the empty places of the
+    last row hidden), each ``width`` × ``height`` inches."""
+    cols = min(n, PANELS_PER_ROW)
+    rows = -(-n // cols)
+    fig = Figure(figsize=(max(6.4, width * cols), height * rows + 0.6), layout="constrained")
+    grid = fig.subplots(rows, cols, squeeze=False, sharey=True)
+    axes = list(grid.ravel())
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    return fig, axes[:n]
+
+
 def draw_layers(h: HopTracking, arrays: Mapping[str, np.ndarray], model: str) -> Figure | None:
     """Per layer, the head-pooled mass of the named hops' tokens on the hop's fact, the other facts, the extraneous
     segments and the question: one panel per condition × load (raw attention), the depth window shaded."""
     cells = [c for c in h.cells if c.model == model and c.measure == "raw" and c.subset == "all" and c.array_key]
     if not cells:
         return None
-    fig = Figure(figsize=(max(6.4, 3.2 * len(cells)), 3.4), layout="constrained")
-    axes = fig.subplots(1, len(cells), squeeze=False, sharey=True)[0]
+    fig, axes = _panel_grid(len(cells), 3.2, 3.0)
     for ax, c in zip(axes, cells):
         grid = arrays[str(c.array_key)]  # (layer, head, role)
         layers = np.arange(grid.shape[0])
@@ -138,7 +156,8 @@ def draw_layers(h: HopTracking, arrays: Mapping[str, np.ndarray], model: str) ->
         ax.set_xlabel("layer")
         ax.xaxis.set_major_locator(MaxNLocator(nbins=10, integer=True))
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("attention mass (heads pooled)")
+    for ax in axes[:: min(len(axes), PANELS_PER_ROW)]:
+        ax.set_ylabel("attention mass (heads pooled)")
     axes[0].legend(fontsize=7)
     fig.suptitle(f"{short(model)}: where the tokens naming a hop's answer look, by layer (grey: the window)",
                  fontsize=11, wrap=True)
@@ -151,8 +170,7 @@ def draw_tests(h: HopTracking, model: str) -> Figure | None:
     tests = [t for t in h.tests if t.model == model and t.measure == "raw" and t.layers is not None]
     if not tests:
         return None
-    fig = Figure(figsize=(max(6.4, 3.0 * len(tests)), 3.2), layout="constrained")
-    axes = fig.subplots(1, len(tests), squeeze=False, sharey=True)[0]
+    fig, axes = _panel_grid(len(tests), 3.0, 2.9)
     for ax, t in zip(axes, tests):
         assert t.layers is not None
         rows = t.layers.layers
@@ -172,7 +190,8 @@ def draw_tests(h: HopTracking, model: str) -> Figure | None:
         ax.set_xlabel("layer")
         ax.xaxis.set_major_locator(MaxNLocator(nbins=10, integer=True))
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("difference in mass (heads pooled)")
+    for ax in axes[:: min(len(axes), PANELS_PER_ROW)]:
+        ax.set_ylabel("difference in mass (heads pooled)")
     fig.suptitle(f"{short(model)}: hop masses by outcome and condition, per layer (95% CI, filled: q < α)",
                  fontsize=11, wrap=True)
     return fig
@@ -201,7 +220,8 @@ def html(h: HopTracking | None, ctx: ReportContext | None = None) -> str:
                 parts.append(ctx.figure(f"hop_tests_{file_stem(model)}", f"{model}: per layer, the head-pooled "
                                         "difference in the attention of the tokens that first name a hop's answer "
                                         "(failed − correct on the hop's fact and on the extraneous segments; "
-                                        "Saturation − Control on the hop's fact), raw attention weights, with 95% "
+                                        "Saturation − Control and Saturation − LongControl on the hop's fact), raw "
+                                        "attention weights, with 95% "
                                         "intervals clustered by question; filled markers pass BH across the layers.",
                                         draw_tests(h, model)))
     if ctx is not None:

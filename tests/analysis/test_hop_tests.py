@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import statsmodels.api as sm
 
-from probe.analysis.hop_tests import FAILED_CORRECT, SATURATION_CONTROL, hop_mass_tests
+from probe.analysis.hop_tests import FAILED_CORRECT, SATURATION_CONTROL, SATURATION_LONGCONTROL, hop_mass_tests
 from probe.analysis.hops import CATEGORIES, HopRow
 from probe.analysis.inference import clustered_ols
 from probe.analysis.max_t import question_contrasts, simulate_failed_null
@@ -28,26 +28,33 @@ BASE = HopRow(trial_id="", model="m", task_id="", condition="", load=0, hop=0, n
 
 
 def study(n_questions: int = 16, seed: int = 0, fail_ext: tuple[int, int] | None = None,
-          sat_hop: tuple[int, int] | None = None, effect: float = 0.25
-          ) -> tuple[list[HopRow], list[np.ndarray | None]]:
-    """Trial-hops of Control, Saturation and Residue at loads 20 and 80, two hops each, a fifth of them not named
-    (no mass). Failure rises with load and so does every head's extraneous mass (confounding); ``fail_ext`` gains
-    ``effect`` extraneous mass in failed trials, ``sat_hop`` loses ``effect`` hop mass under Saturation at 80 %."""
+          sat_hop: tuple[int, int] | None = None, effect: float = 0.25, long_hop: tuple[int, int] | None = None,
+          long_control: bool = False) -> tuple[list[HopRow], list[np.ndarray | None]]:
+    """Trial-hops of Control, Saturation and Residue at loads 20 and 80 (and LongControl at both with
+    ``long_control``), two hops each, a fifth of them not named (no mass). Failure rises with load and so does every
+    head's extraneous mass (confounding); ``fail_ext`` gains ``effect`` extraneous mass in failed trials, ``sat_hop``
+    loses ``effect`` hop mass under Saturation at 80 %, ``long_hop`` loses it in every long prompt at 80 %
+    (Saturation and LongControl: an effect of length alone)."""
     rng = np.random.default_rng(seed)
     rows: list[HopRow] = []
     masses: list[np.ndarray | None] = []
+    cells = (("Control", 0), ("Saturation", 20), ("Saturation", 80), ("Residue", 20), ("Residue", 80))
+    if long_control:
+        cells += (("LongControl", 20), ("LongControl", 80))
     for q in range(n_questions):
         q_eff = rng.normal(0, 0.05, size=(L, H))
-        for cond, load in (("Control", 0), ("Saturation", 20), ("Saturation", 80), ("Residue", 20), ("Residue", 80)):
+        for cond, load in cells:
             em = float(rng.random() > 0.15 + 0.5 * (load == 80) + 0.1 * (q % 3 == 0))
             for hop in (0, 1):
                 m = rng.normal(0.2, 0.04, size=(L, H, len(CATEGORIES))) + q_eff[..., None]
-                m[..., EXT] = 0.0 if cond == "Control" else m[..., EXT] + 0.001 * load
+                m[..., EXT] = 0.0 if cond in ("Control", "LongControl") else m[..., EXT] + 0.001 * load
                 m[..., HOP] += 0.03 * hop
                 if fail_ext is not None and em < 0.5 and cond != "Control":
                     m[fail_ext + (EXT,)] += effect
                 if sat_hop is not None and cond == "Saturation" and load == 80:
                     m[sat_hop + (HOP,)] -= effect
+                if long_hop is not None and cond in ("Saturation", "LongControl") and load == 80:
+                    m[long_hop + (HOP,)] -= effect
                 named = rng.random() > 0.2
                 rows.append(replace(BASE, trial_id=f"q{q}{cond}{load}", task_id=f"q{q}", condition=cond, load=load,
                                     hop=hop, em=em, target="wrong_answer" if hop == 1 and em < 0.5 else "hop_answer",
@@ -143,6 +150,30 @@ def test_saturation_control_per_load_finds_the_planted_drop():
     assert arrays[sc[80].heads.estimate_key][0, 3] == pytest.approx(sm.OLS(Y, X).fit().params[1], abs=1e-6)
     assert arrays[sc[80].heads.p_max_t_key][0, 3] < 0.05
     assert arrays[sc[20].heads.p_max_t_key][0, 3] >= 0.05
+
+
+def test_saturation_longcontrol_separates_distraction_from_length():
+    """A drop of the hop mass in every long prompt at 80 % (head 1.2: length) and one under Saturation only (head
+    0.3: distraction). Saturation − Control finds both; Saturation − LongControl, at equal length, only the second;
+    its estimate is statsmodels OLS on the Saturation and LongControl rows at 80 %."""
+    rows, masses = study(n_questions=14, seed=5, sat_hop=(0, 3), long_hop=(1, 2), long_control=True)
+    tests, arrays = hop_mass_tests(rows, masses, "m", "raw", CATEGORIES, seed=2)
+    sc = {t.load: t for t in tests if t.contrast == SATURATION_CONTROL}
+    sl = {t.load: t for t in tests if t.contrast == SATURATION_LONGCONTROL}
+    assert set(sl) == {20, 80} and all(t.category == "hop" for t in sl.values())
+    assert "equal prompt length" in sl[80].estimand and "LongControl trials at 80 %" in sl[80].estimand
+    p_sc, p_sl = arrays[sc[80].heads.p_max_t_key], arrays[sl[80].heads.p_max_t_key]
+    assert p_sc[0, 3] < 0.05 and p_sc[1, 2] < 0.05
+    assert p_sl[0, 3] < 0.05 and p_sl[1, 2] >= 0.05
+    df = frame(rows, masses)
+    d = df[df["cond"].isin(["Saturation", "LongControl"]) & (df["load"] == 80)]
+    X = np.column_stack([np.ones(len(d)), (d["cond"] == "Saturation").astype(float), d["hop"]])
+    for head in ((0, 3), (1, 2)):
+        Y = np.stack([masses[i][head + (HOP,)] for i in d["i"]])
+        assert arrays[sl[80].heads.estimate_key][head] == pytest.approx(sm.OLS(Y, X).fit().params[1], abs=1e-6)
+    # without LongControl trials the contrast is not offered
+    plain, _ = hop_mass_tests(*study(n_questions=6, seed=5), "m", "raw", CATEGORIES)
+    assert not [t for t in plain if t.contrast == SATURATION_LONGCONTROL]
 
 
 def test_too_few_rows_or_one_side_say_why():
