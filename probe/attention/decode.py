@@ -95,12 +95,11 @@ class _Pending:
         self.key, self.value, self.module, self.edit = key, value, module, edit
         self.scaling, self.softcap = scaling, softcap
 
-    def additive_mask(self, lasts: list[int], lo: int, n_k: int, device: torch.device) -> torch.Tensor:
+    def additive_mask(self, n_k: int, device: torch.device) -> torch.Tensor:
         """(B or 1, 1, n, K) float32 additive mask of the waiting steps over the flush's keys ``lo .. lo + K - 1``:
         each step's own mask on the keys it saw, −inf on the later keys (its future)."""
-        n = len(lasts)
-        seen = torch.tensor([last - lo + 1 for last in lasts], device=device)  # keys each step saw
-        out = torch.zeros(n, n_k, dtype=torch.float32, device=device)
+        seen = torch.tensor([last - self.lo + 1 for last in self.lasts], device=device)  # keys each step saw
+        out = torch.zeros(self.n, n_k, dtype=torch.float32, device=device)
         out.masked_fill_(torch.arange(n_k, device=device)[None, :] >= seen[:, None], float("-inf"))
         rows = [m for m in self.masks if m is not None]
         if not rows:
@@ -272,9 +271,9 @@ class AnswerRows:
                             "once (steps_per_flush = 1)")
         pending.add(step, last, lo, query[:, :, -1, :], attention_mask, key, value, scaling, softcap, edit, module)
         self.n_steps[layer] = step + 1
-        window = self._windows.get(layer, False)
-        if window is False:
-            window = self._windows[layer] = _window(module)
+        if layer not in self._windows:
+            self._windows[layer] = _window(module)
+        window = self._windows[layer]
         waits = window is None or (window is not False and last + 2 < window)  # the next step still sees key 0
         if (not waits or lo or pending.n >= self.steps_per_flush
                 or (pending.n + 1) * n_b * n_heads * (n_k + 1) > FLUSH_ELEMENTS):
@@ -290,15 +289,14 @@ class AnswerRows:
         n_b, n_kv, n_k, dim = key.shape
         n_heads, n = p.n_heads, p.n
         lo, hi = p.lo, p.lo + n_k
-        lasts = p.lasts[:n]
         rep = n_heads // n_kv
         q = p.queries[:, :, :n].mul(p.scaling).reshape(n_b, n_kv, rep * n, dim)  # (B, H_kv, rep·n, D)
         scores = torch.matmul(q, key.to(torch.float32).transpose(-1, -2)).view(n_b, n_heads, n, n_k)
         if p.softcap is not None:
             scores = scores.div_(p.softcap).tanh_().mul_(p.softcap)
-        scores += p.additive_mask(lasts, lo, n_k, scores.device)
+        scores += p.additive_mask(n_k, scores.device)
         if p.edit is not None and p.edit.edits_layer(layer):
-            pos = torch.tensor(lasts, device=p.edit.device)
+            pos = torch.tensor(p.lasts, device=p.edit.device)
             scores += p.edit.bias(layer, pos, lo, hi).to(scores.device)
         # the softmax's normalisation is left to the column sums: the row's exponentials times the one-hot columns
         # give its unnormalised mass per column, whose total is the softmax's denominator

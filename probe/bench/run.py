@@ -110,28 +110,24 @@ def run_probe_cost_bench(experiment: str = "experiments/demo.toml", rounds: int 
     backend = make_backend(card, seed=cfg.experiment.seed)
     batches = _batches(backend, prompts, base.generation.batch_size)
     names = list(arms)
-    fastest = [{name: float("inf") for name in names} for _ in batches]  # per batch, per arm
     outputs: dict[str, dict[str, str | None]] = {}
-    per_round: list[dict[str, float]] = []
     paired: list[dict[str, float]] = []  # per round and batch: each arm's seconds
     for r in range(rounds):
         for arm in arms.values():
             shutil.rmtree(arm.run_dir, ignore_errors=True)
             prepare_run_dir(arm, force=True)
-        seconds = {name: 0.0 for name in names}
         for b, batch in enumerate(batches):
             times: dict[str, float] = {}
             for name in arm_order(names, r, b):
                 t0 = time.perf_counter()
                 run_model(arms[name], backend, batch, by_id, progress=False)
-                took = times[name] = time.perf_counter() - t0
-                seconds[name] += took
-                fastest[b][name] = min(fastest[b][name], took)
+                times[name] = time.perf_counter() - t0
             paired.append(times)
-        per_round.append(seconds)
         for name, arm in arms.items():
             outputs[name] = {t.trial_id: t.output for t in load_trials(arm.run_dir / "trials.jsonl")}
-    total = {name: sum(f[name] for f in fastest) for name in names}
+    n_b = len(batches)  # paired[r * n_b + b]: batch b of round r
+    total = {name: sum(min(t[name] for t in paired[b::n_b]) for b in range(n_b)) for name in names}
+    per_round = [{name: sum(t[name] for t in paired[r * n_b:(r + 1) * n_b]) for name in names} for r in range(rounds)]
     n_files = len(list((arms["probed"].run_dir / "attention").rglob("*.npz")))
     return RunBench(model=card.name, n_trials=len(outputs["unprobed"]), unprobed_s=total["unprobed"],
                     probed_s=total["probed"], same_outputs=all(o == outputs["unprobed"] for o in outputs.values()),

@@ -46,8 +46,12 @@ class ReportContext:
         self._arrays = dict(arrays or {})
         self.figures_dir = figures_dir
         self.source = source
-        self.written: list[Path] = []
-        self.captions: list[tuple[str, str]] = []  # (file name, caption) of each figure written, in order
+        self.drawn: list[tuple[Path, str]] = []  # (file, caption) of each figure written, in order
+
+    @property
+    def written(self) -> list[Path]:
+        """The figure files written so far, in order."""
+        return [path for path, _ in self.drawn]
 
     @property
     def arrays(self) -> "ArrayView":
@@ -63,8 +67,7 @@ class ReportContext:
             self.figures_dir.mkdir(parents=True, exist_ok=True)
             path = self.figures_dir / f"{stem}.png"
             path.write_bytes(png)
-            self.written.append(path)
-            self.captions.append((path.name, caption))
+            self.drawn.append((path, caption))
         return figure_block(png, caption, stem)
 
 
