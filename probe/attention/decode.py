@@ -45,6 +45,8 @@ from probe.types import TokenizedPrompt
 STEPS_PER_FLUSH = 16
 # At most this many score elements (steps × batch × heads × keys) per flush: long prompts and big batches flush sooner.
 FLUSH_ELEMENTS = 1 << 22
+# Flush masks kept for the layers that fold the same steps next (a few: full and sliding-window layers differ).
+MASKS_KEPT = 4
 
 
 def _window(module: torch.nn.Module | None) -> int | None | bool:
@@ -95,6 +97,13 @@ class _Pending:
         self.key, self.value, self.module, self.edit = key, value, module, edit
         self.scaling, self.softcap = scaling, softcap
 
+    def mask_key(self, n_k: int) -> tuple:
+        """What :meth:`additive_mask` depends on: the steps' positions, the keys' range and each step's mask tensor
+        (its storage, shape and strides: whoever keeps the key keeps the masks alive, so the storage is not reused).
+        The layers of one decode step share its mask, so the layers of one flush share this key."""
+        return (self.lo, n_k, tuple(self.lasts),
+                tuple(None if m is None else (m.data_ptr(), m.dtype, tuple(m.shape), m.stride()) for m in self.masks))
+
     def additive_mask(self, n_k: int, device: torch.device) -> torch.Tensor:
         """(B or 1, 1, n, K) float32 additive mask of the waiting steps over the flush's keys ``lo .. lo + K - 1``:
         each step's own mask on the keys it saw, −inf on the later keys (its future)."""
@@ -122,10 +131,10 @@ class AnswerRows:
 
     A layer's generating queries wait, up to :data:`STEPS_PER_FLUSH` steps, in a small buffer (one copy per step);
     a flush computes all their rows against the layer's key cache at once: one product over the cache, the mask of
-    each step (kept from its call: a step's row covers the keys up to its own position, later keys are masked), the
-    active edit's bias at each step's position, then the rows' exponentials (shifted by each row's top score, whose
-    key is the top key) times a one-hot of the key columns: each row's unnormalised mass per column, whose total is
-    the softmax's denominator; the same with each key weighted by its norm gives the value-weighted masses. Steps wait
+    each step (kept from its call: a step's row covers the keys up to its own position, later keys are masked; the
+    layers of one flush share the steps and their masks, so the combined mask is built once for all of them), the
+    active edit's bias at each step's position, then the softmax rows times a one-hot of the key columns: each row's
+    mass per column; the same with each key weighted by its norm gives the value-weighted masses. Steps wait
     only while the cache keeps every key: a layer with a sliding window flushes before the window is reached and then
     folds each step at once, as its cache starts dropping keys. :meth:`results` flushes what is left.
 
@@ -166,6 +175,10 @@ class AnswerRows:
         self.out_rows: dict[int, torch.Tensor] = {}
         self._pending: dict[int, _Pending] = {}
         self._windows: dict[int, int | None | bool] = {}  # layer -> its sliding window (_window)
+        # the latest flushes' additive masks by _Pending.mask_key: the layers of the same steps share them (a model
+        # with sliding-window layers has two masks per step)
+        # (each entry keeps the step masks its key names alive, so that their storage is not reused while it is kept)
+        self._masks: dict[tuple, tuple[list[torch.Tensor | None], torch.Tensor]] = {}
 
     def _onehot(self, device: torch.device, lo: int, hi: int) -> torch.Tensor:
         """(B, hi - lo, C) float32: 1 in the column (segment, answer or padding) of each key position ``[lo, hi)``
@@ -294,27 +307,32 @@ class AnswerRows:
         scores = torch.matmul(q, key.to(torch.float32).transpose(-1, -2)).view(n_b, n_heads, n, n_k)
         if p.softcap is not None:
             scores = scores.div_(p.softcap).tanh_().mul_(p.softcap)
-        scores += p.additive_mask(n_k, scores.device)
+        mask_key = p.mask_key(n_k)
+        kept = self._masks.get(mask_key)
+        if kept is None:
+            if len(self._masks) >= MASKS_KEPT:
+                del self._masks[next(iter(self._masks))]  # the oldest
+            kept = self._masks[mask_key] = (list(p.masks), p.additive_mask(n_k, scores.device))
+        scores += kept[1]
         if p.edit is not None and p.edit.edits_layer(layer):
             pos = torch.tensor(p.lasts, device=p.edit.device)
             scores += p.edit.bias(layer, pos, lo, hi).to(scores.device)
-        # the softmax's normalisation is left to the column sums: the row's exponentials times the one-hot columns
-        # give its unnormalised mass per column, whose total is the softmax's denominator
-        peak, top_key = scores.max(dim=-1, keepdim=True)  # (B, H, n, 1): the top key, and the shift for exp
-        weights = scores.sub_(peak).exp_()  # (B, H, n, K); each generating query sees itself: no empty row
+        top_key = scores.max(dim=-1).indices  # (B, H, n): the top key (max's indices cost less than argmax's)
+        weights = torch.softmax(scores, dim=-1)  # (B, H, n, K); each generating query sees itself: no empty row
+        del scores
         norms = None if module is None else self._norms(layer, value, module, n_heads, lo, hi)  # (B, H, K)
         masses, top = self._step_slots(layer, p.first, n, n_b, n_heads, 1 if norms is None else 2, weights.device)
-        top.copy_(top_key[..., 0].permute(2, 0, 1))
+        top.copy_(top_key.permute(2, 0, 1))
         if lo:
             top += lo
         onehot = self._onehot(weights.device, lo, hi)  # (B, K, C): 1 in each key's column
+        # the rows times the one-hot columns: each row's mass per column
         mass = torch.bmm(weights.view(n_b, n_heads * n, n_k), onehot).view(n_b, n_heads, n, self.n_cols)
-        total = mass.sum(dim=-1, keepdim=True)
-        masses[:, :, :, 0].copy_(mass.div_(total).permute(2, 0, 1, 3))
+        masses[:, :, :, 0].copy_(mass.permute(2, 0, 1, 3))
         if norms is not None:
-            weights.mul_(norms[:, :, None, :])  # exp(s_qj − peak) ‖v_j W_O^h‖
+            weights.mul_(norms[:, :, None, :])  # α_qj ‖v_j W_O^h‖
             vmass = torch.bmm(weights.view(n_b, n_heads * n, n_k), onehot).view(n_b, n_heads, n, self.n_cols)
-            masses[:, :, :, 1].copy_(vmass.div_(total).permute(2, 0, 1, 3))  # α_qj ‖v_j W_O^h‖ per column
+            masses[:, :, :, 1].copy_(vmass.permute(2, 0, 1, 3))
         p.clear()
 
     def results(self, answers: Sequence[Sequence[int]], prompt_ids: Sequence[Sequence[int]]) -> list[AnswerAttention]:

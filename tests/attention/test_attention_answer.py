@@ -269,3 +269,38 @@ def test_sliding_window_reached_while_steps_wait(models) -> None:
             assert g.mass[-1, ..., :-1].sum(-1).max() < 1  # the last rows see fewer prompt keys than the first
     finally:
         model.config.sliding_window = 16
+
+
+def test_layers_with_different_masks_at_the_same_steps_keep_their_own() -> None:
+    """The combined mask of a flush is built once and shared by the layers that fold the same steps with the same
+    mask tensors; two layers folding the same steps under different masks (a key hidden from one of them) must each
+    get its own: every row equals a direct softmax over the keys that layer let it see."""
+    from probe.attention.decode import AnswerRows
+    from probe.attention.plan import build_plan
+
+    tp = make_prompt(seed=31, n_tokens=20)
+    plan = build_plan(tp, ProbeSection())
+    w, n_heads, dim, n_new = len(tp.input_ids), 2, 8, 5
+    gen = torch.Generator().manual_seed(0)
+    rows = AnswerRows([plan], [0], w, steps_per_flush=8)  # every step waits: one flush of all, at results()
+    keys = torch.randn(1, n_heads, w + n_new, dim, generator=gen)
+    queries = torch.randn(1, n_heads, w + n_new, dim, generator=gen)
+    hidden = {0: None, 1: 3}  # layer 1 hides key 3 from every row
+    expected = {layer: [] for layer in hidden}
+    for step in range(n_new):
+        n_k = w + step
+        for layer, hide in hidden.items():
+            n_q = w if step == 0 else 1
+            allowed = torch.ones(n_q, n_k, dtype=torch.bool).tril(n_k - n_q)
+            if hide is not None:
+                allowed[:, hide] = False
+            q = queries[:, :, n_k - n_q:n_k]
+            rows.report(layer, q, keys[:, :, :n_k], keys[:, :, :n_k], allowed[None, None], 1.0, None, None, None)
+            scores = torch.einsum("hd,hkd->hk", q[0, :, -1], keys[0, :, :n_k]).masked_fill(~allowed[-1], float("-inf"))
+            expected[layer].append(torch.softmax(scores, -1))  # (H, K)
+    got = rows.results([[0] * n_new], [tp.input_ids])[0]
+    for layer in hidden:
+        for t, row in enumerate(expected[layer]):
+            want = torch.stack([row[:, a:b].sum(-1) for a, b in plan.segment_spans], dim=-1)  # (H, segments)
+            np.testing.assert_allclose(got.mass[t, layer, :, :-1], want.numpy(), atol=1e-6)
+            np.testing.assert_array_equal(got.top_key[t, layer], row.argmax(-1).numpy())
