@@ -36,13 +36,22 @@ RECOVERY_HEADER = ["model", "condition", "load", "intervention", "keys", "n (que
 
 
 def _diff(d: PairedDifference | None) -> str:
-    """``+0.250 [+0.10, +0.40]`` (or the estimate alone, or a dash)."""
+    """``+0.250 [+0.10, +0.40]``, or the estimate with why it has no interval (the reason's first clause; the whole
+    reason is in the CSV and analysis.json), or a dash."""
     e = None if d is None else d.estimate
     if e is None or e.value is None:
         return fmt.DASH
     if e.ci_low is None or e.ci_high is None:
-        return f"{e.value:+.3f}"
+        return f"{e.value:+.3f}" + (f" (no interval: {_short(e.reason)})" if e.reason else "")
     return f"{e.value:+.3f} [{e.ci_low:+.2f}, {e.ci_high:+.2f}]"
+
+
+def _short(reason: str) -> str:
+    """A reason's first clause (up to its first parenthesis, colon or semicolon), for a table cell."""
+    reason = reason.removeprefix("no interval: ")
+    for stop in (" (", ":", ";"):
+        reason = reason.split(stop)[0]
+    return reason.strip()
 
 
 def _share(row: InterventionRow) -> str:

@@ -395,3 +395,26 @@ def test_heads_table_names_the_model_each_selection_was_resolved_for() -> None:
     assert rows[0][-1] == "L1.H2, L3.H0" and rows[1][-1] == "L0.H1, L2.H2"
     md = "\n".join(markdown(result, AnalysisSection()))
     assert "| model | intervention |" in md and "| model-b | top3 |" in md
+
+
+def test_paired_difference_without_interval_says_why_in_its_cell() -> None:
+    """A knockout whose EM changes on 2 of 12 questions (one prompt each, as in a study of one prompt per question)
+    has a difference but no interval (the minimum-G rule): the table's cell gives the difference and the reason's
+    first clause, not a bare number; with an interval, the interval."""
+    from probe.analysis.paired_ratio import paired_difference
+    from probe.report.interventions import _diff
+
+    questions = np.arange(12)
+    base = np.zeros(12)
+    few = base.copy()
+    few[[0, 5]] = 1.0  # two questions carry the change
+    d = paired_difference(few, base, questions)
+    assert d.estimate.value is not None and d.estimate.ci_low is None and d.estimate.reason
+    cell = _diff(d)
+    assert cell.startswith(f"{d.estimate.value:+.3f} (no interval: ") and "2 of 12 questions" in cell, cell
+    assert "no interval: no interval" not in cell and "docs/" not in cell
+    questions = np.repeat(np.arange(12), 2)
+    rng = np.random.default_rng(0)
+    spread = (rng.random(24) < 0.6).astype(float)
+    d = paired_difference(spread, np.zeros(24), questions)
+    assert d.estimate.ci_low is not None and _diff(d).endswith("]") and "no interval" not in _diff(d)
