@@ -178,10 +178,10 @@ def hop_mass_tests(rows: Sequence[HopRow], masses: Sequence[np.ndarray | None], 
         plans += [(contrast, ld) for ld in loads
                   if any(rows[i].condition == reference and (not by_load or int(rows[i].load) == ld) for i in idx)]
     for contrast, load in plans:
+        reference, by_load = REFERENCE.get(contrast, ("", False))  # failed - correct has no reference condition
         if contrast == FAILED_CORRECT:
             sel = [i for i in idx if rows[i].condition in EXTRANEOUS_CONDITIONS]
         else:
-            reference, by_load = REFERENCE[contrast]
             sel = [i for i in idx if (rows[i].condition == reference and (not by_load or int(rows[i].load) == load))
                    or (rows[i].condition == "Saturation" and int(rows[i].load) == load)]
         sub = [rows[i] for i in sel]
@@ -191,11 +191,11 @@ def hop_mass_tests(rows: Sequence[HopRow], masses: Sequence[np.ndarray | None], 
             name = MASS_NAMES[category] + (" (value-weighted)" if measure == "value" else "")
             if contrast == FAILED_CORRECT:
                 where, equal = "Saturation and Residue trials", "at equal load, placement and hop position"
-            elif REFERENCE[contrast][1]:
-                where = f"Saturation and {REFERENCE[contrast][0]} trials at {load} %"
+            elif by_load:
+                where = f"Saturation and {reference} trials at {load} %"
                 equal = "at equal prompt length and hop position"
             else:
-                where, equal = f"Saturation at {load} % and {REFERENCE[contrast][0]} trials", "at equal hop position"
+                where, equal = f"Saturation at {load} % and {reference} trials", "at equal hop position"
             estimand = f"{contrast} difference in the {name} (a share) while the hop's answer is written, {equal} " \
                        f"({where})"
             base = HopMassTest(model=model, measure=measure, category=category, contrast=contrast, load=load,
@@ -222,7 +222,7 @@ def hop_mass_tests(rows: Sequence[HopRow], masses: Sequence[np.ndarray | None], 
                 side = np.array([float(r.condition == "Saturation") for r in sub])
                 cov = _covariates(sub, [np.ones(len(sub)), side], [])
                 covm = np.column_stack(cov) if cov else None
-                what = f"Saturation at {load} % - {REFERENCE[contrast][0]}"
+                what = f"Saturation at {load} % - {reference}"
                 layer_fits = condition_contrast_tests(Y.mean(axis=2), side, groups, covm, alpha, what=what)
                 head_fits = condition_contrast_tests(Y, side, groups, covm, alpha, what=what)
                 nuisance = np.column_stack([np.ones(len(sub)), *cov])

@@ -175,9 +175,9 @@ class AnswerRows:
         self.out_rows: dict[int, torch.Tensor] = {}
         self._pending: dict[int, _Pending] = {}
         self._windows: dict[int, int | None | bool] = {}  # layer -> its sliding window (_window)
-        # the latest flushes' additive masks by _Pending.mask_key: the layers of the same steps share them (a model
-        # with sliding-window layers has two masks per step)
-        # (each entry keeps the step masks its key names alive, so that their storage is not reused while it is kept)
+        # the latest flushes' additive masks by _Pending.mask_key, shared by the layers of the same steps (a model with
+        # sliding-window layers has two masks per step); each entry keeps alive the step masks its key names, so that
+        # their storage is not reused while it is kept
         self._masks: dict[tuple, tuple[list[torch.Tensor | None], torch.Tensor]] = {}
 
     def _onehot(self, device: torch.device, lo: int, hi: int) -> torch.Tensor:
