@@ -245,8 +245,7 @@ class Model(LoadedModel):
         raise ArgumentError(f"{call}: a prompt must be a built Prompt or a TokenizedPrompt, got {_kind(prompt)}")
 
     def probe(self, prompt: Prompt | TokenizedPrompt, options: ProbeSection | None = None,
-              generated_ids: Sequence[int] | None = None, *, compute_residue: bool | None = None,
-              **option_values: Any) -> SegmentAttention:
+              generated_ids: Sequence[int] | None = None, **option_values: Any) -> SegmentAttention:
         """Probe one prompt with the attention engine (:func:`probe.attention.probe_tokenized`; docs/probes.md).
 
         Args:
@@ -254,7 +253,6 @@ class Model(LoadedModel):
                 partition the tokens).
             options: probe options (default ``ProbeSection()``: query ``question``, γ = 0.5, cosine residue).
             generated_ids: answer ids appended to the prompt (query ``generated``).
-            compute_residue: the older spelling of ``residue=`` (None: as ``options`` says).
             **option_values: single options to change (``query="last"``, ``gamma=0.7``, ``residue=False`` to skip
                 AR_k, which costs every row of the germane, question and extraneous segments, ...).
 
@@ -271,10 +269,6 @@ class Model(LoadedModel):
         from probe.config import ProbeSection
 
         opts = options or ProbeSection()
-        if compute_residue is not None:
-            if "residue" in option_values:
-                raise ArgumentError("probe: give residue= or its older spelling compute_residue=, not both")
-            option_values["residue"] = compute_residue
         if option_values:
             unknown = sorted(set(option_values) - {f.name for f in dataclasses.fields(ProbeSection)})
             if unknown:
@@ -584,16 +578,14 @@ def tokenize_prompt(model: ModelLike, prompt: Prompt, use_chat_template: bool | 
 
 
 def probe_prompt(model: ModelLike, prompt: Prompt | TokenizedPrompt, options: ProbeSection | None = None,
-                 generated_ids: Sequence[int] | None = None, *, compute_residue: bool | None = None,
-                 **option_values: Any) -> SegmentAttention:
+                 generated_ids: Sequence[int] | None = None, **option_values: Any) -> SegmentAttention:
     """Probe one prompt's attention per layer and head: :meth:`Model.probe` (docs/probes.md).
 
     Args:
         model: a loaded model, or a card name (loaded once, see :func:`as_model`).
         prompt: a built Prompt or a TokenizedPrompt. The other arguments: :meth:`Model.probe`.
     """
-    return as_model(model, "probe_prompt").probe(prompt, options, generated_ids, compute_residue=compute_residue,
-                                                **option_values)
+    return as_model(model, "probe_prompt").probe(prompt, options, generated_ids, **option_values)
 
 
 @contextlib.contextmanager

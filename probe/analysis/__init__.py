@@ -21,7 +21,7 @@ Rendering (text, Markdown, CSV, HTML, figures) is :mod:`probe.report`'s.
 from __future__ import annotations
 
 from probe.analysis.families import FamilyAnalysis, FamilyData, FamilyOutput, family_analysis, register_family_analysis
-from probe.analysis.interventions import InterventionResult, analyze_interventions, load_interventions
+from probe.analysis.interventions import InterventionResult, analyze_interventions
 from probe.analysis.results import (
     SCHEMA_VERSION,
     Analysis,
@@ -50,7 +50,6 @@ __all__ = [
     "analyze_interventions",
     "analyze_run",
     "family_analysis",
-    "load_interventions",
     "read_analysis",
     "register_family_analysis",
     "tabulate_run",

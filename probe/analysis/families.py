@@ -84,8 +84,6 @@ class FamilyAnalysis:
         tabulate: ``FamilyData -> result``: the family's result with its cells only (no fit, no file read or
             written beyond the trials): the quick table ``probe run`` prints.
         methods: method name -> one line on how it is estimated (the report's Methods).
-        upgrade: ``(result as parsed JSON, schema it was written with) -> the same in the current layout``, for a
-            family whose result changed layout between analysis schemas (None: every readable schema reads as is).
     """
 
     name: str
@@ -93,7 +91,6 @@ class FamilyAnalysis:
     analyze: Callable[[FamilyData], FamilyOutput]
     tabulate: Callable[[FamilyData], object]
     methods: dict[str, str]
-    upgrade: Callable[[dict, int], dict] | None = None
 
 
 # An analysis is found by its family's name: the task families' modules are named up front (so a typo is answered

@@ -25,14 +25,14 @@ SE, interval or p-value; ``is_test`` False, ``reason`` says why). Each returns a
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
 import statsmodels.api as sm
 
 from probe.analysis import inference as inf
-from probe.analysis.estimate import Estimate, flat_names
+from probe.analysis.estimate import Estimate
 from probe.analysis.estimates import finite
 from probe.analysis.glm import exp_or_none, fit_logit
 from probe.analysis.inference import Correlation, PairedTest, Power
@@ -130,7 +130,7 @@ class H3Correlation:
 
     model: str
     load: int | None
-    correlation: Correlation = field(metadata=flat_names(n="n_tasks"))
+    correlation: Correlation
     points: tuple[H3Point, ...]
 
 

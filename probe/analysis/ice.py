@@ -43,7 +43,6 @@ from probe.analysis.attention_link import (
 from probe.analysis.estimates import Cell, cell_summaries
 from probe.analysis.families import FamilyAnalysis, FamilyData, FamilyOutput, register_family_analysis
 from probe.analysis.hops import HopTracking, analyze_hops
-from probe.analysis.ice_upgrade import upgrade_ice
 from probe.analysis.hypotheses import (
     H1Fit,
     H3Correlation,
@@ -242,4 +241,4 @@ METHODS = {
 }
 
 ANALYSIS = register_family_analysis(FamilyAnalysis(name=FAMILY, result_type=IceResult, analyze=analyze_ice,
-                                                   tabulate=tabulate_ice, methods=METHODS, upgrade=upgrade_ice))
+                                                   tabulate=tabulate_ice, methods=METHODS))

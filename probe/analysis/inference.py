@@ -3,7 +3,7 @@
 Researchers run 7–50 questions, not the paper's 200. Every function here is pure (numpy arrays in, a small frozen
 dataclass out), uses statsmodels or scipy for its estimator, and says in its docstring which method it applies and
 when the result is descriptive only. ``docs/statistics.md`` gives the methods, the families for multiple
-comparisons and the simulation tables (``python -m probe.analysis.simulate``) that back every choice below.
+comparisons and the simulation tables (``python scripts/simulate.py``) that back every choice below.
 
 **Small-sample reference.** Every clustered regression uses CR2 cluster-robust standard errors (the
 bias-reduced linearisation of Bell & McCaffrey) with a t reference on the Bell–McCaffrey degrees of freedom
@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -50,7 +50,7 @@ from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.power import TTestPower
 from statsmodels.stats.proportion import proportion_confint
 
-from probe.analysis.estimate import Estimate, flat_names
+from probe.analysis.estimate import Estimate
 from probe.errors import ProbeError
 
 log = logging.getLogger(__name__)
@@ -892,8 +892,8 @@ class Correlation:
     """
 
     n: int
-    estimate: Estimate = field(metadata=flat_names(value="r"))
-    spearman: Estimate = field(metadata=flat_names(only=True, value="spearman_rho", p="spearman_p"))
+    estimate: Estimate
+    spearman: Estimate
     slope: float | None
     intercept: float | None
 

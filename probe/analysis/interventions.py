@@ -4,7 +4,7 @@ heads against random heads.
 
 A trial run under an intervention carries its name (:attr:`probe.records.TrialRecord.intervention`; None is the
 baseline trial of the same prompt). The run folder's ``interventions.json`` (written by the runner) declares each
-intervention (:class:`InterventionSpec`); :func:`load_interventions` reads it, and a run folder without it has no
+intervention (:class:`Intervention`); :func:`load_interventions` reads it, and a run folder without it has no
 intervention. Every other estimate of the analysis (cells, H1–H3, taxonomy, attention, CogniLoad) reads the
 baseline trials only (:func:`baseline_only`): an intervened trial never enters an ICE estimate.
 
@@ -20,7 +20,7 @@ Estimates, per model × family × condition × load × intervention (:class:`Int
 - **Recovered share** R = (EM_int − EM_base) / (EM_Control − EM_base) (:func:`recovered_share`), EM_Control the
   model's baseline Control EM on the same questions, from per-question means over the questions with all three.
   Interval: Fieller's interval for a ratio of means of paired per-question values on t(G − 1) (docs/statistics.md
-  gives the choice and its simulated coverage, :func:`probe.analysis.simulate.recovered_share_coverage`).
+  gives the choice and its simulated coverage, :func:`recovered_share_coverage` in `scripts/simulate.py`).
   Undefined, with the reason as text, where EM_Control − EM_base ≤ 0 (nothing to recover); the interval is
   unbounded, with the reason, where the denominator is not distinguishable from 0 at level alpha.
 - **Specific contrast** (:class:`Contrast`, ``kind="specific"``): EM(extraneous-key intervention) − EM(its
@@ -36,9 +36,9 @@ Estimates, per model × family × condition × load × intervention (:class:`Int
 - **Layer-window sweep** (:class:`Sweep`): the members of one ``group`` that carry a ``window``, their paired
   difference and recovered share against the window's centre layer.
 
-This module is the analysis only: the declarations are read by :mod:`probe.analysis.intervention_specs`, the
+This module is the analysis only: the declarations are read by :func:`probe.interventions.load_interventions`, the
 paired-difference and Fieller statistics live in :mod:`probe.analysis.paired_ratio`, and the coverage simulation of
-the share's interval in :mod:`probe.analysis.simulate` (each name is importable from here as before).
+the share's interval in ``scripts/simulate.py``.
 """
 
 from __future__ import annotations
@@ -46,32 +46,16 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Literal, Sequence
 
 import numpy as np
 import pandas as pd
-import scipy.stats
 
 from probe.analysis import inference as inf
 from probe.analysis.frame import RunData
-from probe.analysis.intervention_specs import (
-    INTERVENTIONS_FILE,
-    KEYS,
-    HeadSelection,
-    InterventionSpec,
-    load_interventions,
-)
-from probe.analysis.paired_ratio import (
-    RECOVERED_METHOD,
-    PairedDifference,
-    RecoveredShare,
-    fieller_interval,
-    fieller_quadratic,
-    paired_difference,
-    recovered_share,
-)
-from probe.interventions import InterventionsFileError
+from probe.analysis.paired_ratio import PairedDifference, RecoveredShare, paired_difference, recovered_share
+from probe.interventions import Intervention, load_interventions
+from probe.runfolder import INTERVENTIONS
 from probe.runfolder import RunFolder
 
 log = logging.getLogger(__name__)
@@ -203,7 +187,7 @@ class InterventionResult:
         notes: what could not be estimated, in sentences.
     """
 
-    specs: tuple[InterventionSpec, ...]
+    specs: tuple[Intervention, ...]
     rows: tuple[InterventionRow, ...]
     specific: tuple[Contrast, ...]
     heads: tuple[Contrast, ...]
@@ -211,7 +195,7 @@ class InterventionResult:
     alpha: float
     notes: tuple[str, ...]
 
-    def spec(self, name: str, model: str | None = None) -> InterventionSpec | None:
+    def spec(self, name: str, model: str | None = None) -> Intervention | None:
         """The declaration of intervention ``name`` (for ``model`` when given; None when undeclared)."""
         return next((s for s in self.specs if s.name == name and (model is None or s.model in (None, model))), None)
 
@@ -236,7 +220,7 @@ def _seed(seed: int, *parts: object) -> int:
     return (seed * 1_000_003 + sum(ord(ch) * (k + 1) for k, ch in enumerate("|".join(map(str, parts))))) % 2**32
 
 
-def _row(model: str, family: str, condition: str, load: int, name: str, spec: InterventionSpec | None,
+def _row(model: str, family: str, condition: str, load: int, name: str, spec: Intervention | None,
          pairs: pd.DataFrame, control: pd.Series, alpha: float, seed: int) -> InterventionRow:
     diff = paired_difference(pairs["em_a"].to_numpy(float), pairs["em_b"].to_numpy(float),
                              pairs["task_id"].to_numpy(), alpha, seed)
@@ -253,14 +237,14 @@ def _row(model: str, family: str, condition: str, load: int, name: str, spec: In
                            em_control=em_control, recovered=rec)
 
 
-def _twin(spec: InterventionSpec, specs: Sequence[InterventionSpec]) -> InterventionSpec | None:
+def _twin(spec: Intervention, specs: Sequence[Intervention]) -> Intervention | None:
     cands = [s for s in specs if s.keys == "matched-random" and s.twin_key() == spec.twin_key()]
     same_group = [s for s in cands if s.group == spec.group]
     cands = same_group or cands
     return sorted(cands, key=lambda s: s.name)[0] if cands else None
 
 
-def analyze_interventions(data: RunData, specs: Sequence[InterventionSpec], alpha: float = 0.05,
+def analyze_interventions(data: RunData, specs: Sequence[Intervention], alpha: float = 0.05,
                           seed: int = 0) -> InterventionResult | None:
     """Every intervention estimate of a run's trials (module docstring); None when no trial carries one.
 
@@ -283,7 +267,7 @@ def analyze_interventions(data: RunData, specs: Sequence[InterventionSpec], alph
     names = sorted(set(df["intervention"].dropna()))
     undeclared = [n for n in names if n not in by_name]
     if undeclared:
-        notes.append(f"interventions {', '.join(undeclared)} have trials but no entry in {INTERVENTIONS_FILE}: their "
+        notes.append(f"interventions {', '.join(undeclared)} have trials but no entry in {INTERVENTIONS}: their "
                      "keys are unknown, so no specific contrast or sweep uses them")
     rows: list[InterventionRow] = []
     specific: list[Contrast] = []
@@ -378,8 +362,5 @@ def analyze_run_interventions(run: RunFolder, data: RunData, alpha: float, seed:
     return analyze_interventions(data, load_interventions(run), alpha, seed)
 
 
-__all__ = ["Contrast", "HeadSelection", "INTERVENTIONS_FILE", "InterventionResult", "InterventionRow",
-           "InterventionSpec", "InterventionsFileError", "METHODS", "PairedDifference", "RecoveredShare",
-           "Sweep", "SweepPoint", "analyze_interventions", "analyze_run_interventions",
-           "baseline_only", "fieller_interval", "fieller_quadratic", "load_interventions", "paired_difference",
-           "recovered_share", "KEYS", "RECOVERED_METHOD"]
+__all__ = ["Contrast", "InterventionResult", "InterventionRow", "METHODS", "Sweep", "SweepPoint",
+           "analyze_interventions", "analyze_run_interventions", "baseline_only"]

@@ -12,13 +12,13 @@ question (every cell at once) keeps the dependence between cells. For each sign 
 cell is computed and the largest |t| over the map kept; a cell's adjusted p is the share of assignments whose
 max |t| reaches the cell's observed |t| (``(1 + #) / (1 + B)`` for Monte Carlo). All ``2^G`` assignments are
 enumerated up to :data:`EXACT_MAX` questions, else ``n_resamples`` seeded ones. Its family-wise error at G = 7, 10
-and 20 questions on an 8 × 8 map of independent or correlated heads, measured by :func:`simulate_null` and written in
+and 20 questions on an 8 × 8 map of independent or correlated heads, measured by ``simulate_null`` (``scripts/simulate.py``) and written in
 docs/statistics.md#max-t-permutation-correction, is 3.7–5.4 %: within two Monte Carlo standard errors of 5 %.
 
 A two-group contrast within questions (failed − correct trials, Saturation − Control trials) becomes one contrast per
 question with :func:`question_contrasts`: per question, the mean over its trials of one side minus the mean over its
 trials of the other, on the residuals of a nuisance regression (load, placement, hop position) fitted over all
-trials, and only for the questions that have trials on both sides. :func:`simulate_failed_null` measures the
+trials, and only for the questions that have trials on both sides. ``simulate_failed_null`` (``scripts/simulate.py``) measures the
 family-wise error of that contrast under no effect, with failure and attention both driven by load (the confounding
 the residualisation removes), and the power at a planted head (docs/statistics.md#hop-mass-tests).
 """
@@ -128,31 +128,6 @@ def max_t_sign_flip(D: np.ndarray, n_resamples: int = N_RESAMPLES, seed: int = 0
                 p_max.reshape(grid), g, len(signs), is_exact, None if is_exact else seed, True, None)
 
 
-def simulate_null(n_sims: int = 200, n_questions: int = 10, grid: tuple[int, int] = (8, 8), rho: float = 0.5,
-                  alpha: float = 0.05, n_resamples: int = 499, seed: int = 0) -> dict[str, float]:
-    """Family-wise rejection rates under the global null, for max-T and for uncorrected / BH per-cell tests.
-
-    Each simulated study has ``n_questions`` question contrasts on a ``grid`` of heads; heads share a question
-    effect with correlation ``rho`` (a common factor) and the contrasts are t(5)-distributed (heavier tails than
-    normal), symmetric about 0: no head has an effect. A study rejects when any head's adjusted p (or q) < alpha.
-
-    Returns:
-        ``{"max_t": rate, "bh": rate, "uncorrected": rate, "n_sims": n_sims}``.
-    """
-    rng = np.random.default_rng(seed)
-    m = int(np.prod(grid))
-    hits = {"max_t": 0, "bh": 0, "uncorrected": 0}
-    for i in range(n_sims):
-        common = rng.standard_t(5, size=(n_questions, 1))
-        own = rng.standard_t(5, size=(n_questions, m))
-        D = (math.sqrt(rho) * common + math.sqrt(1 - rho) * own).reshape(n_questions, *grid)
-        r = max_t_sign_flip(D, n_resamples=n_resamples, seed=seed + i + 1)
-        hits["max_t"] += bool(np.nanmin(r.p_max_t) < alpha)
-        hits["bh"] += bool(np.nanmin(r.q) < alpha)
-        hits["uncorrected"] += bool(np.nanmin(r.p) < alpha)
-    return {**{k: v / n_sims for k, v in hits.items()}, "n_sims": float(n_sims)}
-
-
 @dataclass(frozen=True, eq=False)
 class QuestionContrasts:
     """One two-group contrast per question (:func:`question_contrasts`).
@@ -180,7 +155,7 @@ def question_contrasts(values: np.ndarray, side: np.ndarray, groups: np.ndarray,
     null that, given the nuisance columns, a cell's value does not depend on the side, the residuals of a question
     are exchangeable between its sides and the question's contrast is close to symmetric about 0, which the
     sign flip of :func:`max_t_sign_flip` needs (approximately, since the residuals share one fit: the family-wise
-    error this gives is measured by :func:`simulate_failed_null`). Questions with rows on one side only carry no
+    error this gives is measured by ``simulate_failed_null`` in ``scripts/simulate.py``). Questions with rows on one side only carry no
     contrast and are left out.
 
     Args:
@@ -225,90 +200,4 @@ def question_contrasts(values: np.ndarray, side: np.ndarray, groups: np.ndarray,
     return QuestionContrasts(D=D, questions=tuple(questions), n_rows=n_rows, n_dropped=dropped)
 
 
-def _failed_study(rng: np.random.Generator, n_questions: int, grid: tuple[int, int], rho: float, effect: float,
-                  planted: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """One simulated study of trial-hops: (values, failed, load, groups, covariates) (:func:`simulate_failed_null`)."""
-    m = int(np.prod(grid))
-    vals, failed, load, groups, cov = [], [], [], [], []
-    for q in range(n_questions):
-        difficulty = rng.normal()
-        q_effect = math.sqrt(rho) * rng.standard_t(5) + math.sqrt(1 - rho) * rng.standard_t(5, size=m)
-        for cond in (0.0, 1.0):  # Saturation, Residue
-            for ld in (20.0, 80.0):
-                high = ld == 80.0
-                fail = rng.random() < 1 / (1 + math.exp(-(-0.8 + difficulty + 1.6 * high)))
-                trial = math.sqrt(rho) * rng.standard_t(5) + math.sqrt(1 - rho) * rng.standard_t(5, size=m)
-                for hop in (0.0, 1.0):
-                    own = math.sqrt(rho) * rng.standard_t(5) + math.sqrt(1 - rho) * rng.standard_t(5, size=m)
-                    v = 0.5 * q_effect + 0.3 * trial + 0.5 * own + 0.8 * high + 0.3 * hop + 0.2 * cond
-                    if fail and effect:
-                        v = v.reshape(grid)
-                        v[planted] += effect
-                        v = v.reshape(-1)
-                    vals.append(v)
-                    failed.append(float(fail))
-                    load.append(ld)
-                    groups.append(q)
-                    cov.append((cond, hop))
-    return (np.array(vals).reshape(-1, *grid), np.array(failed), np.array(load), np.array(groups),
-            np.array(cov))
-
-
-def simulate_failed_null(n_sims: int = 200, n_questions: int = 10, grid: tuple[int, int] = (8, 8),
-                         rho: float = 0.5, alpha: float = 0.05, n_resamples: int = 499, seed: int = 0,
-                         effect: float = 0.0, planted: tuple[int, int] = (0, 0),
-                         clustered: bool = True) -> dict[str, float]:
-    """Family-wise rejection rates of the failed − correct map, max-T on :func:`question_contrasts` vs per-head tests.
-
-    Each simulated study has ``n_questions`` questions with one trial at each of two placements (Saturation,
-    Residue) and two loads (20, 80 %), two hops per trial: 8 trial-hops per question, as in a study with one
-    replication. A trial fails with a probability that rises with the question's difficulty and with load; every
-    head's value rises with load too (and with the hop and the placement), and carries question, trial and
-    trial-hop terms shared by the heads with correlation ``rho``, all t(5)-distributed. With ``effect = 0`` no head
-    depends on failure given load: failed trials still attend more, through load alone, the confounding the
-    nuisance regression has to remove. With ``effect`` > 0 the ``planted`` head gains that much in failed trials.
-
-    Per study: the max-T sign flip (:func:`max_t_sign_flip`) on the per-question failed − correct contrast of
-    residuals on [1, load, Residue, hop] (``max_t``) and of raw values (``max_t_raw``: without the adjustment); and,
-    with ``clustered``, the clustered per-head test of the attention ↔ behaviour analysis with BH over the map
-    (:func:`probe.analysis.attention_tests.attention_failure_tests`, ``bh_clustered``). A study rejects when any
-    head other than the planted one (any head under no effect) has p_max_t (q) < alpha; ``found`` is the share of
-    studies whose max-T p of the planted head is < alpha (with ``effect`` > 0).
-
-    Returns:
-        ``{"max_t", "max_t_raw", "bh_clustered", "found", "found_bh", "questions_used", "n_sims"}`` (rates and the
-        mean number of questions that had failed and correct trials).
-    """
-    from probe.analysis.attention_tests import attention_failure_tests
-
-    rng = np.random.default_rng(seed)
-    hits = {"max_t": 0, "max_t_raw": 0, "bh_clustered": 0, "found": 0, "found_bh": 0}
-    used = 0.0
-    others = np.ones(grid, dtype=bool)
-    if effect:
-        others[planted] = False
-    for i in range(n_sims):
-        Y, failed, load, groups, cov = _failed_study(rng, n_questions, grid, rho, effect, planted)
-        N = np.column_stack([np.ones(len(load)), load, cov])
-        adj = question_contrasts(Y, failed, groups, N)
-        raw = question_contrasts(Y, failed, groups)
-        used += len(adj.questions)
-        r = max_t_sign_flip(adj.D, n_resamples=n_resamples, seed=seed + i + 1)
-        rr = max_t_sign_flip(raw.D, n_resamples=n_resamples, seed=seed + i + 1)
-        if r.is_test:
-            pm = np.nan_to_num(r.p_max_t, nan=1.0)
-            hits["max_t"] += bool((pm[others] < alpha).any())
-            hits["found"] += bool(effect and pm[planted] < alpha)
-        if rr.is_test:
-            hits["max_t_raw"] += bool((np.nan_to_num(rr.p_max_t, nan=1.0)[others] < alpha).any())
-        if clustered:
-            fits = attention_failure_tests(Y, failed, load, groups, cov, alpha)
-            if fits.is_test:
-                qv = np.nan_to_num(fits.q, nan=1.0)
-                hits["bh_clustered"] += bool((qv[others] < alpha).any())
-                hits["found_bh"] += bool(effect and qv[planted] < alpha)
-    return {**{k: v / n_sims for k, v in hits.items()}, "questions_used": used / n_sims, "n_sims": float(n_sims)}
-
-
-__all__ = ["EXACT_MAX", "MaxT", "N_RESAMPLES", "QuestionContrasts", "max_t_sign_flip", "question_contrasts",
-           "simulate_failed_null", "simulate_null"]
+__all__ = ["EXACT_MAX", "MaxT", "N_RESAMPLES", "QuestionContrasts", "max_t_sign_flip", "question_contrasts"]

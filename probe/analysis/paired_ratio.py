@@ -8,13 +8,13 @@ applies them to a run's intervened trials is :mod:`probe.analysis.interventions`
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import scipy.stats
 
 from probe.analysis import inference as inf
-from probe.analysis.estimate import Estimate, flat_names
+from probe.analysis.estimate import Estimate
 
 
 # ------------------------------------------------------------------------------------------------- estimates
@@ -39,7 +39,7 @@ class PairedDifference:
     n_questions: int
     em_a: float | None
     em_b: float | None
-    estimate: Estimate = field(metadata=flat_names(value="delta"))
+    estimate: Estimate
     is_exact: bool
 
 

@@ -8,49 +8,9 @@ frozen dataclass; the report and ``probe compare`` read these types, never a dic
 ``analysis.json`` is :func:`to_json` of the :class:`Analysis`; :func:`read_analysis` turns it back into the same
 types with :func:`from_json`, which checks every field against the dataclass (a missing or unknown field is an
 error, never a default). The file carries ``schema`` (:data:`SCHEMA_VERSION`); a file of another version is refused
-with the instruction to re-run ``probe analyze``. Version history:
-
-- 1 (no ``schema`` field): one flat dict, ICE keys at the top and CogniLoad under ``cogniload``.
-- 2: typed results grouped per family; ``odds_ratio_per_10pp`` split into ``odds_ratio_per_10pp_load`` (H1:
-  exp(10·β), β per percentage point of load) and ``odds_ratio_per_10pp_p_ext`` (attention: exp(0.1·β), β per unit
-  of P_ext, a share); ``config`` -> ``settings``; ``import`` -> ``imported``; ``n_cogniload`` ->
-  ``n_trials_by_family``; attention arrays named by cell position in ``attention_summary.npz``; the seed and where
-  it came from recorded.
-- 3: small-sample inference (issue 10): cell intervals bounded in [0, 1] (Wilson at the Korn–Graubard effective
-  size: ``em_design_effect``, ``em_n_effective``, ``ci_reason``); H1 and the logistic fits on CR2 with a
-  Bell–McCaffrey t reference (``df``, ``is_test``; ``power`` is the noncentral-t :class:`probe.analysis.inference.
-  Power` with ``mde``); H2 primary test = question-level sign flip (``q``, ``n_questions``, ``is_exact``,
-  ``mcnemar`` nested as the secondary test); H3 with the Fisher-z p (``q``, ``is_test``, ``method``; ``ci_note``
-  gone); attention ↔ behaviour with per-layer and per-head tests and BH q-values (``p_holm`` -> ``q``;
-  ``tracking_layers`` now from the per-layer OLS test); ``residue_attention`` (H3 in attention) added; CogniLoad
-  terms carry ``df`` and fits ``se_method``.
-- 4: causal tests (issue 11): ``interventions`` (:class:`probe.analysis.interventions.InterventionResult`, null
-  for a run without interventions); every other estimate reads baseline trials only. A schema-3 file is read as
-  one without interventions.
-- 5: the attention measure is a column, not part of field names (every registered attention measure on
-  (layer, head) is analysed alike): an ICE ``attention_cells`` entry is one cell × ``measure`` (``label``,
-  ``mean``, ``key``, ``enrichment_mean``, ``enrichment_key``, ``chance_key``, ``targets`` instead of
-  ``p_ext_mean``, ``p_ext_key``, ``enrichment_key``, ``chance_key``, ``ar_k_key``, ``ar_targets``); an
-  ``attention_behaviour`` entry carries ``measure``, ``label`` and ``has_chance``, ``p_ext_layers`` ->
-  ``layer_tests``, ``odds_ratio_per_10pp_p_ext`` -> ``odds_ratio_per_10pp``. A schema-3 or 4 file is read with
-  its attention results mapped so (the family's registered upgrade, :mod:`probe.analysis.ice_upgrade`; its
-  ``attention_summary.npz`` keeps its member names, which the cells name).
-- 6: one estimate type (:class:`probe.analysis.estimate.Estimate`: ``value``, ``se``, ``ci_low``, ``ci_high``,
-  ``df``, ``p``, ``q``, ``method``, ``reason``, ``is_test``), nested where a result spelled its estimate out flat:
-  H1's ``beta``/``se``/…/``se_method`` -> ``estimate``; its ``logit``, a layer's logistic fit and its ``adjusted``
-  fit: ``coef``/``se``/… -> ``estimate``; a layer's fit -> ``fit``; a per-layer test's ``estimate``/``se``/… ->
-  ``estimate``; a CogniLoad GLM term is an ``Estimate``. An older file is read with its estimates nested so
-  (:func:`probe.analysis.estimate.nest_flat_estimates`; every number kept).
-- 7: the last estimates spelled out by hand hold an ``Estimate`` too: an H3 row's ``n_tasks``, ``r``, ``ci_low``,
-  ``ci_high``, ``p``, ``q``, ``is_test``, ``method``, ``reason``, ``spearman_rho``, ``spearman_p``, ``slope``,
-  ``intercept`` -> ``correlation`` (:class:`probe.analysis.inference.Correlation`: ``n``, ``estimate`` with r as
-  its ``value`` and the q-value in it, ``spearman``, ``slope``, ``intercept``); an intervention's paired
-  difference (``diff``, a contrast's ``test``): ``delta``, ``se``, ``ci_low``, ``ci_high``, ``df``, ``p``,
-  ``is_test``, ``method``, ``reason`` -> ``estimate``; a recovered share: ``estimate`` (the number), ``ci_low``,
-  ``ci_high``, ``method``, ``reason`` -> ``estimate``. A schema-3 to 6 file is read with them nested so (every
-  number kept). A declared intervention (``interventions.specs``) is the run's own type
-  (:class:`probe.interventions.Intervention`), which adds ``model``, ``conditions``, ``loads`` and a selection's
-  ``by`` and ``n_prompts``; an older file lacks them (read as None).
+with the instruction to re-run ``probe analyze``: an analysis is derived data, rewritten from the run's records by
+that one command, so no older layout is read or upgraded (docs/records.md says which files are primary data, read
+in every format they were written in).
 
 Additive sections (no schema change): a field whose metadata carries :data:`OMIT_EMPTY` is written only when it
 holds something and read as empty when absent: ``families.ice.retrieval`` (retrieval heads,
@@ -59,10 +19,9 @@ holds something and read as empty when absent: ``families.ice.retrieval`` (retri
 Freshness: an analysis records the sha256 of the ``trials.jsonl`` it read; :func:`read_analysis` refuses one whose
 trials have changed since (:class:`StaleAnalysisError`) unless asked not to check.
 
-Fields added within a schema: a field with a default takes it when a file lacks it; one also declared with
-``metadata={OPTIONAL: True}`` (default None) is written only when it holds a value, so a run without it writes the
-same file as before. Such fields: ``families.ice.hop_tracking`` (hop tracking,
-present when the run captured attention while the answer was written).
+Optional sections: a field declared with ``metadata={OPTIONAL: True}`` (default None) is written only when it holds
+a value, and a field absent from the file takes its default: ``families.ice.hop_tracking`` (hop tracking, present
+when the run captured attention while the answer was written).
 """
 
 from __future__ import annotations
@@ -79,7 +38,6 @@ from typing import Any, Callable, Literal, Union
 
 import numpy as np
 
-from probe.analysis.estimate import nest_flat_estimates
 from probe.analysis.interventions import InterventionResult
 from probe.config import AnalysisSection
 from probe.errors import ProbeError
@@ -87,8 +45,6 @@ from probe.records_import import ImportSummary
 from probe.runfolder import RunFolder, write_atomic
 
 SCHEMA_VERSION = 7
-READABLE_SCHEMAS = (3, 4, 5, 6, 7)  # 3: 4 without interventions; 4: 5 with the attention measure in field names;
-# 5: 6 with estimates spelled out flat in their holders; 6: 7 with H3 and the interventions' estimates flat
 
 OPTIONAL = "optional"  # field metadata: written only when not None, read as None when absent (module docstring)
 # field metadata key of an additive section: written only when non-empty, read as its (empty) default when absent,
@@ -223,7 +179,7 @@ def _decode_dataclass(cls: type, data: Any, where: str) -> Any:
     unknown = sorted(set(data) - names)
     if unknown:
         raise _Mismatch(f"{where}: unknown field {unknown[0]!r} of {cls.__name__}")
-    # a field with a default was added to the schema after some files were written: absent, it takes its default
+    # an optional or omitted-when-empty field (module docstring): absent, it takes its default
     missing = [f.name for f in fields if f.name not in data
                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:
@@ -327,36 +283,6 @@ def write_analysis(analysis: Analysis, run: RunFolder) -> Path:
     return write_atomic(run.analysis, json.dumps(to_json(analysis), indent=1, allow_nan=False, ensure_ascii=False))
 
 
-def _upgrade_families(data: dict, schema: int) -> dict:
-    """An older schema's parsed ``analysis.json`` with each family's result in the current layout, by the upgrade
-    its family analysis registers (:attr:`probe.analysis.families.FamilyAnalysis.upgrade`); every number kept."""
-    from probe.analysis.families import family_analysis
-
-    families = data.get("families")
-    if not isinstance(families, dict):
-        return dict(data)
-    out = {}
-    for name, value in families.items():
-        upgrade = family_analysis(name).upgrade
-        out[name] = upgrade(value, schema) if upgrade is not None and isinstance(value, dict) else value
-    return {**data, "families": out}
-
-
-def upgrade_estimates(data: dict) -> dict:
-    """A schema-3 to 6 ``analysis.json`` (as parsed JSON, each family already upgraded to the schema-5 layout) with
-    every family's and the interventions' estimates nested as one :class:`probe.analysis.estimate.Estimate`; every
-    number kept (estimates a file already nests are kept as they are)."""
-    from probe.analysis.families import family_analysis
-
-    out = dict(data)
-    families = data.get("families")
-    if isinstance(families, dict):
-        out["families"] = {name: nest_flat_estimates(family_analysis(name).result_type, value)
-                           for name, value in families.items()}
-    out["interventions"] = nest_flat_estimates(InterventionResult | None, data.get("interventions"))
-    return out
-
-
 def read_analysis(run_dir: str | Path | RunFolder, *, check_fresh: bool = True) -> Analysis:
     """The :class:`Analysis` in a run folder's ``analysis.json``, as it is on disk (nothing is re-estimated).
 
@@ -380,17 +306,11 @@ def read_analysis(run_dir: str | Path | RunFolder, *, check_fresh: bool = True) 
     except json.JSONDecodeError as e:
         raise AnalysisSchemaError(f"{path}: not valid JSON ({e}): {redo} again") from None
     found = data.get("schema") if isinstance(data, dict) else None
-    if found not in READABLE_SCHEMAS:
+    if found != SCHEMA_VERSION:
         written = "schema 1 (before versions)" if found is None else f"schema {found!r}"
         raise AnalysisSchemaError(f"{path}: written with analysis {written}; this version of ICE-Probe reads schema "
-                                  f"{SCHEMA_VERSION}: {redo} again")
-    if found == 3:
-        data = {**data, "interventions": None}  # written before interventions existed: none
-    if found != SCHEMA_VERSION:
-        data = _upgrade_families(data, found)
-    if found in (3, 4, 5, 6):
-        data = upgrade_estimates(data)
-        data["schema"] = SCHEMA_VERSION
+                                  f"{SCHEMA_VERSION} only (an analysis is rewritten from the run's records): {redo} "
+                                  "again")
     try:
         analysis: Analysis = from_json(Analysis, data, str(path))
     except AnalysisSchemaError as e:
@@ -407,5 +327,5 @@ def read_analysis(run_dir: str | Path | RunFolder, *, check_fresh: bool = True) 
 
 
 __all__ = ["Analysis", "AnalysisFileError", "AnalysisMissingError", "AnalysisSchemaError", "Inputs", "OPTIONAL",
-           "READABLE_SCHEMAS", "SCHEMA_VERSION", "StaleAnalysisError", "from_json", "read_analysis", "to_json",
-           "trials_sha256", "upgrade_estimates", "write_analysis"]
+           "SCHEMA_VERSION", "StaleAnalysisError", "from_json", "read_analysis", "to_json", "trials_sha256",
+           "write_analysis"]

@@ -16,15 +16,10 @@ from matplotlib.figure import Figure
 
 from probe import formatting as fmt
 from probe.analysis.estimates import Cell
-from probe.analysis.interventions import (
-    Contrast,
-    InterventionResult,
-    InterventionRow,
-    InterventionSpec,
-    PairedDifference,
-    Sweep,
-)
+from probe.analysis.interventions import Contrast, InterventionResult, InterventionRow, Sweep
+from probe.analysis.paired_ratio import PairedDifference
 from probe.config import AnalysisSection
+from probe.interventions import Intervention
 from probe.report.figures import file_stem, short
 from probe.report.html import esc, table
 from probe.report.sections import ReportContext, ReportSection, Rows, register_section
@@ -117,7 +112,7 @@ def summary_lines(result: InterventionResult) -> list[str]:
     return lines
 
 
-def _heads_text(spec: InterventionSpec | None) -> str:
+def _heads_text(spec: Intervention | None) -> str:
     if spec is None:
         return "undeclared"
     if spec.heads is None:

@@ -1,23 +1,22 @@
 """One estimate type: every fit and test of the analysis reports its estimate as a
 :class:`probe.analysis.estimate.Estimate`, and no result repeats another result's fields.
 
-Checked over the source (AST), so a new near-copy fails here before it reaches ``analysis.json``; and the older
-layouts are read back with their numbers (round trips and the upgrade of flat estimates)."""
+Checked over the source (AST), so a new near-copy fails here before it reaches ``analysis.json``; and every result
+type reads back from its JSON as it was (round trips)."""
 
 from __future__ import annotations
 
 import ast
-import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
-from probe.analysis.attention_link import LayerFit, LayerTest, MeasureLogit
-from probe.analysis.estimate import Estimate, nest_flat_estimates
-from probe.analysis.hypotheses import H1Fit, LoadLogit, PairedComparison
+from probe.analysis.attention_link import LayerFit, MeasureLogit
+from probe.analysis.estimate import Estimate
+from probe.analysis.hypotheses import H1Fit, LoadLogit
 from probe.analysis.hypotheses import H3Correlation, H3Point
-from probe.analysis.inference import Correlation, PairedTest
+from probe.analysis.inference import Correlation
 from probe.analysis.paired_ratio import PairedDifference, RecoveredShare
 from probe.analysis.results import from_json, to_json
 
@@ -105,86 +104,3 @@ ROUND_TRIPS = [
 def test_results_round_trip_through_their_json(value):
     text = json.dumps(to_json(value), allow_nan=False)
     assert from_json(type(value), json.loads(text)) == value
-
-
-def test_flat_estimates_of_older_files_are_nested_with_every_number():
-    """The schema-5 layouts, written by hand: H1 with ``beta``…``se_method``; a layer's logistic fit spelled out
-    flat with its ``adjusted`` fit; a per-layer test whose ``estimate`` was the number; H2 with its test's fields
-    beside ``q``; a CogniLoad term."""
-    h1 = {"model": "m", "condition": "Saturation", "n": 40, "n_clusters": 10, "loads": [0, 20], "beta": -0.004,
-          "se": 0.001, "ci_low": -0.006, "ci_high": -0.002, "p": 0.002, "df": 9.0, "intercept": 0.7,
-          "is_test": True, "se_method": "CR2", "power": None, "reason": None,
-          "logit": {"coef": -0.02, "se": 0.01, "ci_low": -0.04, "ci_high": 0.0, "p": 0.07, "df": 8.5,
-                    "odds_ratio_per_10pp_load": 0.82, "se_method": "CR2 (G=10)", "reason": None}}
-    got = from_json(H1Fit, nest_flat_estimates(H1Fit, h1))
-    assert got.estimate == Estimate(value=-0.004, se=0.001, ci_low=-0.006, ci_high=-0.002, df=9.0, p=0.002,
-                                    method="CR2", is_test=True)
-    assert got.logit == LoadLogit(Estimate(value=-0.02, se=0.01, ci_low=-0.04, ci_high=0.0, df=8.5, p=0.07,
-                                           method="CR2 (G=10)", is_test=True), 0.82)
-    assert (got.intercept, got.n, got.loads) == (0.7, 40, (0, 20))
-
-    flat = {"coef": 3.0, "se": 1.0, "ci_low": 1.0, "ci_high": 5.0, "p": 0.01, "q": 0.04, "df": 7.5,
-            "odds_ratio_per_10pp": 1.35, "reason": None}
-    layer = from_json(LayerFit, nest_flat_estimates(LayerFit, {"layer": 2, "n": 120, **flat, "adjusted": {
-        **flat, "coef": 2.0, "reason": "adjusted"}}))
-    assert layer.fit == MeasureLogit(Estimate(value=3.0, se=1.0, ci_low=1.0, ci_high=5.0, df=7.5, p=0.01, q=0.04,
-                                              is_test=True), 1.35)
-    assert layer.adjusted is not None and layer.adjusted.estimate.value == 2.0
-    assert layer.adjusted.estimate.reason == "adjusted"
-    no_fit = from_json(LayerFit, nest_flat_estimates(LayerFit, {
-        "layer": 0, "n": 3, **{k: None for k in flat}, "reason": "3 trials", "adjusted": None}))
-    assert no_fit.fit.estimate == Estimate.descriptive(None, "3 trials") and no_fit.adjusted is None
-
-    test = from_json(LayerTest, nest_flat_estimates(LayerTest, {
-        "layer": 1, "n": 50, "estimate": 0.2, "se": 0.05, "ci_low": 0.1, "ci_high": 0.3, "p": 0.001, "q": 0.004,
-        "df": 12.0}))
-    assert test.estimate == Estimate(value=0.2, se=0.05, ci_low=0.1, ci_high=0.3, df=12.0, p=0.001, q=0.004,
-                                     is_test=True)
-
-    paired = {f.name: None for f in dataclasses.fields(PairedTest)}
-    paired.update(n_pairs=20, n_questions=10, em_a=0.4, em_b=0.6, delta=-0.2, p=0.03, is_exact=True,
-                  n_resamples=1024, is_test=True, method="sign flip", mcnemar=None)
-    h2 = from_json(PairedComparison, nest_flat_estimates(PairedComparison, {
-        "model": "m", "a": "Saturation", "b": "Control", "load": 80, "note": None, **paired, "q": 0.05}))
-    assert h2.q == 0.05 and h2.test == PairedTest(**paired)
-
-    term = nest_flat_estimates(dict[str, Estimate], {"d": {"estimate": -0.3, "se": 0.1, "ci_low": -0.5,
-                                                           "ci_high": -0.1, "p": 0.003, "df": None}})
-    assert from_json(dict[str, Estimate], term) == {"d": Estimate(value=-0.3, se=0.1, ci_low=-0.5, ci_high=-0.1,
-                                                                  p=0.003, is_test=True)}
-
-
-def test_the_schema_6_layouts_of_h3_and_the_interventions_are_nested_with_every_number():
-    """Schema 6 spelled out H3's correlation (``n_tasks``, ``r``, …, ``spearman_rho``, ``spearman_p``), a paired
-    difference (``delta``, ``se``, …) and a recovered share (``estimate`` the number, ``ci_low``, …) flat."""
-    h3 = {"model": "m", "load": 20, "n_tasks": 10, "r": 0.59, "ci_low": -0.06, "ci_high": 0.89, "p": 0.07, "q": 0.15,
-          "spearman_rho": 0.64, "spearman_p": 0.046, "slope": 0.86, "intercept": -0.22, "is_test": True,
-          "method": "Pearson r", "reason": None,
-          "points": [{"task_id": "t0", "s_sim": 0.24, "degradation": 0.0, "em_control": 1.0, "em_residue": 1.0}]}
-    got = from_json(H3Correlation, nest_flat_estimates(H3Correlation, h3))
-    assert got == H3Correlation(model="m", load=20, correlation=Correlation(
-        n=10, estimate=Estimate(value=0.59, ci_low=-0.06, ci_high=0.89, p=0.07, q=0.15, method="Pearson r",
-                                is_test=True),
-        spearman=Estimate(value=0.64, p=0.046, is_test=True), slope=0.86, intercept=-0.22),
-        points=(H3Point("t0", 0.24, 0.0, 1.0, 1.0),))
-    untested = from_json(H3Correlation, nest_flat_estimates(H3Correlation, {
-        **h3, "r": None, "ci_low": None, "ci_high": None, "p": None, "q": None, "spearman_rho": None,
-        "spearman_p": None, "is_test": False, "reason": "3 questions"}))
-    assert untested.correlation.estimate == Estimate.descriptive(None, "3 questions", "Pearson r")
-    assert untested.correlation.spearman == Estimate(value=None)
-
-    diff = {"n_prompts": 12, "n_questions": 6, "em_a": 0.5, "em_b": 0.25, "delta": 0.25, "ci_low": 0.0,
-            "ci_high": 0.5, "se": 0.1, "df": 5.0, "p": 0.06, "is_exact": True, "is_test": True, "method": "sign flip",
-            "reason": None}
-    share = {"estimate": 0.4, "ci_low": 0.1, "ci_high": 0.8, "numerator": 0.1, "denominator": 0.25,
-             "n_questions": 6, "method": "Fieller", "reason": "no spread"}
-    assert from_json(PairedDifference, nest_flat_estimates(PairedDifference, diff)) == PairedDifference(
-        n_prompts=12, n_questions=6, em_a=0.5, em_b=0.25, estimate=Estimate(
-            value=0.25, se=0.1, ci_low=0.0, ci_high=0.5, df=5.0, p=0.06, method="sign flip", is_test=True),
-        is_exact=True)
-    assert from_json(RecoveredShare, nest_flat_estimates(RecoveredShare, share)) == RecoveredShare(
-        Estimate(value=0.4, ci_low=0.1, ci_high=0.8, method="Fieller", reason="no spread"), 0.1, 0.25, 6)
-    undefined = {**share, "estimate": None, "ci_low": None, "ci_high": None, "numerator": None,
-                 "denominator": None, "n_questions": 0, "reason": "no question"}
-    assert from_json(RecoveredShare, nest_flat_estimates(RecoveredShare, undefined)) == RecoveredShare(
-        Estimate(value=None, method="Fieller", reason="no question"), None, None, 0)

@@ -18,7 +18,8 @@ import statsmodels.api as sm
 from probe.analysis.hop_tests import FAILED_CORRECT, SATURATION_CONTROL, SATURATION_LONGCONTROL, hop_mass_tests
 from probe.analysis.hops import CATEGORIES, HopRow
 from probe.analysis.inference import clustered_ols
-from probe.analysis.max_t import question_contrasts, simulate_failed_null
+from probe.analysis.max_t import question_contrasts
+from scripts.simulate import simulate_failed_null
 
 L, H = 3, 4
 HOP, EXT = CATEGORIES.index("hop"), CATEGORIES.index("extraneous")

@@ -1,6 +1,6 @@
 """Small-sample inference (probe.analysis.inference): each estimator against statsmodels / scipy or an independent
 direct computation, the minimum-G rule, and small versions of the coverage and null simulations of
-docs/statistics.md (the full tables come from ``python -m probe.analysis.simulate``)."""
+docs/statistics.md (the full tables come from ``python scripts/simulate.py``)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from statsmodels.stats.proportion import proportion_confint
 from probe.analysis import inference as inf
 from probe.analysis.attention_tests import attention_failure_tests, residue_similarity_tests
 from probe.analysis.glm import clustered_logit
-from probe.analysis import simulate as sim
+from scripts import simulate as sim
 
 
 def clusters(n_clusters: int, per: int) -> np.ndarray:

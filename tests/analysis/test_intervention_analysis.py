@@ -15,15 +15,10 @@ import scipy.stats
 from statsmodels.stats.multitest import multipletests
 
 from probe.analysis import analyze_run, read_analysis
-from probe.analysis.simulate import recovered_share_coverage
-from probe.analysis.interventions import (
-    InterventionsFileError,
-    fieller_interval,
-    load_interventions,
-    paired_difference,
-    recovered_share,
-)
-from probe.analysis.results import SCHEMA_VERSION, to_json
+from scripts.simulate import recovered_share_coverage
+from probe.analysis.paired_ratio import fieller_interval, paired_difference, recovered_share
+from probe.interventions import InterventionsFileError, load_interventions
+from probe.analysis.results import SCHEMA_VERSION, AnalysisSchemaError, to_json
 from probe.config import AnalysisSection
 from probe.records import append_jsonl, load_trials, make_trial_id
 from probe.report import compare_runs, render_report
@@ -237,16 +232,16 @@ def test_loader_tolerates_absence_and_names_a_bad_field(tmp_path):
         load_interventions(tmp_path)
 
 
-def test_a_schema_3_analysis_is_read_as_one_without_interventions(tmp_path):
+def test_an_analysis_of_an_older_schema_is_refused_with_the_command_that_rewrites_it(tmp_path):
+    """``analysis.json`` is derived data: a file of an older schema is not read or upgraded, it is refused with
+    ``probe analyze`` named (here a schema-6 file, the last one before the current)."""
     d = tmp_path / "old"
     make_run(d, Plan(n_tasks=6, seed=1))
     analyze_run(d, AnalysisSection(), fill_similarity=False)
     data = json.loads((d / "analysis.json").read_text())
-    data["schema"] = 3
-    del data["interventions"]
-    (d / "analysis.json").write_text(json.dumps(data))
-    a = read_analysis(d)
-    assert a.schema == SCHEMA_VERSION and a.interventions is None  # read as the current schema
+    (d / "analysis.json").write_text(json.dumps({**data, "schema": SCHEMA_VERSION - 1}))
+    with pytest.raises(AnalysisSchemaError, match=rf"schema {SCHEMA_VERSION - 1}.*probe analyze {d}"):
+        read_analysis(d)
 
 
 # ------------------------------------------------------------------------------------------------- report
@@ -377,36 +372,3 @@ def test_each_model_reads_its_own_entries_of_a_shared_name(tmp_path):
     assert res is not None
     assert sorted((c.model, c.a, c.b) for c in res.specific) == [("model-a", "ko-ext", "rand-a"),
                                                                   ("model-b", "ko-ext", "rand-b")]
-
-
-def _schema6(diff: dict) -> dict:
-    """A paired difference or recovered share as analysis schema 6 wrote it: its estimate's fields spelled out
-    flat (a difference's value as ``delta``, a share's as ``estimate``; no ``q`` and, for a share, no ``se``,
-    ``df``, ``p`` or ``is_test``)."""
-    e = diff["estimate"]
-    if "n_prompts" in diff:
-        return {**{k: v for k, v in diff.items() if k != "estimate"}, "delta": e["value"],
-                **{k: e[k] for k in ("ci_low", "ci_high", "se", "df", "p", "is_test", "method", "reason")}}
-    return {**{k: v for k, v in diff.items() if k != "estimate"}, "estimate": e["value"],
-            **{k: e[k] for k in ("ci_low", "ci_high", "method", "reason")}}
-
-
-def test_a_schema_6_analysis_of_interventions_still_reads_with_the_same_numbers(run, tmp_path):
-    """The interventions of a schema-6 ``analysis.json`` (paired differences and recovered shares spelled out flat)
-    read into today's types with every number."""
-    import shutil
-
-    data = json.loads((run / "analysis.json").read_text())
-    iv = data["interventions"]
-    old = {**iv, "rows": [{**r, "diff": _schema6(r["diff"]), "recovered": _schema6(r["recovered"])}
-                          for r in iv["rows"]],
-           "specific": [{**c, "test": _schema6(c["test"])} for c in iv["specific"]],
-           "heads": [{**c, "test": _schema6(c["test"])} for c in iv["heads"]],
-           "sweeps": [{**s, "points": [{**p, "diff": _schema6(p["diff"]), "recovered": _schema6(p["recovered"])}
-                                       for p in s["points"]]} for s in iv["sweeps"]]}
-    assert "delta" in old["rows"][0]["diff"] and not isinstance(old["rows"][0]["recovered"]["estimate"], dict)
-    copy = tmp_path / "run"
-    shutil.copytree(run, copy)
-    (copy / "analysis.json").write_text(json.dumps({**data, "schema": 6, "interventions": old}))
-    then = read_analysis(copy)
-    assert then.schema == SCHEMA_VERSION and then.interventions == read_analysis(run).interventions

@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 import scipy.stats
 
-from probe.analysis.max_t import max_t_sign_flip, simulate_null
+from probe.analysis.max_t import max_t_sign_flip
+from scripts.simulate import simulate_null
 from probe.analysis.retrieval import retrieval_heads
 from probe.attention.retrieval import chance_score, pooled_score, top_heads, trial_retrieval
 from probe.attention.answer import AnswerAttention

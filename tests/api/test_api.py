@@ -110,11 +110,6 @@ def test_the_methods_of_a_loaded_model_equal_the_module_functions_and_the_stages
         np.testing.assert_array_equal(got.p_ext, direct.p_ext)
     last = m.probe(tp, query="last", residue=False)
     assert last.n_queries == 1 and last.options["query"] == "last" and last.ar_k is None
-    older = m.probe(tp, query="last", compute_residue=False)  # the older spelling still works
-    assert older.options == last.options and older.ar_k is None
-    np.testing.assert_array_equal(older.p_ext, last.p_ext)
-    with pytest.raises(probe.ArgumentError, match="not both"):
-        m.probe(tp, residue=False, compute_residue=False)
     with pytest.raises(ConfigError, match="'qurey' is not a probe option"):
         m.probe(tp, qurey="last")
     # a card name resolves to the loaded model while it is in use, and is loaded once otherwise

@@ -1,6 +1,6 @@
 """Seeded simulations behind ``docs/statistics.md``: interval coverage and null rejection rates, before and after.
 
-Run ``python -m probe.analysis.simulate`` (``--quick`` for a small version; ``--help`` for the sizes). Every
+Run ``python scripts/simulate.py`` (``--quick`` for a small version; ``--help`` for the sizes). Every
 setting draws from its own generator, ``numpy.random.default_rng([seed, <setting numbers>])``, so a table row is
 reproducible on its own and does not depend on which other rows were run. The "after" column applies
 :mod:`probe.analysis.inference`; the "before" column applies the methods the analysis used until then, written
@@ -47,7 +47,6 @@ from typing import Literal
 import numpy as np
 import scipy.stats
 import statsmodels.api as sm
-from statsmodels.stats.contingency_tables import mcnemar
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.power import NormalIndPower
 from statsmodels.stats.proportion import proportion_confint
@@ -55,6 +54,7 @@ from statsmodels.stats.proportion import proportion_confint
 from probe.analysis import attention_tests as att
 from probe.analysis import glm
 from probe.analysis import inference as inf
+from probe.analysis.max_t import max_t_sign_flip, question_contrasts
 from probe.analysis.paired_ratio import fieller_quadratic, recovered_share
 
 log = logging.getLogger(__name__)
@@ -704,6 +704,120 @@ def below_minimum_tables(seed: int, n_runs: int, clusters: Sequence[int] = (4, 5
     return rows
 
 
+# ------------------------------------------------------------------------------- max-T over a map of heads
+
+
+def simulate_null(n_sims: int = 200, n_questions: int = 10, grid: tuple[int, int] = (8, 8), rho: float = 0.5,
+                  alpha: float = 0.05, n_resamples: int = 499, seed: int = 0) -> dict[str, float]:
+    """Family-wise rejection rates under the global null, for max-T and for uncorrected / BH per-cell tests.
+
+    Each simulated study has ``n_questions`` question contrasts on a ``grid`` of heads; heads share a question
+    effect with correlation ``rho`` (a common factor) and the contrasts are t(5)-distributed (heavier tails than
+    normal), symmetric about 0: no head has an effect. A study rejects when any head's adjusted p (or q) < alpha.
+
+    Returns:
+        ``{"max_t": rate, "bh": rate, "uncorrected": rate, "n_sims": n_sims}``.
+    """
+    rng = np.random.default_rng(seed)
+    m = int(np.prod(grid))
+    hits = {"max_t": 0, "bh": 0, "uncorrected": 0}
+    for i in range(n_sims):
+        common = rng.standard_t(5, size=(n_questions, 1))
+        own = rng.standard_t(5, size=(n_questions, m))
+        D = (math.sqrt(rho) * common + math.sqrt(1 - rho) * own).reshape(n_questions, *grid)
+        r = max_t_sign_flip(D, n_resamples=n_resamples, seed=seed + i + 1)
+        hits["max_t"] += bool(np.nanmin(r.p_max_t) < alpha)
+        hits["bh"] += bool(np.nanmin(r.q) < alpha)
+        hits["uncorrected"] += bool(np.nanmin(r.p) < alpha)
+    return {**{k: v / n_sims for k, v in hits.items()}, "n_sims": float(n_sims)}
+
+
+def _failed_study(rng: np.random.Generator, n_questions: int, grid: tuple[int, int], rho: float, effect: float,
+                  planted: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One simulated study of trial-hops: (values, failed, load, groups, covariates) (:func:`simulate_failed_null`)."""
+    m = int(np.prod(grid))
+    vals, failed, load, groups, cov = [], [], [], [], []
+    for q in range(n_questions):
+        difficulty = rng.normal()
+        q_effect = math.sqrt(rho) * rng.standard_t(5) + math.sqrt(1 - rho) * rng.standard_t(5, size=m)
+        for cond in (0.0, 1.0):  # Saturation, Residue
+            for ld in (20.0, 80.0):
+                high = ld == 80.0
+                fail = rng.random() < 1 / (1 + math.exp(-(-0.8 + difficulty + 1.6 * high)))
+                trial = math.sqrt(rho) * rng.standard_t(5) + math.sqrt(1 - rho) * rng.standard_t(5, size=m)
+                for hop in (0.0, 1.0):
+                    own = math.sqrt(rho) * rng.standard_t(5) + math.sqrt(1 - rho) * rng.standard_t(5, size=m)
+                    v = 0.5 * q_effect + 0.3 * trial + 0.5 * own + 0.8 * high + 0.3 * hop + 0.2 * cond
+                    if fail and effect:
+                        v = v.reshape(grid)
+                        v[planted] += effect
+                        v = v.reshape(-1)
+                    vals.append(v)
+                    failed.append(float(fail))
+                    load.append(ld)
+                    groups.append(q)
+                    cov.append((cond, hop))
+    return (np.array(vals).reshape(-1, *grid), np.array(failed), np.array(load), np.array(groups),
+            np.array(cov))
+
+
+def simulate_failed_null(n_sims: int = 200, n_questions: int = 10, grid: tuple[int, int] = (8, 8),
+                         rho: float = 0.5, alpha: float = 0.05, n_resamples: int = 499, seed: int = 0,
+                         effect: float = 0.0, planted: tuple[int, int] = (0, 0),
+                         clustered: bool = True) -> dict[str, float]:
+    """Family-wise rejection rates of the failed − correct map, max-T on :func:`probe.analysis.max_t.question_contrasts` vs per-head tests.
+
+    Each simulated study has ``n_questions`` questions with one trial at each of two placements (Saturation,
+    Residue) and two loads (20, 80 %), two hops per trial: 8 trial-hops per question, as in a study with one
+    replication. A trial fails with a probability that rises with the question's difficulty and with load; every
+    head's value rises with load too (and with the hop and the placement), and carries question, trial and
+    trial-hop terms shared by the heads with correlation ``rho``, all t(5)-distributed. With ``effect = 0`` no head
+    depends on failure given load: failed trials still attend more, through load alone, the confounding the
+    nuisance regression has to remove. With ``effect`` > 0 the ``planted`` head gains that much in failed trials.
+
+    Per study: the max-T sign flip (:func:`probe.analysis.max_t.max_t_sign_flip`) on the per-question failed − correct contrast of
+    residuals on [1, load, Residue, hop] (``max_t``) and of raw values (``max_t_raw``: without the adjustment); and,
+    with ``clustered``, the clustered per-head test of the attention ↔ behaviour analysis with BH over the map
+    (:func:`probe.analysis.attention_tests.attention_failure_tests`, ``bh_clustered``). A study rejects when any
+    head other than the planted one (any head under no effect) has p_max_t (q) < alpha; ``found`` is the share of
+    studies whose max-T p of the planted head is < alpha (with ``effect`` > 0).
+
+    Returns:
+        ``{"max_t", "max_t_raw", "bh_clustered", "found", "found_bh", "questions_used", "n_sims"}`` (rates and the
+        mean number of questions that had failed and correct trials).
+    """
+    from probe.analysis.attention_tests import attention_failure_tests
+
+    rng = np.random.default_rng(seed)
+    hits = {"max_t": 0, "max_t_raw": 0, "bh_clustered": 0, "found": 0, "found_bh": 0}
+    used = 0.0
+    others = np.ones(grid, dtype=bool)
+    if effect:
+        others[planted] = False
+    for i in range(n_sims):
+        Y, failed, load, groups, cov = _failed_study(rng, n_questions, grid, rho, effect, planted)
+        N = np.column_stack([np.ones(len(load)), load, cov])
+        adj = question_contrasts(Y, failed, groups, N)
+        raw = question_contrasts(Y, failed, groups)
+        used += len(adj.questions)
+        r = max_t_sign_flip(adj.D, n_resamples=n_resamples, seed=seed + i + 1)
+        rr = max_t_sign_flip(raw.D, n_resamples=n_resamples, seed=seed + i + 1)
+        if r.is_test:
+            pm = np.nan_to_num(r.p_max_t, nan=1.0)
+            hits["max_t"] += bool((pm[others] < alpha).any())
+            hits["found"] += bool(effect and pm[planted] < alpha)
+        if rr.is_test:
+            hits["max_t_raw"] += bool((np.nan_to_num(rr.p_max_t, nan=1.0)[others] < alpha).any())
+        if clustered:
+            fits = attention_failure_tests(Y, failed, load, groups, cov, alpha)
+            if fits.is_test:
+                qv = np.nan_to_num(fits.q, nan=1.0)
+                hits["bh_clustered"] += bool((qv[others] < alpha).any())
+                hits["found_bh"] += bool(effect and qv[planted] < alpha)
+    return {**{k: v / n_sims for k, v in hits.items()}, "questions_used": used / n_sims, "n_sims": float(n_sims)}
+
+
+
 def _pct(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.1f} %"
 
@@ -741,8 +855,8 @@ def format_power(rows: Sequence[PowerRow]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the simulations and print the Markdown tables (the entry of ``python -m probe.analysis.simulate``)."""
-    ap = argparse.ArgumentParser(prog="python -m probe.analysis.simulate", description=__doc__.split("\n")[0])
+    """Run the simulations and print the Markdown tables (the entry of ``python scripts/simulate.py``)."""
+    ap = argparse.ArgumentParser(prog="python scripts/simulate.py", description=__doc__.split("\n")[0])
     ap.add_argument("--seed", type=int, default=DEFAULT_SEED)
     ap.add_argument("--coverage-runs", type=int, default=2000, help="simulated data sets per coverage setting")
     ap.add_argument("--runs", type=int, default=1000, help="simulated data sets per null setting")
