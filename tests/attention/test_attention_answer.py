@@ -3,7 +3,7 @@
 On tiny random-weight models of every supported architecture (tests/attention/test_attention.py), left-padded batches generate
 under the engine's attention with ``answer`` on; each row's per-token masses, value-weighted masses and top keys
 must equal :func:`reference_answer_attention` (eager ``output_attentions`` rows of the answer positions, value
-states and output projection read from the model, float64 numpy) to 1e-5.
+states and output projection read from the model, float64 numpy) to ATOL (5e-5; why that tolerance: below).
 """
 
 from __future__ import annotations
@@ -34,10 +34,13 @@ from tests.attention.test_attention_smollm2 import (  # noqa: F401 (smollm2: a f
 
 pytestmark = pytest.mark.integration
 
-ATOL = 1e-5
-# llama-gqa3's large random weights make its scores large: the float32 rounding of the scores alone (the capture's
-# and eager's, summed in different orders) reaches 1.6e-5 there (3.5e-6 even with the model in float64).
-ATOL_OF = {"llama-gqa3": 2e-5}
+# Two float32 computations of one softmax row (the capture against eager attention, a batch against one prompt at a
+# time, decode steps folded 16 at a time against one at a time) sum the same products in other orders, and which
+# order a kernel takes depends on the CPU and the thread count. The scores of these random tiny models are large
+# (|s| up to ~30), so a score's rounding alone moves a mass p by p(1 - p)·Δs: 1.2e-5 to 1.6e-5 seen between such
+# paths on two machines. ATOL = 5e-5 lets that through and still catches what the tests guard: a wrong or missing
+# mask, a fold that lets a step see its future, a row of another position move masses by 1e-2 and more.
+ATOL = 5e-5
 N_NEW = 6
 
 
@@ -87,7 +90,7 @@ def test_batched_capture_equals_eager_reference(models, arch: str) -> None:
     answers, got, _ = _capture(models[arch], prompts)
     for tp, a, g in zip(prompts, answers, got):
         assert len(a) == N_NEW
-        _assert_equal_reference(models[arch], tp, a, g, ATOL_OF.get(arch, ATOL))
+        _assert_equal_reference(models[arch], tp, a, g)
         # the answer column is used (the query sees the tokens written so far) and row 0 sees no answer token
         assert (g.mass[0, ..., -1] == 0).all() and (g.mass[1:, ..., -1] > 0).all()
         # attention is not uniform: the top key differs between heads or tokens
@@ -103,7 +106,7 @@ def test_batch_equals_one_prompt_at_a_time(models, arch: str) -> None:
         assert alone_answers[0] == answers[i]
         np.testing.assert_allclose(batched[i].mass, alone[0].mass, atol=ATOL, rtol=0)
         np.testing.assert_allclose(batched[i].vmass, alone[0].vmass, atol=ATOL, rtol=0)  # type: ignore[arg-type]
-        np.testing.assert_array_equal(batched[i].top_key, alone[0].top_key)
+        assert (batched[i].top_key == alone[0].top_key).mean() > 0.99  # a near-tie may fall either way
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
@@ -245,15 +248,14 @@ def test_steps_folded_together_equal_each_step_folded_at_once(models, arch: str,
     for steps in (1, 4, 16):
         monkeypatch.setattr(decode, "STEPS_PER_FLUSH", steps)
         answers, got[steps], _ = _capture(models[arch], prompts, n_new=23, inference=steps == 4)
-    tol = ATOL_OF.get(arch, ATOL) / 5  # the same rows, products summed in another order
     for steps in (4, 16):
         for a, b in zip(got[1], got[steps]):
-            np.testing.assert_allclose(b.mass, a.mass, atol=tol, rtol=0)
-            np.testing.assert_allclose(b.vmass, a.vmass, atol=tol, rtol=0)  # type: ignore[arg-type]
+            np.testing.assert_allclose(b.mass, a.mass, atol=ATOL, rtol=0)
+            np.testing.assert_allclose(b.vmass, a.vmass, atol=ATOL, rtol=0)  # type: ignore[arg-type]
             assert (a.top_key == b.top_key).mean() > 0.99
     for tp, a, g in zip(prompts, answers, got[16]):
         assert len(a) > 16  # past the first flush of 16 (an end token may stop the batch before 23)
-        _assert_equal_reference(models[arch], tp, a, g, ATOL_OF.get(arch, ATOL))
+        _assert_equal_reference(models[arch], tp, a, g)
 
 
 def test_sliding_window_reached_while_steps_wait(models) -> None:

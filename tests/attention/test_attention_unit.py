@@ -182,7 +182,9 @@ def test_capacity_estimate() -> None:
 
 def test_a_format_1_record_still_reads_with_the_same_values() -> None:
     """``attention_record_format1.npz`` was written by the engine before measures were a registry (format 1): it
-    reads, and its arrays equal a fresh probe of the same prompt with the same tiny model, bit for bit."""
+    reads, and its arrays equal a fresh probe of the same prompt with the same tiny model to 1e-5. The record is
+    float32 from another machine: the same sums in another order differ there by ~1e-7 to 5e-7 (a CPU's kernels, a
+    thread count); a change of what a measure means (its mask, its sink, its normalisation) moves values by 1e-2."""
     import dataclasses
     from pathlib import Path
 
@@ -193,5 +195,6 @@ def test_a_format_1_record_still_reads_with_the_same_values() -> None:
     assert set(old.measures) == {"seg_mass", "seg_mass_segment", "p_ext", "ar_k"}
     new = probe_tokenized(_build("llama"), make_prompt(3, layout="saturation", n_tokens=57))
     same = dataclasses.replace(new, measures={k: new[k] for k in old.measures})  # measures added since: not in it
-    assert same.max_differences(old) == {name: 0.0 for name in [*old.measures, "chance"]}
+    diffs = same.max_differences(old)
+    assert set(diffs) == {*old.measures, "chance"} and max(diffs.values()) <= 1e-5, diffs
     assert old.segment_labels == new.segment_labels and old.options == new.options
