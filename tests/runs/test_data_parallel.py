@@ -26,42 +26,19 @@ import pytest
 from probe import runner
 from probe.config import load_config
 from probe.records import append_jsonl, load_trials, read_jsonl
+from tests.fixtures.experiment import tiny_experiment
 from tests.serving import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-EXPERIMENT = """\
-[experiment]
-name = "dp"
-seed = 3
-models = ["{card}"]
-output_dir = "{out}"
-
-[[tasks]]
-source = "synthetic"
-n = 2
-hops = 2
-
-[ice]
-loads = [50]
-replications = 2
-
-[generation]
-max_new_tokens = 4
-batch_size = 1
-
-[analysis]
-embedder = ""
-"""
 N_PROMPTS = 2 * 2 * (1 + 3)  # tasks x replications x (Control + 3 conditions x 1 load)
 PLAN = re.compile(r"rank (\d+) of (\d+): (\d+) trials to run, (\d+) already recorded")
 
 
 def write_experiment(folder: Path, card: Path) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "exp.toml"
-    path.write_text(EXPERIMENT.format(card=card, out=folder / "outputs"))
-    return path
+    return tiny_experiment(folder / "exp.toml", [card], experiment={"name": "dp"},
+                           ice={"conditions": None, "replications": 2},
+                           generation={"max_new_tokens": 4, "batch_size": 1})
 
 
 def launch(experiment: Path, n_processes: int = 2) -> subprocess.CompletedProcess[str]:

@@ -21,41 +21,14 @@ from probe.cli import main
 from probe.config import load_config
 from probe.records import DuplicateTrialError, load_trials
 from probe.runfolder import RunFolder
+from tests.fixtures.experiment import tiny_experiment
 
 pytestmark = pytest.mark.integration
 
-EXPERIMENT = """\
-[experiment]
-name = "integrity"
-seed = {seed}
-models = ["{card}"]
-output_dir = "{out}"
-
-[[tasks]]
-source = "synthetic"
-n = 2
-hops = 2
-
-[ice]
-conditions = ["Control", "Saturation"]
-loads = [50]
-replications = 2
-
-[generation]
-max_new_tokens = 3
-batch_size = 4
-
-[probe]
-enabled = {probe}
-
-[analysis]
-embedder = ""
-"""
-
-
 def write_exp(path: Path, card: Path, out: Path, seed: int = 7, probe: bool = False) -> Path:
-    path.write_text(EXPERIMENT.format(seed=seed, card=card, out=out, probe="true" if probe else "false"))
-    return path
+    return tiny_experiment(path, [card], out, experiment={"name": "integrity", "seed": seed},
+                           ice={"replications": 2}, generation={"max_new_tokens": 3, "batch_size": 4},
+                           probe={"enabled": probe})
 
 
 def files(folder: Path) -> dict[str, bytes]:

@@ -12,6 +12,7 @@ from probe import runner
 from probe.config import config_from_dict
 from probe.errors import ConfigError
 from probe.records import load_trials, read_jsonl
+from tests.fixtures.experiment import tiny_experiment
 
 pytestmark = pytest.mark.integration
 
@@ -299,11 +300,9 @@ def test_run_bench_times_probed_and_unprobed_arms(tmp_path, tiny_card, monkeypat
     import probe.bench.run as bench_run
     from probe.bench.run import format_run_bench, run_probe_cost_bench
 
-    exp = tmp_path / "exp.toml"
-    exp.write_text(f'[experiment]\nname = "b"\nseed = 3\nmodels = ["{tiny_card}"]\n'
-                   '[[tasks]]\nsource = "synthetic"\nn = 1\nhops = 2\n'
-                   '[ice]\nloads = [50]\nreplications = 1\n[generation]\nmax_new_tokens = 3\nbatch_size = 2\n'
-                   '[analysis]\nembedder = ""\n')
+    exp = tiny_experiment(tmp_path / "exp.toml", [tiny_card], experiment={"name": "b"},
+                          tasks=[{"source": "synthetic", "n": 1, "hops": 2}], ice={"conditions": None},
+                          generation={"max_new_tokens": 3, "batch_size": 2})
     calls: list[tuple[str, tuple[str, ...]]] = []
     real = bench_run.run_model
 

@@ -29,6 +29,7 @@ from probe.analysis.frame import load_run_frame
 from probe.backends.openai import OpenAIBackend
 from probe.config import load_config
 from probe.records import append_jsonl, load_trials, read_jsonl
+from tests.fixtures.experiment import tiny_experiment
 from tests.serving import LocalServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.served]
@@ -39,34 +40,6 @@ N_PROMPTS = 2 * (1 + 3)  # 2 tasks x (Control + LongControl, Saturation, Residue
 COMPARED = ("output", "answer", "em", "hop_recall", "truncated", "uninterpretable", "prompt_tokens", "prompt_id")
 STOP_AFTER = 3  # served trials answered before the server is stopped in the fault test
 
-EXPERIMENT = """\
-[experiment]
-name = "served"
-seed = 11
-models = ["{local}", "{card}"]
-output_dir = "{out}"
-
-[[tasks]]
-source = "synthetic"
-n = 2
-hops = 2
-
-[ice]
-loads = [50]
-replications = 1
-
-[generation]
-max_new_tokens = 24
-batch_size = 1
-
-[probe]
-enabled = false
-
-[analysis]
-embedder = ""
-"""
-
-
 def write_experiment(folder: Path, server: LocalServer) -> Path:
     """A served card for ``server`` and an experiment of the local default model and that card, in ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -75,9 +48,9 @@ def write_experiment(folder: Path, server: LocalServer) -> Path:
         f'name = "{SERVED}"\nsource = "api"\nbackend = "openai"\nbase_url = "{server.base_url}"\n'
         f'served_model = "{server.served_model}"\nmax_concurrency = 2\nmax_retries = 1\nrequest_timeout = 120.0\n'
     )
-    exp = folder / "exp.toml"
-    exp.write_text(EXPERIMENT.format(local=LOCAL, card=card, out=folder / "outputs"))
-    return exp
+    return tiny_experiment(folder / "exp.toml", [LOCAL, card], experiment={"name": "served", "seed": 11},
+                           ice={"conditions": None}, generation={"max_new_tokens": 24, "batch_size": 1},
+                           probe={"enabled": False})
 
 
 def by_prompt(run_dir: Path, model: str) -> dict[str, dict]:

