@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from probe import runfolder
+from probe.config import shipped_experiments
 from probe.errors import ProbeError
 
 if TYPE_CHECKING:  # imported lazily at run time: `probe --help` stays fast
@@ -221,9 +222,10 @@ def cmd_results(args: argparse.Namespace) -> int:
     for run in args.runs:
         analyze(Path(run))
         render_report(Path(run))
-    command = "probe results " + " ".join(args.runs) + f" --out {args.out}" + (
+    out = args.out if args.out is not None else str(Path(args.runs[0]) / "results.md")
+    command = "probe results " + " ".join(args.runs) + f" --out {out}" + (
         f" --title {shlex.quote(args.title)}" if args.title != "Results" else "")
-    page, warnings = write_results_page(args.runs, args.out, title=args.title, command=command)
+    page, warnings = write_results_page(args.runs, out, title=args.title, command=command)
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
     print(f"results: {page}")
@@ -329,16 +331,29 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _version() -> str:
+    """The installed distribution's version (``pyproject.toml``)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ice-probe")
+    except PackageNotFoundError:  # imported from a checkout that was never installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="probe", description="ICE-Probe: extraneous load, behaviour and attention.")
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    p.add_argument("--version", action="version", version=f"%(prog)s (ICE-Probe) {_version()}")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     def exp_args(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("experiment", help="experiment TOML (experiments/*.toml)")
-        sp.add_argument("--name", help="run name (folder under outputs/)")
+        sp.add_argument("experiment", help="experiment TOML (a path; or a shipped experiment by name: "
+                                           f"{', '.join(shipped_experiments())})")
+        sp.add_argument("--name", help="run name (folder under the output dir)")
         sp.add_argument("--models", help="comma-separated model card names, replacing experiment.models")
-        sp.add_argument("--output-dir", help="parent folder of run folders (default outputs)")
+        sp.add_argument("--output-dir", help="parent folder of run folders (default: the experiment's output_dir, "
+                                             "outputs/ of the working directory unless it says otherwise)")
         sp.add_argument("--replications", type=positive_int, help="replications per (task, condition, load)")
         sp.add_argument("--force", action="store_true",
                         help="start the run over when the folder holds records of another configuration (they are "
@@ -376,7 +391,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("results", help="analyse and report run folders, then write a results page (Markdown) "
                         "from their analyses, keeping its hand-written reading")
     sp.add_argument("runs", nargs="+", help="run folders, the main one first")
-    sp.add_argument("--out", default="docs/results.md", help="the page (default docs/results.md)")
+    sp.add_argument("--out", default=None, help="the page (default: results.md in the first run folder, its "
+                                                "figures under img/results/ there)")
     sp.add_argument("--title", default="Results", help="the page's heading")
     sp.set_defaults(fn=cmd_results)
     sp = sub.add_parser("compare", help="several runs side by side")
@@ -401,7 +417,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("bench", help="benchmarks: generate (batching speed-up), attention (probe cost), run "
                                       "(a probed run against an unprobed one), gpu-check (make gpu-check)")
     sp.add_argument("what", choices=["generate", "attention", "run", "gpu-check"])
-    sp.add_argument("--experiment", default="experiments/demo.toml")
+    sp.add_argument("--experiment", default="demo", help="generate, run: the experiment (a path, or a shipped "
+                                                         "experiment by name; default: demo)")
     sp.add_argument("--n", type=positive_int, default=None, help="generate: prompts to time (default 32); run: "
                     "prompts to run (default: all)")
     sp.add_argument("--batch-size", type=positive_int, default=None,

@@ -515,11 +515,36 @@ def _refuse_idle_options(raw_tasks: list[dict[str, Any]], raw_ice: dict[str, Any
                           "prompts (no conditions, loads or distractors); remove the section")
 
 
-def load_config(path: str | Path, overrides: dict[str, dict[str, Any]] | None = None) -> ExperimentConfig:
-    """Read an experiment TOML; ``overrides`` (section -> key -> value) are CLI flags actually passed."""
+# The experiments shipped with the toolkit (the repository's experiments/, installed as package data): a bare name
+# such as ``demo`` names one of them wherever the toolkit is installed.
+SHIPPED_EXPERIMENTS = Path(__file__).resolve().parent / "experiments"
+
+
+def shipped_experiments() -> list[str]:
+    """The names of the shipped experiments (``demo``, ``study``, ...), sorted."""
+    return sorted(p.stem for p in SHIPPED_EXPERIMENTS.glob("*.toml"))
+
+
+def experiment_path(path: str | Path) -> Path:
+    """The experiment file ``path`` names: the file itself, or, for a bare name without a folder or suffix that is
+    no file here (``demo``), the shipped experiment of that name.
+
+    Raises:
+        ConfigError: neither a file nor a shipped experiment (names the shipped ones).
+    """
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"{p}: no such experiment file")
+    if p.is_file():
+        return p
+    if p.suffix == "" and len(p.parts) == 1 and (SHIPPED_EXPERIMENTS / f"{p.name}.toml").is_file():
+        return SHIPPED_EXPERIMENTS / f"{p.name}.toml"
+    raise ConfigError(f"{p}: no such experiment file (or a shipped experiment by name: "
+                      f"{', '.join(shipped_experiments()) or 'none installed'})")
+
+
+def load_config(path: str | Path, overrides: dict[str, dict[str, Any]] | None = None) -> ExperimentConfig:
+    """Read an experiment TOML (a path, or a shipped experiment's name: :func:`experiment_path`); ``overrides``
+    (section -> key -> value) are CLI flags actually passed."""
+    p = experiment_path(path)
     data = _read_toml(p, "fix the line it names")
     for section, values in (overrides or {}).items():
         data.setdefault(section, {}).update({k: v for k, v in values.items() if v is not None})

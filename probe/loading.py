@@ -35,10 +35,24 @@ SOURCES = ("package", "gguf", "local", "hub", "api")
 BACKENDS = ("transformers", "openai")
 
 
-def models_dir() -> Path:
-    """The folder of model cards: ``$ICE_PROBE_MODELS`` or the repository's ``models/``."""
-    env = os.environ.get("ICE_PROBE_MODELS")
-    return Path(env) if env else Path(__file__).resolve().parent.parent / "models"
+# The cards shipped with the toolkit (the repository's models/, installed as package data).
+SHIPPED_CARDS = Path(__file__).resolve().parent / "cards"
+
+
+def card_dirs() -> list[Path]:
+    """The folders searched for model cards, first match wins: each folder of ``$ICE_PROBE_MODELS`` (a user's own
+    cards, ``os.pathsep``-separated), then the shipped cards."""
+    env = os.environ.get("ICE_PROBE_MODELS", "")
+    return [*(Path(p) for p in env.split(os.pathsep) if p), SHIPPED_CARDS]
+
+
+def _card_files() -> dict[str, Path]:
+    """Card name (file stem) -> its file, a user's folder before the shipped cards."""
+    found: dict[str, Path] = {}
+    for folder in card_dirs():
+        for p in sorted(folder.glob("*.toml")):
+            found.setdefault(p.stem, p)
+    return found
 
 
 def cache_dir() -> Path:
@@ -129,7 +143,8 @@ def read_card(path: Path) -> ModelCard:
 
 
 def list_cards() -> list[ModelCard]:
-    return [read_card(p) for p in sorted(models_dir().glob("*.toml"))]
+    """Every card of :func:`card_dirs` by name (a user's card hides a shipped one of the same name)."""
+    return [read_card(p) for _, p in sorted(_card_files().items())]
 
 
 def get_card(name_or_path: str) -> ModelCard:
@@ -137,10 +152,10 @@ def get_card(name_or_path: str) -> ModelCard:
     p = Path(name_or_path)
     if p.suffix == ".toml" and p.is_file():
         return read_card(p)
-    path = models_dir() / f"{name_or_path}.toml"
-    if not path.is_file():
-        raise UnknownNameError("model card", name_or_path, [c.stem for c in models_dir().glob("*.toml")])
-    return read_card(path)
+    files = _card_files()
+    if name_or_path not in files:
+        raise UnknownNameError("model card", name_or_path, sorted(files))
+    return read_card(files[name_or_path])
 
 
 def _package_dir(package: str) -> Path | None:

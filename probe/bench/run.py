@@ -74,7 +74,7 @@ def arm_order(names: list[str], round_: int, batch: int) -> list[str]:
     return names[k:] + names[:k]
 
 
-def run_probe_cost_bench(experiment: str = "experiments/demo.toml", rounds: int = 1,
+def run_probe_cost_bench(experiment: str = "demo", rounds: int = 1,
                          output_dir: str = "outputs", n_prompts: int | None = None) -> RunBench:
     """Time the experiment's prompts through ``run_model`` without and with probing (see the module docstring).
 
@@ -166,7 +166,7 @@ def format_run_bench(b: RunBench) -> str:
 
 if __name__ == "__main__":  # also runnable against an earlier checkout: PYTHONPATH=<checkout> python run.py
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--experiment", default="experiments/demo.toml")
+    ap.add_argument("--experiment", default="demo")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--output-dir", default="outputs")
     ap.add_argument("--n", type=int, default=None, help="prompts to run (default: all)")

@@ -105,8 +105,8 @@ def _demote(markdown: str, by: int = 1) -> str:
     return re.sub(r"^(#{1,5}) ", lambda m: "#" * (len(m.group(1)) + by) + " ", markdown, flags=re.M)
 
 
-def _copy_figures(run: RunFolder, img_dir: Path, page_dir: Path) -> list[tuple[str, str]]:
-    """Copy the report's figures of ``run`` under ``img_dir/<run name>/``; (caption, path relative to the page).
+def _copy_figures(run: RunFolder, dest: Path, page_dir: Path) -> list[tuple[str, str]]:
+    """Copy the report's figures of ``run`` into ``dest`` (emptied first); (caption, path relative to the page).
 
     The figures come in the report's order with its captions (``figures/index.json``, written by ``probe report``);
     a figure file the index does not name is left out (an earlier report drew it). A run reported before the index
@@ -123,7 +123,6 @@ def _copy_figures(run: RunFolder, img_dir: Path, page_dir: Path) -> list[tuple[s
         figures = [(run.figures / name, caption) for name, caption in listed if (run.figures / name).is_file()]
     else:
         figures = [(fig, fig.stem.replace("_", " ")) for fig in sorted(run.figures.glob("*.png"))]
-    dest = img_dir / run.name
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
@@ -162,7 +161,9 @@ def write_results_page(run_dirs: Sequence[str | Path], out: str | Path, *, title
         out: the Markdown file (its reading block, if any, is kept).
         title: the page's heading.
         command: the command that regenerates the page (named on it).
-        img_dir: where the figures are copied (default ``img/results`` beside ``out``).
+        img_dir: where the figures are copied (default ``img/results`` beside ``out``), each run's into
+            ``<run folder name>-<first 8 hex digits of its trials' sha256>/``: two runs whose folders share a
+            name keep their own figures, and the same run gets the same folder on every machine.
 
     Returns:
         The page's path and the warnings (a reading written for other trials).
@@ -192,7 +193,7 @@ def write_results_page(run_dirs: Sequence[str | Path], out: str | Path, *, title
         # its own heading and trial-count line give way to the run's
         body = render_markdown(a).split("\n\n", 2)[2]
         parts += [_demote(body, 1).strip(), ""]
-        figures = _copy_figures(r.run, images, out.parent)
+        figures = _copy_figures(r.run, images / f"{r.run.name}-{a.inputs.trials_sha256[:8]}", out.parent)
         if figures:
             parts += [f"### Figures of `{r.run.name}`", ""]
             for cap, path in figures:  # alt text the file's name (a caption may hold brackets), the caption below

@@ -44,9 +44,26 @@ def test_figures_are_copied_beside_the_page_and_every_link_resolves(run, tmp_pat
     page, _ = write_results_page([run], tmp_path / "docs" / "results.md")
     links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", page.read_text())
     assert len(links) == len(list((run / "figures").glob("*.png"))) > 0
+    sha = json.loads((run / "analysis.json").read_text())["inputs"]["trials_sha256"]
     for link in links:
         assert (page.parent / link).is_file()
-        assert link.startswith("img/results/study/")
+        assert link.startswith(f"img/results/study-{sha[:8]}/")
+
+
+def test_two_runs_whose_folders_share_a_name_keep_their_own_figures(run, tmp_path) -> None:
+    """Pages of two runs both called ``study`` written into one folder: each page's links resolve to its own run's
+    figures (byte for byte), the second page deleting none of the first's."""
+    other = tmp_path / "elsewhere" / "study"
+    make_run(other, Plan(n_tasks=6, n_reps=1, loads=(20, 80), attention=True, n_layers=4, n_heads=2, seed=8))
+    analyze_run(other)
+    render_report(other)
+    first, _ = write_results_page([run], tmp_path / "docs" / "a.md")
+    second, _ = write_results_page([other], tmp_path / "docs" / "b.md")
+    for page, source in ((first, run), (second, other)):
+        links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", page.read_text())
+        assert links
+        for link in links:
+            assert (page.parent / link).read_bytes() == (source / "figures" / Path(link).name).read_bytes(), link
 
 
 def test_figures_follow_the_report_order_and_captions_and_leave_out_stale_files(run, tmp_path) -> None:
@@ -148,3 +165,18 @@ def test_the_command_analyses_reports_and_writes_the_page(run, tmp_path, capsys)
     assert f"results: {out}" in capsys.readouterr().out
     assert main(["results", str(tmp_path), "--out", str(out)]) == 2  # no trials there: named, nothing written
     assert "error:" in capsys.readouterr().err and out.read_text() == text
+
+
+def test_the_command_writes_beside_the_run_by_default(run, tmp_path, capsys, monkeypatch) -> None:
+    """Without ``--out`` the page goes into the first run folder, never into a tracked docs/ page of the working
+    directory."""
+    from probe.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "results.md").write_text("a study's own page\n")
+    assert main(["results", str(run)]) == 0
+    assert f"results: {run / 'results.md'}" in capsys.readouterr().out
+    assert (run / "results.md").read_text().startswith("# Results\n")
+    assert (tmp_path / "docs" / "results.md").read_text() == "a study's own page\n"
+    assert any((run / "img" / "results").iterdir())
