@@ -60,7 +60,13 @@ def test_every_package_the_tests_import_is_declared_in_the_dependencies_or_an_ex
     declared = _requirement_names(project["dependencies"])
     for extra in project["optional-dependencies"].values():
         declared |= _requirement_names(extra)
-    assert _undeclared(ROOT / "tests", declared, {"probe", "tests"}) == []
+    assert _undeclared(ROOT / "tests", declared, {"probe", "tests", "scripts"}) == []
+
+
+def test_every_package_the_scripts_import_is_a_declared_dependency() -> None:
+    """``scripts/`` (the simulations behind docs/statistics.md) runs in the toolkit's environment."""
+    declared = _requirement_names(PYPROJECT["project"]["dependencies"])
+    assert _undeclared(ROOT / "scripts", declared, {"probe", "scripts"}) == []
 
 
 def test_the_import_scan_sees_a_missing_declaration() -> None:

@@ -16,8 +16,8 @@ docs/statistics.md):
   measure[layer, head] and, for a measure with a chance level, of its enrichment measure / chance[layer, head]
   (NaN-aware: Control prompts have chance 0), of the chance level per layer, and of the head-averaged residue
   AR_k[layer, target]. Targets are named by kind and order (``germane 1``, ``germane 2``, …, ``question``) so
-  prompts with the same layout average position by position. The arrays go to ``attention_summary.npz`` (members
-  named in each :class:`AttentionCell`); the report draws them without recomputing anything. It also returns each
+  prompts with the same layout average position by position. Each :class:`AttentionCell` holds its arrays
+  (:class:`probe.analysis.grid.Grid`); the report draws them without recomputing anything. It also returns each
   trial's own arrays for the tests below.
 - :func:`attention_behaviour`, per linked measure, over the scored trials whose prompt has extraneous segments
   (Saturation, Residue: P_ext is 0 by construction elsewhere, so including them would test the condition, not
@@ -65,6 +65,7 @@ from probe.analysis.attention_tests import attention_failure_tests, residue_simi
 from probe.analysis.estimate import Estimate
 from probe.analysis.estimates import finite, key_int
 from probe.analysis.glm import exp_or_none, fit_logit
+from probe.analysis.grid import Grid
 from probe.runfolder import RunFolder
 
 if TYPE_CHECKING:
@@ -115,10 +116,10 @@ class AttentionCell:
             sentences and figures (``P_ext``).
         n_prompts: prompts with a record; n_layers, n_heads: their shape.
         mean: grand mean of the cell's array (None where undefined).
-        key: member of ``attention_summary.npz`` holding the cell's array: (layer, head) mean of a measure on
-            (layer, head), (layer, target) mean head-mean AR_k for ``ar_k``.
-        enrichment_mean, enrichment_key: the same for value / chance, for a measure with a chance level (else None).
-        chance_key: member holding the (layer,) mean chance level (None for a measure without one).
+        values: the cell's array: (layer, head) mean of a measure on (layer, head), (layer, target) mean head-mean
+            AR_k for ``ar_k``.
+        enrichment_mean, enrichment: the same for value / chance, for a measure with a chance level (else None).
+        chance: the (layer,) mean chance level (None for a measure without one).
         targets: names of the AR_k targets (columns of the ``ar_k`` array; empty for other measures).
     """
 
@@ -131,10 +132,10 @@ class AttentionCell:
     n_layers: int
     n_heads: int
     mean: float | None
-    key: str
+    values: Grid
     enrichment_mean: float | None
-    enrichment_key: str | None
-    chance_key: str | None
+    enrichment: Grid | None
+    chance: Grid | None
     targets: tuple[str, ...]
 
 
@@ -238,14 +239,13 @@ class HeadMaxT:
     (:func:`probe.analysis.max_t.question_contrasts`), signs of whole questions flipped.
 
     Attributes:
-        p_max_t_key: ``attention_summary.npz`` member with the (layer, head) max-T adjusted p-values (None when
-            there is no test).
+        p_max_t: the (layer, head) max-T adjusted p-values (None when there is no test).
         n_questions: questions with failed and correct trials (the max-T's G).
         significant: every head with max-T p < α (either sign), smallest p first.
         method: the correction in words, or why there is none.
     """
 
-    p_max_t_key: str | None
+    p_max_t: Grid | None
     n_questions: int
     significant: tuple[HeadHit, ...]
     method: str
@@ -261,8 +261,7 @@ class HeadTests:
         n: trials; n_questions: questions; n_layers, n_heads: the grid; n_tested: heads with a p-value.
         is_test: False when the grid is descriptive (see ``reason``); method: in words; reason: why no test.
         df: the Bell–McCaffrey degrees of freedom shared by the complete heads (None when descriptive).
-        estimate_key, q_key: members of ``attention_summary.npz`` holding the (layer, head) estimates and q-values
-            (None without a grid).
+        estimates, q_values: the (layer, head) estimates and q-values (None without a grid).
         significant: every head with q < α (either sign), smallest q first.
         max_t: the family-wise max-T option over the same grid (:class:`HeadMaxT`); None in files written before
             it.
@@ -279,8 +278,8 @@ class HeadTests:
     method: str
     reason: str | None
     df: float | None
-    estimate_key: str | None
-    q_key: str | None
+    estimates: Grid | None
+    q_values: Grid | None
     significant: tuple[HeadHit, ...]
     max_t: HeadMaxT | None = None
 
@@ -396,7 +395,7 @@ def _grand_mean(arr: np.ndarray) -> float | None:
 
 def summarise_attention(
     run: RunFolder, df: pd.DataFrame
-) -> tuple[list[AttentionCell], dict[str, np.ndarray], pd.DataFrame]:
+) -> tuple[list[AttentionCell], pd.DataFrame]:
     """Per-cell attention means of every linked measure and of AR_k, and each trial's arrays.
 
     Args:
@@ -404,10 +403,9 @@ def summarise_attention(
         df: trial table.
 
     Returns:
-        (cells, arrays, per_trial): one :class:`AttentionCell` per model × condition × load × measure with a record
-        (the measures of :func:`linked_measures`, then ``ar_k``); ``arrays`` maps the cells' npz member names
-        (``ice_cell<i>_<measure>``, ``ice_cell<i>_<measure>_enrichment``, ``ice_cell<i>_chance``) to float32
-        arrays; ``per_trial`` has, for every trial whose prompt has a record, ``trial_id``, per linked measure
+        (cells, per_trial): one :class:`AttentionCell` per model × condition × load × measure with a record
+        (the measures of :func:`linked_measures`, then ``ar_k``), each holding its arrays; ``per_trial`` has, for
+        every trial whose prompt has a record, ``trial_id``, per linked measure
         ``<measure>_layer`` ((layer,) head-mean) and ``<measure>_heads`` ((layer, head) enrichment, or the values
         for a measure without a chance level), and ``ar_question`` and ``ar_last_germane`` ((layer,) head-mean AR_k
         of the question target and of the prompt's last germane segment; None where the record has none).
@@ -420,11 +418,9 @@ def summarise_attention(
         if rec is not None:
             records[(str(model), str(pid))] = rec
     cells: list[AttentionCell] = []
-    arrays: dict[str, np.ndarray] = {}
     columns = ["trial_id", *[f"{m.id}_{what}" for m in linked for what in ("layer", "heads")]]
     if not records:
-        return cells, arrays, pd.DataFrame(columns=columns)
-    n_groups = 0
+        return cells, pd.DataFrame(columns=columns)
     for (model, cond, load), g in prompts.groupby(["model", "condition", "load"], sort=True):
         recs = [records[(str(model), str(p))] for p in g["prompt_id"] if (str(model), str(p)) in records]
         if not recs:
@@ -433,27 +429,20 @@ def summarise_attention(
         if len(shapes) != 1:
             log.warning("%s %s %s: attention records of different shapes %s; cell skipped", model, cond, load, shapes)
             continue
-        key = f"ice_cell{n_groups}"  # npz members are named by position; the cell carries its labels
-        n_groups += 1
         n_layers, n_heads = recs[0].shape[:2]
-        chance_key = f"{key}_chance"
-        arrays[chance_key] = _nan_mean([r.chance for r in recs]).astype(np.float32)
+        chance = Grid(_nan_mean([r.chance for r in recs]))
         base: dict[str, Any] = dict(model=str(model), condition=str(cond), load=key_int(load), n_prompts=len(recs),
                     n_layers=int(n_layers), n_heads=int(n_heads))
         for m in linked:
             if not all(m.id in r.shares for r in recs):
                 continue
             mean = _nan_mean([r.shares[m.id] for r in recs])
-            arrays[f"{key}_{m.id}"] = mean.astype(np.float32)
-            enrichment = None
-            if m.has_chance:
-                enrichment = _nan_mean([r.enrichment[m.id] for r in recs])
-                arrays[f"{key}_{m.id}_enrichment"] = enrichment.astype(np.float32)
+            enrichment = _nan_mean([r.enrichment[m.id] for r in recs]) if m.has_chance else None
             cells.append(AttentionCell(
-                **base, measure=m.id, label=m.name, mean=_grand_mean(mean), key=f"{key}_{m.id}",
+                **base, measure=m.id, label=m.name, mean=_grand_mean(mean), values=Grid(mean),
                 enrichment_mean=None if enrichment is None else _grand_mean(enrichment),
-                enrichment_key=f"{key}_{m.id}_enrichment" if m.has_chance else None,
-                chance_key=chance_key if m.has_chance else None, targets=()))
+                enrichment=None if enrichment is None else Grid(enrichment),
+                chance=chance if m.has_chance else None, targets=()))
         names: list[str] = []
         ar = [r for r in recs if r.ar_k_mean is not None and r.ar_k_mean.shape[1] > 0]
         if ar:
@@ -468,9 +457,8 @@ def summarise_attention(
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
                 ar_mean = np.nanmean(mat, axis=0)  # (layer, target)
-            arrays[f"{key}_ar_k"] = ar_mean.astype(np.float32)
-            cells.append(AttentionCell(**base, measure="ar_k", label="AR_k", mean=_grand_mean(ar_mean), key=f"{key}_ar_k",
-                                       enrichment_mean=None, enrichment_key=None, chance_key=None,
+            cells.append(AttentionCell(**base, measure="ar_k", label="AR_k", mean=_grand_mean(ar_mean),
+                                       values=Grid(ar_mean), enrichment_mean=None, enrichment=None, chance=None,
                                        targets=tuple(names)))
     keyed = df[["trial_id", "model", "prompt_id"]]
     keys = [(str(m), str(p)) for m, p in zip(keyed["model"], keyed["prompt_id"])]
@@ -488,7 +476,7 @@ def summarise_attention(
     columns_data["ar_last_germane"] = [_target_ar(records[k], "last germane") if k in records else None
                                        for k in keys]
     per_trial = pd.DataFrame(columns_data)
-    return cells, arrays, per_trial[np.array(has, dtype=bool)]
+    return cells, per_trial[np.array(has, dtype=bool)]
 
 
 def _target_ar(rec: AttentionRecord, target: str) -> np.ndarray | None:
@@ -558,14 +546,12 @@ def _layer_tests(fits: inf.ManyFits, alpha: float, measure: str, estimand: str, 
                       significant=tuple(int(i) for i in fits.significant(alpha)[:, 0]))
 
 
-def _head_tests(fits: inf.ManyFits, alpha: float, n: int, key: str, m: Measure
-                ) -> tuple[HeadTests, dict[str, np.ndarray]]:
+def _head_tests(fits: inf.ManyFits, alpha: float, n: int, m: Measure) -> HeadTests:
     n_layers, n_heads = fits.estimate.shape
     hits = [HeadHit(layer=int(li), head=int(h), estimate=fits.estimate_at((int(li), int(h))))
             for li, h in fits.significant(alpha)]
     hits.sort(key=lambda x: (x.q, x.layer, x.head))
     dfs = fits.df[np.isfinite(fits.df)]
-    arrays = {f"{key}_estimate": fits.estimate.astype(np.float32), f"{key}_q": fits.q.astype(np.float32)}
     what = f"{m.name} enrichment ({m.name} / chance)" if m.has_chance else m.name
     heads = HeadTests(measure=f"{what} per head",
                       estimand="failed - correct difference in " + ("enrichment" if m.has_chance else m.name)
@@ -573,12 +559,12 @@ def _head_tests(fits: inf.ManyFits, alpha: float, n: int, key: str, m: Measure
                       n=n, n_questions=fits.n_clusters, n_layers=int(n_layers), n_heads=int(n_heads),
                       n_tested=int(np.isfinite(fits.p).sum()), is_test=fits.is_test, method=fits.method,
                       reason=fits.reason, df=float(np.median(dfs)) if dfs.size else None,
-                      estimate_key=f"{key}_estimate", q_key=f"{key}_q", significant=tuple(hits))
-    return heads, arrays
+                      estimates=Grid(fits.estimate), q_values=Grid(fits.q), significant=tuple(hits))
+    return heads
 
 
 def _with_max_t(heads: HeadTests, fits: inf.ManyFits, per_head: np.ndarray, failed: np.ndarray, groups: np.ndarray,
-                nuisance: np.ndarray, alpha: float, seed: int, key: str, arrays: dict[str, np.ndarray]) -> HeadTests:
+                nuisance: np.ndarray, alpha: float, seed: int) -> HeadTests:
     """The per-head test with the max-T correction over the grid (docs/statistics.md#max-t-permutation-correction):
     per question, failed minus correct mean of the residuals on ``nuisance``, over the trials with a value in every
     head and the questions with both outcomes."""
@@ -588,9 +574,8 @@ def _with_max_t(heads: HeadTests, fits: inf.ManyFits, per_head: np.ndarray, fail
     qc = question_contrasts(per_head[full], failed[full], groups[full], nuisance[full])
     res = max_t_sign_flip(qc.D, seed=seed)
     if not res.is_test or not fits.is_test:
-        return replace(heads, max_t=HeadMaxT(p_max_t_key=None, n_questions=len(qc.questions), significant=(),
+        return replace(heads, max_t=HeadMaxT(p_max_t=None, n_questions=len(qc.questions), significant=(),
                                              method=f"no max-T correction ({res.reason or fits.reason})"))
-    arrays[f"{key}_p_max_t"] = np.asarray(res.p_max_t, dtype=np.float32)
     pm = res.p_max_t
 
     def hit(li: int, h: int) -> HeadHit:
@@ -602,7 +587,7 @@ def _with_max_t(heads: HeadTests, fits: inf.ManyFits, per_head: np.ndarray, fail
                  key=lambda x: (x.p_max_t if x.p_max_t is not None else 1.0, x.layer, x.head))
     return replace(heads, significant=tuple(replace(x, p_max_t=finite(pm[x.layer, x.head]))
                                             for x in heads.significant),
-                   max_t=HeadMaxT(p_max_t_key=f"{key}_p_max_t", n_questions=len(qc.questions), significant=tuple(sig),
+                   max_t=HeadMaxT(p_max_t=Grid(pm), n_questions=len(qc.questions), significant=tuple(sig),
                                   method=f"max-T sign-flip correction over the grid on per-question failed - correct "
                                          f"contrasts of residuals on load and Residue, {len(qc.questions)} "
                                          f"question(s) with both ({how})"))
@@ -621,8 +606,7 @@ METHOD = method_of("P_ext")
 
 
 def attention_behaviour(df: pd.DataFrame, per_trial: pd.DataFrame, model: str, alpha: float = 0.05,
-                        key: str = "ice_heads0", measure: str = "p_ext", seed: int = 0
-                        ) -> tuple[AttentionBehaviour, dict[str, np.ndarray]]:
+                        measure: str = "p_ext", seed: int = 0) -> AttentionBehaviour:
     """Attention ↔ behaviour of one model and one linked measure: per-layer and per-head tests, logistic fits
     (module docstring).
 
@@ -631,12 +615,11 @@ def attention_behaviour(df: pd.DataFrame, per_trial: pd.DataFrame, model: str, a
         per_trial: the per-trial arrays of :func:`summarise_attention`.
         model: model name.
         alpha: test and FDR level.
-        key: prefix of the npz members holding the per-head grids.
         measure: the measure's id (one of :func:`linked_measures`).
         seed: seed of the per-head max-T's Monte Carlo sign assignments (the experiment's seed).
 
     Returns:
-        The model's :class:`AttentionBehaviour` and the arrays for ``attention_summary.npz``.
+        The model's :class:`AttentionBehaviour` (its per-head grids held in it).
     """
     from probe.attention.measures import measure as measure_of
 
@@ -655,11 +638,11 @@ def attention_behaviour(df: pd.DataFrame, per_trial: pd.DataFrame, model: str, a
         d = d.iloc[0:0]
     if d.empty:
         return replace(out, reason=f"no scored Saturation/Residue trial with an attention record of {label}"
-                       if m.id != "p_ext" else "no scored Saturation/Residue trial with an attention record"), {}
+                       if m.id != "p_ext" else "no scored Saturation/Residue trial with an attention record")
     shapes = {np.shape(v) for v in d[heads_col]}
     if len(shapes) != 1:
         return replace(out, reason=f"attention records of different shapes {sorted(shapes)}: layers and heads "
-                                   "cannot be compared across prompts"), {}
+                                   "cannot be compared across prompts")
     mat = np.stack(d[layer_col].to_list())  # (trial, layer)
     per_head = np.stack(d[heads_col].to_list())  # (trial, layer, head)
     failed = (d["em"].to_numpy() < 0.5).astype(float)
@@ -671,9 +654,9 @@ def attention_behaviour(df: pd.DataFrame, per_trial: pd.DataFrame, model: str, a
     layer_tests = _layer_tests(layer_fits, alpha, f"head-mean {label}",
                                f"failed - correct difference in {label} (share) at equal load and placement", len(d))
     head_fits = attention_failure_tests(per_head, failed, load, groups, residue[:, None], alpha)
-    heads, arrays = _head_tests(head_fits, alpha, len(d), key, m)
+    heads = _head_tests(head_fits, alpha, len(d), m)
     heads = _with_max_t(heads, head_fits, per_head, failed, groups, np.column_stack([np.ones(len(d)), covariates]),
-                        alpha, seed, key, arrays)
+                        alpha, seed)
     layers = [_logit_layer(li, mat[:, li], failed, groups, covariates, alpha, label) for li in range(mat.shape[1])]
     q_alone = inf.bh_qvalues(np.array([np.nan if r.fit.estimate.p is None else r.fit.estimate.p for r in layers]))
     q_adj = inf.bh_qvalues(np.array([np.nan if r.adjusted is None or r.adjusted.estimate.p is None
@@ -686,7 +669,7 @@ def attention_behaviour(df: pd.DataFrame, per_trial: pd.DataFrame, model: str, a
     return replace(out, n_trials=int(len(d)), n_questions=int(d["task_id"].nunique()), layer_tests=layer_tests,
                    heads=heads, layers=tuple(layers), tracking_layers=tracking,
                    distractor_heads=tuple(h for h in heads.significant if h.value > 0), logit_layers=logit,
-                   logit_layers_adjusted=logit_adj), arrays
+                   logit_layers_adjusted=logit_adj)
 
 
 TARGETS = ("question", "last germane")

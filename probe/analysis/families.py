@@ -14,10 +14,9 @@ time the family is asked for. Its report section registers the same way under :m
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
 import pandas as pd
 
 from probe.config import AnalysisSection
@@ -61,14 +60,11 @@ class FamilyOutput:
 
     Attributes:
         result: the family's result (an instance of its ``result_type``).
-        arrays: arrays for ``attention_summary.npz``, by member name (names the result refers to; unique across
-            families: prefix them with the family's name).
         notes: sentences for the analysis' notes (what could not be done, choices made).
         n_attention_records: probe records the analysis found and used (0 when none).
     """
 
     result: object
-    arrays: dict[str, np.ndarray] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     n_attention_records: int = 0
 

@@ -39,6 +39,7 @@ import numpy as np
 from probe.analysis.attention_link import EXTRANEOUS_CONDITIONS, LayerTests, _layer_tests
 from probe.analysis.attention_tests import attention_failure_tests, condition_contrast_tests
 from probe.analysis.estimates import finite
+from probe.analysis.grid import Grid
 from probe.analysis.inference import ManyFits
 from probe.analysis.max_t import max_t_sign_flip, question_contrasts
 from probe.analysis.retrieval import HeadMap, HeadResult
@@ -85,7 +86,7 @@ class HopMassTest:
         estimand: what the estimate means, with its unit.
         n: trial-hops; n_trials: trials; n_questions: questions.
         layers: per layer, the head-pooled mass (BH across layers); None without a fit.
-        heads: per head (BH over the map, and the max-T correction: ``p_max_t_key``); None without a fit.
+        heads: per head (BH over the map, and the max-T correction: ``p_max_t``); None without a fit.
         max_t_questions: questions with trials on both sides (the max-T's G); max_t_exact: whether all 2^G sign
             assignments were used (None without a max-T test).
         reason: why nothing was fitted, else None.
@@ -120,15 +121,12 @@ def _covariates(rows: Sequence[HopRow], base: list[np.ndarray], extra: list[np.n
     return kept
 
 
-def _head_map(fits: ManyFits, alpha: float, seed: int, measure: str, estimand: str, n: int, key: str,
-              Y: np.ndarray, side: np.ndarray, groups: np.ndarray, nuisance: np.ndarray,
-              arrays: dict[str, np.ndarray]) -> tuple[HeadMap, int, bool | None]:
+def _head_map(fits: ManyFits, alpha: float, seed: int, measure: str, estimand: str, n: int,
+              Y: np.ndarray, side: np.ndarray, groups: np.ndarray, nuisance: np.ndarray
+              ) -> tuple[HeadMap, int, bool | None]:
     """The per-head map: the clustered fits with BH, and the max-T correction on the per-question contrasts."""
     qc = question_contrasts(Y, side, groups, nuisance)
     res = max_t_sign_flip(qc.D, seed=seed)
-    arrays[f"{key}_estimate"] = fits.estimate.astype(np.float32)
-    arrays[f"{key}_q"] = fits.q.astype(np.float32)
-    arrays[f"{key}_p_max_t"] = np.asarray(res.p_max_t, dtype=np.float32)
     how = ("exact, all 2^G sign assignments" if res.is_exact else f"Monte Carlo, {res.n_assignments - 1} sign "
            f"assignments, seed {seed}")
     max_t = (f"max-T sign-flip correction over the map on per-question contrasts of adjusted residuals, "
@@ -141,14 +139,13 @@ def _head_map(fits: ManyFits, alpha: float, seed: int, measure: str, estimand: s
                            finite(res.p_max_t[li, h])) for li, h in np.argwhere(sig)]
         hits.sort(key=lambda x: (x.p if x.p is not None else 1.0, x.layer, x.head))
     heads = HeadMap(measure=measure, estimand=estimand, n=n, n_questions=fits.n_clusters, is_test=fits.is_test,
-                    method=f"{fits.method}; {max_t}", reason=fits.reason, estimate_key=f"{key}_estimate",
-                    q_key=f"{key}_q", p_max_t_key=f"{key}_p_max_t", significant=tuple(hits))
+                    method=f"{fits.method}; {max_t}", reason=fits.reason, estimates=Grid(fits.estimate),
+                    q_values=Grid(fits.q), p_max_t=Grid(res.p_max_t), significant=tuple(hits))
     return heads, len(qc.questions), res.is_exact if res.is_test else None
 
 
 def hop_mass_tests(rows: Sequence[HopRow], masses: Sequence[np.ndarray | None], model: str, measure: str,
-                   categories: Sequence[str], alpha: float = 0.05, seed: int = 0, key: str = "ice_hop_tests"
-                   ) -> tuple[list[HopMassTest], dict[str, np.ndarray]]:
+                   categories: Sequence[str], alpha: float = 0.05, seed: int = 0) -> list[HopMassTest]:
     """Every test of one model and measure (module docstring).
 
     Args:
@@ -160,18 +157,16 @@ def hop_mass_tests(rows: Sequence[HopRow], masses: Sequence[np.ndarray | None], 
         categories: the mass columns (:data:`probe.analysis.hops.CATEGORIES`).
         alpha: test level, FDR level and 1 − confidence level.
         seed: seed of the max-T's Monte Carlo sign assignments.
-        key: prefix of the ``attention_summary.npz`` members.
 
     Returns:
-        (tests, arrays).
+        The tests (their per-head grids held in their head maps).
     """
     out: list[HopMassTest] = []
-    arrays: dict[str, np.ndarray] = {}
     idx = [i for i, r in enumerate(rows) if r.model == model and masses[i] is not None
            and r.em is not None]
     shapes = {np.asarray(masses[i]).shape for i in idx}
     if len(shapes) > 1:
-        return [], {}
+        return []
     loads = sorted({int(rows[i].load) for i in idx if rows[i].condition == "Saturation"})
     plans: list[tuple[str, int | None]] = [(FAILED_CORRECT, None)]
     for contrast, (reference, by_load) in REFERENCE.items():
@@ -207,7 +202,6 @@ def hop_mass_tests(rows: Sequence[HopRow], masses: Sequence[np.ndarray | None], 
                 continue
             c = list(categories).index(category)
             Y = np.stack([np.asarray(masses[i], dtype=float)[..., c] for i in sel])  # (n, L, H)
-            k = f"{key}{len(out)}"
             if contrast == FAILED_CORRECT:
                 side = np.array([float(r.em is not None and r.em < 0.5) for r in sub])
                 load_col = np.array([float(r.load) for r in sub])
@@ -230,10 +224,10 @@ def hop_mass_tests(rows: Sequence[HopRow], masses: Sequence[np.ndarray | None], 
                 out.append(replace(base, reason=str(layer_fits.reason)))
                 continue
             layers = _layer_tests(layer_fits, alpha, f"head-pooled {name} per layer", estimand, len(sub))
-            heads, g_max, exact = _head_map(head_fits, alpha, seed, f"{name} per head", estimand, len(sub), k, Y,
-                                            side, groups, nuisance, arrays)
+            heads, g_max, exact = _head_map(head_fits, alpha, seed, f"{name} per head", estimand, len(sub), Y,
+                                            side, groups, nuisance)
             out.append(replace(base, layers=layers, heads=heads, max_t_questions=g_max, max_t_exact=exact))
-    return out, arrays
+    return out
 
 
 __all__ = ["FAILED_CORRECT", "HopMassTest", "SATURATION_CONTROL", "SATURATION_LONGCONTROL", "hop_mass_tests"]

@@ -39,6 +39,7 @@ import numpy as np
 
 from probe.analysis.hop_tests import HopMassTest, hop_mass_tests
 from probe.analysis.inference import proportion_ci
+from probe.analysis.grid import Grid
 from probe.analysis.results import OMIT_EMPTY
 from probe.attention.answer import AnswerAttention
 from probe.errors import ProbeError
@@ -473,8 +474,8 @@ class HopCell:
         mass: mean pooled mass per :data:`CATEGORIES` over the named trial-hops (depth window, heads pooled);
             None where none is named.
         layers: the depth window ``[lo, hi)``.
-        array_key: ``attention_summary.npz`` member with the ``(layer, head, category)`` mean over the named
-            trial-hops (all layers); None where none is named.
+        grid: the ``(layer, head, category)`` mean over the named trial-hops (all layers); None where none is
+            named.
     """
 
     model: str
@@ -488,7 +489,7 @@ class HopCell:
     shares: tuple[HopShare, ...]
     mass: tuple[float, ...] | None
     layers: tuple[int, int]
-    array_key: str | None
+    grid: Grid | None
 
     def share_of(self, label: str) -> HopShare:
         return next(s for s in self.shares if s.label == label)
@@ -533,21 +534,18 @@ METHOD = ("per trial and hop, the first mention of the hop's answer in the outpu
 
 
 def hop_cells(rows: Sequence[HopRow], masses: Sequence[np.ndarray | None], vmasses: Sequence[np.ndarray | None],
-              windows: Mapping[str, tuple[int, int]], alpha: float = 0.05, key: str = "ice_hops"
-              ) -> tuple[list[HopCell], dict[str, np.ndarray]]:
+              windows: Mapping[str, tuple[int, int]], alpha: float = 0.05) -> list[HopCell]:
     """Label shares per model × condition × load × measure × subset, with intervals clustered by question.
 
     Args:
         rows: every trial-hop; ``masses`` / ``vmasses``: their ``(L, H, C)`` category masses (None: not named).
         windows: model -> its depth window.
         alpha: 1 − confidence level.
-        key: prefix of the ``attention_summary.npz`` members.
 
     Returns:
-        (cells, arrays): the cells, and the per-cell ``(layer, head, category)`` means they name.
+        The cells, each holding its ``(layer, head, category)`` mean.
     """
     cells: list[HopCell] = []
-    arrays: dict[str, np.ndarray] = {}
     cell_keys = sorted({(r.model, r.condition, r.load) for r in rows})
     for model, condition, load in cell_keys:
         for measure in ("raw", "value"):
@@ -567,18 +565,17 @@ def hop_cells(rows: Sequence[HopRow], masses: Sequence[np.ndarray | None], vmass
                 src = masses if measure == "raw" else vmasses
                 named = [src[i] for i in idx if src[i] is not None]
                 shapes = {m.shape for m in named if m is not None}
-                mean_mass = array_key = None
+                mean_mass = held = None
                 if named and len(shapes) == 1:
                     grid = np.mean(np.stack([m for m in named if m is not None]), axis=0)
-                    array_key = f"{key}{len(cells)}"
-                    arrays[array_key] = grid.astype(np.float32)
+                    held = Grid(grid)
                     lo, hi = windows[model]
                     mean_mass = tuple(float(x) for x in grid[lo:hi].mean(axis=(0, 1)))
                 cells.append(HopCell(model=model, condition=condition, load=int(load), measure=measure, subset=subset,
                                      n=len(idx), n_trials=len({rows[i].trial_id for i in idx}),
                                      n_questions=len(set(groups.tolist())), shares=tuple(shares), mass=mean_mass,
-                                     layers=windows[model], array_key=array_key))
-    return cells, arrays
+                                     layers=windows[model], grid=held))
+    return cells
 
 
 AnswerReader = Callable[[str, str], "AnswerAttention | None"]  # (model, prompt id) -> the trial's answer record
@@ -620,8 +617,7 @@ def _tokenizer_of(model: str) -> Any:
 
 def analyze_hops(run: RunFolder, trials: Sequence[TrialRecord], prompts: Mapping[str, Prompt], alpha: float, *,
                  read_answer: AnswerReader | None = None, tokenizer_of: Callable[[str], Any] | None = None,
-                 tasks: Mapping[str, Task] | None = None, key: str = "ice_hops", seed: int = 0
-                 ) -> tuple[HopTracking | None, dict[str, np.ndarray], list[str]]:
+                 tasks: Mapping[str, Task] | None = None, seed: int = 0) -> tuple[HopTracking | None, list[str]]:
     """Hop tracking of a run's scored ICE trials (module docstring).
 
     Args:
@@ -632,11 +628,10 @@ def analyze_hops(run: RunFolder, trials: Sequence[TrialRecord], prompts: Mapping
         read_answer: (model, prompt id) -> answer attention; default the run folder's probe records.
         tokenizer_of: model -> its tokenizer; default the model card's.
         tasks: task id -> task; default the run's configuration (:func:`run_tasks`).
-        key: prefix of the arrays' names.
         seed: seed of the hop-mass tests' Monte Carlo sign assignments (the experiment's seed).
 
     Returns:
-        (result, arrays, notes): None when no trial has an answer record (nothing to track: the section says so);
+        (result, notes): None when no trial has an answer record (nothing to track: the section says so);
         else the :class:`HopTracking` (with ``reason`` when records exist but nothing could be tracked).
     """
     read = read_answer or read_answer_attention(run)
@@ -705,12 +700,12 @@ def analyze_hops(run: RunFolder, trials: Sequence[TrialRecord], prompts: Mapping
         vmasses += out.vmasses
         n_tracked += 1
     if n_found == 0:
-        return None, {}, []
+        return None, []
 
-    def nothing(reason: str) -> tuple[HopTracking, dict[str, np.ndarray], list[str]]:
+    def nothing(reason: str) -> tuple[HopTracking, list[str]]:
         return (HopTracking(cells=(), rows=(), categories=CATEGORIES, labels=HOP_LABELS, window=WINDOW_RULE,
                             method=METHOD, n_trials=0, n_skipped=n_found, reason=reason),
-                {}, notes + [f"hop tracking: {reason}"])
+                notes + [f"hop tracking: {reason}"])
 
     if task_error is not None:
         return nothing(f"the tasks could not be loaded ({task_error})")
@@ -721,20 +716,16 @@ def analyze_hops(run: RunFolder, trials: Sequence[TrialRecord], prompts: Mapping
     if not rows:
         return nothing("no trial with an answer record could be tracked" + (f" ({'; '.join(sorted(skipped))})"
                                                                             if skipped else ""))
-    cells, arrays = hop_cells(rows, masses, vmasses, windows, alpha, key)
+    cells = hop_cells(rows, masses, vmasses, windows, alpha)
     tests: list[HopMassTest] = []
-    for m_i, model in enumerate(sorted({r.model for r in rows})):
+    for model in sorted({r.model for r in rows}):
         for measure, src in (("raw", masses), ("value", vmasses)):
-            if not any(v is not None for r, v in zip(rows, src) if r.model == model):
-                continue
-            found, arr = hop_mass_tests(rows, src, model, measure, CATEGORIES, alpha, seed,
-                                        key=f"{key}_tests{m_i}{measure}_")
-            tests += found
-            arrays.update(arr)
+            if any(v is not None for r, v in zip(rows, src) if r.model == model):
+                tests += hop_mass_tests(rows, src, model, measure, CATEGORIES, alpha, seed)
     return (HopTracking(cells=tuple(cells), rows=tuple(rows), categories=CATEGORIES, labels=HOP_LABELS,
                         window=WINDOW_RULE, method=METHOD, n_trials=n_tracked, n_skipped=sum(skipped.values()),
                         reason=None, tests=tuple(tests)),
-            arrays, notes)
+            notes)
 
 
 __all__ = ["CATEGORIES", "HOP_LABELS", "HopCell", "HopLabel", "HopLabelError", "HopRow", "HopShare", "HopTracking",

@@ -11,7 +11,7 @@ an :class:`IceResult`:
   experiment's seed;
 - ``attention_cells``, ``attention_behaviour`` (per-layer and per-head tests, logistic robustness fits) and
   ``residue_attention`` (H3 in attention) when probe records exist (:mod:`probe.analysis.attention_link`; the cell
-  arrays and the per-head grids go to ``attention_summary.npz``);
+  arrays and the per-head grids are held in the results, and written to ``attention_summary.npz``);
 - ``taxonomy`` per model (:mod:`probe.analysis.taxonomy`);
 - ``hop_tracking`` when probe records hold attention while the answer was written (:mod:`probe.analysis.hops`:
   which fact the model read while it named each hop's answer; None otherwise, and then absent from the file).
@@ -153,7 +153,7 @@ def analyze_ice(data: FamilyData) -> FamilyOutput:
         data: the family's trials, the run folder, settings and seed.
 
     Returns:
-        The :class:`IceResult`, the attention cell arrays and notes.
+        The :class:`IceResult` and notes.
     """
     cfg = data.settings
     df = data.frame
@@ -167,33 +167,27 @@ def analyze_ice(data: FamilyData) -> FamilyOutput:
     h1 = [fit_load_trend(df, m, c, cfg.alpha) for m in models for c in H1_CONDITIONS if (m, c) in has]
     h2 = [row for m in models for row in h2_comparisons(df, m, cfg.alpha, data.seed)]
     h3 = [row for m in models if (m, "Residue") in has for row in similarity_degradation(df, m, cfg.alpha)]
-    att_cells, arrays, per_trial = summarise_attention(data.run, df)
+    att_cells, per_trial = summarise_attention(data.run, df)
     attention: list[AttentionBehaviour] = []
     residue: list[ResidueAttention] = []
     if att_cells:
-        for i, m in enumerate(models):
+        for m in models:
             for measure in [m for m in linked_measures() if any(c.measure == m.id for c in att_cells)]:
-                behaviour, head_arrays = attention_behaviour(df, per_trial, m, cfg.alpha,
-                                                             key=f"ice_heads{i}_{measure.id}", measure=measure.id,
-                                                             seed=data.seed)
-                attention.append(behaviour)
-                arrays.update(head_arrays)
+                attention.append(attention_behaviour(df, per_trial, m, cfg.alpha, measure=measure.id, seed=data.seed))
             if (m, "Residue") in has:
                 residue += residue_attention(df, per_trial, m, cfg.alpha)
     retrieval: list[RetrievalHeads] = []
     if att_cells:
-        retrieval, retrieval_arrays = analyze_retrieval(data.run, df, models, alpha=cfg.alpha, seed=data.seed)
-        arrays.update(retrieval_arrays)
+        retrieval = analyze_retrieval(data.run, df, models, alpha=cfg.alpha, seed=data.seed)
     sat = {h.model: h for h in h1 if h.condition == "Saturation"}
     taxonomy = [classify_model(df, m, sat.get(m), cfg) for m in models]
-    hops, hop_arrays, hop_notes = analyze_hops(data.run, data.trials, data.prompts, cfg.alpha, seed=data.seed)
-    arrays.update(hop_arrays)
+    hops, hop_notes = analyze_hops(data.run, data.trials, data.prompts, cfg.alpha, seed=data.seed)
     notes += hop_notes
     result = IceResult(models=tuple(models), cells=tuple(cell_summaries(df, cfg.alpha)), h1=tuple(h1), h2=tuple(h2),
                        h3=tuple(h3), residue_attention=tuple(residue), attention_cells=tuple(att_cells),
                        attention_behaviour=tuple(attention), taxonomy=tuple(taxonomy), hop_tracking=hops,
                        retrieval=tuple(retrieval))
-    return FamilyOutput(result=result, arrays=arrays, notes=tuple(notes),
+    return FamilyOutput(result=result, notes=tuple(notes),
                         n_attention_records=sum({(c.model, c.condition, c.load): c.n_prompts
                                                  for c in att_cells}.values()))
 

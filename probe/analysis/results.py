@@ -19,6 +19,11 @@ holds something and read as empty when absent: ``families.ice.retrieval`` (retri
 Freshness: an analysis records the sha256 of the ``trials.jsonl`` it read; :func:`read_analysis` refuses one whose
 trials have changed since (:class:`StaleAnalysisError`) unless asked not to check.
 
+Arrays: a result holds each array as a :class:`probe.analysis.grid.Grid` field. :func:`write_analysis` writes
+them to ``attention_summary.npz`` under their place in the analysis (``families.ice.attention_cells[3].enrichment``),
+puts that name in the JSON and the file's sha256 under ``arrays_sha256``; :func:`read_analysis` checks the sha256
+and reads each array back into its field.
+
 Optional sections: a field declared with ``metadata={OPTIONAL: True}`` (default None) is written only when it holds
 a value, and a field absent from the file takes its default: ``families.ice.hop_tracking`` (hop tracking, present
 when the run captured attention while the answer was written).
@@ -28,23 +33,28 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import math
 import types
 import typing
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Union
+from typing import Any, Callable, Literal, Mapping, Union
 
 import numpy as np
 
+from probe.analysis.grid import Grid
 from probe.analysis.interventions import InterventionResult
 from probe.config import AnalysisSection
 from probe.errors import ProbeError
 from probe.records_import import ImportSummary
-from probe.runfolder import RunFolder, write_atomic
+from probe.runfolder import ATTENTION_SUMMARY, RunFolder, write_atomic
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
+# the key of ``analysis.json`` holding the sha256 of the ``attention_summary.npz`` written with it (absent: no arrays)
+ARRAYS_SHA256 = "arrays_sha256"
 
 OPTIONAL = "optional"  # field metadata: written only when not None, read as None when absent (module docstring)
 # field metadata key of an additive section: written only when non-empty, read as its (empty) default when absent,
@@ -73,16 +83,34 @@ class StaleAnalysisError(AnalysisFileError):
 # ------------------------------------------------------------------------------------------------- codec
 
 
-def to_json(x: object) -> JsonValue:
-    """A JSON-ready value: dataclasses by field, tuples as lists, NaN/inf as None, numpy scalars as Python."""
+def _place(where: str, name: str) -> str:
+    return f"{where}.{name}" if where else name
+
+
+def to_json(x: object, arrays: dict[str, np.ndarray] | None = None, where: str = "") -> JsonValue:
+    """A JSON-ready value: dataclasses by field, tuples as lists, NaN/inf as None, numpy scalars as Python.
+
+    A :class:`~probe.analysis.grid.Grid` is put into ``arrays`` under its place ``where`` (field names joined by
+    dots, ``[i]`` for an item: ``families.ice.attention_cells[3].enrichment``) and stands in the JSON as that name;
+    without ``arrays`` (a CSV row, a comparison of numbers) a Grid is left out.
+    """
+    if isinstance(x, Grid):
+        assert arrays is not None and where not in arrays, where
+        arrays[where] = x.values
+        return where
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return {f.name: to_json(getattr(x, f.name)) for f in dataclasses.fields(x)
-                if not (f.metadata.get(OPTIONAL) and getattr(x, f.name) is None)
-                and not (f.metadata.get(OMIT_EMPTY) and not getattr(x, f.name))}
+        out: dict[str, JsonValue] = {}
+        for f in dataclasses.fields(x):
+            value = getattr(x, f.name)
+            if (f.metadata.get(OPTIONAL) and value is None) or (f.metadata.get(OMIT_EMPTY) and not value) or (
+                    isinstance(value, Grid) and arrays is None):
+                continue
+            out[f.name] = to_json(value, arrays, _place(where, f.name))
+        return out
     if isinstance(x, dict):
-        return {str(k): to_json(v) for k, v in x.items()}
+        return {str(k): to_json(v, arrays, _place(where, str(k))) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [to_json(v) for v in x]
+        return [to_json(v, arrays, f"{where}[{i}]") for i, v in enumerate(x)]
     if isinstance(x, np.ndarray):
         return [to_json(v) for v in x.tolist()]
     if isinstance(x, (bool, np.bool_)):
@@ -104,20 +132,23 @@ def _type_name(tp: object) -> str:
     return getattr(tp, "__name__", None) or str(tp)
 
 
-def from_json(tp: Any, data: JsonValue, where: str = "analysis") -> Any:
-    """Build a value of type ``tp`` (a dataclass, ``tuple[X, ...]``, ``dict[str, X]``, ``X | None``, a scalar or a
-    ``Literal``) from its :func:`to_json` form, checking every field.
+def from_json(tp: Any, data: JsonValue, where: str = "analysis",
+              arrays: Mapping[str, np.ndarray] | None = None) -> Any:
+    """Build a value of type ``tp`` (a dataclass, ``tuple[X, ...]``, ``dict[str, X]``, ``X | None``, a scalar, a
+    ``Literal`` or a :class:`~probe.analysis.grid.Grid`, taken from ``arrays`` by the name the JSON gives) from its
+    :func:`to_json` form, checking every field.
 
     Raises:
-        AnalysisSchemaError: a missing or unknown field, or a value of the wrong type (names the field's path).
+        AnalysisSchemaError: a missing or unknown field, a value of the wrong type, or an array that ``arrays``
+            lacks (names the field's path).
     """
     try:
-        return _decode(tp, data, where)
+        return _decode(tp, data, where, arrays or {})
     except _Mismatch as e:
         raise AnalysisSchemaError(f"{e}; the file does not match analysis schema {SCHEMA_VERSION}") from None
 
 
-def _decode(tp: Any, data: Any, where: str) -> Any:
+def _decode(tp: Any, data: Any, where: str, arrays: Mapping[str, np.ndarray]) -> Any:
     if tp is Any or tp is object:
         return data
     origin = typing.get_origin(tp)
@@ -129,13 +160,13 @@ def _decode(tp: Any, data: Any, where: str) -> Any:
             raise _Mismatch(f"{where}: null where {_type_name(tp)} is required")
         options = [a for a in args if a is not type(None)]
         if len(options) == 1:
-            return _decode(options[0], data, where)
+            return _decode(options[0], data, where, arrays)
         for a in options:  # several scalar types (int | float): the first that takes the value as it is
             if a in (int, float, str, bool) and isinstance(data, a) and not (a is not bool and isinstance(data, bool)):
                 return data
         for a in options:
             try:
-                return _decode(a, data, where)
+                return _decode(a, data, where, arrays)
             except _Mismatch:
                 continue
         raise _Mismatch(f"{where}: {data!r} is none of {_type_name(tp)}")
@@ -148,17 +179,23 @@ def _decode(tp: Any, data: Any, where: str) -> Any:
             raise _Mismatch(f"{where}: expected a list, got {type(data).__name__}")
         args = typing.get_args(tp)
         if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_decode(args[0], v, f"{where}[{i}]") for i, v in enumerate(data))
+            return tuple(_decode(args[0], v, f"{where}[{i}]", arrays) for i, v in enumerate(data))
         if len(args) != len(data):
             raise _Mismatch(f"{where}: expected {len(args)} items, got {len(data)}")
-        return tuple(_decode(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, data)))
+        return tuple(_decode(a, v, f"{where}[{i}]", arrays) for i, (a, v) in enumerate(zip(args, data)))
     if origin is dict:
         if not isinstance(data, dict):
             raise _Mismatch(f"{where}: expected an object, got {type(data).__name__}")
         _, value_tp = typing.get_args(tp)
-        return {k: _decode(value_tp, v, f"{where}.{k}") for k, v in data.items()}
+        return {k: _decode(value_tp, v, f"{where}.{k}", arrays) for k, v in data.items()}
+    if tp is Grid:
+        if not isinstance(data, str):
+            raise _Mismatch(f"{where}: expected the name of an array, got {data!r}")
+        if data not in arrays:
+            raise _Mismatch(f"{where}: names the array {data!r}, which {ATTENTION_SUMMARY} lacks")
+        return Grid(arrays[data])
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        return _decode_dataclass(tp, data, where)
+        return _decode_dataclass(tp, data, where, arrays)
     if tp is float:
         if isinstance(data, bool) or not isinstance(data, (int, float)):
             raise _Mismatch(f"{where}: expected a number, got {data!r}")
@@ -170,7 +207,7 @@ def _decode(tp: Any, data: Any, where: str) -> Any:
     raise TypeError(f"{where}: the analysis codec cannot read type {_type_name(tp)}")
 
 
-def _decode_dataclass(cls: type, data: Any, where: str) -> Any:
+def _decode_dataclass(cls: type, data: Any, where: str, arrays: Mapping[str, np.ndarray]) -> Any:
     if not isinstance(data, dict):
         raise _Mismatch(f"{where}: expected an object ({cls.__name__}), got {type(data).__name__}")
     hints = typing.get_type_hints(cls)
@@ -188,9 +225,10 @@ def _decode_dataclass(cls: type, data: Any, where: str) -> Any:
     for f in fields:
         if f.name not in data:
             continue
-        decode: Callable[[Any, str], Any] | None = f.metadata.get("decode")
+        decode: Callable[[Any, str, Mapping[str, np.ndarray]], Any] | None = f.metadata.get("decode")
         sub = f"{where}.{f.name}"
-        values[f.name] = decode(data[f.name], sub) if decode else _decode(hints[f.name], data[f.name], sub)
+        values[f.name] = (decode(data[f.name], sub, arrays) if decode
+                          else _decode(hints[f.name], data[f.name], sub, arrays))
     return cls(**values)
 
 
@@ -212,12 +250,13 @@ class Inputs:
     n_prompts: int
 
 
-def _decode_families(data: Any, where: str) -> dict[str, object]:
+def _decode_families(data: Any, where: str, arrays: Mapping[str, np.ndarray]) -> dict[str, object]:
     from probe.analysis.families import family_analysis
 
     if not isinstance(data, dict):
         raise _Mismatch(f"{where}: expected an object of family results")
-    return {name: _decode(family_analysis(name).result_type, value, f"{where}.{name}") for name, value in data.items()}
+    return {name: _decode(family_analysis(name).result_type, value, f"{where}.{name}", arrays)
+            for name, value in data.items()}
 
 
 @dataclass(frozen=True)
@@ -279,8 +318,45 @@ def trials_sha256(run: RunFolder) -> str:
 
 
 def write_analysis(analysis: Analysis, run: RunFolder) -> Path:
-    """Write ``analysis.json`` whole or not at all (no NaN: missing values are null). Returns its path."""
-    return write_atomic(run.analysis, json.dumps(to_json(analysis), indent=1, allow_nan=False, ensure_ascii=False))
+    """Write ``analysis.json`` and the arrays its results hold (``attention_summary.npz``, removed when there are
+    none), each whole or not at all (no NaN in the JSON: missing values are null). The arrays are written first and
+    their sha256 goes into ``analysis.json`` (``arrays_sha256``), so a reader notices a pair of files from two
+    analyses. Returns the path of ``analysis.json``."""
+    arrays: dict[str, np.ndarray] = {}
+    data = to_json(analysis, arrays)
+    assert isinstance(data, dict)
+    if arrays:
+        buf = io.BytesIO()
+        np.savez_compressed(buf, **arrays)  # type: ignore[arg-type]  # numpy's stub: kwargs
+        write_atomic(run.attention_summary, buf.getvalue())
+        data[ARRAYS_SHA256] = hashlib.sha256(buf.getvalue()).hexdigest()
+    else:
+        run.attention_summary.unlink(missing_ok=True)  # an earlier analysis' arrays would not match this one
+    return write_atomic(run.analysis, json.dumps(data, indent=1, allow_nan=False, ensure_ascii=False))
+
+
+def _read_arrays(run: RunFolder, sha: Any, redo: str) -> dict[str, np.ndarray]:
+    """The arrays of ``attention_summary.npz`` that ``analysis.json`` names by their sha256 ``sha`` (None: none).
+
+    Raises:
+        AnalysisSchemaError: the file is missing, unreadable, or not the one that analysis wrote.
+    """
+    if sha is None:
+        return {}
+    path = run.attention_summary
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise AnalysisSchemaError(f"{path}: cannot be read ({e.strerror or e}), and {run.analysis} names its "
+                                  f"arrays: {redo} again") from None
+    if hashlib.sha256(raw).hexdigest() != sha:
+        raise AnalysisSchemaError(f"{path} is not the file {run.analysis} was written with (the two are from "
+                                  f"different analyses, or one was changed since): {redo} again")
+    try:
+        with np.load(io.BytesIO(raw), allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as e:
+        raise AnalysisSchemaError(f"{path}: cannot be read ({type(e).__name__}: {e}): {redo} again") from None
 
 
 def read_analysis(run_dir: str | Path | RunFolder, *, check_fresh: bool = True) -> Analysis:
@@ -311,8 +387,9 @@ def read_analysis(run_dir: str | Path | RunFolder, *, check_fresh: bool = True) 
         raise AnalysisSchemaError(f"{path}: written with analysis {written}; this version of ICE-Probe reads schema "
                                   f"{SCHEMA_VERSION} only (an analysis is rewritten from the run's records): {redo} "
                                   "again")
+    arrays = _read_arrays(run, data.pop(ARRAYS_SHA256, None), redo)
     try:
-        analysis: Analysis = from_json(Analysis, data, str(path))
+        analysis: Analysis = from_json(Analysis, data, str(path), arrays)
     except AnalysisSchemaError as e:
         raise AnalysisSchemaError(f"{e}: {redo} again") from None
     if check_fresh:

@@ -49,6 +49,7 @@ import scipy.stats
 
 from probe.analysis.attention_tests import attention_failure_tests
 from probe.analysis.estimates import finite, key_int
+from probe.analysis.grid import Grid
 from probe.analysis.max_t import max_t_sign_flip, question_contrasts
 from probe.attention.answer import AnswerAttention
 from probe.attention.retrieval import (TrialRetrieval, chance_score, copy_events, pooled_score, top_heads,
@@ -85,8 +86,7 @@ class RetrievalCell:
         n_trials, n_questions: trials with an answer capture and their questions; n_tokens, n_copyable: generated
             and copyable tokens summed over them.
         chance: mean chance score (:func:`chance_score`) over the trials with a copyable token.
-        score_key, lookback_key, p_ext_key: ``attention_summary.npz`` members holding the (layer, head) pooled score,
-            mean lookback ratio and mean answer-time P_ext.
+        score, lookback, p_ext: the (layer, head) pooled score, mean lookback ratio and mean answer-time P_ext.
         top: the top-k heads, best first.
         n_above_chance: heads whose pooled score exceeds the chance score.
     """
@@ -98,9 +98,9 @@ class RetrievalCell:
     n_tokens: int
     n_copyable: int
     chance: float | None
-    score_key: str
-    lookback_key: str
-    p_ext_key: str
+    score: Grid
+    lookback: Grid
+    p_ext: Grid
     top: tuple[RetrievalHead, ...]
     n_above_chance: int
 
@@ -170,8 +170,8 @@ class HeadMap:
         measure, estimand: what is tested and what the estimate means.
         n: observations (trials or questions); n_questions: questions.
         is_test: False when descriptive (see ``reason``); method: in words.
-        estimate_key, q_key: ``attention_summary.npz`` members with the (layer, head) estimates and BH q-values;
-            p_max_t_key: the max-T adjusted p-values (None where the test has no max-T correction).
+        estimates, q_values: the (layer, head) estimates and BH q-values (None without a fit); p_max_t: the max-T
+            adjusted p-values (None without a fit).
         significant: heads with q < α or max-T p < α, smallest p first.
     """
 
@@ -182,9 +182,9 @@ class HeadMap:
     is_test: bool
     method: str
     reason: str | None
-    estimate_key: str
-    q_key: str
-    p_max_t_key: str | None
+    estimates: Grid | None
+    q_values: Grid | None
+    p_max_t: Grid | None
     significant: tuple[HeadResult, ...]
 
 
@@ -291,8 +291,7 @@ def _percentile(x: np.ndarray, alpha: float) -> tuple[float | None, float | None
     return float(lo), float(hi)
 
 
-def _cell(name: str, cond: str, load: int | None, sub: pd.DataFrame, trials: list[TrialRetrieval], k: int,
-          arrays: dict[str, np.ndarray]) -> RetrievalCell:
+def _cell(cond: str, load: int | None, sub: pd.DataFrame, trials: list[TrialRetrieval], k: int) -> RetrievalCell:
     copied = np.stack([t.copied for t in trials])
     copyable = np.array([t.copyable for t in trials])
     score = pooled_score(copied, copyable)
@@ -302,15 +301,13 @@ def _cell(name: str, cond: str, load: int | None, sub: pd.DataFrame, trials: lis
         p_ext = np.nanmean(np.stack([t.answer_p_ext for t in trials]), axis=0)
     chances = [float(t.chance.flat[0]) for t in trials if t.copyable]
     chance = float(np.average(chances, weights=[t.copyable for t in trials if t.copyable])) if chances else None
-    for what, arr in (("score", score), ("lookback", lookback), ("p_ext", p_ext)):
-        arrays[f"{name}_{what}"] = arr.astype(np.float32)
     top = tuple(RetrievalHead(layer=li, head=h, rank=r, score=float(score[li, h]), copied=int(copied[:, li, h].sum()))
                 for r, (li, h) in enumerate(top_heads(score, k)))
     above = int(np.sum(np.nan_to_num(score, nan=-1.0) > chance)) if chance is not None else 0
     return RetrievalCell(condition=cond, load=load, n_trials=len(trials), n_questions=int(sub["task_id"].nunique()),
                          n_tokens=int(sum(t.n_tokens for t in trials)), n_copyable=int(copyable.sum()),
-                         chance=chance, score_key=f"{name}_score", lookback_key=f"{name}_lookback",
-                         p_ext_key=f"{name}_p_ext", top=top, n_above_chance=above)
+                         chance=chance, score=Grid(score), lookback=Grid(lookback), p_ext=Grid(p_ext), top=top,
+                         n_above_chance=above)
 
 
 def _agreement(cond: str, load: int | None, ctrl: tuple[pd.DataFrame, list[TrialRetrieval]],
@@ -396,8 +393,7 @@ FAILED_TESTS = (  # (attribute of TrialRetrieval, measure, conditions: None = ev
 
 
 def _failed_vs_correct(sub: pd.DataFrame, trials: list[TrialRetrieval], what: str, measure: str,
-                       conditions: tuple[str, ...] | None, alpha: float, key: str, arrays: dict[str, np.ndarray],
-                       seed: int = 0) -> HeadMap:
+                       conditions: tuple[str, ...] | None, alpha: float, seed: int = 0) -> HeadMap:
     """Failed − correct per head at equal condition and load, CR2 clustered by question, BH over the map, and the
     max-T correction over the map (:func:`probe.analysis.max_t.question_contrasts`)."""
     values = [np.asarray(getattr(t, what), dtype=float) for t in trials]
@@ -409,7 +405,7 @@ def _failed_vs_correct(sub: pd.DataFrame, trials: list[TrialRetrieval], what: st
     where = "Saturation and Residue trials" if conditions else "trials of every condition"
     base = HeadMap(measure=measure, estimand=f"failed - correct difference at equal condition and load ({where})",
                    n=int(len(d)), n_questions=int(d["task_id"].nunique()), is_test=False, method="", reason=None,
-                   estimate_key=f"{key}_estimate", q_key=f"{key}_q", p_max_t_key=None, significant=())
+                   estimates=None, q_values=None, p_max_t=None, significant=())
     if len(d) < 3:
         return replace(base, reason=f"{len(d)} trial(s) with a value ({where}); need 3")
     conds = sorted(set(d["condition"]))
@@ -423,15 +419,12 @@ def _failed_vs_correct(sub: pd.DataFrame, trials: list[TrialRetrieval], what: st
     failed = d["em"].to_numpy() < 0.5
     groups = d["task_id"].to_numpy()
     fits = attention_failure_tests(y, failed, load, groups, dummies, alpha)
-    arrays[f"{key}_estimate"] = fits.estimate.astype(np.float32)
-    arrays[f"{key}_q"] = fits.q.astype(np.float32)
     # max-T over the map: per question, failed minus correct mean of the residuals on [1, load, condition], over the
     # trials with a value in every head and the questions that have both outcomes
     full = np.all(np.isfinite(y.reshape(len(y), -1)), axis=1)
     nuisance = np.column_stack([np.ones(len(d)), load, *cols])[full]
     qc = question_contrasts(y[full], failed[full], groups[full], nuisance)
     mt = max_t_sign_flip(qc.D, seed=seed)
-    arrays[f"{key}_p_max_t"] = np.asarray(mt.p_max_t, dtype=np.float32)
     how = ("exact, all 2^G sign assignments" if mt.is_exact else f"Monte Carlo, {mt.n_assignments - 1} sign "
            f"assignments, seed {seed}")
     method = fits.method + (f"; max-T sign-flip correction over the map on per-question failed - correct contrasts of "
@@ -444,17 +437,17 @@ def _failed_vs_correct(sub: pd.DataFrame, trials: list[TrialRetrieval], what: st
     hits = [HeadResult(int(li), int(h), float(fits.estimate[li, h]), finite(fits.p[li, h]), finite(fits.q[li, h]),
                        finite(mt.p_max_t[li, h])) for li, h in sig]
     hits.sort(key=lambda x: (x.q if x.q is not None else 1.0, x.layer, x.head))
-    return replace(base, is_test=fits.is_test, method=method, reason=fits.reason, p_max_t_key=f"{key}_p_max_t",
-                   significant=tuple(hits))
+    return replace(base, is_test=fits.is_test, method=method, reason=fits.reason, estimates=Grid(fits.estimate),
+                   q_values=Grid(fits.q), p_max_t=Grid(mt.p_max_t), significant=tuple(hits))
 
 
 def _saturation_drop(ctrl: tuple[pd.DataFrame, list[TrialRetrieval]], sat: tuple[pd.DataFrame, list[TrialRetrieval]],
-                     alpha: float, seed: int, key: str, arrays: dict[str, np.ndarray]) -> HeadMap:
+                     alpha: float, seed: int) -> HeadMap:
     questions = sorted(set(ctrl[0]["task_id"].astype(str)) & set(sat[0]["task_id"].astype(str)))
     base = HeadMap(measure="retrieval score per head, Saturation vs Control",
                    estimand="per-question pooled score under Saturation (all loads) minus under Control",
                    n=len(questions), n_questions=len(questions), is_test=False, method="", reason=None,
-                   estimate_key=f"{key}_estimate", q_key=f"{key}_q", p_max_t_key=f"{key}_p_max_t", significant=())
+                   estimates=None, q_values=None, p_max_t=None, significant=())
     if len(questions) < 2:
         return replace(base, reason=f"{len(questions)} question(s) with Control and Saturation captures")
     cc, cn = _question_sums(*_restrict(ctrl, questions), questions)
@@ -465,8 +458,6 @@ def _saturation_drop(ctrl: tuple[pd.DataFrame, list[TrialRetrieval]], sat: tuple
                                                         "its Saturation answers")
     D = (sc[ok] / sn[ok, None, None]) - (cc[ok] / cn[ok, None, None])
     res = max_t_sign_flip(D, seed=seed)
-    for what, arr in (("estimate", res.estimate), ("q", res.q), ("p_max_t", res.p_max_t)):
-        arrays[f"{key}_{what}"] = np.asarray(arr, dtype=np.float32)
     how = ("exact, all 2^G sign assignments" if res.is_exact else f"Monte Carlo, {res.n_assignments - 1} sign "
            f"assignments, seed {seed}")
     method = ("one-sample t of per-question differences on t(G-1), BH over the layer x head map; max-T sign-flip "
@@ -478,7 +469,8 @@ def _saturation_drop(ctrl: tuple[pd.DataFrame, list[TrialRetrieval]], sat: tuple
                            finite(res.p_max_t[li, h])) for li, h in np.argwhere(sig)]
         hits.sort(key=lambda x: (x.p if x.p is not None else 1.0, x.layer, x.head))
     return replace(base, n=int(ok.sum()), n_questions=int(ok.sum()), is_test=res.is_test, method=method,
-                   reason=res.reason, significant=tuple(hits))
+                   reason=res.reason, estimates=Grid(res.estimate), q_values=Grid(res.q), p_max_t=Grid(res.p_max_t),
+                   significant=tuple(hits))
 
 
 def _restrict(part: tuple[pd.DataFrame, list[TrialRetrieval]], questions: list[str]
@@ -488,8 +480,7 @@ def _restrict(part: tuple[pd.DataFrame, list[TrialRetrieval]], questions: list[s
 
 
 def retrieval_heads(sub: pd.DataFrame, trials: list[TrialRetrieval], model: str, k: int = TOP_K,
-                    alpha: float = 0.05, seed: int = 0, n_boot: int = N_BOOTSTRAP, key: str = "ice_retrieval0"
-                    ) -> tuple[RetrievalHeads, dict[str, np.ndarray]]:
+                    alpha: float = 0.05, seed: int = 0, n_boot: int = N_BOOTSTRAP) -> RetrievalHeads:
     """Retrieval heads of one model from its trials' :class:`TrialRetrieval` (module docstring).
 
     Args:
@@ -500,19 +491,17 @@ def retrieval_heads(sub: pd.DataFrame, trials: list[TrialRetrieval], model: str,
         alpha: test level; intervals are 1 − alpha.
         seed: seed of the bootstrap and of the Monte Carlo sign flips.
         n_boot: bootstrap resamples.
-        key: prefix of the ``attention_summary.npz`` members.
 
     Returns:
-        The :class:`RetrievalHeads` and its arrays.
+        The :class:`RetrievalHeads` (its arrays held in its cells and head maps).
     """
-    arrays: dict[str, np.ndarray] = {}
     out = RetrievalHeads(model=model, top_k=k, n_trials=len(trials), control=None, cells=(), stability=(),
                          distraction=(), failed_vs_correct=(), saturation_drop=None, reason=None, method=METHOD)
     if not trials:
-        return replace(out, reason="no probe record of this model holds an answer capture"), arrays
+        return replace(out, reason="no probe record of this model holds an answer capture")
     shapes = {t.copied.shape for t in trials}
     if len(shapes) != 1:
-        return replace(out, reason=f"answer captures of different shapes {sorted(shapes)}"), arrays
+        return replace(out, reason=f"answer captures of different shapes {sorted(shapes)}")
     rng = np.random.default_rng(seed)
     sub = sub.reset_index(drop=True)
 
@@ -521,12 +510,12 @@ def retrieval_heads(sub: pd.DataFrame, trials: list[TrialRetrieval], model: str,
 
     is_ctrl = (sub["condition"] == CONTROL).to_numpy()
     ctrl = part(is_ctrl)
-    control = _cell(f"{key}_control", CONTROL, None, *ctrl, k, arrays) if is_ctrl.any() else None
+    control = _cell(CONTROL, None, *ctrl, k) if is_ctrl.any() else None
     cells: list[RetrievalCell] = []
     stability: list[RankAgreement] = []
     for (cond, load), g in sub.groupby(["condition", "load"], sort=True):
         mask = sub.index.isin(g.index)
-        cells.append(_cell(f"{key}_cell{len(cells)}", str(cond), key_int(load), *part(mask), k, arrays))
+        cells.append(_cell(str(cond), key_int(load), *part(mask), k))
         if cond != CONTROL and control is not None:
             stability.append(_agreement(str(cond), key_int(load), ctrl, part(mask), k, alpha, n_boot, rng))
     distraction: list[DistractionLink] = []
@@ -538,28 +527,24 @@ def retrieval_heads(sub: pd.DataFrame, trials: list[TrialRetrieval], model: str,
         for load in sorted(set(sub.loc[is_sat, "load"])):
             distraction.append(_distraction(key_int(load), ctrl, part(is_sat & (sub["load"] == load).to_numpy()), k,
                                             alpha, n_boot, rng))
-        saturation_drop = _saturation_drop(ctrl, sat, alpha, seed, f"{key}_drop", arrays)
-    fvc = tuple(_failed_vs_correct(sub, trials, what, measure, conds, alpha, f"{key}_fvc{i}", arrays, seed)
-                for i, (what, measure, conds) in enumerate(FAILED_TESTS))
+        saturation_drop = _saturation_drop(ctrl, sat, alpha, seed)
+    fvc = tuple(_failed_vs_correct(sub, trials, what, measure, conds, alpha, seed)
+                for what, measure, conds in FAILED_TESTS)
     return replace(out, control=control, cells=tuple(cells), stability=tuple(stability),
-                   distraction=tuple(distraction), failed_vs_correct=fvc, saturation_drop=saturation_drop), arrays
+                   distraction=tuple(distraction), failed_vs_correct=fvc, saturation_drop=saturation_drop)
 
 
 def analyze_retrieval(run: RunFolder, df: pd.DataFrame, models: list[str], k: int = TOP_K, alpha: float = 0.05,
-                      seed: int = 0) -> tuple[list[RetrievalHeads], dict[str, np.ndarray]]:
+                      seed: int = 0) -> list[RetrievalHeads]:
     """Retrieval heads of every model of a run (empty when no record holds an answer capture)."""
     sub, trials = collect(run, df)
     if not trials:
-        return [], {}
+        return []
     out: list[RetrievalHeads] = []
-    arrays: dict[str, np.ndarray] = {}
-    for i, m in enumerate(models):
+    for m in models:
         mask = (sub["model"] == m).to_numpy()
-        res, arr = retrieval_heads(sub[mask], [t for t, keep in zip(trials, mask) if keep], m, k, alpha, seed,
-                                   key=f"ice_retrieval{i}")
-        out.append(res)
-        arrays.update(arr)
-    return out, arrays
+        out.append(retrieval_heads(sub[mask], [t for t, keep in zip(trials, mask) if keep], m, k, alpha, seed))
+    return out
 
 
 __all__ = ["DistractionLink", "HeadMap", "HeadResult", "METHOD", "RankAgreement", "RetrievalCell", "RetrievalHead",

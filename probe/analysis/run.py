@@ -7,7 +7,8 @@ result to ``Analysis.families[family]``. Writes into the run folder:
 
 - ``analysis.json``: the :class:`probe.analysis.results.Analysis` (schema :data:`SCHEMA_VERSION`), with the sha256
   of the trial file it came from;
-- ``attention_summary.npz``: arrays the family results name (per-cell mean attention), when there are any.
+- ``attention_summary.npz``: the arrays the family results hold (per-cell mean attention, per-head grids), when
+  there are any, each under its place in the analysis (:func:`probe.analysis.results.write_analysis`).
 
 **Interventions.** The families see the baseline trials only (intervention None,
 :func:`probe.analysis.interventions.baseline_only`): a trial run under an intervention never enters a cell, a
@@ -27,12 +28,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import io
 import json
 import logging
 from pathlib import Path
 
-import numpy as np
 
 from probe.analysis.families import FamilyData, FamilyOutput, family_analysis, family_order
 from probe.analysis.frame import RunData, load_run_data
@@ -42,7 +41,7 @@ from probe.analysis.results import SCHEMA_VERSION, Analysis, Inputs, from_json, 
 from probe.config import AnalysisSection, load_config
 from probe.errors import ConfigError, ProbeError
 from probe.records_import import ImportSummary, import_external
-from probe.runfolder import RunFolder, write_atomic
+from probe.runfolder import RunFolder
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +129,6 @@ def analyze_run(
     df = everything.frame
     sha = trials_sha256(run)
     families: dict[str, object] = {}
-    arrays: dict[str, np.ndarray] = {}
     methods = dict(METHODS)
     n_records = 0
     for name in family_order(set(data.frame["family"])):
@@ -140,18 +138,9 @@ def analyze_run(
             raise TypeError(f"family {name!r}: analysis returned {type(out.result).__name__}, registered "
                             f"{entry.result_type.__name__}")
         families[name] = out.result
-        clash = set(arrays) & set(out.arrays)
-        assert not clash, f"family {name!r} reuses attention_summary members {sorted(clash)[:3]}"
-        arrays.update(out.arrays)
         notes += out.notes
         methods.update(entry.methods)
         n_records += out.n_attention_records
-    if arrays:
-        buf = io.BytesIO()
-        np.savez_compressed(buf, **arrays)  # type: ignore[arg-type]  # numpy's stub: kwargs
-        write_atomic(run.attention_summary, buf.getvalue())
-    else:
-        run.attention_summary.unlink(missing_ok=True)  # an earlier analysis' arrays would not match this one
     if run.has_attention() and n_records == 0:
         notes.append("attention/ holds no record matching a trial (model, prompt_id)")
     interventions = analyze_run_interventions(run, everything, settings.alpha, seed)

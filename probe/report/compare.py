@@ -67,7 +67,7 @@ def compare_runs(run_dirs: list[Path], out: Path) -> Path:
     if len(alphas) > 1:
         raise CompareError(f"runs analysed with different alpha {sorted(alphas)}; re-analyse them with one alpha")
     folder = RunFolder(out)
-    ctx = ReportContext(named[0][1].settings, {}, folder.figures, "(comparison: no attention arrays)")
+    ctx = ReportContext(named[0][1].settings, folder.figures)
     parts = []
     for family in family_order({f for _, a in named for f in a.families}):
         section = report_section(family)

@@ -389,7 +389,7 @@ def attention_tables_html(result: IceResult, alpha: float) -> str:
         max_t = "; ".join(f"{esc(a.model)} {esc(a.label)}: {len(a.heads.max_t.significant)} head(s) with max-T p < "
                           f"{alpha:g} over {a.heads.max_t.n_questions} questions with both outcomes"
                           for a in result.attention_behaviour
-                          if a.heads is not None and a.heads.max_t is not None and a.heads.max_t.p_max_t_key)
+                          if a.heads is not None and a.heads.max_t is not None and a.heads.max_t.p_max_t is not None)
         parts.append("<h3>Distractor heads: enrichment (P_ext / chance), failed − correct at equal load and placement "
                      f"(BH family: the model's layer × head grid)</h3><p class=\"note\">{grids}."
                      + (f" Family-wise over the grid (max-T sign flip of whole questions, "
@@ -400,7 +400,6 @@ def attention_tables_html(result: IceResult, alpha: float) -> str:
 def figures_html(result: IceResult, ctx: ReportContext) -> str:
     """Every ICE figure of a report, written through ``ctx.figure`` (absent figures are left out)."""
     marks = taxonomy_marks(result)
-    arrays = ctx.arrays
     alpha = ctx.settings.alpha
     h1 = [h for h in result.h1 if h.condition == "Saturation"]
     blocks = [
@@ -430,13 +429,13 @@ def figures_html(result: IceResult, ctx: ReportContext) -> str:
                            "head; red = more than attention spread uniformly over tokens would give, blue = less, "
                            "white = chance. Black boxes: heads whose enrichment differs between failed and correct "
                            "trials (q < α over the grid).",
-                           F.draw_enrichment_heatmaps(result, arrays, model, att, alpha, measure)),
+                           F.draw_enrichment_heatmaps(result, model, att, alpha, measure)),
                 ctx.figure(f"{measure}_layers_{stem}", f"{model}: head-mean {label} per layer; dashed = chance level.",
-                           F.draw_measure_layers(result, arrays, model, measure)),
+                           F.draw_measure_layers(result, model, measure)),
             ]
         blocks += [
             ctx.figure(f"ar_k_{stem}", f"{model}: head-mean attentional residue AR_k per layer and target segment.",
-                       F.draw_ar_k(result, arrays, model)),
+                       F.draw_ar_k(result, model)),
         ]
     blocks.append(ctx.figure("attention_behaviour", "Per layer, top: failed − correct difference in head-mean P_ext "
                              "at equal load and placement (the test); bottom: log-odds of a wrong answer per unit of "
@@ -560,7 +559,7 @@ def main_lines(result: IceResult, settings: AnalysisSection) -> list[str]:
 def merge(named: list[tuple[str, IceResult]]) -> IceResult:
     """Several runs' ICE results as one, each model renamed ``<run>: <model>``.
 
-    Attention cells are left out: their arrays live in each run's own ``attention_summary.npz``.
+    Attention cells are left out: a comparison draws no attention figure.
     """
     def renamed(label: str, items: tuple) -> tuple:
         return tuple(replace(x, model=f"{label}: {x.model}") for x in items)

@@ -1,9 +1,9 @@
-"""The ICE section's figures, drawn from an :class:`probe.analysis.ice.IceResult` and the arrays of
-``attention_summary.npz`` (nothing is re-estimated).
+"""The ICE section's figures, drawn from an :class:`probe.analysis.ice.IceResult` and the arrays its results hold
+(nothing is re-estimated).
 
 Each ``draw_*`` function returns a matplotlib :class:`~matplotlib.figure.Figure` (no pyplot state, Agg canvas),
 or None when the result holds nothing to draw for it. ``marks`` maps a model to its taxonomy mark (appended to its
-name); ``arrays`` maps the npz member names the attention cells carry to their arrays.
+name).
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ def draw_em_by_condition(result: IceResult, taxonomy: Mapping[str, str]) -> Figu
     return fig
 
 
-def draw_enrichment_heatmaps(result: IceResult, arrays: Mapping[str, np.ndarray], model: str,
+def draw_enrichment_heatmaps(result: IceResult, model: str,
                              behaviour: AttentionBehaviour | None = None, alpha: float = 0.05,
                              measure: str = "p_ext") -> Figure | None:
     """Layer × head enrichment of a measure (P_ext / chance) per condition and load; diverging, centred at 1.
@@ -167,14 +167,14 @@ def draw_enrichment_heatmaps(result: IceResult, arrays: Mapping[str, np.ndarray]
     Heads whose failed − correct enrichment test passes Benjamini–Hochberg over the grid (``behaviour.heads``,
     q < ``alpha``) are outlined in black on every panel (the test pools the Saturation and Residue trials).
     """
-    cells = [c for c in result.attention_cells if c.model == model and c.measure == measure and c.enrichment_key
-             and np.isfinite(arrays[c.enrichment_key]).any()]
+    cells = [c for c in result.attention_cells if c.model == model and c.measure == measure
+             and c.enrichment is not None and np.isfinite(c.enrichment.values).any()]
     if not cells:
         return None
     label = cells[0].label
     conds = [c for c in CONDITIONS if any(x.condition == c for x in cells)]
     loads = sorted({c.load for c in cells})
-    mats = [arrays[str(c.enrichment_key)] for c in cells]
+    mats = [c.enrichment.values for c in cells if c.enrichment is not None]
     finite = np.concatenate([m[np.isfinite(m)] for m in mats])
     lo, hi = np.percentile(finite, [1, 99])
     lo, hi = min(lo, 0.95), max(hi, 1.05)
@@ -194,7 +194,8 @@ def draw_enrichment_heatmaps(result: IceResult, arrays: Mapping[str, np.ndarray]
             if cell is None:
                 ax.set_visible(False)
                 continue
-            mat = arrays[str(cell.enrichment_key)]
+            assert cell.enrichment is not None
+            mat = cell.enrichment.values
             image = ax.imshow(mat, aspect="auto", cmap="RdBu_r", norm=norm, origin="lower", interpolation="nearest")
             for hit in outlined:
                 ax.add_patch(Rectangle((hit.head - 0.5, hit.layer - 0.5), 1, 1, fill=False, edgecolor="black",
@@ -218,7 +219,7 @@ def draw_enrichment_heatmaps(result: IceResult, arrays: Mapping[str, np.ndarray]
     return fig
 
 
-def draw_measure_layers(result: IceResult, arrays: Mapping[str, np.ndarray], model: str,
+def draw_measure_layers(result: IceResult, model: str,
                         measure: str = "p_ext") -> Figure | None:
     """Head-mean value of a (layer, head) measure (P_ext) per layer for each condition × load, with its chance level
     dashed where it has one."""
@@ -234,12 +235,12 @@ def draw_measure_layers(result: IceResult, arrays: Mapping[str, np.ndarray], mod
     for ax, load in zip(axes, loads):
         for cell in (c for c in cells if c.load == load):
             with np.errstate(all="ignore"):
-                curve = np.nanmean(arrays[cell.key], axis=1)
+                curve = np.nanmean(cell.values.values, axis=1)
             layers = np.arange(len(curve))
             colour = COND_COLOURS.get(cell.condition, "k")
             ax.plot(layers, curve, color=colour, marker=".", label=f"{cell.condition} {label}")
-            if cell.chance_key is not None:
-                ax.plot(layers, arrays[cell.chance_key], color=colour, ls="--", lw=1,
+            if cell.chance is not None:
+                ax.plot(layers, cell.chance.values, color=colour, ls="--", lw=1,
                         label=f"{cell.condition} chance")
         ax.set_title(f"load {load}%", fontsize=10)
         ax.set_xlabel("layer")
@@ -255,7 +256,7 @@ def draw_measure_layers(result: IceResult, arrays: Mapping[str, np.ndarray], mod
 draw_p_ext_layers = draw_measure_layers
 
 
-def draw_ar_k(result: IceResult, arrays: Mapping[str, np.ndarray], model: str) -> Figure | None:
+def draw_ar_k(result: IceResult, model: str) -> Figure | None:
     """Head-mean AR_k by layer for each target segment, Residue (solid) vs Saturation (dashed), per load."""
     cells = [c for c in result.attention_cells if c.model == model and c.measure == "ar_k"
              and c.condition in ("Saturation", "Residue")]
@@ -273,7 +274,7 @@ def draw_ar_k(result: IceResult, arrays: Mapping[str, np.ndarray], model: str) -
     for ax, load in zip(axes, loads):
         counts = []
         for cell in (c for c in cells if c.load == load):
-            mat = arrays[cell.key]  # (layer, target)
+            mat = cell.values.values  # (layer, target)
             ls = "-" if cell.condition == "Residue" else "--"
             for j, t in enumerate(cell.targets):
                 (ln,) = ax.plot(np.arange(mat.shape[0]), mat[:, j], ls=ls, color=colours[t])

@@ -11,7 +11,6 @@ docs/probes.md#hop-tracking. Without answer capture the part says so and why, an
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Mapping
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -138,15 +137,16 @@ def _panel_grid(n: int, width: float, height: float) -> tuple[Figure, list]:
     return fig, axes[:n]
 
 
-def draw_layers(h: HopTracking, arrays: Mapping[str, np.ndarray], model: str) -> Figure | None:
+def draw_layers(h: HopTracking, model: str) -> Figure | None:
     """Per layer, the head-pooled mass of the named hops' tokens on the hop's fact, the other facts, the extraneous
     segments and the question: one panel per condition × load (raw attention), the depth window shaded."""
-    cells = [c for c in h.cells if c.model == model and c.measure == "raw" and c.subset == "all" and c.array_key]
+    cells = [c for c in h.cells if c.model == model and c.measure == "raw" and c.subset == "all" and c.grid is not None]
     if not cells:
         return None
     fig, axes = _panel_grid(len(cells), 3.2, 3.0)
     for ax, c in zip(axes, cells):
-        grid = arrays[str(c.array_key)]  # (layer, head, role)
+        assert c.grid is not None
+        grid = c.grid.values  # (layer, head, role)
         layers = np.arange(grid.shape[0])
         for role in MASSES:
             ax.plot(layers, grid[:, :, h.categories.index(role)].mean(axis=1), marker=".", lw=1.2,
@@ -230,7 +230,7 @@ def html(h: HopTracking | None, ctx: ReportContext | None = None) -> str:
                                     "tokens that first name a hop's answer on the hop's own fact, the other facts, "
                                     "the extraneous segments and the question (mean over heads and over the named "
                                     "hops of the cell; grey band: the layers the label reads).",
-                                    draw_layers(h, ctx.arrays, model)))
+                                    draw_layers(h, model)))
     return "".join(parts)
 
 
@@ -300,7 +300,7 @@ def merge(named: list[tuple[str, HopTracking | None]]) -> HopTracking | None:
         return None
     first = have[0][1]
     return replace(first,
-                   cells=tuple(replace(c, model=f"{label}: {c.model}", array_key=None) for label, h in have
+                   cells=tuple(replace(c, model=f"{label}: {c.model}", grid=None) for label, h in have
                                for c in h.cells),
                    tests=tuple(replace(t, model=f"{label}: {t.model}") for label, h in have for t in h.tests),
                    rows=tuple(replace(r, model=f"{label}: {r.model}") for label, h in have for r in h.rows),

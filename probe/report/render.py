@@ -11,30 +11,15 @@ from __future__ import annotations
 
 import json
 import logging
-import zipfile
 from pathlib import Path
 
-import numpy as np
-
-from probe.analysis.results import Analysis, AnalysisFileError, read_analysis
+from probe.analysis.results import Analysis, read_analysis
 from probe.report.html import esc, page
 from probe.report.sections import ReportContext, report_section
 from probe.records import check_records
 from probe.runfolder import RunFolder, write_atomic
 
 log = logging.getLogger(__name__)
-
-
-def load_attention_arrays(run: RunFolder) -> dict[str, np.ndarray]:
-    """Every array of the run's ``attention_summary.npz`` by member name (empty when the file is absent)."""
-    if not run.attention_summary.is_file():
-        return {}
-    try:
-        with np.load(run.attention_summary, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-        raise AnalysisFileError(f"{run.attention_summary}: cannot be read ({type(e).__name__}: {e}); it is written by "
-                                f"`probe analyze {run.root}` — run that again to rewrite it (no record is lost)") from None
 
 
 def _header(analysis: Analysis, title: str) -> str:
@@ -69,7 +54,7 @@ def render_report(run_dir: str | Path | RunFolder) -> Path:
     run = run_dir if isinstance(run_dir, RunFolder) else RunFolder(run_dir)
     check_records(run)  # a damaged record is named as such, not reported as a stale analysis
     analysis = read_analysis(run)
-    ctx = ReportContext(analysis.settings, load_attention_arrays(run), run.figures, str(run.attention_summary))
+    ctx = ReportContext(analysis.settings, run.figures)
     sections = "".join(report_section(name).html(result, ctx) for name, result in analysis.families.items())
     if analysis.interventions is not None:  # the causal tests (probe.report.interventions)
         sections += report_section("interventions").html(analysis.interventions, ctx)
@@ -86,4 +71,4 @@ def render_report(run_dir: str | Path | RunFolder) -> Path:
     return run.report
 
 
-__all__ = ["load_attention_arrays", "render_report"]
+__all__ = ["render_report"]

@@ -5,7 +5,6 @@ per-head test tables; ``tables/retrieval_*.csv``. A probed run without answer ca
 
 from __future__ import annotations
 
-from typing import Mapping
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -28,18 +27,18 @@ def _label(layer: int, head: int) -> str:
     return f"L{layer}.H{head}"
 
 
-def draw_retrieval_map(r: RetrievalHeads, arrays: Mapping[str, np.ndarray]) -> Figure | None:
+def draw_retrieval_map(r: RetrievalHeads) -> Figure | None:
     """Left: Control retrieval score per layer × head, top-k boxed; right: per head, Control score vs Saturation
     answer-time P_ext (pooled over loads), top-k in orange."""
     if r.control is None:
         return None
-    score = arrays[r.control.score_key]
+    score = r.control.score.values
     n_layers, n_heads = score.shape
     sat = [c for c in r.cells if c.condition == "Saturation"]
     p_ext = None
     if sat:
         with np.errstate(invalid="ignore"):
-            stack = np.stack([arrays[c.p_ext_key] for c in sat])
+            stack = np.stack([c.p_ext.values for c in sat])
             weights = np.array([c.n_trials for c in sat], dtype=float)[:, None, None]
             p_ext = np.nansum(stack * weights, axis=0) / np.sum(np.isfinite(stack) * weights, axis=0)
     fig = Figure(figsize=(9.5 if p_ext is not None else 5.2, min(7.0, max(3.0, 0.14 * n_layers + 1.4))),
@@ -101,7 +100,7 @@ def retrieval_html(result: IceResult, ctx: ReportContext) -> str:
                                 f"{r.model}: retrieval score (Wu et al. 2024) per layer × head over the Control "
                                 f"answers, the top {r.top_k} boxed; right, every head's Control score against its "
                                 "mean P_ext while writing Saturation answers.",
-                                draw_retrieval_map(r, ctx.arrays)))
+                                draw_retrieval_map(r)))
         if r.control is not None:
             parts.append(f"<h3>{esc(r.model)}: top {r.top_k} retrieval heads (Control)</h3>" + table(
                 ["rank", "head", "score", "copied"],

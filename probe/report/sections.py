@@ -15,14 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
-import numpy as np
 from matplotlib.figure import Figure
 
 from probe.analysis.estimates import Cell
 from probe.config import AnalysisSection
-from probe.errors import ProbeError
 from probe.registry import Registry
 from probe.tasks import FAMILIES
 from probe.report.html import fig_png, figure_block
@@ -35,28 +33,18 @@ class ReportContext:
 
     Args:
         settings: the ``[analysis]`` gates of the analysis (``alpha`` for significance marks, the confound gate).
-        arrays: the arrays of ``attention_summary.npz`` by member name (empty when there are none).
         figures_dir: where :meth:`figure` writes PNGs; None draws nothing to disk (HTML only).
-        source: what the arrays were read from (for error messages).
     """
 
-    def __init__(self, settings: AnalysisSection, arrays: Mapping[str, np.ndarray] | None = None,
-                 figures_dir: Path | None = None, source: str = "attention_summary.npz") -> None:
+    def __init__(self, settings: AnalysisSection, figures_dir: Path | None = None) -> None:
         self.settings = settings
-        self._arrays = dict(arrays or {})
         self.figures_dir = figures_dir
-        self.source = source
         self.drawn: list[tuple[Path, str]] = []  # (file, caption) of each figure written, in order
 
     @property
     def written(self) -> list[Path]:
         """The figure files written so far, in order."""
         return [path for path, _ in self.drawn]
-
-    @property
-    def arrays(self) -> "ArrayView":
-        """The attention summary arrays; a member the analysis named but the file lacks is an error."""
-        return ArrayView(self._arrays, self.source)
 
     def figure(self, stem: str, caption: str, fig: Figure | None) -> str:
         """Write ``figures/<stem>.png`` and return its ``<figure>`` block (embedded PNG); "" when ``fig`` is None."""
@@ -69,26 +57,6 @@ class ReportContext:
             path.write_bytes(png)
             self.drawn.append((path, caption))
         return figure_block(png, caption, stem)
-
-
-class ArrayView(Mapping[str, np.ndarray]):
-    """Read-only mapping of attention summary arrays that names the file when a member is missing."""
-
-    def __init__(self, arrays: dict[str, np.ndarray], source: str) -> None:
-        self._arrays = arrays
-        self._source = source
-
-    def __getitem__(self, key: str) -> np.ndarray:
-        if key not in self._arrays:
-            raise ProbeError(f"{self._source}: no array {key!r}, which analysis.json names; the two files are from "
-                             "different analyses: run `probe analyze` again")
-        return self._arrays[key]
-
-    def __iter__(self):  # type: ignore[no-untyped-def]
-        return iter(self._arrays)
-
-    def __len__(self) -> int:
-        return len(self._arrays)
 
 
 @dataclass(frozen=True)
@@ -142,4 +110,4 @@ def report_section(family: str) -> ReportSection:
     return SECTIONS.get(family)
 
 
-__all__ = ["ArrayView", "ReportContext", "ReportSection", "Rows", "SECTIONS", "register_section", "report_section"]
+__all__ = ["ReportContext", "ReportSection", "Rows", "SECTIONS", "register_section", "report_section"]

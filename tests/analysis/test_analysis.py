@@ -17,7 +17,7 @@ from statsmodels.stats.proportion import proportion_confint
 
 from statsmodels.stats.multitest import multipletests
 
-from probe.analysis import SCHEMA_VERSION, Analysis, AnalysisConfigError, analyze_run
+from probe.analysis import SCHEMA_VERSION, Analysis, AnalysisConfigError, analyze_run, read_analysis
 from probe.analysis import inference as inf
 from probe.analysis.glm import clustered_logit
 from probe.analysis.estimate import Estimate
@@ -429,9 +429,10 @@ def test_attention_behaviour_finds_the_planted_layer_and_heads_and_matches_stats
     hit = next(h for h in a.heads.significant if (h.layer, h.head) == (plan.tracking_layer, 0))
     assert hit.estimate.value == pytest.approx(sm.OLS(e, Xo.astype(float)).fit().params[1])
     assert hit.estimate.p == pytest.approx(inf.clustered_ols(e, Xo.astype(float), groups).estimate.p)
-    with np.load(run / "attention_summary.npz") as z:
-        assert z[a.heads.q_key].shape == (plan.n_layers, plan.n_heads)
-        assert z[a.heads.q_key][plan.tracking_layer, 0] == pytest.approx(hit.q, rel=1e-5)
+    stored = ice(read_analysis(run)).attention_behaviour[0].heads  # its grids as read back from the files
+    assert stored is not None and stored.q_values is not None
+    assert stored.q_values.shape == (plan.n_layers, plan.n_heads)
+    assert stored.q_values.values[plan.tracking_layer, 0] == pytest.approx(hit.q, rel=1e-5)
     # the logistic robustness line: statsmodels' coefficients, CR2 with Bell-McCaffrey df
     X = sm.add_constant(d["x"].to_numpy())
     fit = sm.GLM(failed, X, family=sm.families.Binomial()).fit()
@@ -441,18 +442,18 @@ def test_attention_behaviour_finds_the_planted_layer_and_heads_and_matches_stats
     assert e.value == pytest.approx(fit.params[1], rel=1e-5)
     lref = clustered_logit(failed, X, groups).estimate
     assert (e.ci_low, e.ci_high, e.df) == pytest.approx((lref.ci_low, lref.ci_high, lref.df), rel=1e-5)
-    cells = {(c.condition, c.load, c.measure): c for c in ice(analysis).attention_cells}
+    cells = {(c.condition, c.load, c.measure): c for c in ice(read_analysis(run)).attention_cells}
     assert {k[:2] for k in cells} == {("Control", 0), ("Saturation", 20), ("Saturation", 80), ("Residue", 20),
                                       ("Residue", 80)}
-    with np.load(run / "attention_summary.npz") as z:
-        sat = cells[("Saturation", 80, "p_ext")]
-        prompts = [p for p in df["prompt_id"].unique() if "-Saturation-80-" in p]
-        mean = np.mean([SegmentAttention.load(folder.attention_record("model-a", p)).p_ext for p in prompts], axis=0)
-        np.testing.assert_allclose(z[sat.key], mean, rtol=1e-5)
-        ar = cells[("Saturation", 80, "ar_k")]
-        assert ar.targets == ("germane 1", "germane 2", "question")
-        assert z[ar.key].shape == (plan.n_layers, 3)
-        assert np.isnan(z[cells[("Control", 0, "p_ext")].enrichment_key]).all()  # chance 0: enrichment undefined
+    sat = cells[("Saturation", 80, "p_ext")]
+    prompts = [p for p in df["prompt_id"].unique() if "-Saturation-80-" in p]
+    mean = np.mean([SegmentAttention.load(folder.attention_record("model-a", p)).p_ext for p in prompts], axis=0)
+    np.testing.assert_allclose(sat.values.values, mean, rtol=1e-5)  # float32 storage of a float64 mean
+    ar = cells[("Saturation", 80, "ar_k")]
+    assert ar.targets == ("germane 1", "germane 2", "question")
+    assert ar.values.shape == (plan.n_layers, 3)
+    control = cells[("Control", 0, "p_ext")].enrichment
+    assert control is not None and np.isnan(control.values).all()  # chance 0: enrichment undefined
 
 
 def test_attention_heads_max_t_finds_the_planted_layer_and_equals_its_question_contrasts(attention_run):
@@ -465,7 +466,7 @@ def test_attention_heads_max_t_finds_the_planted_layer_and_equals_its_question_c
     run, analysis, plan = attention_run
     a = ice(analysis).attention_behaviour[0]
     mt = a.heads.max_t
-    assert mt is not None and mt.p_max_t_key is not None and mt.significant
+    assert mt is not None and mt.p_max_t is not None and mt.significant
     assert {h.layer for h in mt.significant} == {plan.tracking_layer}
     df = scored(read_trials(run))
     d = df[df["condition"].isin(["Saturation", "Residue"])].reset_index(drop=True)
@@ -481,8 +482,9 @@ def test_attention_heads_max_t_finds_the_planted_layer_and_equals_its_question_c
     D = np.stack([m.loc[(q, 1.0)].to_numpy() - m.loc[(q, 0.0)].to_numpy() for q in both])
     want = max_t_sign_flip(D.reshape(len(both), plan.n_layers, plan.n_heads), seed=analysis.seed)
     assert mt.n_questions == len(both)
-    with np.load(run / "attention_summary.npz") as z:
-        np.testing.assert_allclose(z[mt.p_max_t_key], want.p_max_t, rtol=1e-6)
+    stored = ice(read_analysis(run)).attention_behaviour[0].heads
+    assert stored is not None and stored.max_t is not None and stored.max_t.p_max_t is not None
+    np.testing.assert_allclose(stored.max_t.p_max_t.values, want.p_max_t, rtol=1e-6)
 
 
 def test_attention_layer_without_outcome_variance_is_skipped_with_reason(tmp_path):

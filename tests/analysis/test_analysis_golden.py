@@ -16,7 +16,7 @@ from probe.analysis.results import to_json
 from tests.fixtures.golden_runs import GOLDEN, make_golden_runs
 
 # fields that name the place or time of an analysis, not a result
-NOT_RESULTS = {"run_dir", "created", "trials", "attention_summary_arrays"}
+NOT_RESULTS = {"run_dir", "created", "trials", "attention_summary_arrays", "arrays_sha256"}
 
 
 # Every number is compared, floats at a relative 1e-6 (absolute 1e-9 near zero). What it guards: any change of a

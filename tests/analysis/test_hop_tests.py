@@ -75,7 +75,7 @@ def frame(rows: list[HopRow], masses: list[np.ndarray | None]) -> pd.DataFrame:
 
 def test_failed_correct_matches_statsmodels_and_the_scalar_estimator():
     rows, masses = study()
-    tests, arrays = hop_mass_tests(rows, masses, "m", "raw", CATEGORIES, seed=1)
+    tests = hop_mass_tests(rows, masses, "m", "raw", CATEGORIES, seed=1)
     fc = next(t for t in tests if t.contrast == FAILED_CORRECT and t.category == "extraneous")
     df = frame(rows, masses)
     d = df[df["cond"].isin(["Saturation", "Residue"])]
@@ -83,14 +83,14 @@ def test_failed_correct_matches_statsmodels_and_the_scalar_estimator():
                          d["hop"]])  # 2-hop tasks: the last hop is hop 1 (one column, not two)
     Y = np.stack([masses[i][..., EXT] for i in d["i"]])
     assert fc.n == len(d) and fc.n_questions == d["q"].nunique()
-    est = arrays[fc.heads.estimate_key]
+    est = fc.heads.estimates.values
     for li, h in itertools.product(range(L), range(H)):
         assert est[li, h] == pytest.approx(sm.OLS(Y[:, li, h], X).fit().params[1], abs=1e-6)
     ref = clustered_ols(Y.mean(axis=2)[:, 1], X, d["q"].to_numpy(), term=1)
     lt = fc.layers.layers[1].estimate
     assert (lt.value, lt.p, lt.df) == (pytest.approx(ref.estimate.value), pytest.approx(ref.estimate.p),
                                        pytest.approx(ref.estimate.df))
-    assert fc.layers.is_test and fc.heads.is_test and fc.heads.p_max_t_key in arrays
+    assert fc.layers.is_test and fc.heads.is_test and fc.heads.p_max_t is not None
 
 
 def test_question_contrasts_are_residual_means_per_question_and_max_t_enumerates():
@@ -109,7 +109,7 @@ def test_question_contrasts_are_residual_means_per_question_and_max_t_enumerates
     assert list(qc.questions) == both and qc.n_dropped == d["q"].nunique() - len(both)
     np.testing.assert_allclose(qc.D.reshape(len(both), -1), want, atol=1e-10)
     # the p_max_t stored by the test is the direct enumeration of sign flips of those contrasts
-    tests, arrays = hop_mass_tests(rows, masses, "m", "raw", CATEGORIES)
+    tests = hop_mass_tests(rows, masses, "m", "raw", CATEGORIES)
     fc = next(t for t in tests if t.contrast == FAILED_CORRECT and t.category == "extraneous")
     assert fc.max_t_questions == len(both) and fc.max_t_exact
 
@@ -119,38 +119,38 @@ def test_question_contrasts_are_residual_means_per_question_and_max_t_enumerates
     obs = np.abs(tstat(want))
     maxes = np.array([np.abs(tstat(np.array(s)[:, None] * want)).max()
                       for s in itertools.product((1, -1), repeat=len(both))])
-    np.testing.assert_allclose(arrays[fc.heads.p_max_t_key].ravel(), [(maxes >= o - 1e-12).mean() for o in obs],
+    np.testing.assert_allclose(fc.heads.p_max_t.values.ravel(), [(maxes >= o - 1e-12).mean() for o in obs],
                                rtol=1e-6)
 
 
 def test_a_planted_failure_head_is_found_by_max_t_and_only_it():
     rows, masses = study(n_questions=20, seed=5, fail_ext=(2, 1))
-    tests, arrays = hop_mass_tests(rows, masses, "m", "raw", CATEGORIES, seed=2)
+    tests = hop_mass_tests(rows, masses, "m", "raw", CATEGORIES, seed=2)
     fc = next(t for t in tests if t.contrast == FAILED_CORRECT and t.category == "extraneous")
-    pm = arrays[fc.heads.p_max_t_key]
+    pm = fc.heads.p_max_t.values
     assert pm[2, 1] < 0.05
     assert np.all(np.delete(pm.ravel(), 2 * H + 1) >= 0.05)
     assert (2, 1) in {(h.layer, h.head) for h in fc.heads.significant}
     assert 2 in fc.layers.significant  # the head-pooled layer carries it too
     # without the plant: the load confounding alone finds nothing under max-T
     rows0, masses0 = study(n_questions=20, seed=5)
-    tests0, arrays0 = hop_mass_tests(rows0, masses0, "m", "raw", CATEGORIES, seed=2)
+    tests0 = hop_mass_tests(rows0, masses0, "m", "raw", CATEGORIES, seed=2)
     fc0 = next(t for t in tests0 if t.contrast == FAILED_CORRECT and t.category == "extraneous")
-    assert np.all(arrays0[fc0.heads.p_max_t_key] >= 0.05)
+    assert np.all(fc0.heads.p_max_t.values >= 0.05)
 
 
 def test_saturation_control_per_load_finds_the_planted_drop():
     rows, masses = study(n_questions=12, seed=7, sat_hop=(0, 3))
-    tests, arrays = hop_mass_tests(rows, masses, "m", "raw", CATEGORIES, seed=2)
+    tests = hop_mass_tests(rows, masses, "m", "raw", CATEGORIES, seed=2)
     sc = {t.load: t for t in tests if t.contrast == SATURATION_CONTROL}
     assert set(sc) == {20, 80} and all(t.category == "hop" for t in sc.values())  # extraneous: 0 in Control
     df = frame(rows, masses)
     d = df[(df["cond"] == "Control") | ((df["cond"] == "Saturation") & (df["load"] == 80))]
     X = np.column_stack([np.ones(len(d)), (d["cond"] == "Saturation").astype(float), d["hop"]])
     Y = np.stack([masses[i][0, 3, HOP] for i in d["i"]])
-    assert arrays[sc[80].heads.estimate_key][0, 3] == pytest.approx(sm.OLS(Y, X).fit().params[1], abs=1e-6)
-    assert arrays[sc[80].heads.p_max_t_key][0, 3] < 0.05
-    assert arrays[sc[20].heads.p_max_t_key][0, 3] >= 0.05
+    assert sc[80].heads.estimates.values[0, 3] == pytest.approx(sm.OLS(Y, X).fit().params[1], abs=1e-6)
+    assert sc[80].heads.p_max_t.values[0, 3] < 0.05
+    assert sc[20].heads.p_max_t.values[0, 3] >= 0.05
 
 
 def test_saturation_longcontrol_separates_distraction_from_length():
@@ -158,12 +158,12 @@ def test_saturation_longcontrol_separates_distraction_from_length():
     0.3: distraction). Saturation − Control finds both; Saturation − LongControl, at equal length, only the second;
     its estimate is statsmodels OLS on the Saturation and LongControl rows at 80 %."""
     rows, masses = study(n_questions=14, seed=5, sat_hop=(0, 3), long_hop=(1, 2), long_control=True)
-    tests, arrays = hop_mass_tests(rows, masses, "m", "raw", CATEGORIES, seed=2)
+    tests = hop_mass_tests(rows, masses, "m", "raw", CATEGORIES, seed=2)
     sc = {t.load: t for t in tests if t.contrast == SATURATION_CONTROL}
     sl = {t.load: t for t in tests if t.contrast == SATURATION_LONGCONTROL}
     assert set(sl) == {20, 80} and all(t.category == "hop" for t in sl.values())
     assert "equal prompt length" in sl[80].estimand and "LongControl trials at 80 %" in sl[80].estimand
-    p_sc, p_sl = arrays[sc[80].heads.p_max_t_key], arrays[sl[80].heads.p_max_t_key]
+    p_sc, p_sl = sc[80].heads.p_max_t.values, sl[80].heads.p_max_t.values
     assert p_sc[0, 3] < 0.05 and p_sc[1, 2] < 0.05
     assert p_sl[0, 3] < 0.05 and p_sl[1, 2] >= 0.05
     df = frame(rows, masses)
@@ -171,21 +171,21 @@ def test_saturation_longcontrol_separates_distraction_from_length():
     X = np.column_stack([np.ones(len(d)), (d["cond"] == "Saturation").astype(float), d["hop"]])
     for head in ((0, 3), (1, 2)):
         Y = np.stack([masses[i][head + (HOP,)] for i in d["i"]])
-        assert arrays[sl[80].heads.estimate_key][head] == pytest.approx(sm.OLS(Y, X).fit().params[1], abs=1e-6)
+        assert sl[80].heads.estimates.values[head] == pytest.approx(sm.OLS(Y, X).fit().params[1], abs=1e-6)
     # without LongControl trials the contrast is not offered
-    plain, _ = hop_mass_tests(*study(n_questions=6, seed=5), "m", "raw", CATEGORIES)
+    plain = hop_mass_tests(*study(n_questions=6, seed=5), "m", "raw", CATEGORIES)
     assert not [t for t in plain if t.contrast == SATURATION_LONGCONTROL]
 
 
 def test_too_few_rows_or_one_side_say_why():
     rows, masses = study(n_questions=3)
     only_ok = [replace(r, em=1.0) for r in rows]
-    tests, _ = hop_mass_tests(only_ok, masses, "m", "raw", CATEGORIES)
+    tests = hop_mass_tests(only_ok, masses, "m", "raw", CATEGORIES)
     fc = [t for t in tests if t.contrast == FAILED_CORRECT]
     assert fc and all(t.layers is None and "every trial is correct" in (t.reason or "") for t in fc)
-    tests, _ = hop_mass_tests(rows[:2], masses[:2], "m", "raw", CATEGORIES)
+    tests = hop_mass_tests(rows[:2], masses[:2], "m", "raw", CATEGORIES)
     assert all(t.reason is not None for t in tests)
-    few, _ = hop_mass_tests(rows, masses, "m", "raw", CATEGORIES)  # 3 questions: descriptive
+    few = hop_mass_tests(rows, masses, "m", "raw", CATEGORIES)  # 3 questions: descriptive
     f = next(t for t in few if t.contrast == FAILED_CORRECT)
     assert f.layers is not None and not f.layers.is_test and f.heads is not None and not f.heads.significant
 
@@ -202,29 +202,29 @@ def test_simulated_family_wise_error_and_power():
 def tracking(rows: list[HopRow], masses: list[np.ndarray | None]):
     from probe.analysis.hops import HOP_LABELS, METHOD, WINDOW_RULE, HopTracking
 
-    tests, arrays = hop_mass_tests(rows, masses, "m", "raw", CATEGORIES, seed=2)
+    tests = hop_mass_tests(rows, masses, "m", "raw", CATEGORIES, seed=2)
     return HopTracking(cells=(), rows=tuple(rows), categories=CATEGORIES, labels=HOP_LABELS, window=WINDOW_RULE,
                        method=METHOD, n_trials=len({r.trial_id for r in rows}), n_skipped=0, reason=None,
-                       tests=tuple(tests)), arrays
+                       tests=tuple(tests))
 
 
-def test_tests_round_trip_through_the_file_and_older_files_read_without_them():
+def test_tests_round_trip_through_the_file_and_a_run_without_them_writes_none():
     from probe.analysis.hops import HopTracking
     from probe.analysis.results import from_json, to_json
 
-    h, _ = tracking(*study(n_questions=20, seed=5, fail_ext=(2, 1)))
-    assert h.tests and from_json(HopTracking, to_json(h)) == h
-    old = to_json(replace(h, tests=()))
-    assert isinstance(old, dict) and "tests" not in old  # a run without them writes the file it wrote before
-    assert from_json(HopTracking, old).tests == ()
-    legacy = [{k: v for k, v in row.items() if k != "em"} for row in old["rows"]]  # rows written before ``em``
-    assert all(r.em is None for r in from_json(HopTracking, {**old, "rows": legacy}).rows)
+    h = tracking(*study(n_questions=20, seed=5, fail_ext=(2, 1)))
+    arrays: dict[str, np.ndarray] = {}
+    assert h.tests and from_json(HopTracking, to_json(h, arrays), arrays=arrays) == h
+    assert arrays  # the per-head grids travel in the arrays, not in the JSON
+    none = to_json(replace(h, tests=()), {})
+    assert isinstance(none, dict) and "tests" not in none  # a run without them writes no empty list
+    assert from_json(HopTracking, none).tests == ()
 
 
 def test_report_shows_the_tests_beside_the_hop_table():
     from probe.report import ice_hops
 
-    h, _ = tracking(*study(n_questions=20, seed=5, fail_ext=(2, 1)))
+    h = tracking(*study(n_questions=20, seed=5, fail_ext=(2, 1)))
     page = ice_hops.html(h)
     assert ice_hops.TESTS_TITLE in page.replace("&#x27;", "'") and "L2.H1" in page
     md = "\n".join(ice_hops.markdown(h))
@@ -242,7 +242,7 @@ def test_report_names_the_tests_it_could_not_fit():
     from probe.report import ice_hops
 
     rows, masses = study(n_questions=3)
-    h, _ = tracking([replace(r, em=1.0) for r in rows], masses)
+    h = tracking([replace(r, em=1.0) for r in rows], masses)
     page = ice_hops.html(h)
     assert "Not tested: failed - correct hop (raw)" in page and "every trial is correct" in page
 
@@ -252,8 +252,8 @@ def test_report_draws_the_per_layer_test_figure(tmp_path):
     from probe.report import ice_hops
     from probe.report.sections import ReportContext
 
-    h, arrays = tracking(*study(n_questions=20, seed=5, fail_ext=(2, 1)))
-    ctx = ReportContext(AnalysisSection(), arrays, tmp_path / "figures")
+    h = tracking(*study(n_questions=20, seed=5, fail_ext=(2, 1)))
+    ctx = ReportContext(AnalysisSection(), tmp_path / "figures")
     page = ice_hops.html(h, ctx)
     assert [p.name for p in ctx.written] == ["hop_tests_m.png"] and page.count("<figure") == 1
     fig = ice_hops.draw_tests(h, "m")
@@ -321,8 +321,9 @@ def test_a_run_analysed_end_to_end_carries_fitted_tests_into_every_product(tmp_p
     assert (4, 1) in {(x.layer, x.head) for x in fc.heads.significant}
     assert all(x.reason is not None for x in h.tests if x.contrast == SATURATION_CONTROL)  # no Control trial
     assert read_analysis(run) == analysis
-    with np.load(run.attention_summary) as z:
-        assert z[fc.heads.p_max_t_key][4, 1] < 0.05 and z[fc.heads.estimate_key].shape == (N_LAYERS, N_HEADS)
+    stored = next(x for x in read_analysis(run).families["ice"].hop_tracking.tests  # as read back from the files
+                  if x.contrast == FAILED_CORRECT and x.category == "extraneous").heads
+    assert stored.p_max_t.values[4, 1] < 0.05 and stored.estimates.shape == (N_LAYERS, N_HEADS)
     write_tables(analysis, run)
     assert (run.tables / "hop_mass_tests.csv").is_file()
     page = render_report(run).read_text()

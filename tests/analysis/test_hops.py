@@ -269,7 +269,7 @@ def test_cell_shares_equal_a_direct_count_and_intervals_proportion_ci():
                         rows.append(replace(base, trial_id=f"{model}{cond}{q}{rep}", model=model, task_id=f"q{q}",
                                             condition=cond, load=load, hop=hop, target=target, label=label))
                         masses.append(None if label == "not_named" else rng.random((4, 2, len(CATEGORIES))))
-    cells, arrays = hop_cells(rows, masses, [None] * len(rows), {"a": (2, 4), "b": (2, 4)}, alpha=0.05)
+    cells = hop_cells(rows, masses, [None] * len(rows), {"a": (2, 4), "b": (2, 4)}, alpha=0.05)
     assert {c.measure for c in cells} == {"raw"}  # no value-weighted labels
     assert len(cells) == 2 * 2 * 2
     for c in cells:
@@ -283,7 +283,8 @@ def test_cell_shares_equal_a_direct_count_and_intervals_proportion_ci():
             ref = proportion_ci(y, np.array([rows[i].task_id for i in sel]), 0.05)
             assert (s.ci_low, s.ci_high) == (pytest.approx(ref.ci_low), pytest.approx(ref.ci_high))
         named = [masses[i] for i in sel if masses[i] is not None]
-        np.testing.assert_allclose(arrays[c.array_key], np.mean(named, axis=0), rtol=1e-6)
+        assert c.grid is not None
+        np.testing.assert_allclose(c.grid.values, np.mean(named, axis=0), rtol=1e-6)  # float32 storage
         assert c.mass == pytest.approx(tuple(np.mean(named, axis=0)[2:4].mean(axis=(0, 1))))
 
 
@@ -313,9 +314,9 @@ def test_a_run_without_answer_capture_is_skipped(tmp_path):
     from probe.analysis.hops import analyze_hops
 
     run, trials, prompts, tasks = run_inputs(tmp_path)
-    assert analyze_hops(run, trials, prompts, 0.05, tasks=tasks) == (None, {}, [])  # no probe record at all
-    result, arrays, notes = analyze_hops(run, trials, prompts, 0.05, read_answer=lambda m, p: None, tasks=tasks)
-    assert result is None and not arrays
+    assert analyze_hops(run, trials, prompts, 0.05, tasks=tasks) == (None, [])  # no probe record at all
+    result, notes = analyze_hops(run, trials, prompts, 0.05, read_answer=lambda m, p: None, tasks=tasks)
+    assert result is None and not notes
 
 
 def test_a_run_with_answer_capture_is_tracked_and_round_trips_through_the_file(tmp_path):
@@ -329,25 +330,27 @@ def test_a_run_with_answer_capture_is_tracked_and_round_trips_through_the_file(t
                          top_key=np.zeros((t, N_LAYERS, N_HEADS), dtype=np.int32), prompt_ids=np.arange(40),
                          segment_kinds=KINDS, segment_labels=LABELS,
                          segment_spans=((0, 3), (3, 10), (10, 16), (16, 22), (22, 28), (28, 34), (34, 38), (38, 40)))
-    result, arrays, notes = analyze_hops(run, trials, prompts, 0.05, read_answer=lambda m, p: aa,
-                                         tokenizer_of=lambda m: PieceTokenizer(PIECES), tasks=tasks)
+    result, notes = analyze_hops(run, trials, prompts, 0.05, read_answer=lambda m, p: aa,
+                                 tokenizer_of=lambda m: PieceTokenizer(PIECES), tasks=tasks)
     assert result.reason is None and result.n_trials == 1
     assert [r.label for r in result.rows] == ["read_right_fact", "read_distractor"]
     assert result.rows[1].entity_in_distractor  # d1's text (from the prompt record) names Zerin
     wrong = next(c for c in result.cells if c.subset == "wrong_answer")
     assert wrong.n == 1 and wrong.share_of("read_distractor").count == 1
-    assert all(c.array_key in arrays for c in result.cells)
+    assert all(c.grid is not None for c in result.cells)
     ice = IceResult(models=("m",), cells=(), h1=(), h2=(), h3=(), residue_attention=(), attention_cells=(),
                     attention_behaviour=(), taxonomy=(), hop_tracking=result)
-    assert from_json(IceResult, to_json(ice)) == ice
+    arrays: dict[str, np.ndarray] = {}
+    assert from_json(IceResult, to_json(ice, arrays), arrays=arrays) == ice
+    assert len(arrays) == len(result.cells) + 3 * sum(t.heads is not None for t in result.tests)
     empty = replace(ice, hop_tracking=None)
     assert "hop_tracking" not in to_json(empty)  # a run without it writes the file it wrote before
     assert from_json(IceResult, to_json(empty)) == empty  # and a file without it still reads
     # the tokenizer missing: the trial is skipped, and the result says why
     def no_tokenizer(model: str):
         raise OSError("not cached")
-    skipped, _, notes = analyze_hops(run, trials, prompts, 0.05, read_answer=lambda m, p: aa,
-                                     tokenizer_of=no_tokenizer, tasks=tasks)
+    skipped, notes = analyze_hops(run, trials, prompts, 0.05, read_answer=lambda m, p: aa,
+                             tokenizer_of=no_tokenizer, tasks=tasks)
     assert skipped.cells == () and "not cached" in skipped.reason and skipped.n_skipped == 1
 
 
@@ -365,8 +368,8 @@ def test_report_part_with_and_without_hop_tracking(tmp_path):
                          top_key=np.zeros((t, N_LAYERS, N_HEADS), dtype=np.int32), prompt_ids=np.arange(40),
                          segment_kinds=KINDS, segment_labels=LABELS,
                          segment_spans=((0, 3), (3, 10), (10, 16), (16, 22), (22, 28), (28, 34), (34, 38), (38, 40)))
-    hops, _, _ = analyze_hops(run, trials, prompts, 0.05, read_answer=lambda m, p: aa,
-                              tokenizer_of=lambda m: PieceTokenizer(PIECES), tasks=tasks)
+    hops, _ = analyze_hops(run, trials, prompts, 0.05, read_answer=lambda m, p: aa,
+                           tokenizer_of=lambda m: PieceTokenizer(PIECES), tasks=tasks)
     ice = IceResult(models=("m",), cells=(), h1=(), h2=(), h3=(), residue_attention=(), attention_cells=(),
                     attention_behaviour=(), taxonomy=(), hop_tracking=hops)
     section = report_section("ice")
@@ -398,8 +401,8 @@ def test_a_run_folder_without_its_configuration_says_why(tmp_path):
                          top_key=np.zeros((t, N_LAYERS, N_HEADS), dtype=np.int32), prompt_ids=np.arange(40),
                          segment_kinds=KINDS, segment_labels=LABELS,
                          segment_spans=((0, 3), (3, 10), (10, 16), (16, 22), (22, 28), (28, 34), (34, 38), (38, 40)))
-    result, arrays, notes = analyze_hops(run, trials, prompts, 0.05, read_answer=lambda m, p: aa,
-                                         tokenizer_of=lambda m: PieceTokenizer(PIECES))
+    result, notes = analyze_hops(run, trials, prompts, 0.05, read_answer=lambda m, p: aa,
+                                 tokenizer_of=lambda m: PieceTokenizer(PIECES))
     assert result.cells == () and "config.toml" in result.reason and result.n_skipped == 1
     assert any("config.toml" in n for n in notes)
 
@@ -415,13 +418,15 @@ def test_report_draws_the_per_layer_figure_from_the_cells_arrays(tmp_path):
                          top_key=np.zeros((t, N_LAYERS, N_HEADS), dtype=np.int32), prompt_ids=np.arange(40),
                          segment_kinds=KINDS, segment_labels=LABELS,
                          segment_spans=((0, 3), (3, 10), (10, 16), (16, 22), (22, 28), (28, 34), (34, 38), (38, 40)))
-    hops, arrays, _ = analyze_hops(run, trials, prompts, 0.05, read_answer=lambda m, p: aa,
-                                   tokenizer_of=lambda m: PieceTokenizer(PIECES), tasks=tasks)
-    ctx = ReportContext(AnalysisSection(), arrays, tmp_path / "figures")
+    hops, _ = analyze_hops(run, trials, prompts, 0.05, read_answer=lambda m, p: aa,
+                           tokenizer_of=lambda m: PieceTokenizer(PIECES), tasks=tasks)
+    ctx = ReportContext(AnalysisSection(), tmp_path / "figures")
     page = ice_hops.html(hops, ctx)
     assert [p.name for p in ctx.written] == ["hop_layers_m.png"] and "<figure" in page
-    with pytest.raises(Exception, match="no array"):  # the figure reads the arrays the cells name
-        ice_hops.html(hops, ReportContext(AnalysisSection(), {}, None))
+    bare = replace(hops, cells=tuple(replace(c, grid=None) for c in hops.cells))  # the figure is drawn from the grids
+    none = ReportContext(AnalysisSection(), tmp_path / "none")
+    ice_hops.html(bare, none)
+    assert none.written == []
 
 
 def test_answer_steps_page_shades_each_tokens_segments(tmp_path):
@@ -494,8 +499,10 @@ def test_analyze_and_report_a_run_end_to_end(tmp_path, monkeypatch):
     hops = analysis.families["ice"].hop_tracking
     assert [r.label for r in hops.rows] == ["read_right_fact", "read_distractor"]
     assert read_analysis(run) == analysis
-    with np.load(run.attention_summary) as z:
-        assert {c.array_key for c in hops.cells} <= set(z.files)
+    with np.load(run.attention_summary) as z:  # each cell's grid under its place in the analysis
+        for i, c in enumerate(hops.cells):
+            assert c.grid is not None
+            np.testing.assert_array_equal(z[f"families.ice.hop_tracking.cells[{i}].grid"], c.grid.values)
     write_tables(analysis, run)
     assert (run.tables / "hop_tracking.csv").is_file() and (run.tables / "hop_tracking_trials.csv").is_file()
     assert "## Hop tracking" in run.analysis_md.read_text()
@@ -513,7 +520,7 @@ def test_a_prompt_without_hop_labels_is_skipped_with_its_reason(tmp_path):
                          top_key=np.zeros((t, N_LAYERS, N_HEADS), dtype=np.int32), prompt_ids=np.arange(40),
                          segment_kinds=KINDS, segment_labels=unlabelled,
                          segment_spans=((0, 3), (3, 10), (10, 16), (16, 22), (22, 28), (28, 34), (34, 38), (38, 40)))
-    result, _, notes = analyze_hops(run, trials, prompts, 0.05, read_answer=lambda m, p: aa,
-                                    tokenizer_of=lambda m: PieceTokenizer(PIECES), tasks=tasks)
+    result, notes = analyze_hops(run, trials, prompts, 0.05, read_answer=lambda m, p: aa,
+                                 tokenizer_of=lambda m: PieceTokenizer(PIECES), tasks=tasks)
     assert result.cells == () and "carry no hop labels" in result.reason
     assert any("1 trial(s) skipped: its prompt's germane segments carry no hop labels" in n for n in notes)

@@ -135,7 +135,7 @@ def _study(rng: np.random.Generator, n_q: int, copy_head: tuple[int, int] | None
 def test_planted_head_tops_every_ranking_and_is_stable():
     rng = np.random.default_rng(0)
     sub, trials = _study(rng, 8, (1, 2))
-    res, arrays = retrieval_heads(sub, trials, "m", k=2, seed=1, n_boot=200)
+    res = retrieval_heads(sub, trials, "m", k=2, seed=1, n_boot=200)
     assert res.control is not None and (res.control.top[0].layer, res.control.top[0].head) == (1, 2)
     assert res.control.top[0].score == 1.0
     assert all((c.top[0].layer, c.top[0].head) == (1, 2) for c in res.cells)
@@ -145,29 +145,29 @@ def test_planted_head_tops_every_ranking_and_is_stable():
     # Control score map = a pooled direct count
     ctrl = [t for t, c in zip(trials, sub["condition"]) if c == "Control"]
     expect = sum(t.copied for t in ctrl) / sum(t.copyable for t in ctrl)
-    np.testing.assert_allclose(arrays[res.control.score_key], expect, rtol=1e-6)
+    np.testing.assert_allclose(res.control.score.values, expect, rtol=1e-6)
 
 
 def test_stability_spearman_matches_scipy():
     rng = np.random.default_rng(4)
     sub, trials = _study(rng, 6, None)
-    res, arrays = retrieval_heads(sub, trials, "m", k=3, seed=0, n_boot=50)
+    res = retrieval_heads(sub, trials, "m", k=3, seed=0, n_boot=50)
     assert res.control is not None
     cell = next(c for c in res.cells if c.condition == "Saturation" and c.load == 20)
     agree = next(s for s in res.stability if s.condition == "Saturation" and s.load == 20)
-    rho = scipy.stats.spearmanr(arrays[res.control.score_key].ravel(), arrays[cell.score_key].ravel()).statistic
+    rho = scipy.stats.spearmanr(res.control.score.values.ravel(), cell.score.values.ravel()).statistic
     assert agree.spearman == pytest.approx(rho, abs=1e-6)
 
 
 def test_saturation_drop_finds_a_head_that_stops_copying_under_saturation():
     rng = np.random.default_rng(7)
     sub, trials = _study(rng, 10, (1, 2), sat_head=(0, 1))
-    res, arrays = retrieval_heads(sub, trials, "m", k=2, seed=0, n_boot=50)
+    res = retrieval_heads(sub, trials, "m", k=2, seed=0, n_boot=50)
     drop = res.saturation_drop
     assert drop is not None and drop.is_test
     found = {(h.layer, h.head) for h in drop.significant if h.p_max_t is not None and h.p_max_t < 0.05}
     assert (1, 2) in found and (0, 1) in found
-    est = arrays[drop.estimate_key]
+    est = drop.estimates.values
     assert est[1, 2] < 0 < est[0, 1]
 
 
@@ -176,9 +176,9 @@ def test_random_captures_find_no_head_above_chance():
     sampling error, and the Saturation - Control map has no max-T-significant head."""
     rng = np.random.default_rng(11)
     sub, trials = _study(rng, 12, None)
-    res, arrays = retrieval_heads(sub, trials, "m", k=3, seed=0, n_boot=50)
+    res = retrieval_heads(sub, trials, "m", k=3, seed=0, n_boot=50)
     assert res.control is not None and res.control.chance is not None
-    score = arrays[res.control.score_key]
+    score = res.control.score.values
     n = res.control.n_copyable
     se = np.sqrt(res.control.chance * (1 - res.control.chance) / n)
     assert np.all(np.abs(score - res.control.chance) < 4 * se + 1e-9)
@@ -246,31 +246,33 @@ def test_retrieval_section_round_trips_and_is_absent_when_empty():
     from probe.analysis.results import from_json, to_json
 
     sub, trials = _study(np.random.default_rng(0), 6, (1, 2))
-    res, _ = retrieval_heads(sub, trials, "m", k=2, n_boot=30)
+    res = retrieval_heads(sub, trials, "m", k=2, n_boot=30)
     empty = IceResult(models=("m",), cells=(), h1=(), h2=(), h3=(), residue_attention=(), attention_cells=(),
                       attention_behaviour=(), taxonomy=())
     full = IceResult(**{**empty.__dict__, "retrieval": (res,)})
-    assert "retrieval" not in to_json(empty)
-    assert from_json(IceResult, to_json(empty)) == empty
-    back = from_json(IceResult, to_json(full))
+    assert "retrieval" not in to_json(empty, {})
+    assert from_json(IceResult, to_json(empty, {})) == empty
+    arrays: dict[str, np.ndarray] = {}
+    back = from_json(IceResult, to_json(full, arrays), arrays=arrays)
     assert back == full and back.retrieval[0].control.top[0].layer == 1
 
 
 def test_report_draws_the_map_and_tables_and_says_why_when_there_is_no_capture(tmp_path):
     from probe.analysis.attention_link import AttentionCell
+    from probe.analysis.grid import Grid
     from probe.analysis.ice import IceResult
     from probe.config import AnalysisSection
     from probe.report.retrieval import NO_CAPTURE, retrieval_html, retrieval_markdown, retrieval_tables
     from probe.report.sections import ReportContext
 
     sub, trials = _study(np.random.default_rng(0), 8, (1, 2))
-    res, arrays = retrieval_heads(sub, trials, "m", k=2, n_boot=50)
+    res = retrieval_heads(sub, trials, "m", k=2, n_boot=50)
     cell = AttentionCell(model="m", condition="Control", load=0, measure="p_ext", label="P_ext", n_prompts=1,
-                         n_layers=2, n_heads=3, mean=None, key="a", enrichment_mean=None, enrichment_key=None,
-                         chance_key=None, targets=())
+                         n_layers=2, n_heads=3, mean=None, values=Grid(np.zeros((2, 3))), enrichment_mean=None,
+                         enrichment=None, chance=None, targets=())
     base = IceResult(models=("m",), cells=(), h1=(), h2=(), h3=(), residue_attention=(), attention_cells=(cell,),
                      attention_behaviour=(), taxonomy=())
-    ctx = ReportContext(AnalysisSection(), arrays, figures_dir=tmp_path)
+    ctx = ReportContext(AnalysisSection(), figures_dir=tmp_path)
     html = retrieval_html(IceResult(**{**base.__dict__, "retrieval": (res,)}), ctx)
     assert "L1.H2" in html and "Spearman" in html and "<img" in html
     assert [p.name for p in ctx.written] == ["retrieval_m.png"]
@@ -293,17 +295,17 @@ def test_failed_vs_correct_maps_equal_statsmodels_and_find_a_planted_head():
             trials.append(trial_retrieval(capture(rng, copy_head=(0, 2) if ok else None)))
             rows.append({"task_id": f"q{q}", "condition": cond, "load": load, "em": float(ok)})
     sub = pd.DataFrame(rows)
-    res, arrays = retrieval_heads(sub, trials, "m", k=2, n_boot=20)
+    res = retrieval_heads(sub, trials, "m", k=2, n_boot=20)
     score = next(t for t in res.failed_vs_correct if t.measure.startswith("trial retrieval"))
     assert score.is_test and (0, 2) in {(h.layer, h.head) for h in score.significant}
     y = np.stack([t.score for t in trials])[:, 0, 2]
     X = np.column_stack([np.ones(len(sub)), (sub["em"] < 0.5).astype(float), sub["load"],
                          (sub["condition"] == "Residue").astype(float),
                          (sub["condition"] == "Saturation").astype(float)])
-    assert arrays[score.estimate_key][0, 2] == pytest.approx(sm.OLS(y, X).fit().params[1], rel=1e-5)
-    assert arrays[score.estimate_key][0, 2] < 0
+    assert score.estimates.values[0, 2] == pytest.approx(sm.OLS(y, X).fit().params[1], rel=1e-5)
+    assert score.estimates.values[0, 2] < 0
     # the max-T over the map finds the planted head, and no other (per-question failed - correct contrasts)
-    pm = arrays[score.p_max_t_key]
+    pm = score.p_max_t.values
     assert pm[0, 2] < 0.05 and np.all(np.delete(pm.ravel(), 2) >= 0.05)
     assert next(h for h in score.significant if (h.layer, h.head) == (0, 2)).p_max_t == pytest.approx(pm[0, 2])
     p_ext = next(t for t in res.failed_vs_correct if t.measure.startswith("answer-time"))
@@ -316,7 +318,7 @@ def test_no_copyable_token_gives_reasons_not_errors():
     empty = [trial_retrieval(AnswerAttention(np.full(4, 99), a.mass[:4], None, a.top_key[:4], a.prompt_ids, KINDS,
                                              a.segment_labels, SPANS))
              for a in [capture(rng) for _ in trials]]  # token 99 never occurs in the prompt
-    res, _ = retrieval_heads(sub, empty, "m", k=2, n_boot=20)
+    res = retrieval_heads(sub, empty, "m", k=2, n_boot=20)
     assert res.saturation_drop is not None and not res.saturation_drop.is_test
     assert "copyable" in (res.saturation_drop.reason or "")
     assert max_t_sign_flip(np.zeros((0, 2, 3))).reason is not None
@@ -329,6 +331,6 @@ def test_failed_vs_correct_with_one_load_per_condition_is_not_rank_deficient():
         for cond, load in (("Control", 0), ("Saturation", 20)):
             rows.append({"task_id": f"q{q}", "condition": cond, "load": load, "em": float(rng.random() < 0.5)})
             trials.append(trial_retrieval(capture(rng, copy_head=(1, 1))))
-    res, _ = retrieval_heads(pd.DataFrame(rows), trials, "m", k=2, n_boot=20)
+    res = retrieval_heads(pd.DataFrame(rows), trials, "m", k=2, n_boot=20)
     assert all("rank deficient" not in (t.reason or "") for t in res.failed_vs_correct)
     assert res.failed_vs_correct[0].is_test

@@ -114,11 +114,11 @@ def test_planted_copy_head_is_the_top_retrieval_head():
     model, cap = working_plant()
     np.testing.assert_array_equal(cap.tokens, cap.prompt_ids[1:9])  # the model recites the germane segment
     sub, caps = study(model)
-    res, arrays = retrieval_heads(sub, [trial_retrieval(c) for c in caps], "planted", k=3, n_boot=50)
+    res = retrieval_heads(sub, [trial_retrieval(c) for c in caps], "planted", k=3, n_boot=50)
     assert res.control is not None
     best = res.control.top[0]
     assert (best.layer, best.head) == PLANT and best.score == pytest.approx(1.0)
-    others = np.delete(arrays[res.control.score_key].ravel(), PLANT[0] * N_HEADS + PLANT[1])
+    others = np.delete(res.control.score.values.ravel(), PLANT[0] * N_HEADS + PLANT[1])
     assert np.all(others <= res.control.chance + 0.1)  # heads with no q/k attend uniformly: first key = argmax
 
 
@@ -131,9 +131,9 @@ def test_random_model_has_no_head_above_chance():
     model = transformers.LlamaForCausalLM(cfg).eval()
     sub, caps = study(model, n=16, seed=1)
     trials = [trial_retrieval(c) for c in caps]
-    res, arrays = retrieval_heads(sub, trials, "random", k=3, n_boot=50)
+    res = retrieval_heads(sub, trials, "random", k=3, n_boot=50)
     assert res.control is not None and res.control.chance is not None and res.control.n_copyable >= 30
-    score = arrays[res.control.score_key]
+    score = res.control.score.values
     se = math.sqrt(res.control.chance * (1 - res.control.chance) / res.control.n_copyable)
     assert np.all(score <= res.control.chance + 4 * se)
 
@@ -167,6 +167,6 @@ def test_planted_head_is_found_from_the_capture_made_during_generation():
         np.testing.assert_allclose(caps[i].mass, eager.mass, atol=1e-4)
         np.testing.assert_array_equal(caps[i].top_key[:, PLANT[0], PLANT[1]], eager.top_key[:, PLANT[0], PLANT[1]])
     sub = pd.DataFrame({"task_id": [f"q{i}" for i in range(4)], "condition": "Control", "load": 0, "em": 1.0})
-    res, _ = retrieval_heads(sub, [trial_retrieval(c) for c in caps], "planted", k=3, n_boot=20)
+    res = retrieval_heads(sub, [trial_retrieval(c) for c in caps], "planted", k=3, n_boot=20)
     assert res.control is not None and (res.control.top[0].layer, res.control.top[0].head) == PLANT
     assert res.control.top[0].score == pytest.approx(1.0)

@@ -16,6 +16,7 @@ import pytest
 import scipy.stats
 
 from probe.analysis import (
+    SCHEMA_VERSION,
     AnalysisMissingError,
     AnalysisSchemaError,
     StaleAnalysisError,
@@ -27,7 +28,6 @@ from probe.config import AnalysisSection
 from probe.report import CompareError, compare_runs, render_report
 from probe.report import ice_figures as F
 from probe.report.ice import model_summary
-from probe.report.render import load_attention_arrays
 from probe.runfolder import RunFolder, make_prompt_id
 from tests.fixtures.synthetic_run import Plan, make_run
 
@@ -103,7 +103,7 @@ def test_saturation_curve_plots_the_trial_means(run, report):
 def test_heatmap_shows_mean_enrichment_of_the_attention_records(run, report):
     from probe.attention.result import SegmentAttention
 
-    fig = F.draw_enrichment_heatmaps(ice(run), load_attention_arrays(RunFolder(run)), MODEL)
+    fig = F.draw_enrichment_heatmaps(ice(run), MODEL)
     images = {ax.get_title().split(" (")[0]: ax.get_images()[0] for ax in fig.axes if ax.get_images()}
     assert set(images) == {"Saturation 20%", "Saturation 80%", "Residue 20%", "Residue 80%"}
     trials = [json.loads(x) for x in (run / "trials.jsonl").read_text().splitlines()]
@@ -124,11 +124,11 @@ def test_heatmaps_outline_exactly_the_heads_that_pass_the_grid_correction(run, r
     behaviour = result.attention_of(MODEL)
     named = {(h.layer, h.head) for h in behaviour.heads.significant}
     assert named and all(h.q < 0.05 for h in behaviour.heads.significant)
-    fig = F.draw_enrichment_heatmaps(result, load_attention_arrays(RunFolder(run)), MODEL, behaviour, 0.05)
+    fig = F.draw_enrichment_heatmaps(result, MODEL, behaviour, 0.05)
     for ax in (a for a in fig.axes if a.get_images()):
         boxes = {(round(r.get_x() + 0.5), round(r.get_y() + 0.5)) for r in ax.patches if isinstance(r, Rectangle)}
         assert {(layer, head) for head, layer in boxes} == named
-    plain = F.draw_enrichment_heatmaps(result, load_attention_arrays(RunFolder(run)), MODEL)
+    plain = F.draw_enrichment_heatmaps(result, MODEL)
     assert not any(a.patches for a in plain.axes if a.get_images())
 
 
@@ -189,8 +189,7 @@ def test_saturation_curve_draws_longcontrol_intervals_beside_the_others(run, rep
 
 def test_ar_k_legend_sits_outside_and_panels_say_how_many_prompts(run, report):
     result = ice(run)
-    arrays = load_attention_arrays(RunFolder(run))
-    fig = F.draw_ar_k(result, arrays, MODEL)
+    fig = F.draw_ar_k(result, MODEL)
     assert fig.legends and not any(ax.get_legend() for ax in fig.axes)
     ar_k = [c for c in result.attention_cells if c.measure == "ar_k"]
     for ax, load in zip(fig.axes, sorted({c.load for c in ar_k})):
@@ -304,7 +303,7 @@ def test_an_analysis_of_another_schema_is_refused_with_what_to_do(tmp_path):
     data = json.loads((d / "analysis.json").read_text())
     old = {k: v for k, v in data.items() if k != "schema"}  # a file written before versions
     (d / "analysis.json").write_text(json.dumps(old))
-    with pytest.raises(AnalysisSchemaError, match=r"schema 1 .*reads schema 7.*probe analyze"):
+    with pytest.raises(AnalysisSchemaError, match=rf"schema 1 .*reads schema {SCHEMA_VERSION}.*probe analyze"):
         read_analysis(d)
     data["families"]["ice"]["cells"][0]["em_meen"] = data["families"]["ice"]["cells"][0].pop("em_mean")
     (d / "analysis.json").write_text(json.dumps(data))
