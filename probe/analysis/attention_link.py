@@ -66,6 +66,7 @@ from probe.analysis.estimate import Estimate
 from probe.analysis.estimates import finite, key_int
 from probe.analysis.glm import exp_or_none, fit_logit
 from probe.analysis.grid import Grid
+from probe.analysis.head_tests import HeadHit, HeadTests, fitted_head_tests, with_max_t
 from probe.runfolder import RunFolder
 
 if TYPE_CHECKING:
@@ -208,80 +209,6 @@ class LayerTests:
     reason: str | None
     layers: tuple[LayerTest, ...]
     significant: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class HeadHit:
-    """One head whose test survives BH across the layer × head grid (q < α), or the max-T correction: its estimate,
-    CI, p, the q-value across the grid and its max-T adjusted p (None without a max-T test)."""
-
-    layer: int
-    head: int
-    estimate: Estimate
-    p_max_t: float | None = None
-
-    @property
-    def value(self) -> float:
-        """The estimate (always given: only tested heads are hits)."""
-        assert self.estimate.value is not None
-        return self.estimate.value
-
-    @property
-    def q(self) -> float:
-        assert self.estimate.q is not None
-        return self.estimate.q
-
-
-@dataclass(frozen=True)
-class HeadMaxT:
-    """The max-T correction over a per-head grid (family-wise; :mod:`probe.analysis.max_t`): per question, the
-    failed − correct mean of the residuals of each head on load and Residue
-    (:func:`probe.analysis.max_t.question_contrasts`), signs of whole questions flipped.
-
-    Attributes:
-        p_max_t: the (layer, head) max-T adjusted p-values (None when there is no test).
-        n_questions: questions with failed and correct trials (the max-T's G).
-        significant: every head with max-T p < α (either sign), smallest p first.
-        method: the correction in words, or why there is none.
-    """
-
-    p_max_t: Grid | None
-    n_questions: int
-    significant: tuple[HeadHit, ...]
-    method: str
-
-
-@dataclass(frozen=True)
-class HeadTests:
-    """The per-head test of one model and measure: failed − correct enrichment (value / chance; the value itself for
-    a measure without a chance level) per head, one BH family over the grid.
-
-    Attributes:
-        measure, estimand: as in :class:`LayerTests`.
-        n: trials; n_questions: questions; n_layers, n_heads: the grid; n_tested: heads with a p-value.
-        is_test: False when the grid is descriptive (see ``reason``); method: in words; reason: why no test.
-        df: the Bell–McCaffrey degrees of freedom shared by the complete heads (None when descriptive).
-        estimates, q_values: the (layer, head) estimates and q-values (None without a grid).
-        significant: every head with q < α (either sign), smallest q first.
-        max_t: the family-wise max-T option over the same grid (:class:`HeadMaxT`); None in files written before
-            it.
-    """
-
-    measure: str
-    estimand: str
-    n: int
-    n_questions: int
-    n_layers: int
-    n_heads: int
-    n_tested: int
-    is_test: bool
-    method: str
-    reason: str | None
-    df: float | None
-    estimates: Grid | None
-    q_values: Grid | None
-    significant: tuple[HeadHit, ...]
-    max_t: HeadMaxT | None = None
 
 
 @dataclass(frozen=True)
@@ -546,53 +473,6 @@ def _layer_tests(fits: inf.ManyFits, alpha: float, measure: str, estimand: str, 
                       significant=tuple(int(i) for i in fits.significant(alpha)[:, 0]))
 
 
-def _head_tests(fits: inf.ManyFits, alpha: float, n: int, m: Measure) -> HeadTests:
-    n_layers, n_heads = fits.estimate.shape
-    hits = [HeadHit(layer=int(li), head=int(h), estimate=fits.estimate_at((int(li), int(h))))
-            for li, h in fits.significant(alpha)]
-    hits.sort(key=lambda x: (x.q, x.layer, x.head))
-    dfs = fits.df[np.isfinite(fits.df)]
-    what = f"{m.name} enrichment ({m.name} / chance)" if m.has_chance else m.name
-    heads = HeadTests(measure=f"{what} per head",
-                      estimand="failed - correct difference in " + ("enrichment" if m.has_chance else m.name)
-                               + " at equal load and placement",
-                      n=n, n_questions=fits.n_clusters, n_layers=int(n_layers), n_heads=int(n_heads),
-                      n_tested=int(np.isfinite(fits.p).sum()), is_test=fits.is_test, method=fits.method,
-                      reason=fits.reason, df=float(np.median(dfs)) if dfs.size else None,
-                      estimates=Grid(fits.estimate), q_values=Grid(fits.q), significant=tuple(hits))
-    return heads
-
-
-def _with_max_t(heads: HeadTests, fits: inf.ManyFits, per_head: np.ndarray, failed: np.ndarray, groups: np.ndarray,
-                nuisance: np.ndarray, alpha: float, seed: int) -> HeadTests:
-    """The per-head test with the max-T correction over the grid (docs/statistics.md#max-t-permutation-correction):
-    per question, failed minus correct mean of the residuals on ``nuisance``, over the trials with a value in every
-    head and the questions with both outcomes."""
-    from probe.analysis.max_t import max_t_sign_flip, question_contrasts
-
-    full = np.all(np.isfinite(per_head.reshape(len(per_head), -1)), axis=1)
-    qc = question_contrasts(per_head[full], failed[full], groups[full], nuisance[full])
-    res = max_t_sign_flip(qc.D, seed=seed)
-    if not res.is_test or not fits.is_test:
-        return replace(heads, max_t=HeadMaxT(p_max_t=None, n_questions=len(qc.questions), significant=(),
-                                             method=f"no max-T correction ({res.reason or fits.reason})"))
-    pm = res.p_max_t
-
-    def hit(li: int, h: int) -> HeadHit:
-        return HeadHit(layer=li, head=h, estimate=fits.estimate_at((li, h)), p_max_t=finite(pm[li, h]))
-
-    how = ("exact, all 2^G sign assignments" if res.is_exact else f"Monte Carlo, {res.n_assignments - 1} sign "
-           f"assignments, seed {seed}")
-    sig = sorted((hit(int(li), int(h)) for li, h in np.argwhere(np.nan_to_num(pm, nan=1.0) < alpha)),
-                 key=lambda x: (x.p_max_t if x.p_max_t is not None else 1.0, x.layer, x.head))
-    return replace(heads, significant=tuple(replace(x, p_max_t=finite(pm[x.layer, x.head]))
-                                            for x in heads.significant),
-                   max_t=HeadMaxT(p_max_t=Grid(pm), n_questions=len(qc.questions), significant=tuple(sig),
-                                  method=f"max-T sign-flip correction over the grid on per-question failed - correct "
-                                         f"contrasts of residuals on load and Residue, {len(qc.questions)} "
-                                         f"question(s) with both ({how})"))
-
-
 def method_of(label: str, has_chance: bool = True) -> str:
     """The one-line method of :func:`attention_behaviour` for a measure named ``label``."""
     heads = f"{label} enrichment" if has_chance else label
@@ -654,9 +534,12 @@ def attention_behaviour(df: pd.DataFrame, per_trial: pd.DataFrame, model: str, a
     layer_tests = _layer_tests(layer_fits, alpha, f"head-mean {label}",
                                f"failed - correct difference in {label} (share) at equal load and placement", len(d))
     head_fits = attention_failure_tests(per_head, failed, load, groups, residue[:, None], alpha)
-    heads = _head_tests(head_fits, alpha, len(d), m)
-    heads = _with_max_t(heads, head_fits, per_head, failed, groups, np.column_stack([np.ones(len(d)), covariates]),
-                        alpha, seed)
+    what = f"{m.name} enrichment ({m.name} / chance)" if m.has_chance else m.name
+    heads = fitted_head_tests(head_fits, alpha, measure=f"{what} per head", n=len(d),
+                              estimand="failed - correct difference in " + ("enrichment" if m.has_chance else m.name)
+                                       + " at equal load and placement")
+    heads = with_max_t(heads, head_fits, per_head, failed, groups, np.column_stack([np.ones(len(d)), covariates]),
+                       alpha, seed, "failed - correct contrasts of residuals on load and Residue", over="grid")
     layers = [_logit_layer(li, mat[:, li], failed, groups, covariates, alpha, label) for li in range(mat.shape[1])]
     q_alone = inf.bh_qvalues(np.array([np.nan if r.fit.estimate.p is None else r.fit.estimate.p for r in layers]))
     q_adj = inf.bh_qvalues(np.array([np.nan if r.adjusted is None or r.adjusted.estimate.p is None

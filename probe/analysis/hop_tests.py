@@ -38,11 +38,7 @@ import numpy as np
 
 from probe.analysis.attention_link import EXTRANEOUS_CONDITIONS, LayerTests, _layer_tests
 from probe.analysis.attention_tests import attention_failure_tests, condition_contrast_tests
-from probe.analysis.estimates import finite
-from probe.analysis.grid import Grid
-from probe.analysis.inference import ManyFits
-from probe.analysis.max_t import max_t_sign_flip, question_contrasts
-from probe.analysis.retrieval import HeadMap, HeadResult
+from probe.analysis.head_tests import HeadTests, fitted_head_tests, with_max_t
 
 
 class HopRow(Protocol):
@@ -86,9 +82,8 @@ class HopMassTest:
         estimand: what the estimate means, with its unit.
         n: trial-hops; n_trials: trials; n_questions: questions.
         layers: per layer, the head-pooled mass (BH across layers); None without a fit.
-        heads: per head (BH over the map, and the max-T correction: ``p_max_t``); None without a fit.
-        max_t_questions: questions with trials on both sides (the max-T's G); max_t_exact: whether all 2^G sign
-            assignments were used (None without a max-T test).
+        heads: per head (BH over the map, and the max-T correction over it, whose ``n_questions`` are the
+            questions with trials on both sides); None without a fit.
         reason: why nothing was fitted, else None.
     """
 
@@ -102,9 +97,7 @@ class HopMassTest:
     n_trials: int
     n_questions: int
     layers: LayerTests | None
-    heads: HeadMap | None
-    max_t_questions: int
-    max_t_exact: bool | None
+    heads: HeadTests | None
     reason: str | None
 
 
@@ -119,29 +112,6 @@ def _covariates(rows: Sequence[HopRow], base: list[np.ndarray], extra: list[np.n
         if np.linalg.matrix_rank(np.column_stack([*base, *kept, c])) > len(base) + len(kept):
             kept.append(c)
     return kept
-
-
-def _head_map(fits: ManyFits, alpha: float, seed: int, measure: str, estimand: str, n: int,
-              Y: np.ndarray, side: np.ndarray, groups: np.ndarray, nuisance: np.ndarray
-              ) -> tuple[HeadMap, int, bool | None]:
-    """The per-head map: the clustered fits with BH, and the max-T correction on the per-question contrasts."""
-    qc = question_contrasts(Y, side, groups, nuisance)
-    res = max_t_sign_flip(qc.D, seed=seed)
-    how = ("exact, all 2^G sign assignments" if res.is_exact else f"Monte Carlo, {res.n_assignments - 1} sign "
-           f"assignments, seed {seed}")
-    max_t = (f"max-T sign-flip correction over the map on per-question contrasts of adjusted residuals, "
-             f"{len(qc.questions)} question(s) with both sides ({how})" if res.is_test else
-             f"no max-T correction ({res.reason})")
-    hits: list[HeadResult] = []
-    if fits.is_test:
-        sig = (np.nan_to_num(fits.q, nan=1.0) < alpha) | (np.nan_to_num(res.p_max_t, nan=1.0) < alpha)
-        hits = [HeadResult(int(li), int(h), float(fits.estimate[li, h]), finite(fits.p[li, h]), finite(fits.q[li, h]),
-                           finite(res.p_max_t[li, h])) for li, h in np.argwhere(sig)]
-        hits.sort(key=lambda x: (x.p if x.p is not None else 1.0, x.layer, x.head))
-    heads = HeadMap(measure=measure, estimand=estimand, n=n, n_questions=fits.n_clusters, is_test=fits.is_test,
-                    method=f"{fits.method}; {max_t}", reason=fits.reason, estimates=Grid(fits.estimate),
-                    q_values=Grid(fits.q), p_max_t=Grid(res.p_max_t), significant=tuple(hits))
-    return heads, len(qc.questions), res.is_exact if res.is_test else None
 
 
 def hop_mass_tests(rows: Sequence[HopRow], masses: Sequence[np.ndarray | None], model: str, measure: str,
@@ -195,8 +165,7 @@ def hop_mass_tests(rows: Sequence[HopRow], masses: Sequence[np.ndarray | None], 
                        f"({where})"
             base = HopMassTest(model=model, measure=measure, category=category, contrast=contrast, load=load,
                                estimand=estimand, n=len(sub), n_trials=n_trials,
-                               n_questions=len(set(groups.tolist())), layers=None, heads=None, max_t_questions=0,
-                               max_t_exact=None, reason=None)
+                               n_questions=len(set(groups.tolist())), layers=None, heads=None, reason=None)
             if len(sub) < 3:
                 out.append(replace(base, reason=f"{len(sub)} named trial-hop(s) ({where}); need 3"))
                 continue
@@ -224,9 +193,10 @@ def hop_mass_tests(rows: Sequence[HopRow], masses: Sequence[np.ndarray | None], 
                 out.append(replace(base, reason=str(layer_fits.reason)))
                 continue
             layers = _layer_tests(layer_fits, alpha, f"head-pooled {name} per layer", estimand, len(sub))
-            heads, g_max, exact = _head_map(head_fits, alpha, seed, f"{name} per head", estimand, len(sub), Y,
-                                            side, groups, nuisance)
-            out.append(replace(base, layers=layers, heads=heads, max_t_questions=g_max, max_t_exact=exact))
+            heads = fitted_head_tests(head_fits, alpha, measure=f"{name} per head", estimand=estimand, n=len(sub))
+            heads = with_max_t(heads, head_fits, Y, side, groups, nuisance, alpha, seed,
+                               "contrasts of adjusted residuals")
+            out.append(replace(base, layers=layers, heads=heads))
     return out
 
 

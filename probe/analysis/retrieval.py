@@ -50,7 +50,7 @@ import scipy.stats
 from probe.analysis.attention_tests import attention_failure_tests
 from probe.analysis.estimates import finite, key_int
 from probe.analysis.grid import Grid
-from probe.analysis.max_t import max_t_sign_flip, question_contrasts
+from probe.analysis.head_tests import HeadTests, fitted_head_tests, max_t_head_tests, with_max_t
 from probe.attention.answer import AnswerAttention
 from probe.attention.retrieval import (TrialRetrieval, chance_score, copy_events, pooled_score, top_heads,
                                       trial_retrieval)
@@ -151,44 +151,6 @@ class DistractionLink:
 
 
 @dataclass(frozen=True)
-class HeadResult:
-    """One head of a per-head test that passes its correction (q < α, or max-T p < α)."""
-
-    layer: int
-    head: int
-    estimate: float
-    p: float | None
-    q: float | None
-    p_max_t: float | None
-
-
-@dataclass(frozen=True)
-class HeadMap:
-    """A per-head test over the layer × head map of one model.
-
-    Attributes:
-        measure, estimand: what is tested and what the estimate means.
-        n: observations (trials or questions); n_questions: questions.
-        is_test: False when descriptive (see ``reason``); method: in words.
-        estimates, q_values: the (layer, head) estimates and BH q-values (None without a fit); p_max_t: the max-T
-            adjusted p-values (None without a fit).
-        significant: heads with q < α or max-T p < α, smallest p first.
-    """
-
-    measure: str
-    estimand: str
-    n: int
-    n_questions: int
-    is_test: bool
-    method: str
-    reason: str | None
-    estimates: Grid | None
-    q_values: Grid | None
-    p_max_t: Grid | None
-    significant: tuple[HeadResult, ...]
-
-
-@dataclass(frozen=True)
 class RetrievalHeads:
     """Retrieval heads of one model (:func:`analyze_retrieval`; module docstring).
 
@@ -211,8 +173,8 @@ class RetrievalHeads:
     cells: tuple[RetrievalCell, ...]
     stability: tuple[RankAgreement, ...]
     distraction: tuple[DistractionLink, ...]
-    failed_vs_correct: tuple[HeadMap, ...]
-    saturation_drop: HeadMap | None
+    failed_vs_correct: tuple[HeadTests, ...]
+    saturation_drop: HeadTests | None
     reason: str | None
     method: str
 
@@ -393,9 +355,9 @@ FAILED_TESTS = (  # (attribute of TrialRetrieval, measure, conditions: None = ev
 
 
 def _failed_vs_correct(sub: pd.DataFrame, trials: list[TrialRetrieval], what: str, measure: str,
-                       conditions: tuple[str, ...] | None, alpha: float, seed: int = 0) -> HeadMap:
+                       conditions: tuple[str, ...] | None, alpha: float, seed: int = 0) -> HeadTests:
     """Failed − correct per head at equal condition and load, CR2 clustered by question, BH over the map, and the
-    max-T correction over the map (:func:`probe.analysis.max_t.question_contrasts`)."""
+    max-T correction over the map (:func:`probe.analysis.head_tests.with_max_t`)."""
     values = [np.asarray(getattr(t, what), dtype=float) for t in trials]
     keep = np.array([bool(np.isfinite(v).any()) for v in values], dtype=bool)
     if conditions is not None:
@@ -403,11 +365,10 @@ def _failed_vs_correct(sub: pd.DataFrame, trials: list[TrialRetrieval], what: st
     d = sub[keep]
     y = np.stack([v for v, m in zip(values, keep) if m]) if keep.any() else np.zeros((0, 1, 1))
     where = "Saturation and Residue trials" if conditions else "trials of every condition"
-    base = HeadMap(measure=measure, estimand=f"failed - correct difference at equal condition and load ({where})",
-                   n=int(len(d)), n_questions=int(d["task_id"].nunique()), is_test=False, method="", reason=None,
-                   estimates=None, q_values=None, p_max_t=None, significant=())
+    estimand = f"failed - correct difference at equal condition and load ({where})"
     if len(d) < 3:
-        return replace(base, reason=f"{len(d)} trial(s) with a value ({where}); need 3")
+        return HeadTests.untested(measure, estimand, int(len(d)), int(d["task_id"].nunique()),
+                                  f"{len(d)} trial(s) with a value ({where}); need 3")
     conds = sorted(set(d["condition"]))
     load = d["load"].to_numpy(dtype=float)
     cols: list[np.ndarray] = []
@@ -419,58 +380,27 @@ def _failed_vs_correct(sub: pd.DataFrame, trials: list[TrialRetrieval], what: st
     failed = d["em"].to_numpy() < 0.5
     groups = d["task_id"].to_numpy()
     fits = attention_failure_tests(y, failed, load, groups, dummies, alpha)
-    # max-T over the map: per question, failed minus correct mean of the residuals on [1, load, condition], over the
-    # trials with a value in every head and the questions that have both outcomes
-    full = np.all(np.isfinite(y.reshape(len(y), -1)), axis=1)
-    nuisance = np.column_stack([np.ones(len(d)), load, *cols])[full]
-    qc = question_contrasts(y[full], failed[full], groups[full], nuisance)
-    mt = max_t_sign_flip(qc.D, seed=seed)
-    how = ("exact, all 2^G sign assignments" if mt.is_exact else f"Monte Carlo, {mt.n_assignments - 1} sign "
-           f"assignments, seed {seed}")
-    method = fits.method + (f"; max-T sign-flip correction over the map on per-question failed - correct contrasts of "
-                            f"residuals on load and condition, {len(qc.questions)} question(s) with both ({how})"
-                            if mt.is_test else f"; no max-T correction ({mt.reason})")
-    sig = fits.significant(alpha).tolist() if fits.is_test else []
-    if fits.is_test:
-        sig += [[int(li), int(h)] for li, h in np.argwhere(np.nan_to_num(mt.p_max_t, nan=1.0) < alpha)
-                if [int(li), int(h)] not in sig]
-    hits = [HeadResult(int(li), int(h), float(fits.estimate[li, h]), finite(fits.p[li, h]), finite(fits.q[li, h]),
-                       finite(mt.p_max_t[li, h])) for li, h in sig]
-    hits.sort(key=lambda x: (x.q if x.q is not None else 1.0, x.layer, x.head))
-    return replace(base, is_test=fits.is_test, method=method, reason=fits.reason, estimates=Grid(fits.estimate),
-                   q_values=Grid(fits.q), p_max_t=Grid(mt.p_max_t), significant=tuple(hits))
+    heads = fitted_head_tests(fits, alpha, measure=measure, estimand=estimand, n=int(len(d)))
+    return with_max_t(heads, fits, y, failed.astype(float), groups, np.column_stack([np.ones(len(d)), load, *cols]),
+                      alpha, seed, "failed - correct contrasts of residuals on load and condition")
 
 
 def _saturation_drop(ctrl: tuple[pd.DataFrame, list[TrialRetrieval]], sat: tuple[pd.DataFrame, list[TrialRetrieval]],
-                     alpha: float, seed: int) -> HeadMap:
+                     alpha: float, seed: int) -> HeadTests:
     questions = sorted(set(ctrl[0]["task_id"].astype(str)) & set(sat[0]["task_id"].astype(str)))
-    base = HeadMap(measure="retrieval score per head, Saturation vs Control",
-                   estimand="per-question pooled score under Saturation (all loads) minus under Control",
-                   n=len(questions), n_questions=len(questions), is_test=False, method="", reason=None,
-                   estimates=None, q_values=None, p_max_t=None, significant=())
+    measure = "retrieval score per head, Saturation vs Control"
+    estimand = "per-question pooled score under Saturation (all loads) minus under Control"
     if len(questions) < 2:
-        return replace(base, reason=f"{len(questions)} question(s) with Control and Saturation captures")
+        return HeadTests.untested(measure, estimand, len(questions), len(questions),
+                                  f"{len(questions)} question(s) with Control and Saturation captures")
     cc, cn = _question_sums(*_restrict(ctrl, questions), questions)
     sc, sn = _question_sums(*_restrict(sat, questions), questions)
     ok = (cn > 0) & (sn > 0)
     if not ok.any():
-        return replace(base, n=0, n_questions=0, reason="no question has a copyable token in both its Control and "
-                                                        "its Saturation answers")
+        return HeadTests.untested(measure, estimand, 0, 0, "no question has a copyable token in both its Control and "
+                                                           "its Saturation answers")
     D = (sc[ok] / sn[ok, None, None]) - (cc[ok] / cn[ok, None, None])
-    res = max_t_sign_flip(D, seed=seed)
-    how = ("exact, all 2^G sign assignments" if res.is_exact else f"Monte Carlo, {res.n_assignments - 1} sign "
-           f"assignments, seed {seed}")
-    method = ("one-sample t of per-question differences on t(G-1), BH over the layer x head map; max-T sign-flip "
-              f"correction over the map ({how})")
-    hits = []
-    if res.is_test:
-        sig = (np.nan_to_num(res.q, nan=1.0) < alpha) | (np.nan_to_num(res.p_max_t, nan=1.0) < alpha)
-        hits = [HeadResult(int(li), int(h), float(res.estimate[li, h]), finite(res.p[li, h]), finite(res.q[li, h]),
-                           finite(res.p_max_t[li, h])) for li, h in np.argwhere(sig)]
-        hits.sort(key=lambda x: (x.p if x.p is not None else 1.0, x.layer, x.head))
-    return replace(base, n=int(ok.sum()), n_questions=int(ok.sum()), is_test=res.is_test, method=method,
-                   reason=res.reason, estimates=Grid(res.estimate), q_values=Grid(res.q), p_max_t=Grid(res.p_max_t),
-                   significant=tuple(hits))
+    return max_t_head_tests(D, alpha, seed, measure=measure, estimand=estimand)
 
 
 def _restrict(part: tuple[pd.DataFrame, list[TrialRetrieval]], questions: list[str]
@@ -547,6 +477,6 @@ def analyze_retrieval(run: RunFolder, df: pd.DataFrame, models: list[str], k: in
     return out
 
 
-__all__ = ["DistractionLink", "HeadMap", "HeadResult", "METHOD", "RankAgreement", "RetrievalCell", "RetrievalHead",
+__all__ = ["DistractionLink", "METHOD", "RankAgreement", "RetrievalCell", "RetrievalHead",
            "RetrievalHeads", "TrialRetrieval", "analyze_retrieval", "chance_score", "collect", "copy_events",
            "pooled_score", "read_answer", "retrieval_heads", "top_heads", "trial_retrieval"]

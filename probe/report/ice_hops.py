@@ -84,7 +84,7 @@ def _test_row(t: HopMassTest, alpha: float) -> list[str]:
             "hop's fact" if t.category == "hop" else t.category, str(t.n)]
     if t.layers is None or t.heads is None:
         return head + [str(t.n_questions), f"not tested: {t.reason}"] + [""] * 4
-    qs = f"{t.n_questions} ({t.max_t_questions} both sides)"
+    qs = f"{t.n_questions} ({t.heads.max_t.n_questions if t.heads.max_t is not None else 0} both sides)"
     if not t.layers.is_test:
         return head + [qs, f"descriptive: {t.layers.reason}"] + [""] * 4
     sig = [lt for lt in t.layers.layers if lt.layer in t.layers.significant]
@@ -93,12 +93,12 @@ def _test_row(t: HopMassTest, alpha: float) -> list[str]:
     e = big.estimate
     largest = (f"layer {big.layer}: {fmt.num(e.value, '+.3f')} {fmt.ci(e.ci_low, e.ci_high, '+.3f')}, "
                f"q {fmt.p_value(e.q)}")
-    bh = [h for h in t.heads.significant if h.q is not None and h.q < alpha]
-    mt = [h for h in t.heads.significant if h.p_max_t is not None and h.p_max_t < alpha]
-    top = t.heads.significant[0] if t.heads.significant else None
-    top_s = "none" if top is None else (f"L{top.layer}.H{top.head} {fmt.num(top.estimate, '+.3f')}, q "
-                                        f"{fmt.p_value(top.q)}, max-T p {fmt.p_value(top.p_max_t)}")
-    return head + [qs, layers, largest, str(len(bh)), str(len(mt)), top_s]
+    listed = t.heads.listed()
+    mt = t.heads.max_t.significant if t.heads.max_t is not None else ()
+    top = min(listed, key=lambda x: x[0].estimate.p if x[0].estimate.p is not None else 1.0)[0] if listed else None
+    top_s = "none" if top is None else (f"L{top.layer}.H{top.head} {fmt.num(top.estimate.value, '+.3f')}, q "
+                                        f"{fmt.p_value(top.estimate.q)}, max-T p {fmt.p_value(top.p_max_t)}")
+    return head + [qs, layers, largest, str(len(t.heads.significant)), str(len(mt)), top_s]
 
 
 def _tests_rows(h: HopTracking, alpha: float = 0.05) -> list[list[str]]:
@@ -281,14 +281,16 @@ def tables(h: HopTracking | None) -> list[tuple[str, Rows]]:
     for t in h.tests:
         base: dict = {"model": t.model, "measure": t.measure, "category": t.category, "contrast": t.contrast,
                       "load": t.load, "n": t.n, "n_trials": t.n_trials, "n_questions": t.n_questions,
-                      "max_t_questions": t.max_t_questions, "reason": t.reason}
+                      "max_t_questions": t.heads.max_t.n_questions if t.heads is not None and t.heads.max_t else None,
+                      "reason": t.reason}
         for lt in t.layers.layers if t.layers is not None else ():
             e = lt.estimate
             tests.append({**base, "layer": lt.layer, "head": None, "estimate": e.value, "ci_low": e.ci_low,
                           "ci_high": e.ci_high, "p": e.p, "q": e.q, "p_max_t": None})
-        for hr in t.heads.significant if t.heads is not None else ():
-            tests.append({**base, "layer": hr.layer, "head": hr.head, "estimate": hr.estimate, "ci_low": None,
-                          "ci_high": None, "p": hr.p, "q": hr.q, "p_max_t": hr.p_max_t})
+        for hr, passed in t.heads.listed() if t.heads is not None else ():
+            e = hr.estimate
+            tests.append({**base, "layer": hr.layer, "head": hr.head, "estimate": e.value, "ci_low": e.ci_low,
+                          "ci_high": e.ci_high, "p": e.p, "q": e.q, "p_max_t": hr.p_max_t, "passes": passed})
     out = [("hop_tracking", cells), ("hop_tracking_trials", trials)]
     return out + ([("hop_mass_tests", tests)] if tests else [])
 

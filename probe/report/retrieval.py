@@ -13,7 +13,8 @@ from matplotlib.ticker import MaxNLocator
 
 from probe import formatting as fmt
 from probe.analysis.ice import IceResult
-from probe.analysis.retrieval import HeadMap, RetrievalHeads
+from probe.analysis.head_tests import HeadTests
+from probe.analysis.retrieval import RetrievalHeads
 from probe.report.figures import file_stem, layer_ticks
 from probe.report.html import esc, table
 from probe.report.sections import ReportContext, Rows
@@ -71,15 +72,15 @@ def draw_retrieval_map(r: RetrievalHeads) -> Figure | None:
     return fig
 
 
-def _test_rows(r: RetrievalHeads, test: HeadMap | None, alpha: float) -> list[list[str]]:
+def _test_rows(r: RetrievalHeads, test: HeadTests | None, alpha: float) -> list[list[str]]:
     if test is None:
         return []
-    return [[esc(r.model), esc(test.measure), esc(_label(h.layer, h.head)), fmt.num(h.estimate, "+.3f"),
-             fmt.p_value(h.p, html=True), fmt.p_value(h.q, html=True), fmt.p_value(h.p_max_t, html=True)]
-            for h in test.significant]
+    return [[esc(r.model), esc(test.measure), esc(_label(h.layer, h.head)), fmt.num(h.estimate.value, "+.3f"),
+             fmt.p_value(h.estimate.p, html=True), fmt.p_value(h.estimate.q, html=True),
+             fmt.p_value(h.p_max_t, html=True), passed] for h, passed in test.listed()]
 
 
-def _test_note(r: RetrievalHeads, test: HeadMap | None) -> str:
+def _test_note(r: RetrievalHeads, test: HeadTests | None) -> str:
     if test is None:
         return ""
     what = f"{test.measure}: {test.n_questions} questions" + ("" if test.is_test else f", not tested ({test.reason})")
@@ -127,8 +128,10 @@ def retrieval_html(result: IceResult, ctx: ReportContext) -> str:
         rows = [row for t in tests for row in _test_rows(r, t, alpha)]
         notes = "; ".join(x for x in (_test_note(r, t) for t in tests) if x)
         parts.append(f"<h3>{esc(r.model)}: per-head tests (BH over the layer × head map; max-T family-wise)</h3>"
-                     f'<p class="note">{esc(notes)}.</p>'
-                     + (table(["model", "test", "head", "estimate", "p", "q (BH)", "p (max-T)"], rows, left=3) if rows
+                     f'<p class="note">{esc(notes)}. A head is listed when it passes either correction and the '
+                     '"passes" column says which: the union of the two lists is not a corrected family.</p>'
+                     + (table(["model", "test", "head", "estimate", "p", "q (BH)", "p (max-T)", "passes"], rows,
+                              left=3) if rows
                         else '<p class="note">No head passes either correction.</p>'))
     return "".join(parts)
 
@@ -159,7 +162,7 @@ def retrieval_tables(result: IceResult) -> list[tuple[str, Rows]]:
     if not result.retrieval:
         return []
     tests = [row for r in result.retrieval for t in (*r.failed_vs_correct, r.saturation_drop) if t is not None
-             for row in rows_of(t.significant, model=r.model, test=t.measure)]
+             for h, passed in t.listed() for row in rows_of([h], model=r.model, test=t.measure, passes=passed)]
     return [("retrieval_top_heads", top),
             ("retrieval_stability", [row for r in result.retrieval for row in rows_of(r.stability, model=r.model)]),
             ("retrieval_distraction",

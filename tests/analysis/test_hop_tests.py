@@ -90,7 +90,7 @@ def test_failed_correct_matches_statsmodels_and_the_scalar_estimator():
     lt = fc.layers.layers[1].estimate
     assert (lt.value, lt.p, lt.df) == (pytest.approx(ref.estimate.value), pytest.approx(ref.estimate.p),
                                        pytest.approx(ref.estimate.df))
-    assert fc.layers.is_test and fc.heads.is_test and fc.heads.p_max_t is not None
+    assert fc.layers.is_test and fc.heads.is_test and fc.heads.max_t.p_max_t is not None
 
 
 def test_question_contrasts_are_residual_means_per_question_and_max_t_enumerates():
@@ -111,7 +111,7 @@ def test_question_contrasts_are_residual_means_per_question_and_max_t_enumerates
     # the p_max_t stored by the test is the direct enumeration of sign flips of those contrasts
     tests = hop_mass_tests(rows, masses, "m", "raw", CATEGORIES)
     fc = next(t for t in tests if t.contrast == FAILED_CORRECT and t.category == "extraneous")
-    assert fc.max_t_questions == len(both) and fc.max_t_exact
+    assert fc.heads.max_t.n_questions == len(both) and "exact, all 2^G" in fc.heads.max_t.method
 
     def tstat(x: np.ndarray) -> np.ndarray:
         return x.mean(0) / (x.std(0, ddof=1) / np.sqrt(len(x)))
@@ -119,7 +119,7 @@ def test_question_contrasts_are_residual_means_per_question_and_max_t_enumerates
     obs = np.abs(tstat(want))
     maxes = np.array([np.abs(tstat(np.array(s)[:, None] * want)).max()
                       for s in itertools.product((1, -1), repeat=len(both))])
-    np.testing.assert_allclose(fc.heads.p_max_t.values.ravel(), [(maxes >= o - 1e-12).mean() for o in obs],
+    np.testing.assert_allclose(fc.heads.max_t.p_max_t.values.ravel(), [(maxes >= o - 1e-12).mean() for o in obs],
                                rtol=1e-6)
 
 
@@ -127,16 +127,16 @@ def test_a_planted_failure_head_is_found_by_max_t_and_only_it():
     rows, masses = study(n_questions=20, seed=5, fail_ext=(2, 1))
     tests = hop_mass_tests(rows, masses, "m", "raw", CATEGORIES, seed=2)
     fc = next(t for t in tests if t.contrast == FAILED_CORRECT and t.category == "extraneous")
-    pm = fc.heads.p_max_t.values
+    pm = fc.heads.max_t.p_max_t.values
     assert pm[2, 1] < 0.05
     assert np.all(np.delete(pm.ravel(), 2 * H + 1) >= 0.05)
-    assert (2, 1) in {(h.layer, h.head) for h in fc.heads.significant}
+    assert (2, 1) in {(h.layer, h.head) for h, _ in fc.heads.listed()}
     assert 2 in fc.layers.significant  # the head-pooled layer carries it too
     # without the plant: the load confounding alone finds nothing under max-T
     rows0, masses0 = study(n_questions=20, seed=5)
     tests0 = hop_mass_tests(rows0, masses0, "m", "raw", CATEGORIES, seed=2)
     fc0 = next(t for t in tests0 if t.contrast == FAILED_CORRECT and t.category == "extraneous")
-    assert np.all(fc0.heads.p_max_t.values >= 0.05)
+    assert np.all(fc0.heads.max_t.p_max_t.values >= 0.05)
 
 
 def test_saturation_control_per_load_finds_the_planted_drop():
@@ -149,8 +149,8 @@ def test_saturation_control_per_load_finds_the_planted_drop():
     X = np.column_stack([np.ones(len(d)), (d["cond"] == "Saturation").astype(float), d["hop"]])
     Y = np.stack([masses[i][0, 3, HOP] for i in d["i"]])
     assert sc[80].heads.estimates.values[0, 3] == pytest.approx(sm.OLS(Y, X).fit().params[1], abs=1e-6)
-    assert sc[80].heads.p_max_t.values[0, 3] < 0.05
-    assert sc[20].heads.p_max_t.values[0, 3] >= 0.05
+    assert sc[80].heads.max_t.p_max_t.values[0, 3] < 0.05
+    assert sc[20].heads.max_t.p_max_t.values[0, 3] >= 0.05
 
 
 def test_saturation_longcontrol_separates_distraction_from_length():
@@ -163,7 +163,7 @@ def test_saturation_longcontrol_separates_distraction_from_length():
     sl = {t.load: t for t in tests if t.contrast == SATURATION_LONGCONTROL}
     assert set(sl) == {20, 80} and all(t.category == "hop" for t in sl.values())
     assert "equal prompt length" in sl[80].estimand and "LongControl trials at 80 %" in sl[80].estimand
-    p_sc, p_sl = sc[80].heads.p_max_t.values, sl[80].heads.p_max_t.values
+    p_sc, p_sl = sc[80].heads.max_t.p_max_t.values, sl[80].heads.max_t.p_max_t.values
     assert p_sc[0, 3] < 0.05 and p_sc[1, 2] < 0.05
     assert p_sl[0, 3] < 0.05 and p_sl[1, 2] >= 0.05
     df = frame(rows, masses)
@@ -233,7 +233,7 @@ def test_report_shows_the_tests_beside_the_hop_table():
     rows = named["hop_mass_tests"]
     fc = next(t for t in h.tests if t.contrast == FAILED_CORRECT and t.category == "extraneous")
     head = [r for r in rows if r["category"] == "extraneous" and r["head"] is not None]
-    assert {(r["layer"], r["head"]) for r in head} == {(x.layer, x.head) for x in fc.heads.significant}
+    assert {(r["layer"], r["head"]) for r in head} == {(x.layer, x.head) for x, _ in fc.heads.listed()}
     assert len([r for r in rows if r["category"] == "extraneous" and r["head"] is None]) == L
     assert "hop_mass_tests" not in dict(ice_hops.tables(replace(h, tests=())))
 
@@ -317,13 +317,13 @@ def test_a_run_analysed_end_to_end_carries_fitted_tests_into_every_product(tmp_p
     analysis = analyze_run(run, fill_similarity=False)
     h = analysis.families["ice"].hop_tracking
     fc = next(x for x in h.tests if x.contrast == FAILED_CORRECT and x.category == "extraneous")
-    assert fc.layers.is_test and fc.heads.is_test and fc.max_t_questions >= 6
-    assert (4, 1) in {(x.layer, x.head) for x in fc.heads.significant}
+    assert fc.layers.is_test and fc.heads.is_test and fc.heads.max_t.n_questions >= 6
+    assert (4, 1) in {(x.layer, x.head) for x, _ in fc.heads.listed()}
     assert all(x.reason is not None for x in h.tests if x.contrast == SATURATION_CONTROL)  # no Control trial
     assert read_analysis(run) == analysis
     stored = next(x for x in read_analysis(run).families["ice"].hop_tracking.tests  # as read back from the files
                   if x.contrast == FAILED_CORRECT and x.category == "extraneous").heads
-    assert stored.p_max_t.values[4, 1] < 0.05 and stored.estimates.shape == (N_LAYERS, N_HEADS)
+    assert stored.max_t.p_max_t.values[4, 1] < 0.05 and stored.estimates.shape == (N_LAYERS, N_HEADS)
     write_tables(analysis, run)
     assert (run.tables / "hop_mass_tests.csv").is_file()
     page = render_report(run).read_text()

@@ -165,7 +165,7 @@ def test_saturation_drop_finds_a_head_that_stops_copying_under_saturation():
     res = retrieval_heads(sub, trials, "m", k=2, seed=0, n_boot=50)
     drop = res.saturation_drop
     assert drop is not None and drop.is_test
-    found = {(h.layer, h.head) for h in drop.significant if h.p_max_t is not None and h.p_max_t < 0.05}
+    found = {(h.layer, h.head) for h in drop.max_t.significant}
     assert (1, 2) in found and (0, 1) in found
     est = drop.estimates.values
     assert est[1, 2] < 0 < est[0, 1]
@@ -183,7 +183,7 @@ def test_random_captures_find_no_head_above_chance():
     se = np.sqrt(res.control.chance * (1 - res.control.chance) / n)
     assert np.all(np.abs(score - res.control.chance) < 4 * se + 1e-9)
     assert res.saturation_drop is not None
-    assert not any(h.p_max_t is not None and h.p_max_t < 0.05 for h in res.saturation_drop.significant)
+    assert not res.saturation_drop.max_t.significant
 
 
 def test_max_t_exact_matches_enumeration_and_holds_its_level():
@@ -297,7 +297,7 @@ def test_failed_vs_correct_maps_equal_statsmodels_and_find_a_planted_head():
     sub = pd.DataFrame(rows)
     res = retrieval_heads(sub, trials, "m", k=2, n_boot=20)
     score = next(t for t in res.failed_vs_correct if t.measure.startswith("trial retrieval"))
-    assert score.is_test and (0, 2) in {(h.layer, h.head) for h in score.significant}
+    assert score.is_test and (0, 2) in {(h.layer, h.head) for h, _ in score.listed()}
     y = np.stack([t.score for t in trials])[:, 0, 2]
     X = np.column_stack([np.ones(len(sub)), (sub["em"] < 0.5).astype(float), sub["load"],
                          (sub["condition"] == "Residue").astype(float),
@@ -305,9 +305,9 @@ def test_failed_vs_correct_maps_equal_statsmodels_and_find_a_planted_head():
     assert score.estimates.values[0, 2] == pytest.approx(sm.OLS(y, X).fit().params[1], rel=1e-5)
     assert score.estimates.values[0, 2] < 0
     # the max-T over the map finds the planted head, and no other (per-question failed - correct contrasts)
-    pm = score.p_max_t.values
+    pm = score.max_t.p_max_t.values
     assert pm[0, 2] < 0.05 and np.all(np.delete(pm.ravel(), 2) >= 0.05)
-    assert next(h for h in score.significant if (h.layer, h.head) == (0, 2)).p_max_t == pytest.approx(pm[0, 2])
+    assert next(h for h, _ in score.listed() if (h.layer, h.head) == (0, 2)).p_max_t == pytest.approx(pm[0, 2])
     p_ext = next(t for t in res.failed_vs_correct if t.measure.startswith("answer-time"))
     assert p_ext.n == 30  # Saturation and Residue trials only
 
