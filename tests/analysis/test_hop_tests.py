@@ -199,6 +199,26 @@ def test_simulated_family_wise_error_and_power():
     assert power["found"] >= 0.9
 
 
+def test_a_non_finite_mass_leaves_its_row_out_of_the_max_t_and_ends_nothing():
+    """One trial-hop whose mass is NaN in one head (a record with a non-finite value): the clustered fits leave that
+    head's row out, the max-T step drops the row (every head needs a value) and says so; every test is still made,
+    and its max-T p-values equal those of the study without that row."""
+    rows, masses = study(n_questions=12, seed=3, fail_ext=(1, 2))
+    bad = next(i for i, (r, m) in enumerate(zip(rows, masses)) if m is not None and r.condition == "Saturation")
+    broken = list(masses)
+    broken[bad] = masses[bad].copy()
+    broken[bad][0, 0, EXT] = np.nan
+    tests = hop_mass_tests(rows, broken, "m", "raw", CATEGORIES, seed=2)
+    without = hop_mass_tests(rows, [None if i == bad else m for i, m in enumerate(masses)], "m", "raw", CATEGORIES,
+                             seed=2)
+    fc = next(t for t in tests if t.contrast == FAILED_CORRECT and t.category == "extraneous")
+    ref = next(t for t in without if t.contrast == FAILED_CORRECT and t.category == "extraneous")
+    assert fc.heads is not None and fc.heads.max_t is not None and fc.heads.max_t.p_max_t is not None
+    assert "1 row(s) without a value in every head left out" in fc.heads.max_t.method
+    assert ref.heads is not None and ref.heads.max_t is not None and ref.heads.max_t.p_max_t is not None
+    np.testing.assert_array_equal(fc.heads.max_t.p_max_t.values, ref.heads.max_t.p_max_t.values)
+
+
 def tracking(rows: list[HopRow], masses: list[np.ndarray | None]):
     from probe.analysis.hops import HOP_LABELS, METHOD, WINDOW_RULE, HopTracking
 

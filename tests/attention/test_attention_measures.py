@@ -93,7 +93,7 @@ def test_a_toy_measure_is_computed_stored_and_checked_against_its_reference(toy:
 
 
 def test_a_toy_measure_is_analysed_and_reported(toy: Measure, tmp_path) -> None:
-    from probe.analysis import analyze_run
+    from probe.analysis import analyze_run, read_analysis
     from probe.attention import KEY_KINDS
     from probe.attention.measures.mass import by_kind
     from probe.report import render_report, write_tables
@@ -116,11 +116,11 @@ def test_a_toy_measure_is_analysed_and_reported(toy: Measure, tmp_path) -> None:
     assert toy_rows[0].label == "germane mass" and not toy_rows[0].has_chance
     assert "germane mass per head" in toy_rows[0].heads.measure  # no chance level: the value itself per head
     cells = [c for c in ice.attention_cells if c.measure == TOY]
-    assert cells and all(c.enrichment_key is None and c.chance_key is None for c in cells)
-    # the analysis' cell mean is the mean of the stored arrays
-    sat = next(c for c in cells if c.condition == "Saturation" and c.load == 80)
-    with np.load(run / "attention_summary.npz") as z:
-        stored = z[sat.key]
+    assert cells and all(c.enrichment is None and c.chance is None for c in cells)
+    # the analysis' cell mean, as read back from the run folder, is the mean of the records' arrays
+    sat = next(c for c in read_analysis(run).families["ice"].attention_cells
+               if c.measure == TOY and c.condition == "Saturation" and c.load == 80)
+    stored = sat.values.values
     df = pd.read_json(run / "trials.jsonl", lines=True)
     pids = df[(df["condition"] == "Saturation") & (df["load"] == 80)]["prompt_id"].unique()
     mean = np.mean([SegmentAttention.load(folder.attention_record("model-a", p))[TOY] for p in pids], axis=0)
