@@ -135,8 +135,13 @@ def hop_mass_tests(rows: Sequence[HopRow], masses: Sequence[np.ndarray | None], 
     idx = [i for i, r in enumerate(rows) if r.model == model and masses[i] is not None
            and r.em is not None]
     shapes = {np.asarray(masses[i]).shape for i in idx}
-    if len(shapes) > 1:
-        return []
+    if len(shapes) > 1:  # e.g. records of two probe configurations in one folder: heads cannot be compared
+        why = (f"the named trial-hops' masses come in {len(shapes)} shapes {sorted(shapes)}: layers and heads cannot "
+               "be compared across them (one probe configuration per run folder)")
+        return [HopMassTest(model=model, measure=measure, category=category, contrast=FAILED_CORRECT, load=None,
+                            estimand="", n=len(idx), n_trials=len({rows[i].trial_id for i in idx}),
+                            n_questions=len({rows[i].task_id for i in idx}), layers=None, heads=None, reason=why)
+                for category in dict(TESTED)[FAILED_CORRECT]]
     loads = sorted({int(rows[i].load) for i in idx if rows[i].condition == "Saturation"})
     plans: list[tuple[str, int | None]] = [(FAILED_CORRECT, None)]
     for contrast, (reference, by_load) in REFERENCE.items():

@@ -64,13 +64,17 @@ class MaxT:
 
 
 def _t_stat(D: np.ndarray) -> np.ndarray:
-    """One-sample t of (..., G, m) contrasts over the question axis (-2); NaN where sd = 0."""
+    """One-sample t of (..., G, m) contrasts over the question axis (-2). Where the contrasts do not vary (sd = 0):
+    ±inf when every question has the same non-zero contrast (the strongest evidence a sign flip can see: only the
+    assignments that flip every question or none reach it), NaN when they are all 0 (nothing to test)."""
     g = D.shape[-2]
     mean = D.mean(axis=-2)
     sd = D.std(axis=-2, ddof=1)
     with np.errstate(invalid="ignore", divide="ignore"):
         t = mean / (sd / math.sqrt(g))
-    return np.where(sd > 1e-12 * np.maximum(1.0, np.abs(mean)), t, np.nan)
+    flat = sd <= 1e-12 * np.maximum(1.0, np.abs(mean))
+    constant = np.where(mean > 0, np.inf, np.where(mean < 0, -np.inf, np.nan))
+    return np.where(flat, constant, t)
 
 
 def max_t_sign_flip(D: np.ndarray, n_resamples: int = N_RESAMPLES, seed: int = 0, exact_max: int = EXACT_MAX,
@@ -117,13 +121,13 @@ def max_t_sign_flip(D: np.ndarray, n_resamples: int = N_RESAMPLES, seed: int = 0
     for a in range(0, len(signs), chunk):
         s = signs[a:a + chunk]  # (b, G)
         tt = _t_stat(s[:, :, None] * flat[None, :, :])  # (b, m)
-        max_abs[a:a + chunk] = np.nanmax(np.abs(np.nan_to_num(tt, nan=0.0)), axis=1)
+        max_abs[a:a + chunk] = np.max(np.abs(np.where(np.isnan(tt), 0.0, tt)), axis=1)  # inf stays inf
     obs = np.abs(t)
     if is_exact:
         p_max = (max_abs[None, :] >= obs[:, None] - 1e-12).mean(axis=1)
     else:  # the identity is one of the 1 + B assignments
         p_max = (max_abs[None, :] >= obs[:, None] - 1e-12).sum(axis=1) / len(signs)
-    p_max = np.where(np.isfinite(t), p_max, np.nan)
+    p_max = np.where(np.isnan(t), np.nan, p_max)
     return MaxT(est.reshape(grid), t.reshape(grid), p.reshape(grid), bh_qvalues(p).reshape(grid),
                 p_max.reshape(grid), g, len(signs), is_exact, None if is_exact else seed, True, None)
 

@@ -219,6 +219,15 @@ def test_a_non_finite_mass_leaves_its_row_out_of_the_max_t_and_ends_nothing():
     np.testing.assert_array_equal(fc.heads.max_t.p_max_t.values, ref.heads.max_t.p_max_t.values)
 
 
+def test_masses_of_two_shapes_say_why_they_are_not_tested():
+    rows, masses = study(n_questions=8, seed=1)
+    odd = next(i for i, m in enumerate(masses) if m is not None)
+    masses = list(masses)
+    masses[odd] = np.zeros((L + 1, H, len(CATEGORIES)))  # one record of a deeper model
+    tests = hop_mass_tests(rows, masses, "m", "raw", CATEGORIES)
+    assert tests and all(t.layers is None and t.reason is not None and "2 shapes" in t.reason for t in tests)
+
+
 def tracking(rows: list[HopRow], masses: list[np.ndarray | None]):
     from probe.analysis.hops import HOP_LABELS, METHOD, WINDOW_RULE, HopTracking
 

@@ -207,6 +207,32 @@ def test_max_t_exact_matches_enumeration_and_holds_its_level():
     assert rates["max_t"] <= 0.05 + 2 * np.sqrt(0.05 * 0.95 / 120)
 
 
+def test_max_t_of_a_head_with_the_same_contrast_in_every_question():
+    """A head whose every question has the same non-zero contrast is the strongest a sign flip can see: only the
+    identity and the all-flipped assignment reach it (p = 2 / 2^G, enumerated directly here); one with every
+    contrast 0 has nothing to test (NaN); the other heads keep their enumerated p-values."""
+    import itertools
+
+    rng = np.random.default_rng(4)
+    D = rng.normal(size=(7, 2, 2))
+    D[:, 0, 0] = 0.3
+    D[:, 1, 1] = 0.0
+    res = max_t_sign_flip(D)
+    assert res.p_max_t[0, 0] == pytest.approx(2 / 2 ** 7) and res.p[0, 0] == 0.0
+    assert np.isnan(res.p_max_t[1, 1]) and np.isnan(res.p[1, 1])
+    flat = D.reshape(7, -1)[:, :3]  # the constant head and the two that vary (the all-0 head never counts)
+
+    def max_abs_t(x: np.ndarray) -> float:
+        sd = x.std(0, ddof=1)
+        t = np.where(sd > 0, x.mean(0) / (np.where(sd > 0, sd, 1.0) / np.sqrt(7)), np.inf)  # constant: inf
+        return float(np.abs(t).max())
+
+    obs = np.abs(flat[:, 1:].mean(0) / (flat[:, 1:].std(0, ddof=1) / np.sqrt(7)))
+    maxes = [max_abs_t(np.array(s)[:, None] * flat) for s in itertools.product((1, -1), repeat=7)]
+    np.testing.assert_allclose([res.p_max_t[0, 1], res.p_max_t[1, 0]],
+                               [(np.array(maxes) >= o - 1e-12).mean() for o in obs])
+
+
 def test_select_heads_by_retrieval_pools_copied_over_copyable(tmp_path, monkeypatch):
     """``heads = {top_k = K, by = "retrieval"}``: the heads with the largest pooled score of a separate run's records
     (records read through a stand-in loader: one capture per file, the planted head copying in every one)."""
