@@ -190,7 +190,14 @@ def read_rows(path: Path) -> list[tuple[int, dict[str, str]]]:
     """
     if not path.is_file():
         raise ProbeError(f"{path}: no such file")
-    text = path.read_text(encoding="utf-8-sig")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        column = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+        raise ProbeError(f"{path}:{line}: not UTF-8 text: byte 0x{raw[e.start]:02x} at column {column} (byte offset "
+                         f"{e.start} in the file); save the file as UTF-8 (is it Latin-1?)") from None
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".ndjson", ".json"):
         rows = []

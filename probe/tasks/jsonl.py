@@ -105,6 +105,29 @@ def _check_segments(segments: object, bad: _Bad) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number (write a finite number, or a string)")
+
+
+def _lone_surrogate(value: object, where: str) -> tuple[str, str] | None:
+    """(field, character) of the first string in ``value`` that holds a lone surrogate (a ``\\udXXX`` escape that is
+    not half of a pair: not a character, and not writable as UTF-8), or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            return where, f"U+{ord(value[e.start]):04X}"
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        found = _lone_surrogate(k, where) if isinstance(k, str) else None
+        found = found or _lone_surrogate(v, f"{where}[{k!r}]" if isinstance(value, dict) and where else
+                                         f"{where}[{k}]" if where else str(k))
+        if found:
+            return found
+    return None
+
+
 def parse_task_line(text: str, path: Path, line: int) -> Task:
     """Validate one JSON line and build its task.
 
@@ -118,11 +141,20 @@ def parse_task_line(text: str, path: Path, line: int) -> Task:
     """
     bad = _Bad(path, line)
     try:
-        d = json.loads(text)
+        d = json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as e:
         raise bad("json", f"not valid JSON ({e.msg} at column {e.colno})") from None
+    except ValueError as e:  # NaN, Infinity: Python's json reads them, JSON has no such numbers
+        raise bad("json", str(e)) from None
+    except RecursionError:
+        raise bad("json", "nested too deeply to be a task (lists or objects inside each other thousands of times)"
+                  ) from None
     if not isinstance(d, dict):
         raise bad("json", f"each line must be one JSON object, got {type(d).__name__}")
+    surrogate = _lone_surrogate(d, "")
+    if surrogate is not None:
+        raise bad(surrogate[0], f"holds the lone surrogate {surrogate[1]}, which is not a character (a broken "
+                                "\\u escape, or text that was not UTF-8); fix the text")
     if "source" in d:
         raise bad("source", "a task file's tasks have source 'jsonl' (the source decides how they are laid out and "
                             "scored); remove the field (keep provenance in `meta`)")

@@ -12,7 +12,7 @@ import pytest
 from probe.analysis import analyze_external, read_analysis
 from probe.records_import import (ExternalTrialsError, ends_mid_sentence, has_final_answer, load_external_trials,
                                   parse_mapping)
-from probe.errors import ConfigError, UnknownNameError
+from probe.errors import ConfigError, ProbeError, UnknownNameError
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 SMALL = FIXTURES / "external_trials.csv"
@@ -111,6 +111,16 @@ def test_a_blank_or_nan_load_is_an_error_naming_file_line_and_column(tmp_path, c
     f.write_text("\n" + "".join(bad))
     line = 1 + next(i for i, r in enumerate(bad, 1) if r.startswith("tool-a,ContextSaturation,") and ",1,b1," in r)
     with pytest.raises(ExternalTrialsError, match=rf"blank\.csv:{line}: column 'pct' \(load\)"):
+        load_external_trials(f, MAP)
+
+
+def test_a_latin_1_file_is_named_with_its_line_and_byte(tmp_path):
+    text = SMALL.read_text().replace("tool-b,Control,0,0", "tool-b,Contröl,0,0", 1)
+    assert "Contröl" in text
+    f = tmp_path / "latin.csv"
+    f.write_bytes(text.encode("latin-1"))
+    line = 1 + text.split("Contröl")[0].count("\n")
+    with pytest.raises(ProbeError, match=rf"latin\.csv:{line}: not UTF-8 text: byte 0xf6 .*save the file as UTF-8"):
         load_external_trials(f, MAP)
 
 

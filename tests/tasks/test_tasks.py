@@ -370,6 +370,11 @@ def _variant(**changes: object) -> str:
         (_variant(meta={"x": [1]}), "meta['x']", "string or a number"),
         (_variant(segments=[["germane"]]), "segments[0]", "[kind, text] pair"),
         (_variant(segments=[["noise", "x"]]), "segments[0]", "not one of"),
+        (_variant(task_id="a\ud800"), "task_id", "lone surrogate U+D800"),
+        (_variant(meta={"k": "v\udc80"}), "meta['k']", "lone surrogate U+DC80"),
+        (_variant(meta={"x": float("nan")}), "json", "NaN is not a JSON number"),
+        (_variant(meta={"x": float("inf")}), "json", "Infinity is not a JSON number"),
+        ("[" * 100_000, "json", "nested too deeply"),
     ],
 )
 def test_jsonl_bad_line_names_file_line_field(tmp_path: Path, line: str, field: str, what: str) -> None:
