@@ -259,13 +259,18 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_models(args: argparse.Namespace) -> int:
     from concurrent.futures import ThreadPoolExecutor
 
-    from probe.loading import availability, list_cards, served_reachability
+    from probe.errors import ConfigError
+    from probe.loading import availability, card_files, read_card, served_reachability
 
-    cards = list_cards()
+    cards, rows = [], []
+    for name, path in card_files().items():  # a bad card is a row saying what is wrong, not the end of the list
+        try:
+            cards.append(read_card(path))
+        except ConfigError as e:
+            rows.append((name, "?", "no", f"bad card: {e}"))
     served = [c for c in cards if not c.is_local]
     with ThreadPoolExecutor(max_workers=8) as pool:  # a short probe of each server's URL, all at once
         reach = dict(zip([c.name for c in served], pool.map(served_reachability, served)))
-    rows = []
     for c in cards:
         ok, why = availability(c)
         if c.is_local or not ok:
@@ -274,6 +279,7 @@ def cmd_models(args: argparse.Namespace) -> int:
             state = reach[c.name]
             rows.append((c.name, c.backend, "yes" if state == "reachable" else state.split(" (")[0],
                          f"{why}: {state}"))
+    rows.sort(key=lambda r: r[0])
     w = [max(len(r[i]) for r in rows + [("model", "backend", "loadable", "")]) for i in range(3)]
     print(f"{'model':<{w[0]}}  {'backend':<{w[1]}}  {'loadable':<{w[2]}}  where")
     for r in rows:

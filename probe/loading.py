@@ -46,7 +46,7 @@ def card_dirs() -> list[Path]:
     return [*(Path(p) for p in env.split(os.pathsep) if p), SHIPPED_CARDS]
 
 
-def _card_files() -> dict[str, Path]:
+def card_files() -> dict[str, Path]:
     """Card name (file stem) -> its file, a user's folder before the shipped cards."""
     found: dict[str, Path] = {}
     for folder in card_dirs():
@@ -126,15 +126,61 @@ class ModelCard:
         return ChunkSet.from_table(self.chunks, self.card_path or self.name) if self.chunks else None
 
 
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # a card's dtype: auto is float32 on CPU, bfloat16 on CUDA
+
+# the TOML types each card key takes (beyond its dataclass annotation: what the file may spell)
+_CARD_TYPES: dict[str, tuple[type, ...]] = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,),
+                                            "dict": (dict,)}
+
+
+def _card_type_error(key: str, value: Any, annotation: str) -> str | None:
+    """Why ``value`` does not fit the card field ``key`` declared ``annotation`` (a string: the module's annotations
+    are postponed), or None."""
+    allowed = [a.strip() for a in annotation.split("|")]
+    if value is None:
+        return None if "None" in allowed else f"{key}: a value is required"
+    for a in allowed:
+        base = a.split("[")[0]
+        if base in _CARD_TYPES and isinstance(value, _CARD_TYPES[base]) and not (
+                base in ("int", "float") and isinstance(value, bool)):
+            return None
+    kinds = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
+             "dict": "a table", "None": ""}
+    want = " or ".join(k for k in (kinds.get(a.split("[")[0], a) for a in allowed) if k)
+    return f"{key}: expected {want}, got {value!r}"
+
+
 def read_card(path: Path) -> ModelCard:
+    """A model card from its TOML file, every key checked (names the file and the key of a bad value).
+
+    Raises:
+        ConfigError: the file is not UTF-8 or not TOML, a key is unknown or of the wrong type, ``name`` differs from
+            the file's name, or a value is out of its range.
+    """
+    raw = path.read_bytes()
     try:
-        data = tomllib.loads(path.read_text())
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); save the card "
+                          "as UTF-8") from None
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
     names = {f.name for f in fields(ModelCard)} - {"card_path"}
     unknown = set(data) - names
     if unknown:
         raise ConfigError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; valid keys: {', '.join(sorted(names))}")
+    for f in fields(ModelCard):
+        if f.name in data:
+            why = _card_type_error(f.name, data[f.name], str(f.type))
+            if why:
+                raise ConfigError(f"{path}: {why}")
+    if "name" in data and data["name"] != path.stem:
+        raise ConfigError(f"{path}: name: {data['name']!r} differs from the file's name {path.stem!r}; a card is "
+                          "found by its file name: rename the file or the card (or leave `name` out)")
+    if data.get("dtype", "auto") not in DTYPES:
+        raise ConfigError(f"{path}: dtype: {data['dtype']!r} is not one of {', '.join(DTYPES)}")
     data.setdefault("name", path.stem)
     try:
         return ModelCard(**data, card_path=str(path))
@@ -144,7 +190,7 @@ def read_card(path: Path) -> ModelCard:
 
 def list_cards() -> list[ModelCard]:
     """Every card of :func:`card_dirs` by name (a user's card hides a shipped one of the same name)."""
-    return [read_card(p) for _, p in sorted(_card_files().items())]
+    return [read_card(p) for _, p in sorted(card_files().items())]
 
 
 def get_card(name_or_path: str) -> ModelCard:
@@ -152,7 +198,7 @@ def get_card(name_or_path: str) -> ModelCard:
     p = Path(name_or_path)
     if p.suffix == ".toml" and p.is_file():
         return read_card(p)
-    files = _card_files()
+    files = card_files()
     if name_or_path not in files:
         raise UnknownNameError("model card", name_or_path, sorted(files))
     return read_card(files[name_or_path])

@@ -88,6 +88,34 @@ def test_bad_card_names_the_field(tmp_path):
         read_card(p)
 
 
+@pytest.mark.parametrize("text, message", [
+    ('source = "hub"\nhub_id = "a/b"\ndtype = "float77"\n', r"dtype: 'float77' is not one of auto, float32"),
+    ('source = "hub"\nhub_id = "a/b"\ncontext_window = "big"\n', r"context_window: expected an integer, got 'big'"),
+    ('source = "hub"\nhub_id = "a/b"\nuse_chat_template = 1\n', r"use_chat_template: expected true or false"),
+    ('source = "hub"\nhub_id = 7\n', r"hub_id: expected a string, got 7"),
+    ('name = "other"\nsource = "hub"\nhub_id = "a/b"\n', r"name: 'other' differs from the file's name 'm'"),
+])
+def test_a_card_value_of_the_wrong_type_or_range_names_the_key(tmp_path, text, message):
+    p = tmp_path / "m.toml"
+    p.write_text(text)
+    with pytest.raises(ConfigError, match=rf"m\.toml: {message}"):
+        read_card(p)
+
+
+def test_a_card_that_is_not_utf8_is_named_and_the_listing_goes_on(tmp_path, monkeypatch, capsys):
+    cards = tmp_path / "models"
+    cards.mkdir()
+    (cards / "latin.toml").write_bytes('description = "Modèle"\nsource = "hub"\nhub_id = "a/b"\n'.encode("latin-1"))
+    (cards / "good.toml").write_text('source = "hub"\nhub_id = "a/b"\n')
+    with pytest.raises(ConfigError, match=r"latin\.toml: not UTF-8 text \(byte 0xe8"):
+        read_card(cards / "latin.toml")
+    monkeypatch.setenv("ICE_PROBE_MODELS", str(cards))
+    assert main(["models"]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    assert "bad card" in rows["latin"] and "not UTF-8" in rows["latin"]
+    assert "good" in rows and "smollm2-135m-instruct" in rows  # the other cards, the shipped ones included
+
+
 def test_offline_hub_model_fails_at_once_with_instructions(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
