@@ -325,7 +325,16 @@ class RunLock:
             log.warning("%s: no file locking on this system; do not start two runs into one folder", self.folder)
             return
         self.folder.root.mkdir(parents=True, exist_ok=True)
-        fh = open(self.folder.lock, "a+", encoding="utf-8")
+        lock = self.folder.lock
+        if lock.is_symlink() or (lock.exists() and not lock.is_file()):
+            what = "a link" if lock.is_symlink() else "a folder" if lock.is_dir() else "not a plain file"
+            raise ProbeError(f"{lock}: is {what}, where the run's lock file belongs (nothing else is ever there); "
+                             "remove it, then run the command again")
+        try:
+            fh = open(lock, "a+", encoding="utf-8")
+        except OSError as e:
+            raise ProbeError(f"{lock}: cannot be opened to lock the run folder ({e.strerror or e}); check the "
+                             "folder's permissions") from None
         try:
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:

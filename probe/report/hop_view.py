@@ -100,7 +100,8 @@ def render_answer_steps(answer: AnswerAttention, output: str, char_spans: np.nda
         cls = f' class="m" style="--c:{LABEL_COLOURS[mention_of[t]]}"' if t in mention_of else ""
         toks.append(f'<a href="#t{t}"{cls} title="token {t}">{esc(piece)}</a>')
     def link(r: HopRow) -> str:
-        return "—" if r.token_start is None else f'<a href="#t{r.token_start}">{r.token_start}–{r.token_end}</a>'
+        return "—" if r.token_start is None or r.token_end is None else (  # both ends inclusive, as in the titles
+            f'<a href="#t{r.token_start}">{r.token_start}–{r.token_end - 1}</a>')
 
     hop_rows = "".join(
         f'<tr><td>{r.hop}</td><td class="l">{esc(r.target.replace("_", " "))}</td><td class="l">{esc(r.entity)}'
@@ -149,6 +150,11 @@ def write_answer_steps(run_dir: str | Path | RunFolder, model: str, prompt_id: s
     if answer is None:
         raise ProbeError(f"{run.attention_record(model, prompt_id)}: no attention while the answer was written "
                          "(the run did not capture it: probe with answer = true in [probe])")
+    n_layers, n_heads = answer.mass.shape[1:3]
+    if layer is not None and not 0 <= layer < n_layers:
+        raise ProbeError(f"layer {layer}: {model} has layers 0..{n_layers - 1}")
+    if head is not None and not 0 <= head < n_heads:
+        raise ProbeError(f"head {head}: {model} has heads 0..{n_heads - 1}")
     task = (tasks if tasks is not None else run_tasks(run)).get(trial.task_id)
     if task is None:
         raise ProbeError(f"{run.config}: the run's tasks hold no task {trial.task_id!r}")

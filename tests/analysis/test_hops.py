@@ -444,6 +444,8 @@ def test_answer_steps_page_shades_each_tokens_segments(tmp_path):
     page = render_answer_steps(aa, "".join(PIECES), spans_of(PIECES), rows, TEXTS, "m · q")
     assert page.count('<section class="step"') == t and page.count('<a href="#t') >= t
     assert page.count('class="m"') == (MOLVIA[1] - MOLVIA[0]) + (ZERIN[1] - ZERIN[0])  # the mentions' tokens
+    first, last = MOLVIA[0], MOLVIA[1] - 1  # a hop's tokens, both ends inclusive, alike in its title and the table
+    assert f"(tokens {first}–{last})" in page and f'<a href="#t{first}">{first}–{last}</a>' in page
     step = re.search(r'<section class="step" id="t5">(.*?)</section>', page).group(1)
     shown = [float(x) for x in re.findall(r"</span><span>([0-9.]+)</span>", step)]
     direct = mass[5, 3:6].astype(np.float64).mean(axis=(0, 1))  # token 5's row, window layers, heads pooled

@@ -190,6 +190,11 @@ def test_show_answer_steps_through_the_generated_tokens(tmp_path, tiny_card, cap
     assert answer is not None and len(answer.tokens) > 0
     text = page.read_text()
     assert text.count('class="step"') == len(answer.tokens) or text.count("<details") >= len(answer.tokens)
+    for flag, value, what in (("--layer", "99", "layer 99: tiny-llama has layers 0..1"),
+                              ("--head", "50", "head 50: tiny-llama has heads 0..3")):  # refused, no traceback
+        assert main(["show", str(run.root), prompt_id, "--answer", flag, value]) == 2
+        err = capsys.readouterr().err
+        assert what in err and "Traceback" not in err
 
     exp.write_text(exp.read_text().replace("answer = true", "answer = false").replace('"steps"', '"plain"'))
     assert main(["run", str(exp), "-q"]) == 0

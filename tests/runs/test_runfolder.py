@@ -62,3 +62,20 @@ def test_run_folder_paths(tmp_path) -> None:
     (run.root / "trials.rankx.jsonl").write_text("")
     assert [p.name for p in run.trial_shards()] == ["trials.rank0.jsonl", "trials.rank2.jsonl", "trials.rank10.jsonl"]
     assert not run.has_attention()
+
+
+@pytest.mark.parametrize("kind", ["folder", "dangling link"])
+def test_a_lock_path_that_is_not_a_file_is_named(tmp_path, kind):
+    """``run.lock`` as a folder or a link to nowhere: refused with what it is and what to do (were an
+    IsADirectoryError / FileNotFoundError traceback)."""
+    from probe.errors import ProbeError
+    from probe.runfolder import RunLock
+
+    run = RunFolder(tmp_path / "r")
+    run.root.mkdir()
+    if kind == "folder":
+        run.lock.mkdir()
+    else:
+        run.lock.symlink_to(tmp_path / "nowhere")
+    with pytest.raises(ProbeError, match=r"run\.lock: is a (folder|link), where the run's lock file belongs.*remove"):
+        RunLock(run).acquire()
