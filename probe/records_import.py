@@ -194,9 +194,9 @@ def read_rows(path: Path) -> list[tuple[int, dict[str, str]]]:
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        line = raw[:e.start].count(b"\n") + 1
+        lineno = raw[:e.start].count(b"\n") + 1
         column = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
-        raise ProbeError(f"{path}:{line}: not UTF-8 text: byte 0x{raw[e.start]:02x} at column {column} (byte offset "
+        raise ProbeError(f"{path}:{lineno}: not UTF-8 text: byte 0x{raw[e.start]:02x} at column {column} (byte offset "
                          f"{e.start} in the file); save the file as UTF-8 (is it Latin-1?)") from None
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".ndjson", ".json"):
