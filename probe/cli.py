@@ -62,9 +62,23 @@ def _overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
 
 
 def _load(args: argparse.Namespace) -> ExperimentConfig:
+    """The experiment with the flags applied: section overrides, and ``--limit N`` (at most N tasks from each
+    ``[[tasks]]`` section: its ``n``). ``-q`` also silences the libraries' download and weight-loading bars."""
+    import dataclasses
+
     from probe.config import load_config
 
-    return load_config(args.experiment, _overrides(args))
+    if getattr(args, "quiet", False):
+        import transformers
+        from huggingface_hub.utils import disable_progress_bars
+
+        transformers.logging.disable_progress_bar()
+        disable_progress_bars()
+    cfg = load_config(args.experiment, _overrides(args))
+    limit = getattr(args, "limit", None)
+    if limit is not None:
+        cfg = dataclasses.replace(cfg, tasks=tuple(dataclasses.replace(t, n=min(t.n, limit)) for t in cfg.tasks))
+    return cfg
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -353,7 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"%(prog)s (ICE-Probe) {_version()}")
     sub = p.add_subparsers(dest="cmd", required=True)
 
-    def exp_args(sp: argparse.ArgumentParser) -> None:
+    def exp_args(sp: argparse.ArgumentParser, writes: bool = True) -> None:
         sp.add_argument("experiment", help="experiment TOML (a path; or a shipped experiment by name: "
                                            f"{', '.join(shipped_experiments())})")
         sp.add_argument("--name", help="run name (folder under the output dir)")
@@ -361,13 +375,18 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--output-dir", help="parent folder of run folders (default: the experiment's output_dir, "
                                              "outputs/ of the working directory unless it says otherwise)")
         sp.add_argument("--replications", type=positive_int, help="replications per (task, condition, load)")
-        sp.add_argument("--force", action="store_true",
-                        help="start the run over when the folder holds records of another configuration (they are "
-                             "moved into <run>/superseded-<time>/)")
-        sp.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+        if writes:  # validate writes nothing: it has nothing to start over
+            sp.add_argument("--force", action="store_true",
+                            help="start the run over when the folder holds records of another configuration (they "
+                                 "are moved into <run>/superseded-<time>/)")
+        sp.add_argument("--limit", type=positive_int, metavar="N",
+                        help="at most N tasks from each [[tasks]] section (its n), for a quick try of an experiment; "
+                             "the run folder records the smaller n")
+        sp.add_argument("-q", "--quiet", action="store_true",
+                        help="no progress bars (the toolkit's, and the libraries' download and weight-loading bars)")
 
     sp = sub.add_parser("validate", help="check an experiment file without loading a model")
-    exp_args(sp)
+    exp_args(sp, writes=False)
     sp.set_defaults(fn=cmd_validate)
     sp = sub.add_parser("build", help=f"build the prompts (outputs/<name>/{runfolder.PROMPTS})")
     exp_args(sp)
@@ -391,8 +410,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="external files: the generation limit used, to recognise cut-off outputs")
     sp.add_argument("--tokenizer", help="external files: a local tokenizer folder to count output tokens with")
     sp.set_defaults(fn=cmd_analyze)
-    sp = sub.add_parser("report", help=f"write {runfolder.REPORT} and figures for a run folder")
-    sp.add_argument("run")
+    sp = sub.add_parser("report", help=f"write {runfolder.REPORT} and figures for a run folder",
+                        description=f"Write <run>/{runfolder.REPORT} (self-contained) and <run>/figures/*.png from the "
+                                    f"run's {runfolder.ANALYSIS} (run `probe analyze` first); nothing is re-estimated.")
+    sp.add_argument("run", help=f"an analysed run folder (outputs/<name>, holding {runfolder.ANALYSIS})")
     sp.set_defaults(fn=cmd_report)
     sp = sub.add_parser("results", help="analyse and report run folders, then write a results page (Markdown) "
                         "from their analyses, keeping its hand-written reading")
@@ -401,9 +422,12 @@ def build_parser() -> argparse.ArgumentParser:
                                                 "figures under img/results/ there)")
     sp.add_argument("--title", default="Results", help="the page's heading")
     sp.set_defaults(fn=cmd_results)
-    sp = sub.add_parser("compare", help="several runs side by side")
-    sp.add_argument("runs", nargs="+")
-    sp.add_argument("--out", default="outputs/comparison")
+    sp = sub.add_parser("compare", help="several runs side by side",
+                        description="One page of several analysed runs side by side, each model named <run>: <model> "
+                                    "(their tables merged; the attention figures stay in each run's own report).")
+    sp.add_argument("runs", nargs="+", help=f"analysed run folders (each holding {runfolder.ANALYSIS})")
+    sp.add_argument("--out", default="outputs/comparison",
+                    help="the folder of the comparison page (default outputs/comparison, under the working directory)")
     sp.set_defaults(fn=cmd_compare)
     sp = sub.add_parser("show", help="one prompt's tokens shaded by the attention its query set gives them (HTML)")
     sp.add_argument("run", help="run folder (outputs/<name>)")

@@ -444,6 +444,19 @@ def _prepare_tokenizer(tok: Any, card: ModelCard) -> Any:
     return tok
 
 
+def hub_reachable(timeout: float = 3.0) -> str | None:
+    """None when the Hugging Face hub (``$HF_ENDPOINT``) answers within ``timeout`` seconds, else why not: one
+    short request instead of the download client's minute of retries."""
+    import httpx
+
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    try:
+        httpx.head(endpoint, timeout=timeout)
+    except httpx.HTTPError as e:
+        return f"{endpoint} did not answer within {timeout:g} s ({type(e).__name__})"
+    return None
+
+
 def _from_hub(card: ModelCard, auto_cls: Any, **kwargs: Any) -> Any:
     assert card.hub_id
     try:
@@ -451,6 +464,9 @@ def _from_hub(card: ModelCard, auto_cls: Any, **kwargs: Any) -> Any:
     except OSError as first:
         if os.environ.get("HF_HUB_OFFLINE") == "1":
             raise _unavailable_hub(card, first) from None
+        unreachable = hub_reachable()
+        if unreachable is not None:  # fail at once (set HF_HUB_OFFLINE=1 to skip even this request)
+            raise _unavailable_hub(card, ConnectionError(unreachable)) from None
         try:
             return auto_cls.from_pretrained(card.hub_id, revision=card.revision, **kwargs)
         except Exception as e:  # network errors come in many types; all mean the same thing here

@@ -126,3 +126,19 @@ def test_bench_attention_measures_the_model_named_by_model(tiny_card, monkeypatc
     assert main(["bench", "attention", "--model", str(tiny_card), "--lengths", "", "--probe-batch", "2"]) == 0
     assert loaded == [str(tiny_card)]
     assert f"batched probing (AR_k on): {tiny_card}," in capsys.readouterr().out
+
+
+def test_limit_takes_at_most_n_tasks_of_each_section(tmp_path, capsys):
+    """``--limit N`` (as lm-eval's): each [[tasks]] section's n capped at N, a smaller n kept; validate says how
+    many tasks the run would have."""
+    from probe.cli import _load
+
+    exp = tiny_experiment(tmp_path / "exp.toml", ["smollm2-135m-instruct"],
+                          tasks=[{"source": "synthetic", "n": 5, "hops": 2}, {"source": "synthetic", "n": 1, "hops": 3}])
+    cfg = _load(build_parser().parse_args(["validate", str(exp), "--limit", "2"]))
+    assert [t.n for t in cfg.tasks] == [2, 1]
+    assert main(["validate", str(exp), "--limit", "2"]) == 0
+    assert "3 tasks" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as stop:  # a limit of no task is refused when parsed
+        main(["validate", str(exp), "--limit", "0"])
+    assert stop.value.code == 2 and "--limit: 0 must be >= 1" in capsys.readouterr().err

@@ -116,6 +116,21 @@ def test_a_card_that_is_not_utf8_is_named_and_the_listing_goes_on(tmp_path, monk
     assert "good" in rows and "smollm2-135m-instruct" in rows  # the other cards, the shipped ones included
 
 
+def test_an_unreachable_hub_fails_at_once_without_the_offline_flag(tmp_path, monkeypatch):
+    """Without HF_HUB_OFFLINE, a hub card not in the cache and a hub that does not answer: one short request, then
+    the instructions (was a minute of the download client's retries)."""
+    import socket
+
+    with socket.socket() as s:  # a loopback port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    with pytest.raises(ModelUnavailableError, match=rf"127\.0\.0\.1:{port} did not answer"):  # the short request's
+        load_model(get_card("llama-3-8b-instruct"))  # word: the download client's retries never started
+
+
 def test_offline_hub_model_fails_at_once_with_instructions(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
