@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # folder of tests/ -> the modules and packages directly under probe/ whose tests it holds ("__init__" is
 # probe/__init__.py, the public API)
 FOLDERS: dict[str, tuple[str, ...]] = {
-    "core": ("errors", "registry", "rng", "types", "formatting", "compat", "config"),
+    "core": ("errors", "registry", "types", "formatting", "compat", "config"),
     "tasks": ("tasks",),
     "scoring": ("scoring",),
     "prompts": ("prompts",),

@@ -18,7 +18,6 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from probe.rng import scalar_draws
 from probe.tasks.synthetic import (NAME_KINDS, TOPIC_TEMPLATES, NameDraw, _Topic, draw_chain, name_words,
                                    render_facts)
 
@@ -51,13 +50,12 @@ def _draw_facts(rng: np.random.Generator, topics: Sequence[_Topic], n: int,
     """``n`` facts of chains drawn one after another (topic uniform over ``topics``), each with the lowercased
     words of its chain's invented names; no name word repeats, nor is a word of ``avoid``."""
     out: list[tuple[str, frozenset[str]]] = []
-    with scalar_draws(rng) as draws:  # numpy's draws, without numpy's cost per scalar call
-        namer = NameDraw(draws, avoid)
-        while len(out) < n:
-            topic = topics[int(draws.integers(len(topics)))]
-            entities, extras = draw_chain(topic, namer, draws)
-            chain_names = frozenset(name_words(e for e, kind in zip(entities, topic.kinds) if kind in NAME_KINDS))
-            out += [(fact, chain_names) for fact in render_facts(topic, entities, extras, draws)]
+    namer = NameDraw(rng, avoid)
+    while len(out) < n:
+        topic = topics[int(rng.integers(len(topics)))]
+        entities, extras = draw_chain(topic, namer, rng)
+        chain_names = frozenset(name_words(e for e, kind in zip(entities, topic.kinds) if kind in NAME_KINDS))
+        out += [(fact, chain_names) for fact in render_facts(topic, entities, extras, rng)]
     return out[:n]
 
 

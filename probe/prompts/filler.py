@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from probe.rng import scalar_draws
 
 # Each family: a template and the word lists of its slots. Every combination is a plain sentence of 10-25 words.
 _FAMILIES: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
@@ -174,15 +173,14 @@ def neutral_filler(rng: np.random.Generator, n_sentences: int) -> list[str]:
     """
     seen: set[str] = set()
     out: list[str] = []
-    with scalar_draws(rng) as draws:  # numpy's draws, without numpy's cost per scalar call
-        for _ in range(n_sentences):
-            for _attempt in range(20):
-                template, slots = _FAMILIES[int(draws.integers(len(_FAMILIES)))]
-                values = {k: v[int(draws.integers(len(v)))] for k, v in slots.items()}
-                sentence = template.format(**values)
-                sentence = sentence[0].upper() + sentence[1:]
-                if sentence not in seen:
-                    break
-            seen.add(sentence)
-            out.append(sentence)
+    for _ in range(n_sentences):
+        for _attempt in range(20):
+            template, slots = _FAMILIES[int(rng.integers(len(_FAMILIES)))]
+            values = {k: v[int(rng.integers(len(v)))] for k, v in slots.items()}
+            sentence = template.format(**values)
+            sentence = sentence[0].upper() + sentence[1:]
+            if sentence not in seen:
+                break
+        seen.add(sentence)
+        out.append(sentence)
     return out

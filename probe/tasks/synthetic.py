@@ -21,7 +21,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from probe.errors import ConfigError
-from probe.rng import ScalarRng
 from probe.types import Hop, Task
 
 log = logging.getLogger(__name__)
@@ -258,7 +257,7 @@ _TEMPLATE_WORDS = _template_words()
 class NameDraw:
     """Draws invented names; no word of a name repeats within one draw, nor equals a template word."""
 
-    def __init__(self, rng: ScalarRng, avoid: Iterable[str] = ()) -> None:
+    def __init__(self, rng: np.random.Generator, avoid: Iterable[str] = ()) -> None:
         self._rng = rng
         self._used: set[str] = name_words(avoid)
 
@@ -319,7 +318,7 @@ class NameDraw:
         raise ValueError(f"unknown name kind {kind!r}")
 
 
-def draw_chain(topic: _Topic, names: NameDraw, rng: ScalarRng) -> tuple[list[str], dict[str, str]]:
+def draw_chain(topic: _Topic, names: NameDraw, rng: np.random.Generator) -> tuple[list[str], dict[str, str]]:
     """The four entities of one chain and the values of the topic's extra template fields."""
     entities: list[str] = []
     for kind in topic.kinds:
@@ -333,7 +332,7 @@ def draw_chain(topic: _Topic, names: NameDraw, rng: ScalarRng) -> tuple[list[str
     return entities, extras
 
 
-def render_facts(topic: _Topic, entities: list[str], extras: dict[str, str], rng: ScalarRng) -> list[str]:
+def render_facts(topic: _Topic, entities: list[str], extras: dict[str, str], rng: np.random.Generator) -> list[str]:
     """The three fact sentences of a chain, each from a randomly chosen template of its relation."""
     fields = {f"e{i}": e for i, e in enumerate(entities)} | extras
     facts = []

@@ -11,16 +11,7 @@ from probe.attention import build_plan
 from probe.attention.reduce import LayerAggregates, assemble_result
 from probe.config import ProbeSection
 from probe.errors import HookError
-from probe.rng import ScalarDraws, scalar_draws
 from probe.types import Span, TokenizedPrompt
-
-
-def test_scalar_draws_take_pcg64_only() -> None:
-    with pytest.raises(TypeError, match="MT19937"):
-        ScalarDraws(np.random.Generator(np.random.MT19937(0)))
-    rng = np.random.Generator(np.random.MT19937(0))
-    with scalar_draws(rng) as draws:  # another bit generator passes through untouched
-        assert draws is rng
 
 
 def test_a_layer_without_its_residue_is_refused() -> None:

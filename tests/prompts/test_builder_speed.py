@@ -7,7 +7,6 @@ import hashlib
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from probe.config import load_config
@@ -15,7 +14,6 @@ from probe.errors import SpanError
 from probe.prompts.builder import Piece, assemble
 from probe.prompts.tokenize import PieceCounter, chat_frame, encode_prompt, encode_prompt_reference
 from probe.records import read_jsonl
-from probe.rng import scalar_draws
 from probe.runner import build_run_prompts, prepare_run_dir
 from probe.types import Prompt, Segment
 
@@ -128,29 +126,3 @@ def test_chat_frame_only_for_templates_that_copy_the_message() -> None:
     assert chat_frame(_Template(lambda t: t)) == ("<s>[user]", "[/user][assistant]")
     assert chat_frame(_Template(str.strip)) is None
     assert chat_frame(_Template(lambda t: t.replace("\\", "\\\\"))) is None
-
-
-def test_scalar_draws_are_numpy_draws_call_for_call() -> None:
-    for seed in range(200):
-        a, b = np.random.default_rng(seed), np.random.default_rng(seed)
-        ops = np.random.default_rng(10**6 + seed)
-        for _ in range(int(ops.integers(3))):  # sometimes leaves half of a 64-bit output buffered
-            a.integers(7), b.integers(7)
-        calls = []
-        for _ in range(int(ops.integers(1, 300))):
-            k = int(ops.integers(4))
-            if k == 0:
-                calls.append(("integers", (int(ops.integers(1, 50)),)))
-            elif k == 1:
-                calls.append(("random", ()))
-            elif k == 2:
-                lo = int(ops.integers(-5, 2000))
-                calls.append(("integers", (lo, lo + int(ops.integers(1, 3000)))))
-            else:
-                calls.append(("integers", (int(ops.integers(1, 2**32)),)))
-        want = [getattr(a, name)(*args) for name, args in calls]
-        with scalar_draws(b) as d:
-            got = [getattr(d, name)(*args) for name, args in calls]
-        assert got == [float(x) if isinstance(x, float) else int(x) for x in want], seed
-        assert a.bit_generator.state == b.bit_generator.state
-        assert a.random() == b.random()
