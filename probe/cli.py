@@ -279,7 +279,7 @@ def cmd_models(args: argparse.Namespace) -> int:
     cards, rows = [], []
     for name, path in card_files().items():  # a bad card is a row saying what is wrong, not the end of the list
         try:
-            cards.append(read_card(path))
+            cards.append(read_card(path, catalogued=True))
         except ConfigError as e:
             rows.append((name, "?", "no", f"bad card: {e}"))
     served = [c for c in cards if not c.is_local]

@@ -150,12 +150,17 @@ def _card_type_error(key: str, value: Any, annotation: str) -> str | None:
     return f"{key}: expected {want}, got {value!r}"
 
 
-def read_card(path: Path) -> ModelCard:
+def read_card(path: Path, catalogued: bool = False) -> ModelCard:
     """A model card from its TOML file, every key checked (names the file and the key of a bad value).
 
+    Args:
+        path: the card file.
+        catalogued: the card was found in a cards folder by its name (:func:`card_files`), where its ``name`` must be
+            its file's name (else two cards could claim one name); a card given by its path may name itself.
+
     Raises:
-        ConfigError: the file is not UTF-8 or not TOML, a key is unknown or of the wrong type, ``name`` differs from
-            the file's name, or a value is out of its range.
+        ConfigError: the file is not UTF-8 or not TOML, a key is unknown or of the wrong type, a catalogued card's
+            ``name`` differs from its file's name, or a value is out of its range.
     """
     raw = path.read_bytes()
     try:
@@ -176,9 +181,9 @@ def read_card(path: Path) -> ModelCard:
             why = _card_type_error(f.name, data[f.name], str(f.type))
             if why:
                 raise ConfigError(f"{path}: {why}")
-    if "name" in data and data["name"] != path.stem:
-        raise ConfigError(f"{path}: name: {data['name']!r} differs from the file's name {path.stem!r}; a card is "
-                          "found by its file name: rename the file or the card (or leave `name` out)")
+    if catalogued and "name" in data and data["name"] != path.stem:
+        raise ConfigError(f"{path}: name: {data['name']!r} differs from the file's name {path.stem!r}; a card in a "
+                          "cards folder is found by its file name: rename the file or the card (or leave `name` out)")
     if data.get("dtype", "auto") not in DTYPES:
         raise ConfigError(f"{path}: dtype: {data['dtype']!r} is not one of {', '.join(DTYPES)}")
     data.setdefault("name", path.stem)
@@ -190,7 +195,7 @@ def read_card(path: Path) -> ModelCard:
 
 def list_cards() -> list[ModelCard]:
     """Every card of :func:`card_dirs` by name (a user's card hides a shipped one of the same name)."""
-    return [read_card(p) for _, p in sorted(card_files().items())]
+    return [read_card(p, catalogued=True) for _, p in sorted(card_files().items())]
 
 
 def get_card(name_or_path: str) -> ModelCard:
@@ -201,7 +206,7 @@ def get_card(name_or_path: str) -> ModelCard:
     files = card_files()
     if name_or_path not in files:
         raise UnknownNameError("model card", name_or_path, sorted(files))
-    return read_card(files[name_or_path])
+    return read_card(files[name_or_path], catalogued=True)
 
 
 def _package_dir(package: str) -> Path | None:

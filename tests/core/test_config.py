@@ -93,13 +93,24 @@ def test_bad_card_names_the_field(tmp_path):
     ('source = "hub"\nhub_id = "a/b"\ncontext_window = "big"\n', r"context_window: expected an integer, got 'big'"),
     ('source = "hub"\nhub_id = "a/b"\nuse_chat_template = 1\n', r"use_chat_template: expected true or false"),
     ('source = "hub"\nhub_id = 7\n', r"hub_id: expected a string, got 7"),
-    ('name = "other"\nsource = "hub"\nhub_id = "a/b"\n', r"name: 'other' differs from the file's name 'm'"),
 ])
 def test_a_card_value_of_the_wrong_type_or_range_names_the_key(tmp_path, text, message):
     p = tmp_path / "m.toml"
     p.write_text(text)
     with pytest.raises(ConfigError, match=rf"m\.toml: {message}"):
         read_card(p)
+
+
+def test_a_card_in_a_cards_folder_is_named_as_its_file(tmp_path, monkeypatch):
+    """In a cards folder a card is found by its file name, so its `name` must be that name (two cards cannot claim
+    one); a card given by its path may name itself."""
+    cards = tmp_path / "models"
+    cards.mkdir()
+    (cards / "m.toml").write_text('name = "other"\nsource = "hub"\nhub_id = "a/b"\n')
+    monkeypatch.setenv("ICE_PROBE_MODELS", str(cards))
+    with pytest.raises(ConfigError, match=r"m\.toml: name: 'other' differs from the file's name 'm'"):
+        get_card("m")
+    assert get_card(str(cards / "m.toml")).name == "other"
 
 
 def test_a_card_that_is_not_utf8_is_named_and_the_listing_goes_on(tmp_path, monkeypatch, capsys):
