@@ -118,11 +118,14 @@ def _lone_surrogate(value: object, where: str) -> tuple[str, str] | None:
         except UnicodeEncodeError as e:
             return where, f"U+{ord(value[e.start]):04X}"
         return None
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for k, v in items:
-        found = _lone_surrogate(k, where) if isinstance(k, str) else None
-        found = found or _lone_surrogate(v, f"{where}[{k!r}]" if isinstance(value, dict) and where else
-                                         f"{where}[{k}]" if where else str(k))
+    if isinstance(value, dict):  # a key names the field: "meta", then "meta['k']"
+        places = [(f"{where}[{k!r}]" if where else str(k), k, v) for k, v in value.items()]
+    elif isinstance(value, list):
+        places = [(f"{where}[{i}]", None, v) for i, v in enumerate(value)]
+    else:
+        return None
+    for place, key, v in places:
+        found = (_lone_surrogate(key, where) if isinstance(key, str) else None) or _lone_surrogate(v, place)
         if found:
             return found
     return None

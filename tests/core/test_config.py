@@ -138,8 +138,9 @@ def test_an_unreachable_hub_fails_at_once_without_the_offline_flag(tmp_path, mon
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    with pytest.raises(ModelUnavailableError, match=rf"127\.0\.0\.1:{port} did not answer"):  # the short request's
-        load_model(get_card("llama-3-8b-instruct"))  # word: the download client's retries never started
+    # the short request's own message: the download client's retries never started
+    with pytest.raises(ModelUnavailableError, match=rf"127\.0\.0\.1:{port} did not answer"):
+        load_model(get_card("llama-3-8b-instruct"))
 
 
 def test_offline_hub_model_fails_at_once_with_instructions(tmp_path, monkeypatch):
