@@ -118,19 +118,10 @@ class Model(LoadedModel):
         """
         from probe.config import IceSection
         from probe.prompts.builder import IceBuilder
-        from probe.prompts.distractors import distractor_facts
-        from probe.prompts.filler import neutral_filler
 
-        similarity = s_sim = None
-        if embedder:
-            from probe.prompts.similarity import get_embedder
-
-            emb = get_embedder(embedder)
-            similarity, s_sim = emb.similarity_to, emb.s_sim
         chat = self.card.use_chat_template if use_chat_template is None else use_chat_template
-        return IceBuilder(ice=ice or IceSection(), tokenizer=self.tokenizer, tokenizer_name=self.card.name,
-                          seed=seed, distractors=distractor_facts, filler=neutral_filler, similarity=similarity,
-                          s_sim=s_sim, use_chat_template=chat)
+        return IceBuilder.wired(ice or IceSection(), self.tokenizer, self.card.name, seed, embedder=embedder,
+                                use_chat_template=chat)
 
     def build_prompts(self, task: Task | Sequence[Task], *, conditions: Sequence[str] | None = None,
                       loads: Sequence[int] | None = None, replications: int | None = 1, seed: int = 1234,

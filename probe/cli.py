@@ -338,9 +338,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
             run_attention_bench,
             run_probe_batch_bench,
         )
-        from probe.loading import load_model
+        from probe.loading import get_card, load_model
 
         name = args.model or DEFAULT_MODEL
+        card = get_card(name)
+        too_long = [n for n in args.lengths or () if n > card.context_window]
+        if too_long:
+            raise ProbeError(f"--lengths: {', '.join(map(str, too_long))} exceed(s) the {card.context_window}-token "
+                             f"context window of {name} ({card.card_path or 'its card'}); measure shorter prompts")
         model = load_model(name).model
         if args.lengths:
             print(format_attention_bench(run_attention_bench(lengths=args.lengths, model=model, model_name=name,

@@ -35,7 +35,7 @@ import types
 import typing
 from dataclasses import KW_ONLY, MISSING, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
+from typing import TYPE_CHECKING, AbstractSet as Set, Any, Mapping, Sequence, Union
 
 from probe.config import (HEAD_RANKINGS, ExperimentConfig, InterventionEdit, InterventionFieldError, LayerWindow,
                           TopHeads)
@@ -283,7 +283,8 @@ def _question_texts(prompts: Sequence[Prompt]) -> set[str]:
 
 
 def select_heads(from_run: str | Path, model: str, k: int, by: str, n_layers: int, n_heads: int,
-                 prompts: Sequence[Prompt]) -> tuple[tuple[tuple[int, int], ...], int]:
+                 prompts: Sequence[Prompt], questions: Set[str] = frozenset()
+                 ) -> tuple[tuple[tuple[int, int], ...], int]:
     """The ``k`` heads with the largest mean ``by`` (``enrichment`` or ``p_ext``) over a probe run's baseline records.
 
     Args:
@@ -293,6 +294,7 @@ def select_heads(from_run: str | Path, model: str, k: int, by: str, n_layers: in
         by: the per-head measure to rank by.
         n_layers / n_heads: the model's shape (the records must have it).
         prompts: this run's prompts (their questions must not occur in the selection run).
+        questions: more of this run's question segment texts (before its prompts are built).
 
     Returns:
         ``(heads, n_records)``: the heads, best first, and the number of records averaged.
@@ -312,7 +314,7 @@ def select_heads(from_run: str | Path, model: str, k: int, by: str, n_layers: in
     if not records:
         raise ConfigError(f"interventions: heads.from = {str(from_run)!r}: no baseline probe records of model "
                           f"{model!r} in {folder}; run a probed experiment (probe.enabled = true) there first")
-    shared = _question_texts(load_prompts(run.prompts)) & _question_texts(prompts)
+    shared = _question_texts(load_prompts(run.prompts)) & (_question_texts(prompts) | set(questions))
     if shared:
         raise ConfigError(f"interventions: heads.from = {str(from_run)!r} holds {len(shared)} of this run's questions "
                           f"(e.g. {sorted(shared)[0]!r}); select heads on other questions (another task seed or "
@@ -389,7 +391,7 @@ def sweep_windows(window: LayerWindow, n_layers: int, name: str) -> list[tuple[i
 
 
 def resolve_interventions(cfg: ExperimentConfig, model: str, n_layers: int, n_heads: int,
-                          prompts: Sequence[Prompt] = ()) -> list[Intervention]:
+                          prompts: Sequence[Prompt] = (), questions: Set[str] = frozenset()) -> list[Intervention]:
     """Every intervention of the experiment as ``model`` runs it (sweeps expanded, heads selected).
 
     Args:
@@ -397,6 +399,7 @@ def resolve_interventions(cfg: ExperimentConfig, model: str, n_layers: int, n_he
         model: the model card name.
         n_layers / n_heads: the model's depth and query heads per layer.
         prompts: this run's prompts (top-k selection refuses a selection run that shares a question).
+        questions: this run's question segment texts, where its prompts are not built yet (the same check).
 
     Raises:
         ConfigError: a layer or head outside the model, a selection that cannot be made, or names that collide.
@@ -420,7 +423,7 @@ def resolve_interventions(cfg: ExperimentConfig, model: str, n_layers: int, n_he
                               f"layers (0..{n_layers - 1})")
         if isinstance(s.heads, TopHeads):
             t = s.heads
-            heads, n = select_heads(t.from_run, model, t.top_k, t.by, n_layers, n_heads, prompts)
+            heads, n = select_heads(t.from_run, model, t.top_k, t.by, n_layers, n_heads, prompts, questions)
             sel = HeadSelection(from_run=t.from_run, k=t.top_k, by=t.by, n_prompts=n)
             out.append(resolved(s.name, tuple(sorted({h[0] for h in heads})), heads, selection=sel))
             if t.random_control:

@@ -123,14 +123,9 @@ class Run:
     @cached_property
     def prompts(self) -> dict[str, Prompt]:
         """Every built prompt by prompt id, in file order (empty before the prompts are built)."""
-        from probe.records import read_jsonl
-        from probe.types import Prompt
+        from probe.records import load_prompts
 
-        out: dict[str, Prompt] = {}
-        for d in read_jsonl(self.folder.prompts):
-            p = Prompt.from_dict(d)
-            out[p.prompt_id] = p
-        return out
+        return {p.prompt_id: p for p in load_prompts(self.folder.prompts)}
 
     def prompt(self, prompt_id: str) -> Prompt:
         """One prompt by id.

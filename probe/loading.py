@@ -320,6 +320,40 @@ def served_reachability(card: ModelCard, timeout: float = 2.0) -> str:
         return f"not reachable ({reason})"
 
 
+def model_shape(card: ModelCard) -> tuple[int, int] | None:
+    """(layers, query heads per layer) of a local card's model, read from its configuration or GGUF header without
+    loading a weight; None where that cannot be done here (a served card, chunk packages not joined yet, a hub id
+    not in the local cache).
+    """
+    if not card.is_local:
+        return None
+    from transformers import AutoConfig
+
+    try:
+        if card.source in ("package", "gguf"):
+            d, f = gguf_location(card, join=False)
+            if not (d / f).is_file():
+                return None
+            cached = _gguf_cache_path(card, d / f)
+            if (cached / "config.json").is_file():
+                cfg = AutoConfig.from_pretrained(cached)
+            else:
+                from gguf import GGUFReader
+
+                fields = GGUFReader(d / f).fields
+                arch = bytes(fields["general.architecture"].parts[-1]).decode()
+                return (int(fields[f"{arch}.block_count"].parts[-1][0]),
+                        int(fields[f"{arch}.attention.head_count"].parts[-1][0]))
+        elif card.source == "local":
+            cfg = AutoConfig.from_pretrained(Path(card.path or "").expanduser())
+        else:
+            cfg = AutoConfig.from_pretrained(card.hub_id or "", revision=card.revision, local_files_only=True)
+    except (OSError, ValueError, KeyError):
+        return None
+    text = cfg.get_text_config()
+    return int(text.num_hidden_layers), int(text.num_attention_heads)
+
+
 def _hub_cached(card: ModelCard) -> tuple[bool, str]:
     from huggingface_hub import try_to_load_from_cache
 

@@ -14,11 +14,11 @@ import logging
 import os
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from probe.errors import ProbeError, SpanError
 from probe.runfolder import RunFolder, file_mode
-from probe.types import Gold, Prompt, family_of_old_record
+from probe.types import Gold, Prompt, Task, family_of_old_record
 
 log = logging.getLogger(__name__)
 
@@ -225,29 +225,41 @@ def load_trials(path: Path) -> list[TrialRecord]:
     return list(by_id.values())
 
 
+R = TypeVar("R")
+
+
+def _load_records(path: Path, from_dict: Callable[[dict], R], kind: str) -> list[R]:
+    """The records of one kind in a file, in file order (``RecordError`` naming the line that is not one)."""
+    out: list[R] = []
+    for line, d in iter_jsonl(path):
+        try:
+            out.append(from_dict(d))
+        except (KeyError, TypeError, ValueError, SpanError) as e:
+            what = f"missing {e}" if isinstance(e, KeyError) else str(e)
+            raise _damaged(Path(path), line, f"not a {kind} record ({what})") from None
+    return out
+
+
 def load_prompts(path: Path) -> list[Prompt]:
     """The prompt records of a file (``prompts.jsonl``), in file order.
 
     Raises:
         RecordError: a line is not valid JSON, or not a prompt record.
     """
-    out: list[Prompt] = []
-    for line, d in iter_jsonl(path):
-        try:
-            out.append(Prompt.from_dict(d))
-        except (KeyError, TypeError, ValueError, SpanError) as e:
-            what = f"missing {e}" if isinstance(e, KeyError) else str(e)
-            raise _damaged(Path(path), line, f"not a prompt record ({what})") from None
-    return out
+    return _load_records(path, Prompt.from_dict, "prompt")
 
 
-def done_trial_ids(path: Path) -> set[str]:
-    """Trials that need no rerun: everything recorded except backend errors."""
-    return {t.trial_id for t in load_trials(path) if t.error is None}
+def load_task_records(path: Path) -> list[Task]:
+    """The task records of a file (``tasks.jsonl``: what the run loaded from its task sources), in file order.
+
+    Raises:
+        RecordError: a line is not valid JSON, or not a task record.
+    """
+    return _load_records(path, Task.from_dict, "task")
 
 
-__all__ = ["DuplicateTrialError", "RecordError", "TrialRecord", "append_jsonl", "done_trial_ids", "iter_jsonl",
-           "load_prompts", "load_trials", "make_trial_id", "read_jsonl", "write_jsonl"]
+__all__ = ["DuplicateTrialError", "RecordError", "TrialRecord", "append_jsonl", "iter_jsonl",
+           "load_prompts", "load_task_records", "load_trials", "make_trial_id", "read_jsonl", "write_jsonl"]
 
 
 def check_records(run: str | Path | RunFolder) -> None:
@@ -257,6 +269,7 @@ def check_records(run: str | Path | RunFolder) -> None:
         RecordError: a line of one of them is not a record (``file:line: ...``).
     """
     run = RunFolder(run)
+    load_task_records(run.tasks)
     load_prompts(run.prompts)
     for path in run.trial_files():
         load_trials(path)

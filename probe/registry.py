@@ -1,12 +1,13 @@
-"""One generic registry: named entries, duplicates refused, "did you mean" on a typo, optional lazy import.
+"""One generic registry: named entries, duplicates refused, "did you mean" on a typo.
 
 Task sources, task families, report sections and attention measures are each a :class:`Registry`. An entry is
 registered once under its name; a second registration under the same name is an error (two modules claiming one
 name is a bug, not an override). A look-up of an unknown name raises :class:`~probe.errors.UnknownNameError`,
 which lists close matches and every registered name.
 
-A registry may name a module per entry that registers it on import (``lazy``), or a module pattern such as
-``"probe.report.{name}"``: the first look-up of such a name imports that module, so ``import probe`` stays cheap.
+Who registers what is written out where the registry is used (a reader follows it by "go to definition"): the
+toolkit's own entries are registered by name in one function per registry, on first use, so ``import probe`` stays
+cheap.
 
     >>> colours: Registry[int] = Registry("colour")
     >>> colours.register("red", 1)
@@ -21,8 +22,7 @@ A registry may name a module per entry that registers it on import (``lazy``), o
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Generic, TypeVar
 
 from probe.errors import ProbeError, UnknownNameError
@@ -39,17 +39,11 @@ class Registry(Generic[T]):
 
     Args:
         kind: what an entry is, for messages ("task source", "attention measure").
-        lazy: name -> the module whose import registers that entry.
-        module_pattern: for a name neither registered nor in ``lazy``, the module to try, with ``{name}`` filled in
-            (``"probe.report.{name}"``); a missing module is an unknown name.
     """
 
-    def __init__(self, kind: str, *, lazy: Mapping[str, str] | None = None,
-                 module_pattern: str | None = None) -> None:
+    def __init__(self, kind: str) -> None:
         self.kind = kind
         self._entries: dict[str, T] = {}
-        self._lazy = dict(lazy or {})
-        self._pattern = module_pattern
 
     def register(self, name: str, entry: T) -> T:
         """Add ``entry`` under ``name`` and return it.
@@ -66,43 +60,22 @@ class Registry(Generic[T]):
         """Remove ``name`` (tests that register a toy entry take it out again)."""
         self._entries.pop(name, None)
 
-    def _import_for(self, name: str) -> None:
-        module = self._lazy.get(name) or (self._pattern.format(name=name) if self._pattern else None)
-        if module is None:
-            return
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name != module:
-                raise
-            return
-        if name not in self._entries:
-            raise ProbeError(f"{module} registers no {self.kind} {name!r}; register it there")
-
     def get(self, name: str) -> T:
-        """The entry registered as ``name``, importing its module first where one is named.
+        """The entry registered as ``name``.
 
         Raises:
             UnknownNameError: no such entry (the message suggests close matches).
         """
         if name not in self._entries:
-            self._import_for(name)
-        if name not in self._entries:
             raise UnknownNameError(self.kind, name, self.names())
         return self._entries[name]
 
     def names(self) -> tuple[str, ...]:
-        """Registered names (lazily importable ones included), in registration order."""
-        return tuple(dict.fromkeys([*self._entries, *self._lazy]))
-
-    def load_all(self) -> None:
-        """Import every lazily named entry, so iteration sees them all."""
-        for name in list(self._lazy):
-            if name not in self._entries:
-                self._import_for(name)
+        """Registered names, in registration order."""
+        return tuple(self._entries)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._entries or name in self._lazy
+        return name in self._entries
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._entries)
@@ -117,9 +90,3 @@ class Registry(Generic[T]):
     def values(self) -> list[T]:
         """The registered entries, in registration order."""
         return list(self._entries.values())
-
-    def __repr__(self) -> str:
-        return f"Registry({self.kind!r}, {list(self._entries)})"
-
-
-__all__ = ["DuplicateEntryError", "Registry"]

@@ -4,6 +4,7 @@ A run of an experiment lives in ``outputs/<name>/``; this module is the only pla
 
     config.toml               the resolved experiment (probe.config.dump_config)
     manifest.json             toolkit commit, package versions, model sources and revisions, seed
+    tasks.jsonl               one task per line, as the run loaded it (probe.types.Task: question, gold, hops)
     prompts.jsonl             one built prompt per line (probe.types.Prompt)
     trials.jsonl              one trial per line (probe.records.TrialRecord); trials.rank<r>.jsonl while a
                               data-parallel run is in flight
@@ -44,6 +45,7 @@ from probe.errors import ProbeError
 
 CONFIG = "config.toml"
 MANIFEST = "manifest.json"
+TASKS = "tasks.jsonl"
 PROMPTS = "prompts.jsonl"
 TRIALS = "trials.jsonl"
 INTERVENTIONS = "interventions.json"
@@ -180,6 +182,10 @@ class RunFolder:
         return self.root / MANIFEST
 
     @property
+    def tasks(self) -> Path:
+        return self.root / TASKS
+
+    @property
     def prompts(self) -> Path:
         return self.root / PROMPTS
 
@@ -269,7 +275,8 @@ class RunFolder:
 
     def record_paths(self) -> list[Path]:
         """The records of a run present in the folder: prompts, trials and shards, interventions, probe records
-        (not the config, the manifest, what the analysis and report wrote, or superseded runs)."""
+        (not the config, the tasks it loads, the manifest, what the analysis and report wrote, or superseded
+        runs)."""
         if not self.root.is_dir():
             return []
         paths = [p for p in (self.prompts, self.interventions) if p.is_file()] + self.trial_files()

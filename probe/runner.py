@@ -18,19 +18,18 @@ import platform
 import subprocess
 import sys
 import time
-import zipfile
 from functools import partial
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from probe.backends import LocalBackend, make_backend
+from probe.backends import make_backend
 from probe.backends.base import Backend, Generation
-from probe.config import ExperimentConfig, ProbeSection, dump_config, read_run_config
+from probe.config import ExperimentConfig, dump_config, read_run_config
 from probe.interventions import Intervention, resolve_interventions, write_interventions
 from probe.errors import ConfigError
-from probe.loading import ModelCard, get_card, load_tokenizer
-from probe.prompts.builder import IceBuilder
+from probe.loading import ModelCard, get_card, load_tokenizer, model_shape
+from probe.prompts.builder import IceBuilder, question_segment
 from probe.records import (RecordError, TrialRecord, append_jsonl, check_records, load_prompts, load_trials,
                            make_trial_id, write_jsonl)
 from probe.runfolder import RunFolder, RunLock, write_atomic
@@ -243,32 +242,15 @@ def needs_embedder(cfg: ExperimentConfig) -> bool:
     return False
 
 
-def make_builder(cfg: ExperimentConfig, card: ModelCard, tokenizer: Any, id_tokenizer: str | None = None,
-                 shared_candidates: dict | None = None) -> IceBuilder:
-    """The prompt builder of one tokenizer group (``id_tokenizer``: the card named in prompt ids, when an experiment
-    builds prompts for several tokenizers; ``shared_candidates``: the distractor sequences its groups share)."""
-    from probe.prompts.filler import neutral_filler
-    from probe.prompts.distractors import distractor_facts
-
-    similarity = s_sim = None
-    if needs_embedder(cfg):
-        from probe.prompts.similarity import get_embedder
-
-        emb = get_embedder(cfg.analysis.embedder)
-        similarity, s_sim = emb.similarity_to, emb.s_sim
-    return IceBuilder(ice=cfg.ice, tokenizer=tokenizer, tokenizer_name=card.name, seed=cfg.experiment.seed,
-                      distractors=distractor_facts, filler=neutral_filler, similarity=similarity, s_sim=s_sim,
-                      use_chat_template=card.use_chat_template, id_tokenizer=id_tokenizer,
-                      shared_candidates=shared_candidates)
-
-
 def build_run_prompts(cfg: ExperimentConfig, progress: bool = True,
                   tasks: list[Task] | None = None) -> dict[str, list[Prompt]]:
     """Build (or reuse from the run folder's prompts file) the prompts of every tokenizer group.
 
     The prompts file is rewritten whole (atomically) when a group is added, so it never holds part of a group.
     ``tasks`` are the experiment's tasks when the caller has them already; otherwise they are loaded only if some
-    tokenizer group still needs its prompts built.
+    tokenizer group still needs its prompts built or the folder has no ``tasks.jsonl`` yet. The tasks the prompts
+    are built from are recorded in ``tasks.jsonl`` (question, gold, hops: what the analysis needs of them, so that
+    it never loads a task source), rewritten whole with the prompts.
 
     Returns:
         model card name -> its prompts.
@@ -291,14 +273,20 @@ def build_run_prompts(cfg: ExperimentConfig, progress: bool = True,
         if prompts is None:
             tasks = tasks if tasks is not None else load_all_tasks(cfg)
             card = cards[0]
-            builder = make_builder(cfg, card, load_tokenizer(card), tok_name if len(groups) > 1 else None, shared)
+            builder = IceBuilder.wired(cfg.ice, load_tokenizer(card), card.name, cfg.experiment.seed,
+                                       embedder=cfg.analysis.embedder if needs_embedder(cfg) else None,
+                                       use_chat_template=card.use_chat_template,
+                                       id_tokenizer=tok_name if len(groups) > 1 else None, shared_candidates=shared)
             prompts = []
             for task in tqdm(tasks, desc=f"build prompts [{tok_name}]", disable=not progress, unit="task"):
                 prompts += builder.build_all([task])
             on_disk += prompts
+            write_jsonl(run.tasks, (t.to_dict() for t in tasks))
             write_jsonl(run.prompts, (p.to_dict() for p in on_disk))
         for c in cards:
             by_model[c.name] = prompts
+    if not run.tasks.is_file():  # a folder recorded before runs recorded their tasks
+        write_jsonl(run.tasks, (t.to_dict() for t in (tasks if tasks is not None else load_all_tasks(cfg))))
     return by_model
 
 
@@ -386,7 +374,7 @@ def run_model(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], ta
     Raises:
         ConfigError: interventions on a served model (they edit attention inside the model).
     """
-    if interventions and not isinstance(backend, LocalBackend):
+    if interventions and not backend.can_intervene:
         raise ConfigError(f"model {backend.model_name!r}: interventions edit attention inside the model and need "
                           "local weights (a served model gives text only); remove [[interventions]] or the model")
     written = 0
@@ -433,18 +421,11 @@ def _run_arm(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], tas
     bar = tqdm(total=len(pending), desc=model if name is None else f"{model} [{name}]", disable=not progress,
                unit="trial")
     buffer: list[TrialRecord] = []
-    # a local model computes the probe while it generates (LocalBackend.generate), batch by batch
-    kwargs: dict[str, Any] = {}
-    if isinstance(backend, LocalBackend):
-        if probe_opts is not None:
-            kwargs["probe"] = probe_opts
-        if iv is not None:
-            kwargs["intervention"] = iv
-    try:
-        for prompt, gen in backend.generate(unique, cfg.generation, **kwargs):
+    try:  # the backend computes the probe while it generates, batch by batch
+        for prompt, gen in backend.generate(unique, cfg.generation, probe_opts, iv):
             key = group_key(prompt)
             if probe_opts is not None and gen.error is None and gen.skip_reason is None:
-                probe_and_save(cfg, backend, by_text[key], gen, probe_opts, name)
+                save_probe(cfg, backend.model_name, by_text[key], gen, name)
             for p in by_text[key]:
                 if make_trial_id(model, p.prompt_id, name) not in done:
                     buffer.append(make_record(model, p, tasks[p.task_id], gen, name))
@@ -463,21 +444,14 @@ def _run_arm(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], tas
 
 def _unreadable_probes(cfg: ExperimentConfig, model: str, prompts: list[Prompt],
                        intervention: str | None) -> list[Prompt]:
-    """The prompts whose probe record exists but is not a whole ``.npz`` (cut short by a full disk or a bad copy:
-    its zip directory, at the end of the file, is missing or names no ``meta``); each such file is removed, with a
-    warning, so that the run probes the prompt again. Only the directory is read, so a resumed run of many
-    records checks them quickly; damage inside a whole file is named when the analysis reads it."""
+    """The prompts whose probe record exists but is not whole (:meth:`SegmentAttention.is_whole`: cut short by a
+    full disk or a bad copy); each such file is removed, with a warning, so that the run probes the prompt again."""
+    from probe.attention.result import SegmentAttention
+
     out = []
     for p in prompts:
         path = cfg.run_folder.attention_record(model, p.prompt_id, intervention)
-        if not path.is_file():
-            continue
-        try:
-            with zipfile.ZipFile(path) as z:
-                whole = "meta.npy" in z.namelist()
-        except (zipfile.BadZipFile, OSError, EOFError):
-            whole = False
-        if not whole:
+        if path.is_file() and not SegmentAttention.is_whole(path):
             log.warning("%s: not a readable probe record (cut short?); removing it: the run probes the prompt again",
                         path)
             path.unlink()
@@ -492,35 +466,25 @@ def _flush(path: Path, rows: list[TrialRecord], on_batch: Callable[[list[TrialRe
     return n
 
 
-def probe_and_save(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], gen: Generation,
-                   opts: ProbeSection, intervention: str | None = None) -> None:
-    """Store the probe of one prompt text (computed by the backend while generating, else here) under every prompt
-    id that shares the text.
+def save_probe(cfg: ExperimentConfig, model: str, prompts: list[Prompt], gen: Generation,
+               intervention: str | None = None) -> None:
+    """Store the probe of one prompt text (computed by the backend while it generated) under every prompt id that
+    shares the text.
 
     Records go to :meth:`probe.runfolder.RunFolder.attention_record` of (model, prompt id, intervention), where the
-    analysis reads them; one that exists already (a resumed run) is not probed again. Under an intervention the
-    backend always computes the probe (of the intervened model) while generating.
+    analysis reads them; one that exists already (a resumed run) is not written again. A generation without a probe
+    (query ``generated`` and an empty answer: nothing to probe) leaves none, with a warning.
     """
-    from probe.attention import probe_tokenized
-
-    if not isinstance(backend, LocalBackend):
-        raise ConfigError(f"model {backend.model_name!r}: probes need local weights (a served model gives text only)")
     run = cfg.run_folder
-    paths = [run.attention_record(backend.model_name, p.prompt_id, intervention) for p in prompts]
-    todo = [p for p in paths if not p.exists()]
+    todo = [p for p in (run.attention_record(model, q.prompt_id, intervention) for q in prompts) if not p.exists()]
     if not todo:
         return
-    result = gen.attention
-    if result is None and intervention is not None:
-        log.warning("%s: no probe of prompt %s under intervention %r (an empty answer cannot be probed with query "
-                    "'generated')", backend.model_name, prompts[0].prompt_id, intervention)
+    if gen.attention is None:
+        log.warning("%s: no probe of prompt %s%s (an empty answer cannot be probed with query 'generated')", model,
+                    prompts[0].prompt_id, "" if intervention is None else f" under intervention {intervention!r}")
         return
-    if result is None:
-        tp = backend.tokenize(prompts[0])
-        generated = gen.output_ids if opts.query == "generated" else None
-        result = probe_tokenized(backend.loaded.model, tp, opts, generated_ids=generated)
     todo[0].parent.mkdir(parents=True, exist_ok=True)
-    result.save(todo[0])
+    gen.attention.save(todo[0])
     for p in todo[1:]:
         p.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(p, todo[0].read_bytes())
@@ -545,9 +509,10 @@ def check_generation_budget(cfg: ExperimentConfig, cards: Sequence[ModelCard]) -
 
 def check_inputs(cfg: ExperimentConfig, generating: bool = True) -> tuple[list[ModelCard], list[Task]]:
     """Everything about an experiment that can be checked without loading a model or writing a file: the model
-    cards and their weights, probes and interventions against the cards, the generation budget against each
-    context window (when ``generating``: ``probe build`` generates nothing), and every task file (the tasks are
-    returned).
+    cards and their weights, probes and interventions against the cards (the interventions' layers, heads, sweep
+    windows and ``heads.from`` selection against each local model's configuration, where it can be read without
+    loading the model: :func:`probe.loading.model_shape`), the generation budget against each context window (when
+    ``generating``: ``probe build`` generates nothing), and every task file (the tasks are returned).
 
     Raises:
         ConfigError, ModelUnavailableError, TaskFormatError, DataUnavailableError: naming the file and field.
@@ -562,9 +527,15 @@ def check_inputs(cfg: ExperimentConfig, generating: bool = True) -> tuple[list[M
         if cfg.probe.enabled:
             check_probe_supported(c)
     check_interventions_supported(cfg, cards)
+    tasks = load_all_tasks(cfg)
+    questions = {question_segment(t.question).strip() for t in tasks}
+    for c in cards if cfg.interventions else ():
+        shape = model_shape(c)  # layers, heads and windows against the model's config, before any prompt is built
+        if shape is not None:
+            resolve_interventions(cfg, c.name, *shape, questions=questions)
     if generating:
         check_generation_budget(cfg, cards)
-    return cards, load_all_tasks(cfg)
+    return cards, tasks
 
 
 def check_interventions_supported(cfg: ExperimentConfig, cards: Sequence[ModelCard]) -> None:
@@ -626,15 +597,13 @@ def _run_models(cfg: ExperimentConfig, cards: list[ModelCard], task_list: list[T
     revisions: dict[str, str] = {}
     for card in cards:
         backend = make_backend(card, device=device, seed=cfg.experiment.seed)
-        if isinstance(backend, LocalBackend):
-            revisions[card.name] = backend.loaded.revision
+        if backend.revision is not None:
+            revisions[card.name] = backend.revision
         if rank == 0:
             write_manifest(run_dir, cfg, cards, revisions)
         resolved: list[Intervention] = []
-        if cfg.interventions and isinstance(backend, LocalBackend):
-            from probe.attention.engine import layers_and_heads
-
-            n_layers, n_heads = layers_and_heads(backend.loaded.model)
+        if cfg.interventions and backend.can_intervene:
+            n_layers, n_heads = backend.layers_and_heads()
             resolved = resolve_interventions(cfg, card.name, n_layers, n_heads, by_model[card.name])
             if rank == 0:
                 write_interventions(run_dir, card.name, resolved)
@@ -644,4 +613,4 @@ def _run_models(cfg: ExperimentConfig, cards: list[ModelCard], task_list: list[T
 
 
 __all__ = ["build_run_prompts", "check_generation_budget", "check_inputs", "check_interventions_supported", "check_run_dir",
-           "make_record", "merge_shards", "prepare_run_dir", "record_differences", "run_experiment", "run_model"]
+           "make_record", "merge_shards", "save_probe", "prepare_run_dir", "record_differences", "run_experiment", "run_model"]

@@ -13,7 +13,7 @@ Entry points:
 - :func:`analyze_interventions`: the causal tests of trials run under interventions (``Analysis.interventions``;
   every other estimate reads baseline trials only).
 
-Each task family's analysis registers itself (:mod:`probe.analysis.families`); the results of a family are
+Each task family's analysis is registered by name in :mod:`probe.analysis.catalog`; the results of a family are
 ``Analysis.families[name]`` (:class:`probe.analysis.ice.IceResult`, :class:`probe.analysis.cogniload.CogniloadResult`).
 Rendering (text, Markdown, CSV, HTML, figures) is :mod:`probe.report`'s.
 """
@@ -32,6 +32,7 @@ from probe.analysis.results import (
     read_analysis,
 )
 from probe.analysis.run import AnalysisConfigError, analyze_external, analyze_run, tabulate_run
+from probe.analysis import catalog  # noqa: F401  (registers the toolkit's family analyses)
 
 
 __all__ = [

@@ -54,7 +54,7 @@ from __future__ import annotations
 import logging
 import warnings
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 import pandas as pd
@@ -67,7 +67,7 @@ from probe.analysis.estimates import finite, key_int
 from probe.analysis.glm import exp_or_none, fit_logit
 from probe.analysis.grid import Grid
 from probe.analysis.head_tests import HeadHit, HeadTests, fitted_head_tests, with_max_t
-from probe.runfolder import RunFolder
+from probe.attention.result import SegmentAttention
 
 if TYPE_CHECKING:
     from probe.attention.measure import Measure
@@ -280,18 +280,9 @@ def linked_measures() -> list[Measure]:
     return [m for m in measures() if m.is_head_share]
 
 
-def read_attention(run: RunFolder, model: str, prompt_id: str) -> AttentionRecord | None:
-    """The probe record of (model, prompt id) in a run folder, or None when there is none.
-
-    This is the one place that knows the record's layout (:class:`probe.attention.result.SegmentAttention`); the
-    file is found by :meth:`probe.runfolder.RunFolder.attention_record` only.
+def attention_record(sa: SegmentAttention) -> AttentionRecord:
+    """The arrays the attention link uses from one probe record (read once per analysis: :mod:`probe.analysis.ice`).
     """
-    path = run.attention_record(model, prompt_id)
-    if not path.is_file():
-        return None
-    from probe.attention.result import SegmentAttention
-
-    sa = SegmentAttention.load(path)
     counters: dict[str, int] = {}
     names: list[str] = []
     for i in sa.ar_targets:
@@ -321,12 +312,13 @@ def _grand_mean(arr: np.ndarray) -> float | None:
 
 
 def summarise_attention(
-    run: RunFolder, df: pd.DataFrame
+    records: Mapping[tuple[str, str], AttentionRecord], df: pd.DataFrame
 ) -> tuple[list[AttentionCell], pd.DataFrame]:
     """Per-cell attention means of every linked measure and of AR_k, and each trial's arrays.
 
     Args:
-        run: the run folder.
+        records: (model, prompt id) -> its probe record's arrays (:func:`attention_record`); prompts without one
+            are left out.
         df: trial table.
 
     Returns:
@@ -339,14 +331,9 @@ def summarise_attention(
     """
     linked = linked_measures()
     prompts = df[["model", "prompt_id", "condition", "load"]].drop_duplicates(["model", "prompt_id"])
-    records: dict[tuple[str, str], AttentionRecord] = {}
-    for model, pid in zip(prompts["model"], prompts["prompt_id"]):
-        rec = read_attention(run, str(model), str(pid))
-        if rec is not None:
-            records[(str(model), str(pid))] = rec
     cells: list[AttentionCell] = []
     columns = ["trial_id", *[f"{m.id}_{what}" for m in linked for what in ("layer", "heads")]]
-    if not records:
+    if not any((str(m), str(p)) in records for m, p in zip(prompts["model"], prompts["prompt_id"])):
         return cells, pd.DataFrame(columns=columns)
     for (model, cond, load), g in prompts.groupby(["model", "condition", "load"], sort=True):
         recs = [records[(str(model), str(p))] for p in g["prompt_id"] if (str(model), str(p)) in records]

@@ -63,7 +63,7 @@ from probe import formatting as fmt
 from probe.analysis.cogniload_attention import NeedleHaySummary, cogniload_attention
 from probe.analysis.estimate import Estimate
 from probe.analysis.estimates import Cell, cell_summaries
-from probe.analysis.families import FamilyAnalysis, FamilyData, FamilyOutput, register_family_analysis
+from probe.analysis.families import FamilyAnalysis, FamilyData, FamilyOutput
 from probe.analysis.glm import LogitFit, fit_logit
 from probe.errors import ProbeError
 from probe.records import TrialRecord
@@ -752,5 +752,5 @@ METHODS = {
                            "prompt, mean over prompts with a 95% t-interval; means per level of rho, N and d",
 }
 
-ANALYSIS = register_family_analysis(FamilyAnalysis(name=FAMILY, result_type=CogniloadResult, analyze=_analyze_family,
-                                                   tabulate=_tabulate_family, methods=METHODS))
+ANALYSIS = FamilyAnalysis(name=FAMILY, result_type=CogniloadResult, analyze=_analyze_family,
+                          tabulate=_tabulate_family, methods=METHODS)

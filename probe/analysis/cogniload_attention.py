@@ -45,6 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.stats
 
+from probe.analysis.frame import probe_records
 from probe.attention.result import SegmentAttention
 from probe.errors import ProbeError
 from probe.records import TrialRecord
@@ -357,15 +358,12 @@ def cogniload_attention(run: RunFolder, trials: list[TrialRecord] | tuple[TrialR
     Raises:
         CogniloadAttentionError: a record does not match its trial's CogniLoad layout.
     """
-    seen: set[tuple[str, str]] = set()
-    rows: list[PromptEnrichment] = []
+    trial_of: dict[tuple[str, str], TrialRecord] = {}
     for t in trials:
-        if t.family != FAMILY or (t.model, t.prompt_id) in seen:
-            continue
-        seen.add((t.model, t.prompt_id))
-        path = run.attention_record(t.model, t.prompt_id)
-        if path.is_file():
-            rows.append(prompt_enrichment(SegmentAttention.load(path), t, str(path)))
+        if t.family == FAMILY:
+            trial_of.setdefault((t.model, t.prompt_id), t)
+    rows = [prompt_enrichment(sa, trial_of[key], str(run.attention_record(*key)))
+            for key, sa in probe_records(run, trial_of)]
     if not rows:
         return None, 0
     log.info("%s: needle/hay enrichment of %d CogniLoad prompts", run.root, len(rows))

@@ -1,14 +1,14 @@
-"""Family analyses: one analysis per task family, found by the family's name.
+"""Family analyses: one analysis per task family, registered under the family's name.
 
 Every trial record carries its ``family`` (:mod:`probe.tasks`: ``ice``, ``cogniload``, …). The analysis of a run
 (:func:`probe.analysis.run.analyze_run`) splits the trial table by that column and hands each part, as a
 :class:`FamilyData`, to the family's :class:`FamilyAnalysis`; the result goes into ``Analysis.families[name]``. No
 shared module names a family.
 
-Adding a benchmark's analysis: write ``probe/analysis/<family>.py`` with a frozen dataclass for its result and call
-:func:`register_family_analysis` at import; :func:`family_analysis` imports ``probe.analysis.<family>`` the first
-time the family is asked for. Its report section registers the same way under :mod:`probe.report` (see
-:mod:`probe.report.sections`).
+The toolkit's analyses (``ice.ANALYSIS``, ``cogniload.ANALYSIS``) are registered by name in
+:mod:`probe.analysis.catalog`. Adding a benchmark's analysis: a module with a frozen dataclass for its result and a
+:class:`FamilyAnalysis`, given to :func:`register_family_analysis`; its report section is registered the same way
+(:mod:`probe.report.sections`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from probe.records import TrialRecord
 from probe.registry import Registry
 from probe.runfolder import RunFolder
 from probe.tasks import FAMILIES
-from probe.types import Prompt
+from probe.types import Prompt, Task
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +39,9 @@ class FamilyData:
         frame: the family's rows of the trial table (:func:`probe.analysis.frame.trials_frame`).
         trials: the family's trial records (``meta`` included), in the table's row order.
         prompts: every prompt record of the run, by prompt id.
+        tasks: every task record of the run by task id (``tasks.jsonl``), or None when the folder has none.
         settings: the ``[analysis]`` gates.
         seed: the seed of every random draw (the experiment's seed; see :class:`probe.analysis.results.Analysis`).
-        fill_similarity: whether S_sim may be computed with the embedder where the records lack it.
     """
 
     family: str
@@ -49,9 +49,9 @@ class FamilyData:
     frame: pd.DataFrame
     trials: tuple[TrialRecord, ...]
     prompts: dict[str, Prompt]
+    tasks: dict[str, Task] | None
     settings: AnalysisSection
     seed: int
-    fill_similarity: bool
 
 
 @dataclass(frozen=True)
@@ -89,15 +89,11 @@ class FamilyAnalysis:
     methods: dict[str, str]
 
 
-# An analysis is found by its family's name: the task families' modules are named up front (so a typo is answered
-# with the close one), any other name is tried as probe.analysis.<name>.
-ANALYSES: Registry[FamilyAnalysis] = Registry("analysis family",
-                                              lazy={f: f"probe.analysis.{f}" for f in FAMILIES.names()},
-                                              module_pattern="probe.analysis.{name}")
+ANALYSES: Registry[FamilyAnalysis] = Registry("analysis family")
 
 
 def register_family_analysis(entry: FamilyAnalysis) -> FamilyAnalysis:
-    """Register a family's analysis (call at import of ``probe/analysis/<family>.py``). Returns ``entry``.
+    """Register another family's analysis (a benchmark of your own). Returns ``entry``.
 
     Raises:
         DuplicateEntryError: another analysis is registered under the same name (one family, one analysis).
@@ -106,11 +102,10 @@ def register_family_analysis(entry: FamilyAnalysis) -> FamilyAnalysis:
 
 
 def family_analysis(name: str) -> FamilyAnalysis:
-    """The analysis of family ``name``, importing ``probe.analysis.<name>`` on first use.
+    """The analysis of family ``name``.
 
     Raises:
-        UnknownNameError: no module of that name (names close matches). ProbeError: the module exists but
-            registers no analysis for ``name``.
+        UnknownNameError: no analysis of that name (names close matches).
     """
     return ANALYSES.get(name)
 

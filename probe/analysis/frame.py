@@ -18,14 +18,16 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable, Iterator
 
 import pandas as pd
 
 from probe.errors import ProbeError
+from probe.attention.result import SegmentAttention
 from probe.interventions import KeyCount
-from probe.records import TrialRecord, load_trials, read_jsonl
+from probe.records import TrialRecord, load_prompts, load_task_records, load_trials
 from probe.runfolder import RunFolder
-from probe.types import Prompt
+from probe.types import Prompt, Task
 
 log = logging.getLogger(__name__)
 
@@ -69,13 +71,18 @@ def trials_frame(trials: list[TrialRecord]) -> pd.DataFrame:
     return df
 
 
-def read_prompts(run: RunFolder) -> dict[str, Prompt]:
-    """The prompts of a run folder by ``prompt_id`` (empty when ``prompts.jsonl`` is absent)."""
-    out: dict[str, Prompt] = {}
-    for d in read_jsonl(run.prompts):
-        p = Prompt.from_dict(d)
-        out[p.prompt_id] = p
-    return out
+def probe_records(run: RunFolder, keys: Iterable[tuple[str, str]]
+                  ) -> Iterator[tuple[tuple[str, str], SegmentAttention]]:
+    """The probe record of each (model, prompt id) that has one, read once and handed on one at a time (an answer
+    record is tokens x layers x heads x segments: a family keeps what it needs of it and lets it go).
+
+    This is the analysis' one reader of probe records; where the file lies is
+    :meth:`probe.runfolder.RunFolder.attention_record`'s business.
+    """
+    for model, pid in dict.fromkeys(keys):
+        path = run.attention_record(model, pid)
+        if path.is_file():
+            yield (model, pid), SegmentAttention.load(path)
 
 
 @dataclass(frozen=True)
@@ -86,15 +93,18 @@ class RunData:
         frame: the trial table (:func:`trials_frame`), S_sim filled from the prompt records.
         trials: the trial records (last record of each trial id), in the table's row order.
         prompts: the prompt records by prompt id (empty without ``prompts.jsonl``).
+        tasks: the task records by task id (``tasks.jsonl``), or None when the folder has none (a run recorded
+            before runs recorded their tasks, or trials imported from another tool).
     """
 
     frame: pd.DataFrame
     trials: tuple[TrialRecord, ...]
     prompts: dict[str, Prompt]
+    tasks: dict[str, Task] | None = None
 
 
 def load_run_data(run: RunFolder) -> RunData:
-    """The trials (as records and as a table) and prompts of a run folder.
+    """The trials (as records and as a table), prompts and tasks of a run folder, each file read once.
 
     S_sim missing from a trial is taken from its prompt record.
 
@@ -108,12 +118,13 @@ def load_run_data(run: RunFolder) -> RunData:
     if not trials:
         raise ProbeError(f"{path}: holds no trial record")
     df = trials_frame(trials)
-    prompts = read_prompts(run)
+    prompts = {p.prompt_id: p for p in load_prompts(run.prompts)}
+    tasks = {t.task_id: t for t in load_task_records(run.tasks)} if run.tasks.is_file() else None
     if prompts:
         from_prompt = df["prompt_id"].map(lambda pid: prompts[pid].s_sim if pid in prompts else None)
         df["s_sim"] = df["s_sim"].fillna(pd.to_numeric(from_prompt, errors="coerce").astype(float))
     log.info("%s: %d trials (%d scored), %d prompts", path, len(df), int(df["is_scored"].sum()), len(prompts))
-    return RunData(frame=df, trials=tuple(trials), prompts=prompts)
+    return RunData(frame=df, trials=tuple(trials), prompts=prompts, tasks=tasks)
 
 
 def load_run_frame(run_dir: str | Path | RunFolder) -> tuple[pd.DataFrame, dict[str, Prompt]]:

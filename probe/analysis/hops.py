@@ -29,11 +29,9 @@ Definitions (docs/probes.md#hop-tracking):
 
 from __future__ import annotations
 
-import math
 import re
-import unicodedata
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Literal, Mapping, Sequence
+from typing import Iterable, Literal, Mapping, Sequence
 
 import numpy as np
 
@@ -43,9 +41,8 @@ from probe.analysis.grid import Grid
 from probe.analysis.results import OMIT_EMPTY
 from probe.attention.answer import AnswerAttention
 from probe.errors import ProbeError
-from probe.scoring.answers import _ARTICLES, _NUMBER_IN_TEXT, _NUMBER_WORDS, REL_TOL, _gold_number, _to_float
+from probe.scoring.answers import mention_spans
 from probe.records import TrialRecord
-from probe.runfolder import RunFolder
 from probe.types import Gold, Hop, Prompt, Task
 
 HopLabel = Literal["read_right_fact", "read_distractor", "other", "not_named"]
@@ -66,131 +63,6 @@ class HopLabelError(HopTrackingError):
 
 
 # ------------------------------------------------------------------------------------------------ mentions
-
-
-def _normalised_words(text: str) -> list[tuple[str, int, int]]:
-    """The words of :func:`probe.scoring.answers.normalize_answer` with their character spans in ``text``.
-
-    Each character is normalised on its own (NFKD, combining marks dropped, punctuation and symbols turned into a
-    space, lower-cased), so every normalised word keeps the span of the original characters it came from; articles
-    are dropped as the normaliser drops them.
-    """
-    chars: list[tuple[str, int]] = []
-    for i, c in enumerate(text):
-        for d in unicodedata.normalize("NFKD", c):
-            if unicodedata.combining(d):
-                continue
-            chars.append((" " if unicodedata.category(d)[0] in "PS" else d.lower(), i))
-    words: list[tuple[str, int, int]] = []
-    cur: list[str] = []
-    start = end = 0
-    for ch, i in chars + [(" ", len(text))]:
-        if ch.isspace():
-            if cur:
-                words.append(("".join(cur), start, end))
-                cur = []
-            continue
-        if not cur:
-            start = i
-        cur.append(ch)
-        end = i + 1
-    return [w for w in words if w[0] not in _ARTICLES]
-
-
-def mention_spans(text: str, entity: str, rel_tol: float = REL_TOL) -> list[tuple[int, int]]:
-    """Character spans ``[start, end)`` of every mention of ``entity`` in ``text``, in order of position.
-
-    The rule is the one exact match and hop recall apply (:mod:`probe.scoring.answers`): a numeric entity matches
-    any number written in the text with the same value (relative tolerance ``rel_tol``; a bare number also matches
-    an entity with a scale word in its own unit), any other entity matches where its normalised words occur as one
-    contiguous run of the text's normalised words. So ``mention_spans(text, e)`` is non-empty exactly when
-    ``e`` is recalled in ``text``.
-    """
-    target = _gold_number(entity)
-    if target is not None:
-        value, unscaled = target
-        spans: list[tuple[int, int]] = []
-        found: list[tuple[int, int, float, bool]] = [
-            (m.start() + len(m.group()) - len(m.group().lstrip()), m.end(), _to_float(m["num"], m["scale"],
-                                                                                      m["sign"]), bool(m["scale"]))
-            for m in _NUMBER_IN_TEXT.finditer(text)]  # the pattern may take a space before the digits: not kept
-        found += [(m.start(), m.end(), _NUMBER_WORDS[m.group().lower()], False)
-                  for m in re.finditer(r"[A-Za-z]+", text) if m.group().lower() in _NUMBER_WORDS]
-        for a, b, v, has_scale in found:
-            if math.isclose(v, value, rel_tol=rel_tol, abs_tol=1e-9) or (
-                    unscaled is not None and not has_scale and math.isclose(v, unscaled, rel_tol=rel_tol,
-                                                                           abs_tol=1e-9)):
-                spans.append((a, b))
-        return sorted(spans)
-    needle = [w for w, _, _ in _normalised_words(entity)]
-    if not needle:
-        return []
-    words = _normalised_words(text)
-    n = len(needle)
-    return [(words[i][1], words[i + n - 1][2]) for i in range(len(words) - n + 1)
-            if [w for w, _, _ in words[i : i + n]] == needle]
-
-
-def token_char_spans(tokens: Sequence[int], text: str, tokenizer: Any) -> np.ndarray:
-    """``(T, 2)`` character span of each generated token in the recorded output ``text``.
-
-    First the tokenizer's offsets of ``text`` (``return_offsets_mapping``), when re-tokenising the text gives the
-    very ids the model generated; else token ``t`` spans what it adds to the decoding of the few tokens before it,
-    when those pieces rebuild ``text`` exactly; else the ids are decoded prefix by prefix and token ``t`` spans the
-    characters its prefix adds (a token that completes no character, e.g. the first byte of a multi-byte letter,
-    spans none).
-
-    Raises:
-        HopTrackingError: the generated ids do not decode to ``text``.
-    """
-    ids = [int(t) for t in tokens]
-    try:
-        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        if list(enc["input_ids"]) == ids:
-            return np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(len(ids), 2)
-    except (TypeError, NotImplementedError, KeyError):  # a slow tokenizer offers no offsets: decode instead
-        pass
-    whole = tokenizer.decode(ids, skip_special_tokens=True)
-    if whole != text:
-        raise HopTrackingError(f"the {len(ids)} answer tokens decode to {whole[:60]!r}…, not to the recorded output "
-                               f"{text[:60]!r}…; the attention record and the trial are from different generations")
-    quick = _incremental_spans(ids, text, tokenizer)
-    if quick is not None:
-        return quick
-    out = np.zeros((len(ids), 2), dtype=np.int64)
-    end = 0
-    for t in range(len(ids)):  # every prefix decoded whole: a token that completes no character spans none
-        prefix = tokenizer.decode(ids[: t + 1], skip_special_tokens=True)
-        n = 0
-        for x, y in zip(prefix, text):
-            if x != y:
-                break
-            n += 1
-        out[t] = (end, max(end, n))
-        end = max(end, n)
-    return out
-
-
-_CONTEXT = 6  # tokens decoded before each token, so a tokenizer that drops a word's leading space sees the word
-
-
-def _incremental_spans(ids: list[int], text: str, tokenizer: Any) -> np.ndarray | None:
-    """Token spans from what each token adds to the decoding of the few tokens before it (linear in the answer's
-    length), or None when that does not rebuild ``text`` exactly (a character split over tokens, say)."""
-    out = np.zeros((len(ids), 2), dtype=np.int64)
-    pos = 0
-    for t in range(len(ids)):
-        w = max(0, t - _CONTEXT)
-        before = tokenizer.decode(ids[w:t], skip_special_tokens=True) if t > w else ""
-        after = tokenizer.decode(ids[w : t + 1], skip_special_tokens=True)
-        if not after.startswith(before) or "\ufffd" in after[len(before):]:
-            return None
-        piece = after[len(before):]
-        if text[pos : pos + len(piece)] != piece:
-            return None
-        out[t] = (pos, pos + len(piece))
-        pos += len(piece)
-    return out if pos == len(text) else None
 
 
 @dataclass(frozen=True)
@@ -361,34 +233,33 @@ def _hop_entity(hops: Sequence[Hop], i: int, gold: Gold) -> str | None:
     return None
 
 
-def track_trial(answer: AnswerAttention, output: str, char_spans: np.ndarray, hops: Sequence[Hop], gold: Gold,
-                extracted: str | None, em: float | None, segment_texts: Mapping[int, str], *, trial_id: str = "",
-                model: str = "", task_id: str = "", condition: str = "", load: int = 0,
+def track_trial(answer: AnswerAttention, trial: TrialRecord, task: Task, segment_texts: Mapping[int, str],
                 window: tuple[int, int] | None = None) -> TrialHops:
     """Find, measure and label every hop of one trial (module docstring).
 
     Args:
-        answer: the trial's answer attention.
-        output: the recorded output text.
-        char_spans: ``(T, 2)`` character spans of the answer tokens in ``output`` (:func:`token_char_spans`).
-        hops: the task's hops (the last one's answer is the gold).
-        gold: the task's gold answer.
-        extracted: the trial's extracted answer; ``em`` its exact match (None: not scored).
+        answer: the trial's answer attention, with the character span of each answer token (``chars``).
+        trial: the trial (its output, extracted answer and exact match; its ids are copied into the rows).
+        task: its task (the hops, the last one's answer the gold).
         segment_texts: segment index -> text, for the extraneous segments (whether one names the entity).
-        trial_id, model, task_id, condition, load: copied into the rows.
         window: layers ``[lo, hi)`` of the label; default :func:`layer_window`.
 
     Raises:
-        HopTrackingError: the prompt has no germane segment labelled for some hop, or the token spans do not
-            match the answer's tokens.
+        HopTrackingError: the prompt has no germane segment labelled for some hop, the record holds no token
+            spans, or they do not match the answer's tokens.
     """
+    char_spans = answer.chars
+    output, hops, em, extracted = trial.output or "", task.hops, trial.em, trial.answer
+    if char_spans is None:
+        raise HopTrackingError(f"{trial.trial_id}: the answer record holds no token spans")
     if len(char_spans) != len(answer.tokens):
-        raise HopTrackingError(f"{trial_id}: {len(char_spans)} token spans for {len(answer.tokens)} answer tokens")
+        raise HopTrackingError(f"{trial.trial_id}: {len(char_spans)} token spans for {len(answer.tokens)} answer "
+                               "tokens")
     kinds = answer.segment_kinds
     where = hop_segments(kinds, answer.segment_labels)
     missing = [i for i in range(len(hops)) if i not in where]
     if missing:
-        raise HopLabelError(f"{trial_id}: no germane segment labelled hop{missing[0]} in the prompt (segments "
+        raise HopLabelError(f"{trial.trial_id}: no germane segment labelled hop{missing[0]} in the prompt (segments "
                                f"{', '.join(answer.segment_labels)}); hop tracking needs the ICE builder's labels")
     lo, hi = window or layer_window(answer.n_layers)
     rows: list[HopRow] = []
@@ -397,7 +268,7 @@ def track_trial(answer: AnswerAttention, output: str, char_spans: np.ndarray, ho
     wrong = em is not None and em < 1 and extracted is not None
     for i in range(len(hops)):
         last = i == len(hops) - 1
-        entity = extracted if last and wrong else _hop_entity(hops, i, gold)
+        entity = extracted if last and wrong else _hop_entity(hops, i, task.gold)
         if entity is None:
             continue
         target: Target = "wrong_answer" if last and wrong else "hop_answer"
@@ -405,7 +276,8 @@ def track_trial(answer: AnswerAttention, output: str, char_spans: np.ndarray, ho
         names = [kinds[s] == "extraneous" and bool(mention_spans(segment_texts.get(s, ""), entity))
                  for s in range(len(kinds))]
         mention = first_mention(output, entity, char_spans)
-        base = HopRow(trial_id=trial_id, model=model, task_id=task_id, condition=condition, load=int(load), hop=i,
+        base = HopRow(trial_id=trial.trial_id, model=trial.model, task_id=trial.task_id, condition=trial.condition,
+                      load=int(trial.load), hop=i,
                       n_hops=len(hops), target=target, entity=entity, label="not_named",
                       label_value=None if answer.vmass is None else "not_named", top_segment=None,
                       top_segment_value=None, entity_in_distractor=any(names), n_mentions=0, token_start=None,
@@ -578,157 +450,118 @@ def hop_cells(rows: Sequence[HopRow], masses: Sequence[np.ndarray | None], vmass
     return cells
 
 
-AnswerReader = Callable[[str, str], "AnswerAttention | None"]  # (model, prompt id) -> the trial's answer record
+class HopTracker:
+    """Hop tracking of a run's scored ICE trials, fed one answer record at a time (module docstring).
 
-
-def read_answer_attention(run: RunFolder) -> AnswerReader:
-    """A reader of the answer attention in a run folder's probe records (None where a record has none)."""
-    def read(model: str, prompt_id: str) -> AnswerAttention | None:
-        path = run.attention_record(model, prompt_id)
-        if not path.is_file():
-            return None
-        from probe.attention.result import SegmentAttention
-
-        return getattr(SegmentAttention.load(path), "answer", None)
-
-    return read
-
-
-def run_tasks(run: RunFolder) -> dict[str, Task]:
-    """The run's tasks by id, loaded as the run loaded them (``config.toml``'s ``[[tasks]]``).
-
-    Raises:
-        ProbeError: the folder has no ``config.toml``, or its tasks cannot be loaded here.
-    """
-    if not run.config.is_file():
-        raise ProbeError(f"{run.config}: not found; hop tracking needs the tasks' hops, which only the run's "
-                         "configuration names")
-    from probe.config import load_config
-    from probe.runner import load_all_tasks
-
-    return {t.task_id: t for t in load_all_tasks(load_config(run.config))}
-
-
-def _tokenizer_of(model: str) -> Any:
-    from probe.loading import get_card, load_tokenizer
-
-    return load_tokenizer(get_card(model))
-
-
-def analyze_hops(run: RunFolder, trials: Sequence[TrialRecord], prompts: Mapping[str, Prompt], alpha: float, *,
-                 read_answer: AnswerReader | None = None, tokenizer_of: Callable[[str], Any] | None = None,
-                 tasks: Mapping[str, Task] | None = None, seed: int = 0) -> tuple[HopTracking | None, list[str]]:
-    """Hop tracking of a run's scored ICE trials (module docstring).
+    The ICE analysis reads each probe record once and hands its answer capture to :meth:`add` (one record in
+    memory at a time: an answer record is tokens x layers x heads x segments); :meth:`result` gives the cells and
+    tests. Everything a trial needs is in the run folder: its task (``tasks.jsonl``), its prompt's segment texts
+    (``prompts.jsonl``) and the token spans the runner recorded with the answer.
 
     Args:
-        run: the run folder.
-        trials: the trials (baseline, scored ones are tracked).
-        prompts: the prompt records by id (segment texts).
-        alpha: 1 − confidence level of the cells' intervals.
-        read_answer: (model, prompt id) -> answer attention; default the run folder's probe records.
-        tokenizer_of: model -> its tokenizer; default the model card's.
-        tasks: task id -> task; default the run's configuration (:func:`run_tasks`).
-        seed: seed of the hop-mass tests' Monte Carlo sign assignments (the experiment's seed).
-
-    Returns:
-        (result, notes): None when no trial has an answer record (nothing to track: the section says so);
-        else the :class:`HopTracking` (with ``reason`` when records exist but nothing could be tracked).
+        tasks: task id -> task (the run folder's ``tasks.jsonl``; empty when the folder has none).
+        prompts: prompt id -> prompt record.
     """
-    read = read_answer or read_answer_attention(run)
-    notes: list[str] = []
-    tokenizers: dict[str, Any] = {}
-    failed: dict[str, str] = {}
-    rows: list[HopRow] = []
-    masses: list[np.ndarray | None] = []
-    vmasses: list[np.ndarray | None] = []
-    windows: dict[str, tuple[int, int]] = {}
-    n_found = n_tracked = 0
-    skipped: dict[str, int] = {}
-    misfit: str | None = None  # the first record that did not fit its trial (the note quotes it)
-    task_error: str | None = None
-    for t in trials:  # one record in memory at a time: an answer record is (tokens x layers x heads x segments)
+
+    def __init__(self, tasks: Mapping[str, Task], prompts: Mapping[str, Prompt]) -> None:
+        self.tasks, self.prompts = tasks, prompts
+        self.rows: list[HopRow] = []
+        self.masses: list[np.ndarray | None] = []
+        self.vmasses: list[np.ndarray | None] = []
+        self.windows: dict[str, tuple[int, int]] = {}
+        self.n_found = self.n_tracked = 0
+        self.skipped: dict[str, int] = {}
+        self.misfit: str | None = None  # the first record that did not fit its trial (the note quotes it)
+
+    def _skip(self, why: str) -> None:
+        self.skipped[why] = self.skipped.get(why, 0) + 1
+
+    def add(self, t: TrialRecord, rec: AnswerAttention) -> None:
+        """Track one trial from its answer record (trials that are not scored baseline ICE trials are ignored)."""
         if t.output is None or t.em is None or t.intervention is not None or t.family != "ice":
-            continue
-        rec = read(t.model, t.prompt_id)
-        if rec is None:
-            continue
-        n_found += 1
-        if tasks is None and task_error is None:
-            try:
-                tasks = run_tasks(run)
-            except ProbeError as e:
-                task_error = str(e)
-        if tasks is None:
-            continue
-        task = tasks.get(t.task_id)
-        prompt = prompts.get(t.prompt_id)
-        if task is None or prompt is None or not task.hops:
-            why = ("its task is not in the run's configuration" if task is None else
-                   "its prompt is not in prompts.jsonl" if prompt is None else "its task has no hops")
-            skipped[why] = skipped.get(why, 0) + 1
-            continue
-        if t.model not in tokenizers and t.model not in failed:
-            try:
-                tokenizers[t.model] = (tokenizer_of or _tokenizer_of)(t.model)
-            except (ProbeError, OSError, ValueError) as e:
-                failed[t.model] = str(e)
-        if t.model in failed:
-            why = f"the tokenizer of {t.model} is not available ({failed[t.model]})"
-            skipped[why] = skipped.get(why, 0) + 1
-            continue
+            return
+        self.n_found += 1
+        task = self.tasks.get(t.task_id)
+        prompt = self.prompts.get(t.prompt_id)
+        if task is None or prompt is None or not task.hops or rec.chars is None:
+            self._skip("its task is not in the run's tasks.jsonl" if task is None else
+                       "its prompt is not in prompts.jsonl" if prompt is None else
+                       "its task has no hops" if not task.hops else
+                       "its answer record holds no token spans (written before the runner recorded them; probe the "
+                       "run again to track its hops)")
+            return
         by_label = {seg.label: prompt.segment_text(seg) for seg in prompt.segments}
         texts = {s: by_label.get(lab, "") for s, (kind, lab) in enumerate(zip(rec.segment_kinds, rec.segment_labels))
                  if kind != "sink"}
+        window = layer_window(rec.n_layers)
         try:
-            output = t.output or ""
-            spans = token_char_spans(rec.tokens.tolist(), output, tokenizers[t.model])
-            window = layer_window(rec.n_layers)
-            out = track_trial(rec, output, spans, task.hops, task.gold, t.answer, t.em, texts, trial_id=t.trial_id,
-                              model=t.model, task_id=t.task_id, condition=t.condition, load=t.load, window=window)
+            out = track_trial(rec, t, task, texts, window=window)
         except HopLabelError:
-            why = "its prompt's germane segments carry no hop labels (laid out by its task, not by the ICE builder)"
-            skipped[why] = skipped.get(why, 0) + 1
-            continue
+            self._skip("its prompt's germane segments carry no hop labels (laid out by its task, not by the ICE "
+                       "builder)")
+            return
         except HopTrackingError as e:
-            misfit = misfit or f"{t.trial_id}: {e}"
-            skipped["the answer record does not fit the trial"] = skipped.get(
-                "the answer record does not fit the trial", 0) + 1
-            continue
-        windows[t.model] = window
-        rows += out.rows
-        masses += out.masses
-        vmasses += out.vmasses
-        n_tracked += 1
-    if n_found == 0:
-        return None, []
+            self.misfit = self.misfit or f"{t.trial_id}: {e}"
+            self._skip("the answer record does not fit the trial")
+            return
+        self.windows[t.model] = window
+        self.rows += out.rows
+        self.masses += out.masses
+        self.vmasses += out.vmasses
+        self.n_tracked += 1
 
-    def nothing(reason: str) -> tuple[HopTracking, list[str]]:
-        return (HopTracking(cells=(), rows=(), categories=CATEGORIES, labels=HOP_LABELS, window=WINDOW_RULE,
-                            method=METHOD, n_trials=0, n_skipped=n_found, reason=reason),
-                notes + [f"hop tracking: {reason}"])
+    def result(self, alpha: float, seed: int = 0, has_tasks: bool = True) -> tuple[HopTracking | None, list[str]]:
+        """(result, notes): None when no trial had an answer record (nothing to track: the section says so); else
+        the :class:`HopTracking` (with ``reason`` when records exist but nothing could be tracked).
 
-    if task_error is not None:
-        return nothing(f"the tasks could not be loaded ({task_error})")
-    if misfit is not None:
-        notes.append(f"hop tracking: first record that does not fit its trial: {misfit}")
-    for why, n in sorted(skipped.items()):
-        notes.append(f"hop tracking: {n} trial(s) skipped: {why}")
-    if not rows:
-        return nothing("no trial with an answer record could be tracked" + (f" ({'; '.join(sorted(skipped))})"
-                                                                            if skipped else ""))
-    cells = hop_cells(rows, masses, vmasses, windows, alpha)
-    tests: list[HopMassTest] = []
-    for model in sorted({r.model for r in rows}):
-        for measure, src in (("raw", masses), ("value", vmasses)):
-            if any(v is not None for r, v in zip(rows, src) if r.model == model):
-                tests += hop_mass_tests(rows, src, model, measure, CATEGORIES, alpha, seed)
-    return (HopTracking(cells=tuple(cells), rows=tuple(rows), categories=CATEGORIES, labels=HOP_LABELS,
-                        window=WINDOW_RULE, method=METHOD, n_trials=n_tracked, n_skipped=sum(skipped.values()),
-                        reason=None, tests=tuple(tests)),
-            notes)
+        Args:
+            alpha: 1 − confidence level of the cells' intervals.
+            seed: seed of the hop-mass tests' Monte Carlo sign assignments (the experiment's seed).
+            has_tasks: whether the run folder records its tasks (``tasks.jsonl``).
+        """
+        if self.n_found == 0:
+            return None, []
+        notes: list[str] = []
+
+        def nothing(reason: str) -> tuple[HopTracking, list[str]]:
+            return (HopTracking(cells=(), rows=(), categories=CATEGORIES, labels=HOP_LABELS, window=WINDOW_RULE,
+                                method=METHOD, n_trials=0, n_skipped=self.n_found, reason=reason),
+                    notes + [f"hop tracking: {reason}"])
+
+        if not has_tasks:
+            return nothing("the run folder has no tasks.jsonl (the run was recorded before runs recorded their tasks): "
+                           "run `probe run` on its experiment again, which writes it without running any trial again")
+        if self.misfit is not None:
+            notes.append(f"hop tracking: first record that does not fit its trial: {self.misfit}")
+        for why, n in sorted(self.skipped.items()):
+            notes.append(f"hop tracking: {n} trial(s) skipped: {why}")
+        if not self.rows:
+            return nothing("no trial with an answer record could be tracked" + (
+                f" ({'; '.join(sorted(self.skipped))})" if self.skipped else ""))
+        rows, masses, vmasses = self.rows, self.masses, self.vmasses
+        cells = hop_cells(rows, masses, vmasses, self.windows, alpha)
+        tests: list[HopMassTest] = []
+        for model in sorted({r.model for r in rows}):
+            for measure, src in (("raw", masses), ("value", vmasses)):
+                if any(v is not None for r, v in zip(rows, src) if r.model == model):
+                    tests += hop_mass_tests(rows, src, model, measure, CATEGORIES, alpha, seed)
+        return (HopTracking(cells=tuple(cells), rows=tuple(rows), categories=CATEGORIES, labels=HOP_LABELS,
+                            window=WINDOW_RULE, method=METHOD, n_trials=self.n_tracked,
+                            n_skipped=sum(self.skipped.values()), reason=None, tests=tuple(tests)),
+                notes)
+
+
+def analyze_hops(answers: Iterable[tuple[TrialRecord, AnswerAttention]], tasks: Mapping[str, Task],
+                 prompts: Mapping[str, Prompt], alpha: float, seed: int = 0, has_tasks: bool = True
+                 ) -> tuple[HopTracking | None, list[str]]:
+    """Hop tracking of (trial, answer record) pairs (:class:`HopTracker`, fed in one go)."""
+    tracker = HopTracker(tasks, prompts)
+    for trial, rec in answers:
+        tracker.add(trial, rec)
+    return tracker.result(alpha, seed, has_tasks)
 
 
 __all__ = ["CATEGORIES", "HOP_LABELS", "HopCell", "HopLabel", "HopLabelError", "HopRow", "HopShare", "HopTracking",
-           "HopTrackingError", "Mention", "TrialHops", "WINDOW_RULE", "analyze_hops", "category_masses",
-           "first_mention", "hop_cells", "hop_segments", "label_of", "layer_window", "mention_spans",
-           "pooled_segment_mass", "read_answer_attention", "run_tasks", "token_char_spans", "track_trial"]
+           "HopTracker", "HopTrackingError", "Mention", "TrialHops", "WINDOW_RULE", "analyze_hops", "category_masses",
+           "first_mention", "hop_cells", "hop_segments", "label_of", "layer_window", "pooled_segment_mass",
+           "track_trial"]

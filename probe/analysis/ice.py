@@ -18,9 +18,10 @@ an :class:`IceResult`:
 - ``retrieval`` per model when probe records hold an answer capture (:mod:`probe.analysis.retrieval`: retrieval
   heads and the lookback ratio; empty, and absent from ``analysis.json``, otherwise).
 
-S_sim missing from a Saturation or Residue trial (and its prompt record) is computed from ``prompts.jsonl`` with the
-``[analysis] embedder`` when the analysis is allowed to (``fill_similarity``); where that is impossible a note says
-so and H3 has a reason instead of an estimate.
+Each probe record of the family's prompts is read once (:func:`probe.analysis.frame.probe_records`): what the
+attention link, the retrieval heads and hop tracking need of it is taken in one pass. S_sim is what the prompt
+builder recorded (docs/method.md#task-similarity-s_sim); a Saturation or Residue trial without it (prompts built
+with ``[analysis] embedder = ""``) gets a note, and H3 a reason instead of an estimate.
 """
 
 from __future__ import annotations
@@ -28,21 +29,22 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-import numpy as np
-import pandas as pd
 
 from probe.analysis.attention_link import (
     AttentionBehaviour,
     AttentionCell,
+    AttentionRecord,
     ResidueAttention,
     attention_behaviour,
+    attention_record,
     linked_measures,
     residue_attention,
     summarise_attention,
 )
 from probe.analysis.estimates import Cell, cell_summaries
-from probe.analysis.families import FamilyAnalysis, FamilyData, FamilyOutput, register_family_analysis
-from probe.analysis.hops import HopTracking, analyze_hops
+from probe.analysis.families import FamilyAnalysis, FamilyData, FamilyOutput
+from probe.analysis.frame import probe_records
+from probe.analysis.hops import HopTracker, HopTracking
 from probe.analysis.hypotheses import (
     H1Fit,
     H3Correlation,
@@ -52,10 +54,9 @@ from probe.analysis.hypotheses import (
     similarity_degradation,
 )
 from probe.analysis.retrieval import RetrievalHeads, analyze_retrieval
+from probe.attention.retrieval import TrialRetrieval, trial_retrieval
 from probe.analysis.results import OMIT_EMPTY, OPTIONAL
 from probe.analysis.taxonomy import Taxonomy, classify_model
-from probe.errors import ProbeError
-from probe.types import Prompt
 
 log = logging.getLogger(__name__)
 
@@ -117,33 +118,28 @@ class IceResult:
         return tuple(r for r in self.residue_attention if r.model == model)
 
 
-def fill_s_sim(df: pd.DataFrame, prompts: dict[str, Prompt], embedder_name: str) -> tuple[pd.DataFrame, str | None]:
-    """Compute S_sim for Saturation/Residue trials that lack it, from their prompt records.
+@dataclass
+class _ProbeReads:
+    """What the ICE analysis keeps of each probe record, taken in one read of every record."""
 
-    The question is the prompt's ``question`` segment text; the extraneous texts are its ``extraneous``
-    segments (docs/method.md#task-similarity-s_sim).
+    attention: dict[tuple[str, str], AttentionRecord]
+    retrieval: dict[tuple[str, str], TrialRetrieval]
+    hops: HopTracker
 
-    Returns:
-        The table with ``s_sim`` filled where possible, and a note (None when nothing was missing).
-    """
-    need = df["s_sim"].isna() & df["prompt_id"].isin(list(prompts)) & df["condition"].isin(S_SIM_CONDITIONS)
-    if not need.any():
-        return df, None
-    try:
-        from probe.prompts.similarity import get_embedder
 
-        embedder = get_embedder(embedder_name)
-    except ProbeError as e:
-        return df, f"S_sim missing for {int(need.sum())} trials and not computable here: {e}"
-    cache: dict[str, float | None] = {}
-    for pid in df.loc[need, "prompt_id"].unique():
-        p = prompts[pid]
-        question = " ".join(p.segment_text(s) for s in p.segments if s.kind == "question")
-        extraneous = [p.segment_text(s) for s in p.segments if s.kind == "extraneous"]
-        cache[pid] = embedder.s_sim(question, extraneous) if question else None
-    df = df.copy()
-    df.loc[need, "s_sim"] = df.loc[need, "prompt_id"].map(lambda pid: np.nan if cache[pid] is None else cache[pid])
-    return df, f"S_sim computed from prompts.jsonl with {embedder_name} for {int(need.sum())} trials"
+def read_probe_records(data: FamilyData) -> _ProbeReads:
+    """Read each probe record of the family's baseline trials once, one in memory at a time, and hand its parts to
+    the attention link, the retrieval heads and hop tracking (in the trials' order)."""
+    trial_of = {(t.model, t.prompt_id): t for t in data.trials}
+    out = _ProbeReads({}, {}, HopTracker(data.tasks or {}, data.prompts))
+    for key, sa in probe_records(data.run, trial_of):
+        out.attention[key] = attention_record(sa)
+        if sa.answer is not None:
+            trial = trial_of[key]
+            if trial.is_scored:
+                out.retrieval[key] = trial_retrieval(sa.answer)
+            out.hops.add(trial, sa.answer)
+    return out
 
 
 def analyze_ice(data: FamilyData) -> FamilyOutput:
@@ -158,16 +154,17 @@ def analyze_ice(data: FamilyData) -> FamilyOutput:
     cfg = data.settings
     df = data.frame
     notes: list[str] = []
-    if data.fill_similarity:
-        df, note = fill_s_sim(df, data.prompts, cfg.embedder)
-        if note:
-            notes.append(note)
+    no_sim = df["s_sim"].isna() & df["condition"].isin(S_SIM_CONDITIONS) & df["is_scored"]
+    if no_sim.any():
+        notes.append(f"S_sim missing for {int(no_sim.sum())} Saturation/Residue trials (their prompts were built "
+                     "without the embedder: [analysis] embedder)")
+    reads = read_probe_records(data)
     models = sorted(df["model"].unique().tolist())
     has = {(m, c) for m, c in zip(df["model"], df["condition"])}
     h1 = [fit_load_trend(df, m, c, cfg.alpha) for m in models for c in H1_CONDITIONS if (m, c) in has]
     h2 = [row for m in models for row in h2_comparisons(df, m, cfg.alpha, data.seed)]
     h3 = [row for m in models if (m, "Residue") in has for row in similarity_degradation(df, m, cfg.alpha)]
-    att_cells, per_trial = summarise_attention(data.run, df)
+    att_cells, per_trial = summarise_attention(reads.attention, df)
     attention: list[AttentionBehaviour] = []
     residue: list[ResidueAttention] = []
     if att_cells:
@@ -178,10 +175,10 @@ def analyze_ice(data: FamilyData) -> FamilyOutput:
                 residue += residue_attention(df, per_trial, m, cfg.alpha)
     retrieval: list[RetrievalHeads] = []
     if att_cells:
-        retrieval = analyze_retrieval(data.run, df, models, alpha=cfg.alpha, seed=data.seed)
+        retrieval = analyze_retrieval(reads.retrieval, df, models, alpha=cfg.alpha, seed=data.seed)
     sat = {h.model: h for h in h1 if h.condition == "Saturation"}
     taxonomy = [classify_model(df, m, sat.get(m), cfg) for m in models]
-    hops, hop_notes = analyze_hops(data.run, data.trials, data.prompts, cfg.alpha, seed=data.seed)
+    hops, hop_notes = reads.hops.result(cfg.alpha, data.seed, has_tasks=data.tasks is not None)
     notes += hop_notes
     result = IceResult(models=tuple(models), cells=tuple(cell_summaries(df, cfg.alpha)), h1=tuple(h1), h2=tuple(h2),
                        h3=tuple(h3), residue_attention=tuple(residue), attention_cells=tuple(att_cells),
@@ -234,5 +231,5 @@ METHODS = {
                "intervals from 2 questions on",
 }
 
-ANALYSIS = register_family_analysis(FamilyAnalysis(name=FAMILY, result_type=IceResult, analyze=analyze_ice,
-                                                   tabulate=tabulate_ice, methods=METHODS))
+ANALYSIS = FamilyAnalysis(name=FAMILY, result_type=IceResult, analyze=analyze_ice, tabulate=tabulate_ice,
+                          methods=METHODS)

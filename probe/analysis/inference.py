@@ -852,7 +852,7 @@ def paired_sign_flip(em_a: np.ndarray, em_b: np.ndarray, groups: np.ndarray, alp
         flat = bool(np.all(d == 0))
         sd0 = float(np.std(d, ddof=1))
         how0 = (f"exact, all 2^{n_q} sign assignments" if n_q <= exact_max
-                else f"every assignment at least as extreme as a mean of 0")
+                else "every assignment at least as extreme as a mean of 0")
         return replace(base, p=1.0, is_test=True, is_exact=n_q <= exact_max, delta=0.0, method=f"{method}; {how0}",
                        n_resamples=2**n_q if n_q <= exact_max else None,
                        power=None if flat or sd0 == 0 else t_power(0.0, sd0 / math.sqrt(n_q), n_q - 1, alpha),

@@ -79,8 +79,7 @@ def baseline_only(data: RunData) -> RunData:
     keep = data.frame["intervention"].isna().to_numpy()
     if keep.all():
         return data
-    return RunData(frame=data.frame[keep], trials=tuple(t for t, k in zip(data.trials, keep) if k),
-                   prompts=data.prompts)
+    return replace(data, frame=data.frame[keep], trials=tuple(t for t, k in zip(data.trials, keep) if k))
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ from __future__ import annotations
 import logging
 import warnings
 from dataclasses import dataclass, replace
+from typing import Callable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -51,10 +52,8 @@ from probe.analysis.attention_tests import attention_failure_tests
 from probe.analysis.estimates import finite, key_int
 from probe.analysis.grid import Grid
 from probe.analysis.head_tests import HeadTests, fitted_head_tests, max_t_head_tests, with_max_t
-from probe.attention.answer import AnswerAttention
 from probe.attention.retrieval import (TrialRetrieval, chance_score, copy_events, pooled_score, top_heads,
                                       trial_retrieval)
-from probe.runfolder import RunFolder
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +110,7 @@ class RankAgreement:
 
     Attributes:
         condition, load: the cell compared with Control.
-        spearman, spearman_ci_low, spearman_ci_high: ρ with its question-bootstrap percentile interval.
+        spearman, spearman_ci_low, spearman_ci_high: ρ with its question-bootstrap BCa interval.
         overlap, overlap_ci_low, overlap_ci_high: |top-k ∩ top-k of Control| / k, with its interval.
         n_questions: questions in both; reason: why there is no value or interval, else None.
     """
@@ -133,7 +132,7 @@ class DistractionLink:
     """Across heads: Control retrieval score against Saturation answer-time P_ext (``load`` None: pooled).
 
     Attributes:
-        spearman, spearman_ci_low, spearman_ci_high: Spearman ρ over the heads, question-bootstrap interval.
+        spearman, spearman_ci_low, spearman_ci_high: Spearman ρ over the heads, question-bootstrap BCa interval.
         pearson: Pearson r over the heads (descriptive).
         top_k_p_ext, other_p_ext: mean Saturation P_ext of Control's top-k retrieval heads and of the other heads.
         n_questions: questions with both; reason: why there is no value, else None.
@@ -183,7 +182,9 @@ METHOD = ("Wu et al. 2024 retrieval score per head: copied / copyable generated 
           "key is in a germane segment and holds the generated token's id; copyable: the token's id occurs in a "
           "germane segment), pooled as sums over trials; lookback ratio of Chuang et al. 2024 (mean weight per "
           "prompt token over that plus mean weight per answer token); stability: Spearman rho over heads and "
-          "top-k overlap against Control, 95% question-bootstrap percentile intervals (seeded); per-head tests: "
+          "top-k overlap against Control, 95% question-bootstrap intervals (seeded; BCa for rho, scipy bootstrap; "
+          "percentile for the overlap; rho of two noisy maps is attenuated, and its interval is for rho at this "
+          "many questions, not for the maps' agreement: docs/statistics.md); per-head tests: "
           "failed - correct trial score (OLS on failed, load and condition, CR2 clustered by question, BH over "
           "the layer x head map), Saturation - Control per-question score (one-sample t, BH, and max-T sign-flip "
           "correction over the map)")
@@ -192,27 +193,19 @@ METHOD = ("Wu et al. 2024 retrieval score per head: copied / copyable generated 
 # ------------------------------------------------------------------------------------------------ reading
 
 
-def read_answer(run: RunFolder, model: str, prompt_id: str) -> AnswerAttention | None:
-    """The answer capture of (model, prompt id)'s probe record, or None (no record, or a record without one)."""
-    path = run.attention_record(model, prompt_id)
-    if not path.is_file():
-        return None
-    from probe.attention.result import SegmentAttention
+def collect(answers: Mapping[tuple[str, str], TrialRetrieval], df: pd.DataFrame
+            ) -> tuple[pd.DataFrame, list[TrialRetrieval]]:
+    """The scored trials whose prompt's record holds an answer capture, and their :class:`TrialRetrieval`.
 
-    return getattr(SegmentAttention.load(path), "answer", None)
-
-
-def collect(run: RunFolder, df: pd.DataFrame) -> tuple[pd.DataFrame, list[TrialRetrieval]]:
-    """The scored trials whose prompt's record holds an answer capture, and their :class:`TrialRetrieval`."""
-    rows, out = [], []
+    Args:
+        answers: (model, prompt id) -> :func:`trial_retrieval` of its record's answer capture (read once per
+            analysis: :mod:`probe.analysis.ice`).
+        df: the trial table.
+    """
     d = df[df["is_scored"]].drop_duplicates(["model", "prompt_id"])
-    for i, r in d.iterrows():
-        ans = read_answer(run, str(r["model"]), str(r["prompt_id"]))
-        if ans is None:
-            continue
-        rows.append(i)
-        out.append(trial_retrieval(ans))
-    return d.loc[rows], out
+    keys = [(str(m), str(p)) for m, p in zip(d["model"], d["prompt_id"])]
+    keep = [k in answers for k in keys]
+    return d[keep], [answers[k] for k, ok in zip(keys, keep) if ok]
 
 
 # ------------------------------------------------------------------------------------------------ one model
@@ -253,6 +246,31 @@ def _percentile(x: np.ndarray, alpha: float) -> tuple[float | None, float | None
     return float(lo), float(hi)
 
 
+def rho_interval(rho_of: Callable[[np.ndarray], np.ndarray], n_questions: int, alpha: float, n_boot: int,
+                 rng: np.random.Generator) -> tuple[float | None, float | None]:
+    """BCa bootstrap interval (scipy ``bootstrap``) of a rank correlation computed from question weights.
+
+    ``rho_of((B, G) weights) -> (B,)`` gives the statistic of each resample of the questions (weight = how often a
+    question is drawn). A rank correlation between two noisy maps is biased toward 0 and more so in a resample, so
+    a percentile interval sits below the estimate (its upper end at the estimate); BCa corrects for that bias and
+    for the statistic's skew (docs/statistics.md: coverage against a known correlation). None, None when the
+    interval cannot be formed (fewer than 10 finite resamples, or a resample without a value).
+    """
+    def statistic(idx: np.ndarray, axis: int = -1) -> np.ndarray:
+        rows = np.reshape(idx, (-1, idx.shape[-1]))
+        w = np.stack([np.bincount(row, minlength=n_questions) for row in rows]).astype(float)
+        return rho_of(w).reshape(idx.shape[:-1])
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a degenerate resample: scipy warns, the interval is NaN (checked below)
+        res = scipy.stats.bootstrap((np.arange(n_questions),), statistic, n_resamples=n_boot, vectorized=True,
+                                    confidence_level=1 - alpha, method="BCa", rng=rng)
+    lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    if not (np.isfinite(lo) and np.isfinite(hi)) or np.isfinite(res.bootstrap_distribution).sum() < 10:
+        return None, None
+    return lo, hi
+
+
 def _cell(cond: str, load: int | None, sub: pd.DataFrame, trials: list[TrialRetrieval], k: int) -> RetrievalCell:
     copied = np.stack([t.copied for t in trials])
     copyable = np.array([t.copyable for t in trials])
@@ -290,10 +308,15 @@ def _agreement(cond: str, load: int | None, ctrl: tuple[pd.DataFrame, list[Trial
     w = rng.multinomial(len(questions), np.full(len(questions), 1 / len(questions)), size=n_boot).astype(float)
     ab, bb = pooled_score(cc, cn, w), pooled_score(oc, on, w)  # (B, L, H)
     ok = np.isfinite(ab).all(axis=(1, 2)) & np.isfinite(bb).all(axis=(1, 2))
-    rhos = _spearman_rows(ab[ok].reshape(ok.sum(), -1), bb[ok].reshape(ok.sum(), -1))
     overlaps = np.array([_overlap(x, y, k) for x, y in zip(ab[ok], bb[ok])])
-    s_lo, s_hi = _percentile(rhos, alpha)
     o_lo, o_hi = _percentile(overlaps, alpha)
+
+    def rho_of(wb: np.ndarray) -> np.ndarray:
+        x, y = pooled_score(cc, cn, wb), pooled_score(oc, on, wb)
+        r = _spearman_rows(x.reshape(len(wb), -1), y.reshape(len(wb), -1))
+        return np.where(np.isfinite(x).all(axis=(1, 2)) & np.isfinite(y).all(axis=(1, 2)), r, np.nan)
+
+    s_lo, s_hi = rho_interval(rho_of, len(questions), alpha, n_boot, rng) if ok.sum() >= 10 else (None, None)
     return replace(out, spearman=finite(rho), spearman_ci_low=s_lo, spearman_ci_high=s_hi, overlap=_overlap(a, b, k),
                    overlap_ci_low=o_lo, overlap_ci_high=o_hi,
                    reason=None if s_lo is not None else "too few questions for a bootstrap interval")
@@ -334,13 +357,15 @@ def _distraction(load: int | None, ctrl: tuple[pd.DataFrame, list[TrialRetrieval
     mask = np.zeros(r.shape, dtype=bool)
     for li, h in top:
         mask[li, h] = True
-    w = rng.multinomial(len(questions), np.full(len(questions), 1 / len(questions)), size=n_boot).astype(float)
-    rhos = []
-    for wb in w:
-        rb, pb = maps(wb)
-        okb = np.isfinite(rb) & np.isfinite(pb)
-        rhos.append(_spearman_rows(rb[okb][None], pb[okb][None])[0] if okb.sum() >= 3 else np.nan)
-    lo, hi = _percentile(np.array(rhos), alpha)
+    def rho_of(w: np.ndarray) -> np.ndarray:
+        out = np.full(len(w), np.nan)
+        for i, wb in enumerate(w):
+            rb, pb = maps(wb)
+            okb = np.isfinite(rb) & np.isfinite(pb)
+            out[i] = _spearman_rows(rb[okb][None], pb[okb][None])[0] if okb.sum() >= 3 else np.nan
+        return out
+
+    lo, hi = rho_interval(rho_of, len(questions), alpha, n_boot, rng)
     return replace(out, spearman=finite(rho), spearman_ci_low=lo, spearman_ci_high=hi, pearson=finite(pear),
                    top_k_p_ext=finite(np.nanmean(p[mask])) if mask.any() else None,
                    other_p_ext=finite(np.nanmean(p[~mask & np.isfinite(p)])) if (~mask).any() else None,
@@ -464,10 +489,11 @@ def retrieval_heads(sub: pd.DataFrame, trials: list[TrialRetrieval], model: str,
                    distraction=tuple(distraction), failed_vs_correct=fvc, saturation_drop=saturation_drop)
 
 
-def analyze_retrieval(run: RunFolder, df: pd.DataFrame, models: list[str], k: int = TOP_K, alpha: float = 0.05,
-                      seed: int = 0) -> list[RetrievalHeads]:
-    """Retrieval heads of every model of a run (empty when no record holds an answer capture)."""
-    sub, trials = collect(run, df)
+def analyze_retrieval(answers: Mapping[tuple[str, str], TrialRetrieval], df: pd.DataFrame, models: list[str],
+                      k: int = TOP_K, alpha: float = 0.05, seed: int = 0) -> list[RetrievalHeads]:
+    """Retrieval heads of every model of a run (empty when no record holds an answer capture; ``answers`` as for
+    :func:`collect`)."""
+    sub, trials = collect(answers, df)
     if not trials:
         return []
     out: list[RetrievalHeads] = []
@@ -479,4 +505,4 @@ def analyze_retrieval(run: RunFolder, df: pd.DataFrame, models: list[str], k: in
 
 __all__ = ["DistractionLink", "METHOD", "RankAgreement", "RetrievalCell", "RetrievalHead",
            "RetrievalHeads", "TrialRetrieval", "analyze_retrieval", "chance_score", "collect", "copy_events",
-           "pooled_score", "read_answer", "retrieval_heads", "top_heads", "trial_retrieval"]
+           "pooled_score", "retrieval_heads", "top_heads", "trial_retrieval"]

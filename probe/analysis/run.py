@@ -89,12 +89,11 @@ def resolve_settings(run: RunFolder, settings: AnalysisSection | None, seed: int
     return (settings or cfg.analysis, cfg.experiment.seed if seed is None else seed, "config.toml")
 
 
-def _family_data(run: RunFolder, data: RunData, family: str, settings: AnalysisSection, seed: int,
-                 fill_similarity: bool) -> FamilyData:
+def _family_data(run: RunFolder, data: RunData, family: str, settings: AnalysisSection, seed: int) -> FamilyData:
     rows = (data.frame["family"] == family).to_numpy()
     return FamilyData(family=family, run=run, frame=data.frame[rows],
                       trials=tuple(t for t, keep in zip(data.trials, rows) if keep), prompts=data.prompts,
-                      settings=settings, seed=seed, fill_similarity=fill_similarity)
+                      tasks=data.tasks, settings=settings, seed=seed)
 
 
 def analyze_run(
@@ -102,7 +101,6 @@ def analyze_run(
     settings: AnalysisSection | None = None,
     *,
     seed: int | None = None,
-    fill_similarity: bool = True,
 ) -> Analysis:
     """Analyse a run folder and write ``analysis.json`` (and ``attention_summary.npz``) into it.
 
@@ -110,7 +108,6 @@ def analyze_run(
         run_dir: the run folder (``outputs/<name>``) holding ``trials.jsonl``.
         settings: the analysis gates; None reads ``[analysis]`` of the run's ``config.toml``.
         seed: the seed of every random draw; None reads ``[experiment] seed`` of ``config.toml``.
-        fill_similarity: let a family compute missing S_sim from ``prompts.jsonl`` with ``settings.embedder``.
 
     Returns:
         The :class:`probe.analysis.results.Analysis` written to ``analysis.json``.
@@ -133,7 +130,7 @@ def analyze_run(
     n_records = 0
     for name in family_order(set(data.frame["family"])):
         entry = family_analysis(name)
-        out: FamilyOutput = entry.analyze(_family_data(run, data, name, settings, seed, fill_similarity))
+        out: FamilyOutput = entry.analyze(_family_data(run, data, name, settings, seed))
         if not isinstance(out.result, entry.result_type):
             raise TypeError(f"family {name!r}: analysis returned {type(out.result).__name__}, registered "
                             f"{entry.result_type.__name__}")
@@ -190,7 +187,7 @@ def tabulate_run(run_dir: str | Path | RunFolder, alpha: float | None = None) ->
     everything = load_run_data(run)
     data = baseline_only(everything)
     df = everything.frame
-    families = {name: family_analysis(name).tabulate(_family_data(run, data, name, settings, seed, False))
+    families = {name: family_analysis(name).tabulate(_family_data(run, data, name, settings, seed))
                 for name in family_order(set(data.frame["family"]))}
     return Analysis(
         schema=SCHEMA_VERSION, run_dir=str(run.root), created=dt.datetime.now(dt.timezone.utc).isoformat(
@@ -253,7 +250,7 @@ def analyze_external(
     """
     out, _ = import_external(path, mapping, out_dir, max_new_tokens=max_new_tokens, tokenizer=tokenizer,
                              aliases=aliases)
-    analysis = analyze_run(out, settings or AnalysisSection(), seed=seed, fill_similarity=False)
+    analysis = analyze_run(out, settings or AnalysisSection(), seed=seed)
     return analysis, out.analysis
 
 

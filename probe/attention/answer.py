@@ -11,6 +11,9 @@ docs/probes.md):
   row), or None where the model's weights could not be read.
 - ``top_key[t, l, h]``: the position (prompt + answer coordinates, no padding) of the key holding the largest
   weight in that row.
+- ``chars[t]``: the characters ``[start, end)`` of the recorded output text that token ``t`` wrote (what hop
+  tracking maps a mention onto), found by the runner with the model's tokenizer
+  (:func:`probe.prompts.tokenize.token_char_spans`); None in a record written before the runner recorded it.
 
 Alignment: row ``t`` is the query whose output produced token ``t``. For ``t = 0`` that is the last prompt position;
 for ``t ≥ 1`` it is the decode step whose input is token ``t - 1``. "The attention while writing token t" is row
@@ -38,6 +41,7 @@ class AnswerAttention:
         top_key: (T_gen, L, H) int32.
         prompt_ids: (T_prompt,) int64 prompt token ids (the token under a top key ``k < T_prompt``).
         segment_kinds / segment_labels / segment_spans: the prompt's segments (token spans), in order.
+        chars: (T_gen, 2) int64 character span of each answer token in the output text, or None.
     """
 
     tokens: np.ndarray
@@ -48,6 +52,7 @@ class AnswerAttention:
     segment_kinds: tuple[str, ...]
     segment_labels: tuple[str, ...]
     segment_spans: tuple[tuple[int, int], ...]
+    chars: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         t = len(self.tokens)
@@ -60,6 +65,8 @@ class AnswerAttention:
             raise ValueError(f"top_key has shape {self.top_key.shape}; expected {self.mass.shape[:3]}")
         if not (len(self.segment_labels) == len(self.segment_spans) == len(self.segment_kinds)):
             raise ValueError("segment_kinds, segment_labels and segment_spans differ in length")
+        if self.chars is not None and self.chars.shape != (t, 2):
+            raise ValueError(f"chars has shape {self.chars.shape}; expected ({t}, 2)")
 
     @property
     def n_prompt(self) -> int:

@@ -18,7 +18,7 @@ from typing import Iterator, Protocol, Sequence
 import torch
 
 from probe.attention.answer import AnswerAttention
-from probe.attention.edits import BatchEdit
+from probe.attention.call import LayerCall
 from probe.attention.masks import BlockMask, allowed_keys, block_mask, causal_block_mask
 from probe.attention.plan import ProbePlan
 from probe.attention.reduce import LayerAggregates, LayerReducer, PlanTensors, assemble_result
@@ -31,9 +31,7 @@ class AnswerSink(Protocol):
     """What takes every layer call of a ``generate`` besides the prefill probe (the answer capture,
     :class:`probe.attention.decode.AnswerRows`)."""
 
-    def report(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-               attention_mask: torch.Tensor | None, scaling: float, softcap: float | None, edit: BatchEdit | None,
-               module: torch.nn.Module | None) -> None:
+    def report(self, call: LayerCall) -> None:
         """One layer call (the prefill or a decode step)."""
 
     def results(self, answers: Sequence[Sequence[int]], prompt_ids: Sequence[Sequence[int]]) -> list[AnswerAttention]:
@@ -126,38 +124,18 @@ class Capture:
     def plans(self) -> list[ProbePlan]:
         return [r.plan for r in self.rows]
 
-    def report(
-        self,
-        layer: int,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        scaling: float,
-        softcap: float | None,
-        edit: BatchEdit | None = None,
-        value: torch.Tensor | None = None,
-        module: torch.nn.Module | None = None,
-    ) -> None:
-        """Compute the needed rows of one layer for every prompt of the batch, in blocks, and keep their aggregates.
-
-        Args:
-            layer: the reporting layer's index.
-            query: (B, H, W, D) query states after rotary embedding.
-            key: (B, H_kv, W, D) key states.
-            attention_mask: (B or 1, 1, W, W) bool (True = may attend) or additive float mask, or None (causal).
-            scaling: multiplier of ``q·kᵀ``.
-            softcap: logit soft-capping value, or None.
-            edit: an intervention acting on this layer (its bias is added to the rows' scores, so the probe
-                measures the intervened attention), or None.
-            value: (B, H_kv, W, Dv) value states, handed to the measures that read them (None: no such measure).
-            module: the layer's attention module (its output projection, for such measures).
-        """
+    def report(self, call: LayerCall) -> None:
+        """Compute the needed rows of one layer call for every prompt of the batch, in blocks, and keep their
+        aggregates (:class:`~probe.attention.call.LayerCall`: under an intervention its bias is added to the rows'
+        scores, so the probe measures the intervened attention; the value states and the module go to the measures
+        that read them)."""
+        layer, query, key, attention_mask = call.layer, call.query, call.key, call.mask
         n_batch, n_heads, n_q, _ = query.shape
         n_kv, n_k = key.shape[1], key.shape[2]
         if self.answer is not None:
-            if value is None:
+            if call.value is None:
                 raise HookError(f"layer {layer}: answer capture needs the value states, and the layer reported none")
-            self.answer.report(layer, query, key, value, attention_mask, scaling, softcap, edit, module)
+            self.answer.report(call)
         if n_q != self.width or n_k != self.width:
             if self.prefill_only:
                 return  # a decode step: one new query against the cache
@@ -187,28 +165,18 @@ class Capture:
                     b = i if attention_mask.shape[0] > 1 else 0
                     mask = attention_mask[b, 0, p:, p:]  # (T, T): the prompt's own rows and keys
                     mask_key = (attention_mask.data_ptr(), tuple(attention_mask.shape), b, p)
-                row_edit = (edit, layer, i) if edit is not None and edit.edits_layer(layer) else None
-                row.layers[layer] = self._reduce(row, query[i, :, p:, :], key[i, :, p:, :], mask, mask_key, scaling,
-                                                 softcap, row_edit, None if value is None else value[i, :, p:, :],
-                                                 layer, module)
+                row.layers[layer] = self._reduce(row, i, call, mask, mask_key)
 
-    def _reduce(
-        self,
-        row: _Row,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        mask: torch.Tensor | None,
-        mask_key: tuple,
-        scaling: float,
-        softcap: float | None,
-        row_edit: tuple[BatchEdit, int, int] | None = None,
-        value: torch.Tensor | None = None,
-        layer: int = 0,
-        module: torch.nn.Module | None = None,
-    ) -> LayerAggregates:
-        """One prompt's aggregates in one layer from its (H, T, D) queries and (H_kv, T, D) keys; ``row_edit`` =
-        (the batch's edit, layer, batch row) adds the intervention's bias to the scores; ``value`` (H_kv, T, Dv)
-        goes to the measures that read value states."""
+    def _reduce(self, row: _Row, i: int, call: LayerCall, mask: torch.Tensor | None,
+                mask_key: tuple) -> LayerAggregates:
+        """Batch row ``i``'s aggregates in one layer from its own (H, T, D) queries and (H_kv, T, D) keys (its padding
+        cut off) and ``mask`` (T, T); the call's edit, where it edits this layer, adds its bias to the scores; the
+        value states go to the measures that read them."""
+        p, layer = row.pad, call.layer
+        query, key = call.query[i, :, p:, :], call.key[i, :, p:, :]
+        value = None if call.value is None else call.value[i, :, p:, :]
+        edit = call.edit if call.edit is not None and call.edit.edits_layer(layer) else None
+        scaling, softcap = call.scaling, call.softcap
         n_heads, dim = query.shape[0], query.shape[2]
         n_kv = key.shape[0]
         tensors = row.tensors_on(query.device)
@@ -220,7 +188,7 @@ class Capture:
                 masks = [block_mask(mask, b) for b in tensors.blocks]
             if all(m.additive is None for m in masks):  # the rows of a bias mask are not kept across layers
                 row.block_masks[mask_key] = masks
-        reducer = LayerReducer(row.plan, n_heads, tensors, layer, module if self.value_weighted else None)
+        reducer = LayerReducer(row.plan, n_heads, tensors, layer, call.module if self.value_weighted else None)
         values = None
         if reducer.needs_values:
             if value is None:
@@ -235,8 +203,7 @@ class Capture:
             if softcap is not None:
                 scores = scores.div_(softcap).tanh_().mul_(softcap)
             bm.apply(scores)
-            if row_edit is not None:
-                edit, layer, i = row_edit
+            if edit is not None:
                 rows = torch.tensor([i], device=edit.device)
                 scores += edit.bias(layer, (block.positions + row.pad).to(edit.device), bm.lo + row.pad,
                                     bm.hi + row.pad, rows)[0].to(scores.device)

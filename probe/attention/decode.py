@@ -30,11 +30,12 @@ import torch
 from transformers import PreTrainedModel
 
 from probe.attention.answer import AnswerAttention
-from probe.attention.edits import BatchEdit
+from probe.attention.call import LayerCall
 from probe.attention.implementation import attention_implementation
 from probe.attention.measures.value import module_gram, value_norms
 from probe.attention.plan import ProbePlan
-from probe.attention.reference import _value_states, output_projection
+from probe.attention.measures.value import output_projection
+from probe.attention.reference import _value_states
 from probe.errors import HookError
 from probe.loading import input_device
 from probe.types import TokenizedPrompt
@@ -73,20 +74,14 @@ class _Pending:
         self.lo = 0
         self.lasts: list[int] = []
         self.masks: list[torch.Tensor | None] = []
-        self.key: torch.Tensor | None = None
-        self.value: torch.Tensor | None = None
-        self.module: torch.nn.Module | None = None
-        self.edit: BatchEdit | None = None
-        self.scaling = 1.0
-        self.softcap: float | None = None
+        self.call: LayerCall | None = None  # the latest call: its key and value cache cover every waiting step
 
-    def add(self, step: int, last: int, lo: int, query_row: torch.Tensor, attention_mask: torch.Tensor | None,
-            key: torch.Tensor, value: torch.Tensor, scaling: float, softcap: float | None, edit: BatchEdit | None,
-            module: torch.nn.Module | None) -> None:
+    def add(self, step: int, last: int, lo: int, call: LayerCall) -> None:
         if not self.n:
             self.first, self.lo = step, lo
-        self.queries[:, :, self.n].copy_(query_row)
+        self.queries[:, :, self.n].copy_(call.query[:, :, -1, :])
         mask = None
+        attention_mask = call.mask
         if attention_mask is not None:
             mask = attention_mask[:, 0, -1, :]  # (B or 1, K): the generating query's row
             if attention_mask.shape[2] > 1:
@@ -94,8 +89,7 @@ class _Pending:
         self.masks.append(mask)
         self.lasts.append(last)
         self.n += 1
-        self.key, self.value, self.module, self.edit = key, value, module, edit
-        self.scaling, self.softcap = scaling, softcap
+        self.call = call
 
     def mask_key(self, n_k: int) -> tuple:
         """What :meth:`additive_mask` depends on: the steps' positions, the keys' range and each step's mask tensor
@@ -236,27 +230,19 @@ class AnswerRows:
             buf, top = self.masses[layer], self.tops[layer] = grown, grown_top
         return buf[first:end], top[first:end]
 
-    def report(
-        self,
-        layer: int,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        scaling: float,
-        softcap: float | None,
-        edit: BatchEdit | None,
-        module: torch.nn.Module | None,
-    ) -> None:
+    def report(self, call: LayerCall) -> None:
         """Keep one layer call's generating row for the layer's next flush (or fold it now: class docstring).
 
-        Args: as :meth:`probe.attention.capture.Capture.report`; ``query`` (B, H, n_q, D) with ``n_q`` the batch's
-        width (the prefill) or 1 (a decode step), ``key`` / ``value`` (B, H_kv, K, D) the cache's last K positions.
+        Args:
+            call: the layer call (:class:`~probe.attention.call.LayerCall`); its ``query`` (B, H, n_q, D) has ``n_q``
+                the batch's width (the prefill) or 1 (a decode step), its ``key`` / ``value`` (B, H_kv, K, D) the
+                cache's last K positions.
 
         Raises:
             HookError: a call that is neither a prefill of the batch nor a one-query decode step, a mask whose
                 shape does not match the keys, or a cache that dropped keys some waiting step still needs.
         """
+        layer, query, key, attention_mask, module = call.layer, call.query, call.key, call.mask, call.module
         n_b, n_heads, n_q, dim = query.shape
         n_k = key.shape[2]
         step = self.n_steps.get(layer, 0)
@@ -282,7 +268,7 @@ class AnswerRows:
             raise HookError(f"layer {layer}: the cache dropped keys that {pending.n} waiting generation steps still "
                             f"need (keys from position {lo}, the steps read from {pending.lo}); fold each step at "
                             "once (steps_per_flush = 1)")
-        pending.add(step, last, lo, query[:, :, -1, :], attention_mask, key, value, scaling, softcap, edit, module)
+        pending.add(step, last, lo, call)
         self.n_steps[layer] = step + 1
         if layer not in self._windows:
             self._windows[layer] = _window(module)
@@ -297,16 +283,17 @@ class AnswerRows:
         p = self._pending.get(layer)
         if p is None or not p.n:
             return
-        key, value, module = p.key, p.value, p.module
-        assert key is not None and value is not None
+        call = p.call
+        assert call is not None and call.value is not None
+        key, value, module, edit = call.key, call.value, call.module, call.edit
         n_b, n_kv, n_k, dim = key.shape
         n_heads, n = p.n_heads, p.n
         lo, hi = p.lo, p.lo + n_k
         rep = n_heads // n_kv
-        q = p.queries[:, :, :n].mul(p.scaling).reshape(n_b, n_kv, rep * n, dim)  # (B, H_kv, rep·n, D)
+        q = p.queries[:, :, :n].mul(call.scaling).reshape(n_b, n_kv, rep * n, dim)  # (B, H_kv, rep·n, D)
         scores = torch.matmul(q, key.to(torch.float32).transpose(-1, -2)).view(n_b, n_heads, n, n_k)
-        if p.softcap is not None:
-            scores = scores.div_(p.softcap).tanh_().mul_(p.softcap)
+        if call.softcap is not None:
+            scores = scores.div_(call.softcap).tanh_().mul_(call.softcap)
         mask_key = p.mask_key(n_k)
         kept = self._masks.get(mask_key)
         if kept is None:
@@ -314,9 +301,9 @@ class AnswerRows:
                 del self._masks[next(iter(self._masks))]  # the oldest
             kept = self._masks[mask_key] = (list(p.masks), p.additive_mask(n_k, scores.device))
         scores += kept[1]
-        if p.edit is not None and p.edit.edits_layer(layer):
-            pos = torch.tensor(p.lasts, device=p.edit.device)
-            scores += p.edit.bias(layer, pos, lo, hi).to(scores.device)
+        if edit is not None and edit.edits_layer(layer):
+            pos = torch.tensor(p.lasts, device=edit.device)
+            scores += edit.bias(layer, pos, lo, hi).to(scores.device)
         top_key = scores.max(dim=-1).indices  # (B, H, n): the top key (max's indices cost less than argmax's)
         weights = torch.softmax(scores, dim=-1)  # (B, H, n, K); each generating query sees itself: no empty row
         del scores

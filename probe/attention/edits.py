@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 from typing import Callable, Sequence
 
 import numpy as np

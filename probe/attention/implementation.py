@@ -26,6 +26,7 @@ from transformers import AttentionInterface, PreTrainedConfig, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from probe.attention.call import LayerCall
 from probe.attention.capture import Capture
 from probe.attention.edits import BatchEdit, edited_attention
 from probe.attention.masks import allowed_keys
@@ -201,7 +202,7 @@ def _probe_attention(
         out = edited_attention(edit, int(layer), query, key, value, mask, float(scaling), softcap,  # type: ignore[arg-type]
                                out)
     if capture is not None:
-        capture.report(int(layer), query, key, mask, float(scaling), softcap, edit, value, module)
+        capture.report(LayerCall(int(layer), query, key, value, mask, float(scaling), softcap, edit, module))
     assert out is not None
     return out, None
 

@@ -26,7 +26,6 @@ Definitions: docs/probes.md.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Mapping, Protocol
 
@@ -169,16 +168,10 @@ class Measure:
 MEASURES: Registry[Measure] = Registry("attention measure")
 
 
-# measure id -> the module that registered it: the order of :func:`probe.attention.measures.measures` follows the
-# modules, not which of them happened to be imported first
-ORIGIN: dict[str, str] = {}
-
 
 def register_measure(measure: Measure) -> Measure:
     """Add ``measure`` to the registry (a module of :mod:`probe.attention.measures` calls it on import)."""
-    entry = MEASURES.register(measure.id, measure)
-    ORIGIN[measure.id] = sys._getframe(1).f_globals.get("__name__", "")
-    return entry
+    return MEASURES.register(measure.id, measure)
 
 
 __all__ = ["BlockReducer", "EagerAttention", "LayerContext", "MEASURES", "Measure", "register_measure"]

@@ -18,6 +18,7 @@ from transformers import PreTrainedModel
 from probe.attention.implementation import attention_implementation
 from probe.attention.measure import EagerAttention
 from probe.attention.measures import measures
+from probe.attention.measures.value import output_projection
 from probe.attention.result import KEY_KINDS, SegmentAttention
 from probe.config import ProbeSection
 from probe.errors import HookError
@@ -42,25 +43,6 @@ def _visible(n: int, window: int | None) -> np.ndarray:
     if window is not None:
         vis &= (q - k) < window
     return vis
-
-
-def output_projection(module: torch.nn.Module) -> torch.Tensor:
-    """(heads · head_dim, hidden) output projection of an attention module, rows = the attention output's dimensions
-    (``o_proj``, a ``Linear``, transposed; GPT-2's ``c_proj``, a ``Conv1D``, as it is).
-
-    Raises:
-        HookError: the module has neither.
-    """
-    o_proj = getattr(module, "o_proj", None)
-    o_proj = getattr(o_proj, "original_component", o_proj)  # TransformerLens wraps the Linear in a bridge
-    if isinstance(o_proj, torch.nn.Linear):
-        return o_proj.weight.T
-    c_proj = getattr(module, "c_proj", None)
-    if isinstance(c_proj, torch.nn.Module) and type(c_proj).__name__ == "Conv1D":
-        weight = c_proj.weight
-        assert isinstance(weight, torch.Tensor)
-        return weight
-    raise HookError(f"{type(module).__name__} has no o_proj or c_proj: its output projection cannot be read")
 
 
 @contextmanager

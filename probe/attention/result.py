@@ -15,7 +15,8 @@ and ``ar_k``; definitions in docs/probes.md), and the chance level of P_ext:
 It is written to a compact ``.npz`` keyed by ``prompt_id``: one float32 member per measure (named by its id),
 ``chance``, a JSON header (``meta``) that lists the measures, and, when the probe captured the attention while the
 answer was written (format 3), its per-token members ``answer_tokens``, ``answer_mass``, ``answer_vmass``,
-``answer_top_key`` and ``answer_prompt_ids`` (:attr:`SegmentAttention.answer`). Formats 1 (no list: the four
+``answer_top_key``, ``answer_prompt_ids`` and ``answer_chars`` (:attr:`SegmentAttention.answer`; ``answer_vmass``
+and ``answer_chars`` may be absent). Formats 1 (no list: the four
 built-in arrays) and 2 (no answer members) still read, with ``answer = None``.
 """
 
@@ -59,7 +60,8 @@ KEY_KINDS: tuple[str, ...] = (*SEGMENT_KINDS, "generated")
 
 _FORMAT_VERSION = 3
 # Members of the answer attention (format 3, when captured): docs/records.md.
-_ANSWER_MEMBERS = ("answer_tokens", "answer_mass", "answer_vmass", "answer_top_key", "answer_prompt_ids")
+_ANSWER_MEMBERS = ("answer_tokens", "answer_mass", "answer_vmass", "answer_top_key", "answer_prompt_ids",
+                   "answer_chars")
 _FORMAT_1_MEASURES = ("seg_mass", "seg_mass_segment", "p_ext", "ar_k")
 
 
@@ -229,6 +231,8 @@ class SegmentAttention:
                 arrays["answer_vmass"] = a.vmass.astype(np.float32)
             arrays["answer_top_key"] = a.top_key.astype(np.int32)
             arrays["answer_prompt_ids"] = a.prompt_ids.astype(np.int64)
+            if a.chars is not None:
+                arrays["answer_chars"] = a.chars.astype(np.int64)
         arrays["meta"] = np.array(json.dumps(self.meta()))
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
@@ -240,6 +244,17 @@ class SegmentAttention:
             Path(tmp).unlink(missing_ok=True)
             raise
         return path
+
+    @staticmethod
+    def is_whole(path: str | Path) -> bool:
+        """Whether the file is a whole record: its zip directory (at the end of the file, so missing when a full
+        disk or a bad copy cut it short) names the header. Only the directory is read, so a resumed run checks many
+        records quickly; damage inside a whole file is named by :meth:`load`."""
+        try:
+            with zipfile.ZipFile(path) as z:
+                return "meta.npy" in z.namelist()
+        except (zipfile.BadZipFile, OSError, EOFError):
+            return False
 
     @staticmethod
     def load(path: str | Path) -> "SegmentAttention":
@@ -312,4 +327,5 @@ def _load_answer(z: np.lib.npyio.NpzFile, meta: dict) -> AnswerAttention:
         vmass=z["answer_vmass"] if "answer_vmass" in z.files else None, top_key=z["answer_top_key"],
         prompt_ids=z["answer_prompt_ids"], segment_kinds=tuple(meta["segment_kinds"]),
         segment_labels=tuple(meta["segment_labels"]),
-        segment_spans=tuple((int(a), int(b)) for a, b in meta["segment_spans"]))
+        segment_spans=tuple((int(a), int(b)) for a, b in meta["segment_spans"]),
+        chars=z["answer_chars"] if "answer_chars" in z.files else None)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from probe.backends.base import Backend, Generation, build_messages
 from probe.backends.local import LocalBackend
-from probe.loading import ModelCard, load_model
+from probe.loading import ModelCard
 
 
 def make_backend(card: ModelCard, device: str | None = None, seed: int = 0) -> Backend:
@@ -22,6 +22,8 @@ def make_backend(card: ModelCard, device: str | None = None, seed: int = 0) -> B
         from probe.backends.openai import OpenAIBackend
 
         return OpenAIBackend(card, seed=seed)
+    from probe.loading import load_model  # looked up when called (a test may stand in for it)
+
     return LocalBackend(load_model(card, device=device), seed=seed)
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator, Protocol
 
-from probe.config import GenerationSection
+from probe.config import GenerationSection, ProbeSection
 from probe.types import Prompt
 
 if TYPE_CHECKING:
+    from probe.attention.intervention import Intervention
     from probe.attention.result import SegmentAttention
     from probe.interventions import KeyCount
 
@@ -41,11 +42,33 @@ def build_messages(prompt: Prompt) -> list[dict[str, str]]:
 
 
 class Backend(Protocol):
-    """Produces generations; ``generate`` may yield in any order but yields each prompt exactly once."""
+    """Produces generations; ``generate`` may yield in any order but yields each prompt exactly once.
+
+    What a backend can do beyond text it says itself, and the runner asks (never its class): ``can_probe`` (it
+    computes the probe of each prompt while it generates: ``Generation.attention``) and ``can_intervene`` (it
+    generates under an attention intervention, and knows its model's layers and heads). A backend asked for what
+    it cannot do raises :class:`~probe.errors.ConfigError`.
+    """
 
     @property
     def model_name(self) -> str:
         """The model card's name (read-only: a backend may hold it as a plain attribute or derive it)."""
         ...
 
-    def generate(self, prompts: list[Prompt], gen: GenerationSection) -> Iterator[tuple[Prompt, Generation]]: ...
+    @property
+    def can_probe(self) -> bool: ...
+
+    @property
+    def can_intervene(self) -> bool: ...
+
+    @property
+    def revision(self) -> str | None:
+        """The weights' revision for the run's manifest (None where the backend cannot know it: a served model)."""
+        ...
+
+    def layers_and_heads(self) -> tuple[int, int]:
+        """(layers, attention heads) of the model (what an intervention is resolved against)."""
+        ...
+
+    def generate(self, prompts: list[Prompt], gen: GenerationSection, probe: ProbeSection | None = None,
+                 intervention: Intervention | None = None) -> Iterator[tuple[Prompt, Generation]]: ...

@@ -18,13 +18,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Iterator
 
 from probe.backends.base import Generation
 from probe.config import GenerationSection, ProbeSection
 from probe.loading import LoadedModel
-from probe.prompts.tokenize import encode_prompt
+from probe.prompts.tokenize import encode_prompt, token_char_spans
 from probe.types import Prompt, TokenizedPrompt
 
 if TYPE_CHECKING:
@@ -70,6 +70,23 @@ class LocalBackend:
     @property
     def model_name(self) -> str:
         return self.loaded.card.name
+
+    @property
+    def can_probe(self) -> bool:
+        return True
+
+    @property
+    def can_intervene(self) -> bool:
+        return True
+
+    @property
+    def revision(self) -> str | None:
+        return self.loaded.revision
+
+    def layers_and_heads(self) -> tuple[int, int]:
+        from probe.attention.engine import layers_and_heads
+
+        return layers_and_heads(self.loaded.model)
 
     def tokenize(self, prompt: Prompt) -> TokenizedPrompt:
         return encode_prompt(prompt, self.loaded.tokenizer, self.loaded.card.use_chat_template)
@@ -218,7 +235,10 @@ class LocalBackend:
         tok = self.loaded.tokenizer
         for i, ((p, tp), answer, att) in enumerate(zip(batch.items, answers, attention)):
             keys = batch.edits[i].count if batch.edits is not None else None
-            yield p, Generation(tok.decode(answer.ids, skip_special_tokens=True), answer.truncated,
+            text = tok.decode(answer.ids, skip_special_tokens=True)
+            if getattr(att, "answer", None) is not None:  # where each answer token lies in the text (hop tracking)
+                att.answer = replace(att.answer, chars=token_char_spans(att.answer.tokens.tolist(), text, tok))
+            yield p, Generation(text, answer.truncated,
                                 prompt_tokens=len(tp.input_ids), completion_tokens=len(answer.ids),
                                 output_ids=tuple(answer.ids), attention=att, intervention_keys=keys)
 

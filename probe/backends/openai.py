@@ -50,11 +50,12 @@ from typing import TYPE_CHECKING, Iterator
 import httpx
 
 from probe.backends.base import Generation, build_messages
-from probe.config import GenerationSection
+from probe.config import GenerationSection, ProbeSection
 from probe.errors import ConfigError, ProbeError
 from probe.types import Prompt
 
 if TYPE_CHECKING:
+    from probe.attention.intervention import Intervention
     from probe.loading import ModelCard
 
 log = logging.getLogger(__name__)
@@ -226,16 +227,29 @@ class OpenAIBackend:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def generate(self, prompts: list[Prompt], gen: GenerationSection) -> Iterator[tuple[Prompt, Generation]]:
+    can_probe = False  # a served model gives text only: no attention, no edit inside the model
+    can_intervene = False
+    revision = None
+
+    def layers_and_heads(self) -> tuple[int, int]:
+        raise ConfigError(f"model {self.model_name!r} is served: its layers and heads are not known here")
+
+    def generate(self, prompts: list[Prompt], gen: GenerationSection, probe: ProbeSection | None = None,
+                 intervention: Intervention | None = None) -> Iterator[tuple[Prompt, Generation]]:
         """Send every prompt, at most ``max_concurrency`` at a time; yield each as its answer arrives.
 
         Args:
             prompts: the prompts, each yielded exactly once (in completion order, not input order).
             gen: ``max_new_tokens``, ``temperature``, ``top_p``.
+            probe, intervention: must be None (a served model gives text only).
 
         Raises:
             EndpointError: the server answered 401, 403 or 404 (checked before anything more is sent).
+            ConfigError: a probe or an intervention was asked for.
         """
+        if probe is not None or intervention is not None:
+            raise ConfigError(f"model {self.model_name!r} is served: probes and interventions need local weights "
+                              "(a served model gives text only)")
         if not prompts:
             return
         pool = ThreadPoolExecutor(max_workers=self.max_concurrency, thread_name_prefix=f"{self.model_name}-http")

@@ -323,34 +323,41 @@ def _lens(bridge: object, ids: torch.Tensor, n_layers: int) -> None:
     del cache
 
 
-def format_attention_bench(rows: list[dict]) -> str:
-    """A plain-text table of :func:`run_attention_bench`'s rows (seconds / GB per arm, engine/plain ratios)."""
-    def cell(s: float | None, gb: float | None) -> str:
-        return "skipped" if s is None else f"{s:7.2f}s {gb:6.2f}GB"
+def format_attention_bench(rows: list[dict], width: int = 100) -> str:
+    """Plain-text tables of :func:`run_attention_bench`'s rows, one column per prompt length (so they fit a terminal
+    of ``width`` columns whatever the number of arms): seconds and GB per arm, then the engine's ratios to the plain
+    forward with the lowest-highest per-round ratio beside each; the notes wrapped at ``width``."""
+    import textwrap
 
-    def ratio(x: float | None) -> str:
-        return "n/a" if x is None else f"{x:.2f}"
+    def cell(s: float | None, gb: float | None) -> str:
+        return "skipped" if s is None else f"{s:.2f}s {gb:.2f}GB"
+
+    def ratio(r: dict, name: str) -> str:
+        x, span = r.get(f"{name}_ratio"), r.get(f"{name}_ratio_range")
+        return "n/a" if x is None else f"{x:.2f}" + ("" if span is None else f" ({_span(span)})")
 
     arms = [a for a in ARMS if any(r[f"{a}_s"] is not None for r in rows)] or list(ARMS)
-    head = (f"{'T':>6}  " + "  ".join(f"{a:>17}" for a in arms)
-            + "   engine/plain time  mem   engine_ar/plain time  mem   engine/engine_raw time")
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        cells = "  ".join(f"{cell(r[f'{a}_s'], r[f'{a}_gb']):>17}" for a in arms)
-        lines.append(f"{r['n_tokens']:>6}  {cells}   {r['engine_time_ratio']:17.2f}  {ratio(r['engine_mem_ratio']):>4}"
-                     f"   {ratio(r['engine_ar_time_ratio']):>20}  {ratio(r.get('engine_ar_mem_ratio')):>4}"
-                     f"   {ratio(r.get('value_time_ratio')):>22}")
+    ratios = (("engine/plain time", "engine_time"), ("engine/plain memory", "engine_mem"),
+              ("engine_ar/plain time", "engine_ar_time"), ("engine_ar/plain memory", "engine_ar_mem"),
+              ("engine/engine_raw time", "value_time"))
+    table = [["T = " + str(r["n_tokens"]) for r in rows]]
+    table += [[cell(r[f"{a}_s"], r[f"{a}_gb"]) for r in rows] for a in arms]
+    table += [[ratio(r, key) for r in rows] for _, key in ratios]
+    names = ["", *arms, *(label for label, _ in ratios)]
+    first = max(len(n) for n in names)
+    cols = [max(len(row[i]) for row in table) for i in range(len(rows))]
+    lines = [f"{n:<{first}}  " + "  ".join(f"{v:>{w}}" for v, w in zip(row, cols)) for n, row in zip(names, table)]
+    lines.insert(1, "-" * len(lines[0]))
+    lines.insert(2 + len(arms), "-" * len(lines[0]))
     notes = sorted({n for r in rows for n in r["notes"]})
     if rows:
-        lines.append(f"model {rows[0]['model']} on {rows[0]['device']}; time = fastest of {rows[0]['rounds']} "
-                     "round(s); memory = peak above the level before the call, in a separate call; engine_raw = "
-                     "engine without the value-weighted measures (engine/engine_raw: what they cost)")
-        if rows[0]["rounds"] > 1:
-            spread = [f"T={r['n_tokens']}: engine/plain {_span(r.get('engine_time_ratio_range'))}, engine_ar/plain "
-                      f"{_span(r.get('engine_ar_time_ratio_range'))}, engine/engine_raw "
-                      f"{_span(r.get('value_time_ratio_range'))}" for r in rows]
-            lines.append("per-round time ratios (lowest-highest): " + "; ".join(spread))
-    lines += [f"note: {n}" for n in notes]
+        lines += textwrap.wrap(
+            f"model {rows[0]['model']} on {rows[0]['device']}; time = fastest of {rows[0]['rounds']} round(s) "
+            "(per-round time ratios, lowest-highest, in brackets); memory = peak above the level before the call, "
+            "in a separate call; engine_raw = engine without the value-weighted measures (engine/engine_raw: what "
+            "they cost)", width)
+    for n in notes:
+        lines += textwrap.wrap(f"note: {n}", width, subsequent_indent="  ")
     return "\n".join(lines)
 
 

@@ -23,7 +23,6 @@ from dataclasses import dataclass, replace
 from probe.backends import LocalBackend
 from probe.config import ExperimentConfig, load_config
 from probe.errors import ConfigError
-from probe.loading import load_model
 from probe.runner import build_run_prompts, prepare_run_dir
 from probe.types import Prompt
 
@@ -78,7 +77,10 @@ def _bench_setup(experiment: str, **counts: int | None) -> tuple[ExperimentConfi
     prepare_run_dir(cfg, force=True)
     model_name = cfg.experiment.models[0]
     prompts = build_run_prompts(cfg, progress=False)[model_name]
+    from probe.loading import load_model  # looked up when called (a test may stand in for it)
+
     return cfg, model_name, prompts, LocalBackend(load_model(model_name), seed=cfg.experiment.seed)
+
 
 def run_generate_bench(experiment: str, n_prompts: int = 32, batch_size: int | None = None,
                        rounds: int = 2) -> GenerateBench:

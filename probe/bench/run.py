@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import textwrap
 import time
 from dataclasses import dataclass, replace
 
@@ -148,9 +149,9 @@ def _spread(ratios: tuple[float, ...], paired: tuple[float, ...] = ()) -> str:
 
 def format_run_bench(b: RunBench) -> str:
     lines = [
-        f"probed vs unprobed run: {b.model}, {b.n_trials} trials in {b.n_batches} batches (generation, scoring, "
-        "records; model loaded and prompts built once, outside the timings; the arms interleaved batch by batch, "
-        "each arm's time the sum of its fastest round on each batch)",
+        *textwrap.wrap(f"probed vs unprobed run: {b.model}, {b.n_trials} trials in {b.n_batches} batches (generation, "
+                       "scoring, records; model loaded and prompts built once, outside the timings; the arms "
+                       "interleaved batch by batch, each arm's time the sum of its fastest round on each batch)", 100),
         f"  probing off: {b.unprobed_s:7.1f} s",
         f"  probing on : {b.probed_s:7.1f} s   ({b.n_attention_files} attention records)",
     ]

@@ -88,8 +88,13 @@ def assemble(instruction: str, body: Sequence[Piece], question: str) -> tuple[st
     add(Piece("instruction", instruction, "instruction"), "")
     for i, p in enumerate(body):
         add(p, "\n\n" if i == 0 else "\n")
-    add(Piece("question", QUESTION_PREFIX + question, "question"), "\n\n")
+    add(Piece("question", question_segment(question), "question"), "\n\n")
     return "".join(parts), tuple(segs)
+
+
+def question_segment(question: str) -> str:
+    """The text of a prompt's question segment."""
+    return QUESTION_PREFIX + question
 
 
 def place_uniform(n_items: int, n_slots: int, rng: np.random.Generator) -> list[int]:
@@ -177,6 +182,27 @@ class IceBuilder:
     use_chat_template: bool = True
     id_tokenizer: str | None = None
     shared_candidates: dict[tuple[str, int, int], list[str]] | None = None
+
+    @classmethod
+    def wired(cls, ice: IceSection, tokenizer: Any, tokenizer_name: str, seed: int, *, embedder: str | None = None,
+              use_chat_template: bool = True, id_tokenizer: str | None = None,
+              shared_candidates: dict[tuple[str, int, int], list[str]] | None = None) -> "IceBuilder":
+        """The builder with the toolkit's distractor facts and neutral filler and, given ``embedder`` (a
+        sentence-transformers model, name or path), S_sim and stratified draws: what the runner and the Python API
+        both build prompts with."""
+        from probe.prompts.distractors import distractor_facts
+        from probe.prompts.filler import neutral_filler
+
+        similarity = s_sim = None
+        if embedder:
+            from probe.prompts.similarity import get_embedder
+
+            emb = get_embedder(embedder)
+            similarity, s_sim = emb.similarity_to, emb.s_sim
+        return cls(ice=ice, tokenizer=tokenizer, tokenizer_name=tokenizer_name, seed=seed,
+                   distractors=distractor_facts, filler=neutral_filler, similarity=similarity, s_sim=s_sim,
+                   use_chat_template=use_chat_template, id_tokenizer=id_tokenizer,
+                   shared_candidates=shared_candidates)
 
     def __post_init__(self) -> None:
         self._counter = PieceCounter(self.tokenizer)

@@ -262,3 +262,68 @@ class PieceCounter:
         if n is None:
             n = self._counts[text] = len(self.tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids)
         return n
+
+
+def token_char_spans(tokens: Sequence[int], text: str, tokenizer: Any) -> np.ndarray:
+    """``(T, 2)`` character span of each generated token in the recorded output ``text``.
+
+    First the tokenizer's offsets of ``text`` (``return_offsets_mapping``), when re-tokenising the text gives the
+    very ids the model generated; else token ``t`` spans what it adds to the decoding of the few tokens before it,
+    when those pieces rebuild ``text`` exactly; else the ids are decoded prefix by prefix and token ``t`` spans the
+    characters its prefix adds (a token that completes no character, e.g. the first byte of a multi-byte letter,
+    spans none).
+
+    The runner records these spans with the answer attention (``AnswerAttention.chars``), where the tokenizer is
+    at hand; the analysis reads them from the record.
+
+    Raises:
+        SpanError: the generated ids do not decode to ``text``.
+    """
+    ids = [int(t) for t in tokens]
+    try:
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        if list(enc["input_ids"]) == ids:
+            return np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(len(ids), 2)
+    except (TypeError, NotImplementedError, KeyError):  # a slow tokenizer offers no offsets: decode instead
+        pass
+    whole = tokenizer.decode(ids, skip_special_tokens=True)
+    if whole != text:
+        raise SpanError(f"the {len(ids)} answer tokens decode to {whole[:60]!r}…, not to the output "
+                               f"{text[:60]!r}…")
+    quick = _incremental_spans(ids, text, tokenizer)
+    if quick is not None:
+        return quick
+    out = np.zeros((len(ids), 2), dtype=np.int64)
+    end = 0
+    for t in range(len(ids)):  # every prefix decoded whole: a token that completes no character spans none
+        prefix = tokenizer.decode(ids[: t + 1], skip_special_tokens=True)
+        n = 0
+        for x, y in zip(prefix, text):
+            if x != y:
+                break
+            n += 1
+        out[t] = (end, max(end, n))
+        end = max(end, n)
+    return out
+
+
+_CONTEXT = 6  # tokens decoded before each token, so a tokenizer that drops a word's leading space sees the word
+
+
+def _incremental_spans(ids: list[int], text: str, tokenizer: Any) -> np.ndarray | None:
+    """Token spans from what each token adds to the decoding of the few tokens before it (linear in the answer's
+    length), or None when that does not rebuild ``text`` exactly (a character split over tokens, say)."""
+    out = np.zeros((len(ids), 2), dtype=np.int64)
+    pos = 0
+    for t in range(len(ids)):
+        w = max(0, t - _CONTEXT)
+        before = tokenizer.decode(ids[w:t], skip_special_tokens=True) if t > w else ""
+        after = tokenizer.decode(ids[w : t + 1], skip_special_tokens=True)
+        if not after.startswith(before) or "\ufffd" in after[len(before):]:
+            return None
+        piece = after[len(before):]
+        if text[pos : pos + len(piece)] != piece:
+            return None
+        out[t] = (pos, pos + len(piece))
+        pos += len(piece)
+    return out if pos == len(text) else None

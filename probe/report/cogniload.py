@@ -15,7 +15,7 @@ from dataclasses import replace
 from probe.analysis.cogniload import FAMILY, CogniloadResult, KnobCells
 from probe.analysis.cogniload_attention import NeedleHaySummary
 from probe.analysis.estimates import Cell
-from probe.report.sections import ReportSection, register_section
+from probe.report.sections import ReportSection
 from probe.report.cogniload_html import section_html
 from probe.report.cogniload_markdown import markdown
 from probe.report.cogniload_tables import tables
@@ -50,6 +50,6 @@ def merge(named: list[tuple[str, CogniloadResult]]) -> CogniloadResult:
         attention=attention)
 
 
-SECTION = register_section(ReportSection(
+SECTION = ReportSection(
     family=FAMILY, html=section_html, markdown=markdown, tables=tables, main_rows=main_rows, main_lines=main_lines,
-    merge=merge, compare_html=section_html))
+    merge=merge, compare_html=section_html)

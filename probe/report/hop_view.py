@@ -11,24 +11,17 @@ has no scripts (CSS ``:target`` shows the chosen token) and loads nothing.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
-from probe.analysis.hops import (
-    HopRow,
-    layer_window,
-    read_answer_attention,
-    run_tasks,
-    token_char_spans,
-    track_trial,
-)
+from probe.analysis.frame import probe_records
+from probe.analysis.hops import HopRow, layer_window, track_trial
 from probe.attention.answer import AnswerAttention
 from probe.errors import ProbeError
-from probe.records import load_prompts, load_trials, make_trial_id
+from probe.records import load_prompts, load_task_records, load_trials, make_trial_id
 from probe.report.show import CSS, KIND_COLOURS, esc
 from probe.runfolder import RunFolder
-from probe.types import Task
 
 LABEL_COLOURS = {"read_right_fact": "#1b9e77", "read_distractor": "#d95f02", "other": "#7570b3",
                  "not_named": "#999999"}
@@ -131,9 +124,11 @@ def render_answer_steps(answer: AnswerAttention, output: str, char_spans: np.nda
 
 
 def write_answer_steps(run_dir: str | Path | RunFolder, model: str, prompt_id: str, path: str | Path | None = None, *,
-                       layer: int | None = None, head: int | None = None, tokenizer: Any = None,
-                       tasks: Mapping[str, Task] | None = None) -> Path:
+                       layer: int | None = None, head: int | None = None) -> Path:
     """Write the page of one trial of a run folder (default ``show/<model>/<stem>.answer.html``).
+
+    Everything comes from the run folder: the trial, its prompt, its task (``tasks.jsonl``) and the answer
+    attention with each token's characters in the output.
 
     Raises:
         ProbeError: the trial, its prompt, its task or its answer attention is not in the run folder.
@@ -146,34 +141,31 @@ def write_answer_steps(run_dir: str | Path | RunFolder, model: str, prompt_id: s
     prompt = next((p for p in load_prompts(run.prompts) if p.prompt_id == prompt_id), None)
     if prompt is None:
         raise ProbeError(f"{run.prompts}: no prompt {prompt_id!r}")
-    answer = read_answer_attention(run)(model, prompt_id)
+    answer = next((sa.answer for _, sa in probe_records(run, [(model, prompt_id)])), None)
+    record = run.attention_record(model, prompt_id)
     if answer is None:
-        raise ProbeError(f"{run.attention_record(model, prompt_id)}: no attention while the answer was written "
+        raise ProbeError(f"{record}: no attention while the answer was written "
                          "(the run did not capture it: probe with answer = true in [probe])")
+    if answer.chars is None:
+        raise ProbeError(f"{record}: the answer record holds no token spans (written before the runner recorded "
+                         "them); probe the run again to show its answer")
     n_layers, n_heads = answer.mass.shape[1:3]
     if layer is not None and not 0 <= layer < n_layers:
         raise ProbeError(f"layer {layer}: {model} has layers 0..{n_layers - 1}")
     if head is not None and not 0 <= head < n_heads:
         raise ProbeError(f"head {head}: {model} has heads 0..{n_heads - 1}")
-    task = (tasks if tasks is not None else run_tasks(run)).get(trial.task_id)
+    task = next((t for t in load_task_records(run.tasks) if t.task_id == trial.task_id), None)
     if task is None:
-        raise ProbeError(f"{run.config}: the run's tasks hold no task {trial.task_id!r}")
-    if tokenizer is None:
-        from probe.loaded_run import Run
-        from probe.loading import load_tokenizer
-
-        tokenizer = load_tokenizer(Run(run).card(model))  # the run's own card (a card file is not registered)
-    spans = token_char_spans(answer.tokens.tolist(), trial.output, tokenizer)
+        raise ProbeError(f"{run.tasks}: no task {trial.task_id!r} (a run recorded before runs recorded their tasks "
+                         "has no tasks.jsonl: run `probe run` on its experiment again, which writes it)")
     by_label = {seg.label: prompt.segment_text(seg) for seg in prompt.segments}
     texts = {s: by_label.get(lab, "") for s, (kind, lab) in enumerate(zip(answer.segment_kinds, answer.segment_labels))
              if kind != "sink"}
-    rows = track_trial(answer, trial.output, spans, task.hops, task.gold, trial.answer, trial.em, texts,
-                       trial_id=trial_id, model=model, task_id=trial.task_id, condition=trial.condition,
-                       load=trial.load).rows
+    rows = track_trial(answer, trial, task, texts).rows
     out = Path(path) if path is not None else run.show_page(model, prompt_id).with_suffix(".answer.html")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_answer_steps(answer, trial.output, spans, rows, texts, f"{model} · {prompt_id}", layer,
-                                       head), encoding="utf-8")
+    out.write_text(render_answer_steps(answer, trial.output, answer.chars, rows, texts, f"{model} · {prompt_id}",
+                                       layer, head), encoding="utf-8")
     return out
 
 

@@ -32,7 +32,7 @@ from probe.report import ice_hops
 from probe.report.figures import draw_forest, file_stem, ranges, short
 from probe.report.html import esc, table
 from probe.report.retrieval import retrieval_html, retrieval_markdown, retrieval_tables
-from probe.report.sections import ReportContext, ReportSection, Rows, register_section
+from probe.report.sections import ReportContext, ReportSection, Rows
 from probe.report.tables import md_table, rows_of
 
 TAXONOMY_MARKS = {"intrinsic-load brittle": " †", "confounded": " ‡", "unscorable": " ∅"}
@@ -189,7 +189,7 @@ def _attention_sentences(a: AttentionBehaviour, alpha: float) -> list[str]:
         neg = [x for x in by_place if x.value < 0]
         text = []
         if pos:
-            text.append(f"distractor heads (more enrichment in failed trials): "
+            text.append("distractor heads (more enrichment in failed trials): "
                         + ", ".join(head_label(x.layer, x.head) for x in pos[:12]) + (" …" if len(pos) > 12 else ""))
         if neg:
             text.append("less enrichment in failed trials: "
@@ -602,6 +602,6 @@ def compare_html(result: IceResult, ctx: ReportContext) -> str:
             f"<h2>Statistics</h2>{stats_html(result, ctx.settings)}{ice_hops.html(result.hop_tracking)}")
 
 
-SECTION = register_section(ReportSection(
+SECTION = ReportSection(
     family=FAMILY, html=section_html, markdown=markdown, tables=tables, main_rows=main_rows, main_lines=main_lines,
-    merge=merge, compare_html=compare_html))
+    merge=merge, compare_html=compare_html)

@@ -22,7 +22,7 @@ from probe.config import AnalysisSection
 from probe.interventions import Intervention
 from probe.report.figures import file_stem, short
 from probe.report.html import esc, table
-from probe.report.sections import ReportContext, ReportSection, Rows, register_section
+from probe.report.sections import ReportContext, ReportSection, Rows
 from probe.report.tables import md_table, rows_of
 
 SECTION_NAME = "interventions"
@@ -261,9 +261,9 @@ def compare_html(result: InterventionResult, ctx: ReportContext) -> str:
     return section_html(result, ctx)
 
 
-SECTION = register_section(ReportSection(
+SECTION = ReportSection(
     family=SECTION_NAME, html=section_html, markdown=markdown, tables=tables, main_rows=main_rows,
-    main_lines=main_lines, merge=merge, compare_html=compare_html))
+    main_lines=main_lines, merge=merge, compare_html=compare_html)
 
 
 __all__ = ["RECOVERY_HEADER", "SECTION", "draw_sweep", "heads_contrast_rows", "heads_rows", "recovery_rows",

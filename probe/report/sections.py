@@ -1,4 +1,4 @@
-"""Report sections: one per task family, found by the family's name (as the analyses are,
+"""Report sections: one per task family, registered under the family's name (as the analyses are,
 :mod:`probe.analysis.families`).
 
 A section turns its family's result (``Analysis.families[name]``) into every rendering the toolkit makes: its part
@@ -7,8 +7,9 @@ table, and its part of a ``probe compare`` page. The shared renderers (:mod:`pro
 :mod:`probe.report.tables`, :mod:`probe.report.text`, :mod:`probe.report.compare`) loop over the families of an
 analysis and ask this registry; none of them names a family.
 
-Adding a benchmark's report: write ``probe/report/<family>.py`` and call :func:`register_section` at import;
-:func:`report_section` imports ``probe.report.<family>`` the first time the family is asked for.
+The toolkit's sections (``SECTION`` of :mod:`probe.report.ice`, :mod:`probe.report.cogniload` and
+:mod:`probe.report.interventions`) are registered by name in :mod:`probe.report.catalog`; a benchmark of your own
+calls :func:`register_section`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from matplotlib.figure import Figure
 from probe.analysis.estimates import Cell
 from probe.config import AnalysisSection
 from probe.registry import Registry
-from probe.tasks import FAMILIES
 from probe.report.html import fig_png, figure_block
 
 Rows = list[dict[str, Any]]
@@ -85,14 +85,11 @@ class ReportSection:
     compare_html: Callable[[Any, ReportContext], str]
 
 
-# A section is found by its family's name: the task families' modules are named up front (so a typo is answered
-# with the close one), any other name is tried as probe.report.<name> (the interventions section, a new family).
-SECTIONS: Registry[ReportSection] = Registry("report section", lazy={f: f"probe.report.{f}" for f in FAMILIES.names()},
-                                             module_pattern="probe.report.{name}")
+SECTIONS: Registry[ReportSection] = Registry("report section")
 
 
 def register_section(section: ReportSection) -> ReportSection:
-    """Register a family's report section (call at import of ``probe/report/<family>.py``). Returns it.
+    """Register another family's report section (a benchmark of your own). Returns it.
 
     Raises:
         DuplicateEntryError: another section is registered for the family.
@@ -101,11 +98,10 @@ def register_section(section: ReportSection) -> ReportSection:
 
 
 def report_section(family: str) -> ReportSection:
-    """The report section of ``family``, importing ``probe.report.<family>`` on first use.
+    """The report section of ``family`` (``interventions`` for the causal tests).
 
     Raises:
-        UnknownNameError: no such module (close names suggested). ProbeError: the module registers no section for
-            ``family``.
+        UnknownNameError: no section of that name (close names suggested).
     """
     return SECTIONS.get(family)
 

@@ -366,3 +366,66 @@ def score_output(output: str | None, task: Task, truncated: bool) -> Score:
         uninterpretable=uninterpretable,
         extraction=how,
     )
+
+
+def _normalised_words(text: str) -> list[tuple[str, int, int]]:
+    """The words of :func:`probe.scoring.answers.normalize_answer` with their character spans in ``text``.
+
+    Each character is normalised on its own (NFKD, combining marks dropped, punctuation and symbols turned into a
+    space, lower-cased), so every normalised word keeps the span of the original characters it came from; articles
+    are dropped as the normaliser drops them.
+    """
+    chars: list[tuple[str, int]] = []
+    for i, c in enumerate(text):
+        for d in unicodedata.normalize("NFKD", c):
+            if unicodedata.combining(d):
+                continue
+            chars.append((" " if unicodedata.category(d)[0] in "PS" else d.lower(), i))
+    words: list[tuple[str, int, int]] = []
+    cur: list[str] = []
+    start = end = 0
+    for ch, i in chars + [(" ", len(text))]:
+        if ch.isspace():
+            if cur:
+                words.append(("".join(cur), start, end))
+                cur = []
+            continue
+        if not cur:
+            start = i
+        cur.append(ch)
+        end = i + 1
+    return [w for w in words if w[0] not in _ARTICLES]
+
+
+def mention_spans(text: str, entity: str, rel_tol: float = REL_TOL) -> list[tuple[int, int]]:
+    """Character spans ``[start, end)`` of every mention of ``entity`` in ``text``, in order of position.
+
+    The rule is the one exact match and hop recall apply (:mod:`probe.scoring.answers`): a numeric entity matches
+    any number written in the text with the same value (relative tolerance ``rel_tol``; a bare number also matches
+    an entity with a scale word in its own unit), any other entity matches where its normalised words occur as one
+    contiguous run of the text's normalised words. So ``mention_spans(text, e)`` is non-empty exactly when
+    ``e`` is recalled in ``text``.
+    """
+    target = _gold_number(entity)
+    if target is not None:
+        value, unscaled = target
+        spans: list[tuple[int, int]] = []
+        found: list[tuple[int, int, float, bool]] = [
+            (m.start() + len(m.group()) - len(m.group().lstrip()), m.end(), _to_float(m["num"], m["scale"],
+                                                                                      m["sign"]), bool(m["scale"]))
+            for m in _NUMBER_IN_TEXT.finditer(text)]  # the pattern may take a space before the digits: not kept
+        found += [(m.start(), m.end(), _NUMBER_WORDS[m.group().lower()], False)
+                  for m in re.finditer(r"[A-Za-z]+", text) if m.group().lower() in _NUMBER_WORDS]
+        for a, b, v, has_scale in found:
+            if math.isclose(v, value, rel_tol=rel_tol, abs_tol=1e-9) or (
+                    unscaled is not None and not has_scale and math.isclose(v, unscaled, rel_tol=rel_tol,
+                                                                           abs_tol=1e-9)):
+                spans.append((a, b))
+        return sorted(spans)
+    needle = [w for w, _, _ in _normalised_words(entity)]
+    if not needle:
+        return []
+    words = _normalised_words(text)
+    n = len(needle)
+    return [(words[i][1], words[i + n - 1][2]) for i in range(len(words) - n + 1)
+            if [w for w, _, _ in words[i : i + n]] == needle]

@@ -290,7 +290,7 @@ def test_no_variance_one_cluster_and_no_pairs_give_reasons(tmp_path):
             trials.append(_trial(i, "only", cond, load, rep, 1.0))
             i += 1
     trials.append(_trial(i, "only", "Residue", 50, 99, 0.0))  # no Control pair with replication 99
-    analysis = analyze_run(_write(tmp_path / "deg", trials), AnalysisSection(), fill_similarity=False)
+    analysis = analyze_run(_write(tmp_path / "deg", trials), AnalysisSection())
     sat = next(h for h in ice(analysis).h1 if h.condition == "Saturation")
     assert sat.estimate.value is None and "no variance" in sat.estimate.reason
     res = next(h for h in ice(analysis).h1 if h.condition == "Residue")
@@ -312,7 +312,7 @@ def test_no_variance_one_cluster_and_no_pairs_give_reasons(tmp_path):
 
 def test_every_answer_the_same_still_gets_a_bounded_interval(tmp_path):
     trials = [_trial(i, f"q{i % 7}", "Control", 0, i // 7, 1.0) for i in range(14)]
-    analysis = analyze_run(_write(tmp_path / "same", trials), AnalysisSection(), fill_similarity=False)
+    analysis = analyze_run(_write(tmp_path / "same", trials), AnalysisSection())
     c = ice(analysis).cells[0]
     # every answer the same: one observation per question (design effect n/G = 2), docs/statistics.md
     n_star = 7 * (scipy.stats.t.ppf(0.975, 13) / scipy.stats.t.ppf(0.975, 6)) ** 2
@@ -323,7 +323,7 @@ def test_every_answer_the_same_still_gets_a_bounded_interval(tmp_path):
 def test_one_question_gives_a_mean_without_an_interval(tmp_path):
     ems = [1.0, 0.0, 1.0, 1.0, 0.0, 1.0]
     trials = [_trial(i, "q", "Control", 0, i, e) for i, e in enumerate(ems)]
-    analysis = analyze_run(_write(tmp_path / "one", trials), AnalysisSection(), fill_similarity=False)
+    analysis = analyze_run(_write(tmp_path / "one", trials), AnalysisSection())
     c = ice(analysis).cells[0]
     assert c.em_mean == pytest.approx(4 / 6) and c.em_ci_low is None and c.em_ci_high is None
     assert c.ci_method is None and "one question" in c.ci_reason
@@ -332,7 +332,7 @@ def test_one_question_gives_a_mean_without_an_interval(tmp_path):
 def test_duplicate_pair_keys_are_reported_not_guessed(tmp_path):
     trials = [_trial(0, "q", "Control", 0, 0, 1.0), _trial(1, "q", "Control", 0, 0, 0.0),
               _trial(2, "q", "LongControl", 20, 0, 1.0)]
-    analysis = analyze_run(_write(tmp_path / "dup", trials), AnalysisSection(), fill_similarity=False)
+    analysis = analyze_run(_write(tmp_path / "dup", trials), AnalysisSection())
     r = ice(analysis).h2[0]
     assert r.test.p is None and "ambiguous" in r.test.reason
 
@@ -350,7 +350,7 @@ def test_duplicate_pair_keys_are_reported_not_guessed(tmp_path):
 )
 def test_taxonomy_gates(tmp_path, plan, label):
     make_run(tmp_path / "r", plan)
-    analysis = analyze_run(tmp_path / "r", AnalysisSection(), fill_similarity=False)
+    analysis = analyze_run(tmp_path / "r", AnalysisSection())
     tax = ice(analysis).taxonomy[0]
     assert tax.label == label
     assert (tax.gates.brittle_em, tax.gates.confound_rate, tax.gates.alpha) == (0.10, 0.20, 0.05)
@@ -517,14 +517,14 @@ def test_h2_monte_carlo_sign_flips_take_the_experiments_seed(tmp_path):
     run = tmp_path / "seeded"
     make_run(run, Plan(n_tasks=20, n_reps=2, loads=(20, 80), beta_sat=-0.004, seed=4))  # > 16 questions: Monte Carlo
     RunFolder(run).config.write_text(CONFIG.format(seed=4321))
-    analysis = analyze_run(run, fill_similarity=False)
+    analysis = analyze_run(run)
     assert analysis.seed == 4321 and analysis.seed_source == "config.toml"
     drawn = [(k, r.test) for k, r in enumerate(ice(analysis).h2) if r.test.is_test and r.test.reason is None]
     assert len(drawn) >= 4
     for k, r in drawn:  # comparison k draws its sign flips with the experiment's seed + k
         assert not r.is_exact and r.seed == 4321 + k and r.n_resamples == inf.N_RESAMPLES
     RunFolder(run).config.write_text(CONFIG.format(seed=7))
-    other = analyze_run(run, fill_similarity=False)
+    other = analyze_run(run)
     again = [r.test for r in ice(other).h2 if r.test.is_test and r.test.reason is None]
     assert [r.seed for r in again] == [7 + k for k, _ in drawn]
     assert [r.p for r in again] != [r.p for _, r in drawn]
@@ -536,22 +536,22 @@ def test_an_unreadable_config_is_an_error_not_defaults(tmp_path):
     config = RunFolder(run).config
     config.write_text('[experiment]\nname = "x"\nseed = 3\nnote = "two\nlines"\n')  # a newline in a basic string
     with pytest.raises(AnalysisConfigError, match=r"config\.toml: not valid TOML.*\[analysis\] gates"):
-        analyze_run(run, fill_similarity=False)
+        analyze_run(run)
     assert not RunFolder(run).analysis.exists()
     with pytest.raises(AnalysisConfigError):
         main_table(run)  # the quick table reads the same gates
     config.write_text(CONFIG.format(seed=3) + "\n[analysis]\nalpah = 0.1\n")
     with pytest.raises(AnalysisConfigError, match=r"alpah"):
-        analyze_run(run, fill_similarity=False)
+        analyze_run(run)
     # settings and seed given explicitly: the file is not needed, and the analysis says where they came from
-    analysis = analyze_run(run, AnalysisSection(alpha=0.1), seed=5, fill_similarity=False)
+    analysis = analyze_run(run, AnalysisSection(alpha=0.1), seed=5)
     assert (analysis.settings.alpha, analysis.seed, analysis.seed_source) == (0.1, 5, "argument")
 
 
 def test_a_run_without_config_uses_the_documented_defaults_and_says_so(tmp_path):
     run = tmp_path / "bare"
     make_run(run, Plan(n_tasks=6, seed=1))
-    analysis = analyze_run(run, fill_similarity=False)
+    analysis = analyze_run(run)
     assert (analysis.seed, analysis.seed_source) == (0, "default") and analysis.settings == AnalysisSection()
     assert any("no config.toml" in n and "seed 0" in n for n in analysis.notes)
 
@@ -704,7 +704,7 @@ def _path_trials() -> list[TrialRecord]:
 
 def test_strict_em_and_rule_shares_per_cell_match_a_direct_count(tmp_path):
     trials = _path_trials()
-    analysis = analyze_run(_write(tmp_path / "path", trials), AnalysisSection(), fill_similarity=False)
+    analysis = analyze_run(_write(tmp_path / "path", trials), AnalysisSection())
     df = pd.DataFrame([t.to_dict() for t in trials])
     for c in ice(analysis).cells:
         g = df[(df["condition"] == c.condition) & (df["load"] == c.load)]
@@ -720,7 +720,7 @@ def test_strict_em_and_rule_shares_per_cell_match_a_direct_count(tmp_path):
 
 def test_a_condition_that_stops_boxing_is_flagged_against_control(tmp_path):
     trials = _path_trials()
-    analysis = analyze_run(_write(tmp_path / "path", trials), AnalysisSection(), fill_similarity=False)
+    analysis = analyze_run(_write(tmp_path / "path", trials), AnalysisSection())
     df = pd.DataFrame([t.to_dict() for t in trials])
     strict = df.assign(s=df["extraction"].isin(["boxed", "answer_line"]).astype(float)).pivot(
         index="task_id", columns="condition", values="s")
@@ -739,7 +739,7 @@ def test_a_condition_that_stops_boxing_is_flagged_against_control(tmp_path):
 def test_records_without_a_scoring_rule_give_reasons_not_numbers(tmp_path):
     trials = [_trial(i, f"q{i % 8}", cond, load, 0, 1.0) for i, (cond, load) in
               enumerate([("Control", 0)] * 8 + [("Saturation", 80)] * 8)]
-    analysis = analyze_run(_write(tmp_path / "old", trials), AnalysisSection(), fill_similarity=False)
+    analysis = analyze_run(_write(tmp_path / "old", trials), AnalysisSection())
     sat = next(c for c in ice(analysis).cells if c.condition == "Saturation")
     assert sat.em_mean == 1.0 and sat.strict_em_mean is None and sat.extraction_shares is None
     assert sat.scoring_path_p is None and "no output with a recorded scoring rule" in sat.scoring_path_reason

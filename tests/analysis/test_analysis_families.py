@@ -116,7 +116,7 @@ def test_a_new_family_needs_one_analysis_and_one_report_section(tmp_path, toy):
     run = tmp_path / "mixed"
     make_run(run, Plan(n_tasks=6, n_reps=1, loads=(50,), seed=2))
     append_jsonl(RunFolder(run).trials, _toy_trials(12))
-    analysis = analyze_run(run, fill_similarity=False)
+    analysis = analyze_run(run)
     assert list(analysis.families) == ["ice", "toy"] and analysis.n_trials_by_family["toy"] == 12
     toy_result = analysis.families["toy"]
     assert isinstance(toy_result, ToyResult) and toy_result.mean_prompt_tokens == {"toy-model": 15.5}
@@ -141,7 +141,7 @@ def test_trials_of_a_family_without_an_analysis_are_refused(tmp_path):
         r["family"] = "bench9"
     append_jsonl(RunFolder(run).trials, rows)
     with pytest.raises(UnknownNameError, match=r"analysis family 'bench9'.*valid: .*cogniload.*ice"):
-        analyze_run(run, fill_similarity=False)
+        analyze_run(run)
     assert not RunFolder(run).analysis.exists()
     with pytest.raises(UnknownNameError, match="bench9"):
         family_analysis("bench9")
@@ -150,7 +150,7 @@ def test_trials_of_a_family_without_an_analysis_are_refused(tmp_path):
 def test_an_analysis_file_naming_an_unknown_family_is_refused(tmp_path, toy):
     run = tmp_path / "gone"
     append_jsonl(RunFolder(run).trials, _toy_trials(6))
-    analyze_run(run, fill_similarity=False)
+    analyze_run(run)
     data = json.loads(RunFolder(run).analysis.read_text())
     data["families"]["bench9"] = data["families"].pop("toy")
     RunFolder(run).analysis.write_text(json.dumps(data))

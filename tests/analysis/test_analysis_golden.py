@@ -49,7 +49,7 @@ def assert_same(old: object, new: object, path: str) -> int:
 def runs(tmp_path_factory) -> dict[str, Path]:
     runs = make_golden_runs(tmp_path_factory.mktemp("golden"))
     for run in runs.values():
-        analysis = analyze_run(run, fill_similarity=False)
+        analysis = analyze_run(run)
         assert read_analysis(run) == analysis  # analysis.json reads back into the very same typed results
     return runs
 

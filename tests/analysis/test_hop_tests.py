@@ -295,11 +295,10 @@ def test_report_draws_the_per_layer_test_figure(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_run_analysed_end_to_end_carries_fitted_tests_into_every_product(tmp_path, monkeypatch):
+def test_a_run_analysed_end_to_end_carries_fitted_tests_into_every_product(tmp_path):
     """12 questions x Saturation at 20 and 80 % x 2 replications, answer attention planted so that failed trials
     look at the distractor d1 in layer 4, head 1, while writing: analysis.json (round trip), attention_summary.npz,
     tables/hop_mass_tests.csv and report.html all carry the fitted failed - correct tests."""
-    import probe.analysis.hops as hops_module
     from probe.analysis import analyze_run, read_analysis
     from probe.attention.answer import AnswerAttention
     from probe.prompts.builder import Piece, assemble
@@ -307,7 +306,8 @@ def test_a_run_analysed_end_to_end_carries_fitted_tests_into_every_product(tmp_p
     from probe.report import render_report, write_tables
     from probe.runfolder import RunFolder
     from probe.types import Prompt, Task
-    from tests.analysis.test_hops import HOPS, KINDS, LABELS, N_HEADS, N_LAYERS, PIECES, TEXTS, PieceTokenizer
+    from tests.analysis.test_hops import (HOPS, KINDS, LABELS, N_HEADS, N_LAYERS, PIECES, TEXTS, save_answer_record,
+                                         spans_of)
 
     run = RunFolder(tmp_path)
     body = [Piece("germane", HOPS[0].fact, "hop0"), Piece("extraneous", TEXTS[3], "d0"),
@@ -315,7 +315,7 @@ def test_a_run_analysed_end_to_end_carries_fitted_tests_into_every_product(tmp_p
     question = "What is the capital of Vorlan's birthplace?"
     text, segs = assemble("Answer.", body, question)
     rng = np.random.default_rng(0)
-    prompts, trials, records, tasks = {}, [], {}, {}
+    prompts, trials, tasks = {}, [], {}
     t = len(PIECES)
     for q in range(12):
         tasks[f"q{q}"] = Task(f"q{q}", "synthetic", question, "Arden", HOPS)
@@ -333,17 +333,16 @@ def test_a_run_analysed_end_to_end_carries_fitted_tests_into_every_product(tmp_p
                 if not em:
                     mass[:, 4, 1, 5] += 0.5
                 mass /= mass.sum(-1, keepdims=True)
-                records[pid] = AnswerAttention(
+                save_answer_record(run, "m", pid, AnswerAttention(
                     tokens=np.arange(t), mass=mass.astype(np.float32), vmass=None,
                     top_key=np.zeros((t, N_LAYERS, N_HEADS), dtype=np.int32), prompt_ids=np.arange(40),
                     segment_kinds=KINDS, segment_labels=LABELS,
-                    segment_spans=((0, 3), (3, 10), (10, 16), (16, 22), (22, 28), (28, 34), (34, 38), (38, 40)))
+                    segment_spans=((0, 3), (3, 10), (10, 16), (16, 22), (22, 28), (28, 34), (34, 38), (38, 40)),
+                    chars=spans_of(PIECES)))
     write_jsonl(run.trials, [x.to_dict() for x in trials])
     write_jsonl(run.prompts, [p.to_dict() for p in prompts.values()])
-    monkeypatch.setattr(hops_module, "read_answer_attention", lambda run: (lambda m, p: records[p]))
-    monkeypatch.setattr(hops_module, "_tokenizer_of", lambda model: PieceTokenizer(PIECES))
-    monkeypatch.setattr(hops_module, "run_tasks", lambda run: tasks)
-    analysis = analyze_run(run, fill_similarity=False)
+    write_jsonl(run.tasks, [x.to_dict() for x in tasks.values()])
+    analysis = analyze_run(run)
     h = analysis.families["ice"].hop_tracking
     fc = next(x for x in h.tests if x.contrast == FAILED_CORRECT and x.category == "extraneous")
     assert fc.layers.is_test and fc.heads.is_test and fc.heads.max_t.n_questions >= 6

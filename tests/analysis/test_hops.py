@@ -18,15 +18,16 @@ from probe.analysis.hops import (
     first_mention,
     hop_cells,
     label_of,
-    mention_spans,
-    token_char_spans,
     track_trial,
 )
 from probe.analysis.inference import proportion_ci
 from probe.attention.answer import AnswerAttention
+from probe.attention.result import KEY_KINDS, SegmentAttention
 from probe.config import AnalysisSection
-from probe.scoring.answers import _matches
-from probe.types import Hop
+from probe.prompts.tokenize import token_char_spans
+from probe.records import TrialRecord
+from probe.scoring.answers import _matches, mention_spans
+from probe.types import Hop, Task
 
 
 class PieceTokenizer:
@@ -173,15 +174,29 @@ def planted(target_of: dict[tuple[int, int], int], layers: range = range(3, 6)) 
     return (mass / mass.sum(-1, keepdims=True)).astype(np.float32)
 
 
-def trial(mass: np.ndarray, vmass: np.ndarray | None = None, extracted: str = "Zerin", em: float = 0.0):
+SPANS = ((0, 3), (3, 10), (10, 16), (16, 22), (22, 28), (28, 34), (34, 38), (38, 40))
+TASK = Task("q", "synthetic", "What is the capital of Vorlan's birthplace?", "Arden", HOPS)
+
+
+def answer(mass: np.ndarray, vmass: np.ndarray | None = None, labels: tuple[str, ...] = LABELS) -> AnswerAttention:
+    """The answer capture of the planted trial, with each token's characters as the runner records them."""
     t = len(PIECES)
-    aa = AnswerAttention(tokens=np.arange(t), mass=mass, vmass=vmass,
-                         top_key=np.zeros((t, N_LAYERS, N_HEADS), dtype=np.int32), prompt_ids=np.arange(40),
-                         segment_kinds=KINDS, segment_labels=LABELS,
-                         segment_spans=((0, 3), (3, 10), (10, 16), (16, 22), (22, 28), (28, 34), (34, 38), (38, 40)))
-    text = "".join(PIECES)
-    return track_trial(aa, text, spans_of(PIECES), HOPS, "Arden", extracted, em, TEXTS, trial_id="t", model="m",
-                       task_id="q", condition="Saturation", load=50)
+    return AnswerAttention(tokens=np.arange(t), mass=mass, vmass=vmass,
+                           top_key=np.zeros((t, N_LAYERS, N_HEADS), dtype=np.int32), prompt_ids=np.arange(40),
+                           segment_kinds=KINDS, segment_labels=labels, segment_spans=SPANS,
+                           chars=spans_of(PIECES))
+
+
+def trial_record(extracted: str | None = "Zerin", em: float | None = 0.0, prompt_id: str = "q|Saturation|L50|r0"
+                 ) -> TrialRecord:
+    return TrialRecord(trial_id=f"m::{prompt_id}", model="m", prompt_id=prompt_id, task_id="q", source="synthetic",
+                       condition="Saturation", load=50, achieved_load=50.0, replication=0, prompt_tokens=40,
+                       output="".join(PIECES), answer=extracted, gold="Arden", em=em, hop_recall=0.5,
+                       truncated=False, uninterpretable=False)
+
+
+def trial(mass: np.ndarray, vmass: np.ndarray | None = None, extracted: str = "Zerin", em: float = 0.0):
+    return track_trial(answer(mass, vmass), trial_record(extracted, em), TASK, TEXTS)
 
 
 MOLVIA, ZERIN = (5, 7), (11, 13)  # token spans of the entities in PIECES
@@ -293,30 +308,49 @@ def test_cell_shares_equal_a_direct_count_and_intervals_proportion_ci():
 
 def run_inputs(tmp_path):
     from probe.prompts.builder import Piece, assemble
-    from probe.records import TrialRecord
     from probe.runfolder import RunFolder
-    from probe.types import Prompt, Task
+    from probe.types import Prompt
 
     body = [Piece("germane", HOPS[0].fact, "hop0"), Piece("extraneous", TEXTS[3], "d0"),
             Piece("germane", HOPS[1].fact, "hop1"), Piece("extraneous", TEXTS[5], "d1")]
     text, segs = assemble("Answer.", body, "What is the capital of Vorlan's birthplace?")
     prompt = Prompt("q|Saturation|L50|r0", "q", "synthetic", "Saturation", 50, 50.0, 0, text, segs)
-    task = Task("q", "synthetic", "What is the capital of Vorlan's birthplace?", "Arden", HOPS)
-    output = "".join(PIECES)
-    trials = [TrialRecord(trial_id=f"m::{prompt.prompt_id}", model="m", prompt_id=prompt.prompt_id, task_id="q",
-                          source="synthetic", condition="Saturation", load=50, achieved_load=50.0, replication=0,
-                          prompt_tokens=40, output=output, answer="Zerin", gold="Arden", em=0.0, hop_recall=0.5,
-                          truncated=False, uninterpretable=False)]
-    return RunFolder(tmp_path), trials, {prompt.prompt_id: prompt}, {"q": task}
+    return RunFolder(tmp_path), [trial_record(prompt_id=prompt.prompt_id)], {prompt.prompt_id: prompt}, {"q": TASK}
+
+
+def write_run(tmp_path, aa: AnswerAttention | None = None, with_tasks: bool = True):
+    """The planted trial as a run folder: trials, prompts, tasks and (with ``aa``) its probe record on disk."""
+    from probe.records import write_jsonl
+
+    run, trials, prompts, tasks = run_inputs(tmp_path)
+    write_jsonl(run.trials, [t.to_dict() for t in trials])
+    write_jsonl(run.prompts, [p.to_dict() for p in prompts.values()])
+    if with_tasks:
+        write_jsonl(run.tasks, [t.to_dict() for t in tasks.values()])
+    if aa is not None:
+        save_answer_record(run, "m", trials[0].prompt_id, aa)
+    return run, trials, prompts, tasks
+
+
+def save_answer_record(run, model: str, prompt_id: str, aa: AnswerAttention) -> None:
+    """A probe record holding ``aa`` (uniform question-row measures) where the runner would write it."""
+    L, H = aa.n_layers, aa.n_heads
+    SegmentAttention(
+        measures={"seg_mass": np.full((L, H, len(KEY_KINDS)), 1 / len(KEY_KINDS), dtype=np.float32),
+                  "p_ext": np.full((L, H), 0.25, dtype=np.float32)},
+        chance=np.full(L, 0.25, dtype=np.float32), kinds=KEY_KINDS, segment_labels=aa.segment_labels,
+        segment_kinds=aa.segment_kinds, segment_spans=aa.segment_spans, ar_targets=(), options={},
+        n_tokens=aa.n_prompt, n_prompt_tokens=aa.n_prompt, n_queries=1, answer=aa,
+    ).save(run.attention_record(model, prompt_id))
 
 
 def test_a_run_without_answer_capture_is_skipped(tmp_path):
     from probe.analysis.hops import analyze_hops
 
     run, trials, prompts, tasks = run_inputs(tmp_path)
-    assert analyze_hops(run, trials, prompts, 0.05, tasks=tasks) == (None, [])  # no probe record at all
-    result, notes = analyze_hops(run, trials, prompts, 0.05, read_answer=lambda m, p: None, tasks=tasks)
-    assert result is None and not notes
+    assert analyze_hops([], tasks, prompts, 0.05) == (None, [])  # no probe record at all
+    not_scored = replace(trials[0], em=None)
+    assert analyze_hops([(not_scored, answer(planted({})))], tasks, prompts, 0.05) == (None, [])
 
 
 def test_a_run_with_answer_capture_is_tracked_and_round_trips_through_the_file(tmp_path):
@@ -325,13 +359,8 @@ def test_a_run_with_answer_capture_is_tracked_and_round_trips_through_the_file(t
     from probe.analysis.results import from_json, to_json
 
     run, trials, prompts, tasks = run_inputs(tmp_path)
-    t = len(PIECES)
-    aa = AnswerAttention(tokens=np.arange(t), mass=planted({MOLVIA: 2, ZERIN: 5}), vmass=None,
-                         top_key=np.zeros((t, N_LAYERS, N_HEADS), dtype=np.int32), prompt_ids=np.arange(40),
-                         segment_kinds=KINDS, segment_labels=LABELS,
-                         segment_spans=((0, 3), (3, 10), (10, 16), (16, 22), (22, 28), (28, 34), (34, 38), (38, 40)))
-    result, notes = analyze_hops(run, trials, prompts, 0.05, read_answer=lambda m, p: aa,
-                                 tokenizer_of=lambda m: PieceTokenizer(PIECES), tasks=tasks)
+    aa = answer(planted({MOLVIA: 2, ZERIN: 5}))
+    result, notes = analyze_hops([(trials[0], aa)], tasks, prompts, 0.05)
     assert result.reason is None and result.n_trials == 1
     assert [r.label for r in result.rows] == ["read_right_fact", "read_distractor"]
     assert result.rows[1].entity_in_distractor  # d1's text (from the prompt record) names Zerin
@@ -346,12 +375,9 @@ def test_a_run_with_answer_capture_is_tracked_and_round_trips_through_the_file(t
     empty = replace(ice, hop_tracking=None)
     assert "hop_tracking" not in to_json(empty)  # a run without it writes the file it wrote before
     assert from_json(IceResult, to_json(empty)) == empty  # and a file without it still reads
-    # the tokenizer missing: the trial is skipped, and the result says why
-    def no_tokenizer(model: str):
-        raise OSError("not cached")
-    skipped, notes = analyze_hops(run, trials, prompts, 0.05, read_answer=lambda m, p: aa,
-                             tokenizer_of=no_tokenizer, tasks=tasks)
-    assert skipped.cells == () and "not cached" in skipped.reason and skipped.n_skipped == 1
+    # a record written before the runner recorded token spans: the trial is skipped, and the result says why
+    skipped, notes = analyze_hops([(trials[0], replace(aa, chars=None))], tasks, prompts, 0.05)
+    assert skipped.cells == () and "no token spans" in skipped.reason and skipped.n_skipped == 1
 
 
 def test_report_part_with_and_without_hop_tracking(tmp_path):
@@ -362,14 +388,8 @@ def test_report_part_with_and_without_hop_tracking(tmp_path):
     from probe.report.tables import csv_text
 
     run, trials, prompts, tasks = run_inputs(tmp_path)
-    t = len(PIECES)
-    aa = AnswerAttention(tokens=np.arange(t), mass=planted({MOLVIA: 2, ZERIN: 5}),
-                         vmass=planted({MOLVIA: 3, ZERIN: 4}),
-                         top_key=np.zeros((t, N_LAYERS, N_HEADS), dtype=np.int32), prompt_ids=np.arange(40),
-                         segment_kinds=KINDS, segment_labels=LABELS,
-                         segment_spans=((0, 3), (3, 10), (10, 16), (16, 22), (22, 28), (28, 34), (34, 38), (38, 40)))
-    hops, _ = analyze_hops(run, trials, prompts, 0.05, read_answer=lambda m, p: aa,
-                           tokenizer_of=lambda m: PieceTokenizer(PIECES), tasks=tasks)
+    aa = answer(planted({MOLVIA: 2, ZERIN: 5}), planted({MOLVIA: 3, ZERIN: 4}))
+    hops, _ = analyze_hops([(trials[0], aa)], tasks, prompts, 0.05)
     ice = IceResult(models=("m",), cells=(), h1=(), h2=(), h3=(), residue_attention=(), attention_cells=(),
                     attention_behaviour=(), taxonomy=(), hop_tracking=hops)
     section = report_section("ice")
@@ -392,19 +412,13 @@ def test_report_part_with_and_without_hop_tracking(tmp_path):
     assert any("Hop tracking not run" in line for line in section.markdown(none, AnalysisSection()))
 
 
-def test_a_run_folder_without_its_configuration_says_why(tmp_path):
-    from probe.analysis.hops import analyze_hops
+def test_a_run_folder_without_its_tasks_says_why(tmp_path):
+    from probe.analysis import analyze_run
 
-    run, trials, prompts, _ = run_inputs(tmp_path)
-    t = len(PIECES)
-    aa = AnswerAttention(tokens=np.arange(t), mass=planted({}), vmass=None,
-                         top_key=np.zeros((t, N_LAYERS, N_HEADS), dtype=np.int32), prompt_ids=np.arange(40),
-                         segment_kinds=KINDS, segment_labels=LABELS,
-                         segment_spans=((0, 3), (3, 10), (10, 16), (16, 22), (22, 28), (28, 34), (34, 38), (38, 40)))
-    result, notes = analyze_hops(run, trials, prompts, 0.05, read_answer=lambda m, p: aa,
-                                 tokenizer_of=lambda m: PieceTokenizer(PIECES))
-    assert result.cells == () and "config.toml" in result.reason and result.n_skipped == 1
-    assert any("config.toml" in n for n in notes)
+    run, *_ = write_run(tmp_path, answer(planted({})), with_tasks=False)
+    result = analyze_run(run, AnalysisSection(embedder=""), seed=0).families["ice"].hop_tracking
+    assert result.cells == () and "no tasks.jsonl" in result.reason and result.n_skipped == 1
+    assert "probe run" in result.reason  # what to do
 
 
 def test_report_draws_the_per_layer_figure_from_the_cells_arrays(tmp_path):
@@ -413,13 +427,8 @@ def test_report_draws_the_per_layer_figure_from_the_cells_arrays(tmp_path):
     from probe.report.sections import ReportContext
 
     run, trials, prompts, tasks = run_inputs(tmp_path)
-    t = len(PIECES)
-    aa = AnswerAttention(tokens=np.arange(t), mass=planted({MOLVIA: 2, ZERIN: 5}), vmass=None,
-                         top_key=np.zeros((t, N_LAYERS, N_HEADS), dtype=np.int32), prompt_ids=np.arange(40),
-                         segment_kinds=KINDS, segment_labels=LABELS,
-                         segment_spans=((0, 3), (3, 10), (10, 16), (16, 22), (22, 28), (28, 34), (34, 38), (38, 40)))
-    hops, _ = analyze_hops(run, trials, prompts, 0.05, read_answer=lambda m, p: aa,
-                           tokenizer_of=lambda m: PieceTokenizer(PIECES), tasks=tasks)
+    aa = answer(planted({MOLVIA: 2, ZERIN: 5}))
+    hops, _ = analyze_hops([(trials[0], aa)], tasks, prompts, 0.05)
     ctx = ReportContext(AnalysisSection(), tmp_path / "figures")
     page = ice_hops.html(hops, ctx)
     assert [p.name for p in ctx.written] == ["hop_layers_m.png"] and "<figure" in page
@@ -436,10 +445,7 @@ def test_answer_steps_page_shades_each_tokens_segments(tmp_path):
 
     t = len(PIECES)
     mass = planted({MOLVIA: 2, ZERIN: 5})
-    aa = AnswerAttention(tokens=np.arange(t), mass=mass, vmass=None,
-                         top_key=np.zeros((t, N_LAYERS, N_HEADS), dtype=np.int32), prompt_ids=np.arange(40),
-                         segment_kinds=KINDS, segment_labels=LABELS,
-                         segment_spans=((0, 3), (3, 10), (10, 16), (16, 22), (22, 28), (28, 34), (34, 38), (38, 40)))
+    aa = answer(mass)
     rows = trial(mass).rows
     page = render_answer_steps(aa, "".join(PIECES), spans_of(PIECES), rows, TEXTS, "m · q")
     assert page.count('<section class="step"') == t and page.count('<a href="#t') >= t
@@ -456,48 +462,31 @@ def test_answer_steps_page_shades_each_tokens_segments(tmp_path):
         render_answer_steps(aa, "".join(PIECES), spans_of(PIECES), rows, TEXTS, "m · q", layer=9)
 
 
-def test_answer_steps_page_of_a_run_folder(tmp_path, monkeypatch):
-    from probe.records import write_jsonl
+def test_answer_steps_page_of_a_run_folder(tmp_path):
     from probe.report import hop_view
 
-    run, trials, prompts, tasks = run_inputs(tmp_path)
-    write_jsonl(run.trials, [t.to_dict() for t in trials])
-    write_jsonl(run.prompts, [p.to_dict() for p in prompts.values()])
-    t = len(PIECES)
-    aa = AnswerAttention(tokens=np.arange(t), mass=planted({MOLVIA: 2, ZERIN: 5}), vmass=None,
-                         top_key=np.zeros((t, N_LAYERS, N_HEADS), dtype=np.int32), prompt_ids=np.arange(40),
-                         segment_kinds=KINDS, segment_labels=LABELS,
-                         segment_spans=((0, 3), (3, 10), (10, 16), (16, 22), (22, 28), (28, 34), (34, 38), (38, 40)))
+    run, trials, prompts, tasks = write_run(tmp_path)
     pid = next(iter(prompts))
     with pytest.raises(Exception, match="no attention while the answer was written"):
-        hop_view.write_answer_steps(run, "m", pid, tokenizer=PieceTokenizer(PIECES), tasks=tasks)
-    monkeypatch.setattr(hop_view, "read_answer_attention", lambda run: (lambda m, p: aa))
-    path = hop_view.write_answer_steps(run, "m", pid, tokenizer=PieceTokenizer(PIECES), tasks=tasks)
+        hop_view.write_answer_steps(run, "m", pid)
+    run, *_ = write_run(tmp_path, answer(planted({MOLVIA: 2, ZERIN: 5})))
+    path = hop_view.write_answer_steps(run, "m", pid)
     assert path.name.endswith(".answer.html") and path.parent.parent.name == "show"
     page = path.read_text()
     assert "read distractor" in page and "Zerin" in page
+    run.tasks.unlink()
+    with pytest.raises(Exception, match="tasks.jsonl"):
+        hop_view.write_answer_steps(run, "m", pid)
 
 
-def test_analyze_and_report_a_run_end_to_end(tmp_path, monkeypatch):
+def test_analyze_and_report_a_run_end_to_end(tmp_path):
     """analysis.json, attention_summary.npz, analysis.md, tables/*.csv and report.html of a run with answer capture
-    (the record reader, tokenizer and tasks stand in for a probed run's)."""
-    import probe.analysis.hops as hops_module
+    (its records written as a probed run writes them)."""
     from probe.analysis import analyze_run, read_analysis
-    from probe.records import write_jsonl
     from probe.report import render_report, write_tables
 
-    run, trials, prompts, tasks = run_inputs(tmp_path)
-    write_jsonl(run.trials, [t.to_dict() for t in trials])
-    write_jsonl(run.prompts, [p.to_dict() for p in prompts.values()])
-    t = len(PIECES)
-    aa = AnswerAttention(tokens=np.arange(t), mass=planted({MOLVIA: 2, ZERIN: 5}), vmass=None,
-                         top_key=np.zeros((t, N_LAYERS, N_HEADS), dtype=np.int32), prompt_ids=np.arange(40),
-                         segment_kinds=KINDS, segment_labels=LABELS,
-                         segment_spans=((0, 3), (3, 10), (10, 16), (16, 22), (22, 28), (28, 34), (34, 38), (38, 40)))
-    monkeypatch.setattr(hops_module, "read_answer_attention", lambda run: (lambda m, p: aa))
-    monkeypatch.setattr(hops_module, "_tokenizer_of", lambda model: PieceTokenizer(PIECES))
-    monkeypatch.setattr(hops_module, "run_tasks", lambda run: tasks)
-    analysis = analyze_run(run, fill_similarity=False)
+    run, *_ = write_run(tmp_path, answer(planted({MOLVIA: 2, ZERIN: 5})))
+    analysis = analyze_run(run, AnalysisSection(embedder=""), seed=0)
     hops = analysis.families["ice"].hop_tracking
     assert [r.label for r in hops.rows] == ["read_right_fact", "read_distractor"]
     assert read_analysis(run) == analysis
@@ -516,13 +505,7 @@ def test_a_prompt_without_hop_labels_is_skipped_with_its_reason(tmp_path):
     from probe.analysis.hops import analyze_hops
 
     run, trials, prompts, tasks = run_inputs(tmp_path)
-    t = len(PIECES)
     unlabelled = tuple("ger" + lab[3:] if lab.startswith("hop") else lab for lab in LABELS)
-    aa = AnswerAttention(tokens=np.arange(t), mass=planted({}), vmass=None,
-                         top_key=np.zeros((t, N_LAYERS, N_HEADS), dtype=np.int32), prompt_ids=np.arange(40),
-                         segment_kinds=KINDS, segment_labels=unlabelled,
-                         segment_spans=((0, 3), (3, 10), (10, 16), (16, 22), (22, 28), (28, 34), (34, 38), (38, 40)))
-    result, notes = analyze_hops(run, trials, prompts, 0.05, read_answer=lambda m, p: aa,
-                                 tokenizer_of=lambda m: PieceTokenizer(PIECES), tasks=tasks)
+    result, notes = analyze_hops([(trials[0], answer(planted({}), labels=unlabelled))], tasks, prompts, 0.05)
     assert result.cells == () and "carry no hop labels" in result.reason
     assert any("1 trial(s) skipped: its prompt's germane segments carry no hop labels" in n for n in notes)

@@ -55,7 +55,7 @@ def toy_family():
 def test_a_new_result_with_an_array_is_written_read_back_and_drawn_without_naming_a_key(tmp_path, toy_family):
     run = RunFolder(tmp_path / "r")
     make_run(run.root, Plan(n_tasks=6, n_reps=1, loads=(50,), seed=1))
-    analysis = analyze_run(run.root, fill_similarity=False)
+    analysis = analyze_run(run.root)
     toy = ToyResult("one", Grid(np.arange(4.0)))
     write_analysis(dataclasses.replace(analysis, families={**analysis.families, "toy": toy}), run)
     assert read_analysis(run).families["toy"] == toy
@@ -69,7 +69,7 @@ def test_a_new_result_with_an_array_is_written_read_back_and_drawn_without_namin
 def test_a_pair_of_files_from_two_analyses_is_refused(tmp_path, toy_family):
     run = RunFolder(tmp_path / "r")
     make_run(run.root, Plan(n_tasks=6, n_reps=1, loads=(50,), seed=1))
-    analysis = analyze_run(run.root, fill_similarity=False)
+    analysis = analyze_run(run.root)
     write_analysis(dataclasses.replace(analysis, families={**analysis.families, "toy": ToyResult(
         "a", Grid(np.zeros(3)))}), run)
     first = run.attention_summary.read_bytes()

@@ -40,7 +40,7 @@ def test_a_probed_run_with_answer_capture_gets_retrieval_heads(tmp_path, tiny_ca
 
     run_dir = runner.run_experiment(cfg_of(tmp_path, tiny_card, "sel", 5), progress=False)
     run = RunFolder(run_dir)
-    analysis = analyze_run(run_dir, fill_similarity=False)
+    analysis = analyze_run(run_dir)
     ice = analysis.families["ice"]
     assert len(ice.retrieval) == 1 and ice.retrieval[0].reason is None
     r = ice.retrieval[0]

@@ -81,6 +81,14 @@ def no_fanoutqa(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 CASES = [
+    # interventions against the model's configuration (the tiny card: 2 layers x 4 heads), before any prompt is built
+    Case("intervention-layers-beyond", ("interventions: ko: layers [5] are outside model", "2 layers"),
+         extra='[[interventions]]\nname = "ko"\nkind = "knockout"\nkeys = "extraneous"\nlayers = [0, 5]'),
+    Case("intervention-heads-beyond", ("interventions: ko: heads [[1, 7]] are outside model", "4 heads"),
+         extra='[[interventions]]\nname = "ko"\nkind = "knockout"\nkeys = "extraneous"\nheads = [[1, 7]]'),
+    Case("intervention-window-beyond", ("ko", "window", "2 layers"),
+         extra='[[interventions]]\nname = "ko"\nkind = "knockout"\nkeys = "extraneous"\n'
+               'layers = { window = 8, stride = 8 }'),
     # experiment settings
     Case("loads-empty", ("exp.toml", "ice.loads: empty", "Saturation"),
          ice='conditions = ["Control", "Saturation"]\nloads = []'),

@@ -128,6 +128,13 @@ def test_bench_attention_measures_the_model_named_by_model(tiny_card, monkeypatc
     assert f"batched probing (AR_k on): {tiny_card}," in capsys.readouterr().out
 
 
+def test_bench_attention_refuses_lengths_beyond_the_context_window_before_loading(tiny_card, capsys):
+    # a unit-tier test: loading the model would fail it (tests/tiers.py)
+    assert main(["bench", "attention", "--model", str(tiny_card), "--lengths", "512,5000"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --lengths: 5000 exceed(s) the 4096-token context window") and str(tiny_card) in err
+
+
 def test_limit_takes_at_most_n_tasks_of_each_section(tmp_path, capsys):
     """``--limit N`` (as lm-eval's): each [[tasks]] section's n capped at N, a smaller n kept; validate says how
     many tasks the run would have."""

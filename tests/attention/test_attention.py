@@ -345,9 +345,12 @@ def test_bench_rows_on_tiny_model() -> None:
             assert 0 < lo <= hi
         assert r["engine_raw_s"] > 0 and r["value_time_ratio"] == pytest.approx(r["engine_s"] / r["engine_raw_s"])
     table = format_attention_bench(rows)
-    assert "skipped" in table and "eager/lens skipped" in table and "fastest of 3 round(s)" in table
-    assert "engine/engine_raw" in table
-    assert "per-round time ratios" in table
+    assert max(len(line) for line in table.splitlines()) <= 100  # fits a terminal, one column per T
+    text = " ".join(table.split())
+    assert "skipped" in text and "eager/lens skipped" in text and "fastest of 3 round(s)" in text
+    assert "engine/engine_raw" in text and "per-round time ratios" in text
+    lo, hi = rows[0]["engine_time_ratio_range"]
+    assert f"{rows[0]['engine_time_ratio']:.2f} ({lo:.2f}-{hi:.2f})" in table
 
 
 def test_probe_without_value_weighted_measures() -> None:

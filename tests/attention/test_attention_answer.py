@@ -14,6 +14,7 @@ import torch
 
 from probe.attention import left_pad
 from probe.attention.answer import AnswerAttention
+from probe.attention.call import LayerCall
 from probe.attention.decode import reference_answer_attention
 from probe.attention.engine import probe_generation
 from probe.attention.intervention import Intervention, apply_intervention
@@ -297,7 +298,7 @@ def test_layers_with_different_masks_at_the_same_steps_keep_their_own() -> None:
             if hide is not None:
                 allowed[:, hide] = False
             q = queries[:, :, n_k - n_q:n_k]
-            rows.report(layer, q, keys[:, :, :n_k], keys[:, :, :n_k], allowed[None, None], 1.0, None, None, None)
+            rows.report(LayerCall(layer, q, keys[:, :, :n_k], keys[:, :, :n_k], allowed[None, None], 1.0))
             scores = torch.einsum("hd,hkd->hk", q[0, :, -1], keys[0, :, :n_k]).masked_fill(~allowed[-1], float("-inf"))
             expected[layer].append(torch.softmax(scores, -1))  # (H, K)
     got = rows.results([[0] * n_new], [tp.input_ids])[0]

@@ -109,7 +109,7 @@ def test_a_toy_measure_is_analysed_and_reported(toy: Measure, tmp_path) -> None:
         sa = SegmentAttention.load(path)
         sa.measures[TOY] = by_kind(sa.seg_mass_segment.astype(np.float64), sa.segment_kinds)[..., KEY_KINDS.index("germane")].astype(np.float32)
         sa.save(path)
-    analysis = analyze_run(run, fill_similarity=False)
+    analysis = analyze_run(run)
     ice = analysis.families["ice"]
     toy_rows = [a for a in ice.attention_behaviour if a.measure == TOY]
     assert len(toy_rows) == 1 and toy_rows[0].layer_tests is not None and toy_rows[0].reason is None

@@ -33,7 +33,7 @@ SECTIONS = [
 
 @pytest.fixture
 def resolved(monkeypatch) -> list[Intervention]:
-    def select_heads(from_run, model, k, by, n_layers, n_heads, prompts):  # no selection run: fixed heads
+    def select_heads(from_run, model, k, by, n_layers, n_heads, prompts, questions):  # no selection run: fixed heads
         return TOP[:k], 4
 
     monkeypatch.setattr(piv, "select_heads", select_heads)

@@ -18,7 +18,8 @@ from probe.backends.base import Generation, build_messages
 from probe.backends.openai import OpenAIBackend, RetryPolicy
 from probe.config import GenerationSection
 from probe.loading import ModelCard
-from probe.records import TrialRecord, append_jsonl, done_trial_ids, load_trials, make_trial_id
+from probe.records import TrialRecord, append_jsonl, load_trials, make_trial_id
+from probe.runner import done_ids
 from tests.serving import LocalServer
 from probe.types import Prompt, Segment
 
@@ -147,13 +148,13 @@ def test_server_stopped_mid_run_leaves_errors_that_a_rerun_completes(server, ref
         assert first[pid].output is None and "connection failed" in (first[pid].error or "")
 
     server.start()
-    done = done_trial_ids(path)
+    done = done_ids(tmp_path)
     todo = [p for p in PROMPTS if make_trial_id(card.name, p.prompt_id) not in done]
     assert sorted(p.prompt_id for p in todo) == sorted(failed)
     with OpenAIBackend(card, retry=retry) as backend:
         append_jsonl(path, [_record(card.name, p, g) for p, g in backend.generate(todo, GenerationSection(
             max_new_tokens=MAX_NEW))])
     final = {t.prompt_id: t for t in load_trials(path)}
-    assert done_trial_ids(path) == {make_trial_id(card.name, p.prompt_id) for p in PROMPTS}
+    assert done_ids(tmp_path) == {make_trial_id(card.name, p.prompt_id) for p in PROMPTS}
     for p in PROMPTS:
         assert final[p.prompt_id].output == reference[(p.prompt_id, MAX_NEW)][0]

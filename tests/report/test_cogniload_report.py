@@ -61,7 +61,7 @@ def run(tmp_path_factory) -> tuple[Path, dict[str, Layout]]:
 
 @pytest.fixture(scope="module")
 def analysis(run) -> Analysis:
-    analysis = analyze_run(run[0], fill_similarity=False)
+    analysis = analyze_run(run[0])
     write_tables(analysis, run[0])
     return analysis
 
@@ -207,8 +207,8 @@ def test_ice_estimates_ignore_cogniload_trials(tmp_path):
         fh.write((cl_run / "trials.jsonl").read_text(encoding="utf-8"))
     shutil.copytree(RunFolder(cl_run).attention_dir("model-a"), RunFolder(mixed).attention_dir("model-a"),
                     dirs_exist_ok=True)
-    a = analyze_run(ice, fill_similarity=False)
-    b = analyze_run(mixed, fill_similarity=False)
+    a = analyze_run(ice)
+    b = analyze_run(mixed)
     assert isinstance(b.families["ice"], IceResult)
     assert b.families["ice"] == a.families["ice"]
     n_cl = b.n_trials_by_family["cogniload"]

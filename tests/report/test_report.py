@@ -252,7 +252,7 @@ def test_summary_quotes_only_what_survives_its_familys_correction(run, report):
 def test_a_fit_below_the_minimum_number_of_questions_is_described_not_tested(tmp_path):
     d = tmp_path / "few"
     make_run(d, Plan(n_tasks=5, n_reps=3, beta_sat=-0.006, seed=3))
-    analyze_run(d, AnalysisSection(), fill_similarity=False)
+    analyze_run(d, AnalysisSection())
     text = " ".join(model_summary(ice(d), MODEL, AnalysisSection()))
     assert "described only, not tested" in text and "fewer than the minimum of 6" in text
     assert "declines" not in text and "p = " not in text.split("H2")[0]
@@ -264,7 +264,7 @@ def test_a_fit_below_the_minimum_number_of_questions_is_described_not_tested(tmp
 def test_brittle_model_gets_no_inference(tmp_path):
     d = tmp_path / "brittle"
     make_run(d, Plan(n_tasks=10, p_control=0.03, beta_sat=0.0, beta_res=0.0, task_sd=0.0, seed=9))
-    analyze_run(d, AnalysisSection(), fill_similarity=False)
+    analyze_run(d, AnalysisSection())
     html = render_report(d).read_text()
     assert "no inference about extraneous load" in html
     text = " ".join(model_summary(ice(d), MODEL, AnalysisSection()))
@@ -286,20 +286,20 @@ def test_report_reads_the_analysis_on_disk_and_refuses_a_missing_or_stale_one(tm
     with pytest.raises(AnalysisMissingError, match=r"probe analyze"):
         render_report(d)  # never analysed: the report does not analyse it behind the user's back
     assert not (d / "analysis.json").exists()
-    analyze_run(d, AnalysisSection(), fill_similarity=False)
+    analyze_run(d, AnalysisSection())
     before = (d / "analysis.json").read_bytes()
     _append_trial(d)
     with pytest.raises(StaleAnalysisError, match=r"trials\.jsonl changed.*probe analyze"):
         render_report(d)
     assert (d / "analysis.json").read_bytes() == before and not (d / "report.html").exists()
-    analyze_run(d, AnalysisSection(), fill_similarity=False)
+    analyze_run(d, AnalysisSection())
     assert render_report(d).is_file()
 
 
 def test_an_analysis_of_another_schema_is_refused_with_what_to_do(tmp_path):
     d = tmp_path / "old"
     make_run(d, Plan(n_tasks=6, seed=1))
-    analyze_run(d, AnalysisSection(), fill_similarity=False)
+    analyze_run(d, AnalysisSection())
     data = json.loads((d / "analysis.json").read_text())
     old = {k: v for k, v in data.items() if k != "schema"}  # a file written before versions
     (d / "analysis.json").write_text(json.dumps(old))
@@ -316,7 +316,7 @@ def test_compare_runs_puts_runs_side_by_side(run, report, tmp_path):
     make_run(other, Plan(models=("model-b", "model-c"), n_tasks=8, beta_sat=0.0, beta_res=0.0, seed=2))
     with pytest.raises(CompareError, match=r"'other'.*not found.*probe analyze"):
         compare_runs([run, other], tmp_path / "cmp")  # compare analyses nothing itself
-    analyze_run(other, fill_similarity=False)
+    analyze_run(other)
     page = compare_runs([run, other], tmp_path / "cmp")
     assert page == tmp_path / "cmp" / "report.html"
     html = page.read_text()
@@ -332,7 +332,7 @@ def test_compare_runs_puts_runs_side_by_side(run, report, tmp_path):
 def test_compare_says_so_when_an_analysis_is_stale_and_does_not_redo_it(run, report, tmp_path):
     other = tmp_path / "other"
     make_run(other, Plan(n_tasks=6, seed=3))
-    analyze_run(other, fill_similarity=False)
+    analyze_run(other)
     before = (other / "analysis.json").read_bytes()
     _append_trial(other)
     with pytest.raises(CompareError, match=r"'other'.*stale.*trials\.jsonl changed.*probe analyze"):
@@ -354,7 +354,7 @@ def test_any_task_id_finds_its_attention_record_through_analysis_and_report(tmp_
     assert len(prompt_ids) == len(ODD_TASKS) * 3
     assert all(folder.attention_record(model, pid).is_file() for pid in prompt_ids)
     assert not (folder.attention_root / model).exists()  # not where a path built from the raw names would be
-    analysis = analyze_run(run, fill_similarity=False)
+    analysis = analyze_run(run)
     result = analysis.families["ice"]
     assert result.attention_cells and sum(c.n_prompts for c in result.attention_cells if c.measure == "p_ext") == \
         len(prompt_ids)

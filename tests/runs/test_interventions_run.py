@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from probe import runner
+from probe.backends.local import LocalBackend
 from probe.config import config_from_dict, dump_config
 from probe.errors import ConfigError
 from probe.interventions import read_interventions, resolve_interventions
@@ -98,24 +99,24 @@ def test_an_intervention_runs_only_on_the_cells_it_names(tmp_path, tiny_card) ->
 
 def test_interrupted_intervention_run_resumes_without_duplicates(tmp_path, tiny_card, monkeypatch) -> None:
     cfg = make_cfg(tmp_path, tiny_card, interventions=INTERVENTIONS[:1], probe=False)
-    real_generate = runner.LocalBackend.generate
+    real_generate = LocalBackend.generate
     calls = {"n": 0}
 
-    def crashing(self, prompts, gen, **kw):
-        for item in real_generate(self, prompts, gen, **kw):
-            if kw.get("intervention") is not None:
+    def crashing(self, prompts, gen, probe=None, intervention=None):
+        for item in real_generate(self, prompts, gen, probe, intervention):
+            if intervention is not None:
                 calls["n"] += 1
                 if calls["n"] == 2:
                     raise KeyboardInterrupt
             yield item
 
-    monkeypatch.setattr(runner.LocalBackend, "generate", crashing)
+    monkeypatch.setattr(LocalBackend, "generate", crashing)
     with pytest.raises(KeyboardInterrupt):
         runner.run_experiment(cfg, progress=False)
     path = cfg.run_dir / "trials.jsonl"
     first = path.read_text().splitlines()
     assert 4 <= len(first) < 8
-    monkeypatch.setattr(runner.LocalBackend, "generate", real_generate)
+    monkeypatch.setattr(LocalBackend, "generate", real_generate)
     runner.run_experiment(cfg, progress=False)
     ids = [json.loads(x)["trial_id"] for x in path.read_text().splitlines()]
     assert len(ids) == len(set(ids)) == 8
@@ -146,11 +147,16 @@ def test_top_k_heads_come_from_a_separate_probe_run(tmp_path, tiny_card) -> None
     assert sel is not None and sel.from_run == str(sel_dir) and sel.k == 3 and sel.by == "enrichment"
     assert sel.n_prompts == len(recs) and sel.control_of is None
     assert resolved[1].selection == dataclasses.replace(sel, control_of="top")
-    # the same questions in selection and test are refused
+    # the same questions in selection and test are refused: before anything is built (from the tasks and the
+    # model's configuration), and again from the built prompts
     same = make_cfg(tmp_path, tiny_card, interventions=[top], name="same", seed=11)
+    with pytest.raises(ConfigError, match="questions"):
+        runner.check_inputs(same)
+    assert not same.run_dir.exists()
     runner.prepare_run_dir(same)
     with pytest.raises(ConfigError, match="questions"):
         resolve_interventions(same, "tiny-llama", 2, 4, runner.build_run_prompts(same, progress=False)["tiny-llama"])
+    runner.check_inputs(cfg)  # other questions: passes
 
 
 def test_interventions_on_a_served_model_are_refused(tmp_path, tiny_card) -> None:

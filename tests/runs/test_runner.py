@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from probe import runner
+from probe.backends.local import LocalBackend
 from probe.config import config_from_dict
 from probe.errors import ConfigError
 from probe.records import load_trials, read_jsonl
@@ -53,15 +54,15 @@ def test_run_writes_one_record_per_prompt(tmp_path, tiny_card):
 
 def test_interrupted_run_resumes_without_duplicates_or_losses(tmp_path, tiny_card, monkeypatch):
     cfg = make_cfg(tmp_path, tiny_card)
-    real_generate = runner.LocalBackend.generate
+    real_generate = LocalBackend.generate
 
-    def crashing(self, prompts, gen):
-        for i, item in enumerate(real_generate(self, prompts, gen)):
+    def crashing(self, prompts, gen, probe=None, intervention=None):
+        for i, item in enumerate(real_generate(self, prompts, gen, probe, intervention)):
             if i == 4:
                 raise KeyboardInterrupt
             yield item
 
-    monkeypatch.setattr(runner.LocalBackend, "generate", crashing)
+    monkeypatch.setattr(LocalBackend, "generate", crashing)
     with pytest.raises(KeyboardInterrupt):
         runner.run_experiment(cfg, progress=False)
     path = cfg.run_dir / "trials.jsonl"
@@ -70,7 +71,7 @@ def test_interrupted_run_resumes_without_duplicates_or_losses(tmp_path, tiny_car
     # a crash mid-write leaves half a line behind
     with path.open("a") as fh:
         fh.write('{"trial_id": "tiny-llama::half')
-    monkeypatch.setattr(runner.LocalBackend, "generate", real_generate)
+    monkeypatch.setattr(LocalBackend, "generate", real_generate)
     runner.run_experiment(cfg, progress=False)
     lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip().endswith("}")]
     ids = [x["trial_id"] for x in lines]
@@ -203,7 +204,6 @@ def test_a_damaged_record_line_stops_a_run_before_it_writes_anything(tmp_path, t
 def test_a_sampled_generation_depends_on_the_experiment_seed_alone(tiny_card):
     import torch
 
-    from probe.backends import LocalBackend
     from probe.config import GenerationSection
     from probe.loading import load_model
     from probe.types import Prompt, Segment
@@ -257,7 +257,6 @@ def test_probed_run_records_equal_a_separate_probe_per_prompt(tmp_path, tiny_car
     import numpy as np
 
     from probe.attention import SegmentAttention, probe_tokenized
-    from probe.backends import LocalBackend
     from probe.loading import load_model
     from probe.records import load_prompts
     from probe.runfolder import RunFolder

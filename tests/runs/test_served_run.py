@@ -124,8 +124,8 @@ def test_server_stopped_mid_run_leaves_errors_that_the_same_command_completes(se
 
     real_generate = OpenAIBackend.generate
 
-    def crashing(self, prompts, gen):
-        for i, item in enumerate(real_generate(self, prompts, gen), 1):
+    def crashing(self, prompts, gen, probe=None, intervention=None):
+        for i, item in enumerate(real_generate(self, prompts, gen, probe, intervention), 1):
             yield item
             if i == STOP_AFTER:
                 server.stop(grace=0.0)  # a crash: the request in flight and every later one meet a dead port

@@ -29,8 +29,26 @@ from probe.attention.measure import EagerAttention, LayerContext, Measure, regis
 from probe.attention.measures.mass import by_kind, share_of_extraneous
 from probe.attention.plan import ProbePlan
 from probe.attention.segments import RowBlock
-from probe.attention.reference import output_projection
 from probe.errors import HookError
+
+
+def output_projection(module: torch.nn.Module) -> torch.Tensor:
+    """(heads · head_dim, hidden) output projection of an attention module, rows = the attention output's dimensions
+    (``o_proj``, a ``Linear``, transposed; GPT-2's ``c_proj``, a ``Conv1D``, as it is).
+
+    Raises:
+        HookError: the module has neither.
+    """
+    o_proj = getattr(module, "o_proj", None)
+    o_proj = getattr(o_proj, "original_component", o_proj)  # TransformerLens wraps the Linear in a bridge
+    if isinstance(o_proj, torch.nn.Linear):
+        return o_proj.weight.T
+    c_proj = getattr(module, "c_proj", None)
+    if isinstance(c_proj, torch.nn.Module) and type(c_proj).__name__ == "Conv1D":
+        weight = c_proj.weight
+        assert isinstance(weight, torch.Tensor)
+        return weight
+    raise HookError(f"{type(module).__name__} has no o_proj or c_proj: its output projection cannot be read")
 
 
 def head_gram(out_rows: torch.Tensor, n_heads: int) -> torch.Tensor:
