@@ -55,7 +55,7 @@ from probe.analysis import attention_tests as att
 from probe.analysis import glm
 from probe.analysis import inference as inf
 from probe.analysis.max_t import max_t_sign_flip, question_contrasts
-from probe.analysis.paired_ratio import fieller_quadratic, recovered_share
+from probe.analysis.paired_ratio import fieller_interval, fieller_quadratic, recovered_share, sign_flip_p
 
 log = logging.getLogger(__name__)
 
@@ -590,13 +590,16 @@ class ShareCoverageRow:
         n_questions: G.
         n_runs: simulated studies.
         true_share: the share the simulation plants.
-        method: ``fieller`` (the analysis' interval) or ``delta`` (the delta-method interval R ± t·SE on t(G − 1),
+        method: ``analysis`` (Fieller's t interval, widened to reach 0 where the numerator's exact sign-flip test does
+            not reject 0), ``fieller`` (Fieller's t interval alone, used before) or ``delta`` (R ± t·SE on t(G − 1),
             SE = sd(num − R·den) / (√G·|mean den|), for comparison).
-        coverage: among the studies where the share is defined, the share whose interval (for Fieller: the
-            confidence set, bounded or not) holds the true share.
-        bounded: among those, the share with a bounded Fieller interval (the loss distinguishable from 0).
+        coverage: among the studies where the share is defined, the share whose confidence set (bounded or not)
+            holds the true share.
+        bounded: among those, the share with a bounded interval (the loss distinguishable from 0).
         coverage_bounded: coverage among the bounded intervals.
         undefined: share of all studies where the share was undefined (EM_Control ≤ EM_base).
+        disagree: share of the defined studies whose interval excludes 0 while the numerator's sign-flip test has
+            p ≥ α.
     """
 
     n_questions: int
@@ -607,20 +610,21 @@ class ShareCoverageRow:
     bounded: float
     coverage_bounded: float | None
     undefined: float
+    disagree: float
 
 
 def recovered_share_coverage(seed: int, n_questions: int, n_runs: int, replications: int = 2,
                              em_control: float = 0.8, em_base: float = 0.4, share: float = 0.5,
-                             kappa: float = 2.0, alpha: float = 0.05,
-                             method: Literal["fieller", "delta"] = "fieller") -> ShareCoverageRow:
-    """Coverage of the recovered share's Fieller interval by seeded simulation.
+                             kappa: float = 2.0, alpha: float = ALPHA,
+                             method: Literal["analysis", "fieller", "delta"] = "analysis") -> ShareCoverageRow:
+    """Coverage of the recovered share's interval by seeded simulation.
 
     Data: question q has Control success probability c_q ~ Beta(μ_C κ, (1 − μ_C) κ), a loss under the distractors
     ℓ_q = c_q·(1 − em_base / em_control) (so E base = em_base), and under the intervention it gets back ``share``
     of its loss: p_int,q = c_q − (1 − share)·ℓ_q; each of its ``replications`` prompts is Bernoulli(p) at Control,
     baseline and (the same prompt) intervention, the baseline and intervened trials of a prompt sharing one uniform
     draw (a paired design, as one model answering the same prompt). The planted share is ``share`` for every
-    question; the estimate is a ratio of means, which equals it in expectation of numerator and denominator.
+    question.
 
     Args:
         seed: seed (the generator is ``default_rng([seed, n_questions])``).
@@ -630,13 +634,10 @@ def recovered_share_coverage(seed: int, n_questions: int, n_runs: int, replicati
         em_control, em_base, share: the planted means.
         kappa: Beta concentration (intra-question correlation 1 / (κ + 1)).
         alpha: 1 − confidence level.
-        method: ``fieller`` or ``delta`` (see :class:`ShareCoverageRow`).
-
-    Returns:
-        The :class:`ShareCoverageRow`.
+        method: ``analysis``, ``fieller`` or ``delta`` (see :class:`ShareCoverageRow`).
     """
     rng = np.random.default_rng([seed, n_questions])
-    covered = bounded = cov_b = undefined = 0
+    covered = bounded = cov_b = undefined = disagree = 0
     for _ in range(n_runs):
         c = rng.beta(em_control * kappa, (1 - em_control) * kappa, n_questions)
         loss = c * (1 - em_base / em_control)
@@ -644,29 +645,122 @@ def recovered_share_coverage(seed: int, n_questions: int, n_runs: int, replicati
         u = rng.random((n_questions, replications))
         yb, yi = (u < p_base[:, None]).mean(1), (u < p_int[:, None]).mean(1)
         yc = (rng.random((n_questions, replications)) < c[:, None]).mean(1)
-        r = recovered_share(yi, yb, yc, alpha)
+        r = recovered_share(yi, yb, yc, alpha, seed=seed)
         est = r.estimate.value
         if est is None:
             undefined += 1
             continue
-        qa, qb, qc = fieller_quadratic(yi - yb, yc - yb, alpha)
-        if method == "delta":
-            z = (yi - yb) - est * (yc - yb)
+        num, den = yi - yb, yc - yb
+        ci: tuple[float, float] | None
+        if method == "analysis":
+            ci = None if r.estimate.ci_low is None else (r.estimate.ci_low, r.estimate.ci_high or 0.0)
+            qa, qb, qc = fieller_quadratic(num, den, alpha)
+            widened = ci is not None and ci[0] <= share <= ci[1]
+            hit = widened or qa * share**2 + qb * share + qc <= 0  # Fieller's set, bounded or not, and the widening
+        elif method == "fieller":
+            qa, qb, qc = fieller_quadratic(num, den, alpha)
+            hit = qa * share**2 + qb * share + qc <= 0  # the truth is in Fieller's set, bounded or not
+            ci = fieller_interval(num, den, alpha)
+        else:
+            z = num - est * den
             half = float(scipy.stats.t.ppf(1 - alpha / 2, n_questions - 1)) * float(np.std(z, ddof=1)) / (
                 math.sqrt(n_questions) * abs(r.denominator or 0.0))
             hit = abs(est - share) <= half
-        else:
-            hit = qa * share**2 + qb * share + qc <= 0  # the truth is in Fieller's set, bounded or not
+            ci = (est - half, est + half)
         covered += hit
-        if r.estimate.ci_low is not None:
+        if ci is not None:
             bounded += 1
-            cov_b += hit
+            cov_b += ci[0] <= share <= ci[1]
+            disagree += bool((ci[0] > 0 or ci[1] < 0) and sign_flip_p(num, seed) >= alpha)
     defined = n_runs - undefined
     return ShareCoverageRow(n_questions=n_questions, n_runs=n_runs, true_share=share, method=method,
                             coverage=covered / defined if defined else float("nan"),
                             bounded=bounded / defined if defined else float("nan"),
                             coverage_bounded=cov_b / bounded if bounded else None,
-                            undefined=undefined / n_runs)
+                            undefined=undefined / n_runs, disagree=disagree / defined if defined else float("nan"))
+
+
+# ----------------------------------------------------------------------- intervention: the paired difference
+
+
+@dataclass(frozen=True)
+class CarrierCoverageRow:
+    """The paired difference's interval (and the recovered share's) when a few questions carry the change.
+
+    Attributes:
+        n_questions: G.
+        n_carriers: questions whose EM changes under the intervention (the others answer alike under both).
+        n_runs: simulated studies.
+        before: coverage of the CR2 t interval of the mean per-question difference, given in every study.
+        after_given: share of studies in which the analysis gives the interval (6 or more questions with a
+            non-zero mean difference).
+        after: coverage among those.
+        disagree_before: share of studies whose interval (before) excludes 0 while the sign-flip p ≥ α.
+        disagree_after: the same for the interval the analysis gives (over all studies).
+        share_disagree_before, share_disagree_after: the same for the recovered share's interval against the
+            numerator's sign-flip p (before: Fieller's t interval; after: the sign-flip interval the analysis gives).
+    """
+
+    n_questions: int
+    n_carriers: int
+    n_runs: int
+    before: float
+    after_given: float
+    after: float | None
+    disagree_before: float
+    disagree_after: float
+    share_disagree_before: float
+    share_disagree_after: float
+
+
+def carrier_coverage(seed: int, n_questions: int, n_carriers: int, n_runs: int, replications: int = 2,
+                     alpha: float = ALPHA) -> CarrierCoverageRow:
+    """Coverage of the paired difference's interval when ``n_carriers`` of ``n_questions`` questions carry it.
+
+    Data: each question's baseline probability p_q ~ U(0.2, 0.6); a carrier's intervention raises it by
+    δ_q ~ U(0.2, 0.4), the others' not at all; each of its ``replications`` prompts is one uniform draw u, correct
+    under the baseline when u < p_q and under the intervention when u < p_q + δ_q (one model answering one prompt
+    twice, as in a run), and correct under Control with probability p_q + 0.4. The true difference is
+    ``n_carriers`` / G × 0.3 (questions that do not carry it contribute exact zeros).
+    """
+    from probe.analysis.paired_ratio import paired_difference
+
+    rng = np.random.default_rng([seed, n_questions, n_carriers])
+    truth = n_carriers / n_questions * 0.3
+    hit_before = given = hit_after = dis_before = dis_after = share_before = share_after = 0
+    ids = np.repeat(np.arange(n_questions), replications)
+    for _ in range(n_runs):
+        p = rng.uniform(0.2, 0.6, n_questions)
+        delta = np.zeros(n_questions)
+        delta[:n_carriers] = rng.uniform(0.2, 0.4, n_carriers)
+        u = rng.random((n_questions, replications))
+        base, inter = (u < p[:, None]).astype(float), (u < (p + delta)[:, None]).astype(float)
+        control = (rng.random((n_questions, replications)) < (p + 0.4)[:, None]).astype(float)
+        r = paired_difference(inter.ravel(), base.ravel(), ids, alpha=alpha, seed=seed)
+        d = inter.mean(1) - base.mean(1)
+        fit = inf.clustered_ols(d, np.ones((n_questions, 1)), np.arange(n_questions), term=0, alpha=alpha).estimate
+        given_before = fit.ci_low is not None and fit.ci_high is not None
+        lo, hi = (max(-1.0, fit.ci_low or 0.0), min(1.0, fit.ci_high or 0.0)) if given_before else (0.0, 0.0)
+        hit_before += lo <= truth <= hi
+        no_test = r.estimate.p is None or r.estimate.p >= alpha
+        dis_before += bool(given_before and (lo > 0 or hi < 0) and no_test)
+        e = r.estimate
+        if e.ci_low is not None and e.ci_high is not None:
+            given += 1
+            hit_after += e.ci_low <= truth <= e.ci_high
+            dis_after += bool((e.ci_low > 0 or e.ci_high < 0) and no_test)
+        yi, yb, yc = inter.mean(1), base.mean(1), control.mean(1)
+        after = recovered_share(yi, yb, yc, alpha, seed=seed)
+        ci = None if after.denominator is None or after.denominator <= 0 else \
+            fieller_interval(yi - yb, yc - yb, alpha)
+        share_before += bool(ci is not None and (ci[0] > 0 or ci[1] < 0) and no_test)
+        lo_s, hi_s = after.estimate.ci_low, after.estimate.ci_high
+        share_after += bool(lo_s is not None and hi_s is not None and (lo_s > 0 or hi_s < 0) and no_test)
+    return CarrierCoverageRow(n_questions=n_questions, n_carriers=n_carriers, n_runs=n_runs,
+                              before=hit_before / n_runs, after_given=given / n_runs,
+                              after=hit_after / given if given else None, disagree_before=dis_before / n_runs,
+                              disagree_after=dis_after / n_runs, share_disagree_before=share_before / n_runs,
+                              share_disagree_after=share_after / n_runs)
 
 
 # ---------------------------------------------------------------------------------------------------- tables
@@ -854,6 +948,126 @@ def format_power(rows: Sequence[PowerRow]) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------- retrieval heads: the rank correlation
+
+
+@dataclass(frozen=True)
+class RhoCoverageRow:
+    """Coverage of the question-bootstrap interval of a Spearman ρ between two head maps, against the known ρ.
+
+    Attributes:
+        n_questions: G.
+        true_rho: Spearman ρ between the two maps of copy probabilities the data are drawn from.
+        n_runs: simulated studies.
+        mean_estimate: mean ρ̂ (below the true ρ: both maps are estimated with noise).
+        percentile, bca: coverage of the percentile interval (before) and of the BCa interval (the analysis').
+        percentile_at_top: share of studies whose percentile interval ends within 0.02 above the estimate.
+    """
+
+    n_questions: int
+    true_rho: float
+    n_runs: int
+    mean_estimate: float
+    percentile: float
+    bca: float
+    percentile_at_top: float
+
+
+def rho_coverage(seed: int, n_questions: int, n_runs: int, target: float = 0.6, n_layers: int = 12,
+                 n_heads: int = 8, tokens: float = 20.0, n_boot: int = 999, alpha: float = ALPHA) -> RhoCoverageRow:
+    """Question-bootstrap intervals of the retrieval-head stability ρ (Control against another cell) by simulation.
+
+    Data: two (layers × heads) maps of copy probabilities, p_C = logistic(z) and p_O = logistic(c·z + e) with
+    z ~ N(−2, 1) and e ~ N(0, 1) per head (c chosen so that the maps' Spearman ρ is near ``target``; the true ρ is
+    computed from the drawn maps, fixed for the setting). Each question has Poisson(``tokens``) copyable tokens in
+    each cell and each head copies each of them with its probability, times a question effect (Gamma, mean 1,
+    shape 4). The estimate is the Spearman ρ of the pooled scores (:func:`probe.attention.retrieval.pooled_score`),
+    as the analysis computes it; "percentile" is the interval it gave before, "bca" the one it gives now
+    (:func:`probe.analysis.retrieval.rho_interval`).
+    """
+    from probe.analysis.retrieval import _spearman_rows, rho_interval
+    from probe.attention.retrieval import pooled_score
+
+    rng = np.random.default_rng([seed, n_questions, int(round(target * 100))])
+    z = rng.normal(-2.0, 1.0, (n_layers, n_heads))
+    c = target / math.sqrt(max(1e-9, 1 - target**2))
+    p_c, p_o = 1 / (1 + np.exp(-z)), 1 / (1 + np.exp(-(c * z + rng.normal(0, 1, z.shape))))
+    truth = float(scipy.stats.spearmanr(p_c.ravel(), p_o.ravel()).statistic)
+    est_sum = pct_hit = bca_hit = at_top = 0.0
+    for _ in range(n_runs):
+        def cell(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            n = rng.poisson(tokens, n_questions).astype(float)
+            q = rng.gamma(4.0, 0.25, n_questions)
+            copied = rng.binomial(n.astype(int)[:, None, None], np.clip(p[None] * q[:, None, None], 0, 1))
+            return copied.astype(float), n
+
+        cc, cn = cell(p_c)
+        oc, on = cell(p_o)
+
+        def rho_of(w: np.ndarray) -> np.ndarray:
+            x, y = pooled_score(cc, cn, w), pooled_score(oc, on, w)
+            return _spearman_rows(x.reshape(len(w), -1), y.reshape(len(w), -1))
+
+        est = float(rho_of(np.ones((1, n_questions)))[0])
+        est_sum += est
+        w = rng.multinomial(n_questions, np.full(n_questions, 1 / n_questions), size=n_boot).astype(float)
+        lo, hi = np.quantile(rho_of(w), [alpha / 2, 1 - alpha / 2])
+        pct_hit += lo <= truth <= hi
+        at_top += hi <= est + 0.02
+        b_lo, b_hi = rho_interval(rho_of, n_questions, alpha, n_boot, rng)
+        bca_hit += b_lo is not None and b_hi is not None and b_lo <= truth <= b_hi
+    return RhoCoverageRow(n_questions=n_questions, true_rho=truth, n_runs=n_runs, mean_estimate=est_sum / n_runs,
+                          percentile=pct_hit / n_runs, bca=bca_hit / n_runs, percentile_at_top=at_top / n_runs)
+
+
+def rho_table(seed: int, n_runs: int, clusters: Sequence[int] = (7, 10, 20, 50),
+              targets: Sequence[float] = (0.3, 0.6, 0.9)) -> str:
+    """The retrieval-head ρ coverage table of docs/statistics.md."""
+    lines = ["| G | true ρ | mean ρ̂ | percentile coverage (before) | percentile interval ends at ρ̂ | "
+             "BCa coverage |", "|---|---|---|---|---|---|"]
+    for g in clusters:
+        for t in targets:
+            r = rho_coverage(seed, g, n_runs, target=t)
+            lines.append(f"| {g} | {r.true_rho:.2f} | {r.mean_estimate:.2f} | {r.percentile:.3f} | "
+                         f"{r.percentile_at_top:.3f} | {r.bca:.3f} |")
+    return "\n".join(lines)
+
+
+SHARE_SETTINGS = ((0.4, 0.25), (0.4, 0.5), (0.4, 1.0), (0.6, 0.5))  # (EM_base, true share) per G
+CARRIER_SETTINGS = ((12, 2), (12, 3), (12, 8), (20, 2), (20, 3), (20, 8), (20, 14), (50, 3), (50, 20))
+
+
+def share_table(seed: int, n_runs: int, clusters: Sequence[int] = (7, 10, 20, 30, 50)) -> str:
+    """The recovered share's coverage table of docs/statistics.md: the sign-flip interval, Fieller's t interval
+    (before) and the delta method, per G, EM_base and true share."""
+    lines = ["| G | EM_base | true share | coverage | bounded | coverage when bounded | excludes 0, test p ≥ 0.05 | "
+             "Fieller (t) coverage | Fieller: excludes 0, test p ≥ 0.05 | delta-method coverage | undefined |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for g in clusters:
+        for base, share in SHARE_SETTINGS:
+            r = {m: recovered_share_coverage(seed, g, n_runs, em_base=base, share=share, method=m)
+                 for m in ("analysis", "fieller", "delta")}
+            sf, fi = r["analysis"], r["fieller"]
+            cb = "–" if sf.coverage_bounded is None else f"{sf.coverage_bounded:.3f}"
+            lines.append(f"| {g} | {base} | {share} | {sf.coverage:.3f} | {sf.bounded:.3f} | {cb} | "
+                         f"{sf.disagree:.3f} | {fi.coverage:.3f} | {fi.disagree:.3f} | {r['delta'].coverage:.3f} | "
+                         f"{sf.undefined:.3f} |")
+    return "\n".join(lines)
+
+
+def carrier_table(seed: int, n_runs: int) -> str:
+    """The paired difference's interval when a few questions carry the change (docs/statistics.md)."""
+    lines = ["| G | questions that change | CR2 coverage (before) | interval given | coverage when given | "
+             "before: excludes 0, test p ≥ 0.05 | after | share (Fieller t): excludes 0, p ≥ 0.05 | share "
+             "(widened) |", "|---|---|---|---|---|---|---|---|---|"]
+    for g, k in CARRIER_SETTINGS:
+        r = carrier_coverage(seed, g, k, n_runs)
+        after = "–" if r.after is None else f"{r.after:.3f}"
+        lines.append(f"| {g} | {k} | {r.before:.3f} | {r.after_given:.3f} | {after} | {r.disagree_before:.3f} | "
+                     f"{r.disagree_after:.3f} | {r.share_disagree_before:.3f} | {r.share_disagree_after:.3f} |")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the simulations and print the Markdown tables (the entry of ``python scripts/simulate.py``)."""
     ap = argparse.ArgumentParser(prog="python scripts/simulate.py", description=__doc__.split("\n")[0])
@@ -863,8 +1077,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--kappas", type=float, nargs="+", default=[2.0, 1.0, 4.0],
                     help="Beta concentrations of the coverage table (ICC = 1/(kappa+1))")
     ap.add_argument("--quick", action="store_true", help="a small version (200 runs, kappa 2 only)")
-    ap.add_argument("--only", choices=["coverage", "null", "power", "minimum", "one-question"], nargs="+",
-                    default=["coverage", "null", "power", "minimum", "one-question"])
+    ap.add_argument("--only", choices=["coverage", "null", "power", "minimum", "one-question", "share", "carriers",
+                                       "rho"],
+                    nargs="+", default=["coverage", "null", "power", "minimum", "one-question", "share", "carriers",
+                                        "rho"])
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
     for name, value in (("--runs", args.runs), ("--coverage-runs", args.coverage_runs)):
@@ -894,6 +1110,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows_o = [r for g in (7, 20) for r in null_one_question(args.seed, g, args.runs)]
         out.write(f"## Every failure in one question ({args.runs} runs per setting, "
                   f"{time.perf_counter() - t0:.0f} s)\n\n{format_rejections(rows_o)}\n\n")
+    if "share" in args.only:
+        t0 = time.perf_counter()
+        table = share_table(args.seed, args.coverage_runs)
+        out.write(f"## The recovered share's interval ({args.coverage_runs} runs per setting, "
+                  f"{time.perf_counter() - t0:.0f} s)\n\n{table}\n\n")
+    if "carriers" in args.only:
+        t0 = time.perf_counter()
+        table = carrier_table(args.seed, args.runs)
+        out.write(f"## The paired difference when few questions carry it ({args.runs} runs per setting, "
+                  f"{time.perf_counter() - t0:.0f} s)\n\n{table}\n\n")
+    if "rho" in args.only:
+        t0 = time.perf_counter()
+        table = rho_table(args.seed, args.runs)
+        out.write(f"## The retrieval heads' rank correlation ({args.runs} runs per setting, "
+                  f"{time.perf_counter() - t0:.0f} s)\n\n{table}\n\n")
     if "power" in args.only:
         rows_p = [power_h1(args.seed, g, args.runs) for g in (7, 20, 30)]
         out.write(f"## H1 power at a planted effect ({args.runs} runs per setting)\n\n{format_power(rows_p)}\n")

@@ -229,7 +229,8 @@ def _row(model: str, family: str, condition: str, load: int, name: str, spec: In
     if control.empty:
         rec = RecoveredShare.undefined(0, f"no baseline {CONTROL_CONDITION} trial of {model}: EM_Control is unknown")
     else:
-        rec = recovered_share(per_q["em_a"].to_numpy(), per_q["em_b"].to_numpy(), per_q["em_c"].to_numpy(), alpha)
+        rec = recovered_share(per_q["em_a"].to_numpy(), per_q["em_b"].to_numpy(), per_q["em_c"].to_numpy(), alpha,
+                              seed=seed)
     return InterventionRow(model=model, family=family, condition=condition, load=load, intervention=name,
                            kind=spec.kind if spec else None, keys=spec.keys if spec else None,
                            group=spec.group if spec else None, window=spec.window if spec else None, diff=diff,

@@ -19,6 +19,10 @@ from probe.analysis.estimate import Estimate
 
 # ------------------------------------------------------------------------------------------------- estimates
 
+# a per-question mean difference of EM below this is 0 (EM means are multiples of 1 / replications; this only
+# absorbs rounding)
+ZERO = 1e-12
+
 
 @dataclass(frozen=True)
 class PairedDifference:
@@ -70,6 +74,10 @@ def paired_difference(em_a: np.ndarray, em_b: np.ndarray, questions: np.ndarray,
         return out
     qs, codes = np.unique(g.astype(str), return_inverse=True)
     d = np.bincount(codes, weights=a - b) / np.bincount(codes)  # (G,) per-question mean differences
+    carriers = int(np.sum(np.abs(d) > ZERO))
+    if carriers < inf.MIN_CLUSTERS:  # a t interval of mostly-zero differences is too narrow (docs/statistics.md)
+        return replace(out, estimate=replace(est, reason=t.reason or "no interval: " + inf.few_contrast_reason(
+            carriers, d.size, inf.MIN_CLUSTERS, "questions whose mean difference is not 0")))
     fit = inf.clustered_ols(d, np.ones((d.size, 1)), qs, term=0, alpha=alpha)
     e = fit.estimate
     if not e.is_test or e.ci_low is None or e.ci_high is None:
@@ -104,7 +112,8 @@ class RecoveredShare:
         return cls(Estimate.descriptive(None, reason, RECOVERED_METHOD), None, None, n_questions)
 
 
-RECOVERED_METHOD = "ratio of per-question mean differences; Fieller interval on t(G-1)"
+RECOVERED_METHOD = ("ratio of per-question mean differences; Fieller interval on t(G-1), widened to reach 0 where the "
+                    "numerator's sign-flip test does not reject 0")
 
 
 def fieller_quadratic(num: np.ndarray, den: np.ndarray, alpha: float = 0.05) -> tuple[float, float, float]:
@@ -112,18 +121,11 @@ def fieller_quadratic(num: np.ndarray, den: np.ndarray, alpha: float = 0.05) -> 
 
     The set is the R with (N̄ − R·D̄)² ≤ t² (s_NN − 2R·s_ND + R²·s_DD) / G, the sample (co)variances s over the G
     questions: the R a t test of mean(num − R·den) = 0 does not reject.
-
-    Args:
-        num: (G,) per-question numerators.
-        den: (G,) per-question denominators (G ≥ 2).
-        alpha: 1 − confidence level.
     """
-    n = np.asarray(num, dtype=float)
-    d = np.asarray(den, dtype=float)
-    G = n.size
+    G = num.size
     t2 = float(scipy.stats.t.ppf(1 - alpha / 2, G - 1)) ** 2
-    cov = np.cov(np.vstack([n, d]), ddof=1)
-    nm, dm = float(n.mean()), float(d.mean())
+    cov = np.cov(np.vstack([num, den]), ddof=1)
+    nm, dm = float(num.mean()), float(den.mean())
     return (dm * dm - t2 * cov[1, 1] / G, -2 * (nm * dm - t2 * cov[0, 1] / G), nm * nm - t2 * cov[0, 0] / G)
 
 
@@ -141,9 +143,24 @@ def fieller_interval(num: np.ndarray, den: np.ndarray, alpha: float = 0.05) -> t
     return ((-qb - r) / (2 * qa), (-qb + r) / (2 * qa))
 
 
+def sign_flip_p(z: np.ndarray, seed: int = 0) -> float:
+    """Two-sided sign-flip p of mean(z) = 0, as :func:`inf.paired_sign_flip` tests a paired difference: all 2^G
+    assignments up to ``inf.EXACT_SIGN_FLIP_MAX`` questions, else ``inf.N_RESAMPLES`` seeded ones (p = (1 + k) /
+    (1 + B)); an assignment counts when its |sum| reaches the observed one, up to rounding."""
+    n = z.size
+    if n <= inf.EXACT_SIGN_FLIP_MAX:
+        flips = 1.0 - 2.0 * ((np.arange(2**n)[:, None] >> np.arange(n)[None, :]) & 1)
+    else:
+        flips = np.random.default_rng(seed).choice([-1.0, 1.0], size=(inf.N_RESAMPLES, n))
+    obs = abs(float(z.sum()))
+    k = int(np.sum(np.abs(flips @ z) >= obs - 1e-9 * max(1.0, float(np.abs(z).sum()))))
+    return k / len(flips) if n <= inf.EXACT_SIGN_FLIP_MAX else (1 + k) / (1 + len(flips))
+
+
 def recovered_share(em_int: np.ndarray, em_base: np.ndarray, em_control: np.ndarray, alpha: float = 0.05,
-                    min_clusters: int = inf.MIN_CLUSTERS) -> RecoveredShare:
-    """The recovered share from per-question means, with Fieller's interval (module docstring).
+                    min_clusters: int = inf.MIN_CLUSTERS, seed: int = 0) -> RecoveredShare:
+    """The recovered share from per-question means, with Fieller's interval (module docstring), widened to reach 0
+    where the numerator's exact sign-flip test (:func:`sign_flip_p`) does not reject 0.
 
     Args:
         em_int: (G,) per-question mean EM under the intervention.
@@ -151,6 +168,7 @@ def recovered_share(em_int: np.ndarray, em_base: np.ndarray, em_control: np.ndar
         em_control: (G,) per-question mean baseline Control EM.
         alpha: 1 − confidence level.
         min_clusters: fewer questions: the share is given without an interval.
+        seed: seed of the Monte Carlo sign assignments (above 16 questions).
 
     Returns:
         The :class:`RecoveredShare`.
@@ -184,8 +202,11 @@ def recovered_share(em_int: np.ndarray, em_base: np.ndarray, em_control: np.ndar
     if ci is None:
         return share("the loss EM_Control - EM_base is not distinguishable from 0 at this level: the interval of "
                      "the share is unbounded")
+    if (ci[0] > 0 or ci[1] < 0) and sign_flip_p(num, seed) >= alpha:
+        # with few questions that change, the t interval can exclude 0 where the exact test cannot: it claims no more
+        return share(None, ci=(min(ci[0], 0.0), max(ci[1], 0.0)))
     return share(None, ci=ci)
 
 
 __all__ = ["RECOVERED_METHOD", "PairedDifference", "RecoveredShare", "fieller_interval", "fieller_quadratic",
-           "paired_difference", "recovered_share"]
+           "paired_difference", "recovered_share", "sign_flip_p"]

@@ -15,7 +15,7 @@ import scipy.stats
 from statsmodels.stats.multitest import multipletests
 
 from probe.analysis import analyze_run, read_analysis
-from scripts.simulate import recovered_share_coverage
+from scripts.simulate import carrier_coverage, recovered_share_coverage
 from probe.analysis.paired_ratio import fieller_interval, paired_difference, recovered_share
 from probe.interventions import InterventionsFileError, load_interventions
 from probe.analysis.results import SCHEMA_VERSION, AnalysisSchemaError, to_json
@@ -66,7 +66,7 @@ def run(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("interventions") / "run"
     make_run(d, PLAN)
     add_interventions(d, SPECS, P_OF)
-    analysis = analyze_run(d, AnalysisSection(), seed=0, fill_similarity=False)
+    analysis = analyze_run(d, AnalysisSection(), seed=0)
     assert read_analysis(d) == analysis  # analysis.json reads back into the same typed intervention results
     return d
 
@@ -82,10 +82,11 @@ def test_paired_difference_equals_the_per_question_t_interval_and_the_enumerated
     rng = np.random.default_rng(1)
     g = np.repeat(np.arange(10), [1, 2, 3, 2, 1, 2, 3, 2, 1, 3])  # unbalanced: each question weighs the same
     b = (rng.random(g.size) < 0.4).astype(float)
-    a = np.maximum(b, (rng.random(g.size) < 0.5).astype(float))
+    a = np.maximum(b, (rng.random(g.size) < 0.7).astype(float))
     d = paired_difference(a, b, g)
     e = d.estimate
     dq = _per_question(a, b, g)
+    assert np.sum(dq != 0) >= 6  # enough questions carry the difference for an interval
     assert e.value == pytest.approx(dq.mean()) and d.em_a == pytest.approx(a.mean())
     tt = scipy.stats.ttest_1samp(dq, 0)
     ci = tt.confidence_interval(0.95)
@@ -114,6 +115,52 @@ def test_paired_difference_below_the_minimum_questions_is_descriptive():
     e = d.estimate
     assert e.value == pytest.approx(0.5) and e.p is None and e.ci_low is None and not e.is_test
     assert "fewer than the minimum" in (e.reason or "")
+
+
+def test_paired_difference_interval_needs_six_questions_that_carry_it():
+    """Four of twelve questions change, the rest answer alike under both: the t interval of eight exact zeros and
+    four ones excludes 0 while the exact test cannot reject (p = 2/16), and such intervals under-cover
+    (docs/statistics.md), so none is given; the exact sign-flip p still is. Six questions that change give the
+    interval back."""
+    g = np.repeat(np.arange(12), 2)
+    b = np.zeros(24)
+    a = b.copy()
+    a[:8] = 1.0  # questions 0-3 gain both prompts
+    e = paired_difference(a, b, g).estimate
+    assert e.value == pytest.approx(4 / 12) and e.ci_low is None and e.ci_high is None
+    assert "only 4 of 12 questions carry" in (e.reason or "") and e.p == pytest.approx(2 / 16) and e.is_test
+    t_ci = scipy.stats.ttest_1samp(_per_question(a, b, g), 0).confidence_interval(0.95)
+    assert t_ci.low > 0  # what was reported before: an interval that excludes 0 beside p = 0.125
+    a[[8, 10]] = 1.0  # questions 4 and 5 gain one prompt each: six carriers
+    six = paired_difference(a, b, g).estimate
+    assert six.ci_low is not None and six.reason is None
+
+
+def test_recovered_share_interval_reaches_0_where_the_exact_test_does_not_reject_it():
+    """Four of twelve questions recover everything, eight nothing: Fieller's t interval excludes 0, but the exact
+    sign-flip test of the numerator cannot reject (4 non-zero questions: p >= 2/16); the interval reaches 0."""
+    c = np.full(12, 0.9)
+    b = np.full(12, 0.2) + np.r_[np.zeros(6), np.full(6, 0.1)]
+    i = b.copy()
+    i[:4] += 0.7
+    fieller = fieller_interval(i - b, c - b)
+    assert fieller is not None and fieller[0] > 0  # what was reported before
+    flips = np.array(list(itertools.product([-1, 1], repeat=12)))  # the exact test, by hand
+    num = i - b
+    p = np.mean(np.abs(flips @ num) >= abs(num.sum()) - 1e-12)
+    assert p >= 0.05
+    r = recovered_share(i, b, c).estimate
+    assert r.ci_low == 0.0 and r.ci_high == pytest.approx(fieller[1]) and r.value == pytest.approx(num.mean() /
+                                                                                                  (c - b).mean())
+
+
+def test_carrier_rule_removes_intervals_that_disagree_with_the_exact_test():
+    """Seeded simulation (scripts/simulate.py): 8 of 20 questions carry a real gain, about half of them visibly;
+    the CR2 interval excluded 0 beside a non-significant exact sign flip in many studies, the rule in none."""
+    row = carrier_coverage(2026, 20, 8, 150)
+    assert row.disagree_before > 0.15 and row.share_disagree_before > 0.15
+    assert row.disagree_after == 0 and row.share_disagree_after == 0
+    assert row.after is None or row.after >= 0.9
 
 
 def test_recovered_share_and_its_fieller_interval_match_direct_computation():
@@ -146,7 +193,7 @@ def test_recovered_share_undefined_cases_give_a_reason():
 
 def test_recovered_share_interval_covers_at_ten_questions():
     row = recovered_share_coverage(7, 10, 400)
-    assert 0.91 <= row.coverage <= 0.99 and row.bounded > 0.5
+    assert 0.91 <= row.coverage <= 0.99 and row.bounded > 0.5 and row.disagree == 0
     wide = recovered_share_coverage(7, 10, 400, method="delta", em_base=0.6)
     assert wide.coverage < row.coverage  # the delta method the docs compare with covers less here
 
@@ -201,7 +248,7 @@ def test_no_claim_when_the_extraneous_knockout_does_not_beat_its_matched_control
     make_run(d, PLAN)
     add_interventions(d, SPECS[:2] + [spec("ko-ext2", "extraneous", group="ko-rand")],
                       {"ko-ext": 0.6, "ko-rand": 0.6, "ko-ext2": 0.6}, seed=5)
-    res = analyze_run(d, AnalysisSection(), seed=0, fill_similarity=False).interventions
+    res = analyze_run(d, AnalysisSection(), seed=0).interventions
     assert res is not None and len(res.specific) == 2 and not res.claims()
     p = np.array([c.test.estimate.p for c in res.specific])
     assert [c.q for c in res.specific] == pytest.approx(list(multipletests(p, method="fdr_bh")[1]))
@@ -213,7 +260,7 @@ def test_no_claim_when_the_extraneous_knockout_does_not_beat_its_matched_control
 def test_existing_estimates_read_baseline_trials_only(run, tmp_path):
     plain = tmp_path / "plain"
     make_run(plain, PLAN)  # the same baseline trials, no intervention
-    a_plain = analyze_run(plain, AnalysisSection(), seed=0, fill_similarity=False)
+    a_plain = analyze_run(plain, AnalysisSection(), seed=0)
     a_int = read_analysis(run)
     assert a_plain.interventions is None
     assert to_json(a_int.families) == to_json(a_plain.families)
@@ -237,7 +284,7 @@ def test_an_analysis_of_an_older_schema_is_refused_with_the_command_that_rewrite
     ``probe analyze`` named (here a schema-6 file, the last one before the current)."""
     d = tmp_path / "old"
     make_run(d, Plan(n_tasks=6, seed=1))
-    analyze_run(d, AnalysisSection(), fill_similarity=False)
+    analyze_run(d, AnalysisSection())
     data = json.loads((d / "analysis.json").read_text())
     (d / "analysis.json").write_text(json.dumps({**data, "schema": SCHEMA_VERSION - 1}))
     with pytest.raises(AnalysisSchemaError, match=rf"schema {SCHEMA_VERSION - 1}.*probe analyze {d}"):
@@ -268,7 +315,7 @@ def test_report_section_renders_the_table_the_curve_and_the_heads(run):
 def test_report_has_no_intervention_section_without_interventions(tmp_path):
     d = tmp_path / "plain"
     make_run(d, Plan(n_tasks=6, seed=1, loads=(80,)))
-    analyze_run(d, AnalysisSection(), fill_similarity=False)
+    analyze_run(d, AnalysisSection())
     html = render_report(d).read_text()
     assert "Causal tests" not in html and "intervention_sweep" not in html
     written = {p.name for p in write_tables(read_analysis(d), d)}
@@ -280,7 +327,7 @@ def test_undeclared_interventions_are_estimated_against_baseline_but_never_claim
     make_run(d, PLAN)
     add_interventions(d, SPECS[:2], P_OF)
     (d / "interventions.json").unlink()
-    res = analyze_run(d, AnalysisSection(), seed=0, fill_similarity=False).interventions
+    res = analyze_run(d, AnalysisSection(), seed=0).interventions
     assert res is not None and res.specs == () and {r.intervention for r in res.rows} == {"ko-ext", "ko-rand"}
     assert all(r.keys is None for r in res.rows) and res.specific == () and not res.claims()
     assert any("no entry in interventions.json" in n for n in res.notes)
@@ -305,7 +352,7 @@ def test_a_contrast_carried_by_the_controls_harm_is_no_claim(tmp_path):
                                         em=em) for name, em in (("ko-ext", t.em), ("ko-rand", 0.0))]
     append_jsonl(folder.trials, (x.to_dict() for x in new))
     (d / "interventions.json").write_text(json.dumps(SPECS[:2]))
-    res = analyze_run(d, AnalysisSection(), seed=0, fill_similarity=False).interventions
+    res = analyze_run(d, AnalysisSection(), seed=0).interventions
     assert res is not None
     (c,) = res.specific
     assert c.test.estimate.value > 0 and c.q is not None and c.q < 0.05  # the contrast alone would be a claim
@@ -329,7 +376,7 @@ def test_a_matched_random_control_that_drew_too_few_tokens_supports_no_claim(tmp
     short = [dataclasses.replace(t, meta={**(t.meta or {}), "intervention_keys": 90, "intervention_keys_wanted": 212})
              if t.intervention == "ko-rand" and t.task_id.endswith("1") else t for t in trials]
     folder.trials.write_text("".join(json.dumps(t.to_dict()) + "\n" for t in short), encoding="utf-8")
-    res = analyze_run(d, AnalysisSection(), seed=0, fill_similarity=False).interventions
+    res = analyze_run(d, AnalysisSection(), seed=0).interventions
     assert res is not None
     (c,) = res.specific
     assert c.test.estimate.value > 0 and c.q is not None and c.q < 0.05  # the test alone would support a claim
@@ -368,7 +415,7 @@ def test_each_model_reads_its_own_entries_of_a_shared_name(tmp_path):
            for s in specs[t.model]]
     append_jsonl(RunFolder(d).trials, (x.to_dict() for x in new))
     (d / "interventions.json").write_text(json.dumps(specs["model-a"] + specs["model-b"]))
-    res = analyze_run(d, AnalysisSection(), seed=0, fill_similarity=False).interventions
+    res = analyze_run(d, AnalysisSection(), seed=0).interventions
     assert res is not None
     assert sorted((c.model, c.a, c.b) for c in res.specific) == [("model-a", "ko-ext", "rand-a"),
                                                                   ("model-b", "ko-ext", "rand-b")]
