@@ -52,8 +52,7 @@ from probe.analysis.attention_tests import attention_failure_tests
 from probe.analysis.estimates import finite, key_int
 from probe.analysis.grid import Grid
 from probe.analysis.head_tests import HeadTests, fitted_head_tests, max_t_head_tests, with_max_t
-from probe.attention.retrieval import (TrialRetrieval, chance_score, copy_events, pooled_score, top_heads,
-                                      trial_retrieval)
+from probe.attention.retrieval import TrialRetrieval, pooled_score, top_heads
 
 log = logging.getLogger(__name__)
 
@@ -503,6 +502,5 @@ def analyze_retrieval(answers: Mapping[tuple[str, str], TrialRetrieval], df: pd.
     return out
 
 
-__all__ = ["DistractionLink", "METHOD", "RankAgreement", "RetrievalCell", "RetrievalHead",
-           "RetrievalHeads", "TrialRetrieval", "analyze_retrieval", "chance_score", "collect", "copy_events",
-           "pooled_score", "retrieval_heads", "top_heads", "trial_retrieval"]
+__all__ = ["METHOD", "DistractionLink", "RankAgreement", "RetrievalCell", "RetrievalHead", "RetrievalHeads",
+           "analyze_retrieval", "collect", "retrieval_heads"]

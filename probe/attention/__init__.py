@@ -33,15 +33,8 @@ from probe.compat import check_transformers_version
 check_transformers_version()  # before the engine imports transformers' attention internals
 
 from probe.attention.capacity import max_probe_context, probe_memory_bytes
-from probe.attention.engine import (
-    SUPPORTED_MODEL_TYPES,
-    attach_probe,
-    is_prompt_query,
-    left_pad,
-    probe_batch,
-    probe_generation,
-    probe_tokenized,
-)
+from probe.attention.engine import is_prompt_query, left_pad, probe_batch, probe_generation, probe_tokenized
+from probe.attention.implementation import SUPPORTED_MODEL_TYPES, attach_probe
 from probe.attention.lens import probe_transformer_lens
 from probe.attention.measure import Measure, register_measure
 from probe.attention.measures import measure, measures

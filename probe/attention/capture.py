@@ -21,7 +21,8 @@ from probe.attention.answer import AnswerAttention
 from probe.attention.call import LayerCall
 from probe.attention.masks import BlockMask, allowed_keys, block_mask, causal_block_mask
 from probe.attention.plan import ProbePlan
-from probe.attention.reduce import LayerAggregates, LayerReducer, PlanTensors, assemble_result
+from probe.attention.reduce import LayerAggregates, LayerReducer, assemble_result
+from probe.attention.segments import PlanTensors
 from probe.attention.result import SegmentAttention
 from probe.errors import HookError
 

@@ -37,9 +37,6 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from probe.config import INTERVENTION_KEYS as KEY_SETS
-from probe.config import INTERVENTION_KINDS as KINDS
-from probe.config import INTERVENTION_QUERIES as QUERY_SETS
 from probe.errors import ConfigError, SpanError
 from probe.interventions import Intervention, RowEdit
 from probe.types import TokenizedPrompt
@@ -344,5 +341,4 @@ def edited_attention(
     return out
 
 
-__all__ = ["BatchEdit", "KEY_SETS", "KINDS", "QUERY_SETS", "RANDOM_KEY_KINDS", "edited_attention", "head_bias",
-           "random_key_seed", "row_edit"]
+__all__ = ["RANDOM_KEY_KINDS", "BatchEdit", "edited_attention", "head_bias", "random_key_seed", "row_edit"]

@@ -44,17 +44,7 @@ from transformers import PreTrainedModel
 from probe.attention.capacity import ModelShape, block_elements
 from probe.attention.capture import Capture
 from probe.attention.decode import AnswerRows
-from probe.attention.implementation import (
-    IMPLEMENTATION,
-    SUPPORTED_MODEL_TYPES,
-    attach_edit,
-    attach_probe,
-    attention_implementation,
-    check_architecture,
-    layers_and_heads,
-    text_config_of,
-)
-from probe.attention.masks import BlockMask, allowed_keys, block_mask, causal_block_mask
+from probe.attention.implementation import attach_probe, text_config_of
 from probe.attention.plan import build_plan
 from probe.attention.reduce import SCRATCH_COPIES
 from probe.attention.result import SegmentAttention
@@ -239,7 +229,5 @@ def probe_generation(
         yield capture
 
 
-__all__ = ["IMPLEMENTATION", "PROMPT_QUERY_SETS", "SUPPORTED_MODEL_TYPES", "BlockMask", "Capture", "allowed_keys",
-           "attach_edit", "attach_probe", "attention_implementation", "block_budget", "block_mask",
-           "causal_block_mask", "check_architecture", "is_prompt_query", "layers_and_heads", "left_pad",
-           "probe_batch", "probe_generation", "probe_tokenized", "text_config_of", "transformers_model"]
+__all__ = ["PROMPT_QUERY_SETS", "block_budget", "is_prompt_query", "left_pad", "probe_batch", "probe_generation",
+           "probe_tokenized", "transformers_model"]

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 import torch
 
-from probe.attention.edits import KEY_SETS, KINDS, QUERY_SETS, BatchEdit, edited_attention, random_key_seed, row_edit
+from probe.attention.edits import BatchEdit, row_edit
 from probe.attention.engine import left_pad, transformers_model
 from probe.attention.implementation import attach_edit, layers_and_heads
 from probe.errors import ConfigError
@@ -103,5 +103,4 @@ def apply_intervention(
         yield batch
 
 
-__all__ = ["BatchEdit", "EditedBatch", "Intervention", "KEY_SETS", "KINDS", "QUERY_SETS", "RowEdit",
-           "apply_intervention", "edited_attention", "random_key_seed", "row_edit"]
+__all__ = ["EditedBatch", "apply_intervention"]

@@ -22,7 +22,8 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import torch
 
 from probe.attention.plan import build_plan
-from probe.attention.reduce import LayerAggregates, LayerReducer, PlanTensors, assemble_result, reduced_measures
+from probe.attention.reduce import LayerAggregates, LayerReducer, assemble_result, reduced_measures
+from probe.attention.segments import PlanTensors
 from probe.attention.reference import layer_window
 from probe.attention.result import SegmentAttention
 from probe.config import ProbeSection

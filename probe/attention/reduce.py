@@ -147,5 +147,4 @@ def assemble_result(plan: ProbePlan, layers: list[LayerAggregates]) -> SegmentAt
     )
 
 
-__all__ = ["SCRATCH_COPIES", "LayerAggregates", "LayerReducer", "PlanTensors", "RowBlock", "assemble_result",
-           "reduced_measures"]
+__all__ = ["SCRATCH_COPIES", "LayerAggregates", "LayerReducer", "assemble_result", "reduced_measures"]

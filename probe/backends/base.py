@@ -9,7 +9,7 @@ from probe.config import GenerationSection, ProbeSection
 from probe.types import Prompt
 
 if TYPE_CHECKING:
-    from probe.attention.intervention import Intervention
+    from probe.interventions import Intervention
     from probe.attention.result import SegmentAttention
     from probe.interventions import KeyCount
 

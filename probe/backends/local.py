@@ -28,7 +28,7 @@ from probe.prompts.tokenize import encode_prompt, token_char_spans
 from probe.types import Prompt, TokenizedPrompt
 
 if TYPE_CHECKING:
-    from probe.attention.intervention import Intervention, RowEdit
+    from probe.interventions import Intervention, RowEdit
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class LocalBackend:
         return self.loaded.revision
 
     def layers_and_heads(self) -> tuple[int, int]:
-        from probe.attention.engine import layers_and_heads
+        from probe.attention.implementation import layers_and_heads
 
         return layers_and_heads(self.loaded.model)
 
@@ -149,7 +149,7 @@ class LocalBackend:
                  intervention: Intervention | None) -> Iterator[_Batch]:
         """Consecutive batches of ``batch_size`` prompts, left-padded, with each prompt's edit under an intervention."""
         from probe.attention import left_pad
-        from probe.attention.intervention import row_edit
+        from probe.attention.edits import row_edit
 
         for b in range(0, len(runnable), batch_size):
             items = runnable[b : b + batch_size]
@@ -163,8 +163,8 @@ class LocalBackend:
         """The context that applies a batch's edits in the model's attention (nothing without an intervention)."""
         if edits is None or intervention is None:
             return contextlib.nullcontext()
-        from probe.attention.engine import attach_edit, layers_and_heads
-        from probe.attention.intervention import BatchEdit
+        from probe.attention.implementation import attach_edit, layers_and_heads
+        from probe.attention.edits import BatchEdit
 
         n_layers, n_heads = layers_and_heads(self.loaded.model)
         return attach_edit(self.loaded.model, BatchEdit(edits, pads, intervention, n_layers, n_heads,
@@ -273,7 +273,7 @@ def _extend(edit: "RowEdit", n_answer: int) -> "RowEdit":
     """A prompt's edit over prompt + answer: the answer tokens are queries, never keys."""
     import numpy as np
 
-    from probe.attention.intervention import RowEdit
+    from probe.interventions import RowEdit
 
     return RowEdit(keys=np.concatenate([edit.keys, np.zeros(n_answer, dtype=bool)]), query_start=edit.query_start,
                    wanted=edit.wanted)

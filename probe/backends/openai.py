@@ -55,7 +55,7 @@ from probe.errors import ConfigError, ProbeError
 from probe.types import Prompt
 
 if TYPE_CHECKING:
-    from probe.attention.intervention import Intervention
+    from probe.interventions import Intervention
     from probe.loading import ModelCard
 
 log = logging.getLogger(__name__)

@@ -42,7 +42,7 @@ import torch
 from transformers import PreTrainedModel
 
 from probe.attention import SegmentAttention, probe_batch, probe_tokenized
-from probe.attention.engine import attention_implementation
+from probe.attention.implementation import attention_implementation
 from probe.config import ProbeSection
 from probe.errors import ConfigError
 from probe.loading import input_device

@@ -151,7 +151,7 @@ def run_intervention_bench(experiment: str, n_prompts: int = 16, batch_size: int
     Raises:
         ConfigError: a count below 1.
     """
-    from probe.attention.engine import layers_and_heads
+    from probe.attention.implementation import layers_and_heads
     from probe.config import TopHeads
     from probe.interventions import Intervention, resolve_interventions
 

@@ -32,7 +32,8 @@ from transformers import (
 )
 
 from probe.attention import probe_tokenized, reference_segment_attention
-from probe.attention.engine import Capture, attach_probe
+from probe.attention.capture import Capture
+from probe.attention.implementation import attach_probe
 from probe.attention.measures import measures
 from probe.attention.plan import build_plan
 from probe.config import ProbeSection

@@ -17,7 +17,8 @@ from probe.attention.answer import AnswerAttention
 from probe.attention.call import LayerCall
 from probe.attention.decode import reference_answer_attention
 from probe.attention.engine import probe_generation
-from probe.attention.intervention import Intervention, apply_intervention
+from probe.attention.intervention import apply_intervention
+from probe.interventions import Intervention
 from probe.attention.result import SegmentAttention
 from probe.config import ProbeSection
 from probe.errors import ConfigError

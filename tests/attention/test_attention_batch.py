@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from probe.attention import left_pad, probe_batch, probe_generation, probe_tokenized, reference_segment_attention
-from probe.attention.engine import BlockMask, block_mask, causal_block_mask
+from probe.attention.masks import BlockMask, block_mask, causal_block_mask
 from probe.attention.plan import build_plan
-from probe.attention.reduce import PlanTensors
+from probe.attention.segments import PlanTensors
 from probe.config import ProbeSection
 from probe.errors import ConfigError
 from tests.attention.test_attention import ARCHS, _build, assert_same, make_prompt

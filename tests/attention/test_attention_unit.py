@@ -8,7 +8,8 @@ import torch
 
 from probe.attention import SegmentAttention, build_plan, max_probe_context, probe_memory_bytes
 from probe.attention.capacity import LLAMA3_8B
-from probe.attention.reduce import LayerReducer, PlanTensors, assemble_result
+from probe.attention.reduce import LayerReducer, assemble_result
+from probe.attention.segments import PlanTensors
 from probe.config import ProbeSection
 from probe.errors import ConfigError, SpanError
 from probe.types import Span, TokenizedPrompt

@@ -15,8 +15,11 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from probe.attention.engine import IMPLEMENTATION, attention_implementation, left_pad
-from probe.attention.intervention import Intervention, RowEdit, apply_intervention, row_edit
+from probe.attention.edits import row_edit
+from probe.attention.engine import left_pad
+from probe.attention.implementation import IMPLEMENTATION, attention_implementation
+from probe.attention.intervention import apply_intervention
+from probe.interventions import Intervention, RowEdit
 from probe.config import ProbeSection
 from probe.errors import ConfigError, SpanError
 from probe.types import Span, TokenizedPrompt
