@@ -268,10 +268,13 @@ def build_run_prompts(cfg: ExperimentConfig, progress: bool = True,
         existing.setdefault(p.tokenizer, []).append(p)
     by_model: dict[str, list[Prompt]] = {}
     shared: dict = {}  # distractor sequences do not depend on the tokenizer: drawn once for every group
+    if any(name not in existing for name in groups) or not run.tasks.is_file():  # (an older folder has none)
+        tasks = tasks if tasks is not None else load_all_tasks(cfg)
+        write_jsonl(run.tasks, (t.to_dict() for t in tasks))
     for tok_name, cards in groups.items():
         prompts = existing.get(tok_name)
         if prompts is None:
-            tasks = tasks if tasks is not None else load_all_tasks(cfg)
+            assert tasks is not None
             card = cards[0]
             builder = IceBuilder.wired(cfg.ice, load_tokenizer(card), card.name, cfg.experiment.seed,
                                        embedder=cfg.analysis.embedder if needs_embedder(cfg) else None,
@@ -281,12 +284,9 @@ def build_run_prompts(cfg: ExperimentConfig, progress: bool = True,
             for task in tqdm(tasks, desc=f"build prompts [{tok_name}]", disable=not progress, unit="task"):
                 prompts += builder.build_all([task])
             on_disk += prompts
-            write_jsonl(run.tasks, (t.to_dict() for t in tasks))
             write_jsonl(run.prompts, (p.to_dict() for p in on_disk))
         for c in cards:
             by_model[c.name] = prompts
-    if not run.tasks.is_file():  # a folder recorded before runs recorded their tasks
-        write_jsonl(run.tasks, (t.to_dict() for t in (tasks if tasks is not None else load_all_tasks(cfg))))
     return by_model
 
 

@@ -40,7 +40,7 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -1091,40 +1091,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.runs, args.coverage_runs, args.kappas = 200, 200, [2.0]
     out = sys.stdout
     out.write(f"Seed {args.seed}; alpha = {ALPHA}.\n\n")
+    def section(title: str, n_runs: int, make: Callable[[], str]) -> None:
+        t0 = time.perf_counter()
+        table = make()
+        out.write(f"## {title} ({n_runs} runs per setting, {time.perf_counter() - t0:.0f} s)\n\n{table}\n\n")
+
     if "coverage" in args.only:
-        t0 = time.perf_counter()
-        rows = coverage_table(args.seed, args.coverage_runs, kappas=args.kappas)
-        out.write(f"## Coverage of the 95 % EM interval ({args.coverage_runs} runs per setting, "
-                  f"{time.perf_counter() - t0:.0f} s)\n\n{format_coverage(rows)}\n\n")
+        section("Coverage of the 95 % EM interval", args.coverage_runs,
+                lambda: format_coverage(coverage_table(args.seed, args.coverage_runs, kappas=args.kappas)))
     if "null" in args.only:
-        t0 = time.perf_counter()
-        rows_n = rejection_tables(args.seed, args.runs)
-        out.write(f"## Rejection rates under no effect ({args.runs} runs per setting, "
-                  f"{time.perf_counter() - t0:.0f} s)\n\n{format_rejections(rows_n)}\n\n")
+        section("Rejection rates under no effect", args.runs,
+                lambda: format_rejections(rejection_tables(args.seed, args.runs)))
     if "minimum" in args.only:
         rows_m = below_minimum_tables(args.seed, args.runs)
         out.write(f"## Below the minimum G ({args.runs} runs per setting, tests forced)\n\n"
                   f"{format_rejections(rows_m)}\n\n")
     if "one-question" in args.only:
-        t0 = time.perf_counter()
-        rows_o = [r for g in (7, 20) for r in null_one_question(args.seed, g, args.runs)]
-        out.write(f"## Every failure in one question ({args.runs} runs per setting, "
-                  f"{time.perf_counter() - t0:.0f} s)\n\n{format_rejections(rows_o)}\n\n")
+        section("Every failure in one question", args.runs, lambda: format_rejections(
+            [r for g in (7, 20) for r in null_one_question(args.seed, g, args.runs)]))
     if "share" in args.only:
-        t0 = time.perf_counter()
-        table = share_table(args.seed, args.coverage_runs)
-        out.write(f"## The recovered share's interval ({args.coverage_runs} runs per setting, "
-                  f"{time.perf_counter() - t0:.0f} s)\n\n{table}\n\n")
+        section("The recovered share's interval", args.coverage_runs,
+                lambda: share_table(args.seed, args.coverage_runs))
     if "carriers" in args.only:
-        t0 = time.perf_counter()
-        table = carrier_table(args.seed, args.runs)
-        out.write(f"## The paired difference when few questions carry it ({args.runs} runs per setting, "
-                  f"{time.perf_counter() - t0:.0f} s)\n\n{table}\n\n")
+        section("The paired difference when few questions carry it", args.runs,
+                lambda: carrier_table(args.seed, args.runs))
     if "rho" in args.only:
-        t0 = time.perf_counter()
-        table = rho_table(args.seed, args.runs)
-        out.write(f"## The retrieval heads' rank correlation ({args.runs} runs per setting, "
-                  f"{time.perf_counter() - t0:.0f} s)\n\n{table}\n\n")
+        section("The retrieval heads' rank correlation", args.runs, lambda: rho_table(args.seed, args.runs))
     if "power" in args.only:
         rows_p = [power_h1(args.seed, g, args.runs) for g in (7, 20, 30)]
         out.write(f"## H1 power at a planted effect ({args.runs} runs per setting)\n\n{format_power(rows_p)}\n")

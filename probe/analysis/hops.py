@@ -450,6 +450,14 @@ def hop_cells(rows: Sequence[HopRow], masses: Sequence[np.ndarray | None], vmass
     return cells
 
 
+def segment_texts(prompt: Prompt, answer: AnswerAttention) -> dict[int, str]:
+    """Segment index of the answer record -> the prompt's text of that segment (sink segments left out), matched by
+    label: what :func:`track_trial` reads to tell whether an extraneous segment names an entity."""
+    by_label = {seg.label: prompt.segment_text(seg) for seg in prompt.segments}
+    return {s: by_label.get(lab, "") for s, (kind, lab) in enumerate(zip(answer.segment_kinds, answer.segment_labels))
+            if kind != "sink"}
+
+
 class HopTracker:
     """Hop tracking of a run's scored ICE trials, fed one answer record at a time (module docstring).
 
@@ -490,9 +498,7 @@ class HopTracker:
                        "its answer record holds no token spans (written before the runner recorded them; probe the "
                        "run again to track its hops)")
             return
-        by_label = {seg.label: prompt.segment_text(seg) for seg in prompt.segments}
-        texts = {s: by_label.get(lab, "") for s, (kind, lab) in enumerate(zip(rec.segment_kinds, rec.segment_labels))
-                 if kind != "sink"}
+        texts = segment_texts(prompt, rec)
         window = layer_window(rec.n_layers)
         try:
             out = track_trial(rec, t, task, texts, window=window)
@@ -564,4 +570,4 @@ def analyze_hops(answers: Iterable[tuple[TrialRecord, AnswerAttention]], tasks: 
 __all__ = ["CATEGORIES", "HOP_LABELS", "HopCell", "HopLabel", "HopLabelError", "HopRow", "HopShare", "HopTracking",
            "HopTracker", "HopTrackingError", "Mention", "TrialHops", "WINDOW_RULE", "analyze_hops", "category_masses",
            "first_mention", "hop_cells", "hop_segments", "label_of", "layer_window", "pooled_segment_mass",
-           "track_trial"]
+           "segment_texts", "track_trial"]

@@ -16,7 +16,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from probe.analysis.frame import probe_records
-from probe.analysis.hops import HopRow, layer_window, track_trial
+from probe.analysis.hops import HopRow, layer_window, segment_texts, track_trial
 from probe.attention.answer import AnswerAttention
 from probe.errors import ProbeError
 from probe.records import load_prompts, load_task_records, load_trials, make_trial_id
@@ -158,9 +158,7 @@ def write_answer_steps(run_dir: str | Path | RunFolder, model: str, prompt_id: s
     if task is None:
         raise ProbeError(f"{run.tasks}: no task {trial.task_id!r} (a run recorded before runs recorded their tasks "
                          "has no tasks.jsonl: run `probe run` on its experiment again, which writes it)")
-    by_label = {seg.label: prompt.segment_text(seg) for seg in prompt.segments}
-    texts = {s: by_label.get(lab, "") for s, (kind, lab) in enumerate(zip(answer.segment_kinds, answer.segment_labels))
-             if kind != "sink"}
+    texts = segment_texts(prompt, answer)
     rows = track_trial(answer, trial, task, texts).rows
     out = Path(path) if path is not None else run.show_page(model, prompt_id).with_suffix(".answer.html")
     out.parent.mkdir(parents=True, exist_ok=True)
