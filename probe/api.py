@@ -49,7 +49,8 @@ if TYPE_CHECKING:
     from probe.attention.intervention import EditedBatch
     from probe.attention.result import SegmentAttention
     from probe.backends.base import Generation
-    from probe.config import ExperimentConfig, IceSection, ProbeSection
+    from probe.config import ExperimentConfig, IceSection
+    from probe.probe_options import ProbeOptions
     from probe.tasks import TaskSection
     from probe.interventions import Intervention, RowEdit
     from probe.loading import ModelCard
@@ -235,14 +236,14 @@ class Model(LoadedModel):
             return self.tokenize(prompt)
         raise ArgumentError(f"{call}: a prompt must be a built Prompt or a TokenizedPrompt, got {_kind(prompt)}")
 
-    def probe(self, prompt: Prompt | TokenizedPrompt, options: ProbeSection | None = None,
+    def probe(self, prompt: Prompt | TokenizedPrompt, options: ProbeOptions | None = None,
               generated_ids: Sequence[int] | None = None, **option_values: Any) -> SegmentAttention:
         """Probe one prompt with the attention engine (:func:`probe.attention.probe_tokenized`; docs/probes.md).
 
         Args:
             prompt: a built prompt (tokenized with this model's tokenizer) or a TokenizedPrompt (any spans that
                 partition the tokens).
-            options: probe options (default ``ProbeSection()``: query ``question``, γ = 0.5, cosine residue).
+            options: probe options (default ``ProbeOptions()``: query ``question``, γ = 0.5, cosine residue).
             generated_ids: answer ids appended to the prompt (query ``generated``).
             **option_values: single options to change (``query="last"``, ``gamma=0.7``, ``residue=False`` to skip
                 AR_k, which costs every row of the germane, question and extraneous segments, ...).
@@ -257,14 +258,14 @@ class Model(LoadedModel):
             HookError: an unsupported architecture. ConfigError: a bad option.
         """
         from probe.attention import probe_tokenized
-        from probe.config import ProbeSection
+        from probe.probe_options import ProbeOptions
 
-        opts = options or ProbeSection()
+        opts = options or ProbeOptions()
         if option_values:
-            unknown = sorted(set(option_values) - {f.name for f in dataclasses.fields(ProbeSection)})
+            unknown = sorted(set(option_values) - {f.name for f in dataclasses.fields(ProbeOptions)})
             if unknown:
                 raise ConfigError(f"probe_prompt: {unknown[0]!r} is not a probe option (the keys of [probe]: "
-                                  f"{', '.join(f.name for f in dataclasses.fields(ProbeSection))})")
+                                  f"{', '.join(f.name for f in dataclasses.fields(ProbeOptions))})")
             opts = dataclasses.replace(opts, **option_values)
         return probe_tokenized(self.model, self._tokenized("probe_prompt", prompt), opts, generated_ids)
 
@@ -318,7 +319,7 @@ class Model(LoadedModel):
             yield batch
 
     def generate(self, prompts: Prompt | Sequence[Prompt], *, intervention: Intervention | None = None,
-                 probe: ProbeSection | None = None, seed: int = 0, **generation: Any) -> list[Generation]:
+                 probe: ProbeOptions | None = None, seed: int = 0, **generation: Any) -> list[Generation]:
         """Answer prompts as a run does (:class:`probe.backends.local.LocalBackend`: batched, greedy by default).
 
         Args:
@@ -514,7 +515,7 @@ def load_tasks(source: str | TaskSection = "synthetic", n: int | None = None, se
         raise ConfigError(f"load_tasks: {idle[0]!r} has no effect for source {source!r} (it reads "
                           f"{', '.join(sorted(src.options))})")
     values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
-    return load_section(TaskSection(source=source, n=1 if n is None else n, **values), seed)
+    return load_section(TaskSection.of(source, n=1 if n is None else n, **values), seed)
 
 
 def _ice_section(ice: IceSection | None, conditions: Sequence[str] | None, loads: Sequence[int] | None,
@@ -568,7 +569,7 @@ def tokenize_prompt(model: ModelLike, prompt: Prompt, use_chat_template: bool | 
     return as_model(model, "tokenize_prompt").tokenize(prompt, use_chat_template)
 
 
-def probe_prompt(model: ModelLike, prompt: Prompt | TokenizedPrompt, options: ProbeSection | None = None,
+def probe_prompt(model: ModelLike, prompt: Prompt | TokenizedPrompt, options: ProbeOptions | None = None,
                  generated_ids: Sequence[int] | None = None, **option_values: Any) -> SegmentAttention:
     """Probe one prompt's attention per layer and head: :meth:`Model.probe` (docs/probes.md).
 
@@ -595,7 +596,7 @@ def intervention(model: ModelLike, prompts: PromptLike | Sequence[PromptLike], s
 
 
 def generate(model: ModelLike, prompts: Prompt | Sequence[Prompt], *, intervention: Intervention | None = None,
-             probe: ProbeSection | None = None, seed: int = 0, **generation: Any) -> list[Generation]:
+             probe: ProbeOptions | None = None, seed: int = 0, **generation: Any) -> list[Generation]:
     """Answer prompts as a run does: :meth:`Model.generate`.
 
     Args:

@@ -77,7 +77,8 @@ def _load(args: argparse.Namespace) -> ExperimentConfig:
     cfg = load_config(args.experiment, _overrides(args))
     limit = getattr(args, "limit", None)
     if limit is not None:
-        cfg = dataclasses.replace(cfg, tasks=tuple(dataclasses.replace(t, n=min(t.n, limit)) for t in cfg.tasks))
+        cfg = dataclasses.replace(cfg, tasks=tuple(
+            dataclasses.replace(t, options=dataclasses.replace(t.options, n=min(t.n, limit))) for t in cfg.tasks))
     return cfg
 
 
@@ -85,7 +86,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     """Check an experiment as far as it can be checked without loading a model: the file, the model cards and
     their weights (packages, GGUF files, folders), probes and interventions against the cards, the generation
     budget against each context window, every task file, and a separate probe run named by ``heads.from``."""
-    from probe.runner import check_inputs
+    from probe.runner.checks import check_inputs
 
     cfg = _load(args)
     cards, tasks = check_inputs(cfg)
@@ -107,7 +108,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_build(args: argparse.Namespace) -> int:
     from probe.runfolder import RunLock
-    from probe.runner import build_run_prompts, check_inputs, check_run_dir, prepare_run_dir
+    from probe.runner.checks import check_inputs
+    from probe.runner.folder import check_run_dir, prepare_run_dir
+    from probe.runner.prompts import build_run_prompts
 
     cfg = _load(args)
     _, tasks = check_inputs(cfg, generating=False)  # bad input stops the build before anything is written
@@ -141,8 +144,10 @@ def _dp_rank() -> tuple[int, int]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from probe.runfolder import RunLock
-    from probe.runner import (build_run_prompts, check_inputs, check_run_dir, merge_shards, prepare_run_dir,
-                              run_experiment)
+    from probe.runner import run_experiment
+    from probe.runner.checks import check_inputs
+    from probe.runner.folder import check_run_dir, merge_shards, prepare_run_dir
+    from probe.runner.prompts import build_run_prompts
 
     cfg = _load(args)
     rank, world = _dp_rank()

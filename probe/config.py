@@ -13,15 +13,14 @@ import re
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, NoReturn, get_args, get_origin, get_type_hints
+from typing import Any, NoReturn
 
-from probe.errors import ConfigError
+from probe.codec import KEY, CodecError, decode, encode
+from probe.errors import ConfigError, FieldError
+from probe.probe_options import ProbeOptions
 from probe.runfolder import RunFolder
-from probe.tasks import TaskSection, get_source
+from probe.tasks import SOURCES, TaskSection, get_source
 from probe.types import CONDITIONS
-
-QUERY_SETS = ("question", "last", "generated")
-
 
 @dataclass(frozen=True)
 class ExperimentSection:
@@ -97,29 +96,11 @@ class GenerationSection:
 
 
 @dataclass(frozen=True)
-class ProbeSection:
-    enabled: bool = False
-    query: str = "question"  # question | last | generated | segment:<i>
-    gamma: float = 0.5
-    residue: bool = True  # compute AR_k (the rows of every germane, question and earlier extraneous token)
-    residue_mode: str = "cosine"  # or "mass"
-    exclude_sink: bool = True
-    block_size: int = 256  # query rows computed at a time for AR_k
-    answer: bool = False  # capture the attention of every generated token (docs/probes.md)
+class ProbeSection(ProbeOptions):
+    """The ``[probe]`` table: whether a run probes (``enabled``) and the engine's options
+    (:class:`probe.probe_options.ProbeOptions`)."""
 
-    def __post_init__(self) -> None:
-        if self.query not in QUERY_SETS and not (
-            self.query.startswith("segment:") and self.query.split(":", 1)[1].isdigit()
-        ):
-            raise ConfigError(f"probe.query: {self.query!r}; use question, last, generated or segment:<i>")
-        if not 0 < self.gamma < 1:
-            raise ConfigError(f"probe.gamma: {self.gamma} must lie in (0, 1)")
-        if self.residue_mode not in ("cosine", "mass"):
-            raise ConfigError(f"probe.residue_mode: {self.residue_mode!r} is not 'cosine' or 'mass'")
-        if self.answer and self.query == "generated":
-            raise ConfigError("probe.answer = true with probe.query = 'generated': the answer capture already holds "
-                              "the attention of every generated token (their mean is the generated query set); use "
-                              "query 'question' or 'last' with answer = true, or answer = false")
+    enabled: bool = False
 
 
 INTERVENTION_KINDS: tuple[str, ...] = ("knockout", "steer")
@@ -149,7 +130,7 @@ class TopHeads:
     heads."""
 
     top_k: int
-    from_run: str
+    from_run: str = field(metadata={KEY: "from"})
     by: str = "enrichment"
     random_control: bool = False
 
@@ -160,16 +141,6 @@ class TopHeads:
             raise ConfigError("heads.from: name the run folder of a separate probe run to take the heads from")
         if self.by not in HEAD_RANKINGS:
             raise ConfigError(f"heads.by: {self.by!r}; use one of {', '.join(HEAD_RANKINGS)}")
-
-
-class InterventionFieldError(ConfigError):
-    """A value of an intervention that does not fit its field; ``field`` and ``problem`` let a reader that knows
-    where the value came from (a TOML table, an entry of ``interventions.json``) name that place."""
-
-    def __init__(self, where: str, field_name: str, problem: str) -> None:
-        super().__init__(f"{where}.{field_name}: {problem}")
-        self.field = field_name
-        self.problem = problem
 
 
 @dataclass(frozen=True)
@@ -208,7 +179,7 @@ class InterventionEdit:
         return type(self).__name__
 
     def _refuse(self, field_name: str, problem: str) -> NoReturn:
-        raise InterventionFieldError(self._where(), field_name, problem)
+        raise FieldError(self._where(), field_name, problem)
 
     def __post_init__(self) -> None:
         if self.kind not in INTERVENTION_KINDS:
@@ -269,74 +240,6 @@ class InterventionSection(InterventionEdit):
             if outside:
                 raise ConfigError(f"{what}.heads: layers {outside} are not in layers {list(self.layers)}")
 
-    @staticmethod
-    def from_table(data: Any, where: str) -> "InterventionSection":
-        """Build the section from one TOML table; errors name ``where`` and the key."""
-        if not isinstance(data, dict):
-            raise ConfigError(f"{where}: expected a table, got {type(data).__name__}")
-        names = {f.name for f in fields(InterventionSection)}
-        unknown = set(data) - names
-        if unknown:
-            raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; valid keys: "
-                              f"{', '.join(sorted(names))}")
-        missing = [f.name for f in fields(InterventionSection)
-                   if f.default is dataclasses.MISSING and f.name not in data]
-        if missing:
-            raise ConfigError(f"{where}: missing key(s) {', '.join(missing)} (every intervention needs a name and a "
-                              "kind)")
-        hints = get_type_hints(InterventionSection)
-        kw: dict[str, Any] = {k: _coerce(hints[k], data[k], f"{where}.{k}") for k in _PLAIN_KEYS if k in data}
-        layers = data.get("layers", "all")
-        if isinstance(layers, list):
-            kw["layers"] = tuple(_coerce(int, x, f"{where}.layers") for x in layers)
-        elif isinstance(layers, dict):
-            kw["layers"] = _build(LayerWindow, layers, f"{where}.layers")
-        elif isinstance(layers, str):
-            kw["layers"] = layers
-        else:
-            raise ConfigError(f"{where}.layers: {layers!r}; use \"all\", a list or {{window = W, stride = S}}")
-        heads = data.get("heads", "all")
-        if isinstance(heads, list):
-            pairs = []
-            for h in heads:
-                if not (isinstance(h, list) and len(h) == 2):
-                    raise ConfigError(f"{where}.heads: {h!r} is not a [layer, head] pair")
-                pairs.append((_coerce(int, h[0], f"{where}.heads"), _coerce(int, h[1], f"{where}.heads")))
-            kw["heads"] = tuple(pairs)
-        elif isinstance(heads, dict):
-            table = dict(heads)
-            if "from_run" in table:
-                raise ConfigError(f"{where}.heads: write the run folder as `from`")
-            if "from" in table:
-                table["from_run"] = table.pop("from")
-            kw["heads"] = _build(TopHeads, table, f"{where}.heads")
-        elif isinstance(heads, str):
-            kw["heads"] = heads
-        else:
-            raise ConfigError(f"{where}.heads: {heads!r}; use \"all\", a list of pairs or {{top_k = K, from = ...}}")
-        try:
-            return InterventionSection(**kw)
-        except TypeError as e:  # a required key is missing
-            raise ConfigError(f"{where}: {e}") from None
-
-    def to_table(self) -> dict[str, Any]:
-        """The TOML table (``from_table(to_table())`` is this section)."""
-        d: dict[str, Any] = {k: _to_plain(getattr(self, k)) for k in _PLAIN_KEYS if getattr(self, k) is not None}
-        if isinstance(self.layers, LayerWindow):
-            d["layers"] = dataclasses.asdict(self.layers)
-        else:
-            d["layers"] = list(self.layers) if isinstance(self.layers, tuple) else self.layers
-        if isinstance(self.heads, TopHeads):  # the run folder is written `from` (a Python keyword)
-            d["heads"] = {"from" if k == "from_run" else k: v for k, v in dataclasses.asdict(self.heads).items()}
-        else:
-            d["heads"] = [list(h) for h in self.heads] if isinstance(self.heads, tuple) else self.heads
-        return d
-
-
-# the keys of an [[interventions]] table read and written as their field's type says (layers and heads take several
-# forms): the name first, then the fields shared with the resolved intervention
-_PLAIN_KEYS = ("name", *(f.name for f in fields(InterventionEdit)))
-
 
 @dataclass(frozen=True)
 class AnalysisSection:
@@ -368,51 +271,28 @@ class ExperimentConfig:
         return RunFolder(self.run_dir)
 
     def to_dict(self) -> dict[str, Any]:
-        return _to_plain(dataclasses.asdict(self))
+        """The plain form (:func:`probe.codec.encode`) without the unset (None) values, which TOML cannot hold."""
+        plain: dict[str, Any] = _drop_none(encode(self))
+        plain["probe"] = {"enabled": plain["probe"].pop("enabled"), **plain["probe"]}  # as the table is written
+        plain["tasks"] = [{"source": t.source, **_drop_none(encode(t.options))} for t in self.tasks]
+        plain["interventions"] = [{"name": i.pop("name"), **i} for i in plain["interventions"]]  # the name first
+        return plain
 
 
-def _to_plain(x: Any) -> Any:
+def _drop_none(x: Any) -> Any:
     if isinstance(x, dict):
-        return {k: _to_plain(v) for k, v in x.items() if v is not None}
-    if isinstance(x, (list, tuple)):
-        return [_to_plain(v) for v in x]
+        return {k: _drop_none(v) for k, v in x.items() if v is not None}
+    if isinstance(x, list):
+        return [_drop_none(v) for v in x]
     return x
 
 
 def _build(cls: type, data: Any, where: str) -> Any:
-    """Build dataclass ``cls`` from a TOML table, checking keys and value types."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where}: expected a table, got {type(data).__name__}")
-    hints = get_type_hints(cls)
-    names = {f.name for f in fields(cls)}
-    unknown = set(data) - names
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; valid keys: {', '.join(sorted(names))}")
-    kwargs: dict[str, Any] = {}
-    for k, v in data.items():
-        kwargs[k] = _coerce(hints[k], v, f"{where}.{k}")
-    missing = [f.name for f in fields(cls) if f.default is dataclasses.MISSING
-               and f.default_factory is dataclasses.MISSING and f.name not in data]
-    if missing:
-        raise ConfigError(f"{where}: missing key(s) {', '.join(missing)}")
-    return cls(**kwargs)
-
-
-def _coerce(tp: Any, v: Any, where: str) -> Any:
-    origin = get_origin(tp)
-    args = get_args(tp)
-    if origin is tuple:
-        if not isinstance(v, list):
-            raise ConfigError(f"{where}: expected a list, got {v!r}")
-        return tuple(_coerce(args[0], x, where) for x in v)
-    if args and type(None) in args:  # X | None
-        inner = [a for a in args if a is not type(None)][0]
-        return None if v is None else _coerce(inner, v, where)
-    if tp is float and isinstance(v, int) and not isinstance(v, bool):
-        return float(v)
-    if tp in (int, float, str, bool) and not (isinstance(v, tp) and not (tp is int and isinstance(v, bool))):
-        raise ConfigError(f"{where}: expected {tp.__name__}, got {v!r}")
-    return v
+    """A section of type ``cls`` from its TOML table (:func:`probe.codec.decode`): every key and value checked."""
+    try:
+        return decode(cls, data)
+    except CodecError as e:
+        raise ConfigError(f"{where}.{e.where}: {e.problem}" if e.where else f"{where}: {e.problem}") from None
 
 
 def config_from_dict(data: dict[str, Any], where: str = "<config>") -> ExperimentConfig:
@@ -432,40 +312,44 @@ def config_from_dict(data: dict[str, Any], where: str = "<config>") -> Experimen
         raw_interventions = [raw_interventions]
     try:
         cfg = ExperimentConfig(
-            experiment=_build(ExperimentSection, data["experiment"], f"{where}: experiment"),
-            tasks=tuple(_task_section(t, i, where) for i, t in enumerate(raw_tasks)),
-            ice=_build(IceSection, data.get("ice", {}), f"{where}: ice"),
-            generation=_build(GenerationSection, data.get("generation", {}), f"{where}: generation"),
-            probe=_build(ProbeSection, data.get("probe", {}), f"{where}: probe"),
-            analysis=_build(AnalysisSection, data.get("analysis", {}), f"{where}: analysis"),
-            interventions=tuple(InterventionSection.from_table(t, f"{where}: interventions[{i}]")
+            experiment=_build(ExperimentSection, data["experiment"], "experiment"),
+            tasks=tuple(_task_section(t, i) for i, t in enumerate(raw_tasks)),
+            ice=_build(IceSection, data.get("ice", {}), "ice"),
+            generation=_build(GenerationSection, data.get("generation", {}), "generation"),
+            probe=_build(ProbeSection, data.get("probe", {}), "probe"),
+            analysis=_build(AnalysisSection, data.get("analysis", {}), "analysis"),
+            interventions=tuple(_build(InterventionSection, t, f"interventions[{i}]")
                                 for i, t in enumerate(raw_interventions)),
         )
         _check_intervention_names(cfg.interventions)
         _check_intervention_cells(cfg)
-        _refuse_idle_options(raw_tasks, data.get("ice", {}), where)
+        _refuse_idle_ice(cfg.tasks, data.get("ice", {}))
     except ConfigError as e:
         msg = str(e)
         raise ConfigError(msg if msg.startswith(where) else f"{where}: {msg}") from None
     return cfg
 
 
-def _task_section(raw: Any, i: int, where: str) -> TaskSection:
-    """One ``[[tasks]]`` table; an error names the table by its index and source (``tasks[1].n (source ...)``)."""
+def _task_section(raw: Any, i: int) -> TaskSection:
+    """One ``[[tasks]]`` table: its source, and the other keys as that source's options type; an error names the
+    table by its index and source (``tasks[1].n (source 'synthetic'): ...``)."""
+    if not isinstance(raw, dict) or "source" not in raw:
+        raise ConfigError(f"tasks[{i}]: expected a table with a `source` key, got {raw!r}")
+    source, values = raw["source"], {k: v for k, v in raw.items() if k != "source"}
+    label = f"source {source!r}"
+    if not isinstance(source, str) or source not in SOURCES:
+        raise ConfigError(f"tasks[{i}].source ({label}): {source!r} is not one of {', '.join(SOURCES.names())}")
+    reads = get_source(source).options
+    idle = sorted(set(values) - reads)
+    if idle:
+        raise ConfigError(f"tasks[{i}].{idle[0]}: has no effect for source {source!r} (it reads "
+                          f"{', '.join(sorted(reads))}); remove it")
     try:
-        section: TaskSection = _build(TaskSection, raw, f"{where}: tasks[{i}]")
-        return section
-    except ConfigError as e:
-        inner = str(e)
-        if inner.startswith(f"{where}: "):
-            inner = inner[len(where) + 2:]
-        source = raw.get("source") if isinstance(raw, dict) else None
-        label = f"source {source!r}" if source is not None else "no source"
-        m = re.match(r"tasks(?:\[\d+\])?\.(\w+): (.*)", inner, re.S)
-        if m:
-            raise ConfigError(f"{where}: tasks[{i}].{m.group(1)} ({label}): {m.group(2)}") from None
-        inner = re.sub(r"^tasks\[\d+\]: ", "", inner)
-        raise ConfigError(f"{where}: tasks[{i}] ({label}): {inner}") from None
+        return TaskSection(source, decode(get_source(source).options_type, values))
+    except CodecError as e:
+        raise ConfigError(f"tasks[{i}]{'.' + e.where if e.where else ''} ({label}): {e.problem}") from None
+    except FieldError as e:
+        raise ConfigError(f"tasks[{i}].{e.field} ({label}): {e.problem}") from None
 
 
 def _check_intervention_names(sections: tuple[InterventionSection, ...]) -> None:
@@ -493,25 +377,14 @@ def _check_intervention_cells(cfg: "ExperimentConfig") -> None:
                                   "(0 is Control's load)")
 
 
-def _refuse_idle_options(raw_tasks: list[dict[str, Any]], raw_ice: dict[str, Any], where: str) -> None:
-    """Refuse options written in the file that have no effect for the chosen task sources (:mod:`probe.tasks`).
-
-    A ``[[tasks]]`` key its source does not read, or an ``[ice]`` section when every source lays out its own
-    prompts, would be silently ignored; the error names the key and what the source reads instead.
-    """
-    sources = []
-    for i, t in enumerate(raw_tasks):
-        source = get_source(t["source"])
-        sources.append(source)
-        idle = sorted(set(t) - {"source"} - source.options)
-        if idle:
-            reads = ", ".join(sorted(source.options))
-            raise ConfigError(f"{where}: tasks[{i}].{idle[0]}: has no effect for source {source.name!r} (it reads "
-                              f"{reads}); remove it")
+def _refuse_idle_ice(tasks: tuple[TaskSection, ...], raw_ice: dict[str, Any]) -> None:
+    """Refuse an ``[ice]`` section when every task source lays out its own prompts: it would be silently ignored (a
+    ``[[tasks]]`` key its source does not read is refused where the table is read)."""
+    sources = [get_source(t.source) for t in tasks]
     if raw_ice and not any(s.uses_ice for s in sources):
         key = sorted(raw_ice)[0]
         names = ", ".join(repr(s.name) for s in sources)
-        raise ConfigError(f"{where}: ice.{key}: the [ice] section has no effect: source(s) {names} lay out their own "
+        raise ConfigError(f"ice.{key}: the [ice] section has no effect: source(s) {names} lay out their own "
                           "prompts (no conditions, loads or distractors); remove the section")
 
 
@@ -597,13 +470,13 @@ def dump_config(cfg: ExperimentConfig) -> str:
         lines.append(f"[{section}]")
         lines += [f"{k} = {_toml_value(v)}" for k, v in d[section].items()]
         lines.append("")
-    for t, source in zip(d["tasks"], sources):
+    for t in d["tasks"]:
         lines.append("[[tasks]]")
-        lines += [f"{k} = {_toml_value(v)}" for k, v in t.items() if k == "source" or k in source.options]
+        lines += [f"{k} = {_toml_value(v)}" for k, v in t.items()]
         lines.append("")
-    for iv in cfg.interventions:
+    for iv in d["interventions"]:
         lines.append("[[interventions]]")
-        lines += [f"{k} = {_toml_value(v)}" for k, v in iv.to_table().items()]
+        lines += [f"{k} = {_toml_value(v)}" for k, v in iv.items()]
         lines.append("")
     return "\n".join(lines)
 

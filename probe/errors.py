@@ -20,6 +20,16 @@ class ConfigError(ProbeError):
     """An experiment or model card is malformed (names the file and field)."""
 
 
+class FieldError(ConfigError):
+    """A value that does not fit its field, raised by the type that checks it; ``field`` and ``problem`` let the
+    reader that knows where the value came from (a TOML table, an entry of ``interventions.json``) name that place."""
+
+    def __init__(self, where: str, field_name: str, problem: str) -> None:
+        super().__init__(f"{where}.{field_name}: {problem}")
+        self.field = field_name
+        self.problem = problem
+
+
 class TaskFormatError(ProbeError):
     """A task file has a bad line (``file:line: field: what is wrong``)."""
 

@@ -31,15 +31,13 @@ import hashlib
 import json
 import logging
 import math
-import types
-import typing
-from dataclasses import KW_ONLY, MISSING, dataclass, field, fields, is_dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, AbstractSet as Set, Any, Mapping, Sequence, Union
+from typing import TYPE_CHECKING, AbstractSet as Set, Any, Mapping, Sequence
 
-from probe.config import (HEAD_RANKINGS, ExperimentConfig, InterventionEdit, InterventionFieldError, LayerWindow,
-                          TopHeads)
-from probe.errors import ConfigError, ProbeError
+from probe.codec import ALL_WHEN_NONE, KEY, CodecError, decode, encode
+from probe.config import HEAD_RANKINGS, ExperimentConfig, InterventionEdit, LayerWindow, TopHeads
+from probe.errors import ConfigError, FieldError, ProbeError
 from probe.runfolder import RunFolder, write_atomic
 from probe.types import Prompt
 
@@ -48,10 +46,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-JSON_KEY = "json_key"  # field metadata: the field's key in interventions.json when it is not the field's name
-ALL_WHEN_NONE = "all_when_none"  # field metadata: None is written "all" (every head)
-REQUIRED = "required"  # field metadata: a field with a None default that every interventions.json entry holds
-MAY_BE_ABSENT = "may_be_absent"  # field metadata: a field with another default that an entry may leave out
+# the fields every interventions.json entry holds (the others may be absent and take their defaults)
+ENTRY_KEYS = ("name", "kind", "keys", "queries", "layers", "heads")
 
 
 @dataclass(frozen=True)
@@ -67,7 +63,7 @@ class HeadSelection:
             intervention itself.
     """
 
-    from_run: str = field(metadata={JSON_KEY: "from"})
+    from_run: str = field(metadata={KEY: "from"})
     k: int
     by: str | None = None
     n_prompts: int | None = None
@@ -75,11 +71,11 @@ class HeadSelection:
 
     def __post_init__(self) -> None:
         if self.k < 1:
-            raise InterventionFieldError("HeadSelection", "k", f"{self.k} must be >= 1")
+            raise FieldError("HeadSelection", "k", f"{self.k} must be >= 1")
         if self.by is not None and self.by not in HEAD_RANKINGS:
-            raise InterventionFieldError("HeadSelection", "by", f"{self.by!r}; use one of {', '.join(HEAD_RANKINGS)}")
+            raise FieldError("HeadSelection", "by", f"{self.by!r}; use one of {', '.join(HEAD_RANKINGS)}")
         if self.n_prompts is not None and self.n_prompts < 0:
-            raise InterventionFieldError("HeadSelection", "n_prompts", f"{self.n_prompts} must be >= 0")
+            raise FieldError("HeadSelection", "n_prompts", f"{self.n_prompts} must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -104,14 +100,14 @@ class Intervention(InterventionEdit):
 
     Raises:
         ConfigError: an unknown kind, key set or query set, an α that does not fit the kind, or layers / heads
-            that do not fit each other (:class:`~probe.config.InterventionFieldError` names the field).
+            that do not fit each other (:class:`~probe.config.FieldError` names the field).
     """
 
-    layers: tuple[int, ...] | None = field(default=None, metadata={REQUIRED: True})
-    heads: tuple[tuple[int, int], ...] | None = field(default=None, metadata={REQUIRED: True, ALL_WHEN_NONE: True})
+    layers: tuple[int, ...] | None = None
+    heads: tuple[tuple[int, int], ...] | None = field(default=None, metadata={ALL_WHEN_NONE: True})
     name: str = "intervention"
     _: KW_ONLY
-    group: str = field(default="", metadata={MAY_BE_ABSENT: True})
+    group: str = ""
     window: tuple[int, int] | None = None
     selection: HeadSelection | None = None
     model: str | None = None
@@ -152,7 +148,7 @@ class Intervention(InterventionEdit):
 
     def to_json(self) -> dict[str, Any]:
         """The ``interventions.json`` entry (:meth:`from_json` reads it back equal)."""
-        return _encode(self)
+        return encode(self)
 
     @classmethod
     def from_json(cls, data: Any, where: str = "interventions.json entry") -> "Intervention":
@@ -171,7 +167,20 @@ class Intervention(InterventionEdit):
             InterventionsFileError: not an object, a missing or unknown field, a value of the wrong type or one the
                 intervention refuses; the message names ``where``, the intervention and the field.
         """
-        return _decode_object(cls, data, where)
+        if not isinstance(data, dict):
+            raise InterventionsFileError(f"{where} is {type(data).__name__}, not an object")
+        name = data.get("name")
+        at = f"{where} ({name})" if isinstance(name, str) else where
+        missing = [k for k in ENTRY_KEYS if k not in data]
+        if missing:
+            raise InterventionsFileError(f"{at} has no field {missing[0]!r}; the runner writes it: re-run `probe run` "
+                                         "or fix the file")
+        try:
+            return decode(cls, data)
+        except CodecError as e:
+            raise InterventionsFileError(f"{at} {f'field {e.where!r}: ' if e.where else ''}{e.problem}") from None
+        except FieldError as e:
+            raise InterventionsFileError(f"{at} field {e.field!r}: {e.problem}") from None
 
 
 @dataclass(frozen=True)
@@ -507,92 +516,6 @@ def load_interventions(run: str | Path | RunFolder) -> tuple[Intervention, ...]:
             raise InterventionsFileError(f"{path}: intervention {e.name!r}{of} is declared more than once")
         seen.add((e.model, e.name))
     return entries
-
-
-# ------------------------------------------------------------------------------------------------- file form
-
-
-class _Bad(Exception):
-    """A value that does not fit its field (re-raised as InterventionsFileError naming the place)."""
-
-
-def _encode(x: Any) -> Any:
-    """The JSON form of a field value: dataclasses by field (``JSON_KEY`` renames, ``ALL_WHEN_NONE``), tuples as
-    lists."""
-    if is_dataclass(x) and not isinstance(x, type):
-        return {f.metadata.get(JSON_KEY, f.name): "all" if f.metadata.get(ALL_WHEN_NONE) and getattr(x, f.name)
-                is None else _encode(getattr(x, f.name)) for f in fields(x)}
-    if isinstance(x, (list, tuple)):
-        return [_encode(v) for v in x]
-    return x
-
-
-def _decode(tp: Any, v: Any) -> Any:
-    """``v`` (parsed JSON) as a value of type ``tp``: str, int, float, bool, ``X | None``, ``tuple[X, ...]``,
-    ``tuple[X, Y]`` or a dataclass; raises _Bad with what is wrong."""
-    origin = typing.get_origin(tp)
-    if origin in (Union, types.UnionType):
-        options = [a for a in typing.get_args(tp) if a is not type(None)]  # X | None: one type and None
-        return None if v is None else _decode(options[0], v)
-    if origin is tuple:
-        args = typing.get_args(tp)
-        items = [args[0]] * len(v) if isinstance(v, list) and args[-1] is Ellipsis else list(args)
-        if not isinstance(v, list) or len(v) != len(items):
-            raise _Bad(f"{v!r} is not a list" + ("" if args[-1] is Ellipsis else f" of {len(args)}"))
-        return tuple(_decode(a, x) for a, x in zip(items, v))
-    if isinstance(tp, type) and is_dataclass(tp):
-        return _decode_object(tp, v, "")
-    if tp is float and isinstance(v, (int, float)) and not isinstance(v, bool):
-        return float(v)
-    if tp in (int, str, bool) and isinstance(v, tp) and not (tp is int and isinstance(v, bool)):
-        return v
-    raise _Bad(f"{v!r} is not {'a number' if tp is float else 'an integer' if tp is int else f'a {tp.__name__}'}")
-
-
-def _required(f: dataclasses.Field[Any]) -> bool:
-    """Whether every entry holds the field: it has no default, one other than None (unless MAY_BE_ABSENT), or is
-    marked REQUIRED."""
-    if f.metadata.get(MAY_BE_ABSENT):
-        return False
-    return (f.default is MISSING and f.default_factory is MISSING) or f.default is not None \
-        or bool(f.metadata.get(REQUIRED))
-
-
-def _decode_object(cls: Any, data: Any, where: str) -> Any:
-    """A dataclass from its JSON object, each field checked; errors name ``where``, the entry's name and the field
-    (for a nested object, ``where`` is "" and the caller names the place)."""
-    if not isinstance(data, dict):
-        problem = f"is {type(data).__name__}, not an object"
-        if where:
-            raise InterventionsFileError(f"{where} {problem}")
-        raise _Bad(f"{data!r} is not an object")
-    name = data.get("name")
-    at = f"{where} ({name})" if where and isinstance(name, str) else where
-    hints = typing.get_type_hints(cls)
-    by_key = {f.metadata.get(JSON_KEY, f.name): f for f in fields(cls)}
-    unknown = sorted(set(data) - set(by_key))
-    missing = [k for k, f in by_key.items() if k not in data and _required(f)]
-
-    def bad(message: str) -> Exception:
-        return InterventionsFileError(f"{at} {message}") if where else _Bad(message)
-
-    if missing:
-        raise bad(f"has no field {missing[0]!r}; the runner writes it: re-run `probe run` or fix the file")
-    if unknown:
-        raise bad(f"has an unknown field {unknown[0]!r}; valid fields: {', '.join(by_key)}")
-    values: dict[str, Any] = {}
-    for key, f in by_key.items():
-        if key not in data:
-            continue
-        v = data[key]
-        try:
-            values[f.name] = None if f.metadata.get(ALL_WHEN_NONE) and v == "all" else _decode(hints[f.name], v)
-        except _Bad as e:
-            raise bad(f"field {key!r}: {e}") from None
-    try:
-        return cls(**values)
-    except InterventionFieldError as e:
-        raise bad(f"field {e.field!r}: {e.problem}") from None
 
 
 __all__ = ["HeadSelection", "Intervention", "InterventionsFileError", "KeyCount", "RowEdit", "load_interventions",

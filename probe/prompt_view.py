@@ -21,7 +21,7 @@ from probe.loaded_run import Run, load_run
 
 if TYPE_CHECKING:
     from probe.attention.result import SegmentAttention
-    from probe.config import ProbeSection
+    from probe.probe_options import ProbeOptions
     from probe.loading import LoadedModel
     from probe.records import TrialRecord
     from probe.types import Prompt, TokenizedPrompt
@@ -59,7 +59,7 @@ class PromptView:
     token_text: tuple[str, ...]
     per_token: SegmentAttention
     query_positions: tuple[int, ...]
-    options: ProbeSection
+    options: ProbeOptions
     record: SegmentAttention | None
     record_note: str
     trials: tuple[TrialRecord, ...]
@@ -140,7 +140,7 @@ def token_texts(prompt: Prompt, tokenizer: Any, use_chat_template: bool, input_i
 
 
 def _record_of(run: Run, prompt_id: str, model: str, tokenized: TokenizedPrompt, per_token: SegmentAttention,
-               options: ProbeSection) -> tuple[SegmentAttention | None, str]:
+               options: ProbeOptions) -> tuple[SegmentAttention | None, str]:
     """The run's record of the prompt when it fits the recomputation, and a note on it for the page."""
     if not run.has_attention(prompt_id, model):
         return None, "no attention record in the run (probing was off, or the run stopped before this prompt); " \

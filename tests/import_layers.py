@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    # value types, errors, the generic registry, number formatting, library shims, run-folder paths
-    # and the record formats every later stage reads and writes
-    ("base", ("errors", "registry", "types", "formatting", "compat", "runfolder", "records")),
+    # value types, errors, the dataclass codec, the probe's options, the generic registry, number formatting,
+    # library shims, run-folder paths and the record formats every later stage reads and writes
+    ("base", ("errors", "codec", "probe_options", "registry", "types", "formatting", "compat", "runfolder", "records")),
     # task sources, their families and scorers, and the experiment definition that names them
     ("task", ("tasks", "scoring", "config")),
     # ICE prompts: segments, distractors, filler, tokenisation with exact spans

@@ -20,12 +20,12 @@ ROOT = Path(__file__).resolve().parents[1]
 # folder of tests/ -> the modules and packages directly under probe/ whose tests it holds ("__init__" is
 # probe/__init__.py, the public API)
 FOLDERS: dict[str, tuple[str, ...]] = {
-    "core": ("errors", "registry", "types", "formatting", "compat", "config"),
+    "core": ("errors", "codec", "registry", "types", "formatting", "compat", "config"),
     "tasks": ("tasks",),
     "scoring": ("scoring",),
     "prompts": ("prompts",),
     "backends": ("loading", "gguf_chunks", "backends"),
-    "attention": ("attention", "interventions"),
+    "attention": ("attention", "probe_options", "interventions"),
     "runs": ("runner", "runfolder", "records", "records_import"),
     "analysis": ("analysis",),
     "report": ("report", "prompt_view"),

@@ -17,7 +17,7 @@ docs/statistics.md):
   (NaN-aware: Control prompts have chance 0), of the chance level per layer, and of the head-averaged residue
   AR_k[layer, target]. Targets are named by kind and order (``germane 1``, ``germane 2``, …, ``question``) so
   prompts with the same layout average position by position. Each :class:`AttentionCell` holds its arrays
-  (:class:`probe.analysis.grid.Grid`); the report draws them without recomputing anything. It also returns each
+  (:class:`probe.codec.Grid`); the report draws them without recomputing anything. It also returns each
   trial's own arrays for the tests below.
 - :func:`attention_behaviour`, per linked measure, over the scored trials whose prompt has extraneous segments
   (Saturation, Residue: P_ext is 0 by construction elsewhere, so including them would test the condition, not
@@ -65,7 +65,7 @@ from probe.analysis.attention_tests import attention_failure_tests, residue_simi
 from probe.analysis.estimate import Estimate
 from probe.analysis.estimates import finite, key_int
 from probe.analysis.glm import exp_or_none, fit_logit
-from probe.analysis.grid import Grid
+from probe.codec import Grid
 from probe.analysis.head_tests import HeadHit, HeadTests, fitted_head_tests, with_max_t
 from probe.attention.result import SegmentAttention
 

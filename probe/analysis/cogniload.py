@@ -67,7 +67,7 @@ from probe.analysis.families import FamilyAnalysis, FamilyData, FamilyOutput
 from probe.analysis.glm import LogitFit, fit_logit
 from probe.errors import ProbeError
 from probe.records import TrialRecord
-from probe.tasks.cogniload import PuzzleParams, PuzzleParamsError
+from probe.tasks.cogniload import PuzzleParams
 
 log = logging.getLogger(__name__)
 
@@ -706,21 +706,6 @@ def cogniload_cells(frame: pd.DataFrame, trials: tuple[TrialRecord, ...] | list[
             by[k] = tuple(cells)
         out[model] = KnobCells(overall=overall, d=by["d"], N=by["N"], rho=by["rho"])
     return out
-
-
-def _params_or_none(trial: TrialRecord) -> PuzzleParams | None:
-    """A trial's puzzle parameters, or None when its meta lacks the knobs (it then counts in ``overall`` only)."""
-    try:
-        return PuzzleParams.from_meta(trial.meta, f"trial {trial.trial_id}")
-    except PuzzleParamsError:
-        return None
-
-
-def _knob(params: PuzzleParams | None, knob: str) -> float | None:
-    """The value of one of :data:`KNOBS` (``d``, ``N``, ``rho``), None without parameters."""
-    if params is None:
-        return None
-    return {"d": params.d, "N": params.n_statements, "rho": params.rho}[knob]
 
 
 def _analyze_family(data: FamilyData) -> FamilyOutput:

@@ -20,7 +20,7 @@ import numpy as np
 
 from probe.analysis.estimate import Estimate
 from probe.analysis.estimates import finite
-from probe.analysis.grid import Grid
+from probe.codec import Grid
 from probe.analysis.inference import ManyFits
 from probe.analysis.max_t import MaxT, max_t_sign_flip, question_contrasts
 

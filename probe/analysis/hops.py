@@ -37,9 +37,8 @@ import numpy as np
 
 from probe.analysis.hop_tests import HopMassTest, hop_mass_tests
 from probe.analysis.inference import proportion_ci
-from probe.analysis.grid import Grid
-from probe.analysis.results import OMIT_EMPTY
 from probe.attention.answer import AnswerAttention
+from probe.codec import OMIT, Grid
 from probe.errors import ProbeError
 from probe.scoring.answers import mention_spans
 from probe.records import TrialRecord
@@ -393,7 +392,7 @@ class HopTracking:
     n_trials: int
     n_skipped: int
     reason: str | None
-    tests: tuple[HopMassTest, ...] = field(default=(), metadata={OMIT_EMPTY: True})
+    tests: tuple[HopMassTest, ...] = field(default=(), metadata={OMIT: True})
 
 
 WINDOW_RULE = "upper half of the layers, [L // 2, L), heads pooled"

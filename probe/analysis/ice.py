@@ -55,8 +55,8 @@ from probe.analysis.hypotheses import (
 )
 from probe.analysis.retrieval import RetrievalHeads, analyze_retrieval
 from probe.attention.retrieval import TrialRetrieval, trial_retrieval
-from probe.analysis.results import OMIT_EMPTY, OPTIONAL
 from probe.analysis.taxonomy import Taxonomy, classify_model
+from probe.codec import OMIT
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +98,8 @@ class IceResult:
     attention_cells: tuple[AttentionCell, ...]
     attention_behaviour: tuple[AttentionBehaviour, ...]
     taxonomy: tuple[Taxonomy, ...]
-    retrieval: tuple[RetrievalHeads, ...] = field(default=(), metadata={OMIT_EMPTY: True})
-    hop_tracking: HopTracking | None = field(default=None, metadata={OPTIONAL: True})
+    retrieval: tuple[RetrievalHeads, ...] = field(default=(), metadata={OMIT: True})
+    hop_tracking: HopTracking | None = field(default=None, metadata={OMIT: True})
 
     def h1_of(self, model: str, condition: str = "Saturation") -> H1Fit | None:
         """The H1 fit of (model, condition), or None."""

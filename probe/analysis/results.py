@@ -5,63 +5,45 @@ result per task family that has trials (``families``: family name -> that family
 :class:`probe.analysis.ice.IceResult`, :class:`probe.analysis.cogniload.CogniloadResult`). Every result is a
 frozen dataclass; the report and ``probe compare`` read these types, never a dict.
 
-``analysis.json`` is :func:`to_json` of the :class:`Analysis`; :func:`read_analysis` turns it back into the same
-types with :func:`from_json`, which checks every field against the dataclass (a missing or unknown field is an
-error, never a default). The file carries ``schema`` (:data:`SCHEMA_VERSION`); a file of another version is refused
-with the instruction to re-run ``probe analyze``: an analysis is derived data, rewritten from the run's records by
-that one command, so no older layout is read or upgraded (docs/records.md says which files are primary data, read
-in every format they were written in).
-
-Additive sections (no schema change): a field whose metadata carries :data:`OMIT_EMPTY` is written only when it
-holds something and read as empty when absent: ``families.ice.retrieval`` (retrieval heads,
-:class:`probe.analysis.retrieval.RetrievalHeads`, present when probe records hold an answer capture).
+``analysis.json`` is the :func:`probe.codec.encode` form of the :class:`Analysis`; :func:`read_analysis` turns it
+back into the same types (:func:`from_json`), checking every field against the dataclass (an unknown field is an
+error; an absent one takes its default only where the field has one: a section written only when it holds
+something, such as ``families.ice.retrieval`` or ``families.ice.hop_tracking``). The file carries ``schema``
+(:data:`SCHEMA_VERSION`); a file of another version is refused with the instruction to re-run ``probe analyze``: an
+analysis is derived data, rewritten from the run's records by that one command, so no older layout is read or
+upgraded (docs/records.md says which files are primary data, read in every format they were written in).
 
 Freshness: an analysis records the sha256 of the ``trials.jsonl`` it read; :func:`read_analysis` refuses one whose
 trials have changed since (:class:`StaleAnalysisError`) unless asked not to check.
 
-Arrays: a result holds each array as a :class:`probe.analysis.grid.Grid` field. :func:`write_analysis` writes
-them to ``attention_summary.npz`` under their place in the analysis (``families.ice.attention_cells[3].enrichment``),
-puts that name in the JSON and the file's sha256 under ``arrays_sha256``; :func:`read_analysis` checks the sha256
-and reads each array back into its field.
-
-Optional sections: a field declared with ``metadata={OPTIONAL: True}`` (default None) is written only when it holds
-a value, and a field absent from the file takes its default: ``families.ice.hop_tracking`` (hop tracking, present
-when the run captured attention while the answer was written).
+Arrays: a result holds each array as a :class:`probe.codec.Grid` field. :func:`write_analysis` writes them to
+``attention_summary.npz`` under their place in the analysis (``families.ice.attention_cells[3].enrichment``), puts
+that name in the JSON and the file's sha256 under ``arrays_sha256``; :func:`read_analysis` checks the sha256 and
+reads each array back into its field.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import io
 import json
-import math
-import types
-import typing
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping, Union
+from typing import Any, Mapping
 
 import numpy as np
 
-from probe.analysis.grid import Grid
 from probe.analysis.interventions import InterventionResult
+from probe.codec import DECODE, CodecError, decode, encode
 from probe.config import AnalysisSection
 from probe.errors import ProbeError
 from probe.records_import import ImportSummary
-from probe.runfolder import ATTENTION_SUMMARY, RunFolder, write_atomic
+from probe.runfolder import RunFolder, write_atomic
 
 SCHEMA_VERSION = 8
 # the key of ``analysis.json`` holding the sha256 of the ``attention_summary.npz`` written with it (absent: no arrays)
 ARRAYS_SHA256 = "arrays_sha256"
-
-OPTIONAL = "optional"  # field metadata: written only when not None, read as None when absent (module docstring)
-# field metadata key of an additive section: written only when non-empty, read as its (empty) default when absent,
-# so files written before the section existed, or by runs without its inputs, read unchanged
-OMIT_EMPTY = "omit_empty"
-
-JsonValue = Union[None, bool, int, float, str, list["JsonValue"], dict[str, "JsonValue"]]
 
 
 class AnalysisFileError(ProbeError):
@@ -80,156 +62,18 @@ class StaleAnalysisError(AnalysisFileError):
     """``trials.jsonl`` changed after ``analysis.json`` was written."""
 
 
-# ------------------------------------------------------------------------------------------------- codec
-
-
-def _place(where: str, name: str) -> str:
-    return f"{where}.{name}" if where else name
-
-
-def to_json(x: object, arrays: dict[str, np.ndarray] | None = None, where: str = "") -> JsonValue:
-    """A JSON-ready value: dataclasses by field, tuples as lists, NaN/inf as None, numpy scalars as Python.
-
-    A :class:`~probe.analysis.grid.Grid` is put into ``arrays`` under its place ``where`` (field names joined by
-    dots, ``[i]`` for an item: ``families.ice.attention_cells[3].enrichment``) and stands in the JSON as that name;
-    without ``arrays`` (a CSV row, a comparison of numbers) a Grid is left out.
-    """
-    if isinstance(x, Grid):
-        assert arrays is not None and where not in arrays, where
-        arrays[where] = x.values
-        return where
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        out: dict[str, JsonValue] = {}
-        for f in dataclasses.fields(x):
-            value = getattr(x, f.name)
-            if (f.metadata.get(OPTIONAL) and value is None) or (f.metadata.get(OMIT_EMPTY) and not value) or (
-                    isinstance(value, Grid) and arrays is None):
-                continue
-            out[f.name] = to_json(value, arrays, _place(where, f.name))
-        return out
-    if isinstance(x, dict):
-        return {str(k): to_json(v, arrays, _place(where, str(k))) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [to_json(v, arrays, f"{where}[{i}]") for i, v in enumerate(x)]
-    if isinstance(x, np.ndarray):
-        return [to_json(v) for v in x.tolist()]
-    if isinstance(x, (bool, np.bool_)):
-        return bool(x)
-    if isinstance(x, (int, np.integer)):
-        return int(x)
-    if isinstance(x, (float, np.floating)):
-        return float(x) if math.isfinite(float(x)) else None
-    if x is None or isinstance(x, str):
-        return x
-    raise TypeError(f"{type(x).__name__} {x!r} has no JSON form in an analysis")
-
-
-class _Mismatch(Exception):
-    """A value that does not fit the field's type (caught and re-raised as AnalysisSchemaError)."""
-
-
-def _type_name(tp: object) -> str:
-    return getattr(tp, "__name__", None) or str(tp)
-
-
-def from_json(tp: Any, data: JsonValue, where: str = "analysis",
-              arrays: Mapping[str, np.ndarray] | None = None) -> Any:
-    """Build a value of type ``tp`` (a dataclass, ``tuple[X, ...]``, ``dict[str, X]``, ``X | None``, a scalar, a
-    ``Literal`` or a :class:`~probe.analysis.grid.Grid`, taken from ``arrays`` by the name the JSON gives) from its
-    :func:`to_json` form, checking every field.
+def from_json(tp: Any, data: Any, where: str = "analysis", arrays: Mapping[str, np.ndarray] | None = None) -> Any:
+    """A value of type ``tp`` from its ``analysis.json`` form (:func:`probe.codec.decode`), Grids taken from
+    ``arrays`` by the names the JSON gives.
 
     Raises:
         AnalysisSchemaError: a missing or unknown field, a value of the wrong type, or an array that ``arrays``
             lacks (names the field's path).
     """
     try:
-        return _decode(tp, data, where, arrays or {})
-    except _Mismatch as e:
+        return decode(tp, data, where, arrays)
+    except CodecError as e:
         raise AnalysisSchemaError(f"{e}; the file does not match analysis schema {SCHEMA_VERSION}") from None
-
-
-def _decode(tp: Any, data: Any, where: str, arrays: Mapping[str, np.ndarray]) -> Any:
-    if tp is Any or tp is object:
-        return data
-    origin = typing.get_origin(tp)
-    if origin in (Union, types.UnionType):
-        args = typing.get_args(tp)
-        if data is None:
-            if type(None) in args:
-                return None
-            raise _Mismatch(f"{where}: null where {_type_name(tp)} is required")
-        options = [a for a in args if a is not type(None)]
-        if len(options) == 1:
-            return _decode(options[0], data, where, arrays)
-        for a in options:  # several scalar types (int | float): the first that takes the value as it is
-            if a in (int, float, str, bool) and isinstance(data, a) and not (a is not bool and isinstance(data, bool)):
-                return data
-        for a in options:
-            try:
-                return _decode(a, data, where, arrays)
-            except _Mismatch:
-                continue
-        raise _Mismatch(f"{where}: {data!r} is none of {_type_name(tp)}")
-    if origin is Literal:
-        if data not in typing.get_args(tp):
-            raise _Mismatch(f"{where}: {data!r} is not one of {typing.get_args(tp)}")
-        return data
-    if origin is tuple:
-        if not isinstance(data, list):
-            raise _Mismatch(f"{where}: expected a list, got {type(data).__name__}")
-        args = typing.get_args(tp)
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_decode(args[0], v, f"{where}[{i}]", arrays) for i, v in enumerate(data))
-        if len(args) != len(data):
-            raise _Mismatch(f"{where}: expected {len(args)} items, got {len(data)}")
-        return tuple(_decode(a, v, f"{where}[{i}]", arrays) for i, (a, v) in enumerate(zip(args, data)))
-    if origin is dict:
-        if not isinstance(data, dict):
-            raise _Mismatch(f"{where}: expected an object, got {type(data).__name__}")
-        _, value_tp = typing.get_args(tp)
-        return {k: _decode(value_tp, v, f"{where}.{k}", arrays) for k, v in data.items()}
-    if tp is Grid:
-        if not isinstance(data, str):
-            raise _Mismatch(f"{where}: expected the name of an array, got {data!r}")
-        if data not in arrays:
-            raise _Mismatch(f"{where}: names the array {data!r}, which {ATTENTION_SUMMARY} lacks")
-        return Grid(arrays[data])
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        return _decode_dataclass(tp, data, where, arrays)
-    if tp is float:
-        if isinstance(data, bool) or not isinstance(data, (int, float)):
-            raise _Mismatch(f"{where}: expected a number, got {data!r}")
-        return float(data)
-    if tp in (int, str, bool):
-        if not isinstance(data, tp) or (tp is int and isinstance(data, bool)):
-            raise _Mismatch(f"{where}: expected {tp.__name__}, got {data!r}")
-        return data
-    raise TypeError(f"{where}: the analysis codec cannot read type {_type_name(tp)}")
-
-
-def _decode_dataclass(cls: type, data: Any, where: str, arrays: Mapping[str, np.ndarray]) -> Any:
-    if not isinstance(data, dict):
-        raise _Mismatch(f"{where}: expected an object ({cls.__name__}), got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    fields = [f for f in dataclasses.fields(cls) if f.init]
-    names = {f.name for f in fields}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise _Mismatch(f"{where}: unknown field {unknown[0]!r} of {cls.__name__}")
-    # an optional or omitted-when-empty field (module docstring): absent, it takes its default
-    missing = [f.name for f in fields if f.name not in data
-               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
-    if missing:
-        raise _Mismatch(f"{where}: missing field {missing[0]!r} of {cls.__name__}")
-    values: dict[str, Any] = {}
-    for f in fields:
-        if f.name not in data:
-            continue
-        decode: Callable[[Any, str, Mapping[str, np.ndarray]], Any] | None = f.metadata.get("decode")
-        sub = f"{where}.{f.name}"
-        values[f.name] = (decode(data[f.name], sub, arrays) if decode
-                          else _decode(hints[f.name], data[f.name], sub, arrays))
-    return cls(**values)
 
 
 # ------------------------------------------------------------------------------------------------- types
@@ -254,8 +98,8 @@ def _decode_families(data: Any, where: str, arrays: Mapping[str, np.ndarray]) ->
     from probe.analysis.families import family_analysis
 
     if not isinstance(data, dict):
-        raise _Mismatch(f"{where}: expected an object of family results")
-    return {name: _decode(family_analysis(name).result_type, value, f"{where}.{name}", arrays)
+        raise CodecError(where, "expected an object of family results")
+    return {name: decode(family_analysis(name).result_type, value, f"{where}.{name}", arrays)
             for name, value in data.items()}
 
 
@@ -298,7 +142,7 @@ class Analysis:
     n_skipped: int
     n_trials_by_family: dict[str, int]
     models: tuple[str, ...]
-    families: dict[str, object] = field(metadata={"decode": _decode_families})
+    families: dict[str, object] = field(metadata={DECODE: _decode_families})
     notes: tuple[str, ...]
     methods: dict[str, str]
     imported: ImportSummary | None
@@ -323,7 +167,7 @@ def write_analysis(analysis: Analysis, run: RunFolder) -> Path:
     their sha256 goes into ``analysis.json`` (``arrays_sha256``), so a reader notices a pair of files from two
     analyses. Returns the path of ``analysis.json``."""
     arrays: dict[str, np.ndarray] = {}
-    data = to_json(analysis, arrays)
+    data = encode(analysis, arrays)
     assert isinstance(data, dict)
     if arrays:
         buf = io.BytesIO()
@@ -403,6 +247,6 @@ def read_analysis(run_dir: str | Path | RunFolder, *, check_fresh: bool = True) 
     return analysis
 
 
-__all__ = ["Analysis", "AnalysisFileError", "AnalysisMissingError", "AnalysisSchemaError", "Inputs", "OPTIONAL",
-           "SCHEMA_VERSION", "StaleAnalysisError", "from_json", "read_analysis", "to_json", "trials_sha256",
+__all__ = ["Analysis", "AnalysisFileError", "AnalysisMissingError", "AnalysisSchemaError", "Inputs",
+           "SCHEMA_VERSION", "StaleAnalysisError", "from_json", "read_analysis", "trials_sha256",
            "write_analysis"]

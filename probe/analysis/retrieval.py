@@ -50,7 +50,7 @@ import scipy.stats
 
 from probe.analysis.attention_tests import attention_failure_tests
 from probe.analysis.estimates import finite, key_int
-from probe.analysis.grid import Grid
+from probe.codec import Grid
 from probe.analysis.head_tests import HeadTests, fitted_head_tests, max_t_head_tests, with_max_t
 from probe.attention.retrieval import TrialRetrieval, pooled_score, top_heads
 

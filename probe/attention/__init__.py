@@ -21,7 +21,7 @@ Example (a notebook, any text with user-given spans)::
     from probe.attention import probe_tokenized
     from probe.types import Span, TokenizedPrompt
     tp = TokenizedPrompt(input_ids=ids, spans=(Span("sink", 0, 1), Span("germane", 1, 9), ...))
-    res = probe_tokenized(model, tp)          # ProbeSection() defaults: query "question", γ = 0.5
+    res = probe_tokenized(model, tp)          # ProbeOptions() defaults: query "question", γ = 0.5
     res.p_ext, res.enrichment, res.ar_k_mean
     res.save("outputs/demo/attention/smollm2/p1.npz")
 """

@@ -48,7 +48,7 @@ from probe.attention.implementation import attach_probe, text_config_of
 from probe.attention.plan import build_plan
 from probe.attention.reduce import SCRATCH_COPIES
 from probe.attention.result import SegmentAttention
-from probe.config import ProbeSection
+from probe.probe_options import ProbeOptions
 from probe.errors import ConfigError
 from probe.loading import LoadedModel, input_device
 from probe.types import TokenizedPrompt
@@ -59,7 +59,7 @@ log = logging.getLogger(__name__)
 PROMPT_QUERY_SETS = ("question", "last")
 
 
-def is_prompt_query(options: ProbeSection) -> bool:
+def is_prompt_query(options: ProbeOptions) -> bool:
     """Whether the query set lies inside the prompt (``question``, ``last``, ``segment:<i>``), so that the probe
     can ride on generation's prefill; ``generated`` needs a forward pass over prompt + answer."""
     return options.query in PROMPT_QUERY_SETS or options.query.startswith("segment:")
@@ -102,7 +102,7 @@ def transformers_model(model: Any) -> Any:
 def probe_batch(
     model: PreTrainedModel,
     prompts: Sequence[TokenizedPrompt],
-    options: ProbeSection | None = None,
+    options: ProbeOptions | None = None,
     generated_ids: Sequence[Sequence[int]] | None = None,
     *,
     value_weighted: bool = True,
@@ -114,7 +114,7 @@ def probe_batch(
             model, whose transformers model is used).
         prompts: the prompts' ids and token spans.
         options: query set, γ, residue (AR_k or not) and its mode, sink exclusion, block size (defaults:
-            ``ProbeSection()``).
+            ``ProbeOptions()``).
         generated_ids: per prompt, answer token ids appended after it; required by query ``generated``.
         value_weighted: compute the value-weighted measures (docs/probes.md#value-weighted-share).
 
@@ -126,7 +126,7 @@ def probe_batch(
         SpanError / ConfigError: a query set cannot be formed from the spans / options.
     """
     model = transformers_model(model)
-    options = options or ProbeSection()
+    options = options or ProbeOptions()
     if not prompts:
         return []
     answers = [list(g) for g in generated_ids] if generated_ids is not None else [[] for _ in prompts]
@@ -151,7 +151,7 @@ def probe_batch(
 def probe_tokenized(
     model: PreTrainedModel,
     tokenized: TokenizedPrompt,
-    options: ProbeSection | None = None,
+    options: ProbeOptions | None = None,
     generated_ids: Sequence[int] | None = None,
     *,
     value_weighted: bool = True,
@@ -166,7 +166,7 @@ def probe_tokenized(
             model, whose transformers model is used).
         tokenized: the prompt's ids and token spans (``probe.prompts.tokenize.encode_prompt`` makes them; any spans
             that partition the tokens will do).
-        options: query set, γ, residue and its mode, sink exclusion, block size (defaults: ``ProbeSection()``).
+        options: query set, γ, residue and its mode, sink exclusion, block size (defaults: ``ProbeOptions()``).
             ``options.residue`` computes AR_k (needs the rows of every token of the germane, question and earlier
             extraneous segments); False computes only the query set's rows.
         generated_ids: answer token ids appended after the prompt; required by query ``generated``.
@@ -188,7 +188,7 @@ def probe_generation(
     model: PreTrainedModel,
     prompts: Sequence[TokenizedPrompt],
     pads: Sequence[int],
-    options: ProbeSection | None = None,
+    options: ProbeOptions | None = None,
     *,
     answer: bool | None = None,
 ) -> Iterator[Capture]:
@@ -217,7 +217,7 @@ def probe_generation(
         ConfigError: query ``generated`` (it needs the answer: probe after generation with :func:`probe_batch`).
         HookError: see :func:`attach_probe`; ``results()`` raises it when a layer did not report exactly once.
     """
-    options = options or ProbeSection()
+    options = options or ProbeOptions()
     if not is_prompt_query(options):
         raise ConfigError(f"probe.query = {options.query!r} reads the answer; it cannot ride on generation's prefill")
     plans = [build_plan(tp, options) for tp in prompts]

@@ -30,7 +30,7 @@ from probe.attention.call import LayerCall
 from probe.attention.capture import Capture
 from probe.attention.edits import BatchEdit, edited_attention
 from probe.attention.masks import allowed_keys
-from probe.config import ProbeSection
+from probe.probe_options import ProbeOptions
 from probe.errors import HookError
 
 IMPLEMENTATION = "ice_probe"
@@ -196,7 +196,7 @@ def _probe_attention(
         if softcap is None:
             out, _ = sdpa_attention_forward(module, query, key, value, mask, dropout=0.0, scaling=scaling, **kwargs)
         else:
-            block = capture.options.block_size if capture is not None else ProbeSection().block_size
+            block = capture.options.block_size if capture is not None else ProbeOptions().block_size
             out = _blocked_attention(query, key, value, mask, scaling, softcap, block)
     if editing:
         out = edited_attention(edit, int(layer), query, key, value, mask, float(scaling), softcap,  # type: ignore[arg-type]

@@ -26,7 +26,7 @@ from probe.attention.reduce import LayerAggregates, LayerReducer, assemble_resul
 from probe.attention.segments import PlanTensors
 from probe.attention.reference import layer_window
 from probe.attention.result import SegmentAttention
-from probe.config import ProbeSection
+from probe.probe_options import ProbeOptions
 from probe.errors import HookError
 from probe.types import TokenizedPrompt
 
@@ -73,7 +73,7 @@ def _attention_module(tl_model: LensModel, layer: int) -> torch.nn.Module | None
 def probe_transformer_lens(
     tl_model: LensModel,
     tokenized: TokenizedPrompt,
-    options: ProbeSection | None = None,
+    options: ProbeOptions | None = None,
     generated_ids: Sequence[int] | None = None,
 ) -> SegmentAttention:
     """Probe one prompt with a TransformerLens ``TransformerBridge`` (same measures as ``probe_tokenized``).
@@ -81,7 +81,7 @@ def probe_transformer_lens(
     Args:
         tl_model: a ``TransformerBridge`` (anything with ``cfg.n_layers``, ``hook_dict`` and ``run_with_hooks``).
         tokenized: prompt ids and token spans.
-        options: probe options (defaults: ``ProbeSection()``; ``options.residue``: compute AR_k).
+        options: probe options (defaults: ``ProbeOptions()``; ``options.residue``: compute AR_k).
         generated_ids: answer ids appended to the prompt (query ``generated``).
 
     Returns:
@@ -90,7 +90,7 @@ def probe_transformer_lens(
     Raises:
         HookError: a layer has no pattern hook, or did not report exactly once.
     """
-    options = options or ProbeSection()
+    options = options or ProbeOptions()
     generated = list(generated_ids or ())
     plan = build_plan(tokenized, options, n_generated=len(generated))
     n_layers = int(tl_model.cfg.n_layers)

@@ -37,7 +37,7 @@ from probe.registry import Registry
 if TYPE_CHECKING:
     from probe.attention.plan import ProbePlan
     from probe.attention.segments import PlanTensors, RowBlock
-    from probe.config import ProbeSection
+    from probe.probe_options import ProbeOptions
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ class EagerAttention:
     order: dict[int, int]
     sink_key: np.ndarray
     ext_key: np.ndarray
-    options: ProbeSection
+    options: ProbeOptions
     arrays: dict[str, np.ndarray]
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from probe.config import ProbeSection
+from probe.probe_options import ProbeOptions
 from probe.errors import ConfigError, SpanError
 from probe.types import TokenizedPrompt
 
@@ -56,7 +56,7 @@ class ProbePlan:
     ar_targets: tuple[int, ...]
     ar_sources: tuple[tuple[tuple[int, float], ...], ...]
     row_positions: np.ndarray
-    options: ProbeSection
+    options: ProbeOptions
 
     @property
     def compute_residue(self) -> bool:
@@ -78,7 +78,7 @@ class ProbePlan:
 
 def build_plan(
     tokenized: TokenizedPrompt,
-    options: ProbeSection,
+    options: ProbeOptions,
     n_generated: int = 0,
 ) -> ProbePlan:
     """Lay out the segments, the query set and the AR targets of one probe.
@@ -130,7 +130,7 @@ def build_plan(
         if not 0 <= i < len(tokenized.spans):
             raise SpanError(f"probe.query = {q!r}: the prompt has {len(tokenized.spans)} segments (0-based)")
         query = np.arange(spans[i][0], spans[i][1], dtype=np.int64)
-    else:  # ProbeSection validates the name; this guards against a hand-built options object
+    else:  # ProbeOptions validates the name; this guards against a hand-built options object
         raise ConfigError(f"probe.query: {q!r}; use question, last, generated or segment:<i>")
 
     # Rank among non-sink prompt segments: the distance k - j of docs/probes.md#attentional-residue-ar_k counts these.

@@ -20,7 +20,7 @@ from probe.attention.measure import EagerAttention
 from probe.attention.measures import measures
 from probe.attention.measures.value import output_projection
 from probe.attention.result import KEY_KINDS, SegmentAttention
-from probe.config import ProbeSection
+from probe.probe_options import ProbeOptions
 from probe.errors import HookError
 from probe.loading import input_device
 from probe.types import TokenizedPrompt
@@ -82,7 +82,7 @@ def _value_states(model: PreTrainedModel, wanted: bool) -> Iterator[dict[int, tu
 def reference_segment_attention(
     model: PreTrainedModel,
     tokenized: TokenizedPrompt,
-    options: ProbeSection | None = None,
+    options: ProbeOptions | None = None,
     generated_ids: Sequence[int] | None = None,
 ) -> SegmentAttention:
     """The probe's measures from the eager attention matrices of every layer.
@@ -92,13 +92,13 @@ def reference_segment_attention(
     Args:
         model: a Hugging Face causal LM (eval mode).
         tokenized: prompt ids and token spans.
-        options: probe options (defaults: ``ProbeSection()``).
+        options: probe options (defaults: ``ProbeOptions()``).
         generated_ids: answer ids appended to the prompt (query ``generated``).
 
     Returns:
         A :class:`SegmentAttention` laid out as the engine's, with every registered measure (AR_k always computed).
     """
-    opts = options or ProbeSection()
+    opts = options or ProbeOptions()
     gen = list(generated_ids or ())
     n_prompt = len(tokenized.input_ids)
     n = n_prompt + len(gen)

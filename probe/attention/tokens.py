@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from probe.attention.engine import probe_tokenized
 from probe.attention.result import SegmentAttention
-from probe.config import ProbeSection
+from probe.probe_options import ProbeOptions
 from probe.errors import ConfigError
 from probe.types import Span, TokenizedPrompt
 
@@ -34,7 +34,7 @@ def split_into_tokens(tokenized: TokenizedPrompt) -> TokenizedPrompt:
 
 
 def token_attention(model: PreTrainedModel, tokenized: TokenizedPrompt,
-                    options: ProbeSection | None = None) -> SegmentAttention:
+                    options: ProbeOptions | None = None) -> SegmentAttention:
     """Probe a prompt with every token as its own segment (see the module docstring).
 
     Args:
@@ -50,7 +50,7 @@ def token_attention(model: PreTrainedModel, tokenized: TokenizedPrompt,
     Raises:
         ConfigError: a query set other than ``question`` or ``last``. HookError: an unsupported architecture.
     """
-    opts = options or ProbeSection()
+    opts = options or ProbeOptions()
     if opts.query not in TOKEN_QUERY_SETS:
         raise ConfigError(f"probe.query = {opts.query!r}: attention per token is shown for the query sets "
                           f"{', '.join(TOKEN_QUERY_SETS)}; choose one of them")

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator, Protocol
 
-from probe.config import GenerationSection, ProbeSection
+from probe.config import GenerationSection
+from probe.probe_options import ProbeOptions
 from probe.types import Prompt
 
 if TYPE_CHECKING:
@@ -70,5 +71,5 @@ class Backend(Protocol):
         """(layers, attention heads) of the model (what an intervention is resolved against)."""
         ...
 
-    def generate(self, prompts: list[Prompt], gen: GenerationSection, probe: ProbeSection | None = None,
+    def generate(self, prompts: list[Prompt], gen: GenerationSection, probe: ProbeOptions | None = None,
                  intervention: Intervention | None = None) -> Iterator[tuple[Prompt, Generation]]: ...

@@ -22,7 +22,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Iterator
 
 from probe.backends.base import Generation
-from probe.config import GenerationSection, ProbeSection
+from probe.config import GenerationSection
+from probe.probe_options import ProbeOptions
 from probe.loading import LoadedModel
 from probe.prompts.tokenize import encode_prompt, token_char_spans
 from probe.types import Prompt, TokenizedPrompt
@@ -91,7 +92,7 @@ class LocalBackend:
     def tokenize(self, prompt: Prompt) -> TokenizedPrompt:
         return encode_prompt(prompt, self.loaded.tokenizer, self.loaded.card.use_chat_template)
 
-    def generate(self, prompts: list[Prompt], gen: GenerationSection, probe: ProbeSection | None = None,
+    def generate(self, prompts: list[Prompt], gen: GenerationSection, probe: ProbeOptions | None = None,
                  intervention: Intervention | None = None) -> Iterator[tuple[Prompt, Generation]]:
         """Yield each prompt's generation; prompts are batched by similar length to waste little padding.
 
@@ -170,7 +171,7 @@ class LocalBackend:
         return attach_edit(self.loaded.model, BatchEdit(edits, pads, intervention, n_layers, n_heads,
                                                         self.loaded.device))
 
-    def _decode(self, batch: _Batch, gen: GenerationSection, ride_along: ProbeSection | None,
+    def _decode(self, batch: _Batch, gen: GenerationSection, ride_along: ProbeOptions | None,
                 intervention: Intervention | None) -> tuple[Any, list[Any], Any]:
         """``model.generate`` over one batch, under its edit, seeded when sampling, the probe riding on the prefill
         (and, with ``answer = true``, capturing every generation step:
@@ -207,7 +208,7 @@ class LocalBackend:
             return contextlib.nullcontext()
         return _forked_seed(sample_seed(self.seed, prompt_ids), self.loaded.device)
 
-    def _probe_answers(self, batch: _Batch, answers: list[_Answer], probe: ProbeSection,
+    def _probe_answers(self, batch: _Batch, answers: list[_Answer], probe: ProbeOptions,
                        intervention: Intervention | None) -> list[Any]:
         """Query ``generated``: probe prompt + answer in one forward pass, under the same edit; None for no answer."""
         from probe.attention import probe_batch

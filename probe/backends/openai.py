@@ -50,7 +50,8 @@ from typing import TYPE_CHECKING, Iterator
 import httpx
 
 from probe.backends.base import Generation, build_messages
-from probe.config import GenerationSection, ProbeSection
+from probe.config import GenerationSection
+from probe.probe_options import ProbeOptions
 from probe.errors import ConfigError, ProbeError
 from probe.types import Prompt
 
@@ -234,7 +235,7 @@ class OpenAIBackend:
     def layers_and_heads(self) -> tuple[int, int]:
         raise ConfigError(f"model {self.model_name!r} is served: its layers and heads are not known here")
 
-    def generate(self, prompts: list[Prompt], gen: GenerationSection, probe: ProbeSection | None = None,
+    def generate(self, prompts: list[Prompt], gen: GenerationSection, probe: ProbeOptions | None = None,
                  intervention: Intervention | None = None) -> Iterator[tuple[Prompt, Generation]]:
         """Send every prompt, at most ``max_concurrency`` at a time; yield each as its answer arrives.
 

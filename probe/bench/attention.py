@@ -43,7 +43,7 @@ from transformers import PreTrainedModel
 
 from probe.attention import SegmentAttention, probe_batch, probe_tokenized
 from probe.attention.implementation import attention_implementation
-from probe.config import ProbeSection
+from probe.probe_options import ProbeOptions
 from probe.errors import ConfigError
 from probe.loading import input_device
 from probe.types import Span, TokenizedPrompt
@@ -284,11 +284,11 @@ def _arms(model: PreTrainedModel, tp: TokenizedPrompt, ids: torch.Tensor, n_laye
 
     arms: dict[str, Callable[[], object]] = {
         "plain": plain,
-        "engine": lambda: probe_tokenized(model, tp, ProbeSection(residue=False)),
-        "engine_raw": lambda: probe_tokenized(model, tp, ProbeSection(residue=False), value_weighted=False),
+        "engine": lambda: probe_tokenized(model, tp, ProbeOptions(residue=False)),
+        "engine_raw": lambda: probe_tokenized(model, tp, ProbeOptions(residue=False), value_weighted=False),
     }
     if residue:
-        arms["engine_ar"] = lambda: probe_tokenized(model, tp, ProbeSection(residue=True))
+        arms["engine_ar"] = lambda: probe_tokenized(model, tp, ProbeOptions(residue=True))
     if full:
         arms["eager"] = lambda: _eager(model, ids)
         if bridge is not None:

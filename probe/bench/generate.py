@@ -23,7 +23,8 @@ from dataclasses import dataclass, replace
 from probe.backends import LocalBackend
 from probe.config import ExperimentConfig, load_config
 from probe.errors import ConfigError
-from probe.runner import build_run_prompts, prepare_run_dir
+from probe.runner.folder import prepare_run_dir
+from probe.runner.prompts import build_run_prompts
 from probe.types import Prompt
 
 

@@ -43,7 +43,7 @@ from probe.attention import SegmentAttention, left_pad, probe_batch, probe_gener
 from probe.attention import reference_segment_attention
 from probe.attention.measures import measures
 from probe.bench.attention import bench_prompt, format_attention_bench, run_attention_bench
-from probe.config import ProbeSection
+from probe.probe_options import ProbeOptions
 from probe.errors import ProbeError
 
 if TYPE_CHECKING:
@@ -228,7 +228,7 @@ def check_exactness(device: torch.device, archs: tuple[str, ...] = TINY_ARCHS) -
             model = tiny_model(arch, init).to(device=device, dtype=dtype)  # type: ignore[call-arg]
             prompts = [bench_prompt(n, 128, n_pairs=3, seed=s) for s, n in enumerate((96, 70, 83))]
             worst, worst_chance = 0.0, 0.0
-            options = ProbeSection(block_size=16)
+            options = ProbeOptions(block_size=16)
             batched = probe_batch(model, prompts, options)
             for tp, res in zip(prompts, batched):
                 ref = reference_segment_attention(model, tp, options)
@@ -253,7 +253,7 @@ def check_answer_capture(device: torch.device, archs: tuple[str, ...] = TINY_ARC
             model = tiny_model(arch, init).to(device=device, dtype=dtype)  # type: ignore[call-arg]
             prompts = [bench_prompt(n, 128, n_pairs=3, seed=20 + s) for s, n in enumerate((72, 56, 64))]
             ids, mask, pads = left_pad([tp.input_ids for tp in prompts])
-            with torch.no_grad(), probe_generation(model, prompts, pads, ProbeSection(answer=True)) as cap:
+            with torch.no_grad(), probe_generation(model, prompts, pads, ProbeOptions(answer=True)) as cap:
                 out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=n_new,
                                      min_new_tokens=n_new, do_sample=False, pad_token_id=0, eos_token_id=None)
             answers = [out[i, ids.shape[1]:].tolist() for i in range(len(prompts))]
@@ -295,7 +295,7 @@ def check_generation(model: LlamaForCausalLM, tiny: bool) -> GenerationRow:
             torch.cuda.synchronize()
         return out, time.perf_counter() - t0
 
-    options = ProbeSection()
+    options = ProbeOptions()
     with torch.inference_mode():
         plain, t_plain = timed(lambda: model.generate(input_ids=ids, attention_mask=mask, **kwargs))
 

@@ -31,7 +31,9 @@ from probe.backends import make_backend
 from probe.config import load_config
 from probe.loading import get_card
 from probe.records import load_trials
-from probe.runner import build_run_prompts, load_all_tasks, prepare_run_dir, run_model
+from probe.runner.folder import prepare_run_dir
+from probe.runner.prompts import build_run_prompts, load_all_tasks
+from probe.runner.trials import run_model
 
 
 @dataclass(frozen=True)

@@ -65,8 +65,8 @@ def design_lines(cfg: ExperimentConfig) -> list[str]:
     """The design of one run in a few Markdown lines: models, tasks, conditions, loads, generation, probe,
     interventions."""
     tasks = "; ".join(
-        f"{t.source} × {t.n}" + (f" ({t.hops}-hop)" if t.source == "synthetic" else "")
-        + (f" (at most {t.max_hops} sub-questions)" if t.source == "fanoutqa" else "") for t in cfg.tasks)
+        f"{t.source} × {t.n}" + (f" ({t.options.hops}-hop)" if t.source == "synthetic" else "")
+        + (f" (at most {t.options.max_hops} sub-questions)" if t.source == "fanoutqa" else "") for t in cfg.tasks)
     probe = "off"
     if cfg.probe.enabled:
         probe = f"on (query rows: {cfg.probe.query}" + ("; answer capture" if cfg.probe.answer else "") + ")"

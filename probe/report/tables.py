@@ -1,7 +1,7 @@
 """``analysis.md`` and ``tables/*.csv``: views of an :class:`probe.analysis.Analysis`; nothing here estimates.
 
 The shared parts (header, main table, notes) are written here; every family's part comes from its report section
-(:mod:`probe.report.sections`). CSV rows are the :func:`probe.analysis.results.to_json` form of the result types,
+(:mod:`probe.report.sections`). CSV rows are the :func:`probe.codec.encode` form of the result types,
 flattened (a nested object's fields get its name as prefix: ``logit_coef``, ``power_power``); lists of objects (scatter
 points, layers) go to their own tables.
 """
@@ -14,7 +14,8 @@ import logging
 from pathlib import Path
 from typing import Any, Iterable
 
-from probe.analysis.results import Analysis, to_json
+from probe.analysis.results import Analysis
+from probe.codec import encode
 from probe.records_import import ImportSummary
 from probe.report.sections import Rows, report_section
 from probe.report.text import MAIN_HEADER, PATH_LEGEND, cell_row
@@ -32,7 +33,7 @@ def md_table(header: list[str], rows: list[list[str]]) -> str:
 
 def rows_of(items: Iterable[object], **extra: Any) -> Rows:
     """CSV rows of result objects: their JSON form, with ``extra`` columns first."""
-    return [{**extra, **to_json(item)} for item in items]  # type: ignore[dict-item]
+    return [{**extra, **encode(item)} for item in items]
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:

@@ -9,7 +9,8 @@ registry instead of naming a source:
 - ``layout``: ``"ice"`` (the ICE builder makes the four conditions at every load from the task's hops),
   ``"native"`` (the task brings its own segments and is laid out as given), or ``"task"`` (native where the task
   carries segments, ICE otherwise: a user's JSONL file may hold both);
-- ``options``: the ``[[tasks]]`` keys the source reads; ``probe validate`` refuses any other key, naming it;
+- ``options_type``: the dataclass of the ``[[tasks]]`` keys the source reads (:mod:`probe.tasks.options`);
+  ``probe validate`` refuses any other key, naming it;
 - ``family``: the :class:`Family` whose scorer and analysis its trials get.
 
 The section type (:class:`TaskSection`) and the source registry live in :mod:`probe.tasks.section`, the family
@@ -19,7 +20,7 @@ A family is a kind of benchmark: ``ice`` (multi-hop questions: docs/method.md#sc
 ``cogniload`` (logic-grid puzzles: progressive exact match, the CogniLoad GLM; docs/cogniload.md). Each prompt and
 trial record carries its family, so the analysis groups trials by it without guessing from sources or conditions.
 
-Adding a benchmark: one loader module here, one :class:`TaskSource` passed to :func:`register_source` (and a
+Adding a benchmark: one loader module here, one options type, one :class:`TaskSource` passed to :func:`register_source` (and a
 :class:`Family` passed to :func:`register_family` if it is scored or analysed differently), one scorer under
 :mod:`probe.scoring`, one analysis and one report section registered for the family. A name registered twice is
 refused; a misspelt one is answered with the close names.
@@ -30,8 +31,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from probe.errors import ConfigError
 from probe.tasks.family import CUSTOM_CONDITION, FAMILIES, Family, get_family, register_family
+from probe.tasks.options import CogniloadOptions, FanoutqaOptions, JsonlOptions, SyntheticOptions
 from probe.tasks.section import SOURCES, Layout, TaskSection, TaskSource, get_source, register_source
 from probe.types import family_of_old_record
 
@@ -57,32 +58,31 @@ def _score_cogniload(output: str | None, task: "Task", truncated: bool) -> "Scor
                  uninterpretable=s.uninterpretable, extraction=s.case or "none")
 
 
-def _load_synthetic(section: TaskSection, seed: int) -> list["Task"]:
+def _load_synthetic(options: SyntheticOptions, seed: int) -> list["Task"]:
     import numpy as np  # here, not at the top: `import probe.config` (and so `probe.Intervention`) stays numpy-free
 
     from probe.tasks.synthetic import generate_synthetic
 
-    return generate_synthetic(section.n, section.hops, np.random.default_rng((seed, section.hops)))
+    return generate_synthetic(options.n, options.hops, np.random.default_rng((seed, options.hops)))
 
 
-def _load_fanoutqa(section: TaskSection, seed: int) -> list["Task"]:
+def _load_fanoutqa(options: FanoutqaOptions, seed: int) -> list["Task"]:
     from probe.tasks.fanoutqa import load_fanoutqa
 
-    return load_fanoutqa(section.n, section.max_hops, seed, section.path)
+    return load_fanoutqa(options.n, options.max_hops, seed, options.path)
 
 
-def _load_jsonl(section: TaskSection, seed: int) -> list["Task"]:
+def _load_jsonl(options: JsonlOptions, seed: int) -> list["Task"]:
     from probe.tasks.jsonl import load_jsonl_tasks
 
-    if section.path is None:  # TaskSection.__post_init__ refuses this already; kept for hand-built sections
-        raise ConfigError("tasks.path: a jsonl task source needs `path = \"file.jsonl\"`")
-    return load_jsonl_tasks(section.path, section.n)
+    assert options.path is not None  # JsonlOptions refuses a missing path
+    return load_jsonl_tasks(options.path, options.n)
 
 
-def _load_cogniload(section: TaskSection, seed: int) -> list["Task"]:
+def _load_cogniload(options: CogniloadOptions, seed: int) -> list["Task"]:
     from probe.tasks.cogniload import generate_tasks
 
-    return generate_tasks(section, seed)
+    return generate_tasks(options, seed)
 
 
 for _family in (
@@ -94,14 +94,13 @@ for _family in (
     register_family(_family)
 
 for _source in (
-    TaskSource("synthetic", _load_synthetic, "ice", "ice", frozenset({"n", "hops"}),
+    TaskSource("synthetic", _load_synthetic, "ice", "ice", SyntheticOptions,
                "fictional 2- and 3-hop chains (no training-data contamination)"),
-    TaskSource("fanoutqa", _load_fanoutqa, "ice", "ice", frozenset({"n", "max_hops", "path"}),
+    TaskSource("fanoutqa", _load_fanoutqa, "ice", "ice", FanoutqaOptions,
                "the FanOutQA dev set with its human decompositions"),
-    TaskSource("jsonl", _load_jsonl, "task", "ice", frozenset({"n", "path"}),
+    TaskSource("jsonl", _load_jsonl, "task", "ice", JsonlOptions,
                "your own file: ICE conditions from its hops, or its own segments as written"),
-    TaskSource("cogniload", _load_cogniload, "native", "cogniload",
-               frozenset({"n", "difficulty", "length", "needle_ratio"}),
+    TaskSource("cogniload", _load_cogniload, "native", "cogniload", CogniloadOptions,
                "logic-grid puzzles with difficulty, length and needle-ratio knobs"),
 ):
     register_source(_source)
@@ -132,7 +131,7 @@ def load_section(section: TaskSection, seed: int) -> list["Task"]:
         UnknownNameError: an unknown source.
     """
     source = get_source(section.source)
-    tasks = source.load(section, seed)
+    tasks = source.load(section.options, seed)
     log.info("loaded %d %s tasks", len(tasks), section.source)
     return tasks
 

@@ -48,7 +48,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from probe.tasks.section import TaskSection
+from probe.tasks.options import CogniloadOptions
 from probe.errors import ConfigError, ProbeError
 from probe.types import Hop, Task
 
@@ -445,37 +445,35 @@ def _draw_statement(
     )
 
 
-def generate_tasks(section: TaskSection, seed: int) -> list[Task]:
-    """``section.n`` puzzles for every cell of ``difficulty x length x needle_ratio``.
+def generate_tasks(options: CogniloadOptions, seed: int) -> list[Task]:
+    """``options.n`` puzzles for every cell of ``difficulty x length x needle_ratio``.
 
     Each puzzle has its own generator, seeded from ``(seed, d, N, rho, index)``: a puzzle does not change when
     the grid around it grows or shrinks, and the same seed always gives the same tasks.
 
     Args:
-        section: a ``[[tasks]]`` section with ``source = "cogniload"``.
+        options: the options of a ``[[tasks]]`` section with ``source = "cogniload"``.
         seed: the experiment seed (>= 0).
 
     Returns:
         Tasks ordered by d, then N, then rho, then index.
 
     Raises:
-        ConfigError: wrong source, a negative seed, or a grid value out of range (names the field).
+        ConfigError: a negative seed, or a grid value out of range (names the field).
     """
-    if section.source != SOURCE:
-        raise ConfigError(f"tasks.source: {section.source!r}; generate_tasks makes {SOURCE!r} tasks only")
     if seed < 0:
         raise ConfigError(f"experiment.seed: {seed}; CogniLoad needs a seed >= 0")
-    for d in section.difficulty:
+    for d in options.difficulty:
         if not 1 <= d <= MAX_DIFFICULTY:
             raise ConfigError(f"tasks.difficulty: {d} is outside 1..{MAX_DIFFICULTY}")
-    for n in section.length:
+    for n in options.length:
         if n < 1:
             raise ConfigError(f"tasks.length: {n} must be >= 1")
     tasks: list[Task] = []
-    for d in section.difficulty:
-        for n in section.length:
-            for rho in section.needle_ratio:
-                for i in range(section.n):
+    for d in options.difficulty:
+        for n in options.length:
+            for rho in options.needle_ratio:
+                for i in range(options.n):
                     ss = np.random.SeedSequence([_SEED_TAG, seed, d, n, int(round(rho * 1000)), i])
                     tasks.append(generate_puzzle(d, n, rho, np.random.default_rng(ss), index=i))
     log.info("generated %d CogniLoad puzzles (seed %d)", len(tasks), seed)

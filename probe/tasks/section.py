@@ -7,10 +7,10 @@ against the registry of sources (:data:`SOURCES`) when it is made. The built-in 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Literal
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
-from probe.errors import ConfigError
+from probe.errors import ConfigError, FieldError
 from probe.registry import Registry
 
 if TYPE_CHECKING:
@@ -21,30 +21,47 @@ Layout = Literal["ice", "native", "task"]
 
 @dataclass(frozen=True)
 class TaskSection:
-    """One task source. An experiment may list several (``[[tasks]]``)."""
+    """One ``[[tasks]]`` table: the source and its options. An experiment may list several.
+
+    Attributes:
+        source: a registered source's name.
+        options: that source's options (an instance of its :attr:`TaskSource.options_type`; None: its defaults).
+            ``TaskSection.of("synthetic", n=9, hops=3)`` makes both from keyword values.
+    """
 
     source: str
-    n: int = 20
-    hops: int = 2  # synthetic: 2 or 3
-    path: str | None = None  # jsonl: the file; fanoutqa: optional override of the packaged dev set
-    max_hops: int = 6  # fanoutqa: skip questions with more decomposition steps (the dev set has 5 or more)
-    # cogniload grid
-    difficulty: tuple[int, ...] = (1, 3, 5, 7, 10)
-    length: tuple[int, ...] = (20, 50, 100, 250)
-    needle_ratio: tuple[int, ...] = (5, 25, 50, 75, 95)
+    options: Any = None
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
-            raise ConfigError(f"tasks.source: {self.source!r} is not one of {', '.join(SOURCES.names())}")
-        if self.n < 1:
-            raise ConfigError(f"tasks.n: {self.n} must be >= 1")
-        if self.source == "synthetic" and self.hops not in (2, 3):
-            raise ConfigError(f"tasks.hops: {self.hops}; the synthetic source makes 2- or 3-hop questions")
-        if self.source == "jsonl" and not self.path:
-            raise ConfigError("tasks.path: a jsonl task source needs `path = \"file.jsonl\"`")
-        for rho in self.needle_ratio:
-            if not 5 <= rho <= 95:
-                raise ConfigError(f"tasks.needle_ratio: {rho} is outside [5, 95] percent")
+            raise FieldError("tasks", "source", f"{self.source!r} is not one of {', '.join(SOURCES.names())}")
+        kind = SOURCES.get(self.source).options_type
+        if self.options is None:
+            object.__setattr__(self, "options", kind())
+        elif not isinstance(self.options, kind):
+            raise ConfigError(f"tasks: source {self.source!r} takes {kind.__name__}, got "
+                              f"{type(self.options).__name__}")
+
+    @classmethod
+    def of(cls, source: str, **values: Any) -> "TaskSection":
+        """The section of ``source`` with these option values (the keys of its ``[[tasks]]`` table).
+
+        Raises:
+            ConfigError: an unknown source, or a key the source does not read (naming the keys it reads).
+        """
+        if source not in SOURCES:
+            raise FieldError("tasks", "source", f"{source!r} is not one of {', '.join(SOURCES.names())}")
+        reads = SOURCES.get(source).options
+        idle = sorted(set(values) - reads)
+        if idle:
+            raise FieldError("tasks", idle[0], f"has no effect for source {source!r} (it reads "
+                             f"{', '.join(sorted(reads))}); remove it")
+        return cls(source, SOURCES.get(source).options_type(**values))
+
+    @property
+    def n(self) -> int:
+        """The source's ``n`` (every source reads it)."""
+        return int(self.options.n)
 
 
 @dataclass(frozen=True)
@@ -53,19 +70,25 @@ class TaskSource:
 
     Attributes:
         name: the ``source`` value of a ``[[tasks]]`` section.
-        load: ``(section, seed) -> tasks`` in a fixed order.
+        load: ``(options, seed) -> tasks`` in a fixed order.
         layout: ``ice``, ``native`` or ``task``.
         family: the name of its family (:func:`probe.tasks.get_family`).
-        options: ``[[tasks]]`` keys the source reads (besides ``source``).
+        options_type: the frozen dataclass of its options (:mod:`probe.tasks.options`); its fields are the
+            ``[[tasks]]`` keys the source reads besides ``source``, with their defaults.
         description: one line for listings.
     """
 
     name: str
-    load: Callable[[TaskSection, int], list["Task"]]
+    load: Callable[[Any, int], list["Task"]]
     layout: Layout
     family: str
-    options: frozenset[str]
+    options_type: type
     description: str
+
+    @property
+    def options(self) -> frozenset[str]:
+        """The ``[[tasks]]`` keys the source reads (besides ``source``)."""
+        return frozenset(f.name for f in fields(self.options_type))
 
     def is_native(self, task: "Task") -> bool:
         """Whether ``task`` is laid out from its own segments (else the ICE builder makes its conditions)."""

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from probe.analysis import SCHEMA_VERSION, analyze_run, read_analysis
-from probe.analysis.results import to_json
+from probe.codec import encode
 from tests.fixtures.golden_runs import GOLDEN, make_golden_runs
 
 # fields that name the place or time of an analysis, not a result
@@ -78,7 +78,7 @@ def test_ice_estimates_equal_the_golden_record(runs):
     layer = ice.attention_behaviour[0].layers[2]
     assert layer.fit.odds_ratio_per_10pp == pytest.approx(math.exp(0.1 * layer.fit.estimate.value))
     assert ice.attention_behaviour[0].tracking_layers == (2,)  # the fixture's planted layer
-    assert to_json(ice)["h2"][0]["test"]["mcnemar"] is not None
+    assert encode(ice)["h2"][0]["test"]["mcnemar"] is not None
 
 
 def test_cogniload_estimates_equal_the_golden_record(runs):

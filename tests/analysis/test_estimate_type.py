@@ -18,7 +18,8 @@ from probe.analysis.hypotheses import H1Fit, LoadLogit
 from probe.analysis.hypotheses import H3Correlation, H3Point
 from probe.analysis.inference import Correlation
 from probe.analysis.paired_ratio import PairedDifference, RecoveredShare
-from probe.analysis.results import from_json, to_json
+from probe.analysis.results import from_json
+from probe.codec import encode
 
 ANALYSIS = Path(__file__).resolve().parents[2] / "probe" / "analysis"
 
@@ -102,5 +103,5 @@ ROUND_TRIPS = [
 
 @pytest.mark.parametrize("value", ROUND_TRIPS, ids=lambda v: type(v).__name__)
 def test_results_round_trip_through_their_json(value):
-    text = json.dumps(to_json(value), allow_nan=False)
+    text = json.dumps(encode(value), allow_nan=False)
     assert from_json(type(value), json.loads(text)) == value

@@ -239,13 +239,14 @@ def tracking(rows: list[HopRow], masses: list[np.ndarray | None]):
 
 def test_tests_round_trip_through_the_file_and_a_run_without_them_writes_none():
     from probe.analysis.hops import HopTracking
-    from probe.analysis.results import from_json, to_json
+    from probe.analysis.results import from_json
+    from probe.codec import encode
 
     h = tracking(*study(n_questions=20, seed=5, fail_ext=(2, 1)))
     arrays: dict[str, np.ndarray] = {}
-    assert h.tests and from_json(HopTracking, to_json(h, arrays), arrays=arrays) == h
+    assert h.tests and from_json(HopTracking, encode(h, arrays), arrays=arrays) == h
     assert arrays  # the per-head grids travel in the arrays, not in the JSON
-    none = to_json(replace(h, tests=()), {})
+    none = encode(replace(h, tests=()), {})
     assert isinstance(none, dict) and "tests" not in none  # a run without them writes no empty list
     assert from_json(HopTracking, none).tests == ()
 

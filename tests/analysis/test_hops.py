@@ -356,7 +356,8 @@ def test_a_run_without_answer_capture_is_skipped(tmp_path):
 def test_a_run_with_answer_capture_is_tracked_and_round_trips_through_the_file(tmp_path):
     from probe.analysis.hops import analyze_hops
     from probe.analysis.ice import IceResult
-    from probe.analysis.results import from_json, to_json
+    from probe.analysis.results import from_json
+    from probe.codec import encode
 
     run, trials, prompts, tasks = run_inputs(tmp_path)
     aa = answer(planted({MOLVIA: 2, ZERIN: 5}))
@@ -370,11 +371,11 @@ def test_a_run_with_answer_capture_is_tracked_and_round_trips_through_the_file(t
     ice = IceResult(models=("m",), cells=(), h1=(), h2=(), h3=(), residue_attention=(), attention_cells=(),
                     attention_behaviour=(), taxonomy=(), hop_tracking=result)
     arrays: dict[str, np.ndarray] = {}
-    assert from_json(IceResult, to_json(ice, arrays), arrays=arrays) == ice
+    assert from_json(IceResult, encode(ice, arrays), arrays=arrays) == ice
     assert len(arrays) == len(result.cells) + 3 * sum(t.heads is not None for t in result.tests)
     empty = replace(ice, hop_tracking=None)
-    assert "hop_tracking" not in to_json(empty)  # a run without it writes the file it wrote before
-    assert from_json(IceResult, to_json(empty)) == empty  # and a file without it still reads
+    assert "hop_tracking" not in encode(empty)  # a run without it writes the file it wrote before
+    assert from_json(IceResult, encode(empty)) == empty  # and a file without it still reads
     # a record written before the runner recorded token spans: the trial is skipped, and the result says why
     skipped, notes = analyze_hops([(trials[0], replace(aa, chars=None))], tasks, prompts, 0.05)
     assert skipped.cells == () and "no token spans" in skipped.reason and skipped.n_skipped == 1

@@ -18,7 +18,8 @@ from probe.analysis import analyze_run, read_analysis
 from scripts.simulate import carrier_coverage, recovered_share_coverage
 from probe.analysis.paired_ratio import fieller_interval, paired_difference, recovered_share
 from probe.interventions import InterventionsFileError, load_interventions
-from probe.analysis.results import SCHEMA_VERSION, AnalysisSchemaError, to_json
+from probe.analysis.results import SCHEMA_VERSION, AnalysisSchemaError
+from probe.codec import encode
 from probe.config import AnalysisSection
 from probe.records import append_jsonl, load_trials, make_trial_id
 from probe.report import compare_runs, render_report
@@ -263,7 +264,7 @@ def test_existing_estimates_read_baseline_trials_only(run, tmp_path):
     a_plain = analyze_run(plain, AnalysisSection(), seed=0)
     a_int = read_analysis(run)
     assert a_plain.interventions is None
-    assert to_json(a_int.families) == to_json(a_plain.families)
+    assert encode(a_int.families) == encode(a_plain.families)
     assert a_int.n_trials > a_plain.n_trials  # the intervened trials are counted, never estimated from
 
 

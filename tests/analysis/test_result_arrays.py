@@ -1,4 +1,4 @@
-"""A result holds its arrays (:class:`probe.analysis.grid.Grid`): the codec writes each to ``attention_summary.npz``
+"""A result holds its arrays (:class:`probe.codec.Grid`): the codec writes each to ``attention_summary.npz``
 under its place in the analysis and reads it back into the same field, so a new result with an array needs no
 member name made by hand; a pair of files from two analyses is refused."""
 
@@ -14,8 +14,9 @@ from matplotlib.figure import Figure
 
 from probe.analysis import analyze_run, read_analysis
 from probe.analysis.families import ANALYSES, FamilyAnalysis, register_family_analysis
-from probe.analysis.grid import Grid
-from probe.analysis.results import AnalysisSchemaError, from_json, to_json, write_analysis
+from probe.codec import Grid
+from probe.analysis.results import AnalysisSchemaError, from_json, write_analysis
+from probe.codec import encode
 from probe.report import render_report
 from probe.report.sections import SECTIONS, ReportContext, ReportSection, register_section
 from probe.runfolder import RunFolder
@@ -85,13 +86,13 @@ def test_a_pair_of_files_from_two_analyses_is_refused(tmp_path, toy_family):
 
 def test_without_an_arrays_sink_a_grid_is_left_out_and_a_missing_array_is_named():
     toy = ToyResult("x", Grid(np.ones((2, 2))))
-    assert to_json(toy) == {"label": "x"}  # a CSV row or a comparison of numbers: no array
+    assert encode(toy) == {"label": "x"}  # a CSV row or a comparison of numbers: no array
     arrays: dict[str, np.ndarray] = {}
-    data = to_json(toy, arrays, "families.toy")
+    data = encode(toy, arrays, "families.toy")
     assert data == {"label": "x", "curve": "families.toy.curve"} and set(arrays) == {"families.toy.curve"}
     assert from_json(ToyResult, json.loads(json.dumps(data)), arrays=arrays) == toy
-    with pytest.raises(AnalysisSchemaError, match=r"curve: names the array 'families.toy.curve', which "
-                                                  r"attention_summary.npz lacks"):
+    with pytest.raises(AnalysisSchemaError, match=r"analysis.curve: names the array 'families.toy.curve', "
+                                                  r"which the arrays file lacks"):
         from_json(ToyResult, data, arrays={})
 
 

@@ -294,23 +294,24 @@ def test_retrieval_section_round_trips_and_is_absent_when_empty():
     """``families.ice.retrieval`` reads back into the same types; an ICE result without it writes no key and a file
     without the key reads as an empty section (files written before it existed read unchanged)."""
     from probe.analysis.ice import IceResult
-    from probe.analysis.results import from_json, to_json
+    from probe.analysis.results import from_json
+    from probe.codec import encode
 
     sub, trials = _study(np.random.default_rng(0), 6, (1, 2))
     res = retrieval_heads(sub, trials, "m", k=2, n_boot=30)
     empty = IceResult(models=("m",), cells=(), h1=(), h2=(), h3=(), residue_attention=(), attention_cells=(),
                       attention_behaviour=(), taxonomy=())
     full = IceResult(**{**empty.__dict__, "retrieval": (res,)})
-    assert "retrieval" not in to_json(empty, {})
-    assert from_json(IceResult, to_json(empty, {})) == empty
+    assert "retrieval" not in encode(empty, {})
+    assert from_json(IceResult, encode(empty, {})) == empty
     arrays: dict[str, np.ndarray] = {}
-    back = from_json(IceResult, to_json(full, arrays), arrays=arrays)
+    back = from_json(IceResult, encode(full, arrays), arrays=arrays)
     assert back == full and back.retrieval[0].control.top[0].layer == 1
 
 
 def test_report_draws_the_map_and_tables_and_says_why_when_there_is_no_capture(tmp_path):
     from probe.analysis.attention_link import AttentionCell
-    from probe.analysis.grid import Grid
+    from probe.codec import Grid
     from probe.analysis.ice import IceResult
     from probe.config import AnalysisSection
     from probe.report.retrieval import NO_CAPTURE, retrieval_html, retrieval_markdown, retrieval_tables

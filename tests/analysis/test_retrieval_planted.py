@@ -144,7 +144,7 @@ def test_planted_head_is_found_from_the_capture_made_during_generation():
     analysis ranks the planted head first."""
     from probe.attention import left_pad
     from probe.attention.engine import probe_generation
-    from probe.config import ProbeSection
+    from probe.probe_options import ProbeOptions
     from probe.types import Span, TokenizedPrompt
 
     model, _ = working_plant()
@@ -155,7 +155,7 @@ def test_planted_head_is_found_from_the_capture_made_during_generation():
                              spans=(Span("sink", 0, 2, label="sink"),
                                     *(Span(k, a + 1, b + 1, label=k) for k, (a, b) in zip(KINDS[1:], SPANS[1:]))))
     ids, mask, pads = left_pad([tp.input_ids for tp in tps])
-    with torch.no_grad(), probe_generation(model, tps, pads, ProbeSection(answer=True)) as cap:
+    with torch.no_grad(), probe_generation(model, tps, pads, ProbeOptions(answer=True)) as cap:
         out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=N_GEN, do_sample=False,
                              pad_token_id=0, eos_token_id=None)
     answers = [out[i, ids.shape[1]:].tolist() for i in range(len(tps))]

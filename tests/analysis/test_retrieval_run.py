@@ -10,7 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from probe import runner
+from probe.runner import run_experiment
+from probe.runner.folder import prepare_run_dir
+from probe.runner.prompts import build_run_prompts
 from probe.config import config_from_dict
 from probe.errors import ConfigError
 
@@ -38,7 +40,7 @@ def test_a_probed_run_with_answer_capture_gets_retrieval_heads(tmp_path, tiny_ca
     from probe.report.render import render_report
     from probe.runfolder import RunFolder
 
-    run_dir = runner.run_experiment(cfg_of(tmp_path, tiny_card, "sel", 5), progress=False)
+    run_dir = run_experiment(cfg_of(tmp_path, tiny_card, "sel", 5), progress=False)
     run = RunFolder(run_dir)
     analysis = analyze_run(run_dir)
     ice = analysis.families["ice"]
@@ -64,8 +66,8 @@ def test_a_probed_run_with_answer_capture_gets_retrieval_heads(tmp_path, tiny_ca
     # the heads as an intervention's selection for a run on other questions
     top = {"name": "ret", "kind": "knockout", "heads": {"top_k": 2, "from": str(run_dir), "by": "retrieval"}}
     cfg = cfg_of(tmp_path, tiny_card, "test", 17, [top])
-    runner.prepare_run_dir(cfg)
-    prompts = runner.build_run_prompts(cfg, progress=False)["tiny-llama"]
+    prepare_run_dir(cfg)
+    prompts = build_run_prompts(cfg, progress=False)["tiny-llama"]
     if copyable:
         resolved = resolve_interventions(cfg, "tiny-llama", 2, 4, prompts)
         sel = resolved[0].selection

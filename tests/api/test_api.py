@@ -57,7 +57,7 @@ def test_load_tasks_refuses_an_option_its_source_does_not_read() -> None:
 
 @pytest.mark.integration
 def test_build_prompts_equals_what_an_experiment_builds(tmp_path: Path, tiny_card: Path) -> None:
-    from probe.runner import build_run_prompts as runner_build
+    from probe.runner.prompts import build_run_prompts as runner_build
 
     cfg = config_from_dict({
         "experiment": {"name": "b", "seed": 11, "models": [str(tiny_card)], "output_dir": str(tmp_path)},
@@ -194,9 +194,9 @@ def test_load_tasks_takes_a_source_name_or_a_task_section() -> None:
     from probe.tasks import TaskSection
     from probe.tasks import get_source
 
-    section = TaskSection(source="synthetic", n=3, hops=3)
+    section = TaskSection.of("synthetic", n=3, hops=3)
     got = probe.load_tasks(section, seed=7)
-    assert got == get_source("synthetic").load(section, 7)  # the source itself, not the function under test
+    assert got == get_source("synthetic").load(section.options, 7)  # the source itself, not the function under test
     assert got == probe.load_tasks("synthetic", n=3, hops=3, seed=7)
     with pytest.raises(probe.ArgumentError, match="a TaskSection carries its own n and options; drop n, hops"):
         probe.load_tasks(section, 2, hops=2)

@@ -36,7 +36,7 @@ from probe.attention.capture import Capture
 from probe.attention.implementation import attach_probe
 from probe.attention.measures import measures
 from probe.attention.plan import build_plan
-from probe.config import ProbeSection
+from probe.probe_options import ProbeOptions
 from probe.errors import HookError
 from probe.types import Span, TokenizedPrompt
 
@@ -122,10 +122,10 @@ def assert_same(engine, ref, atol: float = ATOL) -> None:
 
 
 OPTION_SETS = {
-    "default": ProbeSection(),
-    "mass-blocks": ProbeSection(residue_mode="mass", block_size=7, gamma=0.8),
-    "last-with-sink": ProbeSection(query="last", exclude_sink=False, block_size=1),
-    "segment": ProbeSection(query="segment:4", block_size=16, gamma=0.3),
+    "default": ProbeOptions(),
+    "mass-blocks": ProbeOptions(residue_mode="mass", block_size=7, gamma=0.8),
+    "last-with-sink": ProbeOptions(query="last", exclude_sink=False, block_size=1),
+    "segment": ProbeOptions(query="segment:4", block_size=16, gamma=0.3),
 }
 
 
@@ -147,7 +147,7 @@ def test_generated_query_set(models, arch: str, mode: str) -> None:
     model = models[arch]
     tp = make_prompt(seed=3, layout="residue", n_tokens=56)
     answer = [5, 17, 99, 3, 42, 8, 8, 1]
-    options = ProbeSection(query="generated", residue_mode=mode, block_size=5)
+    options = ProbeOptions(query="generated", residue_mode=mode, block_size=5)
     got = probe_tokenized(model, tp, options, generated_ids=answer)
     want = reference_segment_attention(model, tp, options, generated_ids=answer)
     assert_same(got, want)
@@ -160,7 +160,7 @@ def test_generated_query_set(models, arch: str, mode: str) -> None:
 def test_layouts(models, layout: str) -> None:
     tp = make_prompt(seed=15, layout=layout, n_tokens=100)
     for mode in ("cosine", "mass"):
-        options = ProbeSection(residue_mode=mode, block_size=32)
+        options = ProbeOptions(residue_mode=mode, block_size=32)
         assert_same(probe_tokenized(models["mistral"], tp, options), reference_segment_attention(models["mistral"], tp,
                                                                                                 options))
 
@@ -169,7 +169,7 @@ def test_attention_is_not_trivial(models) -> None:
     """The tiny models' attention is far from uniform, so the comparisons above can tell rows apart."""
     tp = make_prompt(seed=1, n_tokens=72)
     for arch in ARCHS:
-        res = probe_tokenized(models[arch], tp, ProbeSection(query="last"))
+        res = probe_tokenized(models[arch], tp, ProbeOptions(query="last"))
         assert float(np.nanmax(np.abs(res.p_ext - res.chance[:, None]))) > 0.05, arch
 
 
@@ -207,7 +207,7 @@ def test_forward_output_unchanged_by_probe(models, arch: str) -> None:
     with torch.no_grad():
         want = model.base_model(input_ids=ids, use_cache=False).last_hidden_state
     model.set_attn_implementation(previous)
-    plan = build_plan(tp, ProbeSection(block_size=9))
+    plan = build_plan(tp, ProbeOptions(block_size=9))
     capture = Capture([plan], n_layers=2)
     with torch.no_grad(), attach_probe(model, capture):
         got = model.base_model(input_ids=ids, use_cache=False).last_hidden_state
@@ -227,7 +227,7 @@ def test_masses_sum_to_one_including_sink(models) -> None:
 
 @pytest.mark.parametrize("mode", ["cosine", "mass"])
 def test_control_has_no_residue_and_no_chance(models, mode: str) -> None:
-    res = probe_tokenized(models["mistral"], make_prompt(seed=6, layout="control"), ProbeSection(residue_mode=mode))
+    res = probe_tokenized(models["mistral"], make_prompt(seed=6, layout="control"), ProbeOptions(residue_mode=mode))
     assert res.ar_k is not None and res.ar_k.shape[-1] == 4  # three germane segments and the question
     assert np.all(res.ar_k == 0)
     assert np.all(res.chance == 0) and np.all(res.p_ext == 0)
@@ -248,7 +248,7 @@ def test_uniform_attention_gives_chance(arch: str, exclude_sink: bool, query: st
     for layer in model.model.layers:
         torch.nn.init.zeros_(layer.self_attn.q_proj.weight)
     tp = make_prompt(seed=8, n_tokens=70)
-    res = probe_tokenized(model, tp, ProbeSection(query=query, exclude_sink=exclude_sink))
+    res = probe_tokenized(model, tp, ProbeOptions(query=query, exclude_sink=exclude_sink))
     np.testing.assert_allclose(res.p_ext, np.broadcast_to(res.chance[:, None], res.p_ext.shape), atol=1e-5)
     np.testing.assert_allclose(res.enrichment, 1.0, atol=1e-4)
     # Independent count for the last token without a window: extraneous / non-sink tokens it sees.
@@ -261,7 +261,7 @@ def test_uniform_attention_gives_chance(arch: str, exclude_sink: bool, query: st
 def test_without_residue_same_masses(models) -> None:
     tp = make_prompt(seed=9)
     full = probe_tokenized(models["qwen2"], tp)
-    lean = probe_tokenized(models["qwen2"], tp, ProbeSection(residue=False))
+    lean = probe_tokenized(models["qwen2"], tp, ProbeOptions(residue=False))
     assert lean.ar_k is None
     assert lean.options["residue"] is False and full.options["residue"] is True  # the record says which
     np.testing.assert_allclose(lean.seg_mass, full.seg_mass, atol=1e-6)
@@ -282,7 +282,7 @@ def test_layer_that_does_not_report_raises(models) -> None:
 
 
 def test_layer_reporting_twice_raises() -> None:
-    plan = build_plan(make_prompt(seed=11), ProbeSection())
+    plan = build_plan(make_prompt(seed=11), ProbeOptions())
     capture = Capture([plan], n_layers=2)
     capture.calls.update([0, 1, 1])
     with pytest.raises(HookError, match=r"layers \[1\] reported more than once"):
@@ -316,14 +316,14 @@ def test_transformer_lens_bridge_agrees_with_engine() -> None:
 
     model = _build("llama-gqa3")
     tp = make_prompt(seed=14, layout="residue", n_tokens=64)
-    results = {mode: probe_tokenized(model, tp, ProbeSection(residue_mode=mode)) for mode in ("cosine", "mass")}
+    results = {mode: probe_tokenized(model, tp, ProbeOptions(residue_mode=mode)) for mode in ("cosine", "mass")}
     vocab = {f"t{i}": i for i in range(VOCAB)}
     # No BOS token: TransformerLens would otherwise reload the tokenizer from the hub by name.
     tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="t0")), unk_token="t0",
                                   pad_token="t1", eos_token="t2")
     bridge = TransformerBridge.boot_transformers("tiny-llama", hf_model=model, tokenizer=tok, device="cpu")
     for mode, engine in results.items():
-        lens = probe_transformer_lens(bridge, tp, ProbeSection(residue_mode=mode))
+        lens = probe_transformer_lens(bridge, tp, ProbeOptions(residue_mode=mode))
         assert_same(lens, engine)
     # The bridge replaces the attention modules, which then bypass the AttentionInterface: caught loudly.
     with pytest.raises(HookError, match="did not report"):
@@ -359,8 +359,8 @@ def test_probe_without_value_weighted_measures() -> None:
     every other array is the same."""
     model = _build("llama")
     tp = make_prompt(seed=5, n_tokens=48)
-    full = probe_tokenized(model, tp, ProbeSection(residue=False))
-    raw = probe_tokenized(model, tp, ProbeSection(residue=False), value_weighted=False)
+    full = probe_tokenized(model, tp, ProbeOptions(residue=False))
+    raw = probe_tokenized(model, tp, ProbeOptions(residue=False), value_weighted=False)
     assert {"value_share_segment", "value_p_ext"} <= set(full.measures)
     assert set(raw.measures) == set(full.measures) - {"value_share_segment", "value_p_ext"}
     for k in raw.measures:

@@ -20,7 +20,7 @@ from probe.attention.engine import probe_generation
 from probe.attention.intervention import apply_intervention
 from probe.interventions import Intervention
 from probe.attention.result import SegmentAttention
-from probe.config import ProbeSection
+from probe.probe_options import ProbeOptions
 from probe.errors import ConfigError
 from tests.attention.test_attention import ARCHS, _build, make_prompt
 from tests.attention.test_attention_smollm2 import (  # noqa: F401 (smollm2: a fixture)
@@ -65,7 +65,7 @@ def _capture(model: torch.nn.Module, prompts: list, sample: bool = False, n_new:
         pads = [int((mask[i] == 0).sum()) for i in range(len(prompts))]
     kwargs = dict(do_sample=True, temperature=1.5) if sample else dict(do_sample=False)
     grad_mode = torch.inference_mode() if inference else torch.no_grad()  # the runner generates in inference mode
-    with grad_mode, probe_generation(model, prompts, pads, ProbeSection(answer=True)) as cap:
+    with grad_mode, probe_generation(model, prompts, pads, ProbeOptions(answer=True)) as cap:
         out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n_new, pad_token_id=0, **kwargs)
     probes = cap.results()
     answers = [out[i, ids.shape[1]:].tolist() for i in range(len(prompts))]
@@ -128,7 +128,7 @@ def test_prefill_probe_unchanged_by_answer_capture(models) -> None:
     model = models["qwen2"]
     _, _, with_answer = _capture(model, prompts)
     ids, mask, pads = left_pad([tp.input_ids for tp in prompts])
-    with torch.no_grad(), probe_generation(model, prompts, pads, ProbeSection()) as cap:
+    with torch.no_grad(), probe_generation(model, prompts, pads, ProbeOptions()) as cap:
         model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=N_NEW, do_sample=False, pad_token_id=0)
     assert cap.answer is None
     for a, b in zip(with_answer, cap.results()):
@@ -190,13 +190,16 @@ def test_record_round_trip_and_older_records(models, tmp_path) -> None:
 
 def test_answer_with_generated_query_is_refused() -> None:
     with pytest.raises(ConfigError, match="answer = true with probe.query = 'generated'"):
-        ProbeSection(query="generated", answer=True)
+        ProbeOptions(query="generated", answer=True)
 
 
 def test_run_stores_the_answer_attention_of_every_trial(tmp_path, tiny_card) -> None:
     """``[probe] answer = true``: each trial's attention record holds the capture of exactly its answer (its
     completion tokens), laid out on the record's prompt segments, and equals the eager reference."""
-    from probe import runner
+    from probe.backends import make_backend
+    from probe.loading import get_card
+    from probe.runner import run_experiment
+    from probe.runner.prompts import build_run_prompts
     from probe.backends.local import LocalBackend
     from probe.config import config_from_dict
     from probe.records import load_trials
@@ -210,10 +213,10 @@ def test_run_stores_the_answer_attention_of_every_trial(tmp_path, tiny_card) -> 
         "probe": {"enabled": True, "answer": True},
         "analysis": {"embedder": ""},
     })
-    run = RunFolder(runner.run_experiment(cfg, progress=False))
-    backend = runner.make_backend(runner.get_card(str(tiny_card)))
+    run = RunFolder(run_experiment(cfg, progress=False))
+    backend = make_backend(get_card(str(tiny_card)))
     assert isinstance(backend, LocalBackend)
-    prompts = {p.prompt_id: p for group in runner.build_run_prompts(cfg, progress=False).values() for p in group}
+    prompts = {p.prompt_id: p for group in build_run_prompts(cfg, progress=False).values() for p in group}
     trials = load_trials(run.trials)
     assert len(trials) == 2
     for t in trials:
@@ -283,7 +286,7 @@ def test_layers_with_different_masks_at_the_same_steps_keep_their_own() -> None:
     from probe.attention.plan import build_plan
 
     tp = make_prompt(seed=31, n_tokens=20)
-    plan = build_plan(tp, ProbeSection())
+    plan = build_plan(tp, ProbeOptions())
     w, n_heads, dim, n_new = len(tp.input_ids), 2, 8, 5
     gen = torch.Generator().manual_seed(0)
     rows = AnswerRows([plan], [0], w, steps_per_flush=8)  # every step waits: one flush of all, at results()

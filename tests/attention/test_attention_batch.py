@@ -15,7 +15,7 @@ from probe.attention import left_pad, probe_batch, probe_generation, probe_token
 from probe.attention.masks import BlockMask, block_mask, causal_block_mask
 from probe.attention.plan import build_plan
 from probe.attention.segments import PlanTensors
-from probe.config import ProbeSection
+from probe.probe_options import ProbeOptions
 from probe.errors import ConfigError
 from tests.attention.test_attention import ARCHS, _build, assert_same, make_prompt
 
@@ -38,7 +38,7 @@ def batch_prompts(seed: int) -> list:
 def test_batch_equals_eager_one_prompt_at_a_time(models, arch: str) -> None:
     model = models[arch]
     prompts = batch_prompts(seed=len(arch))
-    for options in (ProbeSection(block_size=16), ProbeSection(residue_mode="mass", block_size=5, gamma=0.7)):
+    for options in (ProbeOptions(block_size=16), ProbeOptions(residue_mode="mass", block_size=5, gamma=0.7)):
         got = probe_batch(model, prompts, options)
         assert len(got) == len(prompts)
         for tp, res in zip(prompts, got):
@@ -51,7 +51,7 @@ def test_batch_with_generated_answers(models, arch: str) -> None:
     model = models[arch]
     prompts = batch_prompts(seed=40)
     answers = [[5, 17, 99], [3, 42, 8, 8, 1, 7, 2], [11]]  # rows end at different lengths: more padding
-    options = ProbeSection(query="generated", block_size=4)
+    options = ProbeOptions(query="generated", block_size=4)
     got = probe_batch(model, prompts, options, answers)
     for tp, ans, res in zip(prompts, answers, got):
         assert res.n_queries == len(ans)
@@ -72,7 +72,7 @@ def test_probe_rides_on_generation(models, arch: str, query: str) -> None:
     prompts = batch_prompts(seed=60 + len(arch))
     ids, mask, pads = left_pad([tp.input_ids for tp in prompts])
     assert pads == [0, 22, 11]
-    options = ProbeSection(query=query, block_size=16)
+    options = ProbeOptions(query=query, block_size=16)
     # Gemma 2's soft-capping: the probe computes the exact (eager) output, which SDPA cannot; compare with eager.
     previous = model.config._attn_implementation
     model.set_attn_implementation("eager" if arch == "gemma2" else "sdpa")
@@ -93,7 +93,7 @@ def test_probe_rides_on_generation(models, arch: str, query: str) -> None:
 def test_generation_probe_refuses_the_generated_query(models) -> None:
     prompts = batch_prompts(seed=1)
     with pytest.raises(ConfigError, match="generated"):
-        with probe_generation(models["llama"], prompts, [0, 22, 11], ProbeSection(query="generated")):
+        with probe_generation(models["llama"], prompts, [0, 22, 11], ProbeOptions(query="generated")):
             pass
 
 
@@ -106,7 +106,7 @@ def _blocks(n: int, block_size: int, positions: np.ndarray | None = None) -> Pla
     from probe.types import Span, TokenizedPrompt
 
     tp = TokenizedPrompt(input_ids=tuple(range(n)), spans=(Span("sink", 0, 1), Span("segment", 1, n)))
-    plan = build_plan(tp, ProbeSection(query="segment:1", block_size=block_size, residue=False))
+    plan = build_plan(tp, ProbeOptions(query="segment:1", block_size=block_size, residue=False))
     if positions is not None:
         object.__setattr__(plan, "row_positions", positions)
     return PlanTensors(plan, torch.device("cpu"))

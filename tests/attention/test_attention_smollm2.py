@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from probe.attention import probe_tokenized, probe_transformer_lens, reference_segment_attention
-from probe.config import ProbeSection
+from probe.probe_options import ProbeOptions
 from probe.types import Span, TokenizedPrompt
 from tests.conftest import setup_package
 
@@ -133,7 +133,7 @@ def test_engine_equals_eager_on_real_models(request, name: str, n_layers: int, n
                                             mode: str) -> None:
     model, tok = request.getfixturevalue(name)
     tp = saturation(tok) if layout == "saturation" else residue(tok)
-    options = ProbeSection(residue_mode=mode, block_size=64)
+    options = ProbeOptions(residue_mode=mode, block_size=64)
     got = probe_tokenized(model, tp, options)
     want = reference_segment_attention(model, tp, options)
     _assert_same(got, want)
@@ -146,7 +146,7 @@ def test_generated_query_on_real_models(request, name: str, n_layers: int, n_hea
     model, tok = request.getfixturevalue(name)
     tp = residue(tok)
     answer = tok(" The river Oder flows into the Baltic Sea, so \\boxed{Baltic Sea}.", add_special_tokens=False)
-    options = ProbeSection(query="generated")
+    options = ProbeOptions(query="generated")
     got = probe_tokenized(model, tp, options, generated_ids=answer["input_ids"])
     want = reference_segment_attention(model, tp, options, generated_ids=answer["input_ids"])
     _assert_same(got, want)

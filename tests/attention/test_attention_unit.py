@@ -10,7 +10,7 @@ from probe.attention import SegmentAttention, build_plan, max_probe_context, pro
 from probe.attention.capacity import LLAMA3_8B
 from probe.attention.reduce import LayerReducer, assemble_result
 from probe.attention.segments import PlanTensors
-from probe.config import ProbeSection
+from probe.probe_options import ProbeOptions
 from probe.errors import ConfigError, SpanError
 from probe.types import Span, TokenizedPrompt
 
@@ -29,10 +29,10 @@ LAYOUT = [("sink", 2), ("instruction", 3), ("extraneous", 4), ("sink", 1), ("ger
 
 def test_query_sets() -> None:
     tp = tp_from(LAYOUT)  # 22 tokens; question at 17..19, closing sink 20..21
-    assert build_plan(tp, ProbeSection()).query_positions.tolist() == [17, 18, 19, 21]
-    assert build_plan(tp, ProbeSection(query="last")).query_positions.tolist() == [21]
-    assert build_plan(tp, ProbeSection(query="segment:4")).query_positions.tolist() == [10, 11, 12]
-    plan = build_plan(tp, ProbeSection(query="generated"), n_generated=3)
+    assert build_plan(tp, ProbeOptions()).query_positions.tolist() == [17, 18, 19, 21]
+    assert build_plan(tp, ProbeOptions(query="last")).query_positions.tolist() == [21]
+    assert build_plan(tp, ProbeOptions(query="segment:4")).query_positions.tolist() == [10, 11, 12]
+    plan = build_plan(tp, ProbeOptions(query="generated"), n_generated=3)
     assert plan.query_positions.tolist() == [22, 23, 24]
     assert plan.segment_kinds[-1] == "generated" and plan.n_tokens == 25
 
@@ -40,22 +40,22 @@ def test_query_sets() -> None:
 def test_query_set_errors() -> None:
     tp = tp_from(LAYOUT)
     with pytest.raises(ConfigError, match="generated"):
-        build_plan(tp, ProbeSection(query="generated"))
+        build_plan(tp, ProbeOptions(query="generated"))
     with pytest.raises(SpanError, match="9 segments"):
-        build_plan(tp, ProbeSection(query="segment:9"))
+        build_plan(tp, ProbeOptions(query="segment:9"))
     no_question = tp_from([("sink", 1), ("germane", 3)])
     with pytest.raises(SpanError, match="no question segment"):
-        build_plan(no_question, ProbeSection())
+        build_plan(no_question, ProbeOptions())
 
 
 def test_residue_distances_skip_sink_segments() -> None:
-    plan = build_plan(tp_from(LAYOUT), ProbeSection(gamma=0.5))
+    plan = build_plan(tp_from(LAYOUT), ProbeOptions(gamma=0.5))
     # Non-sink order: instruction 0, extraneous(2) 1, germane(4) 2, extraneous(5) 3, germane(6) 4, question(7) 5.
     assert plan.ar_targets == (4, 6, 7)
     assert plan.ar_sources == (((2, 0.5),), ((2, 0.125), (5, 0.5)), ((2, 0.0625), (5, 0.25)))
     # Cosine residue needs the rows of the targets, of both extraneous segments and of the query set.
     assert set(plan.row_positions.tolist()) == set(range(5, 20)) - {9} | {21}
-    mass = build_plan(tp_from(LAYOUT), ProbeSection(residue_mode="mass"))
+    mass = build_plan(tp_from(LAYOUT), ProbeOptions(residue_mode="mass"))
     assert set(mass.row_positions.tolist()) == set(range(10, 13)) | set(range(15, 20)) | {21}
 
 
@@ -66,7 +66,7 @@ def _causal_rows(n: int, logits: np.ndarray) -> np.ndarray:
     return e / e.sum(-1, keepdims=True)
 
 
-def _reduce(tp: TokenizedPrompt, options: ProbeSection, att: np.ndarray, matmul: bool = True) -> SegmentAttention:
+def _reduce(tp: TokenizedPrompt, options: ProbeOptions, att: np.ndarray, matmul: bool = True) -> SegmentAttention:
     """Run the reducer over full (H, T, T) rows of one layer, block by block."""
     plan = build_plan(tp, options)
     n = plan.n_tokens
@@ -86,7 +86,7 @@ def test_reducer_on_hand_made_rows(matmul: bool) -> None:
     tp = tp_from([("sink", 1), ("extraneous", 3), ("germane", 2), ("question", 2), ("sink", 1)])
     rng = np.random.default_rng(0)
     att = _causal_rows(9, rng.normal(size=(2, 9, 9)) * 2)
-    res = _reduce(tp, ProbeSection(block_size=2, gamma=0.5), att, matmul)
+    res = _reduce(tp, ProbeOptions(block_size=2, gamma=0.5), att, matmul)
     q = [6, 7, 8]
     ext = att[:, q, 1:4].sum(-1).mean(-1)
     sink = (att[:, q, 0] + att[:, q, 8]).mean(-1)
@@ -103,7 +103,7 @@ def test_reducer_on_hand_made_rows(matmul: bool) -> None:
         s /= s.sum(-1, keepdims=True)
         cos = (e * s).sum(-1) / np.linalg.norm(e, axis=-1) / np.linalg.norm(s, axis=-1)
         np.testing.assert_allclose(res.ar_k[0, :, ti], 0.5**dist * cos, atol=1e-6)
-    mass = _reduce(tp, ProbeSection(residue_mode="mass", block_size=4, gamma=0.5), att, matmul)
+    mass = _reduce(tp, ProbeOptions(residue_mode="mass", block_size=4, gamma=0.5), att, matmul)
     np.testing.assert_allclose(mass.ar_k[0, :, 1], 0.25 * att[:, 6:8, 1:4].sum(-1).mean(-1), atol=1e-6)
 
 
@@ -112,7 +112,7 @@ def test_reducer_uniform_rows_give_chance() -> None:
     n = len(tp.input_ids)
     att = np.broadcast_to(_causal_rows(n, np.zeros((n, n))), (3, n, n))
     for exclude in (True, False):
-        res = _reduce(tp, ProbeSection(exclude_sink=exclude, block_size=5), att)
+        res = _reduce(tp, ProbeOptions(exclude_sink=exclude, block_size=5), att)
         np.testing.assert_allclose(res.p_ext, res.chance[:, None].repeat(3, 1), atol=1e-6)
 
 

@@ -10,7 +10,7 @@ import torch
 
 from probe.attention import probe_batch, probe_tokenized, reference_segment_attention
 from probe.attention.measures.value import value_norms
-from probe.config import ProbeSection
+from probe.probe_options import ProbeOptions
 from probe.types import TokenizedPrompt
 from tests.attention.test_attention import ARCHS, _build, make_prompt
 
@@ -30,9 +30,9 @@ def test_value_norms_read_each_heads_kv_values_and_its_own_output_rows() -> None
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("options", [ProbeSection(), ProbeSection(query="last", exclude_sink=False, block_size=3)],
+@pytest.mark.parametrize("options", [ProbeOptions(), ProbeOptions(query="last", exclude_sink=False, block_size=3)],
                          ids=["question", "last-with-sink"])
-def test_value_weighted_share_equals_eager(arch: str, options: ProbeSection) -> None:
+def test_value_weighted_share_equals_eager(arch: str, options: ProbeOptions) -> None:
     model = _build(arch)
     tp = make_prompt(7, layout="saturation", n_tokens=58)
     got = probe_tokenized(model, tp, options)

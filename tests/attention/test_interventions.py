@@ -20,7 +20,7 @@ from probe.attention.engine import left_pad
 from probe.attention.implementation import IMPLEMENTATION, attention_implementation
 from probe.attention.intervention import apply_intervention
 from probe.interventions import Intervention, RowEdit
-from probe.config import ProbeSection
+from probe.probe_options import ProbeOptions
 from probe.errors import ConfigError, SpanError
 from probe.types import Span, TokenizedPrompt
 from tests.attention.test_attention import _build, make_prompt
@@ -254,7 +254,7 @@ def test_probe_measures_the_intervened_attention(models, arch: str) -> None:
     model = models[arch]
     tp = make_prompt(seed=41, layout="saturation", n_tokens=64)
     spec = Intervention(kind="steer", alpha=0.25, keys="extraneous", layers=(0,))
-    options = ProbeSection(query="question", exclude_sink=False)
+    options = ProbeOptions(query="question", exclude_sink=False)
     with apply_intervention(model, [tp], spec):
         got = probe_tokenized(model, tp, options)
     plain = probe_tokenized(model, tp, options)

@@ -23,7 +23,8 @@ import pytest
 import torch
 
 from probe.attention import SegmentAttention, probe_tokenized
-from probe.config import GenerationSection, ProbeSection
+from probe.config import GenerationSection
+from probe.probe_options import ProbeOptions
 from probe.prompts.tokenize import encode_prompt
 from probe.loading import LoadedModel, ModelCard, get_card, input_device, load_model
 from probe.backends import LocalBackend
@@ -153,14 +154,14 @@ def test_dispatched_model_probes_and_generates_like_one_device(plain, tmp_path, 
         hook = model.get_submodule(name)._hf_hook
         assert hook.offload and hook.weights_map is not None, name
 
-    opts = ProbeSection(query="question", gamma=0.5, block_size=16)
+    opts = ProbeOptions(query="question", gamma=0.5, block_size=16)
     for prompt in PROMPTS:
         tp = encode_prompt(prompt, plain.tokenizer)
         assert encode_prompt(prompt, loaded.tokenizer) == tp
         assert_same_probe(probe_tokenized(plain.model, tp, opts), probe_tokenized(model, tp, opts))
         # a probe over prompt + answer reads the answer's keys too
         answer = (tp.input_ids[5], tp.input_ids[9], tp.input_ids[2])
-        gen_opts = ProbeSection(query="generated", block_size=16)
+        gen_opts = ProbeOptions(query="generated", block_size=16)
         assert_same_probe(probe_tokenized(plain.model, tp, gen_opts, generated_ids=answer),
                           probe_tokenized(model, tp, gen_opts, generated_ids=answer))
 
@@ -190,7 +191,7 @@ def test_comparison_sees_a_layer_with_other_weights(plain):
     other = copy.deepcopy(plain.model)
     with torch.no_grad():
         other.model.layers[1].self_attn.k_proj.weight.mul_(1.5)
-    opts = ProbeSection(query="question", block_size=16)
+    opts = ProbeOptions(query="question", block_size=16)
     tp = encode_prompt(PROMPTS[0], plain.tokenizer)
     assert max_difference(probe_tokenized(plain.model, tp, opts), probe_tokenized(other, tp, opts)) > 100 * ATOL
 

@@ -19,7 +19,7 @@ from probe.backends.openai import OpenAIBackend, RetryPolicy
 from probe.config import GenerationSection
 from probe.loading import ModelCard
 from probe.records import TrialRecord, append_jsonl, load_trials, make_trial_id
-from probe.runner import done_ids
+from probe.runner.folder import done_ids
 from tests.serving import LocalServer
 from probe.types import Prompt, Segment
 

@@ -176,15 +176,15 @@ def test_any_string_is_written_back_as_toml_that_reads_back_equal(tmp_path, text
                             "ice": {"instruction": text}})
     dumped = dump_config(cfg)
     assert config_from_dict(tomllib.loads(dumped)) == cfg
-    assert cfg.ice.instruction == text and cfg.tasks[0].path == str(jsonl)
+    assert cfg.ice.instruction == text and cfg.tasks[0].options.path == str(jsonl)
     # and through the run folder: written by one run, read back (not "a different configuration") by the next
-    from probe import runner
+    from probe.runner.folder import prepare_run_dir
     from probe.config import read_run_config
 
     cfg = config_from_dict({**tomllib.loads(dumped), "experiment": {"name": "x", "output_dir": str(tmp_path)}})
-    runner.prepare_run_dir(cfg)
+    prepare_run_dir(cfg)
     assert read_run_config(cfg.run_folder) == cfg
-    runner.prepare_run_dir(cfg)
+    prepare_run_dir(cfg)
 
 
 def test_a_lone_surrogate_cannot_be_written_and_says_so():
@@ -195,25 +195,25 @@ def test_a_lone_surrogate_cannot_be_written_and_says_so():
 
 
 def test_an_unreadable_run_config_is_a_config_error_naming_the_file(tmp_path):
-    from probe import runner
+    from probe.runner.folder import prepare_run_dir
     from probe.config import read_run_config
 
     cfg = config_from_dict({"experiment": {"name": "x", "output_dir": str(tmp_path)},
                             "tasks": [{"source": "synthetic"}]})
-    runner.prepare_run_dir(cfg)
+    prepare_run_dir(cfg)
     record = cfg.run_folder.attention_record("m", "t|Control|L0|r0")  # the folder holds a record of its run
     record.parent.mkdir(parents=True)
     record.write_bytes(b"npz")
     path = cfg.run_folder.config
     path.write_text('[ice]\ninstruction = "two\nlines"\n', encoding="utf-8")  # what an old toolkit version wrote
-    for read in (lambda: read_run_config(cfg.run_dir), lambda: runner.prepare_run_dir(cfg)):
+    for read in (lambda: read_run_config(cfg.run_dir), lambda: prepare_run_dir(cfg)):
         with pytest.raises(ConfigError, match="not valid TOML") as err:
             read()
         assert str(path) in str(err.value) and "--force" in str(err.value)
     path.write_bytes(b'[experiment]\nname = "\xff"\n')
     with pytest.raises(ConfigError, match="not UTF-8"):
         read_run_config(cfg.run_dir)
-    runner.prepare_run_dir(cfg, force=True)  # --force writes it again from the experiment, the record moved aside
+    prepare_run_dir(cfg, force=True)  # --force writes it again from the experiment, the record moved aside
     assert read_run_config(cfg.run_dir) == cfg and not record.exists()
     assert read_run_config(tmp_path / "no-run-here") is None
 
@@ -291,7 +291,7 @@ def test_probe_models_probes_each_served_url_and_names_a_missing_gguf(tmp_path, 
 def test_probe_residue_is_an_option_and_a_config_without_it_computes_it():
     """``[probe] residue`` says whether AR_k is computed; a config written before the option existed reads as
     computing it (as every run did), so resuming its run folder finds no difference."""
-    from probe.runner import record_differences
+    from probe.runner.folder import record_differences
 
     base = {"experiment": {"name": "r"}, "tasks": [{"source": "synthetic"}]}
     old = config_from_dict(base)

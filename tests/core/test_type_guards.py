@@ -9,7 +9,7 @@ import pytest
 from probe.analysis.estimates import key_int
 from probe.attention import build_plan
 from probe.attention.reduce import LayerAggregates, assemble_result
-from probe.config import ProbeSection
+from probe.probe_options import ProbeOptions
 from probe.errors import HookError
 from probe.types import Span, TokenizedPrompt
 
@@ -17,7 +17,7 @@ from probe.types import Span, TokenizedPrompt
 def test_a_layer_without_its_residue_is_refused() -> None:
     tp = TokenizedPrompt(input_ids=tuple(range(9)), spans=(Span("sink", 0, 1), Span("extraneous", 1, 4),
                                                           Span("germane", 4, 6), Span("question", 6, 9)))
-    plan = build_plan(tp, ProbeSection())
+    plan = build_plan(tp, ProbeOptions())
     assert plan.compute_residue and plan.ar_targets
     n_heads, n_seg = 2, len(plan.segment_kinds)
     full = LayerAggregates({"seg_mass_segment": np.full((n_heads, n_seg), 1 / n_seg),

@@ -14,7 +14,8 @@ from probe.errors import SpanError
 from probe.prompts.builder import Piece, assemble
 from probe.prompts.tokenize import PieceCounter, chat_frame, encode_prompt, encode_prompt_reference
 from probe.records import read_jsonl
-from probe.runner import build_run_prompts, prepare_run_dir
+from probe.runner.folder import prepare_run_dir
+from probe.runner.prompts import build_run_prompts
 from probe.types import Prompt, Segment
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "builder"

@@ -12,7 +12,7 @@ import pytest
 
 import probe
 from probe.cli import main
-from probe.config import ProbeSection
+from probe.probe_options import ProbeOptions
 from probe.errors import ConfigError, ProbeError
 from tests.fixtures.experiment import tiny_experiment
 
@@ -50,7 +50,7 @@ def test_attention_per_token_equals_eager_attention_and_sums_to_the_segment_mass
 
     task = probe.load_tasks("synthetic", n=1, seed=3)[0]
     tp = tiny_lm.tokenize(tiny_lm.build_prompt(task, "Saturation", load=50))
-    opts = ProbeSection(query=query)
+    opts = ProbeOptions(query=query)
     per_token = token_attention(tiny_lm.model, tp, opts)
     assert per_token.seg_mass_segment.shape == (2, 4, len(tp.input_ids))
     np.testing.assert_allclose(per_token.seg_mass_segment, _eager_token_mass(tiny_lm.model, tp, query), atol=1e-5)
@@ -66,7 +66,7 @@ def test_attention_per_token_refuses_a_query_set_it_cannot_split(tiny_lm) -> Non
     task = probe.load_tasks("synthetic", n=1)[0]
     tp = tiny_lm.tokenize(tiny_lm.build_prompt(task, "Control"))
     with pytest.raises(ConfigError, match="'segment:2'"):
-        token_attention(tiny_lm.model, tp, ProbeSection(query="segment:2"))
+        token_attention(tiny_lm.model, tp, ProbeOptions(query="segment:2"))
 
 
 @pytest.fixture(scope="module")

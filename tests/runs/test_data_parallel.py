@@ -23,7 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from probe import runner
+from probe.records import make_trial_id
+from probe.runner import run_experiment
+from probe.runner.folder import prepare_run_dir
 from probe.config import load_config
 from probe.records import append_jsonl, load_trials, read_jsonl
 from tests.fixtures.experiment import tiny_experiment
@@ -76,7 +78,7 @@ def records(run_dir: Path) -> dict[str, dict]:
 def reference(tiny_card: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The same experiment run in one process (``run_experiment``, as a plain ``probe run`` does)."""
     exp = write_experiment(tmp_path_factory.mktemp("single"), tiny_card)
-    return runner.run_experiment(load_config(exp), progress=False, device="cpu")
+    return run_experiment(load_config(exp), progress=False, device="cpu")
 
 
 @pytest.fixture(scope="module")
@@ -109,8 +111,8 @@ def test_relaunch_after_an_interruption_runs_only_what_is_missing(dp_run, refere
     exp, run_dir, _ = dp_run
     ref = records(reference)
     prompts_before = (run_dir / "prompts.jsonl").read_bytes()
-    ids = [runner.make_trial_id("tiny-llama", p["prompt_id"]) for p in read_jsonl(run_dir / "prompts.jsonl")]
-    rank_ids = {r: ids[r::2] for r in (0, 1)}  # runner.shard_of: every 2nd prompt, offset rank
+    ids = [make_trial_id("tiny-llama", p["prompt_id"]) for p in read_jsonl(run_dir / "prompts.jsonl")]
+    rank_ids = {r: ids[r::2] for r in (0, 1)}  # probe.runner.trials.shard_of: every 2nd prompt, offset rank
     # What an interrupted two-process run leaves: each rank's shard holds part of its share, rank 1 died mid-line,
     # one of rank 0's trials failed in the backend; a few trials sit in the merged file from an earlier run.
     (run_dir / "trials.jsonl").unlink()
@@ -136,14 +138,14 @@ def test_single_process_run_folds_in_shards_left_by_a_data_parallel_run(tiny_car
     """A data-parallel run interrupted and finished without ``accelerate launch`` ends with one merged file."""
     exp = write_experiment(tmp_path, tiny_card)
     cfg = load_config(exp)
-    runner.prepare_run_dir(cfg)
+    prepare_run_dir(cfg)
     (cfg.run_dir / "prompts.jsonl").write_bytes((reference / "prompts.jsonl").read_bytes())
     ref = records(reference)
     ids = sorted(ref)
     append_jsonl(cfg.run_dir / "trials.rank0.jsonl", [ref[i] for i in ids[:5]])
     append_jsonl(cfg.run_dir / "trials.rank1.jsonl", [ref[i] for i in ids[5:7]])
     with caplog.at_level(logging.INFO, logger="probe.runner"):
-        runner.run_experiment(cfg, progress=False, device="cpu")
+        run_experiment(cfg, progress=False, device="cpu")
     assert f"rank 0 of 1: {N_PROMPTS - 7} trials to run, 7 already recorded" in caplog.text
     assert not list(cfg.run_dir.glob("trials.rank*.jsonl"))
     lines = list(read_jsonl(cfg.run_dir / "trials.jsonl"))

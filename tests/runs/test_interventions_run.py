@@ -11,7 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from probe import runner
+from probe.runner import run_experiment
+from probe.runner.checks import check_inputs, check_interventions_supported
+from probe.runner.folder import prepare_run_dir
+from probe.runner.prompts import build_run_prompts
 from probe.backends.local import LocalBackend
 from probe.config import config_from_dict, dump_config
 from probe.errors import ConfigError
@@ -45,7 +48,7 @@ def test_run_records_every_prompt_once_per_intervention(tmp_path, tiny_card) -> 
     from probe.runfolder import RunFolder
 
     cfg = make_cfg(tmp_path, tiny_card)
-    run_dir = runner.run_experiment(cfg, progress=False)
+    run_dir = run_experiment(cfg, progress=False)
     trials = load_trials(run_dir / "trials.jsonl")
     prompts = {p.prompt_id for p in load_prompts(RunFolder(run_dir).prompts)}
     names = [None, "ko", "ko-random", "sweep@L0-0", "sweep@L1-1"]  # the tiny model has 2 layers
@@ -83,7 +86,7 @@ def test_an_intervention_runs_only_on_the_cells_it_names(tmp_path, tiny_card) ->
     sections = [{"name": "ko", "kind": "knockout", "conditions": ["Residue"]},
                 {"name": "ko-control", "kind": "knockout", "keys": "matched-random", "loads": [0]}]
     cfg = make_cfg(tmp_path, tiny_card, interventions=sections, probe=False)
-    run_dir = runner.run_experiment(cfg, progress=False)
+    run_dir = run_experiment(cfg, progress=False)
     trials = load_trials(run_dir / "trials.jsonl")
     cells = {(t.intervention, t.condition) for t in trials}
     assert {c for iv, c in cells if iv is None} == {"Control", "Residue"}
@@ -93,7 +96,7 @@ def test_an_intervention_runs_only_on_the_cells_it_names(tmp_path, tiny_card) ->
     saved = json.loads((run_dir / "interventions.json").read_text())
     assert [(d["name"], d["conditions"], d["loads"]) for d in saved] == [("ko", ["Residue"], None),
                                                                          ("ko-control", None, [0])]
-    assert runner.run_experiment(cfg, progress=False) == run_dir
+    assert run_experiment(cfg, progress=False) == run_dir
     assert len(load_trials(run_dir / "trials.jsonl")) == len(trials)
 
 
@@ -112,16 +115,16 @@ def test_interrupted_intervention_run_resumes_without_duplicates(tmp_path, tiny_
 
     monkeypatch.setattr(LocalBackend, "generate", crashing)
     with pytest.raises(KeyboardInterrupt):
-        runner.run_experiment(cfg, progress=False)
+        run_experiment(cfg, progress=False)
     path = cfg.run_dir / "trials.jsonl"
     first = path.read_text().splitlines()
     assert 4 <= len(first) < 8
     monkeypatch.setattr(LocalBackend, "generate", real_generate)
-    runner.run_experiment(cfg, progress=False)
+    run_experiment(cfg, progress=False)
     ids = [json.loads(x)["trial_id"] for x in path.read_text().splitlines()]
     assert len(ids) == len(set(ids)) == 8
     before = path.read_text()
-    runner.run_experiment(cfg, progress=False)
+    run_experiment(cfg, progress=False)
     assert path.read_text() == before
 
 
@@ -130,11 +133,11 @@ def test_top_k_heads_come_from_a_separate_probe_run(tmp_path, tiny_card) -> None
     from probe.runfolder import RunFolder
 
     selection = make_cfg(tmp_path, tiny_card, interventions=[], name="select", seed=11)
-    sel_dir = runner.run_experiment(selection, progress=False)
+    sel_dir = run_experiment(selection, progress=False)
     top = {"name": "top", "kind": "knockout", "heads": {"top_k": 3, "from": str(sel_dir), "random_control": True}}
     cfg = make_cfg(tmp_path, tiny_card, interventions=[top], seed=3)
-    runner.prepare_run_dir(cfg)
-    prompts = runner.build_run_prompts(cfg, progress=False)["tiny-llama"]
+    prepare_run_dir(cfg)
+    prompts = build_run_prompts(cfg, progress=False)["tiny-llama"]
     resolved = resolve_interventions(cfg, "tiny-llama", 2, 4, prompts)
     # the reference ranking: mean enrichment over the selection run's records, computed here
     recs = [SegmentAttention.load(p) for p in sorted(RunFolder(sel_dir).attention_dir("tiny-llama").glob("*.npz"))]
@@ -151,12 +154,12 @@ def test_top_k_heads_come_from_a_separate_probe_run(tmp_path, tiny_card) -> None
     # model's configuration), and again from the built prompts
     same = make_cfg(tmp_path, tiny_card, interventions=[top], name="same", seed=11)
     with pytest.raises(ConfigError, match="questions"):
-        runner.check_inputs(same)
+        check_inputs(same)
     assert not same.run_dir.exists()
-    runner.prepare_run_dir(same)
+    prepare_run_dir(same)
     with pytest.raises(ConfigError, match="questions"):
-        resolve_interventions(same, "tiny-llama", 2, 4, runner.build_run_prompts(same, progress=False)["tiny-llama"])
-    runner.check_inputs(cfg)  # other questions: passes
+        resolve_interventions(same, "tiny-llama", 2, 4, build_run_prompts(same, progress=False)["tiny-llama"])
+    check_inputs(cfg)  # other questions: passes
 
 
 def test_interventions_on_a_served_model_are_refused(tmp_path, tiny_card) -> None:
@@ -164,7 +167,7 @@ def test_interventions_on_a_served_model_are_refused(tmp_path, tiny_card) -> Non
     served = ModelCard(name="served-test", source="api", backend="openai", base_url="http://127.0.0.1:1/v1",
                        served_model="m")
     with pytest.raises(ConfigError, match="local weights"):
-        runner.check_interventions_supported(cfg, [served])
+        check_interventions_supported(cfg, [served])
 
 
 def test_section_round_trips_through_the_run_config(tmp_path, tiny_card) -> None:
@@ -192,7 +195,7 @@ def test_section_round_trips_through_the_run_config(tmp_path, tiny_card) -> None
     ({"name": "a", "kind": "knockout", "heads": {"top_k": 0, "from": "x"}}, "top_k"),
     ({"name": "a", "kind": "knockout", "colour": 1}, "unknown key"),
     ({"kind": "knockout"}, r"missing key\(s\) name"),
-    ({"name": "a", "kind": "knockout", "loads": ["50"]}, r"\.loads: expected int, got '50'"),
+    ({"name": "a", "kind": "knockout", "loads": ["50"]}, r"\.loads\[0\]: expected int, got '50'"),
     ({"name": "a", "kind": "knockout", "conditions": ["Saturation"]}, r"\.conditions: \['Saturation'\] not in"),
     ({"name": "a", "kind": "knockout", "conditions": "Residue"}, r"\.conditions: expected a list, got 'Residue'"),
     ({"name": "a", "kind": "knockout", "conditions": []}, r"\.conditions"),
@@ -237,7 +240,7 @@ def test_probe_records_under_an_intervention_equal_a_separate_probe_of_the_edite
     from probe.runfolder import RunFolder
 
     cfg = make_cfg(tmp_path, tiny_card, interventions=INTERVENTIONS[:1])
-    run_dir = runner.run_experiment(cfg, progress=False)
+    run_dir = run_experiment(cfg, progress=False)
     folder = RunFolder(run_dir)
     lm = probe.load_model(str(tiny_card), device="cpu")
     residue = [p for p in load_prompts(folder.prompts) if p.condition == "Residue"]

@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from probe import runner
+from probe.config import read_run_config
+from probe.runner.folder import prepare_run_dir
 from probe.cli import main
 from probe.config import load_config
 from probe.records import DuplicateTrialError, load_trials
@@ -146,7 +147,7 @@ def test_a_copied_run_folder_resumes_and_batch_size_is_no_difference(tmp_path, t
     assert main(["run", str(exp), "-q", "--output-dir", str(copy.root.parent), "--batch-size", "1"]) == 0
     assert copy.trials.read_bytes() == trials  # resumed: nothing to redo
     assert load_config(exp, {"experiment": {"output_dir": str(copy.root.parent)}, "generation": {"batch_size": 1}}) \
-        == runner.read_run_config(copy)
+        == read_run_config(copy)
     capsys.readouterr()
     assert main(["run", str(exp), "-q", "--output-dir", str(copy.root.parent), "--max-new-tokens", "5"]) == 2
     assert "generation.max_new_tokens: 3 -> 5" in capsys.readouterr().err
@@ -248,15 +249,15 @@ def test_force_starts_over_past_a_damaged_record_file_only_for_another_configura
 
     cfg = config_from_dict({"experiment": {"name": "x", "output_dir": str(tmp_path)},
                             "tasks": [{"source": "synthetic"}]})
-    runner.prepare_run_dir(cfg)
+    prepare_run_dir(cfg)
     run = cfg.run_folder
     run.trials.write_text("not a record\n{}\n")
     for force in (False, True):  # the same configuration: the damage is named, --force or not
         with pytest.raises(RecordError, match=rf"{run.trials}:1: not valid JSON"):
-            runner.prepare_run_dir(cfg, force=force)
+            prepare_run_dir(cfg, force=force)
     other = replace(cfg, experiment=replace(cfg.experiment, seed=8))
-    runner.prepare_run_dir(other, force=True)
-    assert not run.trials.exists() and runner.read_run_config(run) == other
+    prepare_run_dir(other, force=True)
+    assert not run.trials.exists() and read_run_config(run) == other
     (moved,) = [p for p in run.root.iterdir() if p.name.startswith("superseded-")]
     assert (moved / "trials.jsonl").read_text() == "not a record\n{}\n"
 

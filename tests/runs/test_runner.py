@@ -8,7 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from probe import runner
+from probe.backends import make_backend
+from probe.loading import get_card
+from probe.runner import run_experiment
+from probe.runner.folder import merge_shards, prepare_run_dir
+from probe.runner.prompts import build_run_prompts, load_all_tasks
+from probe.runner.trials import make_record, run_model
 from probe.backends.local import LocalBackend
 from probe.config import config_from_dict
 from probe.errors import ConfigError
@@ -35,7 +40,7 @@ def expected_trials(cfg) -> int:
 
 def test_run_writes_one_record_per_prompt(tmp_path, tiny_card):
     cfg = make_cfg(tmp_path, tiny_card)
-    run_dir = runner.run_experiment(cfg, progress=False)
+    run_dir = run_experiment(cfg, progress=False)
     trials = load_trials(run_dir / "trials.jsonl")
     prompts = list(read_jsonl(run_dir / "prompts.jsonl"))
     assert len(trials) == len(prompts) == expected_trials(cfg)
@@ -64,7 +69,7 @@ def test_interrupted_run_resumes_without_duplicates_or_losses(tmp_path, tiny_car
 
     monkeypatch.setattr(LocalBackend, "generate", crashing)
     with pytest.raises(KeyboardInterrupt):
-        runner.run_experiment(cfg, progress=False)
+        run_experiment(cfg, progress=False)
     path = cfg.run_dir / "trials.jsonl"
     first = path.read_text().splitlines()
     assert 0 < len(first) < expected_trials(cfg)
@@ -72,14 +77,14 @@ def test_interrupted_run_resumes_without_duplicates_or_losses(tmp_path, tiny_car
     with path.open("a") as fh:
         fh.write('{"trial_id": "tiny-llama::half')
     monkeypatch.setattr(LocalBackend, "generate", real_generate)
-    runner.run_experiment(cfg, progress=False)
+    run_experiment(cfg, progress=False)
     lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip().endswith("}")]
     ids = [x["trial_id"] for x in lines]
     assert len(ids) == len(set(ids)) == expected_trials(cfg)
     assert path.read_text().splitlines()[: len(first)] == first  # nothing recorded was rewritten
     # a finished run is not redone
     before = path.read_text()
-    runner.run_experiment(cfg, progress=False)
+    run_experiment(cfg, progress=False)
     assert path.read_text() == before
 
 
@@ -88,7 +93,7 @@ def test_prompt_longer_than_the_context_window_is_skipped_with_reason(tmp_path, 
     card.write_text(tiny_card.read_text().replace("context_window = 4096", "context_window = 150")
                     .replace('name = "tiny-llama"', 'name = "tiny-short"'))
     cfg = make_cfg(tmp_path, card)
-    run_dir = runner.run_experiment(cfg, progress=False)
+    run_dir = run_experiment(cfg, progress=False)
     trials = load_trials(run_dir / "trials.jsonl")
     skipped = [t for t in trials if t.skipped]
     assert skipped and all("context window of 150" in t.skip_reason and t.em is None for t in skipped)
@@ -98,25 +103,25 @@ def test_prompt_longer_than_the_context_window_is_skipped_with_reason(tmp_path, 
 
 def test_a_run_folder_of_another_config_is_refused(tmp_path, tiny_card):
     cfg = make_cfg(tmp_path, tiny_card)
-    runner.prepare_run_dir(cfg)
-    runner.build_run_prompts(cfg, progress=False)
+    prepare_run_dir(cfg)
+    build_run_prompts(cfg, progress=False)
     other = replace(cfg, generation=replace(cfg.generation, max_new_tokens=9))
     with pytest.raises(ConfigError, match="different configuration") as err:
-        runner.prepare_run_dir(other)
+        prepare_run_dir(other)
     assert "generation.max_new_tokens: 4 -> 9" in str(err.value)  # the refusal names what differs
-    runner.prepare_run_dir(other, force=True)
+    prepare_run_dir(other, force=True)
 
 
 def test_shards_merge_without_duplicates_or_gaps(tmp_path, tiny_card):
     cfg = make_cfg(tmp_path, tiny_card)
-    runner.prepare_run_dir(cfg)
-    by_model = runner.build_run_prompts(cfg, progress=False)
-    tasks = {t.task_id: t for t in runner.load_all_tasks(cfg)}
-    backend = runner.make_backend(runner.get_card(str(tiny_card)))
+    prepare_run_dir(cfg)
+    by_model = build_run_prompts(cfg, progress=False)
+    tasks = {t.task_id: t for t in load_all_tasks(cfg)}
+    backend = make_backend(get_card(str(tiny_card)))
     for rank in range(2):
-        runner.run_model(cfg, backend, by_model["tiny-llama"], tasks, rank=rank, world=2, progress=False)
+        run_model(cfg, backend, by_model["tiny-llama"], tasks, rank=rank, world=2, progress=False)
     assert not (cfg.run_dir / "trials.jsonl").exists()
-    n = runner.merge_shards(cfg.run_dir)
+    n = merge_shards(cfg.run_dir)
     trials = load_trials(cfg.run_dir / "trials.jsonl")
     assert n == len(trials) == expected_trials(cfg)
     assert not list(cfg.run_dir.glob("trials.rank*.jsonl"))
@@ -134,10 +139,10 @@ def test_cogniload_trials_are_scored_by_progressive_exact_match():
     # the generic scorer would take the last line; progressive matching finds the PoI's sentence
     poi, cat = task.meta["poi"], task.meta["category"]
     right = Generation(f"Working it out.\nIn the end the {cat} of {poi} is {task.gold}.\nThat was fun.", False, 10, 5)
-    rec = runner.make_record("m", prompt, task, right)
+    rec = make_record("m", prompt, task, right)
     assert rec.em == 1.0 and rec.hop_recall is None
     wrong = Generation("I do not know.", False, 10, 5)
-    assert runner.make_record("m", prompt, task, wrong).em == 0.0
+    assert make_record("m", prompt, task, wrong).em == 0.0
 
 
 AWKWARD_TASK_IDS = ["a/b c:d", "Zürich|東京 100%", "t" * 200]
@@ -162,7 +167,7 @@ def test_attention_records_of_any_task_id_land_where_the_run_folder_names_them(t
         "probe": {"enabled": True},
         "analysis": {"embedder": ""},
     })
-    run = RunFolder(runner.run_experiment(cfg, progress=False))
+    run = RunFolder(run_experiment(cfg, progress=False))
     trials = load_trials(run.trials)
     assert sorted({t.task_id for t in trials}) == sorted(AWKWARD_TASK_IDS) and len(trials) == 2 * len(AWKWARD_TASK_IDS)
     expected = {run.attention_record(t.model, t.prompt_id) for t in trials}
@@ -173,7 +178,7 @@ def test_attention_records_of_any_task_id_land_where_the_run_folder_names_them(t
         assert record.n_layers == 2 and record.p_ext.shape == (2, 4)
     # a resumed run finds every record where it wrote it and probes nothing again
     before = {p: p.stat().st_mtime_ns for p in expected}
-    runner.run_experiment(replace(cfg, generation=replace(cfg.generation)), progress=False)
+    run_experiment(replace(cfg, generation=replace(cfg.generation)), progress=False)
     assert {p: p.stat().st_mtime_ns for p in expected} == before
 
 
@@ -188,7 +193,7 @@ def test_a_damaged_record_line_stops_a_run_before_it_writes_anything(tmp_path, t
 
     cfg = make_cfg(tmp_path, tiny_card)
     run = cfg.run_folder
-    runner.run_experiment(cfg, progress=False)
+    run_experiment(cfg, progress=False)
     trials = run.trials.read_text(encoding="utf-8").splitlines(keepends=True)
     run.trials.write_text("".join(trials[:-3]), encoding="utf-8")  # three trials still to run
     path = getattr(run, damaged)
@@ -197,7 +202,7 @@ def test_a_damaged_record_line_stops_a_run_before_it_writes_anything(tmp_path, t
     path.write_text("".join(lines), encoding="utf-8")
     before = _snapshot(run.root)
     with pytest.raises(RecordError, match=rf"{path.name}:3: not valid JSON"):
-        runner.run_experiment(cfg, progress=False)
+        run_experiment(cfg, progress=False)
     assert _snapshot(run.root) == before
 
 
@@ -208,7 +213,7 @@ def test_a_sampled_generation_depends_on_the_experiment_seed_alone(tiny_card):
     from probe.loading import load_model
     from probe.types import Prompt, Segment
 
-    loaded = load_model(runner.get_card(str(tiny_card)), device="cpu")
+    loaded = load_model(get_card(str(tiny_card)), device="cpu")
     text = "Brannoc lives in Velt.\n\nQuestion: Where does Brannoc live?"
     prompts = [Prompt(f"t{i}|Control|L0|r0", f"t{i}", "jsonl", "Control", 0, 0.0, 0, text,
                       (Segment("germane", 0, 22), Segment("question", 24, len(text)))) for i in range(3)]
@@ -241,7 +246,7 @@ def test_two_tokenizers_name_themselves_in_prompt_ids_and_records(tmp_path, tiny
         "probe": {"enabled": True},
         "analysis": {"embedder": ""},
     })
-    run = RunFolder(runner.run_experiment(cfg, progress=False))
+    run = RunFolder(run_experiment(cfg, progress=False))
     trials = load_trials(run.trials)
     assert {t.model for t in trials} == {"tiny-llama", "org/tiny"} and len(trials) == 4
     for t in trials:
@@ -263,7 +268,7 @@ def test_probed_run_records_equal_a_separate_probe_per_prompt(tmp_path, tiny_car
 
     cfg = make_cfg(tmp_path, tiny_card)
     cfg = replace(cfg, probe=replace(cfg.probe, enabled=True, query=query, residue=residue))
-    run = RunFolder(runner.run_experiment(cfg, progress=False))
+    run = RunFolder(run_experiment(cfg, progress=False))
     trials = load_trials(run.trials)
     assert len(trials) == expected_trials(cfg)
     backend = LocalBackend(load_model(str(tiny_card)))

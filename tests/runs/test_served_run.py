@@ -2,7 +2,7 @@
 
 The embedded default model is exported as a Hugging Face folder and served by ``transformers serve`` on 127.0.0.1
 (one CPU thread, one server for the module). An experiment lists the local card ``smollm2-135m-instruct`` (whose
-tokenizer counts the loads, see ``runner.tokenizer_groups``) and a card with ``backend = "openai"`` for the served
+tokenizer counts the loads, see ``probe.runner.prompts.tokenizer_groups``) and a card with ``backend = "openai"`` for the served
 copy of the same weights; both answer the same 8 prompts, greedily. The served trial records must equal the local
 ones (output, answer, EM, truncation, prompt length); the time each model's trials took is measured in the same run.
 
@@ -24,7 +24,11 @@ from pathlib import Path
 
 import pytest
 
-from probe import runner
+import probe.runner
+from probe.records import make_trial_id
+from probe.runner import run_experiment
+from probe.runner.folder import prepare_run_dir
+from probe.runner.trials import run_model
 from probe.analysis.frame import load_run_frame
 from probe.backends.openai import OpenAIBackend
 from probe.config import load_config
@@ -65,7 +69,7 @@ def served_run(server: LocalServer, tmp_path_factory: pytest.TempPathFactory) ->
     """
     exp = write_experiment(tmp_path_factory.mktemp("exp"), server)
     timings: dict[str, tuple[int, float]] = {}
-    real = runner.run_model
+    real = run_model
 
     def timed(cfg, backend, prompts, tasks, **kw):  # the model is loaded before this; only its trials are timed
         start = time.perf_counter()
@@ -79,8 +83,8 @@ def served_run(server: LocalServer, tmp_path_factory: pytest.TempPathFactory) ->
     torch.set_num_threads(1)  # as the server: on a small shared machine more threads make a busy process slower
     try:
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(runner, "run_model", timed)
-            run_dir = runner.run_experiment(load_config(exp), progress=False, device="cpu")
+            mp.setattr(probe.runner, "run_model", timed)  # as run_experiment calls it
+            run_dir = run_experiment(load_config(exp), progress=False, device="cpu")
     finally:
         torch.set_num_threads(threads)
     return run_dir, timings
@@ -118,7 +122,7 @@ def test_server_stopped_mid_run_leaves_errors_that_the_same_command_completes(se
     cfg = load_config(exp)
     # The local model's trials are those of the first run (same experiment, same prompts): only the served model
     # has work to do here.
-    runner.prepare_run_dir(cfg)
+    prepare_run_dir(cfg)
     shutil.copyfile(served_run[0] / "prompts.jsonl", cfg.run_dir / "prompts.jsonl")
     append_jsonl(cfg.run_dir / "trials.jsonl", by_prompt(served_run[0], LOCAL).values())
 
@@ -131,7 +135,7 @@ def test_server_stopped_mid_run_leaves_errors_that_the_same_command_completes(se
                 server.stop(grace=0.0)  # a crash: the request in flight and every later one meet a dead port
 
     monkeypatch.setattr(OpenAIBackend, "generate", crashing)
-    runner.run_experiment(cfg, progress=False, device="cpu")  # finishes: failures are records, not exceptions
+    run_experiment(cfg, progress=False, device="cpu")  # finishes: failures are records, not exceptions
     monkeypatch.setattr(OpenAIBackend, "generate", real_generate)
 
     first = by_prompt(cfg.run_dir, SERVED)
@@ -150,11 +154,11 @@ def test_server_stopped_mid_run_leaves_errors_that_the_same_command_completes(se
     assert int(served_rows["error"].notna().sum()) == len(failed)
 
     server.start()  # same port: the card still points at it
-    runner.run_experiment(cfg, progress=False, device="cpu")
+    run_experiment(cfg, progress=False, device="cpu")
 
     lines = list(read_jsonl(cfg.run_dir / "trials.jsonl"))
     counts = Counter(x["trial_id"] for x in lines)
-    served_ids = {runner.make_trial_id(SERVED, pid): pid for pid in first}
+    served_ids = {make_trial_id(SERVED, pid): pid for pid in first}
     for tid, pid in served_ids.items():  # a failed trial: its error line, then its answer; the rest: once
         assert counts[tid] == (2 if pid in failed else 1), tid
     assert all(n == 1 for tid, n in counts.items() if tid not in served_ids)

@@ -281,7 +281,7 @@ def test_trial_records_carry_the_rule_that_decided() -> None:
     """The runner writes the score's extraction into the trial record; a backend error records none."""
     from probe.backends.base import Generation
     from probe.records import TrialRecord
-    from probe.runner import make_record
+    from probe.runner.trials import make_record
     from probe.types import Prompt
 
     prompt = Prompt("label|Control|L0|r0", "label", "synthetic", "Control", 0, 0.0, 0, LABEL.question, ())

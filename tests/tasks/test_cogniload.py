@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from probe.config import TaskSection, load_config
+from probe.config import load_config
 from probe.errors import ConfigError, ProbeError
 from probe.scoring.cogniload import score_cogniload, split_sentences
+from probe.tasks.options import CogniloadOptions
 from probe.tasks.cogniload import CATEGORIES, PEOPLE, generate_puzzle, generate_tasks
 from probe.types import Hop, Task
 
@@ -151,7 +152,7 @@ def check_task(task: Task, d: int, n: int, rho: float) -> None:
 
 def test_whole_grid_replays_to_the_gold_answer() -> None:
     """1500 puzzles over the paper's full grid, each re-executed from its text."""
-    section = TaskSection(source="cogniload", n=15, difficulty=GRID_D, length=GRID_N, needle_ratio=GRID_RHO)
+    section = CogniloadOptions(n=15, difficulty=GRID_D, length=GRID_N, needle_ratio=GRID_RHO)
     tasks = generate_tasks(section, seed=7)
     assert len(tasks) == 15 * len(GRID_D) * len(GRID_N) * len(GRID_RHO)
     assert len({t.task_id for t in tasks}) == len(tasks)
@@ -187,7 +188,7 @@ def test_off_grid_values_and_small_n(rho: float) -> None:
 
 def test_needle_positions_are_a_uniform_subset() -> None:
     """The sequential rule P(needle) = left/remaining places the n0 needles uniformly over the N steps."""
-    section = TaskSection(source="cogniload", n=1200, difficulty=(1,), length=(20,), needle_ratio=(25,))
+    section = CogniloadOptions(n=1200, difficulty=(1,), length=(20,), needle_ratio=(25,))
     counts = np.zeros(20)
     for t in generate_tasks(section, seed=11):
         counts += [k == "germane" for k, _ in t.segments[3:]]  # 2 people: framing + 2 initial sentences
@@ -208,7 +209,7 @@ def test_statement_sizes_cover_one_to_d() -> None:
 
 
 def test_same_seed_same_tasks_other_seed_different() -> None:
-    section = TaskSection(source="cogniload", n=3, difficulty=(3, 7), length=(20, 50), needle_ratio=(25, 75))
+    section = CogniloadOptions(n=3, difficulty=(3, 7), length=(20, 50), needle_ratio=(25, 75))
     a, b, c = generate_tasks(section, 1), generate_tasks(section, 1), generate_tasks(section, 2)
     assert a == b
     assert [t.task_id for t in a] == [t.task_id for t in c]
@@ -217,8 +218,8 @@ def test_same_seed_same_tasks_other_seed_different() -> None:
 
 
 def test_a_puzzle_does_not_depend_on_the_rest_of_the_grid() -> None:
-    small = TaskSection(source="cogniload", n=2, difficulty=(5,), length=(50,), needle_ratio=(50,))
-    big = TaskSection(source="cogniload", n=4, difficulty=(1, 5), length=(20, 50), needle_ratio=(5, 50))
+    small = CogniloadOptions(n=2, difficulty=(5,), length=(50,), needle_ratio=(50,))
+    big = CogniloadOptions(n=4, difficulty=(1, 5), length=(20, 50), needle_ratio=(5, 50))
     by_id = {t.task_id: t for t in generate_tasks(big, 9)}
     for t in generate_tasks(small, 9):
         assert by_id[t.task_id] == t
@@ -241,14 +242,12 @@ def test_task_round_trips_through_dict() -> None:
 )
 def test_bad_grid_values_name_the_field(kwargs: dict, field: str) -> None:
     with pytest.raises(ConfigError, match=field):
-        generate_tasks(TaskSection(source="cogniload", n=1, **kwargs), 0)
+        generate_tasks(CogniloadOptions(n=1, **kwargs), 0)
 
 
-def test_wrong_source_and_negative_seed_are_errors() -> None:
-    with pytest.raises(ConfigError, match="tasks.source"):
-        generate_tasks(TaskSection(source="synthetic"), 0)
+def test_a_negative_seed_is_an_error() -> None:
     with pytest.raises(ConfigError, match="seed"):
-        generate_tasks(TaskSection(source="cogniload", n=1), -1)
+        generate_tasks(CogniloadOptions(n=1), -1)
     with pytest.raises(ConfigError, match="rho"):
         generate_puzzle(3, 20, 99, np.random.default_rng(0))
 
@@ -395,7 +394,7 @@ def test_split_sentences() -> None:
 
 
 def test_generated_tasks_score_their_own_answer_and_no_other() -> None:
-    section = TaskSection(source="cogniload", n=4, difficulty=GRID_D, length=(20,), needle_ratio=(50,))
+    section = CogniloadOptions(n=4, difficulty=GRID_D, length=(20,), needle_ratio=(50,))
     for t in generate_tasks(section, 3):
         poi, cat = t.meta["poi"], t.meta["category"]
         assert score_cogniload(f"So {poi}'s {cat} is {t.gold}.", t).case == "poi_category"
@@ -415,7 +414,8 @@ def test_paper_experiment_is_the_papers_grid() -> None:
     """5 d x 4 N x 7 rho = 140 cells at 100 puzzles each: the paper's 14,000 puzzles per model."""
     cfg = load_config(Path(__file__).parent.parent.parent / "experiments" / "cogniload-paper.toml")
     (section,) = cfg.tasks
-    assert section.difficulty == GRID_D and section.length == GRID_N
-    assert len(section.needle_ratio) == 7 and set(GRID_RHO) <= set(section.needle_ratio)
-    cells = len(section.difficulty) * len(section.length) * len(section.needle_ratio)
+    grid = section.options
+    assert grid.difficulty == GRID_D and grid.length == GRID_N
+    assert len(grid.needle_ratio) == 7 and set(GRID_RHO) <= set(grid.needle_ratio)
+    cells = len(grid.difficulty) * len(grid.length) * len(grid.needle_ratio)
     assert (cells, cells * section.n) == (140, 14_000)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from probe import runner
+from probe.runner import run_experiment
+from probe.runner.prompts import build_run_prompts, needs_embedder
 from probe.analysis import analyze_run
 from probe.cli import main
 from probe.config import config_from_dict, dump_config, load_config
@@ -18,15 +19,13 @@ from probe.tasks import FAMILIES, SOURCES, get_source
 from probe.types import CONDITIONS, Hop, Task
 
 
-def test_every_source_names_a_registered_family_and_reads_only_task_section_keys() -> None:
-    from dataclasses import fields
+def test_every_source_names_a_registered_family_and_an_options_type_that_reads_n() -> None:
+    from dataclasses import fields, is_dataclass
 
-    from probe.config import TaskSection
-
-    keys = {f.name for f in fields(TaskSection)} - {"source"}
     for source in SOURCES.values():
         assert source.family in FAMILIES
-        assert source.options <= keys, source.name
+        assert is_dataclass(source.options_type) and source.options == {f.name for f in fields(source.options_type)}
+        assert "n" in source.options and "source" not in source.options, source.name
         assert source.layout in ("ice", "native", "task")
 
 
@@ -104,7 +103,7 @@ def test_the_embedder_loads_only_where_a_prompt_needs_it(tasks, ice, expected) -
     data: dict = {"experiment": {"name": "x"}, "tasks": tasks}
     if ice is not None:
         data["ice"] = ice
-    assert runner.needs_embedder(config_from_dict(data)) is expected
+    assert needs_embedder(config_from_dict(data)) is expected
 
 
 @pytest.mark.integration
@@ -123,7 +122,7 @@ def test_a_user_task_with_its_own_segments_is_laid_out_as_written_and_analysed_a
         "generation": {"max_new_tokens": 2},
         "analysis": {"embedder": ""},
     })
-    run_dir = runner.run_experiment(cfg, progress=False)
+    run_dir = run_experiment(cfg, progress=False)
     trials = {t.task_id: [] for t in load_trials(run_dir / "trials.jsonl")}
     for t in load_trials(run_dir / "trials.jsonl"):
         trials[t.task_id].append(t)
@@ -161,7 +160,7 @@ def test_building_cogniload_prompts_never_loads_the_embedder(tmp_path, monkeypat
             "tasks": [{"source": "cogniload", "n": 1, "difficulty": [1, 3], "length": [20], "needle_ratio": [5, 95]}]}
     cfg = config_from_dict(data)
     assert cfg.analysis.embedder  # the default embedder is configured; it must still not be loaded
-    prompts = runner.build_run_prompts(cfg, progress=False)
+    prompts = build_run_prompts(cfg, progress=False)
     built = [p for ps in prompts.values() for p in ps]
     assert len(built) == 4 and all(p.family == "cogniload" and p.s_sim is None for p in built)
     assert loads == []
@@ -170,4 +169,4 @@ def test_building_cogniload_prompts_never_loads_the_embedder(tmp_path, monkeypat
                             "tasks": [{"source": "synthetic", "n": 1, "hops": 2}],
                             "ice": {"conditions": ["Control", "Saturation"], "loads": [20], "replications": 1}})
     with pytest.raises(AssertionError, match="embedder"):
-        runner.build_run_prompts(ice, progress=False)
+        build_run_prompts(ice, progress=False)

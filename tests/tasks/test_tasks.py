@@ -404,24 +404,24 @@ def test_jsonl_missing_or_empty_file(tmp_path: Path) -> None:
 
 
 def test_load_tasks_dispatches_and_ids_are_stable(tmp_path: Path) -> None:
-    syn = TaskSection(source="synthetic", n=9, hops=3)
+    syn = TaskSection.of("synthetic", n=9, hops=3)
     a, b = load_section(syn, 1234), load_section(syn, 1234)
     assert a == b and len(a) == 9 and len({t.task_id for t in a}) == 9
     assert [t.task_id for t in a] == [f"syn3-{i:04d}" for i in range(9)]
     assert load_section(syn, 1235) != a
-    two = load_section(TaskSection(source="synthetic", n=9, hops=2), 1234)
+    two = load_section(TaskSection.of("synthetic", n=9, hops=2), 1234)
     assert all(len(t.hops) == 2 for t in two) and {t.task_id for t in two}.isdisjoint(t.task_id for t in a)
 
     path = _write(tmp_path, [_variant(task_id=f"x{i}") for i in range(5)])
-    mine = load_section(TaskSection(source="jsonl", n=3, path=str(path)), 0)
+    mine = load_section(TaskSection.of("jsonl", n=3, path=str(path)), 0)
     assert [t.task_id for t in mine] == ["x0", "x1", "x2"]
 
 
 def test_load_tasks_fanoutqa() -> None:
     _fanoutqa_file()
-    tasks = load_section(TaskSection(source="fanoutqa", n=4, max_hops=6), 5)
+    tasks = load_section(TaskSection.of("fanoutqa", n=4, max_hops=6), 5)
     assert len(tasks) == 4 and all(t.task_id.startswith("fqa-") and len(t.hops) <= 6 for t in tasks)
-    assert [t.task_id for t in tasks] == [t.task_id for t in load_section(TaskSection(source="fanoutqa", n=4,
+    assert [t.task_id for t in tasks] == [t.task_id for t in load_section(TaskSection.of("fanoutqa", n=4,
                                                                                      max_hops=6), 5)]
 
 

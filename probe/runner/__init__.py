@@ -1,0 +1,96 @@
+"""The model runner: prompts x models -> trial records (and attention records when probing is on).
+
+The runner writes a run folder; :class:`probe.runfolder.RunFolder` names every file in it (the resolved config,
+the manifest, the prompts, the trials and their data-parallel shards, one attention record per model and prompt).
+Every write is an fsynced append or an atomic rename, so a run stopped at any point (crash, Ctrl-C) is finished by
+running the same command again: trials already recorded are not redone, none is recorded twice, and a trial that
+failed in a backend (API error) is retried. Before it writes anything, a run checks its inputs (:func:`check_inputs`)
+and reads the records already in the folder: bad input or a damaged line (:class:`probe.records.RecordError`) stops
+it with the folder as it was. One process writes a folder at a time (:class:`probe.runfolder.RunLock`); a folder
+holds the records of one configuration (:func:`~probe.runner.folder.prepare_run_dir`: ``--force`` moves an
+earlier run aside).
+
+One module per job: :mod:`~probe.runner.checks` (what is checked before anything is written),
+:mod:`~probe.runner.folder` (the resolved config, the manifest, the trial files of a data-parallel run),
+:mod:`~probe.runner.prompts` (tasks and prompts, built once per tokenizer) and :mod:`~probe.runner.trials` (one
+model over its prompts); this module runs an experiment through them (:func:`run_experiment`).
+"""
+
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from probe.backends import make_backend
+from probe.config import ExperimentConfig
+from probe.interventions import Intervention, resolve_interventions, write_interventions
+from probe.loading import ModelCard
+from probe.records import check_records
+from probe.runfolder import RunLock
+from probe.runner.checks import check_inputs
+from probe.runner.folder import check_run_dir, merge_shards, prepare_run_dir, write_manifest
+from probe.runner.prompts import build_run_prompts
+from probe.runner.trials import run_model
+from probe.types import Task
+
+
+def run_experiment(cfg: ExperimentConfig, progress: bool = True, force: bool = False, rank: int = 0,
+                   world: int = 1, device: str | None = None) -> Path:
+    """Build (or reuse) the prompts and run every model; returns the run folder.
+
+    Args:
+        cfg: the experiment.
+        progress: show progress bars.
+        force: start the run over when the folder holds records of another configuration (they are moved into
+            ``<run>/superseded-<time>/``; :func:`prepare_run_dir`).
+        rank, world: this process's place in a data-parallel run (``accelerate launch``); each writes its own
+            records (``trials.rank<r>.jsonl``), which rank 0 merges once every process is done (``merge_shards``).
+            A single-process run (``world = 1``) merges any shard files an interrupted data-parallel run left.
+        device: "cpu" / "cuda[:i]" for local models (None: CUDA when available).
+
+    Raises:
+        RunLockedError: another process holds the run folder's lock (:class:`probe.runfolder.RunLock`; taken by
+            rank 0 for the whole run, naming the holder's pid).
+        ConfigError, RecordError, TaskFormatError, ModelUnavailableError: bad input, found before anything is
+            written.
+    """
+    # everything that can be checked without writing is checked first: bad input leaves the folder as it was
+    cards, task_list = check_inputs(cfg)
+    if rank != 0:
+        check_records(cfg.run_dir)
+        _run_models(cfg, cards, task_list, progress, rank, world, device)
+        return cfg.run_dir
+    check_run_dir(cfg, force=force)
+    with RunLock(cfg.run_folder):
+        run_dir = prepare_run_dir(cfg, force=force)
+        _run_models(cfg, cards, task_list, progress, rank, world, device)
+        if world == 1:  # shard files left by an interrupted data-parallel run are folded in once this run is done
+            merge_shards(run_dir)
+    return run_dir
+
+
+def _run_models(cfg: ExperimentConfig, cards: list[ModelCard], task_list: list[Task], progress: bool, rank: int,
+                world: int, device: str | None) -> None:
+    """Build (or reuse) the prompts, then run every model in turn (see :func:`run_experiment`)."""
+    run_dir = cfg.run_dir
+    by_model = build_run_prompts(cfg, progress=progress and rank == 0, tasks=task_list)
+    tasks = {t.task_id: t for t in task_list}
+    revisions: dict[str, str] = {}
+    for card in cards:
+        backend = make_backend(card, device=device, seed=cfg.experiment.seed)
+        if backend.revision is not None:
+            revisions[card.name] = backend.revision
+        if rank == 0:
+            write_manifest(run_dir, cfg, cards, revisions)
+        resolved: list[Intervention] = []
+        if cfg.interventions and backend.can_intervene:
+            n_layers, n_heads = backend.layers_and_heads()
+            resolved = resolve_interventions(cfg, card.name, n_layers, n_heads, by_model[card.name])
+            if rank == 0:
+                write_interventions(run_dir, card.name, resolved)
+        run_model(cfg, backend, by_model[card.name], tasks, rank=rank, world=world, progress=progress,
+                  interventions=resolved)
+        del backend
+
+
+__all__ = ["run_experiment"]
