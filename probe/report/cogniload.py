@@ -1,25 +1,371 @@
 """The CogniLoad section of a report (family ``cogniload``; docs/cogniload.md), drawn from a
-:class:`probe.analysis.cogniload.CogniloadResult` and registered with :func:`probe.report.sections.register_section`.
+:class:`probe.analysis.cogniload.CogniloadResult` and registered in :mod:`probe.report.catalog`; laid out as the ICE
+section (:mod:`probe.report.ice`): this module holds the words, the CSV tables, the ``report.html`` part (also the
+section's part of a ``probe compare`` page), the ``analysis.md`` part, the rows of the main table and the merge of
+several runs' results; the figures are :mod:`probe.report.cogniload_figures`.
 
-Each job is its own module: :mod:`~probe.report.cogniload_figures` (figures), :mod:`~probe.report.cogniload_html`
-(``report.html`` and the comparison page), :mod:`~probe.report.cogniload_markdown` (``analysis.md``),
-:mod:`~probe.report.cogniload_tables` (``tables/*.csv``) and :mod:`~probe.report.cogniload_text` (labels, summary
-sentences, the lines under the main table). This module adds the rows of the main table and the merge of several
-runs' results for ``probe compare``.
+Summary rules: a model whose outputs are truncated or uninterpretable above the confound gate gets the numbers with
+that caveat first; the shape in ρ is called U-shaped only when the main fit's ρ² coefficient is positive at p < α.
+
+Tables (``tables/*.csv``): ``cogniload_accuracy``, ``cogniload_fits``, ``cogniload_thresholds`` and
+``cogniload_attention_layers``, one row per model and level, term, threshold or layer.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from probe.analysis.cogniload import FAMILY, CogniloadResult, KnobCells
-from probe.analysis.cogniload_attention import NeedleHaySummary
+from probe import formatting as fmt
+from probe.analysis.cogniload import (FAMILY, KNOBS, CogniloadFits, CogniloadResult, DeltaRho, GlmFit, KnobCells,
+                                      Threshold)
+from probe.analysis.cogniload_attention import SERIES, NeedleHayModel, NeedleHaySummary
 from probe.analysis.estimates import Cell
-from probe.report.sections import ReportSection
-from probe.report.cogniload_html import section_html
-from probe.report.cogniload_markdown import markdown
-from probe.report.cogniload_tables import tables
-from probe.report.cogniload_text import main_lines
+from probe.config import AnalysisSection
+from probe.report.cogniload_figures import (KNOB_AXES, attention_of, draw_accuracy_by_knob, draw_needle_hay_heatmaps,
+                                            draw_needle_hay_layers)
+from probe.report.figures import file_stem
+from probe.report.html import esc, table
+from probe.report.sections import ReportContext, ReportSection, Rows
+from probe.report.tables import md_table, rows_of
+
+
+KNOB_LABELS = {"d": "d", "N": "N", "rho": "ρ"}
+
+
+THRESHOLDS: tuple[tuple[str, str], ...] = (("ECL50", "largest N with P(correct) ≥ 0.5"),
+                                           ("NT50", "smallest ρ with P(correct) ≥ 0.5"),
+                                           ("ID50", "largest d with P(correct) ≥ 0.5"))
+
+
+TERM_LABELS = {"const": "intercept", "d": "β_d", "log10_N": "β_N (per log10 N)", "rho": "β_ρ (per pp)",
+               "rho2": "β_ρ² (per pp²)", "d:log10_N": "β_d×N", "d:rho": "β_d×ρ"}
+
+
+def _rho_shape_sentence(s: CogniloadFits, alpha: float) -> str:
+    quad = s.fits["quadratic"]
+    if quad.status != "ok":
+        return f"Shape in ρ: the main GLM is {quad.status} ({quad.reason}); no statement about curvature."
+    b2 = quad.params.get("rho2")
+    if b2 is None:
+        return f"Shape in ρ: not tested ({quad.dropped.get('rho2', 'no ρ² term')})."
+    aic = ("" if s.delta_aic is None
+           else f"; AIC prefers the {s.aic_preferred} fit (ΔAIC = {fmt.num(s.delta_aic, '+.1f')})")
+    if b2.p is None:
+        return (f"Shape in ρ: β_ρ² = {fmt.num(b2.value, '+.2e')}, described only, not tested "
+                f"({quad.se_method}).")
+    coef = f"β_ρ² = {fmt.num(b2.value, '+.2e')}, {fmt.p_phrase(b2.p)}"
+    if b2.p < alpha:
+        shape = "U-shaped" if (b2.value or 0) > 0 else "inverted-U-shaped"
+        return f"Accuracy is {shape} in ρ ({coef}{aic})."
+    return f"No significant curvature of accuracy in ρ ({coef}{aic})."
+
+
+def _delta_rho_sentence(dr: DeltaRho) -> str:
+    if dr.value is None:
+        return "Δρ: not estimated (a ρ extreme has no scored trial)."
+    s = (f"Δρ = Acc(ρ={dr.low_rho}%) − Acc(ρ={dr.high_rho}%) = {fmt.num(dr.value, '+.2f')} "
+         f"({fmt.num(dr.acc_low, '.2f')} vs {fmt.num(dr.acc_high, '.2f')}")
+    if dr.ci_low is None or dr.ci_high is None:
+        return s + "; no bootstrap CI)."
+    s += f"; bootstrap 95% CI {fmt.ci(dr.ci_low, dr.ci_high, '+.2f')})"
+    if dr.ci_low > 0:
+        return s + ": accuracy is higher at the lowest needle ratio."
+    if dr.ci_high < 0:
+        return s + ": accuracy is higher at the highest needle ratio."
+    return s + ": the two extremes are not distinguishable."
+
+
+def _threshold_sentence(s: CogniloadFits) -> str:
+    parts = []
+    for name, _ in THRESHOLDS:
+        th = s.thresholds[name]
+        if th.value is None:
+            parts.append(f"{name} not given ({th.reason})")
+        else:
+            ci = "" if th.ci_low is None else f", bootstrap 95% CI {fmt.ci(th.ci_low, th.ci_high, '.3g')}"
+            parts.append(f"{name} = {fmt.num(th.value, '.3g')} {th.unit}{ci}")
+    return "Thresholds: " + "; ".join(parts) + "."
+
+
+def _needle_hay_sentence(att: NeedleHayModel) -> str:
+    ratio = att.layer["log2_ratio"]
+    above = [i for i, lo in enumerate(ratio.ci_low) if lo is not None and lo > 0]
+    below = [i for i, hi in enumerate(ratio.ci_high) if hi is not None and hi < 0]
+    s = (f"Attention from the question ({att.n_prompts} prompts, {att.n_layers} layers): per token, needle "
+         f"statements get more attention than hay in {len(above)} layers and less in {len(below)} "
+         "(pointwise 95% CI of log2(needle/hay) above / below 0)")
+    by = att.by_rho
+    if len(by.levels) >= 2:
+        means = by.layer_mean["log2_ratio"]
+        s += "; layer-mean log2(needle/hay) by ρ: " + ", ".join(
+            f"{v}%: {fmt.num(m, '+.2f')}" for v, m in zip(by.levels, means))
+    return s + "."
+
+
+def _acc_ci(c: Cell) -> str:
+    ci = "" if c.em_ci_low is None else f", 95% CI {fmt.ci(c.em_ci_low, c.em_ci_high, '.2f')}"
+    return f"{fmt.num(c.em_mean, '.2f')}{ci}"
+
+
+def model_summary(result: CogniloadResult, model: str, settings: AnalysisSection) -> list[str]:
+    """Sentences on one model's CogniLoad results: accuracy, output quality, shape in ρ, Δρ, thresholds, attention."""
+    cells = result.cells.get(model)
+    if cells is None:
+        return []
+    c = cells.overall
+    if c.em_mean is None:
+        return [f"CogniLoad: no scored trial ({c.n_error} errors, {c.n_skipped} skipped)."]
+    out = [f"CogniLoad: accuracy {_acc_ci(c)} over {c.n} puzzles."]
+    bad = [x for x in (c.truncated_rate, c.uninterpretable_rate) if x is not None]
+    gate = settings.confound_rate
+    if bad and max(bad) > gate:
+        out.append(f"{fmt.pct(c.truncated_rate or 0)} of outputs were truncated and "
+                   f"{fmt.pct(c.uninterpretable_rate or 0)} uninterpretable (gate {fmt.pct(gate)}): "
+                   "accuracy here also measures the output budget and format, not only reasoning.")
+    s = result.models.get(model)
+    if s is not None:
+        out += [_rho_shape_sentence(s, settings.alpha), _delta_rho_sentence(s.delta_rho), _threshold_sentence(s)]
+    att = attention_of(result, model)
+    if att is not None:
+        out.append(_needle_hay_sentence(att))
+    return out
+
+
+def threshold_text(th: Threshold, name: str) -> str:
+    """One threshold as text: value [CI] or why there is none."""
+    if th.value is None:
+        return f"{name} — ({th.status}: {th.reason})"
+    ci = "" if th.ci_low is None else f" {fmt.ci(th.ci_low, th.ci_high, '.3g')}"
+    note = f" ({th.ci_note})" if th.ci_note else ""
+    return f"{name} = {fmt.num(th.value, '.3g')} {th.unit}{ci}{note}"
+
+
+def _level_list(cells: tuple[Cell, ...], knob: str) -> str:
+    unit = "%" if knob == "rho" else ""
+    return "; ".join(f"{KNOB_LABELS[knob]}={c.level}{unit}: {fmt.num(c.em_mean, '.2f')}"
+                     + ("" if c.em_ci_low is None else f" {fmt.ci(c.em_ci_low, c.em_ci_high, '.2f')}")
+                     + f" (n={c.n})" for c in cells)
+
+
+def fit_lines(s: CogniloadFits, model: str) -> list[str]:
+    dr = s.delta_rho
+    ci = "" if dr.ci_low is None else f" {fmt.ci(dr.ci_low, dr.ci_high, '+.2f')}"
+    aic = ("AIC: no comparison (" + "; ".join(f"{k} fit {s.fits[k].status}" for k in ("quadratic", "linear")) + ")"
+           if s.delta_aic is None else
+           f"AIC(linear) − AIC(quadratic) = {fmt.num(s.delta_aic, '+.2f')}, {s.aic_preferred} preferred")
+    return [f"CogniLoad {model}: " + "; ".join(threshold_text(s.thresholds[k], k) for k, _ in THRESHOLDS),
+            f"CogniLoad {model}: Δρ = Acc(ρ={dr.low_rho}%) − Acc(ρ={dr.high_rho}%) = {fmt.num(dr.value, '+.3f')}{ci}; "
+            f"{aic}"]
+
+
+def main_lines(result: CogniloadResult, settings: AnalysisSection) -> list[str]:
+    """Accuracy per knob level, thresholds, Δρ and the AIC comparison, per model."""
+    lines: list[str] = []
+    for model, cells in sorted(result.cells.items()):
+        lines += [f"CogniLoad {model}: accuracy by {KNOB_LABELS[knob]} — {_level_list(cells.by(knob), knob)}"
+                  for knob in KNOBS if cells.by(knob)]
+        if model in result.models:
+            lines += fit_lines(result.models[model], model)
+    return lines
+
+
+def accuracy_rows(result: CogniloadResult) -> Rows:
+    """Accuracy cells as rows: ``model``, ``knob`` (d, N, rho) and the cell's fields."""
+    return [row for m in sorted(result.cells) for k in KNOBS for row in rows_of(result.cells[m].by(k), knob=k)]
+
+
+def fit_rows(result: CogniloadResult) -> Rows:
+    """One row per model × fit × term of the GLMs (a fit without terms gives one row with its reason)."""
+    rows: Rows = []
+    for model, s in sorted(result.models.items()):
+        for fit, f in s.fits.items():
+            dropped = "; ".join(f"{t} left out: {why}" for t, why in f.dropped.items())
+            note = "; ".join(x for x in (f.reason, dropped) if x) or None
+            base = {"model": model, "fit": fit, "status": f.status, "aic": f.aic, "n": f.n}
+            if not f.params:
+                rows.append({**base, "term": None, "estimate": None, "se": None, "ci_low": None, "ci_high": None,
+                             "p": None, "note": note})
+            for i, (term, v) in enumerate(f.params.items()):
+                rows.append({**base, "term": term, "estimate": v.value, "se": v.se, "ci_low": v.ci_low,
+                             "ci_high": v.ci_high, "p": v.p, "df": v.df, "note": note if i == 0 else None})
+    return rows
+
+
+def threshold_rows(result: CogniloadResult) -> Rows:
+    """One row per model × threshold (ECL50, NT50, ID50) and one for Δρ."""
+    rows: Rows = []
+    for model, s in sorted(result.models.items()):
+        for name, th in s.thresholds.items():
+            rows += rows_of([th], model=model, threshold=name)
+        dr = s.delta_rho
+        rows.append({"model": model, "threshold": "delta_rho", "value": dr.value, "ci_low": dr.ci_low,
+                     "ci_high": dr.ci_high, "status": None, "unit": "accuracy",
+                     "reason": f"Acc(rho={dr.low_rho}) - Acc(rho={dr.high_rho})"})
+    return rows
+
+
+def attention_rows(result: CogniloadResult) -> Rows:
+    """Per model × layer: needle and hay enrichment and log2(needle / hay), means with their 95 % intervals."""
+    rows: Rows = []
+    for model, a in sorted((result.attention.models if result.attention is not None else {}).items()):
+        for layer in range(a.n_layers):
+            row: dict = {"model": model, "layer": layer}
+            for g in SERIES:
+                s = a.layer[g]
+                row.update({f"{g}_mean": s.mean[layer], f"{g}_ci_low": s.ci_low[layer],
+                            f"{g}_ci_high": s.ci_high[layer], f"{g}_n": s.n[layer]})
+            rows.append(row)
+    return rows
+
+
+def tables(result: CogniloadResult) -> list[tuple[str, Rows]]:
+    """``tables/*.csv`` of the CogniLoad result."""
+    return [("cogniload_accuracy", accuracy_rows(result)), ("cogniload_fits", fit_rows(result)),
+            ("cogniload_thresholds", threshold_rows(result)), ("cogniload_attention_layers", attention_rows(result))]
+
+
+def _acc_row(model: str, knob: str, level: str, c: Cell) -> list[str]:
+    return [esc(model), esc(knob), esc(level), str(c.n), fmt.num(c.em_mean), fmt.ci(c.em_ci_low, c.em_ci_high),
+            fmt.pct(c.truncated_rate), fmt.pct(c.uninterpretable_rate), str(c.n_error), str(c.n_skipped)]
+
+
+def accuracy_table_html(result: CogniloadResult) -> str:
+    """Accuracy per model and knob level: n, accuracy, Wilson 95 % CI, truncated and uninterpretable shares."""
+    rows = []
+    for model in sorted(result.cells):
+        rows.append(_acc_row(model, "all", "", result.cells[model].overall))
+        for knob, _, unit in KNOB_AXES:
+            for c in result.cells[model].by(knob):
+                rows.append(_acc_row(model, KNOB_LABELS[knob], f"{c.level}{unit}", c))
+    return table(["model", "knob", "level", "n", "accuracy", "95% CI", "truncated", "uninterp.", "errors",
+                  "skipped"], rows, left=2)
+
+
+def _threshold_cell(th: Threshold) -> str:
+    if th.value is None:
+        return f'{fmt.DASH}<br><span class="note">{esc(th.status.replace("_", " "))}: {esc(th.reason)}</span>'
+    ci = "" if th.ci_low is None else f" {fmt.ci(th.ci_low, th.ci_high, '.3g')}"
+    note = (f'<br><span class="note">{th.n_boot_defined} of {th.n_boot_defined + th.n_boot_undefined} '
+            "bootstrap refits crossed 0.5" + (f"; {esc(th.ci_note)}" if th.ci_note else "") + "</span>")
+    return f"{fmt.num(th.value, '.3g')} {esc(th.unit)}{ci}{note}"
+
+
+def threshold_table_html(result: CogniloadResult) -> str:
+    """Thresholds (value [bootstrap CI] or the reason), delta rho and the AIC comparison, one row per model."""
+    rows = []
+    for model in sorted(result.models):
+        s = result.models[model]
+        dr = s.delta_rho
+        delta = fmt.num(dr.value, "+.3f") + ("" if dr.ci_low is None else f" {fmt.ci(dr.ci_low, dr.ci_high, '+.3f')}")
+        delta += (f'<br><span class="note">Acc(ρ={dr.low_rho}%) = {fmt.num(dr.acc_low, ".2f")} (n={dr.n_low}), '
+                  f'Acc(ρ={dr.high_rho}%) = {fmt.num(dr.acc_high, ".2f")} (n={dr.n_high})</span>')
+        quad, lin = s.fits["quadratic"], s.fits["linear"]
+        if s.delta_aic is None:
+            aic = (f'{fmt.DASH}<br><span class="note">quadratic fit {esc(quad.status.replace("_", " "))}, linear fit '
+                   f'{esc(lin.status.replace("_", " "))}'
+                   + (f": {esc(quad.reason or lin.reason)}" if (quad.reason or lin.reason) else "")
+                   + (f"; {esc(quad.dropped['rho2'])}" if "rho2" in quad.dropped else "") + "</span>")
+        else:
+            aic = (f"{fmt.num(quad.aic, '.1f')} vs {fmt.num(lin.aic, '.1f')}: ΔAIC = {fmt.num(s.delta_aic, '+.2f')}, "
+                   f"{esc(s.aic_preferred)} preferred")
+        rows.append([esc(model), str(s.n), str(s.n_puzzles),
+                     *(_threshold_cell(s.thresholds[k]) for k, _ in THRESHOLDS), delta, aic])
+    header = ["model", "n", "puzzles", *(f"{k}<br><span class=\"note\">{esc(d)}</span>" for k, d in THRESHOLDS),
+              "Δρ = Acc(low ρ) − Acc(high ρ)", "AIC quadratic vs linear in ρ"]
+    return table(header, rows, left=1)
+
+
+def _fit_note(f: GlmFit) -> str:
+    """A fit's reason and its left-out terms, each distinct reason said once."""
+    by_why: dict[str, list[str]] = {}
+    for term, why in f.dropped.items():
+        by_why.setdefault(why, []).append(TERM_LABELS.get(term, term))
+    parts = [] if f.reason is None or f.reason in by_why else [f.reason]
+    parts += [f"left out {', '.join(terms)}: {why}" for why, terms in by_why.items()]
+    if f.se_method:
+        parts.append(f"SE: {f.se_method}")
+    return "; ".join(parts)
+
+
+def glm_table_html(result: CogniloadResult, alpha: float) -> str:
+    """Every GLM's coefficients (estimate, 95 % CI, p) with its status, AIC and the terms it left out."""
+    rows = []
+    for model, s in sorted(result.models.items()):
+        for fit, f in s.fits.items():
+            note = esc(_fit_note(f))
+            if not f.params:
+                rows.append([esc(model), esc(fit), esc(f.status), *[fmt.DASH] * 5, note])
+                continue
+            for i, (term, v) in enumerate(f.params.items()):
+                p = fmt.p_value(v.p, html=True)
+                if v.p is not None and v.p < alpha:
+                    p = f'<span class="sig">{p}</span>'
+                rows.append([esc(model) if i == 0 else "", esc(fit) if i == 0 else "", esc(f.status) if i == 0
+                             else "", esc(TERM_LABELS.get(term, term)), fmt.num(v.value, "+.4g"),
+                             fmt.ci(v.ci_low, v.ci_high, "+.4g"), p,
+                             fmt.num(f.aic, ".1f") if i == 0 else "", note if i == 0 else ""])
+    return table(["model", "fit", "status", "term", "estimate (logit)", "95% CI", "p", "AIC", "note"], rows, left=4)
+
+
+def attention_note_html(attention: NeedleHaySummary | None) -> str:
+    """The enrichment definition and any per-model note of the attention summary."""
+    if attention is None:
+        return ('<p class="note">No attention records for the CogniLoad prompts (run with <code>[probe] enabled = '
+                "true</code> for the needle vs hay figures).</p>")
+    notes = [f"{m}: {n}" for m, a in sorted(attention.models.items()) for n in a.notes]
+    return (f'<p class="note">Enrichment: {esc(attention.definition)}.</p>'
+            + ("<ul>" + "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul>" if notes else ""))
+
+
+def section_html(result: CogniloadResult, ctx: ReportContext) -> str:
+    """The CogniLoad part of a report: summary, accuracy, thresholds, GLMs and needle vs hay attention."""
+    summary = "".join(f"<h3>{esc(m)}</h3><ul>" + "".join(f"<li>{esc(s)}</li>" for s in sentences) + "</ul>"
+                      for m in sorted(result.cells) if (sentences := model_summary(result, m, ctx.settings)))
+    accuracy = ctx.figure(
+        "cogniload_accuracy", "CogniLoad accuracy against difficulty d, length N and needle ratio ρ, each pooled "
+        "over the other knobs, with Wilson 95% CIs (n = scored puzzles per level). The ρ panel's title gives the "
+        "ρ² coefficient of the main GLM (> 0 = U-shape) and Δρ = Acc(lowest ρ) − Acc(highest ρ) with its "
+        "bootstrap CI.", draw_accuracy_by_knob(result))
+    attention = "".join(
+        ctx.figure(f"cogniload_needle_hay_heatmap_{file_stem(model)}",
+                   f"{model}: head-mean enrichment of attention from the question set on needle (germane) and hay "
+                   "(extraneous) statements, per layer and tested ρ / N (mean over prompts; n = prompts per column); "
+                   "red = more per-token attention than uniform over the non-sink tokens, blue = less (the "
+                   "instruction and the question share the rest); right: needle vs hay per-token ratio (orange = "
+                   "needles favoured, purple = hay). Knobs with one tested level have no row.",
+                   draw_needle_hay_heatmaps(result, model))
+        + ctx.figure(f"cogniload_needle_hay_layers_{file_stem(model)}",
+                     f"{model}: needle and hay enrichment by layer over all prompts (left, log scale) and log2 of "
+                     "their ratio (right), with 95% t-intervals over prompts.", draw_needle_hay_layers(result, model))
+        for model in sorted(result.attention.models if result.attention is not None else {}))
+    return ("<h2>CogniLoad</h2>" + summary
+            + "<h3>Accuracy against each knob</h3>" + accuracy + accuracy_table_html(result)
+            + "<h3>Capacity thresholds (P(correct) = 0.5, other knobs at their means)</h3>"
+            + threshold_table_html(result)
+            + "<h3>GLM fits: logit P(correct) = β0 + β_d d + β_N log10 N + β_ρ ρ + β_ρ² ρ²</h3>"
+            + glm_table_html(result, ctx.settings.alpha)
+            + "<h3>Attention on needle vs hay statements</h3>" + attention_note_html(result.attention) + attention)
+
+
+def markdown(result: CogniloadResult, settings: AnalysisSection) -> list[str]:
+    """The CogniLoad part of ``analysis.md``: accuracy per knob level, GLM terms, thresholds, attention summary."""
+    parts = ["## CogniLoad", ""]
+    parts += [md_table(["model", "knob", "level", "n", "accuracy", "95% CI", "truncated", "uninterp."],
+                       [[m, KNOB_LABELS[k], str(c.level), str(c.n), fmt.num(c.em_mean), fmt.ci(c.em_ci_low, c.em_ci_high),
+                         fmt.pct(c.truncated_rate), fmt.pct(c.uninterpretable_rate)]
+                        for m in sorted(result.cells) for k in KNOBS for c in result.cells[m].by(k)]), ""]
+    fits = fit_rows(result)
+    if fits:
+        parts += ["GLM, logit P(correct) (quadratic: the main fit):", "",
+                  md_table(["model", "fit", "status", "term", "estimate", "95% CI", "p", "AIC", "note"],
+                           [[r["model"], r["fit"], r["status"], r["term"] or fmt.DASH, fmt.num(r["estimate"], "+.4g"),
+                             fmt.ci(r["ci_low"], r["ci_high"], "+.4g"), fmt.p_value(r["p"]), fmt.num(r["aic"], ".1f"),
+                             r["note"] or ""] for r in fits]), ""]
+    parts += [f"- {line}" for model, fits in sorted(result.models.items()) for line in fit_lines(fits, model)]
+    for model, a in sorted((result.attention.models if result.attention is not None else {}).items()):
+        parts.append(f"- {model}: needle/hay attention enrichment over {a.n_prompts} prompts, {a.n_layers} "
+                     "layers (per layer in `tables/cogniload_attention_layers.csv`)")
+    return parts + [""]
 
 
 def main_rows(result: CogniloadResult) -> list[tuple[Cell, str]]:
@@ -53,3 +399,7 @@ def merge(named: list[tuple[str, CogniloadResult]]) -> CogniloadResult:
 SECTION = ReportSection(
     family=FAMILY, html=section_html, markdown=markdown, tables=tables, main_rows=main_rows, main_lines=main_lines,
     merge=merge, compare_html=section_html)
+
+
+__all__ = ["KNOB_LABELS", "SECTION", "fit_rows", "main_lines", "markdown", "merge", "model_summary", "section_html",
+           "tables"]

@@ -16,8 +16,18 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from probe import formatting as fmt
 from probe.analysis.cogniload import CogniloadFits, CogniloadResult, DeltaRho
+from probe.analysis.cogniload_attention import NeedleHayModel
 from probe.report.figures import palette, short
-from probe.report.cogniload_text import KNOB_AXES, attention_of
+
+
+# the three knobs: name, axis label, unit of a level (the report's tables use the same)
+KNOB_AXES: tuple[tuple[str, str, str], ...] = (("d", "difficulty d", ""), ("N", "length N (statements)", ""),
+                                               ("rho", "needle ratio ρ (% of statements)", "%"))
+
+
+def attention_of(result: CogniloadResult, model: str) -> NeedleHayModel | None:
+    """The needle/hay attention summary of ``model``, None when the run has none."""
+    return result.attention.models.get(model) if result.attention is not None else None
 
 
 NEEDLE_COLOUR, HAY_COLOUR = "#1b9e77", "#d95f02"
