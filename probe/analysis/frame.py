@@ -86,8 +86,10 @@ def probe_records(run: RunFolder, keys: Iterable[tuple[str, str]]
 
 
 @dataclass(frozen=True)
-class RunData:
-    """The records of a run folder as the analysis reads them once.
+class RunRecords:
+    """The records of a run folder as the analysis reads them once (the folder's paths are a
+    :class:`~probe.runfolder.RunFolder`; a run read back whole for a user, analysis included, is
+    :class:`probe.loaded_run.Run`).
 
     Attributes:
         frame: the trial table (:func:`trials_frame`), S_sim filled from the prompt records.
@@ -103,7 +105,7 @@ class RunData:
     tasks: dict[str, Task] | None = None
 
 
-def load_run_data(run: RunFolder) -> RunData:
+def load_run_records(run: RunFolder) -> RunRecords:
     """The trials (as records and as a table), prompts and tasks of a run folder, each file read once.
 
     S_sim missing from a trial is taken from its prompt record.
@@ -124,10 +126,10 @@ def load_run_data(run: RunFolder) -> RunData:
         from_prompt = df["prompt_id"].map(lambda pid: prompts[pid].s_sim if pid in prompts else None)
         df["s_sim"] = df["s_sim"].fillna(pd.to_numeric(from_prompt, errors="coerce").astype(float))
     log.info("%s: %d trials (%d scored), %d prompts", path, len(df), int(df["is_scored"].sum()), len(prompts))
-    return RunData(frame=df, trials=tuple(trials), prompts=prompts, tasks=tasks)
+    return RunRecords(frame=df, trials=tuple(trials), prompts=prompts, tasks=tasks)
 
 
 def load_run_frame(run_dir: str | Path | RunFolder) -> tuple[pd.DataFrame, dict[str, Prompt]]:
-    """Trials of a run folder as a table, and its prompts (:func:`load_run_data` without the records)."""
-    data = load_run_data(run_dir if isinstance(run_dir, RunFolder) else RunFolder(run_dir))
+    """Trials of a run folder as a table, and its prompts (:func:`load_run_records` without the records)."""
+    data = load_run_records(run_dir if isinstance(run_dir, RunFolder) else RunFolder(run_dir))
     return data.frame, data.prompts

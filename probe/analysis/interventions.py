@@ -52,7 +52,7 @@ import numpy as np
 import pandas as pd
 
 from probe.analysis import inference as inf
-from probe.analysis.frame import RunData
+from probe.analysis.frame import RunRecords
 from probe.analysis.paired_ratio import PairedDifference, RecoveredShare, paired_difference, recovered_share
 from probe.interventions import Intervention, load_interventions
 from probe.runfolder import INTERVENTIONS
@@ -74,7 +74,7 @@ METHODS = {
 }
 
 
-def baseline_only(data: RunData) -> RunData:
+def baseline_only(data: RunRecords) -> RunRecords:
     """The run's baseline trials (intervention None) only: what every estimate but this module's reads."""
     keep = data.frame["intervention"].isna().to_numpy()
     if keep.all():
@@ -244,7 +244,7 @@ def _twin(spec: Intervention, specs: Sequence[Intervention]) -> Intervention | N
     return sorted(cands, key=lambda s: s.name)[0] if cands else None
 
 
-def analyze_interventions(data: RunData, specs: Sequence[Intervention], alpha: float = 0.05,
+def analyze_interventions(data: RunRecords, specs: Sequence[Intervention], alpha: float = 0.05,
                           seed: int = 0) -> InterventionResult | None:
     """Every intervention estimate of a run's trials (module docstring); None when no trial carries one.
 
@@ -357,7 +357,7 @@ def _with_claims(contrasts: list[Contrast], alpha: float) -> list[Contrast]:
     return out
 
 
-def analyze_run_interventions(run: RunFolder, data: RunData, alpha: float, seed: int) -> InterventionResult | None:
+def analyze_run_interventions(run: RunFolder, data: RunRecords, alpha: float, seed: int) -> InterventionResult | None:
     """:func:`analyze_interventions` of a run folder's trials with its ``interventions.json``."""
     return analyze_interventions(data, load_interventions(run), alpha, seed)
 

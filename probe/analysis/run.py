@@ -34,7 +34,7 @@ from pathlib import Path
 
 
 from probe.analysis.families import FamilyData, FamilyOutput, family_analysis, family_order
-from probe.analysis.frame import RunData, load_run_data
+from probe.analysis.frame import RunRecords, load_run_records
 from probe.analysis.interventions import METHODS as INTERVENTION_METHODS
 from probe.analysis.interventions import analyze_run_interventions, baseline_only
 from probe.analysis.results import SCHEMA_VERSION, Analysis, Inputs, from_json, trials_sha256, write_analysis
@@ -89,7 +89,7 @@ def resolve_settings(run: RunFolder, settings: AnalysisSection | None, seed: int
     return (settings or cfg.analysis, cfg.experiment.seed if seed is None else seed, "config.toml")
 
 
-def _family_data(run: RunFolder, data: RunData, family: str, settings: AnalysisSection, seed: int) -> FamilyData:
+def _family_data(run: RunFolder, data: RunRecords, family: str, settings: AnalysisSection, seed: int) -> FamilyData:
     rows = (data.frame["family"] == family).to_numpy()
     return FamilyData(family=family, run=run, frame=data.frame[rows],
                       trials=tuple(t for t, keep in zip(data.trials, rows) if keep), prompts=data.prompts,
@@ -121,7 +121,7 @@ def analyze_run(
     notes: list[str] = []
     if seed_source == "default":
         notes.append(f"no config.toml in the run folder: default analysis gates and seed {seed} used")
-    everything = load_run_data(run)
+    everything = load_run_records(run)
     data = baseline_only(everything)
     df = everything.frame
     sha = trials_sha256(run)
@@ -184,7 +184,7 @@ def tabulate_run(run_dir: str | Path | RunFolder, alpha: float | None = None) ->
     settings, seed, source = resolve_settings(run, None, None)
     if alpha is not None:
         settings = dataclasses.replace(settings, alpha=alpha)
-    everything = load_run_data(run)
+    everything = load_run_records(run)
     data = baseline_only(everything)
     df = everything.frame
     families = {name: family_analysis(name).tabulate(_family_data(run, data, name, settings, seed))
