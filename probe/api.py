@@ -264,7 +264,7 @@ class Model(LoadedModel):
         if option_values:
             unknown = sorted(set(option_values) - {f.name for f in dataclasses.fields(ProbeOptions)})
             if unknown:
-                raise ConfigError(f"probe_prompt: {unknown[0]!r} is not a probe option (the keys of [probe]: "
+                raise ConfigError(f"probe_prompt: {unknown[0]!r} is not a probe option (ProbeOptions: "
                                   f"{', '.join(f.name for f in dataclasses.fields(ProbeOptions))})")
             opts = dataclasses.replace(opts, **option_values)
         return probe_tokenized(self.model, self._tokenized("probe_prompt", prompt), opts, generated_ids)
