@@ -170,3 +170,17 @@ def test_building_cogniload_prompts_never_loads_the_embedder(tmp_path, monkeypat
                             "ice": {"conditions": ["Control", "Saturation"], "loads": [20], "replications": 1}})
     with pytest.raises(AssertionError, match="embedder"):
         build_run_prompts(ice, progress=False)
+
+
+def test_a_section_holds_its_own_sources_options_type() -> None:
+    from probe.tasks import TaskSection
+    from probe.tasks.options import CogniloadOptions, SyntheticOptions
+
+    assert TaskSection("synthetic").options == SyntheticOptions()  # no options: the source's defaults
+    assert TaskSection.of("synthetic", n=3).options == SyntheticOptions(n=3)
+    with pytest.raises(ConfigError, match="source 'synthetic' takes SyntheticOptions, got CogniloadOptions"):
+        TaskSection("synthetic", CogniloadOptions())
+    with pytest.raises(ConfigError, match=r"tasks\.hops: has no effect for source 'cogniload'"):
+        TaskSection.of("cogniload", hops=2)
+    with pytest.raises(ConfigError, match=r"tasks\.path: a jsonl task source needs"):
+        TaskSection.of("jsonl")
