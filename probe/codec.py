@@ -158,24 +158,7 @@ def decode(tp: Any, data: Any, where: str = "", arrays: Mapping[str, np.ndarray]
         return data
     origin = typing.get_origin(tp)
     if origin in (Union, types.UnionType):
-        options = [a for a in typing.get_args(tp) if a is not type(None)]
-        if data is None:
-            if len(options) < len(typing.get_args(tp)):
-                return None
-            raise CodecError(where, f"null where {type_name(tp)} is required")
-        for a in options:  # several scalar types (int | float): the first that takes the value as it is
-            if a in (int, float, str, bool) and _scalar(a, data):
-                return data
-        # the options that take data of this shape (a table, a list); when one does, its own error is the one to see
-        shaped = [a for a in options if _shape(a) is type(data)] if isinstance(data, (dict, list)) else options
-        if len(shaped) == 1:
-            return decode(shaped[0], data, where, arrays)
-        for a in shaped:
-            try:
-                return decode(a, data, where, arrays)
-            except CodecError:
-                continue
-        raise CodecError(where, f"{data!r} is none of {type_name(tp)}")
+        return _decode_union(tp, data, where, arrays)
     if origin is Literal:
         if data not in typing.get_args(tp):
             raise CodecError(where, f"{data!r} is not one of {', '.join(map(repr, typing.get_args(tp)))}")
@@ -209,6 +192,28 @@ def decode(tp: Any, data: Any, where: str = "", arrays: Mapping[str, np.ndarray]
             raise CodecError(where, f"expected {tp.__name__}, got {data!r}")
         return data
     raise TypeError(f"{where}: the codec cannot read type {type_name(tp)}")
+
+
+def _decode_union(tp: Any, data: Any, where: str, arrays: Mapping[str, np.ndarray]) -> Any:
+    """``data`` as one of the types of the union ``tp`` (None where the union holds it)."""
+    options = [a for a in typing.get_args(tp) if a is not type(None)]
+    if data is None:
+        if len(options) < len(typing.get_args(tp)):
+            return None
+        raise CodecError(where, f"null where {type_name(tp)} is required")
+    for a in options:  # several scalar types (int | float): the first that takes the value as it is
+        if a in (int, float, str, bool) and _scalar(a, data):
+            return data
+    # the options that take data of this shape (a table, a list); when one does, its own error is the one to see
+    shaped = [a for a in options if _shape(a) is type(data)] if isinstance(data, (dict, list)) else options
+    if len(shaped) == 1:
+        return decode(shaped[0], data, where, arrays)
+    for a in shaped:
+        try:
+            return decode(a, data, where, arrays)
+        except CodecError:
+            continue
+    raise CodecError(where, f"{data!r} is none of {type_name(tp)}")
 
 
 def _decode_dataclass(cls: type, data: Any, where: str, arrays: Mapping[str, np.ndarray]) -> Any:
