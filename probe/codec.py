@@ -107,7 +107,9 @@ def encode(x: Any, arrays: "dict[str, np.ndarray] | None" = None, where: str = "
             value = getattr(x, f.name)
             if f.metadata.get(ALL_WHEN_NONE) and value is None:
                 out[f.metadata.get(KEY, f.name)] = "all"
-            elif not ((f.metadata.get(OMIT) and (value is None or value == ())) or (isinstance(value, Grid) and arrays is None)):
+            elif f.metadata.get(OMIT) and (value is None or value == ()):
+                continue
+            elif not (isinstance(value, Grid) and arrays is None):
                 out[f.metadata.get(KEY, f.name)] = encode(value, arrays, _place(where, f.name))
         return out
     if isinstance(x, dict):

@@ -248,6 +248,14 @@ class AnalysisSection:
     alpha: float = 0.05
     embedder: str = "all-MiniLM-L6-v2"
     n_bootstrap: int = 500
+    # δ of the equivalence test of paired comparisons, in EM
+    # (docs/statistics.md#equivalence-two-one-sided-tests-tost)
+    equivalence_margin: float = 0.10
+
+    def __post_init__(self) -> None:
+        if not 0 < self.equivalence_margin < 1:
+            raise ConfigError(f"analysis.equivalence_margin: {self.equivalence_margin} must lie in (0, 1) (a "
+                              "difference of EM, e.g. 0.10 for one question in ten)")
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,9 @@ Data-generating processes (all under "no effect" except the power table):
 - **H3** (behaviour): per question S_sim ~ N(0.3, 0.1²), EM(Control) the mean of 2 Bernoulli(p_q), EM(Residue) of
   6 Bernoulli(0.8·p_q), p_q ~ Beta(1, 1), independent of S_sim.
 - **H1 power**: p_q ~ U(0.4, 0.9) and EM falls by β per point of load for every question (no clipping needed).
+- **Equivalence** (TOST at ±δ): p_q ~ U(0.3, 0.6) under b and p_q + Δ_q under a, two replications; two prompts of
+  the question drawn independently (H2's design), or one prompt with and without an edit sharing one uniform draw
+  per replication, or the whole difference on three questions (``equivalence_rates``).
 - **One question carries every failure** (per head): 16 trials per question at loads 20/50/80/20, half the trials
   of question 0 failed and none elsewhere; enrichment = 1 + 0.3·ℓ/100 + question and trial effects N(0, 0.1²) per
   head, independent of failure. "before" is the CR2 test as it was (the pseudo-inverse, G counted over all
@@ -763,6 +766,77 @@ def carrier_coverage(seed: int, n_questions: int, n_carriers: int, n_runs: int, 
                               share_disagree_after=share_after / n_runs)
 
 
+@dataclass(frozen=True)
+class EquivalenceRow:
+    """How often the TOST declares equivalence within ±margin in one design."""
+
+    n_questions: int
+    design: str
+    margin: float
+    truth: float
+    n_runs: int
+    equivalent: float  # share of runs with TOST p < alpha
+    no_test: float  # share of runs where the TOST is not run (too few questions carry a difference)
+
+
+EQUIVALENCE_DESIGNS = ("other prompts, at +δ", "same prompt, at +δ", "3 questions carry +δ",
+                       "other prompts, no difference")
+
+
+def equivalence_rates(seed: int, n_questions: int, design: str, n_runs: int, margin: float = 0.10,
+                      replications: int = 2, alpha: float = ALPHA) -> EquivalenceRow:
+    """The TOST of :func:`probe.analysis.paired_ratio.paired_equivalence` in one design (docs/statistics.md).
+
+    Data: each question's EM probability under ``b`` is p_q ~ U(0.3, 0.6); under ``a`` it is p_q + Δ_q, with mean
+    Δ over questions the row's truth (δ, or 0). "Other prompts": a and b are different prompts of the question (two
+    conditions), each replication an independent Bernoulli draw. "Same prompt": a and b are one prompt with and
+    without an intervention: one uniform u per replication, correct under b when u < p_q and under a when
+    u < p_q + Δ_q, so a question differs only where u falls between. "3 questions carry +δ": Δ_q = δ·G/3 on three
+    questions (p_q ~ U(0, 1 − δ·G/3) there), 0 elsewhere, other prompts. At Δ = δ the rate of declared equivalence is
+    the TOST's error rate, which must stay at or below α; at Δ = 0 it is its power.
+    """
+    from probe.analysis.paired_ratio import paired_equivalence
+
+    rng = np.random.default_rng([seed, n_questions, EQUIVALENCE_DESIGNS.index(design), round(margin * 100)])
+    truth = 0.0 if design == "other prompts, no difference" else margin
+    ids = np.repeat(np.arange(n_questions), replications)
+    eq = none = 0
+    for _ in range(n_runs):
+        p = rng.uniform(0.3, 0.6, n_questions)
+        delta = np.full(n_questions, truth)
+        if design == "3 questions carry +δ":
+            lift = min(margin * n_questions / 3, 1.0)
+            p[:3] = rng.uniform(0.0, 1.0 - lift, 3)
+            delta[:] = 0.0
+            delta[:3] = lift
+        pa = p + delta
+        if design == "same prompt, at +δ":
+            u = rng.random((n_questions, replications))
+            a, b = (u < pa[:, None]).astype(float), (u < p[:, None]).astype(float)
+        else:
+            a = (rng.random((n_questions, replications)) < pa[:, None]).astype(float)
+            b = (rng.random((n_questions, replications)) < p[:, None]).astype(float)
+        e = paired_equivalence(a.ravel(), b.ravel(), ids, margin, alpha)
+        eq += e.holds(alpha)
+        none += e.estimate.p is None
+    return EquivalenceRow(n_questions, design, margin, truth, n_runs, eq / n_runs, none / n_runs)
+
+
+def equivalence_table(seed: int, n_runs: int, clusters: Sequence[int] = (7, 10, 20, 50, 100),
+                      margins: Sequence[float] = (0.10, 0.25)) -> str:
+    """The TOST's error rate at the margin and its power, per margin, G and design (docs/statistics.md)."""
+    lines = ["| δ | G | design | true Δ | equivalent declared | no TOST (< 6 questions differ) |",
+             "|---|---|---|---|---|---|"]
+    for m in margins:
+        for g in clusters:
+            for design in EQUIVALENCE_DESIGNS:
+                if design == "3 questions carry +δ" and m * g / 3 > 1:
+                    continue  # three questions cannot carry a mean of δ
+                r = equivalence_rates(seed, g, design, n_runs, margin=m)
+                lines.append(f"| {m:.2f} | {g} | {design} | {r.truth:+.2f} | {r.equivalent:.3f} | {r.no_test:.3f} |")
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------------------------------------- tables
 
 
@@ -1077,10 +1151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--kappas", type=float, nargs="+", default=[2.0, 1.0, 4.0],
                     help="Beta concentrations of the coverage table (ICC = 1/(kappa+1))")
     ap.add_argument("--quick", action="store_true", help="a small version (200 runs, kappa 2 only)")
-    ap.add_argument("--only", choices=["coverage", "null", "power", "minimum", "one-question", "share", "carriers",
-                                       "rho"],
-                    nargs="+", default=["coverage", "null", "power", "minimum", "one-question", "share", "carriers",
-                                        "rho"])
+    tables = ["coverage", "null", "power", "minimum", "one-question", "share", "carriers", "rho", "equivalence"]
+    ap.add_argument("--only", choices=tables, nargs="+", default=tables)
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
     for name, value in (("--runs", args.runs), ("--coverage-runs", args.coverage_runs)):
@@ -1117,6 +1189,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 lambda: carrier_table(args.seed, args.runs))
     if "rho" in args.only:
         section("The retrieval heads' rank correlation", args.runs, lambda: rho_table(args.seed, args.runs))
+    if "equivalence" in args.only:
+        section("Equivalence (TOST)", args.runs, lambda: equivalence_table(args.seed, args.runs))
     if "power" in args.only:
         rows_p = [power_h1(args.seed, g, args.runs) for g in (7, 20, 30)]
         out.write(f"## H1 power at a planted effect ({args.runs} runs per setting)\n\n{format_power(rows_p)}\n")

@@ -25,7 +25,7 @@ SE, interval or p-value; ``is_test`` False, ``reason`` says why). Each returns a
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -36,6 +36,8 @@ from probe.analysis.estimate import Estimate
 from probe.analysis.estimates import finite
 from probe.analysis.glm import exp_or_none, fit_logit
 from probe.analysis.inference import Correlation, PairedTest, Power
+from probe.analysis.paired_ratio import DEFAULT_MARGIN, Equivalence, paired_equivalence, paired_verdict
+from probe.codec import OMIT
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +95,8 @@ class PairedComparison:
         test: the paired test (:class:`probe.analysis.inference.PairedTest`: pairs, EM of each condition, the
             per-question Δ, the sign-flip p, McNemar, power, or why there is no test).
         q: the BH q-value of ``test.p`` across the model's comparisons (the H2 family); None when descriptive.
+        equivalence: the TOST of |Δ| < margin on the same per-question differences, its ``estimate.q`` the BH
+            q-value across the model's comparisons (a family of its own); None without pairs.
     """
 
     model: str
@@ -102,6 +106,16 @@ class PairedComparison:
     note: str | None
     test: PairedTest
     q: float | None
+    equivalence: Equivalence | None = field(default=None, metadata={OMIT: True})
+
+    def verdict(self, alpha: float) -> str:
+        """"different" (q < α), "equivalent within ±δ" (the TOST's q < α) or "neither: no difference detected, MDE
+        …" (docs/statistics.md#equivalence-two-one-sided-tests-tost); "not tested" without a test."""
+        if not self.test.is_test:
+            return "not tested"
+        margin = self.equivalence.margin if self.equivalence is not None else DEFAULT_MARGIN
+        q_equivalence = self.equivalence.estimate.q if self.equivalence is not None else None
+        return paired_verdict(self.q, q_equivalence, margin, self.test.power.mde if self.test.power else None, alpha)
 
 
 @dataclass(frozen=True)
@@ -212,7 +226,7 @@ def _pair(a: pd.DataFrame, b: pd.DataFrame) -> tuple[pd.DataFrame | None, str | 
 
 
 def paired_comparison(model: str, a: str, b: str, load: int, ta: pd.DataFrame, tb: pd.DataFrame, alpha: float,
-                      seed: int, note: str | None = None) -> PairedComparison:
+                      seed: int, note: str | None = None, margin: float = DEFAULT_MARGIN) -> PairedComparison:
     """One H2 comparison: pairs ``(task_id, replication)`` of ``ta`` and ``tb``, sign-flip test, McNemar beside it.
 
     Args:
@@ -222,9 +236,11 @@ def paired_comparison(model: str, a: str, b: str, load: int, ta: pd.DataFrame, t
         alpha: test level (for the power figure).
         seed: seed of the Monte Carlo sign flips (used above 16 questions).
         note: how the pairs were formed, where that is not plain.
+        margin: δ of the equivalence test (TOST) beside the difference test.
 
     Returns:
-        The :class:`PairedComparison` (``q`` None: filled per family by :func:`h2_comparisons`).
+        The :class:`PairedComparison` (``q`` and ``equivalence_q`` None: filled per family by
+        :func:`h2_comparisons`).
     """
 
     def comparison(test: PairedTest) -> PairedComparison:
@@ -235,8 +251,9 @@ def paired_comparison(model: str, a: str, b: str, load: int, ta: pd.DataFrame, t
         return comparison(_no_pairs(why))
     if merged.empty:
         return comparison(_no_pairs("no pair: no (task_id, replication) scored in both conditions"))
-    return comparison(inf.paired_sign_flip(merged["em_a"].to_numpy(float), merged["em_b"].to_numpy(float),
-                                           merged["task_id"].to_numpy(), alpha=alpha, seed=seed))
+    em_a, em_b, questions = merged["em_a"].to_numpy(float), merged["em_b"].to_numpy(float), merged["task_id"].to_numpy()
+    return replace(comparison(inf.paired_sign_flip(em_a, em_b, questions, alpha=alpha, seed=seed)),
+                   equivalence=paired_equivalence(em_a, em_b, questions, margin, alpha))
 
 
 def _no_pairs(reason: str | None) -> PairedTest:
@@ -245,7 +262,8 @@ def _no_pairs(reason: str | None) -> PairedTest:
                       method="sign-flip permutation of per-question mean differences", reason=reason)
 
 
-def h2_comparisons(df: pd.DataFrame, model: str, alpha: float, seed: int) -> list[PairedComparison]:
+def h2_comparisons(df: pd.DataFrame, model: str, alpha: float, seed: int,
+                   margin: float = DEFAULT_MARGIN) -> list[PairedComparison]:
     """All paired comparisons of one model (H2 and Residue vs Control, docs/method.md#hypotheses), one BH family.
 
     - LongControl vs Control at each LongControl load (Control has no load);
@@ -260,9 +278,11 @@ def h2_comparisons(df: pd.DataFrame, model: str, alpha: float, seed: int) -> lis
         alpha: test level.
         seed: the experiment's seed; comparison k (in the order above) draws its Monte Carlo sign flips (more than
             16 questions) with seed ``seed + k``.
+        margin: δ of each comparison's equivalence test.
 
     Returns:
-        One :class:`PairedComparison` per comparison and load, with BH q-values across them.
+        One :class:`PairedComparison` per comparison and load, with BH q-values across them, of the difference
+        tests and, separately, of the equivalence tests.
     """
     m = df[(df["model"] == model) & df["is_scored"]]
 
@@ -276,7 +296,7 @@ def h2_comparisons(df: pd.DataFrame, model: str, alpha: float, seed: int) -> lis
     rows: list[PairedComparison] = []
 
     def add(a: str, b: str, load: int, ta: pd.DataFrame, tb: pd.DataFrame, note: str | None = None) -> None:
-        rows.append(paired_comparison(model, a, b, load, ta, tb, alpha, seed + len(rows), note))
+        rows.append(paired_comparison(model, a, b, load, ta, tb, alpha, seed + len(rows), note, margin))
 
     control = trials("Control")
     for ld in loads("LongControl"):
@@ -298,7 +318,9 @@ def h2_comparisons(df: pd.DataFrame, model: str, alpha: float, seed: int) -> lis
         if ld in sat_loads:
             add("Residue", "Saturation", ld, trials("Residue", ld), trials("Saturation", ld))
     q = with_qvalues([r.test.p if r.test.is_test else None for r in rows])
-    return [replace(r, q=v) for r, v in zip(rows, q)]
+    q_eq = with_qvalues([r.equivalence.estimate.p if r.equivalence is not None else None for r in rows])
+    return [replace(r, q=v, equivalence=None if r.equivalence is None else replace(
+        r.equivalence, estimate=r.equivalence.estimate.with_q(w))) for r, v, w in zip(rows, q, q_eq)]
 
 
 # ---------------------------------------------------------------------------------------------------- H3

@@ -162,7 +162,7 @@ def analyze_ice(data: FamilyData) -> FamilyOutput:
     models = sorted(df["model"].unique().tolist())
     has = {(m, c) for m, c in zip(df["model"], df["condition"])}
     h1 = [fit_load_trend(df, m, c, cfg.alpha) for m in models for c in H1_CONDITIONS if (m, c) in has]
-    h2 = [row for m in models for row in h2_comparisons(df, m, cfg.alpha, data.seed)]
+    h2 = [row for m in models for row in h2_comparisons(df, m, cfg.alpha, data.seed, cfg.equivalence_margin)]
     h3 = [row for m in models if (m, "Residue") in has for row in similarity_degradation(df, m, cfg.alpha)]
     att_cells, per_trial = summarise_attention(reads.attention, df)
     attention: list[AttentionBehaviour] = []

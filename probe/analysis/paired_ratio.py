@@ -87,6 +87,92 @@ def paired_difference(em_a: np.ndarray, em_b: np.ndarray, questions: np.ndarray,
                                          df=e.df))
 
 
+# the equivalence margin when an experiment states none: 0.10 EM, one question in ten
+# (docs/statistics.md#equivalence-two-one-sided-tests-tost)
+DEFAULT_MARGIN = 0.10
+
+
+TOST_METHOD = ("TOST: two one-sided t tests of the mean per-question difference on t(G-1) (statsmodels "
+               "ttost_paired)")
+
+
+@dataclass(frozen=True)
+class Equivalence:
+    """Two one-sided tests (TOST) that the mean per-question EM difference lies inside (−margin, +margin).
+
+    Attributes:
+        margin: δ, in EM units (a share of the questions).
+        estimate: the mean per-question difference; its (1 − 2α) t interval (the TOST rejects exactly when it lies
+            inside (−δ, δ)), standard error and G − 1 degrees of freedom; ``p`` the TOST p-value, the larger of the
+            two one-sided p-values (None with a ``reason`` when not run; below α, "equivalent within ±δ" holds at
+            level α); ``q`` its BH q-value where the caller forms a family.
+        n_questions: questions G.
+    """
+
+    margin: float
+    estimate: Estimate
+    n_questions: int
+
+    def holds(self, alpha: float) -> bool:
+        """Whether equivalence within ±margin is shown at level ``alpha`` (by the q-value where there is one)."""
+        e = self.estimate
+        level = e.q if e.q is not None else e.p
+        return level is not None and level < alpha
+
+
+def paired_equivalence(em_a: np.ndarray, em_b: np.ndarray, questions: np.ndarray, margin: float = DEFAULT_MARGIN,
+                       alpha: float = 0.05) -> Equivalence:
+    """TOST of |EM_a − EM_b| < ``margin`` on the per-question mean differences
+    (docs/statistics.md#equivalence-two-one-sided-tests-tost).
+
+    Args:
+        em_a, em_b: (n,) EM of each paired prompt under ``a`` and ``b``.
+        questions: (n,) question (task) ids.
+        margin: δ > 0, in EM units.
+        alpha: level of each one-sided test (the interval is 1 − 2α).
+
+    Returns:
+        The :class:`Equivalence`; no test (a reason instead) when fewer than ``MIN_CLUSTERS`` questions have a
+        difference other than 0: the t reference then understates the spread, as for the paired difference's
+        interval, and equivalence would be claimed from a handful of questions.
+    """
+    if not margin > 0:
+        raise inf.InferenceInputError(f"paired_equivalence: margin must be > 0, got {margin}")
+    a, b, g = np.asarray(em_a, dtype=float), np.asarray(em_b, dtype=float), np.asarray(questions).astype(str)
+    _, codes = np.unique(g, return_inverse=True)
+    counts = np.bincount(codes)
+    a_q, b_q = np.bincount(codes, weights=a) / counts, np.bincount(codes, weights=b) / counts
+    d = a_q - b_q
+    carriers = int(np.sum(np.abs(d) > ZERO))
+    if carriers < inf.MIN_CLUSTERS:
+        return Equivalence(margin, Estimate.descriptive(float(d.mean()), f"no TOST: only {carriers} of {d.size} "
+                           f"questions differ (fewer than {inf.MIN_CLUSTERS}; "
+                           "docs/statistics.md#equivalence-two-one-sided-tests-tost)", TOST_METHOD), d.size)
+    if float(d.std(ddof=1)) == 0.0:  # every question differs by the same amount: a t test has no spread to use
+        return Equivalence(margin, Estimate.descriptive(float(d.mean()), "no TOST: every question's mean difference "
+                           f"is {float(d[0]):+.3g}; the t reference needs differences that vary", TOST_METHOD), d.size)
+    from statsmodels.stats.weightstats import ttost_paired
+
+    p = float(ttost_paired(a_q, b_q, -margin, margin)[0])
+    se = float(d.std(ddof=1)) / math.sqrt(d.size)
+    half = float(scipy.stats.t.ppf(1 - alpha, d.size - 1)) * se
+    mean = float(d.mean())
+    return Equivalence(margin, Estimate(value=mean, se=se, ci_low=mean - half, ci_high=mean + half, df=d.size - 1,
+                                        p=p, method=TOST_METHOD, is_test=True), d.size)
+
+
+def paired_verdict(p_difference: float | None, p_equivalence: float | None, margin: float, mde: float | None,
+                  alpha: float = 0.05) -> str:
+    """Which of "different", "equivalent within ±δ" and "neither: no difference detected, MDE …" a paired comparison
+    supports at level ``alpha``, from its difference test's p (or BH q) and its TOST's p (or q); ``mde``: the
+    difference its test detects with 80 % power (None: not estimable)."""
+    if p_difference is not None and p_difference < alpha:
+        return "different"
+    if p_equivalence is not None and p_equivalence < alpha:
+        return f"equivalent within ±{margin:g}"
+    return f"neither: no difference detected, MDE {'not estimable' if mde is None else format(mde, '.2f')}"
+
+
 @dataclass(frozen=True)
 class RecoveredShare:
     """(EM_int − EM_base) / (EM_Control − EM_base) with its Fieller interval, or the reason it is undefined.

@@ -97,6 +97,11 @@ def _pair_label(r: PairedComparison) -> str:
     return f"{r.a} vs {r.b}" + ("" if r.a == "LongControl" and r.load == 0 else f" at {r.load}%")
 
 
+def _tost_note(r: PairedComparison) -> str | None:
+    """Why a tested comparison has no equivalence test (None when it has one, or has no test at all)."""
+    return r.equivalence.estimate.reason if r.test.is_test and r.equivalence is not None else None
+
+
 def _h2_sentence(rows: list[PairedComparison], alpha: float) -> str:
     tested = [r for r in rows if r.test.is_test and r.test.p is not None and r.q is not None]
     untested = [r for r in rows if r not in tested]
@@ -124,6 +129,18 @@ def _h2_sentence(rows: list[PairedComparison], alpha: float) -> str:
                          f"{fmt.p_phrase(best.test.p) if best.test.p is not None else fmt.DASH}"
                          + (f"; MDE {fmt.num(best.test.power.mde, '.2f')} EM at 80% power" if best.test.power else "")
                          + ").")
+    undecided = [r for r in tested if r.verdict(alpha) != "different"]
+    if undecided:
+        margin = next((r.equivalence.margin for r in undecided if r.equivalence is not None), None)
+        same = [r for r in undecided if r.verdict(alpha).startswith("equivalent")]
+        within = "" if margin is None else f" within ±{margin:g} EM"
+        if same:
+            parts.append(f"Equivalent{within} (two one-sided tests, BH): " + "; ".join(
+                f"{_pair_label(r)} (TOST {_q_phrase(r.equivalence.estimate.q)})"  # type: ignore[union-attr, arg-type]
+                for r in same) + ".")
+        if len(undecided) > len(same):
+            parts.append(f"{len(undecided) - len(same)} comparison(s) show neither a difference nor equivalence"
+                         f"{within}: no difference detected, which is not the same as no difference.")
     reasons = sorted({str(r.test.reason) for r in untested})
     if untested:
         parts.append(("H2 (paired comparisons): n" if not tested else "N") + f"ot tested ({len(untested)}): "
@@ -305,16 +322,16 @@ def stats_html(result: IceResult, settings: AnalysisSection) -> str:
                  esc(h.estimate.reason or (h.logit.estimate.reason if h.logit else None) or "")]
                 for h in result.h1], left=2, text=(12,))
     h2 = table(["model", "a vs b", "load", "pairs", "questions", "EM a", "EM b", "Δ per question", "p (sign flip)",
-                "q (BH)", "McNemar a only / b only", "McNemar p", "MDE80", "note"],
+                "q (BH)", "TOST q (±δ)", "verdict", "McNemar a only / b only", "McNemar p", "MDE80", "note"],
                [[esc(r.model), esc(f"{r.a} vs {r.b}"), str(r.load), str(r.test.n_pairs), str(r.test.n_questions),
                  fmt.num(r.test.em_a), fmt.num(r.test.em_b), fmt.num(r.test.delta, "+.3f"),
                  fmt.p_value(r.test.p, html=True),
-                 _p_cell(r.q, alpha),
+                 _p_cell(r.q, alpha), _p_cell(r.equivalence.estimate.q if r.equivalence else None, alpha), esc(r.verdict(alpha)),
                  f"{r.test.mcnemar.n_a_only} / {r.test.mcnemar.n_b_only}" if r.test.mcnemar else fmt.DASH,
                  fmt.p_value(r.test.mcnemar.p if r.test.mcnemar else None, html=True),
                  fmt.num(r.test.power.mde if r.test.power else None, ".2f"),
-                 esc("; ".join(x for x in (r.note, r.test.reason) if x))]
-                for r in result.h2], left=2, text=(13,))
+                 esc("; ".join(x for x in (r.note, r.test.reason, _tost_note(r)) if x))]
+                for r in result.h2], left=2, text=(11, 15))
     h3 = table(["model", "Residue load", "questions", "Pearson r", "95% CI (Fisher z)", "p", "q (BH)", "Spearman ρ",
                 "p (ρ)", "note"],
                [[esc(r.model), "pooled" if r.load is None else str(r.load), str(c.n), fmt.num(e.value, "+.3f"),
@@ -474,14 +491,15 @@ def markdown(result: IceResult, settings: AnalysisSection) -> list[str]:
                          h.estimate.reason or (h.logit.estimate.reason if h.logit else None) or ""]
                         for h in result.h1]), ""]
     parts += ["## H2: paired comparisons (sign-flip test; McNemar secondary; BH per model)", "",
-              md_table(["model", "comparison", "load", "pairs", "G", "EM a", "EM b", "Δ", "p", "q", "McNemar p",
-                        "MDE80", "note"],
+              md_table(["model", "comparison", "load", "pairs", "G", "EM a", "EM b", "Δ", "p", "q", "TOST q", "verdict",
+                        "McNemar p", "MDE80", "note"],
                        [[r.model, f"{r.a} vs {r.b}", str(r.load), str(r.test.n_pairs), str(r.test.n_questions),
                          fmt.num(r.test.em_a), fmt.num(r.test.em_b), fmt.num(r.test.delta, "+.3f"),
                          fmt.p_value(r.test.p),
-                         fmt.p_value(r.q), fmt.p_value(r.test.mcnemar.p if r.test.mcnemar else None),
+                         fmt.p_value(r.q), fmt.p_value(r.equivalence.estimate.q if r.equivalence else None), r.verdict(settings.alpha),
+                         fmt.p_value(r.test.mcnemar.p if r.test.mcnemar else None),
                          fmt.num(r.test.power.mde if r.test.power else None, ".2f"),
-                         "; ".join(x for x in (r.note, r.test.reason) if x)] for r in result.h2]), ""]
+                         "; ".join(x for x in (r.note, r.test.reason, _tost_note(r)) if x)] for r in result.h2]), ""]
     parts += ["## H3: S_sim vs degradation (Control − Residue; BH per model)", "",
               md_table(["model", "load", "questions", "r", "95% CI (Fisher z)", "p", "q", "Spearman ρ", "note"],
                        [[r.model, "pooled" if r.load is None else str(r.load), str(c.n), fmt.num(e.value, "+.3f"),

@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 # settings read only by the analysis. ``generation.batch_size`` is a speed setting under greedy decoding (batched
 # generation gives the records of one prompt at a time); a sampled run draws per batch, so there it counts.
 NOT_RECORD_KEYS: tuple[str, ...] = ("experiment.name", "experiment.output_dir", "analysis.brittle_em",
-                                    "analysis.confound_rate", "analysis.alpha", "analysis.n_bootstrap")
+                                    "analysis.confound_rate", "analysis.alpha", "analysis.n_bootstrap",
+                                    "analysis.equivalence_margin")
 
 
 GREEDY_ONLY_KEYS: tuple[str, ...] = ("generation.batch_size",)
@@ -211,5 +212,5 @@ def done_ids(run: str | Path | RunFolder) -> set[str]:
     return done
 
 
-__all__ = ["GREEDY_ONLY_KEYS", "NOT_RECORD_KEYS", "check_run_dir", "done_ids", "merge_shards", "prepare_run_dir", "record_differences",
-           "trials_path", "write_manifest"]
+__all__ = ["GREEDY_ONLY_KEYS", "NOT_RECORD_KEYS", "check_run_dir", "done_ids", "merge_shards", "prepare_run_dir",
+           "record_differences", "trials_path", "write_manifest"]

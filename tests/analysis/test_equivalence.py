@@ -1,0 +1,105 @@
+"""Equivalence of a paired comparison (probe/analysis/paired_ratio.py: paired_equivalence, paired_verdict): the
+TOST against a direct computation, its interval, its refusal when few questions carry a difference, its error rate
+at the margin in a seeded simulation, and the three verdicts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.stats
+
+from probe.analysis.inference import InferenceInputError
+from probe.analysis.paired_ratio import paired_difference, paired_equivalence, paired_verdict
+
+
+def _paired(rng: np.random.Generator, n_questions: int, delta: float, replications: int = 2):
+    """Two prompts of each question (independent draws), EM probability p_q ~ U(0.3, 0.6) under b, p_q + delta
+    under a."""
+    p = rng.uniform(0.3, 0.6, n_questions)
+    a = (rng.random((n_questions, replications)) < (p + delta)[:, None]).astype(float)
+    b = (rng.random((n_questions, replications)) < p[:, None]).astype(float)
+    return a.ravel(), b.ravel(), np.repeat(np.arange(n_questions), replications)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_tost_is_the_larger_of_two_one_sided_t_tests_on_the_question_means(seed: int) -> None:
+    a, b, q = _paired(np.random.default_rng(seed), 30, 0.05)
+    e = paired_equivalence(a, b, q, margin=0.25, alpha=0.05).estimate
+    d = a.reshape(30, 2).mean(1) - b.reshape(30, 2).mean(1)
+    lower = scipy.stats.ttest_1samp(d, -0.25, alternative="greater").pvalue
+    upper = scipy.stats.ttest_1samp(d, 0.25, alternative="less").pvalue
+    # 1e-9: the same t statistic and reference computed two ways; a normal reference or a 1 - alpha interval
+    # would differ by 1e-3 or more
+    assert e.p == pytest.approx(max(lower, upper), abs=1e-9)
+    half = scipy.stats.t.ppf(0.95, 29) * d.std(ddof=1) / np.sqrt(30)
+    assert (e.ci_low, e.ci_high) == pytest.approx((d.mean() - half, d.mean() + half), abs=1e-12)
+    # the TOST rejects exactly when its (1 - 2 alpha) interval lies inside the margins
+    assert e.df == 29
+    assert paired_equivalence(a, b, q, margin=0.25).holds(0.05) == (-0.25 < e.ci_low and e.ci_high < 0.25)
+
+
+def test_few_questions_that_differ_give_no_test() -> None:
+    q = np.repeat(np.arange(20), 2)
+    a = np.zeros(40)
+    a[:10] = 1.0  # questions 0-4 differ, 15 do not
+    e = paired_equivalence(a, np.zeros(40), q, margin=0.25)
+    assert e.estimate.p is None and not e.holds(0.05)
+    assert "only 5 of 20 questions differ" in (e.estimate.reason or "")
+    with pytest.raises(InferenceInputError, match="margin must be > 0"):
+        paired_equivalence(a, np.zeros(40), q, margin=0.0)
+
+
+def test_at_the_margin_equivalence_is_declared_at_most_alpha_of_the_time() -> None:
+    # seeded: 400 data sets of 20 questions whose true difference is exactly the margin; the share declared
+    # equivalent must stay within alpha + 3 Monte Carlo SEs (0.083); at no difference it is declared often
+    rng = np.random.default_rng(2026)
+    at_margin = np.mean([paired_equivalence(*_paired(rng, 20, 0.25), margin=0.25).holds(0.05) for _ in range(400)])
+    inside = np.mean([paired_equivalence(*_paired(rng, 20, 0.0), margin=0.25).holds(0.05) for _ in range(200)])
+    assert at_margin <= 0.05 + 3 * np.sqrt(0.05 * 0.95 / 400)
+    assert inside > 0.2
+
+
+def _verdict(a: np.ndarray, b: np.ndarray, q: np.ndarray, margin: float) -> str:
+    from probe.analysis import inference as inf
+
+    d, e = paired_difference(a, b, q), paired_equivalence(a, b, q, margin)
+    est = d.estimate
+    mde = inf.t_power(est.value, est.se, est.df).mde if est.se else None
+    return paired_verdict(est.p, e.estimate.p, margin, mde)
+
+
+def test_the_verdict_says_which_of_the_three_holds() -> None:
+    rng = np.random.default_rng(7)
+    assert _verdict(*_paired(rng, 50, 0.35), margin=0.1) == "different"
+    assert _verdict(*_paired(rng, 50, 0.0, replications=8), margin=0.3) == "equivalent within ±0.3"
+    assert _verdict(*_paired(rng, 10, 0.0), margin=0.1).startswith("neither: no difference detected, MDE 0.")
+    assert paired_verdict(None, None, 0.1, None) == "neither: no difference detected, MDE not estimable"
+
+
+def test_every_h2_comparison_carries_its_tost_with_its_own_bh_family() -> None:
+    import pandas as pd
+    from statsmodels.stats.multitest import multipletests
+
+    from probe.analysis.hypotheses import h2_comparisons
+
+    rng = np.random.default_rng(11)
+    rows = []
+    for q in range(40):
+        p = rng.uniform(0.3, 0.7)
+        for cond, load, shift in (("Control", 0, 0.0), ("LongControl", 50, 0.0), ("Saturation", 50, -0.5)):
+            for r in range(4):
+                rows.append({"model": "m", "condition": cond, "load": load, "task_id": f"q{q}", "replication": r,
+                             "em": float(rng.random() < max(p + shift, 0.0)), "is_scored": True})
+    h2 = h2_comparisons(pd.DataFrame(rows), "m", alpha=0.05, seed=0, margin=0.3)
+    assert [(r.a, r.b) for r in h2] == [("LongControl", "Control"), ("Saturation", "LongControl")]
+    p = [r.equivalence.estimate.p for r in h2]
+    assert all(r.equivalence.margin == 0.3 for r in h2) and None not in p
+    # 1e-12: the same BH adjustment computed by statsmodels directly
+    assert [r.equivalence.estimate.q for r in h2] == pytest.approx(list(multipletests(p, method="fdr_bh")[1]), abs=1e-12)
+    assert [r.verdict(0.05) for r in h2] == ["equivalent within ±0.3", "different"]
+
+
+def test_differences_that_do_not_vary_give_no_test() -> None:
+    q = np.repeat(np.arange(8), 2)
+    e = paired_equivalence(np.ones(16), np.zeros(16), q, margin=0.5)  # all 8 questions differ by exactly +1
+    assert e.estimate.p is None and "every question's mean difference is +1" in (e.estimate.reason or "")
