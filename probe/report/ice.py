@@ -344,8 +344,8 @@ def stats_html(result: IceResult, settings: AnalysisSection) -> str:
                  for t in result.taxonomy], left=2, text=(4, 5))
     return (f'<p class="note">{esc(STATS_NOTE)}</p>'
             f"<h3>H1: EM per percentage point of load (Control as load 0; one test per condition)</h3>{h1}"
-            f"<h3>H2: paired comparisons (sign-flip test of per-question differences; McNemar beside it; "
-            f"BH family: the model's comparisons)</h3>{h2}"
+            f"<h3>H2: paired comparisons (sign-flip test of per-question differences; McNemar beside it; TOST "
+            f"against ±δ; each its own BH family over the model's comparisons)</h3>{h2}"
             f"<h3>H3: S_sim vs degradation EM(Control) − EM(Residue) (BH family: the model's rows)</h3>{h3}"
             f"{attention_tables_html(result, alpha)}"
             f"<h3>Taxonomy</h3>{tax}")
@@ -490,7 +490,7 @@ def markdown(result: IceResult, settings: AnalysisSection) -> list[str]:
                          fmt.num(h.power.mde if h.power else None, ".4f"), str(h.n), str(h.n_clusters),
                          h.estimate.reason or (h.logit.estimate.reason if h.logit else None) or ""]
                         for h in result.h1]), ""]
-    parts += ["## H2: paired comparisons (sign-flip test; McNemar secondary; BH per model)", "",
+    parts += ["## H2: paired comparisons (sign-flip test; McNemar secondary; TOST against ±δ; BH per model)", "",
               md_table(["model", "comparison", "load", "pairs", "G", "EM a", "EM b", "Δ", "p", "q", "TOST q", "verdict",
                         "McNemar p", "MDE80", "note"],
                        [[r.model, f"{r.a} vs {r.b}", str(r.load), str(r.test.n_pairs), str(r.test.n_questions),
