@@ -225,35 +225,30 @@ def _pair(a: pd.DataFrame, b: pd.DataFrame) -> tuple[pd.DataFrame | None, str | 
     return merged, None
 
 
-def paired_comparison(model: str, a: str, b: str, load: int, ta: pd.DataFrame, tb: pd.DataFrame, alpha: float,
-                      seed: int, note: str | None = None, margin: float = DEFAULT_MARGIN) -> PairedComparison:
-    """One H2 comparison: pairs ``(task_id, replication)`` of ``ta`` and ``tb``, sign-flip test, McNemar beside it.
+def paired_tests(ta: pd.DataFrame, tb: pd.DataFrame, alpha: float, seed: int,
+                 margin: float = DEFAULT_MARGIN) -> tuple[PairedTest, Equivalence | None]:
+    """The tests of one H2 comparison: pairs ``(task_id, replication)`` of ``ta`` and ``tb``; the sign-flip test
+    (McNemar beside it) and the equivalence test (TOST against ±``margin``) on the same per-question differences.
 
     Args:
-        model: the model; a, b: the two conditions; load: the load compared.
         ta: scored trials of the first condition (columns task_id, replication, em).
         tb: scored trials of the second condition.
-        alpha: test level (for the power figure).
+        alpha: test level (for the power figure and the TOST's interval).
         seed: seed of the Monte Carlo sign flips (used above 16 questions).
-        note: how the pairs were formed, where that is not plain.
-        margin: δ of the equivalence test (TOST) beside the difference test.
+        margin: δ of the equivalence test.
 
     Returns:
-        The :class:`PairedComparison` (``q`` and ``equivalence_q`` None: filled per family by
-        :func:`h2_comparisons`).
+        The paired test and the equivalence test (None without pairs); their BH q-values are filled per family by
+        :func:`h2_comparisons`.
     """
-
-    def comparison(test: PairedTest) -> PairedComparison:
-        return PairedComparison(model=model, a=a, b=b, load=load, note=note, test=test, q=None)
-
     merged, why = _pair(ta, tb)
     if merged is None:
-        return comparison(_no_pairs(why))
+        return _no_pairs(why), None
     if merged.empty:
-        return comparison(_no_pairs("no pair: no (task_id, replication) scored in both conditions"))
+        return _no_pairs("no pair: no (task_id, replication) scored in both conditions"), None
     em_a, em_b, questions = merged["em_a"].to_numpy(float), merged["em_b"].to_numpy(float), merged["task_id"].to_numpy()
-    return replace(comparison(inf.paired_sign_flip(em_a, em_b, questions, alpha=alpha, seed=seed)),
-                   equivalence=paired_equivalence(em_a, em_b, questions, margin, alpha))
+    return (inf.paired_sign_flip(em_a, em_b, questions, alpha=alpha, seed=seed),
+            paired_equivalence(em_a, em_b, questions, margin, alpha))
 
 
 def _no_pairs(reason: str | None) -> PairedTest:
@@ -296,7 +291,9 @@ def h2_comparisons(df: pd.DataFrame, model: str, alpha: float, seed: int,
     rows: list[PairedComparison] = []
 
     def add(a: str, b: str, load: int, ta: pd.DataFrame, tb: pd.DataFrame, note: str | None = None) -> None:
-        rows.append(paired_comparison(model, a, b, load, ta, tb, alpha, seed + len(rows), note, margin))
+        test, equivalence = paired_tests(ta, tb, alpha, seed + len(rows), margin)
+        rows.append(PairedComparison(model=model, a=a, b=b, load=load, note=note, test=test, q=None,
+                                     equivalence=equivalence))
 
     control = trials("Control")
     for ld in loads("LongControl"):
