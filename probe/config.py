@@ -347,11 +347,10 @@ def _task_section(raw: Any, i: int) -> TaskSection:
     label = f"source {source!r}"
     if not isinstance(source, str) or source not in SOURCES:
         raise ConfigError(f"tasks[{i}].source ({label}): {source!r} is not one of {', '.join(SOURCES.names())}")
-    reads = get_source(source).options
-    idle = sorted(set(values) - reads)
-    if idle:
-        raise ConfigError(f"tasks[{i}].{idle[0]}: has no effect for source {source!r} (it reads "
-                          f"{', '.join(sorted(reads))}); remove it")
+    try:
+        get_source(source).check_keys(values)
+    except FieldError as e:
+        raise ConfigError(f"tasks[{i}].{e.field}: {e.problem}") from None
     try:
         return TaskSection(source, decode(get_source(source).options_type, values))
     except CodecError as e:

@@ -100,7 +100,7 @@ class Intervention(InterventionEdit):
 
     Raises:
         ConfigError: an unknown kind, key set or query set, an α that does not fit the kind, or layers / heads
-            that do not fit each other (:class:`~probe.config.FieldError` names the field).
+            that do not fit each other (:class:`~probe.errors.FieldError` names the field).
     """
 
     layers: tuple[int, ...] | None = None

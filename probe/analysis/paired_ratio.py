@@ -24,6 +24,13 @@ from probe.analysis.estimate import Estimate
 ZERO = 1e-12
 
 
+def question_means(questions: np.ndarray, *values: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The question ids (sorted, as strings) and, for each of ``values`` ((n,) per prompt), its mean per question."""
+    qs, codes = np.unique(np.asarray(questions).astype(str), return_inverse=True)
+    counts = np.bincount(codes)
+    return qs, [np.bincount(codes, weights=v) / counts for v in values]
+
+
 @dataclass(frozen=True)
 class PairedDifference:
     """EM of ``a`` minus EM of ``b`` over prompts scored under both, question by question.
@@ -72,8 +79,7 @@ def paired_difference(em_a: np.ndarray, em_b: np.ndarray, questions: np.ndarray,
                            is_exact=t.is_exact)
     if t.n_pairs == 0 or not t.is_test:
         return out
-    qs, codes = np.unique(g.astype(str), return_inverse=True)
-    d = np.bincount(codes, weights=a - b) / np.bincount(codes)  # (G,) per-question mean differences
+    qs, (d,) = question_means(g, a - b)  # (G,) per-question mean differences
     carriers = int(np.sum(np.abs(d) > ZERO))
     if carriers < inf.MIN_CLUSTERS:  # a t interval of mostly-zero differences is too narrow (docs/statistics.md)
         return replace(out, estimate=replace(est, reason=t.reason or "no interval: " + inf.few_contrast_reason(
@@ -138,10 +144,7 @@ def paired_equivalence(em_a: np.ndarray, em_b: np.ndarray, questions: np.ndarray
     """
     if not margin > 0:
         raise inf.InferenceInputError(f"paired_equivalence: margin must be > 0, got {margin}")
-    a, b, g = np.asarray(em_a, dtype=float), np.asarray(em_b, dtype=float), np.asarray(questions).astype(str)
-    _, codes = np.unique(g, return_inverse=True)
-    counts = np.bincount(codes)
-    a_q, b_q = np.bincount(codes, weights=a) / counts, np.bincount(codes, weights=b) / counts
+    _, (a_q, b_q) = question_means(questions, np.asarray(em_a, dtype=float), np.asarray(em_b, dtype=float))
     d = a_q - b_q
     carriers = int(np.sum(np.abs(d) > ZERO))
     if carriers < inf.MIN_CLUSTERS:

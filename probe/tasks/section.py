@@ -8,7 +8,7 @@ against the registry of sources (:data:`SOURCES`) when it is made. The built-in 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal
 
 from probe.errors import ConfigError, FieldError
 from probe.registry import Registry
@@ -51,11 +51,7 @@ class TaskSection:
         """
         if source not in SOURCES:
             raise FieldError("tasks", "source", f"{source!r} is not one of {', '.join(SOURCES.names())}")
-        reads = SOURCES.get(source).options
-        idle = sorted(set(values) - reads)
-        if idle:
-            raise FieldError("tasks", idle[0], f"has no effect for source {source!r} (it reads "
-                             f"{', '.join(sorted(reads))}); remove it")
+        SOURCES.get(source).check_keys(values)
         return cls(source, SOURCES.get(source).options_type(**values))
 
     @property
@@ -89,6 +85,17 @@ class TaskSource:
     def options(self) -> frozenset[str]:
         """The ``[[tasks]]`` keys the source reads (besides ``source``)."""
         return frozenset(f.name for f in fields(self.options_type))
+
+    def check_keys(self, keys: Iterable[str]) -> None:
+        """Refuse a ``[[tasks]]`` key this source does not read: it would be silently ignored.
+
+        Raises:
+            FieldError: naming the first such key and the keys the source reads.
+        """
+        idle = sorted(set(keys) - self.options)
+        if idle:
+            raise FieldError("tasks", idle[0], f"has no effect for source {self.name!r} (it reads "
+                             f"{', '.join(sorted(self.options))}); remove it")
 
     def is_native(self, task: "Task") -> bool:
         """Whether ``task`` is laid out from its own segments (else the ICE builder makes its conditions)."""
