@@ -151,6 +151,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     cfg = _load(args)
     rank, world = _dp_rank()
+    shard = None
+    if args.shard is not None:
+        from probe.runner.shards import Shard
+
+        shard = Shard.parse(args.shard)
+        if world > 1:
+            raise ProbeError(f"--shard {shard} under a data-parallel launch (WORLD_SIZE={world}): a shard runs as one "
+                             "process; launch one `probe run EXP --shard i/N` per machine or array task")
     if world > 1:
         from accelerate import PartialState
 
@@ -169,16 +177,30 @@ def cmd_run(args: argparse.Namespace) -> int:
             return 0
         merge_shards(cfg.run_dir)
     else:
+        run_dir = shard.config(cfg).run_dir if shard is not None else cfg.run_dir
         try:
-            run_experiment(cfg, progress=not args.quiet, force=args.force, device=args.device)
+            run_experiment(cfg, progress=not args.quiet, force=args.force, device=args.device, shard=shard)
         except KeyboardInterrupt:
-            print(f"\ninterrupted: the trials recorded so far are in {cfg.run_dir}; run the same command again "
+            print(f"\ninterrupted: the trials recorded so far are in {run_dir}; run the same command again "
                   "to finish the run", file=sys.stderr)
             return 130
+        if shard is not None:
+            print(f"shard {shard}: {run_dir}; when every shard is done, `probe merge {cfg.run_dir}` joins them")
+            return 0
     print(f"run folder: {cfg.run_dir}")
     _print_table(cfg.run_dir)
     if args.analyze:
         return _analyze_and_report(cfg.run_dir, report=args.report)
+    return 0
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    from probe.runner.shards import merge_shards_into
+
+    s = merge_shards_into(Path(args.run), [Path(p) for p in args.shards] or None)
+    print(f"merged {len(s.shards)} shards into {s.run_dir}: {s.n_trials} trials ({s.n_errors} ended in a backend "
+          f"error: `probe run` on the merged folder retries them), {s.n_probe_records} probe records")
+    _print_table(s.run_dir)
     return 0
 
 
@@ -411,7 +433,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--no-probe", dest="probe", action="store_false", help="turn attention probing off")
     sp.add_argument("--analyze", action="store_true", help=f"also write {runfolder.ANALYSIS}")
     sp.add_argument("--report", action="store_true", help=f"with --analyze, also write {runfolder.REPORT}")
+    sp.add_argument("--shard", metavar="I/N", help="run the I-th of N shares of the prompts into <run>/shards/I-of-N "
+                                                   "(no rendezvous: SLURM arrays, independent machines; then probe "
+                                                   "merge)")
     sp.set_defaults(fn=cmd_run)
+    sp = sub.add_parser("merge", help="join the shards of a run (probe run --shard I/N) into its run folder")
+    sp.add_argument("run", help="the run folder (outputs/<name>); its shards are read from <run>/shards/")
+    sp.add_argument("shards", nargs="*", help="shard folders elsewhere (default: every <run>/shards/I-of-N)")
+    sp.set_defaults(fn=cmd_merge)
     sp = sub.add_parser("analyze", help="statistics of a run folder, or of a CSV/JSONL written by another tool")
     sp.add_argument("run", help="run folder (outputs/<name>) or a CSV / JSONL file of trials")
     sp.add_argument("--map", help="column mapping for external files: field=column,... or a TOML mapping file")

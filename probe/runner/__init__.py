@@ -30,12 +30,13 @@ from probe.runfolder import RunLock
 from probe.runner.checks import check_inputs
 from probe.runner.folder import check_run_dir, merge_shards, prepare_run_dir, write_manifest
 from probe.runner.prompts import build_run_prompts
+from probe.runner.shards import Shard
 from probe.runner.trials import run_model
 from probe.types import Task
 
 
 def run_experiment(cfg: ExperimentConfig, progress: bool = True, force: bool = False, rank: int = 0,
-                   world: int = 1, device: str | None = None) -> Path:
+                   world: int = 1, device: str | None = None, shard: Shard | None = None) -> Path:
     """Build (or reuse) the prompts and run every model; returns the run folder.
 
     Args:
@@ -47,6 +48,8 @@ def run_experiment(cfg: ExperimentConfig, progress: bool = True, force: bool = F
             records (``trials.rank<r>.jsonl``), which rank 0 merges once every process is done (``merge_shards``).
             A single-process run (``world = 1``) merges any shard files an interrupted data-parallel run left.
         device: "cpu" / "cuda[:i]" for local models (None: CUDA when available).
+        shard: run one shard of the prompts into its own run folder, ``<run>/shards/<i>-of-<N>/``, with no
+            rendezvous (:mod:`probe.runner.shards`; ``probe merge`` joins the shards); returns the shard's folder.
 
     Raises:
         RunLockedError: another process holds the run folder's lock (:class:`probe.runfolder.RunLock`; taken by
@@ -56,21 +59,26 @@ def run_experiment(cfg: ExperimentConfig, progress: bool = True, force: bool = F
     """
     # everything that can be checked without writing is checked first: bad input leaves the folder as it was
     cards, task_list = check_inputs(cfg)
+    experiment = cfg
+    if shard is not None:
+        cfg = shard.config(cfg)
     if rank != 0:
         check_records(cfg.run_dir)
-        _run_models(cfg, cards, task_list, progress, rank, world, device)
+        _run_models(cfg, cards, task_list, progress, rank, world, device, shard)
         return cfg.run_dir
     check_run_dir(cfg, force=force)
     with RunLock(cfg.run_folder):
         run_dir = prepare_run_dir(cfg, force=force)
-        _run_models(cfg, cards, task_list, progress, rank, world, device)
+        if shard is not None:
+            shard.write_marker(experiment)
+        _run_models(cfg, cards, task_list, progress, rank, world, device, shard)
         if world == 1:  # shard files left by an interrupted data-parallel run are folded in once this run is done
             merge_shards(run_dir)
     return run_dir
 
 
 def _run_models(cfg: ExperimentConfig, cards: list[ModelCard], task_list: list[Task], progress: bool, rank: int,
-                world: int, device: str | None) -> None:
+                world: int, device: str | None, shard: Shard | None) -> None:
     """Build (or reuse) the prompts, then run every model in turn (see :func:`run_experiment`)."""
     run_dir = cfg.run_dir
     by_model = build_run_prompts(cfg, progress=progress and rank == 0, tasks=task_list)
@@ -88,8 +96,8 @@ def _run_models(cfg: ExperimentConfig, cards: list[ModelCard], task_list: list[T
             resolved = resolve_interventions(cfg, card.name, n_layers, n_heads, by_model[card.name])
             if rank == 0:
                 write_interventions(run_dir, card.name, resolved)
-        run_model(cfg, backend, by_model[card.name], tasks, rank=rank, world=world, progress=progress,
-                  interventions=resolved)
+        prompts = by_model[card.name] if shard is None else shard.select(by_model[card.name])
+        run_model(cfg, backend, prompts, tasks, rank=rank, world=world, progress=progress, interventions=resolved)
         del backend
 
 

@@ -1,0 +1,286 @@
+"""Shards without a rendezvous: ``probe run EXP --shard i/N`` on independent machines or a SLURM array, then
+``probe merge`` (docs/performance.md#shards-slurm-arrays-and-independent-machines).
+
+A shard is a whole run folder of its own, ``<run>/shards/<i>-of-<N>/``: the experiment's config (its
+``[experiment] name`` and ``output_dir`` point at the shard folder; neither determines a record), every prompt
+(each shard builds them all, from the same seed), and the trials and probe records of its share of the prompts:
+every N-th prompt in prompt order, starting at the i-th (:func:`probe.runner.trials.shard_of`). A shard resumes
+like any run (run the same command again). ``shard.json`` says which shard it is and of which run.
+
+:func:`merge_shards_into` joins the shards of a run into ``<run>/``: it refuses, naming the shard and what to do,
+when a shard is missing or given twice, when two shards were made with settings that determine records
+differently, built different prompts or tasks, hold the same trial or probe record, hold a trial of another
+shard's share, or have not finished their share. The merged folder holds the config of the experiment, the prompts,
+tasks and interventions of the shards (equal in all), every probe record, and one trial file in prompt order (per
+model, baseline before each intervention), as a one-process run of the same experiment records them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from probe.config import ExperimentConfig, dump_config, read_run_config
+from probe.errors import ProbeError
+from probe.records import TrialRecord, load_prompts, load_task_records, load_trials, write_jsonl
+from probe.runfolder import RunFolder, RunLock, write_atomic
+from probe.runner.folder import record_differences
+from probe.runner.trials import shard_of
+from probe.types import Prompt
+
+SHARDS_DIR = "shards"
+SHARD_FILE = "shard.json"
+S_SIM_TOLERANCE = 1e-5  # S_sim of one prompt built on two machines: float32 embeddings, summed in another order
+_SPEC = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
+
+
+class ShardError(ProbeError):
+    """Shards that cannot be merged, or a shard given wrongly; the message says which and what to do."""
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Shard ``index`` of ``count`` (1-based: ``2/4`` is the second of four)."""
+
+    index: int
+    count: int
+
+    @staticmethod
+    def parse(text: str) -> "Shard":
+        """``"i/N"`` with 1 <= i <= N.
+
+        Raises:
+            ShardError: not of that form.
+        """
+        m = _SPEC.match(text)
+        if m is None or not 1 <= int(m.group(1)) <= int(m.group(2)):
+            raise ShardError(f"--shard {text!r}: give i/N with 1 <= i <= N (the second of four shards is 2/4; "
+                             "in a SLURM array of --array=1-N, --shard $SLURM_ARRAY_TASK_ID/N)")
+        return Shard(int(m.group(1)), int(m.group(2)))
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+    @property
+    def name(self) -> str:
+        """The shard folder's name, ``<i>-of-<N>``."""
+        return f"{self.index}-of-{self.count}"
+
+    def config(self, cfg: ExperimentConfig) -> ExperimentConfig:
+        """The experiment as this shard runs it: the same settings, its run folder ``<run>/shards/<i>-of-<N>``."""
+        folder = Path(cfg.experiment.output_dir) / cfg.experiment.name / SHARDS_DIR
+        return replace(cfg, experiment=replace(cfg.experiment, output_dir=str(folder), name=self.name))
+
+    def select(self, prompts: list[Prompt]) -> list[Prompt]:
+        """This shard's share of the prompts (every N-th in prompt order, from the i-th)."""
+        return shard_of(prompts, self.index - 1, self.count)
+
+    def write_marker(self, cfg: ExperimentConfig) -> None:
+        """``shard.json`` in the shard folder: which shard, of which experiment's run folder."""
+        marker = {"index": self.index, "count": self.count, "experiment": cfg.experiment.name,
+                  "output_dir": cfg.experiment.output_dir}
+        write_atomic(self.config(cfg).run_dir / SHARD_FILE, json.dumps(marker, indent=2) + "\n")
+
+
+@dataclass(frozen=True)
+class MergeSummary:
+    """What :func:`merge_shards_into` wrote.
+
+    Attributes:
+        run_dir: the merged run folder.
+        shards: the shard folders merged, by index.
+        n_trials: trials in the merged trial file; n_errors: of them, trials that ended in a backend error (run the
+            shard again to retry them before merging, or run the merged folder: a run retries them).
+        n_probe_records: probe records copied.
+    """
+
+    run_dir: Path
+    shards: tuple[Path, ...]
+    n_trials: int
+    n_errors: int
+    n_probe_records: int
+
+
+def _read_marker(folder: Path) -> tuple[Shard, dict]:
+    path = folder / SHARD_FILE
+    try:
+        marker = json.loads(path.read_text())
+        return Shard(int(marker["index"]), int(marker["count"])), marker
+    except FileNotFoundError:
+        raise ShardError(f"{folder}: not a shard folder (no {SHARD_FILE}); a shard is written by "
+                         "`probe run EXP --shard i/N`") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise ShardError(f"{path}: unreadable ({e}); run the shard again with `probe run EXP --shard i/N`") from None
+
+
+def find_shards(run_dir: str | Path) -> list[Path]:
+    """The shard folders under ``<run>/shards/`` (those with a ``shard.json``), by name."""
+    root = Path(run_dir) / SHARDS_DIR
+    return sorted(p for p in root.iterdir() if (p / SHARD_FILE).is_file()) if root.is_dir() else []
+
+
+def _check_set(folders: list[Path]) -> dict[int, Path]:
+    """The shard folders by index: one count, every index once."""
+    by: dict[int, Path] = {}
+    counts: dict[int, Path] = {}
+    for folder in folders:
+        shard, _ = _read_marker(folder)
+        counts.setdefault(shard.count, folder)
+        if shard.index in by:
+            raise ShardError(f"shard {shard} is given twice: {by[shard.index]} and {folder}; merge one of them")
+        by[shard.index] = folder
+    if len(counts) > 1:
+        raise ShardError("the shards split the run in different ways: "
+                         + ", ".join(f"{f} is one of {n}" for n, f in sorted(counts.items()))
+                         + "; merge the shards of one split")
+    count = next(iter(counts))
+    missing = [f"{i}/{count}" for i in range(1, count + 1) if i not in by]
+    if missing:
+        raise ShardError(f"shard{'s' if len(missing) > 1 else ''} {', '.join(missing)} of {count} "
+                         f"{'are' if len(missing) > 1 else 'is'} missing: run `probe run EXP --shard "
+                         f"{missing[0]}` (each on its machine), copy the folders into <run>/{SHARDS_DIR}/, and merge "
+                         "again")
+    return dict(sorted(by.items()))
+
+
+def _same_prompts(a: list[Prompt], b: list[Prompt], where: Path) -> None:
+    if [p.prompt_id for p in a] != [p.prompt_id for p in b]:
+        raise ShardError(f"{where}: its prompts are not the first shard's (other prompt ids or order): the shards "
+                         "were built from different tasks or toolkit versions; run them from one experiment file")
+    for p, q in zip(a, b):
+        if replace(p, s_sim=None) != replace(q, s_sim=None) or (p.s_sim is None) != (q.s_sim is None) or (
+                p.s_sim is not None and q.s_sim is not None and abs(p.s_sim - q.s_sim) > S_SIM_TOLERANCE):
+            raise ShardError(f"{where}: prompt {p.prompt_id!r} differs from the first shard's; the shards were "
+                             "built differently: run them from one experiment file and toolkit version")
+
+
+def _models(run: RunFolder) -> list[str]:
+    """The models of a run folder, in the experiment's order (its manifest names each model's card)."""
+    try:
+        return list(json.loads(run.manifest.read_text())["models"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ShardError(f"{run.manifest}: missing or unreadable; the shard has not run: run it with "
+                         "`probe run EXP --shard i/N`") from None
+
+
+def _probe_records(folder: Path) -> list[Path]:
+    root = RunFolder(folder).attention_root
+    return sorted(root.rglob("*.npz")) if root.is_dir() else []
+
+
+def merge_shards_into(run_dir: str | Path, shard_dirs: list[Path] | None = None) -> MergeSummary:
+    """Join the shards of a run into the run folder (module docstring).
+
+    Args:
+        run_dir: the run folder (``outputs/<name>``); its shards are looked for in ``<run>/shards/`` unless
+            ``shard_dirs`` names them.
+        shard_dirs: shard folders to merge (copied from other machines, anywhere).
+
+    Returns:
+        The :class:`MergeSummary`.
+
+    Raises:
+        ShardError: the shards cannot be merged (the message says which and why); nothing is written then.
+        RecordError: a shard's record file holds a damaged line.
+    """
+    run = RunFolder(run_dir)
+    folders = list(shard_dirs) if shard_dirs else find_shards(run.root)
+    if not folders:
+        raise ShardError(f"{run.root}: no shard to merge (no {SHARDS_DIR}/<i>-of-<N>/{SHARD_FILE}); shards are "
+                         "written by `probe run EXP --shard i/N`")
+    by = _check_set([Path(f) for f in folders])
+    first_dir = by[1]
+    first_cfg = read_run_config(first_dir)
+    if first_cfg is None:
+        raise ShardError(f"{first_dir}: no config.toml; run the shard again")
+    prompts = load_prompts(RunFolder(first_dir).prompts)
+    tasks = RunFolder(first_dir).tasks
+    interventions = RunFolder(first_dir).interventions
+    trials: dict[str, TrialRecord] = {}
+    owner: dict[str, Path] = {}
+    records: dict[Path, Path] = {}  # relative path -> source
+    for index, folder in by.items():
+        shard = Shard(index, len(by))
+        cfg = read_run_config(folder)
+        diffs = record_differences(first_cfg, cfg) if cfg is not None else ["config.toml missing"]
+        if diffs:
+            raise ShardError(f"{folder}: made with other settings than {first_dir} ({'; '.join(diffs)}); run every "
+                             "shard from one experiment file")
+        here = RunFolder(folder)
+        _same_prompts(prompts, load_prompts(here.prompts), folder)
+        for path, name in ((tasks, "tasks"), (interventions, "interventions")):
+            other = here.root / path.name
+            if path.is_file() != other.is_file() or (path.is_file() and path.read_bytes() != other.read_bytes()):
+                raise ShardError(f"{other}: its {name} differ from {path}; the shards were made differently: run "
+                                 "them from one experiment file")
+        if here.trial_shards():
+            raise ShardError(f"{folder}: its data-parallel trial files are not merged yet (an interrupted run): run "
+                             f"the shard again (`probe run EXP --shard {shard}`)")
+        mine = {p.prompt_id for p in shard.select(prompts)}
+        shard_trials = load_trials(here.trials)
+        for t in shard_trials:
+            if t.prompt_id not in mine:
+                raise ShardError(f"{here.trials}: trial {t.trial_id!r} belongs to another shard's share; this "
+                                 f"folder is not shard {shard} of this run")
+            if t.trial_id in trials:
+                raise ShardError(f"trial {t.trial_id!r} is in two shards: {owner[t.trial_id]} and {folder}")
+            trials[t.trial_id], owner[t.trial_id] = t, folder
+        baseline = {(t.model, t.prompt_id) for t in shard_trials if t.intervention is None}
+        short = [f"{m}: {len([p for p in mine if (m, p) not in baseline])}" for m in _models(here)
+                 if any((m, p) not in baseline for p in mine)]
+        if short:
+            raise ShardError(f"{folder}: shard {shard} has not finished its share (prompts without a trial, by model: "
+                             f"{', '.join(short)}); run `probe run EXP --shard {shard}` again to finish it")
+        for path in _probe_records(folder):
+            rel = path.relative_to(here.root)
+            if rel in records:
+                raise ShardError(f"probe record {rel} is in two shards: {records[rel].parent} and {folder}")
+            records[rel] = path
+    return _write_merged(run, first_cfg, by, prompts, trials, records)
+
+
+def _ordered(trials: dict[str, TrialRecord], prompts: list[Prompt], cfg: ExperimentConfig, models: list[str]
+             ) -> list[TrialRecord]:
+    """Trials in prompt order per model (the experiment's order), the baseline before each intervention."""
+    model = {m: i for i, m in enumerate(models)}
+    arm = {None: 0} | {iv.name: i + 1 for i, iv in enumerate(cfg.interventions)}
+    order = {p.prompt_id: i for i, p in enumerate(prompts)}
+    return sorted(trials.values(), key=lambda t: (model.get(t.model, len(model)), arm.get(t.intervention, len(arm)),
+                                                  order[t.prompt_id]))
+
+
+def _write_merged(run: RunFolder, shard_cfg: ExperimentConfig, by: dict[int, Path], prompts: list[Prompt],
+                  trials: dict[str, TrialRecord], records: dict[Path, Path]) -> MergeSummary:
+    _, marker = _read_marker(by[1])
+    cfg = replace(shard_cfg, experiment=replace(shard_cfg.experiment, name=marker["experiment"],
+                                                output_dir=marker["output_dir"]))
+    with RunLock(run):
+        if run.trials.is_file() and load_trials(run.trials):
+            raise ShardError(f"{run.trials}: the run folder already holds trials; merge into a new folder "
+                             "(move it aside), or analyse it as it is")
+        first = RunFolder(by[1])
+        run.root.mkdir(parents=True, exist_ok=True)
+        write_atomic(run.config, dump_config(cfg))
+        for src in (first.prompts, first.tasks, first.interventions):
+            if src.is_file():
+                shutil.copyfile(src, run.root / src.name)
+        manifest = json.loads(first.manifest.read_text()) if first.manifest.is_file() else {}
+        manifest["shards"] = [{"shard": f"{i}/{len(by)}", "folder": str(f),
+                               "written": json.loads(RunFolder(f).manifest.read_text()).get("written")
+                               if RunFolder(f).manifest.is_file() else None} for i, f in by.items()]
+        write_atomic(run.manifest, json.dumps(manifest, indent=2, ensure_ascii=False))
+        for rel, src in records.items():
+            dest = run.root / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dest)
+        ordered = _ordered(trials, prompts, cfg, _models(first))
+        write_jsonl(run.trials, (t.to_dict() for t in ordered))  # last: a folder with trials is a merged one
+    return MergeSummary(run_dir=run.root, shards=tuple(by.values()), n_trials=len(ordered),
+                        n_errors=sum(t.error is not None for t in ordered), n_probe_records=len(records))
+
+
+__all__ = ["MergeSummary", "S_SIM_TOLERANCE", "SHARDS_DIR", "SHARD_FILE", "Shard", "ShardError", "find_shards",
+           "merge_shards_into"]
