@@ -38,15 +38,17 @@ demo: setup
 
 # The study of docs/results.md (experiments/study.toml): Qwen2.5-Coder-0.5B on 20 questions, four conditions at two
 # loads, answer capture, knockouts; about an hour on 2 CPU cores, resumable (run it again after an interruption).
-# Heads for its retrieval-head knockout come from a separate run on other questions (experiments/study-heads.toml).
+# Heads for its retrieval-head knockout come from a separate run on other questions (experiments/study-heads.toml);
+# the dilution test (experiments/study-dilution.toml, about 45 minutes more) steers towards and re-injects the facts.
 study: setup
 	$(VENV)/bin/probe run experiments/study-heads.toml
 	$(VENV)/bin/probe run experiments/study.toml
+	$(VENV)/bin/probe run experiments/study-dilution.toml
 	$(MAKE) results
 
 # docs/results.md again from the study's run folders (analysis, report, page; the hand-written reading is kept)
 results: setup
-	$(VENV)/bin/probe results outputs/study outputs/study-heads --out docs/results.md \
+	$(VENV)/bin/probe results outputs/study outputs/study-dilution outputs/study-heads --out docs/results.md \
 		--title "Results: Qwen2.5-Coder-0.5B-Instruct under extraneous load"
 
 # the static type check of probe/ ([tool.mypy] in pyproject.toml); part of `make test`

@@ -103,8 +103,17 @@ class ProbeSection(ProbeOptions):
     enabled: bool = False
 
 
-INTERVENTION_KINDS: tuple[str, ...] = ("knockout", "steer")
-INTERVENTION_KEYS: tuple[str, ...] = ("extraneous", "filler", "germane", "matched-random")
+INTERVENTION_KINDS: tuple[str, ...] = ("knockout", "steer", "reinject")
+INTERVENTION_KEYS: tuple[str, ...] = ("extraneous", "filler", "germane", "matched-random", "matched-germane")
+# keys drawn at random to match another key set in number: keys -> (the span kind it matches, the span kinds it draws
+# from, before the question; docs/interventions.md#key-sets)
+MATCHED_DRAWS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "matched-random": ("extraneous", ("instruction", "germane", "filler")),
+    "matched-germane": ("germane", ("filler", "extraneous")),
+}
+# the matched control of a key set: an attention edit's keys -> its twin's keys; a re-injection's -> its twin's
+CONTROL_KEYS: dict[str, str] = {"extraneous": "matched-random", "germane": "matched-germane"}
+REINJECT_KEYS: dict[str, str] = {"germane": "filler"}
 INTERVENTION_QUERIES: tuple[str, ...] = ("answer", "after")
 HEAD_RANKINGS: tuple[str, ...] = ("enrichment", "p_ext", "retrieval")  # retrieval: needs answer captures
 INTERVENTION_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -150,10 +159,13 @@ class InterventionEdit:
     declared and checked here once (docs/interventions.md).
 
     Attributes:
-        kind: ``knockout`` or ``steer``.
-        keys: ``extraneous``, ``filler``, ``germane`` or ``matched-random``.
-        queries: ``answer`` or ``after``.
-        alpha: the steering coefficient (``steer`` only, finite and >= 0; 0 equals the knockout).
+        kind: ``knockout`` or ``steer`` (attention edits), or ``reinject`` (the prompt edited: its germane facts, or
+            as many neutral sentences, repeated right before the question; no attention edit).
+        keys: ``extraneous``, ``filler``, ``germane``, ``matched-random`` or ``matched-germane``; a ``reinject``
+            takes ``germane`` (repeat the facts) or ``filler`` (repeat as many neutral sentences).
+        queries: ``answer`` or ``after`` (attention edits).
+        alpha: the steering coefficient (``steer`` only, finite and >= 0; 0 equals the knockout, above 1 draws
+            attention to the keys).
         conditions / loads: the prompts it runs on (None: every prompt; a load list leaves Control, load 0, out
             unless it names 0). Keyword-only.
     """
@@ -170,6 +182,17 @@ class InterventionEdit:
         """Whether a prompt of ``condition`` at ``load`` (0 for Control) runs under this intervention."""
         return ((self.conditions is None or condition in self.conditions)
                 and (self.loads is None or load in self.loads))
+
+    @property
+    def edits_attention(self) -> bool:
+        """A knockout or a steer (it needs the model's attention); a ``reinject`` edits the prompt only."""
+        return self.kind != "reinject"
+
+    @property
+    def control_keys(self) -> str | None:
+        """The keys of this intervention's matched control (its twin in the analysis' specific contrast), or None
+        when it is no tested arm (docs/interventions.md#the-effect-and-the-recovered-share)."""
+        return (CONTROL_KEYS if self.edits_attention else REINJECT_KEYS).get(self.keys)
 
     def edit_values(self) -> dict[str, Any]:
         """The shared fields by name (what a resolved intervention copies from its table)."""
@@ -188,7 +211,16 @@ class InterventionEdit:
             self._refuse("alpha", f"{self.alpha} has no effect on a knockout; remove it or use kind = \"steer\"")
         if self.kind == "steer" and (self.alpha is None or not self.alpha >= 0 or math.isinf(self.alpha)):
             self._refuse("alpha", f"a steer needs a finite alpha >= 0 (0 equals the knockout), got {self.alpha}")
-        if self.keys not in INTERVENTION_KEYS:
+        if self.kind == "reinject":
+            if self.keys not in ("germane", "filler"):
+                self._refuse("keys", f"{self.keys!r}: a reinject repeats the germane facts (\"germane\") or as many "
+                             "neutral sentences (\"filler\") before the question")
+            if self.alpha is not None:
+                self._refuse("alpha", f"{self.alpha} has no effect on a reinject (it edits the prompt, not attention)")
+            if self.queries != "answer":
+                self._refuse("queries", f"{self.queries!r} has no effect on a reinject (it edits the prompt, not "
+                             "attention); remove it")
+        elif self.keys not in INTERVENTION_KEYS:
             self._refuse("keys", f"{self.keys!r}; use one of {', '.join(INTERVENTION_KEYS)}")
         if self.queries not in INTERVENTION_QUERIES:
             self._refuse("queries", f"{self.queries!r}; use {' or '.join(INTERVENTION_QUERIES)}")
@@ -220,6 +252,8 @@ class InterventionSection(InterventionEdit):
         if not INTERVENTION_NAME.match(self.name):
             raise ConfigError(f"interventions.name: {self.name!r}; use letters, digits, '_', '.' or '-'")
         super().__post_init__()
+        if self.kind == "reinject" and (self.layers != "all" or self.heads != "all"):
+            raise ConfigError(f"{what}: a reinject edits the prompt, not attention: remove layers and heads")
         if isinstance(self.layers, str) and self.layers != "all":
             raise ConfigError(f"{what}.layers: {self.layers!r}; use \"all\", a list of layers or "
                               "{window = W, stride = S}")

@@ -1,5 +1,5 @@
 """Causal tests: EM under an intervention (attention knockout or steering) against the baseline trial of the same
-prompt, the recovered share, the specific contrast against a matched-random control, layer-window sweeps and top-k
+prompt, the recovered share, the specific contrast against a matched control, layer-window sweeps and top-k
 heads against random heads.
 
 A trial run under an intervention carries its name (:attr:`probe.records.TrialRecord.intervention`; None is the
@@ -23,9 +23,13 @@ Estimates, per model × family × condition × load × intervention (:class:`Int
   gives the choice and its simulated coverage, :func:`recovered_share_coverage` in `scripts/simulate.py`).
   Undefined, with the reason as text, where EM_Control − EM_base ≤ 0 (nothing to recover); the interval is
   unbounded, with the reason, where the denominator is not distinguishable from 0 at level alpha.
-- **Specific contrast** (:class:`Contrast`, ``kind="specific"``): EM(extraneous-key intervention) − EM(its
-  ``matched-random`` twin: same kind, alpha, queries, layers, heads and window), paired by prompt, tested as
-  above. Benjamini–Hochberg q-values across every specific contrast of a model (one family). A causal effect is
+- **Specific contrast** (:class:`Contrast`, ``kind="specific"``): EM(an intervention on a key set that has a
+  matched control) − EM(its twin: same kind, alpha, queries, layers, heads and window, with the control keys of
+  :attr:`probe.config.InterventionEdit.control_keys`), paired by prompt, tested as above. The pairs:
+  ``extraneous`` against ``matched-random`` (does removing or steering the distractors do more than as many random
+  tokens?), ``germane`` against ``matched-germane`` (does drawing attention to the facts do more than drawing it to
+  as many filler or extraneous tokens?), and a ``reinject`` of the ``germane`` facts against one of as many neutral
+  (``filler``) sentences. Benjamini–Hochberg q-values across every specific contrast of a model (one family). A causal effect is
   claimed (``claim``) only where q < alpha, the contrast is positive, the control is matched, and the extraneous
   intervention alone raises EM over the baseline (its own paired difference positive with p < alpha): it recovers
   more than removing as many random tokens *and* recovers something. A contrast carried by the control's harm alone
@@ -68,7 +72,8 @@ METHODS = {
                                       "to 16 questions), CR2 t interval (Bell-McCaffrey df)",
     "recovered share": "(EM_int - EM_base) / (EM_Control - EM_base) from per-question means; Fieller interval on "
                        "t(G-1); undefined where EM_Control <= EM_base",
-    "specific contrast": "EM(extraneous knockout) - EM(matched-random knockout), paired by prompt, sign-flip test; "
+    "specific contrast": "EM(intervention) - EM(its matched control: extraneous vs matched-random keys, germane vs "
+                         "matched-germane keys, germane vs filler re-injection), paired by prompt, sign-flip test; "
                          "BH q-values across a model's specific contrasts; a causal effect is claimed only where "
                          "q < alpha and the contrast is positive",
 }
@@ -114,7 +119,7 @@ class Contrast:
     """Two interventions on the same prompts: EM(a) − EM(b), paired by prompt.
 
     Attributes:
-        kind: ``specific`` (extraneous keys against their matched-random twin) or ``heads`` (top-k heads against
+        kind: ``specific`` (an intervention against its matched control) or ``heads`` (top-k heads against
             their random heads).
         model, family, condition, load: the cell.
         a, b: the intervention names.
@@ -122,7 +127,7 @@ class Contrast:
         q: BH q-value within the model's family of ``specific`` contrasts (None for ``heads`` or when descriptive).
         claim: a causal effect is shown: ``specific``, q < alpha, a positive difference, a matched control, and
             ``a`` alone raises EM over the baseline (``a_alone`` positive with p < alpha).
-        unmatched: why the control ``b`` is no matched control in this cell (a matched-random draw that found fewer
+        unmatched: why the control ``b`` is no matched control in this cell (a matched draw that found fewer
             tokens than the extraneous segments hold, so it knocked out other content too); None when matched. An
             unmatched contrast is reported but never claimed.
         a_alone: ``a``'s own paired difference against the baseline trials of the same prompts (None in files
@@ -179,7 +184,7 @@ class InterventionResult:
     Attributes:
         specs: the declared interventions (``interventions.json``; () when the file is absent).
         rows: one per model × family × condition × load × intervention with trials.
-        specific: extraneous-key interventions against their matched-random twins (BH q, claims).
+        specific: interventions against their matched controls (BH q, claims).
         heads: top-k heads against their random-heads controls.
         sweeps: layer-window sweeps.
         alpha: the level of every test, interval and claim.
@@ -238,7 +243,8 @@ def _row(model: str, family: str, condition: str, load: int, name: str, spec: In
 
 
 def _twin(spec: Intervention, specs: Sequence[Intervention]) -> Intervention | None:
-    cands = [s for s in specs if s.keys == "matched-random" and s.twin_key() == spec.twin_key()]
+    """The matched control of ``spec``: the intervention with its control keys and everything else equal."""
+    cands = [s for s in specs if s.keys == spec.control_keys and s.twin_key() == spec.twin_key()]
     same_group = [s for s in cands if s.group == spec.group]
     cands = same_group or cands
     return sorted(cands, key=lambda s: s.name)[0] if cands else None
@@ -301,9 +307,9 @@ def analyze_interventions(data: RunRecords, specs: Sequence[Intervention], alpha
             short = under[b]["keys_shortfall"].to_numpy(int) if "keys_shortfall" in under[b] else np.zeros(0, int)
             unmatched = None
             if kind == "specific" and (short > 0).any():
-                unmatched = (f"{b} drew fewer random tokens than the extraneous segments hold in {int((short > 0).sum())}"
-                             f" of {len(short)} trials (up to {int(short.max())} short), so it also removed germane "
-                             "or instruction text: it is no matched control here")
+                unmatched = (f"{b} drew fewer random tokens than {a}'s keys hold in {int((short > 0).sum())} of "
+                             f"{len(short)} trials (up to {int(short.max())} short), so it also edited other text: it "
+                             "is no matched control here")
             return Contrast(kind=kind, model=model, family=family, condition=condition, load=load, a=a, b=b, test=t,
                             q=None, claim=False, unmatched=unmatched, a_alone=cell_rows[a].diff)
 
@@ -311,11 +317,12 @@ def analyze_interventions(data: RunRecords, specs: Sequence[Intervention], alpha
             spec = by_name.get(n)
             if spec is None:
                 continue
-            if spec.keys == "extraneous":
+            if spec.control_keys is not None:
                 twin = _twin(spec, mine)
                 if twin is None or twin.name not in cell_rows:
-                    notes.append(f"{model} {condition} {load}: {n} has no matched-random twin with trials (same kind, "
-                                 "alpha, queries, layers, heads, window): its specificity is not tested")
+                    notes.append(f"{model} {condition} {load}: {n} has no matched control with trials (keys "
+                                 f"{spec.control_keys!r}; same kind, alpha, queries, layers, heads, window): its "
+                                 "specificity is not tested")
                 else:
                     specific.append(contrast("specific", n, twin.name))
             ctl = [s for s in mine if s.selection is not None and s.selection.control_of == n]

@@ -7,10 +7,11 @@ An intervention edits, in chosen layers and heads, the attention of chosen *quer
   al. 2023). Scaling weights ``p_k`` by α and renormalising equals adding ``log α`` to the chosen scores before the
   softmax, which is how it is computed (so α = 0 is the knockout, α = 1 changes nothing).
 
-Keys (per prompt, from its token spans): ``extraneous``, ``filler`` or ``germane`` tokens, or ``matched-random``: as
-many tokens as the prompt has extraneous ones, drawn (seeded by the experiment seed and the prompt id) from the
-content before the question that is neither extraneous, nor question, nor sink/template markup (instruction,
-germane, filler). Queries: ``answer`` = every position from the question's first token on (the question, the
+Keys (per prompt, from its token spans): ``extraneous``, ``filler`` or ``germane`` tokens, or a matched draw
+(:data:`probe.config.MATCHED_DRAWS`, seeded by the experiment seed and the prompt id): ``matched-random``, as many
+tokens as the prompt has extraneous ones, drawn from the content before the question that is neither extraneous,
+nor question, nor sink/template markup (instruction, germane, filler); ``matched-germane``, as many tokens as its
+germane facts hold, drawn from its filler and extraneous tokens (the text a longer prompt adds). Queries: ``answer`` = every position from the question's first token on (the question, the
 template markup after it, whose last token predicts the first answer token, and every generated token); ``after``
 = every position after the first key token (for ``matched-random``: after the first extraneous token, the query set
 of the extraneous knockout it controls), generated tokens included. A query's edge to itself is never edited, so
@@ -37,6 +38,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from probe.config import MATCHED_DRAWS
 from probe.errors import ConfigError, SpanError
 from probe.interventions import Intervention, RowEdit
 from probe.types import TokenizedPrompt
@@ -44,7 +46,7 @@ from probe.types import TokenizedPrompt
 log = logging.getLogger(__name__)
 
 # Span kinds matched-random keys are drawn from: content that is neither extraneous, question nor markup.
-RANDOM_KEY_KINDS: tuple[str, ...] = ("instruction", "germane", "filler")
+RANDOM_KEY_KINDS: tuple[str, ...] = MATCHED_DRAWS["matched-random"][1]
 
 # Most elements of one block's bias (batch x heads x rows x keys, float32): 4 Mi elements = 16 MiB.
 BLOCK_ELEMENTS = 4 * 1024 * 1024
@@ -74,7 +76,8 @@ def head_bias(intervention: Intervention, n_layers: int, n_heads: int) -> torch.
 
 
 def random_key_seed(seed: int, prompt_id: str) -> int:
-    """The seed of one prompt's matched-random keys: a function of the experiment seed and the prompt id alone."""
+    """The seed of one prompt's matched keys (and re-injected neutral sentences): a function of the experiment seed
+    and the prompt id alone."""
     digest = hashlib.sha256(f"{seed}\n{prompt_id}".encode()).digest()
     return int.from_bytes(digest[:8], "little")
 
@@ -103,18 +106,19 @@ def row_edit(tokenized: TokenizedPrompt, intervention: Intervention, seed: int =
     q_first = int(question.min()) if question.size else n
     keys = np.zeros(n, dtype=bool)
     wanted = -1
-    if intervention.keys == "matched-random":
-        extraneous = _positions(tokenized, ("extraneous",))
-        wanted = int(extraneous.size)
-        pool = _positions(tokenized, RANDOM_KEY_KINDS)
+    if intervention.keys in MATCHED_DRAWS:
+        target, kinds = MATCHED_DRAWS[intervention.keys]
+        matched = _positions(tokenized, (target,))
+        wanted = int(matched.size)
+        pool = _positions(tokenized, kinds)
         pool = pool[pool < q_first]
         rng = np.random.default_rng(random_key_seed(seed, prompt_id))
         take = min(wanted, pool.size)
         keys[rng.choice(pool, size=take, replace=False)] = True
         if take < wanted:
-            log.warning("intervention %r, prompt %r: matched-random keys: %d tokens wanted (its extraneous tokens), "
-                        "only %d content tokens to draw from", intervention.name, prompt_id, wanted, take)
-        anchor = extraneous
+            log.warning("intervention %r, prompt %r: %s keys: %d tokens wanted (its %s tokens), only %d tokens to draw "
+                        "from", intervention.name, prompt_id, intervention.keys, wanted, target, take)
+        anchor = matched
     else:
         anchor = _positions(tokenized, (intervention.keys,))
         keys[anchor] = True

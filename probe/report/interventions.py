@@ -2,8 +2,8 @@
 ``Analysis.interventions`` (:class:`probe.analysis.interventions.InterventionResult`; nothing is re-estimated).
 
 Registered as the report section ``interventions`` (:mod:`probe.report.sections`); the shared renderers call it
-when the analysis has interventions and leave it out otherwise. The summary states a causal effect only where the
-extraneous-key intervention beats its matched-random twin after Benjamini–Hochberg correction (``Contrast.claim``);
+when the analysis has interventions and leave it out otherwise. The summary states a causal effect only where an
+intervention beats its matched control after Benjamini–Hochberg correction and itself raises EM (``Contrast.claim``);
 everywhere else it says "no causal effect shown" with the interval.
 """
 
@@ -27,7 +27,16 @@ from probe.report.tables import md_table, rows_of
 
 SECTION_NAME = "interventions"
 RECOVERY_HEADER = ["model", "condition", "load", "intervention", "keys", "n (questions)", "EM base → int",
-                   "paired diff [CI]", "p", "recovered share [CI]", "vs matched-random [CI]", "q"]
+                   "paired diff [CI]", "p", "recovered share [CI]", "vs matched control [CI]", "q"]
+
+
+def _effect_of(spec: Intervention | None) -> str:
+    """What a claimed contrast of ``spec`` shows, in words."""
+    if spec is not None and not spec.edits_attention:
+        return "repeating the germane facts before the question recovers EM beyond repeating as many neutral sentences"
+    if spec is not None and spec.keys == "germane":
+        return "a causal effect of attention to the germane facts is shown"
+    return "a causal effect of attention to the extraneous segments is shown"
 
 
 def _diff(d: PairedDifference | None) -> str:
@@ -87,28 +96,28 @@ def summary_lines(result: InterventionResult) -> list[str]:
         where = f"{c.model}, {c.condition} at load {c.load}"
         ci = fmt.ci(t.ci_low, t.ci_high)
         if c.claim and c.q is not None and t.value is not None:
-            lines.append(f"{where}: {c.a} raises EM by {t.value:+.3f} (95% CI {ci}) over its matched-random control "
-                         f"{c.b} (BH q = {c.q:.3g} < {alpha}): a causal effect of attention to the extraneous "
-                         "segments is shown.")
+            lines.append(f"{where}: {c.a} raises EM by {t.value:+.3f} (95% CI {ci}) over its matched control "
+                         f"{c.b} (BH q = {c.q:.3g} < {alpha}): {_effect_of(result.spec(c.a, c.model))}.")
         elif (c.q is not None and c.q < alpha and t.value is not None and t.value > 0 and c.unmatched is None
               and c.a_alone is not None):
             a = c.a_alone.estimate
             a_ci = fmt.ci(a.ci_low, a.ci_high)
             a_est = fmt.DASH if a.value is None else f"{a.value:+.3f}"
-            lines.append(f"{where}: no causal effect shown: {c.a} beats its matched-random control {c.b} by "
+            lines.append(f"{where}: no causal effect shown: {c.a} beats its matched control {c.b} by "
                          f"{t.value:+.3f} (95% CI {ci}; BH q = {c.q:.3g}), but {c.a} alone changes EM by {a_est} "
                          f"(95% CI {a_ci}; p = {fmt.p_value(a.p)}) against the baseline: the contrast is carried by "
-                         f"the harm {c.b} does, not by what removing the extraneous tokens recovers.")
+                         f"the harm {c.b} does, not by what {c.a} recovers.")
         else:
             why = (f"control not matched: {c.unmatched}" if c.unmatched is not None else t.reason if t.p is None else
                    f"q = {fmt.p_value(c.q)}" + ("" if c.q is not None and c.q < alpha else f" >= {alpha}")
                    + ("" if t.value is None or t.value > 0 else ", and the contrast is not positive"))
             est = fmt.DASH if t.value is None else f"{t.value:+.3f}"
-            lines.append(f"{where}: no causal effect shown: {c.a} vs its matched-random control {c.b}: "
+            lines.append(f"{where}: no causal effect shown: {c.a} vs its matched control {c.b}: "
                          f"{est} (95% CI {ci}; {why}).")
     if not result.specific:
-        lines.append("No causal effect shown: no extraneous-key intervention has a matched-random twin with trials, "
-                     "so no specific contrast was tested.")
+        lines.append("No causal effect shown: no intervention has a matched control with trials (extraneous keys "
+                     "and matched-random, germane and matched-germane, a germane and a filler reinject), so no "
+                     "specific contrast was tested.")
     return lines
 
 
@@ -184,8 +193,9 @@ def section_html(result: InterventionResult, ctx: ReportContext) -> str:
              '<p class="note">Paired by prompt: the mean over questions of the per-question mean difference, '
              "question-level sign-flip p, CR2 t interval (Bell–McCaffrey df). Recovered "
              "share = (EM_int − EM_base) / (EM_Control − EM_base), Fieller interval. q: Benjamini–Hochberg across "
-             "the model's extraneous-vs-matched-random contrasts; a causal effect is claimed only where q &lt; "
-             f"{result.alpha} and the contrast is positive.</p>"]
+             "the model's contrasts against matched controls; a causal effect is claimed only where q &lt; "
+             f"{result.alpha}, the contrast is positive and the intervention alone raises EM (p &lt; "
+             f"{result.alpha}).</p>"]
     figures = [ctx.figure(f"intervention_sweep_{file_stem(f'{s.model}_{s.condition}_{s.load}_{s.group}')}",
                           f"Layer-window sweep {s.group}: {s.model}, {s.condition} at load {s.load}; 95% CI bars",
                           draw_sweep(s)) for s in result.sweeps]

@@ -63,7 +63,7 @@ def check_inputs(cfg: ExperimentConfig, generating: bool = True) -> tuple[list[M
 
 
 def check_interventions_supported(cfg: ExperimentConfig, cards: Sequence[ModelCard]) -> None:
-    """Refuse ``[[interventions]]`` on a served model (they edit attention inside the model).
+    """Refuse ``[[interventions]]`` on a served model (the runner applies them with local weights).
 
     Raises:
         ConfigError: naming the card and what to do.
@@ -72,8 +72,8 @@ def check_interventions_supported(cfg: ExperimentConfig, cards: Sequence[ModelCa
         return
     for c in cards:
         if not c.is_local:
-            raise ConfigError(f"{c.card_path or c.name}: model {c.name!r} is served; [[interventions]] edit attention "
-                              "inside the model and need local weights. Run the interventions in an experiment of "
+            raise ConfigError(f"{c.card_path or c.name}: model {c.name!r} is served; [[interventions]] run with local "
+                              "weights (knockouts and steers edit attention inside the model). Run the interventions in an experiment of "
                               "local models (source = package | gguf | local | hub)")
 
 

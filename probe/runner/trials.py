@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from probe.backends.base import Backend, Generation
-from probe.config import ExperimentConfig
+from probe.config import MATCHED_DRAWS, ExperimentConfig
 from probe.errors import ConfigError
 from probe.interventions import Intervention
+from probe.prompts.reinject import reinject
 from probe.records import TrialRecord, append_jsonl, make_trial_id
 from probe.runfolder import write_atomic
 from probe.runner.folder import done_ids, trials_path
@@ -60,15 +61,17 @@ def run_model(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], ta
 
     Each prompt runs once as the baseline and once under each intervention (trial ids and probe records name it),
     one intervention at a time, batched. Under greedy decoding, prompts with the same text (Control replications)
-    are generated once and recorded once per prompt (per prompt id under ``matched-random`` keys, which are drawn
-    per prompt id). Records are written after every generation batch.
+    are generated once and recorded once per prompt (per prompt id under matched keys and re-injected neutral
+    sentences, which are drawn per prompt id). A ``reinject`` runs the prompt with its germane facts or as many
+    neutral sentences repeated before the question (:mod:`probe.prompts.reinject`), recorded under the prompt's own
+    id, unprobed. Records are written after every generation batch.
 
     Raises:
-        ConfigError: interventions on a served model (they edit attention inside the model).
+        ConfigError: interventions on a served model (the runner applies them with local weights).
     """
     if interventions and not backend.can_intervene:
-        raise ConfigError(f"model {backend.model_name!r}: interventions edit attention inside the model and need "
-                          "local weights (a served model gives text only); remove [[interventions]] or the model")
+        raise ConfigError(f"model {backend.model_name!r}: interventions run with local weights (a served model gives "
+                          "text only); remove [[interventions]] or the model")
     written = 0
     for iv in [None, *interventions]:
         written += _run_arm(cfg, backend, prompts, tasks, iv, rank, world, progress, on_batch)
@@ -93,12 +96,15 @@ def _run_arm(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], tas
              "" if name is None else f" [{name}]", rank, world, len(pending), len(mine) - len(pending))
     # a recorded trial whose probe record cannot be read is generated again (greedy: the same answer) to probe it
     # again; its trial record is kept
-    reprobe = _unreadable_probes(cfg, model, [p for p in mine if p not in pending], name) \
-        if cfg.probe.enabled else []
+    # a reinject edits the prompt, not attention: its prompts are not the recorded ones, so it is not probed
+    edits_prompt = iv is not None and not iv.edits_attention
+    probing = cfg.probe.enabled and not edits_prompt
+    reprobe = _unreadable_probes(cfg, model, [p for p in mine if p not in pending], name) if probing else []
     if not pending and not reprobe:
         return 0
     greedy = cfg.generation.temperature == 0
-    per_id = iv is not None and iv.keys == "matched-random"
+    # draws seeded per prompt id (matched keys, re-injected neutral sentences): prompts that share a text differ
+    per_id = iv is not None and (iv.keys in MATCHED_DRAWS or (edits_prompt and iv.keys == "filler"))
 
     def group_key(p: Prompt) -> str:
         return p.text if greedy and not per_id else p.prompt_id
@@ -107,15 +113,19 @@ def _run_arm(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], tas
     for p in pending + reprobe:
         by_text.setdefault(group_key(p), []).append(p)
     unique = [group[0] for group in by_text.values()]
+    key_of = {p.prompt_id: group_key(p) for p in unique}
+    if edits_prompt:
+        assert iv is not None
+        unique = [reinject(p, iv.keys, cfg.experiment.seed) for p in unique]
     out_path = trials_path(run, rank, world)
-    probe_opts = cfg.probe if cfg.probe.enabled else None
+    probe_opts = cfg.probe if probing else None
     written = 0
     bar = tqdm(total=len(pending), desc=model if name is None else f"{model} [{name}]", disable=not progress,
                unit="trial")
     buffer: list[TrialRecord] = []
     try:  # the backend computes the probe while it generates, batch by batch
-        for prompt, gen in backend.generate(unique, cfg.generation, probe_opts, iv):
-            key = group_key(prompt)
+        for prompt, gen in backend.generate(unique, cfg.generation, probe_opts, None if edits_prompt else iv):
+            key = key_of[prompt.prompt_id]
             if probe_opts is not None and gen.error is None and gen.skip_reason is None:
                 save_probe(cfg, backend.model_name, by_text[key], gen, name)
             for p in by_text[key]:

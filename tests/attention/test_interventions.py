@@ -9,6 +9,8 @@ without it; one prompt alone must equal the same prompt in a left-padded batch.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -331,6 +333,32 @@ def test_row_edit_keys_and_queries() -> None:
     assert row_edit(tp, Intervention(kind="knockout", keys="matched-random", queries="after")).query_start == 12
 
 
+def test_matched_germane_draws_as_many_filler_or_extraneous_tokens_as_the_facts_hold() -> None:
+    kinds = [("sink", 2), ("instruction", 4), ("germane", 2), ("extraneous", 5), ("germane", 2), ("filler", 3),
+             ("question", 4), ("sink", 3)]
+    spans, pos = [], 0
+    for k, n in kinds:
+        spans.append(Span(k, pos, pos + n))
+        pos += n
+    tp = TokenizedPrompt(input_ids=tuple(range(pos)), spans=tuple(spans))
+    spec = Intervention(kind="steer", alpha=4.0, keys="matched-germane")
+    e = row_edit(tp, spec, seed=7, prompt_id="p1")
+    drawn = np.flatnonzero(e.keys)
+    assert len(drawn) == 4 == e.wanted and e.short == 0  # the germane spans hold 2 + 2 tokens
+    assert set(drawn.tolist()) <= set(range(8, 13)) | set(range(15, 18))  # extraneous and filler, before the question
+    assert np.array_equal(row_edit(tp, spec, seed=7, prompt_id="p1").keys, e.keys)
+    assert not all(np.array_equal(row_edit(tp, spec, seed=7, prompt_id=f"p{i}").keys, e.keys) for i in range(2, 6))
+    germane = row_edit(tp, Intervention(kind="steer", alpha=4.0, keys="germane"))
+    assert np.flatnonzero(germane.keys).tolist() == [6, 7, 13, 14]
+    # queries "after": after the first germane token, as the germane steer it controls
+    after = Intervention(kind="steer", alpha=4.0, keys="matched-germane", queries="after")
+    assert row_edit(tp, after).query_start == 7 == row_edit(tp, dataclasses.replace(after, keys="germane")).query_start
+    # a Control prompt has neither filler nor extraneous tokens: nothing to draw, and the edit says so
+    control = TokenizedPrompt(input_ids=tuple(range(8)), spans=(Span("germane", 0, 5), Span("question", 5, 8)))
+    empty = row_edit(control, spec, prompt_id="c")
+    assert empty.n_keys == 0 and empty.short == 5
+
+
 def test_matched_random_short_of_tokens_says_so(caplog) -> None:
     spans = (Span("sink", 0, 1), Span("germane", 1, 3), Span("extraneous", 3, 9), Span("question", 9, 11))
     tp = TokenizedPrompt(input_ids=tuple(range(11)), spans=spans)
@@ -354,10 +382,23 @@ def test_answer_queries_need_a_question() -> None:
     (dict(kind="knockout", keys="noise"), "keys"),
     (dict(kind="knockout", queries="all"), "queries"),
     (dict(kind="knockout", layers=(1,), heads=((2, 0),)), "layers"),
+    (dict(kind="reinject", keys="extraneous"), "keys"),
+    (dict(kind="reinject", keys="germane", alpha=2.0), "alpha"),
+    (dict(kind="reinject", keys="germane", queries="after"), "queries"),
 ])
 def test_intervention_refuses_bad_values(kwargs, match) -> None:
     with pytest.raises(ConfigError, match=match):
         Intervention(**kwargs)
+
+
+def test_each_tested_key_set_names_its_matched_control() -> None:
+    assert Intervention(kind="knockout", keys="extraneous").control_keys == "matched-random"
+    assert Intervention(kind="steer", alpha=4.0, keys="germane").control_keys == "matched-germane"
+    assert Intervention(kind="reinject", keys="germane").control_keys == "filler"
+    for spec in (Intervention(kind="knockout", keys="matched-random"), Intervention(kind="reinject", keys="filler"),
+                 Intervention(kind="knockout", keys="filler")):
+        assert spec.control_keys is None  # a control, or an arm with no matched control
+    assert not Intervention(kind="reinject", keys="germane").edits_attention
 
 
 def test_layer_outside_the_model_is_refused(models) -> None:

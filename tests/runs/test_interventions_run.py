@@ -194,6 +194,8 @@ def test_section_round_trips_through_the_run_config(tmp_path, tiny_card) -> None
     ({"name": "a", "kind": "knockout", "heads": [[0]]}, r"\.heads"),
     ({"name": "a", "kind": "knockout", "heads": {"top_k": 0, "from": "x"}}, "top_k"),
     ({"name": "a", "kind": "knockout", "colour": 1}, "unknown key"),
+    ({"name": "a", "kind": "reinject", "keys": "germane", "layers": [0]}, "remove layers and heads"),
+    ({"name": "a", "kind": "reinject", "keys": "matched-random"}, r"\.keys: 'matched-random': a reinject repeats"),
     ({"kind": "knockout"}, r"missing key\(s\) name"),
     ({"name": "a", "kind": "knockout", "loads": ["50"]}, r"\.loads\[0\]: expected int, got '50'"),
     ({"name": "a", "kind": "knockout", "conditions": ["Saturation"]}, r"\.conditions: \['Saturation'\] not in"),
@@ -253,3 +255,60 @@ def test_probe_records_under_an_intervention_equal_a_separate_probe_of_the_edite
             want = probe.probe_prompt(lm, tp, cfg.probe)
         np.testing.assert_allclose(got.seg_mass, want.seg_mass, atol=1e-5)
         assert np.abs(got.seg_mass - base.seg_mass).max() > 1e-4
+
+
+DILUTION = [
+    {"name": "steer-germane", "kind": "steer", "alpha": 4.0, "keys": "germane"},
+    {"name": "steer-matched", "kind": "steer", "alpha": 4.0, "keys": "matched-germane"},
+    {"name": "re-germane", "kind": "reinject", "keys": "germane"},
+    {"name": "re-filler", "kind": "reinject", "keys": "filler"},
+]
+
+
+def test_dilution_arms_steer_towards_the_facts_and_reinject_them_against_matched_controls(tmp_path, tiny_card):
+    """The two arms of the dilution test and their controls run as interventions: a germane steer and its
+    matched-germane twin edit as many keys; a reinject generates the prompt with the facts (or as many neutral
+    sentences) repeated before the question, exactly as a direct generation of that prompt, unprobed; the analysis
+    pairs each arm with its control."""
+    from probe.analysis import analyze_run
+    from probe.config import AnalysisSection
+    from probe.prompts.reinject import reinject
+    from probe.runfolder import RunFolder
+
+    cfg = dataclasses.replace(make_cfg(tmp_path, tiny_card, interventions=DILUTION),
+                              ice=dataclasses.replace(make_cfg(tmp_path, tiny_card).ice,
+                                                      conditions=("Control", "LongControl", "Saturation")))
+    run_dir = run_experiment(cfg, progress=False)
+    folder = RunFolder(run_dir)
+    trials = load_trials(run_dir / "trials.jsonl")
+    prompts = {p.prompt_id: p for p in load_prompts(folder.prompts)}
+    names = [None] + [d["name"] for d in DILUTION]
+    assert {(t.prompt_id, t.intervention) for t in trials} == {(p, n) for p in prompts for n in names}
+    by = {(t.prompt_id, t.intervention): t for t in trials}
+    for pid, p in prompts.items():
+        steer, matched = by[pid, "steer-germane"], by[pid, "steer-matched"]
+        if p.condition == "Control":  # no filler or extraneous token to draw: the control says it is short
+            assert matched.meta["intervention_keys"] == 0 < matched.meta["intervention_keys_wanted"]
+        else:
+            assert matched.meta["intervention_keys"] == steer.meta["intervention_keys"] > 0
+        # a reinject adds text before the question, and is not probed (its prompt is not the recorded one)
+        assert by[pid, "re-germane"].prompt_tokens > by[pid, None].prompt_tokens
+        assert by[pid, "re-filler"].prompt_tokens > by[pid, None].prompt_tokens
+        assert folder.attention_record("tiny-llama", pid, "steer-germane").is_file()
+        assert not folder.attention_record("tiny-llama", pid, "re-germane").exists()
+    from probe.backends import make_backend
+    from probe.loading import get_card
+
+    backend = make_backend(get_card(str(tiny_card)), device="cpu", seed=cfg.experiment.seed)
+    edited = [reinject(p, what, cfg.experiment.seed) for p in prompts.values() for what in ("germane", "filler")]
+    direct = {(p.prompt_id, p.segments[-2].kind): g for p, g in backend.generate(edited, cfg.generation)}
+    for (pid, kind), g in direct.items():
+        t = by[pid, "re-germane" if kind == "germane" else "re-filler"]
+        assert (t.output, t.prompt_tokens) == (g.text, g.prompt_tokens)
+    res = analyze_run(run_dir, AnalysisSection(), seed=0).interventions
+    assert res is not None
+    pairs = {(c.condition, c.a, c.b) for c in res.specific}
+    for cond in ("Control", "LongControl", "Saturation"):
+        assert {(cond, "steer-germane", "steer-matched"), (cond, "re-germane", "re-filler")} <= pairs
+    control = [c for c in res.specific if c.condition == "Control" and c.a == "steer-germane"]
+    assert control and control[0].unmatched is not None  # its control drew no token: never a claim

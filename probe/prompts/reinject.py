@@ -1,0 +1,57 @@
+"""Re-injection: a built ICE prompt with its germane facts, or as many neutral sentences, repeated right before the
+question (the ``reinject`` intervention, docs/interventions.md#re-injection).
+
+If a longer prompt fails because the germane facts are read less (dilution), repeating them where the model reads
+most, next to the question, should recover the loss; repeating as many neutral sentences there is the control (the
+same number of sentences added at the same place, nothing germane). The repeated facts are segments of kind
+``germane`` (labels ``re-hop0``, ...), the neutral sentences of kind ``filler`` (``re-f0``, ...), drawn from the
+filler templates (:func:`probe.prompts.filler.neutral_filler`) with a generator seeded by the experiment seed and
+the prompt id, so every run draws the same sentences for the same prompt. Everything else (instruction, body,
+question, prompt id, condition, load) is the prompt's own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from probe.errors import ConfigError
+from probe.prompts.builder import QUESTION_PREFIX, Piece, assemble, draw_rng
+from probe.prompts.filler import neutral_filler
+from probe.types import Prompt
+
+REINJECT_WHAT = ("germane", "filler")
+
+
+def reinject(prompt: Prompt, what: str, seed: int) -> Prompt:
+    """``prompt`` with its germane facts (``what = "germane"``) or as many neutral sentences (``"filler"``) added as
+    the last segments before the question (module docstring).
+
+    Raises:
+        ConfigError: ``what`` is neither; the prompt is not laid out as the ICE builder lays prompts out
+            (instruction, body, question), so there is no place "right before the question" to put them.
+    """
+    if what not in REINJECT_WHAT:
+        raise ConfigError(f"reinject: {what!r}; repeat \"germane\" facts or as many \"filler\" sentences")
+    segs = prompt.segments
+    if len(segs) < 2 or segs[0].kind != "instruction" or segs[-1].kind != "question":
+        raise ConfigError(f"reinject: prompt {prompt.prompt_id} is not laid out as instruction, body, question (a "
+                          "native layout): there is no place before the question to repeat the facts")
+    question = prompt.segment_text(segs[-1])
+    body = [Piece(s.kind, prompt.segment_text(s), s.label) for s in segs[1:-1]]
+    text, rebuilt = assemble(prompt.segment_text(segs[0]), body, question.removeprefix(QUESTION_PREFIX))
+    if text != prompt.text:
+        raise ConfigError(f"reinject: prompt {prompt.prompt_id} is not joined as the ICE builder joins prompts: "
+                          "there is no place before the question to repeat the facts")
+    germane = [p for p in body if p.kind == "germane"]
+    if not germane:
+        raise ConfigError(f"reinject: prompt {prompt.prompt_id} has no germane fact to repeat")
+    if what == "germane":
+        added = [Piece("germane", p.text, f"re-{p.label or f'hop{i}'}") for i, p in enumerate(germane)]
+    else:
+        rng = draw_rng(seed, "reinject", prompt.prompt_id)
+        added = [Piece("filler", t, f"re-f{i}") for i, t in enumerate(neutral_filler(rng, len(germane)))]
+    text, rebuilt = assemble(prompt.segment_text(segs[0]), body + added, question.removeprefix(QUESTION_PREFIX))
+    return replace(prompt, text=text, segments=rebuilt)
+
+
+__all__ = ["REINJECT_WHAT", "reinject"]
