@@ -27,6 +27,10 @@ Data-generating processes (all under "no effect" except the power table):
 - **H3** (behaviour): per question S_sim ~ N(0.3, 0.1²), EM(Control) the mean of 2 Bernoulli(p_q), EM(Residue) of
   6 Bernoulli(0.8·p_q), p_q ~ Beta(1, 1), independent of S_sim.
 - **H1 power**: p_q ~ U(0.4, 0.9) and EM falls by β per point of load for every question (no clipping needed).
+- **What the model wrote**: per question log tokens ~ N(4, 0.8²) and three shares (one sentence, restates the last
+  fact, restates the first) ~ Beta(0.5, 0.5); every trial of Control and of 6 other cells draws tokens =
+  round(exp(log tokens + N(0, 0.6²))) and Bernoulli indicators at the question's shares: skewed, question-clustered,
+  exchangeable between conditions.
 - **Equivalence** (TOST at ±δ): p_q ~ U(0.3, 0.6) under b and p_q + Δ_q under a, two replications; two prompts of
   the question drawn independently (H2's design), or one prompt with and without an edit sharing one uniform draw
   per replication, or the whole difference on three questions (``equivalence_rates``).
@@ -837,6 +841,40 @@ def equivalence_table(seed: int, n_runs: int, clusters: Sequence[int] = (7, 10, 
     return "\n".join(lines)
 
 
+def null_writing(seed: int, clusters: int, n_runs: int, replications: int = 2, n_cells: int = 6,
+                 n_resamples: int = 1999) -> list[RejectionRow]:
+    """What the model wrote: the four writing measures of ``n_cells`` cells against Control, under exchangeable
+    conditions (module docstring), per test and as the model's BH family."""
+    rng = _rng(seed, 9, clusters, replications, n_cells)
+    measures = ("tokens", "one_sentence", "restates_last", "restates_first")
+    rejected = {m: 0 for m in measures}
+    family = 0
+    codes = np.repeat(np.arange(clusters), replications)
+    for run in range(n_runs):
+        base = rng.normal(4.0, 0.8, clusters)  # log tokens of each question
+        share = rng.beta(0.5, 0.5, (3, clusters))  # one-sentence, restates-last, restates-first per question
+        def draw() -> dict[str, np.ndarray]:
+            tokens = np.exp(base[codes] + rng.normal(0.0, 0.6, codes.size))
+            return {"tokens": np.round(tokens), **{m: (rng.random(codes.size) < share[i][codes]).astype(float)
+                                                   for i, m in enumerate(measures[1:])}}
+        control = draw()
+        ps = []
+        for c in range(n_cells):
+            cell = draw()
+            for m in measures:
+                t = inf.paired_sign_flip(cell[m], control[m], codes, n_resamples=n_resamples, seed=run * 100 + c)
+                p = np.nan if t.p is None else t.p
+                ps.append(p)
+                rejected[m] += c == 0 and _rejects(t.p)
+        family += bool(np.any(np.nan_to_num(inf.bh_qvalues(np.array(ps)), nan=1.0) < ALPHA))
+    rows = [RejectionRow(f"writing: {m}", clusters, n_runs, "test", None, None, rejected[m] / n_runs,
+                         "sign-flip test of the per-question mean difference, one cell against Control")
+            for m in measures]
+    rows.append(RejectionRow(f"writing family of {n_cells * len(measures)} (any rejection)", clusters, n_runs,
+                             "family", None, None, family / n_runs, f"BH q < 0.05 over {n_cells} cells x 4 measures"))
+    return rows
+
+
 # ---------------------------------------------------------------------------------------------------- tables
 
 
@@ -1151,7 +1189,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--kappas", type=float, nargs="+", default=[2.0, 1.0, 4.0],
                     help="Beta concentrations of the coverage table (ICC = 1/(kappa+1))")
     ap.add_argument("--quick", action="store_true", help="a small version (200 runs, kappa 2 only)")
-    tables = ["coverage", "null", "power", "minimum", "one-question", "share", "carriers", "rho", "equivalence"]
+    tables = ["coverage", "null", "power", "minimum", "one-question", "share", "carriers", "rho", "equivalence",
+              "writing"]
     ap.add_argument("--only", choices=tables, nargs="+", default=tables)
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
@@ -1191,6 +1230,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         section("The retrieval heads' rank correlation", args.runs, lambda: rho_table(args.seed, args.runs))
     if "equivalence" in args.only:
         section("Equivalence (TOST)", args.runs, lambda: equivalence_table(args.seed, args.runs))
+    if "writing" in args.only:
+        section("What the model wrote against Control", args.runs, lambda: format_rejections(
+            [r for g in (7, 10, 20, 50) for r in null_writing(args.seed, g, args.runs)]))
     if "power" in args.only:
         rows_p = [power_h1(args.seed, g, args.runs) for g in (7, 20, 30)]
         out.write(f"## H1 power at a planted effect ({args.runs} runs per setting)\n\n{format_power(rows_p)}\n")

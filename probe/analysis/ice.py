@@ -15,6 +15,8 @@ an :class:`IceResult`:
 - ``taxonomy`` per model (:mod:`probe.analysis.taxonomy`);
 - ``hop_tracking`` when probe records hold attention while the answer was written (:mod:`probe.analysis.hops`:
   which fact the model read while it named each hop's answer; None otherwise, and then absent from the file).
+- ``writing``: what the model wrote per cell (:mod:`probe.analysis.writing`: output length, one-sentence share,
+  which germane fact the answer line restates, each tested against Control).
 - ``retrieval`` per model when probe records hold an answer capture (:mod:`probe.analysis.retrieval`: retrieval
   heads and the lookback ratio; empty, and absent from ``analysis.json``, otherwise).
 
@@ -54,6 +56,7 @@ from probe.analysis.hypotheses import (
     similarity_degradation,
 )
 from probe.analysis.retrieval import RetrievalHeads, analyze_retrieval
+from probe.analysis.writing import WritingCell, writing_cells, writing_columns
 from probe.attention.retrieval import TrialRetrieval, trial_retrieval
 from probe.analysis.taxonomy import Taxonomy, classify_model
 from probe.codec import OMIT
@@ -87,6 +90,8 @@ class IceResult:
         retrieval: :class:`probe.analysis.retrieval.RetrievalHeads` per model (empty without answer captures).
         hop_tracking: :class:`probe.analysis.hops.HopTracking`, or None when no trial's probe record holds
             attention while the answer was written.
+        writing: :class:`probe.analysis.writing.WritingCell` per model × condition × load: what the model wrote
+            (length, one-sentence share, which fact the answer line restates) and its tests against Control.
     """
 
     models: tuple[str, ...]
@@ -100,6 +105,7 @@ class IceResult:
     taxonomy: tuple[Taxonomy, ...]
     retrieval: tuple[RetrievalHeads, ...] = field(default=(), metadata={OMIT: True})
     hop_tracking: HopTracking | None = field(default=None, metadata={OMIT: True})
+    writing: tuple[WritingCell, ...] = field(default=(), metadata={OMIT: True})
 
     def h1_of(self, model: str, condition: str = "Saturation") -> H1Fit | None:
         """The H1 fit of (model, condition), or None."""
@@ -180,10 +186,11 @@ def analyze_ice(data: FamilyData) -> FamilyOutput:
     taxonomy = [classify_model(df, m, sat.get(m), cfg) for m in models]
     hops, hop_notes = reads.hops.result(cfg.alpha, data.seed, has_tasks=data.tasks is not None)
     notes += hop_notes
+    writing = writing_cells(writing_columns(df, data.trials, data.tasks), cfg.alpha, data.seed)
     result = IceResult(models=tuple(models), cells=tuple(cell_summaries(df, cfg.alpha)), h1=tuple(h1), h2=tuple(h2),
                        h3=tuple(h3), residue_attention=tuple(residue), attention_cells=tuple(att_cells),
                        attention_behaviour=tuple(attention), taxonomy=tuple(taxonomy), hop_tracking=hops,
-                       retrieval=tuple(retrieval))
+                       retrieval=tuple(retrieval), writing=tuple(writing))
     return FamilyOutput(result=result, notes=tuple(notes),
                         n_attention_records=sum({(c.model, c.condition, c.load): c.n_prompts
                                                  for c in att_cells}.values()))

@@ -3,8 +3,9 @@
 - ``report.html``: a summary per model that claims only what the numbers support, Table 1 (EM mean (SEM) per model
   × condition and load, with taxonomy marks), the figures of :mod:`probe.report.ice_figures` and the H1, H2, H3,
   attention and taxonomy tables;
+- what the model wrote per cell and its tests against Control (:mod:`probe.report.ice_writing`);
 - ``analysis.md`` and ``tables/*.csv`` (cells, h1, h2, h3, h3_points, attention_layers, attention_logit_layers,
-  attention_heads, residue_attention, taxonomy; hop_tracking and hop_tracking_trials where the run captured
+  attention_heads, residue_attention, taxonomy, writing, writing_tests; hop_tracking and hop_tracking_trials where the run captured
   attention while the answer was written, :mod:`probe.report.ice_hops`);
 - the main table's rows (with the taxonomy marks) and lines (taxonomy, H1);
 - a ``probe compare`` part: Table 1, the saturation curve, EM by condition and forest plots of H1 and H3 across runs.
@@ -28,7 +29,7 @@ from probe.analysis.hypotheses import H1Fit, H3Correlation, PairedComparison
 from probe.analysis.ice import FAMILY, IceResult
 from probe.config import AnalysisSection
 from probe.report import ice_figures as F
-from probe.report import ice_hops
+from probe.report import ice_hops, ice_writing
 from probe.report.figures import draw_forest, file_stem, ranges, short
 from probe.report.html import esc, table
 from probe.report.retrieval import retrieval_html, retrieval_markdown, retrieval_tables
@@ -188,6 +189,25 @@ def _layers_phrase(t: LayerTests, alpha: float, positive: str) -> str:
     return " and ".join(out) + f" (q < {alpha:g}, Benjamini–Hochberg over the {n} layers)"
 
 
+HEADS_NAMED = 12  # heads named one by one in a sentence; above, counted per layer (the CSV lists each)
+
+
+def _heads_phrase(hits: list, max_t: set[tuple[int, int]], what: str) -> str:
+    """``what: L9.H7 (BH only)`` for a few heads, or their count per layer for many; "" without heads."""
+    if not hits:
+        return ""
+    also = [x for x in hits if (x.layer, x.head) in max_t]
+    if len(hits) <= HEADS_NAMED:
+        return f"{what}: " + ", ".join(head_label(x.layer, x.head) + ("" if (x.layer, x.head) in max_t else
+                                                                     " (BH only)") for x in hits)
+    per_layer: dict[int, int] = {}
+    for x in hits:
+        per_layer[x.layer] = per_layer.get(x.layer, 0) + 1
+    return (f"{what}: {len(hits)} heads in {len(per_layer)} layers (per layer: "
+            + ", ".join(f"L{layer} {n}" for layer, n in sorted(per_layer.items()))
+            + f"; {len(also)} of them also pass max-T; every head is in tables/attention_heads.csv)")
+
+
 def _attention_sentences(a: AttentionBehaviour, alpha: float) -> list[str]:
     named = "" if a.measure == "p_ext" else f", {a.label}"
     if a.reason or a.layer_tests is None or a.heads is None:
@@ -201,17 +221,14 @@ def _attention_sentences(a: AttentionBehaviour, alpha: float) -> list[str]:
     if not h.is_test:
         out.append(f"Per head: not tested ({h.reason}).")
     elif h.significant:
+        max_t = {(x.layer, x.head) for x in (h.max_t.significant if h.max_t is not None else ())}
         by_place = sorted(h.significant, key=lambda x: (x.layer, x.head))
-        pos = [x for x in by_place if x.value > 0]
-        neg = [x for x in by_place if x.value < 0]
-        text = []
-        if pos:
-            text.append("distractor heads (more enrichment in failed trials): "
-                        + ", ".join(head_label(x.layer, x.head) for x in pos[:12]) + (" …" if len(pos) > 12 else ""))
-        if neg:
-            text.append("less enrichment in failed trials: "
-                        + ", ".join(head_label(x.layer, x.head) for x in neg[:12]) + (" …" if len(neg) > 12 else ""))
-        out.append(f"Per head, q < {alpha:g} over the {grid}: " + "; ".join(text) + ".")
+        text = [_heads_phrase([x for x in by_place if x.value > 0], max_t,
+                              "distractor heads (more enrichment in failed trials)"),
+                _heads_phrase([x for x in by_place if x.value < 0], max_t, "less enrichment in failed trials")]
+        out.append(f"Per head, q < {alpha:g} over the {grid}: " + "; ".join(t for t in text if t)
+                   + (f" (max-T over the grid: {len(max_t)} head{'s' if len(max_t) != 1 else ''})"
+                      if h.max_t is not None else "") + ".")
     else:
         out.append(f"Per head: no head survives Benjamini–Hochberg over the {grid}.")
     fitted = [r for r in a.layers if r.fit.estimate.q is not None]
@@ -234,7 +251,8 @@ def _residue_attention_sentence(rows: tuple[ResidueAttention, ...], alpha: float
 
 
 def model_summary(result: IceResult, model: str, settings: AnalysisSection) -> list[str]:
-    """Sentences about one model, in order: taxonomy, H1 (and Residue, LongControl), H2, H3, attention."""
+    """Sentences about one model, in order: taxonomy, H1 (and Residue, LongControl), H2, what it wrote, H3,
+    attention."""
     alpha = settings.alpha
     tax = result.taxonomy_of(model)
     out: list[str] = []
@@ -250,6 +268,9 @@ def model_summary(result: IceResult, model: str, settings: AnalysisSection) -> l
     h2 = [r for r in result.h2 if r.model == model]
     if h2:
         out.append(_h2_sentence(h2, alpha))
+    wrote = ice_writing.sentence(result.writing, model, alpha)
+    if wrote is not None:
+        out.append(wrote)
     h3 = next((x for x in result.h3 if x.model == model and x.load is None), None)
     if h3 is not None:
         out.append(_h3_sentence(h3, alpha))
@@ -466,6 +487,7 @@ def section_html(result: IceResult, ctx: ReportContext) -> str:
     summary = summary_html(result, ctx.settings)
     return ((f"<h2>Summary</h2>{summary}" if summary else "")
             + f"<h2>Table 1: exact match, mean (SEM)</h2>{table1_html(result)}"
+            + ice_writing.html(result.writing, ctx.settings.alpha)
             + f"<h2>Figures</h2>{figures_html(result, ctx)}"
             + f"<h2>Statistics</h2>{stats_html(result, ctx.settings)}"
             + ice_hops.html(result.hop_tracking, ctx)
@@ -522,7 +544,8 @@ def markdown(result: IceResult, settings: AnalysisSection) -> list[str]:
               md_table(["model", "label", "Control EM", "trunc./uninterp. rate", "reason"],
                        [[t.model, t.label, fmt.num(t.control_em), fmt.pct(t.confound_rate_observed), t.reason]
                         for t in result.taxonomy]), ""]
-    return parts + ice_hops.markdown(result.hop_tracking) + retrieval_markdown(result)
+    return (parts + ice_writing.markdown(result.writing) + ice_hops.markdown(result.hop_tracking)
+            + retrieval_markdown(result))
 
 
 def tables(result: IceResult) -> list[tuple[str, Rows]]:
@@ -536,10 +559,11 @@ def tables(result: IceResult) -> list[tuple[str, Rows]]:
     residue = [{**row, "pearson_r": pr} for r in result.residue_attention if r.test is not None
                for row, pr in zip(rows_of(r.test.layers, model=r.model, target=r.target), r.pearson_r)]
     points = [row for h in result.h3 for row in rows_of(h.points, model=h.model, load=h.load)]
-    return [("cells", rows_of(result.cells)), ("h1", rows_of(result.h1)), ("h2", rows_of(result.h2)),
-            ("h3", rows_of(result.h3)), ("h3_points", points), ("attention_layers", layer_tests),
-            ("attention_logit_layers", logit_layers), ("attention_heads", heads), ("residue_attention", residue),
-            ("taxonomy", rows_of(result.taxonomy))] + ice_hops.tables(result.hop_tracking) + retrieval_tables(result)
+    return ([("cells", rows_of(result.cells)), ("h1", rows_of(result.h1)), ("h2", rows_of(result.h2)),
+             ("h3", rows_of(result.h3)), ("h3_points", points), ("attention_layers", layer_tests),
+             ("attention_logit_layers", logit_layers), ("attention_heads", heads), ("residue_attention", residue),
+             ("taxonomy", rows_of(result.taxonomy))] + ice_writing.tables(result.writing)
+            + ice_hops.tables(result.hop_tracking) + retrieval_tables(result))
 
 
 # -------------------------------------------------------------------------------------------- main table
@@ -593,6 +617,7 @@ def merge(named: list[tuple[str, IceResult]]) -> IceResult:
         attention_behaviour=sum((renamed(label, r.attention_behaviour) for label, r in named), ()),
         taxonomy=sum((renamed(label, r.taxonomy) for label, r in named), ()),
         hop_tracking=ice_hops.merge([(label, r.hop_tracking) for label, r in named]),
+        writing=sum((renamed(label, r.writing) for label, r in named), ()),
     )
 
 
@@ -617,6 +642,7 @@ def compare_html(result: IceResult, ctx: ReportContext) -> str:
                       for m in result.models)
     return (f"<h2>Table 1: exact match, mean (SEM)</h2>{table1_html(result)}"
             f"<h2>Figures</h2>{blocks}<h2>Summary</h2>{summary}"
+            f"{ice_writing.html(result.writing, ctx.settings.alpha)}"
             f"<h2>Statistics</h2>{stats_html(result, ctx.settings)}{ice_hops.html(result.hop_tracking)}")
 
 

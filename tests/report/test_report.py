@@ -417,3 +417,23 @@ def test_paired_difference_without_interval_says_why_in_its_cell() -> None:
     spread = (rng.random(24) < 0.6).astype(float)
     d = paired_difference(spread, np.zeros(24), questions)
     assert d.estimate.ci_low is not None and _diff(d).endswith("]") and "no interval" not in _diff(d)
+
+
+def test_a_long_head_list_is_counted_per_layer_and_says_where_every_head_is():
+    """The summary names a few heads one by one (marking those that pass BH only) and counts many per layer, never
+    cutting a list short without saying so."""
+    from probe.analysis.estimate import Estimate
+    from probe.analysis.head_tests import HeadHit
+    from probe.report.ice import HEADS_NAMED, _heads_phrase
+
+    def hit(layer: int, head: int, value: float) -> HeadHit:
+        return HeadHit(layer, head, Estimate(value=value, p=0.001, q=0.01))
+
+    few = [hit(9, 7, 0.2), hit(12, 1, 0.1)]
+    assert _heads_phrase(few, {(12, 1)}, "more") == "more: L9.H7 (BH only), L12.H1"
+    many = [hit(layer, head, -0.1) for layer in (0, 1, 5) for head in range(layer + 5)]
+    assert len(many) > HEADS_NAMED
+    text = _heads_phrase(many, {(0, 0), (5, 3)}, "less")
+    assert text == ("less: 21 heads in 3 layers (per layer: L0 5, L1 6, L5 10; 2 of them also pass max-T; every "
+                    "head is in tables/attention_heads.csv)")
+    assert _heads_phrase([], set(), "none") == ""
