@@ -338,8 +338,9 @@ class HopCell:
     Attributes:
         model, condition, load: the cell.
         measure: ``raw`` (attention weights) or ``value`` (value-weighted).
-        subset: ``all`` (every hop of every trial) or ``wrong_answer`` (the last hop of the wrong trials, where
-            the tracked entity is the wrong answer).
+        subset: ``all`` (every hop of every trial), ``correct_named`` (the hops whose own answer the output names:
+            what the model read when it wrote the right entity) or ``wrong_answer`` (the last hop of the wrong
+            trials, where the tracked entity is the wrong answer); :func:`in_subset`.
         n: trial-hops; ``n_trials`` trials; ``n_questions`` questions (the clusters).
         shares: one :class:`HopShare` per label of :data:`HOP_LABELS`.
         mass: mean pooled mass per :data:`CATEGORIES` over the named trial-hops (depth window, heads pooled);
@@ -396,7 +397,17 @@ class HopTracking:
 
 
 WINDOW_RULE = "upper half of the layers, [L // 2, L), heads pooled"
-SUBSETS = ("all", "wrong_answer")
+SUBSETS = ("all", "correct_named", "wrong_answer")
+
+
+def in_subset(row: "HopRow", subset: str) -> bool:
+    """Whether a trial-hop belongs to a subset: ``all``; ``correct_named``, a hop whose own answer (not a wrong final
+    answer) the output names; ``wrong_answer``, the last hop of a wrong trial, tracked on the wrong answer."""
+    if subset == "all":
+        return True
+    if subset == "wrong_answer":
+        return row.target == "wrong_answer"
+    return row.target != "wrong_answer" and row.token_start is not None
 METHOD = ("per trial and hop, the first mention of the hop's answer in the output (the last hop of a wrong trial: of "
           "the wrong answer); its tokens' attention pooled over heads and the upper half of the layers; "
           "read_right_fact = the germane segment stating the hop holds the most mass among content segments, "
@@ -422,7 +433,7 @@ def hop_cells(rows: Sequence[HopRow], masses: Sequence[np.ndarray | None], vmass
         for measure in ("raw", "value"):
             for subset in SUBSETS:
                 idx = [i for i, r in enumerate(rows) if (r.model, r.condition, r.load) == (model, condition, load)
-                       and (subset == "all" or r.target == "wrong_answer")]
+                       and in_subset(r, subset)]
                 labels = [rows[i].label if measure == "raw" else rows[i].label_value for i in idx]
                 if not idx or any(lab is None for lab in labels):
                     continue

@@ -30,11 +30,13 @@ NOT_RUN = ("not run: no probe record of this run holds attention while the answe
            "answer = true in [probe]; docs/probes.md#hop-tracking)")
 LEGEND = ("read right fact: among the content segments, the germane fact stating the hop held the most attention "
           "while its answer was first written; read distractor: an extraneous segment that names the written entity "
-          "did; other: another segment did; not named: the output never names the hop's answer. Rows “wrong "
-          "answers” count only the last hop of wrong trials, tracked on the wrong answer. Shares with 95% intervals "
+          "did; other: another segment did; not named: the output never names the hop's answer. Rows “right entity "
+          "named” count the hops whose own answer the output names; rows “wrong answers” count only the last hop of "
+          "wrong trials, tracked on the wrong answer. Shares with 95% intervals "
           "clustered by question (Wilson at the Korn–Graubard effective size); masses: mean share of attention on "
           "the hop's fact, the other facts, the extraneous segments and the question, over the named hops, pooled "
           "over heads and the layers of the window.")
+SUBSET_LABELS = {"all": "all hops", "correct_named": "right entity named", "wrong_answer": "wrong answers"}
 SHOWN = ("read_right_fact", "read_distractor", "other", "not_named")
 MASSES = ("hop", "other_germane", "extraneous", "question")
 
@@ -50,7 +52,7 @@ def _cells(h: HopTracking, measure: str) -> list[HopCell]:
 
 def _row(h: HopTracking, c: HopCell) -> list[str]:
     mass = dict(zip(h.categories, c.mass)) if c.mass is not None else {}
-    return ([c.model, c.condition, str(c.load), "wrong answers" if c.subset == "wrong_answer" else "all hops",
+    return ([c.model, c.condition, str(c.load), SUBSET_LABELS[c.subset],
              str(c.n), str(c.n_questions)] + [_share(c, lab) for lab in SHOWN]
             + [fmt.num(mass.get(k), ".3f") for k in MASSES] + [f"{c.layers[0]}–{c.layers[1] - 1}"])
 

@@ -55,28 +55,55 @@ def _read_run(path: str | Path) -> PageRun:
     return PageRun(run, read_analysis(run), load_config(run.config) if run.config.exists() else None)
 
 
+def _manifest(run: RunFolder) -> dict | None:
+    """The run's manifest.json, or None when it is absent or unreadable (the page then names no weights)."""
+    try:
+        data = json.loads(run.manifest.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def _where(conditions: tuple[str, ...] | None, loads: tuple[int, ...] | None) -> str:
     cond = ", ".join(conditions) if conditions else "every condition"
     load = "every load" if loads is None else "load " + ", ".join(f"{x} %" for x in loads)
     return f"{cond}; {load}"
 
 
-def design_lines(cfg: ExperimentConfig) -> list[str]:
-    """The design of one run in a few Markdown lines: models, tasks, conditions, loads, generation, probe,
-    interventions."""
+def _weights(name: str, entry: dict) -> str:
+    """One model's weights as the manifest recorded them: where they came from, their file and dtype."""
+    where = (f"GGUF `{entry['gguf_file']}` de-quantised" if entry.get("gguf_file")
+             else f"`{entry.get('hub_id') or entry.get('path') or entry.get('served_model') or entry.get('source')}`")
+    dtype = f", run in {entry['dtype']}" if entry.get("dtype") else ""
+    package = f" (package `{entry['package']}`)" if entry.get("package") else ""
+    return f"`{name}`: {where}{package}{dtype}"
+
+
+def design_lines(cfg: ExperimentConfig, manifest: dict | None = None) -> list[str]:
+    """The design of one run in a few Markdown lines: models (their weights and dtype, from the run's manifest),
+    tasks, conditions, loads, generation, probe, interventions."""
     tasks = "; ".join(
         f"{t.source} × {t.n}" + (f" ({t.options.hops}-hop)" if t.source == "synthetic" else "")
         + (f" (at most {t.options.max_hops} sub-questions)" if t.source == "fanoutqa" else "") for t in cfg.tasks)
     probe = "off"
     if cfg.probe.enabled:
         probe = f"on (query rows: {cfg.probe.query}" + ("; answer capture" if cfg.probe.answer else "") + ")"
-    lines = [f"- models: {', '.join(f'`{m}`' for m in cfg.experiment.models)}; seed {cfg.experiment.seed}",
+    lines = [f"- models: {', '.join(f'`{m}`' for m in cfg.experiment.models)}; seed {cfg.experiment.seed}"]
+    models = (manifest or {}).get("models") or {}
+    if isinstance(models, dict) and models:
+        lines.append("- weights: " + "; ".join(_weights(n, e) for n, e in models.items() if isinstance(e, dict)))
+    lines += [
              f"- tasks: {tasks}",
              f"- conditions: {', '.join(cfg.ice.conditions)} at loads {', '.join(f'{x} %' for x in cfg.ice.loads)}"
              f", {cfg.ice.replications} replication(s), distractors {cfg.ice.distractor_strategy}",
              f"- generation: at most {cfg.generation.max_new_tokens} new tokens, temperature "
              f"{cfg.generation.temperature:g}; probing {probe}"]
     for iv in cfg.interventions:
+        if not iv.edits_attention:
+            what = ("its germane facts" if iv.keys == "germane" else "as many neutral sentences as it has facts")
+            lines.append(f"- intervention `{iv.name}`: reinject: the prompt with {what} repeated right before the "
+                         f"question (not probed); on {_where(iv.conditions, iv.loads)}")
+            continue
         alpha = f" α = {iv.alpha:g}" if iv.alpha is not None else ""
         lines.append(f"- intervention `{iv.name}`: {iv.kind}{alpha} of the {iv.keys} keys from the {iv.queries} "
                      f"queries, {_layers(iv)}, {_heads(iv)}; on {_where(iv.conditions, iv.loads)}")
@@ -188,7 +215,7 @@ def write_results_page(run_dirs: Sequence[str | Path], out: str | Path, *, title
         parts += [f"## Run `{r.run.name}`", "",
                   f"{a.n_trials} trials (`{r.run.root.name}/trials.jsonl`, sha256 {a.inputs.trials_sha256[:12]}…)"
                   f"; toolkit as recorded in the run's `manifest.json`.", "",
-                  *(design_lines(r.config) if r.config is not None
+                  *(design_lines(r.config, _manifest(r.run)) if r.config is not None
                     else ["- design: the folder has no `config.toml` (trials written by another tool)"]), ""]
         # its own heading and trial-count line give way to the run's
         body = render_markdown(a).split("\n\n", 2)[2]

@@ -72,12 +72,42 @@ def draw_retrieval_map(r: RetrievalHeads) -> Figure | None:
     return fig
 
 
-def _test_rows(r: RetrievalHeads, test: HeadTests | None, alpha: float) -> list[list[str]]:
+STABILITY_HEADER = ["condition", "load", "Spearman ρ", "95% CI", "top-k overlap", "95% CI", "questions", "note"]
+DISTRACTION_HEADER = ["Saturation load", "Spearman ρ", "95% CI", "Pearson r", "P_ext top k", "P_ext other heads",
+                      "questions", "note"]
+TESTS_HEADER = ["model", "test", "head", "estimate", "p", "q (BH)", "p (max-T)", "passes"]
+
+
+def _stability_rows(r: RetrievalHeads) -> list[list[str]]:
+    """Each cell's ranking against Control's (plain text)."""
+    return [[s.condition, str(s.load), fmt.num(s.spearman, "+.2f"), fmt.ci(s.spearman_ci_low, s.spearman_ci_high, "+.2f"),
+             fmt.num(s.overlap, ".2f"), fmt.ci(s.overlap_ci_low, s.overlap_ci_high, ".2f"), str(s.n_questions),
+             s.reason or ""] for s in r.stability]
+
+
+def _distraction_rows(r: RetrievalHeads) -> list[list[str]]:
+    """Control retrieval against Saturation P_ext across heads, pooled and per load (plain text)."""
+    return [["pooled" if d.load is None else str(d.load), fmt.num(d.spearman, "+.2f"),
+             fmt.ci(d.spearman_ci_low, d.spearman_ci_high, "+.2f"), fmt.num(d.pearson, "+.2f"),
+             fmt.num(d.top_k_p_ext, ".3f"), fmt.num(d.other_p_ext, ".3f"), str(d.n_questions), d.reason or ""]
+            for d in r.distraction]
+
+
+def _test_rows(r: RetrievalHeads, test: HeadTests | None) -> list[list[str]]:
+    """The heads that pass either correction of a per-head test (plain text)."""
     if test is None:
         return []
-    return [[esc(r.model), esc(test.measure), esc(_label(h.layer, h.head)), fmt.num(h.estimate.value, "+.3f"),
-             fmt.p_value(h.estimate.p, html=True), fmt.p_value(h.estimate.q, html=True),
-             fmt.p_value(h.p_max_t, html=True), passed] for h, passed in test.listed()]
+    return [[r.model, test.measure, _label(h.layer, h.head), fmt.num(h.estimate.value, "+.3f"),
+             fmt.p_value(h.estimate.p), fmt.p_value(h.estimate.q), fmt.p_value(h.p_max_t), passed]
+            for h, passed in test.listed()]
+
+
+def _escaped(rows: list[list[str]]) -> list[list[str]]:
+    return [[esc(x) for x in row] for row in rows]
+
+
+def _header(header: list[str], r: RetrievalHeads) -> list[str]:
+    return [h.replace("top-k", f"top-{r.top_k}").replace("top k", f"top {r.top_k}") for h in header]
 
 
 def _test_note(r: RetrievalHeads, test: HeadTests | None) -> str:
@@ -87,11 +117,14 @@ def _test_note(r: RetrievalHeads, test: HeadTests | None) -> str:
     return f"{r.model}: {what}"
 
 
+TESTS_NOTE = ('A head is listed when it passes either correction and the "passes" column says which: the union of '
+              "the two lists is not a corrected family.")
+
+
 def retrieval_html(result: IceResult, ctx: ReportContext) -> str:
     """The retrieval-head part of ``report.html`` (empty for a run without probe records)."""
     if not result.retrieval:
         return f'<h2>Retrieval heads</h2><p class="note">{esc(NO_CAPTURE)}</p>' if result.attention_cells else ""
-    alpha = ctx.settings.alpha
     parts = ["<h2>Retrieval heads</h2>"]
     for r in result.retrieval:
         if r.reason is not None:
@@ -107,31 +140,19 @@ def retrieval_html(result: IceResult, ctx: ReportContext) -> str:
                 ["rank", "head", "score", "copied"],
                 [[str(h.rank + 1), esc(_label(h.layer, h.head)), fmt.num(h.score, ".3f"), str(h.copied)]
                  for h in r.control.top], left=2))
-        stab = [[esc(s.condition), str(s.load), fmt.num(s.spearman, "+.2f"),
-                 fmt.ci(s.spearman_ci_low, s.spearman_ci_high, "+.2f"), fmt.num(s.overlap, ".2f"),
-                 fmt.ci(s.overlap_ci_low, s.overlap_ci_high, ".2f"), str(s.n_questions), esc(s.reason or "")]
-                for s in r.stability]
-        if stab:
+        if r.stability:
             parts.append(f"<h3>{esc(r.model)}: stability of the ranking against Control (question bootstrap)</h3>"
-                         + table(["condition", "load", "Spearman ρ", "95% CI", f"top-{r.top_k} overlap", "95% CI",
-                                  "questions", "note"], stab, left=2))
-        dist = [["pooled" if d.load is None else str(d.load), fmt.num(d.spearman, "+.2f"),
-                 fmt.ci(d.spearman_ci_low, d.spearman_ci_high, "+.2f"), fmt.num(d.pearson, "+.2f"),
-                 fmt.num(d.top_k_p_ext, ".3f"), fmt.num(d.other_p_ext, ".3f"), str(d.n_questions),
-                 esc(d.reason or "")] for d in r.distraction]
-        if dist:
+                         + table(_header(STABILITY_HEADER, r), _escaped(_stability_rows(r)), left=2))
+        if r.distraction:
             parts.append(f"<h3>{esc(r.model)}: do Control's retrieval heads attend to distractors under "
                          "Saturation? (across heads)</h3>"
-                         + table(["Saturation load", "Spearman ρ", "95% CI", "Pearson r", f"P_ext top {r.top_k}",
-                                  "P_ext other heads", "questions", "note"], dist, left=1))
+                         + table(_header(DISTRACTION_HEADER, r), _escaped(_distraction_rows(r)), left=1))
         tests = (*r.failed_vs_correct, r.saturation_drop)
-        rows = [row for t in tests for row in _test_rows(r, t, alpha)]
+        rows = [row for t in tests for row in _test_rows(r, t)]
         notes = "; ".join(x for x in (_test_note(r, t) for t in tests) if x)
         parts.append(f"<h3>{esc(r.model)}: per-head tests (BH over the layer × head map; max-T family-wise)</h3>"
-                     f'<p class="note">{esc(notes)}. A head is listed when it passes either correction and the '
-                     '"passes" column says which: the union of the two lists is not a corrected family.</p>'
-                     + (table(["model", "test", "head", "estimate", "p", "q (BH)", "p (max-T)", "passes"], rows,
-                              left=3) if rows
+                     f'<p class="note">{esc(notes)}. {esc(TESTS_NOTE)}</p>'
+                     + (table(TESTS_HEADER, _escaped(rows), left=3) if rows
                         else '<p class="note">No head passes either correction.</p>'))
     return "".join(parts)
 
@@ -147,11 +168,16 @@ def retrieval_markdown(result: IceResult) -> list[str]:
             continue
         top = ", ".join(f"{_label(h.layer, h.head)} {h.score:.3f}" for h in r.control.top)
         parts += [f"- {r.model}: top {r.top_k}: {top} (chance {fmt.num(r.control.chance, '.3f')})", ""]
-        parts += [md_table(["condition", "load", "Spearman ρ", "95% CI", "top-k overlap", "95% CI", "note"],
-                           [[s.condition, str(s.load), fmt.num(s.spearman, "+.2f"),
-                             fmt.ci(s.spearman_ci_low, s.spearman_ci_high, "+.2f"), fmt.num(s.overlap, ".2f"),
-                             fmt.ci(s.overlap_ci_low, s.overlap_ci_high, ".2f"), s.reason or ""]
-                            for s in r.stability]), ""]
+        parts += [md_table(_header(STABILITY_HEADER, r), _stability_rows(r)), ""]
+        if r.distraction:
+            parts += [f"Do Control's retrieval heads attend to distractors under Saturation? (across heads; mean "
+                      f"Saturation P_ext while answering of Control's top {r.top_k} heads and of the others)", "",
+                      md_table(_header(DISTRACTION_HEADER, r), _distraction_rows(r)), ""]
+        tests = (*r.failed_vs_correct, r.saturation_drop)
+        rows = [row for t in tests for row in _test_rows(r, t)]
+        notes = "; ".join(x for x in (_test_note(r, t) for t in tests) if x)
+        parts += [f"Per-head tests (BH over the layer × head map; max-T family-wise): {notes}. {TESTS_NOTE}", "",
+                  md_table(TESTS_HEADER, rows) if rows else "No head passes either correction.", ""]
     return parts
 
 

@@ -281,15 +281,19 @@ def test_cell_shares_equal_a_direct_count_and_intervals_proportion_ci():
                     for hop in range(2):
                         label = str(rng.choice(HOP_LABELS))
                         target = "wrong_answer" if hop == 1 and rng.random() < 0.5 else "hop_answer"
+                        named = label != "not_named"
                         rows.append(replace(base, trial_id=f"{model}{cond}{q}{rep}", model=model, task_id=f"q{q}",
-                                            condition=cond, load=load, hop=hop, target=target, label=label))
+                                            condition=cond, load=load, hop=hop, target=target, label=label,
+                                            token_start=0 if named else None, token_end=1 if named else None))
                         masses.append(None if label == "not_named" else rng.random((4, 2, len(CATEGORIES))))
     cells = hop_cells(rows, masses, [None] * len(rows), {"a": (2, 4), "b": (2, 4)}, alpha=0.05)
     assert {c.measure for c in cells} == {"raw"}  # no value-weighted labels
-    assert len(cells) == 2 * 2 * 2
+    assert len(cells) == 2 * 2 * 3  # models x cells x subsets
+    wanted = {"all": lambda r: True, "wrong_answer": lambda r: r.target == "wrong_answer",
+              "correct_named": lambda r: r.target == "hop_answer" and r.label != "not_named"}
     for c in cells:
         sel = [i for i, r in enumerate(rows) if (r.model, r.condition, r.load) == (c.model, c.condition, c.load)
-               and (c.subset == "all" or r.target == "wrong_answer")]
+               and wanted[c.subset](r)]
         assert c.n == len(sel)
         assert c.n_questions == len({rows[i].task_id for i in sel})
         for s in c.shares:
@@ -396,14 +400,17 @@ def test_report_part_with_and_without_hop_tracking(tmp_path):
     section = report_section("ice")
     named = dict(section.tables(ice))
     cells, per_trial = named["hop_tracking"], named["hop_tracking_trials"]
-    assert len(cells) == 4  # raw and value-weighted, all hops and wrong answers
+    assert len(cells) == 6  # raw and value-weighted: all hops, the right entity named, wrong answers
     wrong_raw = next(r for r in cells if r["measure"] == "raw" and r["subset"] == "wrong_answer")
     assert wrong_raw["read_distractor_count"] == 1 and wrong_raw["n"] == 1
+    right_raw = next(r for r in cells if r["measure"] == "raw" and r["subset"] == "correct_named")
+    assert right_raw["n"] == 1 and right_raw["read_right_fact_count"] == 1  # the first hop, its own entity written
     assert [r["label"] for r in per_trial] == ["read_right_fact", "read_distractor"]
     assert [r["label_value"] for r in per_trial] == ["other", "read_right_fact"]
     assert "mass_hop" in csv_text(per_trial).splitlines()[0]
     page = ice_hops.html(hops)
-    assert "value-weighted attention" in page and page.count("<tr>") == 1 + 2 + 1 + 2
+    assert "value-weighted attention" in page and page.count("<tr>") == 1 + 3 + 1 + 3
+    assert "right entity named" in page
     md = "\n".join(section.markdown(ice, AnalysisSection()))
     assert "## Hop tracking" in md and "read distractor" in md
     # without answer capture: the part says why, and no CSV is written

