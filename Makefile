@@ -46,10 +46,13 @@ study: setup
 	$(VENV)/bin/probe run experiments/study-dilution.toml
 	$(MAKE) results
 
-# docs/results.md again from the study's run folders (analysis, report, page; the hand-written reading is kept)
+# docs/results.md and docs/results-dilution.md again from the study's run folders (analysis, report, page; the
+# hand-written readings are kept)
 results: setup
-	$(VENV)/bin/probe results outputs/study outputs/study-dilution outputs/study-heads --out docs/results.md \
+	$(VENV)/bin/probe results outputs/study outputs/study-heads --out docs/results.md \
 		--title "Results: Qwen2.5-Coder-0.5B-Instruct under extraneous load"
+	$(VENV)/bin/probe results outputs/study-dilution --out docs/results-dilution.md \
+		--title "The dilution test: steering towards and re-injecting the germane facts (Qwen2.5-Coder-0.5B-Instruct)"
 
 # the static type check of probe/ ([tool.mypy] in pyproject.toml); part of `make test`
 typecheck: setup

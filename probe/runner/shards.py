@@ -171,6 +171,41 @@ def _probe_records(folder: Path) -> list[Path]:
     return sorted(root.rglob("*.npz")) if root.is_dir() else []
 
 
+def _check_like_first(here: RunFolder, first: RunFolder, first_cfg: ExperimentConfig, prompts: list[Prompt]) -> None:
+    """A shard made as the first one: settings that determine records, prompts, tasks, interventions."""
+    cfg = read_run_config(here.root)
+    diffs = record_differences(first_cfg, cfg) if cfg is not None else ["config.toml missing"]
+    if diffs:
+        raise ShardError(f"{here.root}: made with other settings than {first.root} ({'; '.join(diffs)}); run every "
+                         "shard from one experiment file")
+    _same_prompts(prompts, load_prompts(here.prompts), here.root)
+    for path, other, name in ((first.tasks, here.tasks, "tasks"), (first.interventions, here.interventions,
+                                                                   "interventions")):
+        if path.is_file() != other.is_file() or (path.is_file() and path.read_bytes() != other.read_bytes()):
+            raise ShardError(f"{other}: its {name} differ from {path}; the shards were made differently: run them "
+                             "from one experiment file")
+
+
+def _finished_trials(here: RunFolder, shard: Shard, prompts: list[Prompt]) -> list[TrialRecord]:
+    """The trials of a shard that ran its whole share and nothing else."""
+    if here.trial_shards():
+        raise ShardError(f"{here.root}: its data-parallel trial files are not merged yet (an interrupted run): run "
+                         f"the shard again (`probe run EXP --shard {shard}`)")
+    mine = {p.prompt_id for p in shard.select(prompts)}
+    trials = load_trials(here.trials)
+    foreign = next((t for t in trials if t.prompt_id not in mine), None)
+    if foreign is not None:
+        raise ShardError(f"{here.trials}: trial {foreign.trial_id!r} belongs to another shard's share; this folder is "
+                         f"not shard {shard} of this run")
+    baseline = {(t.model, t.prompt_id) for t in trials if t.intervention is None}
+    short = [f"{m}: {len([p for p in mine if (m, p) not in baseline])}" for m in _models(here)
+             if any((m, p) not in baseline for p in mine)]
+    if short:
+        raise ShardError(f"{here.root}: shard {shard} has not finished its share (prompts without a trial, by model: "
+                         f"{', '.join(short)}); run `probe run EXP --shard {shard}` again to finish it")
+    return trials
+
+
 def merge_shards_into(run_dir: str | Path, shard_dirs: list[Path] | None = None) -> MergeSummary:
     """Join the shards of a run into the run folder (module docstring).
 
@@ -197,45 +232,18 @@ def merge_shards_into(run_dir: str | Path, shard_dirs: list[Path] | None = None)
     if first_cfg is None:
         raise ShardError(f"{first_dir}: no config.toml; run the shard again")
     prompts = load_prompts(RunFolder(first_dir).prompts)
-    tasks = RunFolder(first_dir).tasks
-    interventions = RunFolder(first_dir).interventions
     trials: dict[str, TrialRecord] = {}
     owner: dict[str, Path] = {}
     records: dict[Path, Path] = {}  # relative path -> source
     for index, folder in by.items():
         shard = Shard(index, len(by))
-        cfg = read_run_config(folder)
-        diffs = record_differences(first_cfg, cfg) if cfg is not None else ["config.toml missing"]
-        if diffs:
-            raise ShardError(f"{folder}: made with other settings than {first_dir} ({'; '.join(diffs)}); run every "
-                             "shard from one experiment file")
-        here = RunFolder(folder)
-        _same_prompts(prompts, load_prompts(here.prompts), folder)
-        for path, name in ((tasks, "tasks"), (interventions, "interventions")):
-            other = here.root / path.name
-            if path.is_file() != other.is_file() or (path.is_file() and path.read_bytes() != other.read_bytes()):
-                raise ShardError(f"{other}: its {name} differ from {path}; the shards were made differently: run "
-                                 "them from one experiment file")
-        if here.trial_shards():
-            raise ShardError(f"{folder}: its data-parallel trial files are not merged yet (an interrupted run): run "
-                             f"the shard again (`probe run EXP --shard {shard}`)")
-        mine = {p.prompt_id for p in shard.select(prompts)}
-        shard_trials = load_trials(here.trials)
-        for t in shard_trials:
-            if t.prompt_id not in mine:
-                raise ShardError(f"{here.trials}: trial {t.trial_id!r} belongs to another shard's share; this "
-                                 f"folder is not shard {shard} of this run")
+        _check_like_first(RunFolder(folder), RunFolder(first_dir), first_cfg, prompts)
+        for t in _finished_trials(RunFolder(folder), shard, prompts):
             if t.trial_id in trials:
                 raise ShardError(f"trial {t.trial_id!r} is in two shards: {owner[t.trial_id]} and {folder}")
             trials[t.trial_id], owner[t.trial_id] = t, folder
-        baseline = {(t.model, t.prompt_id) for t in shard_trials if t.intervention is None}
-        short = [f"{m}: {len([p for p in mine if (m, p) not in baseline])}" for m in _models(here)
-                 if any((m, p) not in baseline for p in mine)]
-        if short:
-            raise ShardError(f"{folder}: shard {shard} has not finished its share (prompts without a trial, by model: "
-                             f"{', '.join(short)}); run `probe run EXP --shard {shard}` again to finish it")
         for path in _probe_records(folder):
-            rel = path.relative_to(here.root)
+            rel = path.relative_to(folder)
             if rel in records:
                 raise ShardError(f"probe record {rel} is in two shards: {records[rel].parent} and {folder}")
             records[rel] = path

@@ -94,29 +94,14 @@ def _run_arm(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], tas
     pending = [p for p in mine if make_trial_id(model, p.prompt_id, name) not in done]
     log.info("%s%s: rank %d of %d: %d trials to run, %d already recorded", model,
              "" if name is None else f" [{name}]", rank, world, len(pending), len(mine) - len(pending))
+    # a reinject edits the prompt, not attention: its prompts are not the recorded ones, so it is not probed
+    probing = cfg.probe.enabled and (iv is None or iv.edits_attention)
     # a recorded trial whose probe record cannot be read is generated again (greedy: the same answer) to probe it
     # again; its trial record is kept
-    # a reinject edits the prompt, not attention: its prompts are not the recorded ones, so it is not probed
-    edits_prompt = iv is not None and not iv.edits_attention
-    probing = cfg.probe.enabled and not edits_prompt
     reprobe = _unreadable_probes(cfg, model, [p for p in mine if p not in pending], name) if probing else []
     if not pending and not reprobe:
         return 0
-    greedy = cfg.generation.temperature == 0
-    # draws seeded per prompt id (matched keys, re-injected neutral sentences): prompts that share a text differ
-    per_id = iv is not None and (iv.keys in MATCHED_DRAWS or (edits_prompt and iv.keys == "filler"))
-
-    def group_key(p: Prompt) -> str:
-        return p.text if greedy and not per_id else p.prompt_id
-
-    by_text: dict[str, list[Prompt]] = {}
-    for p in pending + reprobe:
-        by_text.setdefault(group_key(p), []).append(p)
-    unique = [group[0] for group in by_text.values()]
-    key_of = {p.prompt_id: group_key(p) for p in unique}
-    if edits_prompt:
-        assert iv is not None
-        unique = [reinject(p, iv.keys, cfg.experiment.seed) for p in unique]
+    members = _groups(cfg, iv, pending + reprobe)
     out_path = trials_path(run, rank, world)
     probe_opts = cfg.probe if probing else None
     written = 0
@@ -124,11 +109,13 @@ def _run_arm(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], tas
                unit="trial")
     buffer: list[TrialRecord] = []
     try:  # the backend computes the probe while it generates, batch by batch
-        for prompt, gen in backend.generate(unique, cfg.generation, probe_opts, None if edits_prompt else iv):
-            key = key_of[prompt.prompt_id]
+        sent = [first for first, _ in members.values()]
+        edit = iv if iv is not None and iv.edits_attention else None
+        for prompt, gen in backend.generate(sent, cfg.generation, probe_opts, edit):
+            group = members[prompt.prompt_id][1]
             if probe_opts is not None and gen.error is None and gen.skip_reason is None:
-                save_probe(cfg, backend.model_name, by_text[key], gen, name)
-            for p in by_text[key]:
+                save_probe(cfg, backend.model_name, group, gen, name)
+            for p in group:
                 if make_trial_id(model, p.prompt_id, name) not in done:
                     buffer.append(make_record(model, p, tasks[p.task_id], gen, name))
             if len(buffer) >= cfg.generation.batch_size:
@@ -142,6 +129,25 @@ def _run_arm(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], tas
             bar.update(len(rows))
         bar.close()
     return written
+
+
+def _groups(cfg: ExperimentConfig, iv: Intervention | None, prompts: list[Prompt]
+            ) -> dict[str, tuple[Prompt, list[Prompt]]]:
+    """The prompts generated once for several records: under greedy decoding, every prompt of one text (Control
+    replications), unless the arm draws per prompt id (matched keys, re-injected neutral sentences). Keyed by the
+    id of the prompt each group sends: its first prompt, or under a reinject that prompt with the facts or as many
+    neutral sentences repeated before the question (:mod:`probe.prompts.reinject`)."""
+    greedy = cfg.generation.temperature == 0
+    edits_prompt = iv is not None and not iv.edits_attention
+    per_id = iv is not None and (iv.keys in MATCHED_DRAWS or (edits_prompt and iv.keys == "filler"))
+    by_key: dict[str, list[Prompt]] = {}
+    for p in prompts:
+        by_key.setdefault(p.text if greedy and not per_id else p.prompt_id, []).append(p)
+    out: dict[str, tuple[Prompt, list[Prompt]]] = {}
+    for group in by_key.values():
+        first = reinject(group[0], iv.keys, cfg.experiment.seed) if iv is not None and edits_prompt else group[0]
+        out[first.prompt_id] = (first, group)
+    return out
 
 
 def _unreadable_probes(cfg: ExperimentConfig, model: str, prompts: list[Prompt],
