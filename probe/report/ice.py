@@ -323,6 +323,7 @@ def table1_html(result: IceResult) -> str:
                                   "Control's (sign-flip test by question, p &lt; α).</p>")
 
 
+NO_H3 = "Not estimated: the run has no Residue trial paired with a Control trial of its question."
 STATS_NOTE = ("Small-sample inference (docs/statistics.md): EM intervals are Wilson intervals at the Korn–Graubard "
               "effective size, inside [0, 1] and clustered by question; regressions use CR2 standard errors clustered "
               "by question with a t reference on Bell–McCaffrey df; with fewer than 6 questions a fit is described, "
@@ -358,7 +359,8 @@ def stats_html(result: IceResult, settings: AnalysisSection) -> str:
                [[esc(r.model), "pooled" if r.load is None else str(r.load), str(c.n), fmt.num(e.value, "+.3f"),
                  fmt.ci(e.ci_low, e.ci_high, "+.3f"), fmt.p_value(e.p, html=True), _p_cell(e.q, alpha),
                  fmt.num(c.spearman.value, "+.3f"), fmt.p_value(c.spearman.p, html=True), esc(e.reason or "")]
-                for r in result.h3 for c in (r.correlation,) for e in (c.estimate,)], left=2, text=(9,))
+                for r in result.h3 for c in (r.correlation,) for e in (c.estimate,)], left=2, text=(9,)) \
+        if result.h3 else f'<p class="note">{esc(NO_H3)}</p>'
     tax = table(["model", "label", "Control EM", "trunc./uninterp.", "gates", "reason"],
                 [[esc(t.model), esc(t.label), fmt.num(t.control_em), fmt.pct(t.confound_rate_observed),
                   esc(f"EM<{t.gates.brittle_em}, rate>{t.gates.confound_rate}, α={t.gates.alpha}"), esc(t.reason)]
@@ -527,7 +529,8 @@ def markdown(result: IceResult, settings: AnalysisSection) -> list[str]:
                        [[r.model, "pooled" if r.load is None else str(r.load), str(c.n), fmt.num(e.value, "+.3f"),
                          fmt.ci(e.ci_low, e.ci_high, "+.3f"), fmt.p_value(e.p), fmt.p_value(e.q),
                          fmt.num(c.spearman.value, "+.3f"), e.reason or ""]
-                        for r in result.h3 for c in (r.correlation,) for e in (c.estimate,)]), ""]
+                        for r in result.h3 for c in (r.correlation,) for e in (c.estimate,)])
+              if result.h3 else NO_H3, ""]
     if result.attention_behaviour:
         parts += ["## Attention ↔ behaviour (BH across layers; across the layer × head grid)", ""]
         for a in result.attention_behaviour:

@@ -437,3 +437,17 @@ def test_a_long_head_list_is_counted_per_layer_and_says_where_every_head_is():
     assert text == ("less: 21 heads in 3 layers (per layer: L0 5, L1 6, L5 10; 2 of them also pass max-T; every "
                     "head is in tables/attention_heads.csv)")
     assert _heads_phrase([], set(), "none") == ""
+
+
+def test_a_run_without_residue_says_h3_is_not_estimated_instead_of_an_empty_table(tmp_path):
+    from probe.analysis import analyze_run
+    from probe.report.ice import NO_H3
+    from probe.report.tables import render_markdown
+
+    run = tmp_path / "no-residue"
+    make_run(run, Plan(n_tasks=8, loads=(80,), conditions=("Control", "Saturation"), seed=4))
+    md = render_markdown(analyze_run(run, AnalysisSection(), seed=0))
+    h3 = md.split("## H3", 1)[1].split("\n## ", 1)[0]
+    assert NO_H3 in h3 and "| model |" not in h3
+    html = render_report(run).read_text()
+    assert NO_H3 in html
