@@ -114,6 +114,7 @@ MATCHED_DRAWS: dict[str, tuple[str, tuple[str, ...]]] = {
 # the matched control of a key set: an attention edit's keys -> its twin's keys; a re-injection's -> its twin's
 CONTROL_KEYS: dict[str, str] = {"extraneous": "matched-random", "germane": "matched-germane"}
 REINJECT_KEYS: dict[str, str] = {"germane": "filler"}
+REINJECT_WHAT: tuple[str, ...] = ("germane", "filler")  # what a reinject repeats before the question
 INTERVENTION_QUERIES: tuple[str, ...] = ("answer", "after")
 HEAD_RANKINGS: tuple[str, ...] = ("enrichment", "p_ext", "retrieval")  # retrieval: needs answer captures
 INTERVENTION_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -212,7 +213,7 @@ class InterventionEdit:
         if self.kind == "steer" and (self.alpha is None or not self.alpha >= 0 or math.isinf(self.alpha)):
             self._refuse("alpha", f"a steer needs a finite alpha >= 0 (0 equals the knockout), got {self.alpha}")
         if self.kind == "reinject":
-            if self.keys not in ("germane", "filler"):
+            if self.keys not in REINJECT_WHAT:
                 self._refuse("keys", f"{self.keys!r}: a reinject repeats the germane facts (\"germane\") or as many "
                              "neutral sentences (\"filler\") before the question")
             if self.alpha is not None:

@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 import scipy.stats
 
-from probe.analysis.inference import paired_sign_flip, proportion_ci
+from probe.analysis.inference import PairedTest, paired_sign_flip, proportion_ci
 from probe.scoring.answers import STRICT_EXTRACTIONS
 from probe.types import CONDITIONS
 
@@ -187,6 +187,14 @@ def _rate(mask: pd.Series, base: pd.Series) -> float | None:
     return None if n == 0 else float((mask & base).sum() / n)
 
 
+def cell_groups(df: pd.DataFrame) -> dict[tuple[str, str, int], pd.DataFrame]:
+    """The trial table's rows per (model, condition, load), in model, paper-condition, load order."""
+    order = {c: i for i, c in enumerate(CONDITIONS)}
+    groups = {(str(model), str(condition), key_int(load)): g
+              for (model, condition, load), g in df.groupby(["model", "condition", "load"])}
+    return {k: groups[k] for k in sorted(groups, key=lambda k: (k[0], order.get(k[1], 99), k[1], k[2]))}
+
+
 def cell_summaries(df: pd.DataFrame, alpha: float = 0.05, level: bool = False) -> list[Cell]:
     """One :class:`Cell` per model × condition × load present in ``df``.
 
@@ -200,11 +208,8 @@ def cell_summaries(df: pd.DataFrame, alpha: float = 0.05, level: bool = False) -
         Cells sorted by model, condition (paper order), load.
     """
     out: list[Cell] = []
-    order = {c: i for i, c in enumerate(CONDITIONS)}
-    groups = {(str(model), str(condition), key_int(load)): g
-              for (model, condition, load), g in df.groupby(["model", "condition", "load"])}
-    for model, condition, load in sorted(groups, key=lambda k: (k[0], order.get(k[1], 99), k[1], k[2])):
-        g = groups[(model, condition, load)]
+    groups = cell_groups(df)
+    for (model, condition, load), g in groups.items():
         scored = g[g["is_scored"]]
         est = em_interval(scored["em"].to_numpy(), scored["task_id"].to_numpy(), alpha)
         path = _scoring_path(g, scored, alpha)
@@ -249,20 +254,48 @@ def _scoring_path(g: pd.DataFrame, scored: pd.DataFrame, alpha: float) -> dict:
     return out
 
 
+def against_control(cell: pd.DataFrame, control: pd.DataFrame, column: str, alpha: float,
+                    seed: int = 0) -> PairedTest | str:
+    """A per-trial value of a cell against its model's Control cell: the outputs of each paired by (task_id,
+    replication), H2's sign-flip test of the per-question mean difference (cell − Control).
+
+    Args:
+        cell, control: rows of the trial table; only outputs with a value in ``column`` take part.
+        column: the value compared.
+        alpha / seed: the test's level (power) and Monte Carlo seed.
+
+    Returns:
+        The :class:`probe.analysis.inference.PairedTest`, or why there is none: ``"ambiguous"`` (several outputs
+        share a pair key) or ``"no pair"``.
+    """
+    key = ["task_id", "replication"]
+    a, b = (part[part["has_output"] & part[column].notna()][key + [column]] for part in (cell, control))
+    if a[key].duplicated().any() or b[key].duplicated().any():
+        return "ambiguous"
+    merged = a.merge(b, on=key, suffixes=("_a", "_b"))
+    if merged.empty:
+        return "no pair"
+    return paired_sign_flip(merged[f"{column}_a"].to_numpy(float), merged[f"{column}_b"].to_numpy(float),
+                            merged["task_id"].to_numpy(), alpha=alpha, seed=seed)
+
+
+AMBIGUOUS_PAIRS = "several outputs share a (task_id, replication): pairs are ambiguous"
+
+
 def _path_shift(g: pd.DataFrame, control: pd.DataFrame | None, alpha: float) -> dict:
     """The sign-flip test of a cell's box-or-answer-line share against its model's Control cell."""
     if control is None:
         return {"scoring_path_reason": "no Control cell of this model to compare the scoring path with"}
-    key = ["task_id", "replication"]
-    a, b = (part[part["has_output"] & part["extraction"].notna()] for part in (g, control))
-    if a[key].duplicated().any() or b[key].duplicated().any():
-        return {"scoring_path_reason": "several outputs share a (task_id, replication): pairs are ambiguous"}
-    merged = a.assign(strict=_is_strict(a))[key + ["strict"]].merge(
-        b.assign(strict=_is_strict(b))[key + ["strict"]], on=key, suffixes=("_a", "_b"))
-    if merged.empty:
+    def strict(part: pd.DataFrame) -> pd.DataFrame:  # 1 / 0 where a scoring rule is recorded, else NaN
+        return part.assign(strict=pd.Series(_is_strict(part), index=part.index, dtype=float)
+                           .where(part["extraction"].notna()))
+
+    t = against_control(strict(g), strict(control), "strict", alpha)
+    if t == "ambiguous":
+        return {"scoring_path_reason": AMBIGUOUS_PAIRS}
+    if t == "no pair":
         return {"scoring_path_reason": "no output with a recorded scoring rule paired with a Control output"}
-    t = paired_sign_flip(merged["strict_a"].to_numpy(float), merged["strict_b"].to_numpy(float),
-                         merged["task_id"].to_numpy(), alpha=alpha)
+    assert not isinstance(t, str)
     return {"scoring_path_p": t.p, "scoring_path_delta": t.delta,
             "scoring_path_shift": None if t.p is None else bool(t.p < alpha),
             "scoring_path_reason": t.reason if t.p is None else None}

@@ -21,11 +21,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from probe.analysis.estimates import finite, key_int
-from probe.analysis.inference import bh_qvalues, paired_sign_flip
+from probe.analysis.estimates import AMBIGUOUS_PAIRS, against_control, cell_groups, finite
+from probe.analysis.inference import bh_qvalues
 from probe.records import TrialRecord
 from probe.scoring.writing import RESTATED, count_sentences, restated_fact
-from probe.types import CONDITIONS, Task
+from probe.types import Task
 
 # measure id -> (trial-table column, what it is)
 MEASURES: dict[str, tuple[str, str]] = {
@@ -142,17 +142,11 @@ def _cell(model: str, condition: str, load: int, g: pd.DataFrame) -> WritingCell
 
 
 def _test(measure: str, g: pd.DataFrame, control: pd.DataFrame, alpha: float, seed: int) -> WritingTest:
-    column = MEASURES[measure][0]
-    key = ["task_id", "replication"]
-    a, b = (part[part["has_output"] & part[column].notna()][key + [column]] for part in (g, control))
-    empty = WritingTest(measure, 0, 0, None, None, None, None, None, None)
-    if a[key].duplicated().any() or b[key].duplicated().any():
-        return replace(empty, reason="several outputs share a (task_id, replication): pairs are ambiguous")
-    m = a.merge(b, on=key, suffixes=("_a", "_b"))
-    if m.empty:
-        return replace(empty, reason=f"no {MEASURES[measure][1]} paired with a Control output")
-    t = paired_sign_flip(m[f"{column}_a"].to_numpy(float), m[f"{column}_b"].to_numpy(float),
-                         m["task_id"].to_numpy(), alpha=alpha, seed=seed)
+    t = against_control(g, control, MEASURES[measure][0], alpha, seed)
+    if isinstance(t, str):
+        return WritingTest(measure, 0, 0, None, None, None, None, None,
+                           AMBIGUOUS_PAIRS if t == "ambiguous" else f"no {MEASURES[measure][1]} paired with a Control "
+                                                                    "output")
     return WritingTest(measure, t.n_pairs, t.n_questions, t.em_a, t.em_b, t.delta, t.p, None,
                        t.reason if t.p is None else None)
 
@@ -164,15 +158,13 @@ def writing_cells(df: pd.DataFrame, alpha: float = 0.05, seed: int = 0) -> list[
         Cells sorted by model, condition (paper order), load; each non-Control cell carries its tests against the
         model's Control cell, with BH q across the model's writing tests.
     """
-    order = {c: i for i, c in enumerate(CONDITIONS)}
-    groups = {(str(m), str(c), key_int(ld)): g for (m, c, ld), g in df.groupby(["model", "condition", "load"])}
+    groups = cell_groups(df)
+    controls = {model: g for (model, condition, _), g in groups.items() if condition == "Control"}
     cells: list[WritingCell] = []
-    for model, condition, load in sorted(groups, key=lambda k: (k[0], order.get(k[1], 99), k[1], k[2])):
-        g = groups[(model, condition, load)]
+    for (model, condition, load), g in groups.items():
         cell = _cell(model, condition, load, g)
-        control = next((v for k, v in groups.items() if k[0] == model and k[1] == "Control"), None)
-        if condition != "Control" and control is not None:
-            cell = replace(cell, tests=tuple(_test(m, g, control, alpha, seed) for m in MEASURES))
+        if condition != "Control" and model in controls:
+            cell = replace(cell, tests=tuple(_test(m, g, controls[model], alpha, seed) for m in MEASURES))
         cells.append(cell)
     return _with_q(cells)
 

@@ -14,13 +14,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from probe.config import REINJECT_WHAT
 from probe.errors import ConfigError
 from probe.prompts.builder import QUESTION_PREFIX, Piece, assemble, draw_rng
 from probe.prompts.filler import neutral_filler
 from probe.types import Prompt
-
-REINJECT_WHAT = ("germane", "filler")
-
 
 def reinject(prompt: Prompt, what: str, seed: int) -> Prompt:
     """``prompt`` with its germane facts (``what = "germane"``) or as many neutral sentences (``"filler"``) added as
@@ -38,7 +36,7 @@ def reinject(prompt: Prompt, what: str, seed: int) -> Prompt:
                           "native layout): there is no place before the question to repeat the facts")
     question = prompt.segment_text(segs[-1])
     body = [Piece(s.kind, prompt.segment_text(s), s.label) for s in segs[1:-1]]
-    text, rebuilt = assemble(prompt.segment_text(segs[0]), body, question.removeprefix(QUESTION_PREFIX))
+    text, _ = assemble(prompt.segment_text(segs[0]), body, question.removeprefix(QUESTION_PREFIX))
     if text != prompt.text:
         raise ConfigError(f"reinject: prompt {prompt.prompt_id} is not joined as the ICE builder joins prompts: "
                           "there is no place before the question to repeat the facts")
@@ -54,4 +52,4 @@ def reinject(prompt: Prompt, what: str, seed: int) -> Prompt:
     return replace(prompt, text=text, segments=rebuilt)
 
 
-__all__ = ["REINJECT_WHAT", "reinject"]
+__all__ = ["reinject"]
