@@ -8,6 +8,8 @@ Public API:
 - :func:`probe_batch` — several prompts in one left-padded forward pass, each result equal to ``probe_tokenized``'s.
 - :func:`probe_generation` — a context manager under which ``model.generate`` probes its batch during its own
   prefill (query sets inside the prompt), so a probed run costs no extra forward pass.
+- :func:`probe_forced` — prompts with answers written elsewhere (a serving engine): one teacher-forced forward pass
+  per batch gives what :func:`probe_generation` captures while the same answers are generated.
 - :func:`probe_transformer_lens` — the same measures from a TransformerLens ``TransformerBridge`` via its
   ``hook_pattern`` hooks.
 - :func:`measures` — the registered attention measures (:mod:`probe.attention.measure`: each is one entry with its
@@ -33,7 +35,8 @@ from probe.compat import check_transformers_version
 check_transformers_version()  # before the engine imports transformers' attention internals
 
 from probe.attention.capacity import max_probe_context, probe_memory_bytes
-from probe.attention.engine import is_prompt_query, left_pad, probe_batch, probe_generation, probe_tokenized
+from probe.attention.engine import (is_prompt_query, left_pad, probe_batch, probe_forced, probe_generation,
+                                    probe_tokenized)
 from probe.attention.implementation import SUPPORTED_MODEL_TYPES, attach_probe
 from probe.attention.lens import probe_transformer_lens
 from probe.attention.measure import Measure, register_measure
@@ -57,6 +60,7 @@ __all__ = [
     "is_prompt_query",
     "left_pad",
     "probe_batch",
+    "probe_forced",
     "probe_generation",
     "probe_memory_bytes",
     "probe_tokenized",

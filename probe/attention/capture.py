@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Iterator, Protocol, Sequence
 
 import torch
@@ -27,6 +28,12 @@ from probe.attention.result import SegmentAttention
 from probe.errors import HookError
 
 
+def _prefix(call: LayerCall, width: int) -> LayerCall:
+    """The call restricted to its first ``width`` queries and keys."""
+    mask = None if call.mask is None else call.mask[..., :width, :width]
+    value = None if call.value is None else call.value[:, :, :width]
+    return replace(call, query=call.query[:, :, :width], key=call.key[:, :, :width], value=value, mask=mask)
+
 
 class AnswerSink(Protocol):
     """What takes every layer call of a ``generate`` besides the prefill probe (the answer capture,
@@ -34,6 +41,9 @@ class AnswerSink(Protocol):
 
     def report(self, call: LayerCall) -> None:
         """One layer call (the prefill or a decode step)."""
+
+    def report_forced(self, call: LayerCall) -> None:
+        """One layer's teacher-forced call over prompt + answer (every generating row at once)."""
 
     def results(self, answers: Sequence[Sequence[int]], prompt_ids: Sequence[Sequence[int]]) -> list[AnswerAttention]:
         """Per batch row, the attention while its answer was written."""
@@ -91,6 +101,8 @@ class Capture:
             (the prefill's last row and each decode step's query), or None.
         value_weighted: compute the measures that read value states (False: leave them out, as where the weights
             are offloaded; ``probe bench attention`` times their cost so).
+        forced: the batch runs teacher-forced, each prompt followed by its answer (:func:`probe.attention.probe_forced`):
+            the one call is wider than the prompts (:meth:`report`).
 
     Raises:
         HookError: plans and pads disagree on the batch's width.
@@ -105,6 +117,7 @@ class Capture:
         prefill_only: bool = False,
         answer: AnswerSink | None = None,
         value_weighted: bool = True,
+        forced: bool = False,
     ) -> None:
         pads = list(pads) if pads is not None else [0] * len(plans)
         if len(pads) != len(plans) or not plans:
@@ -120,6 +133,7 @@ class Capture:
         self.calls: Counter[int] = Counter()
         self.options = plans[0].options
         self.value_weighted = value_weighted
+        self.forced = forced
 
     @property
     def plans(self) -> list[ProbePlan]:
@@ -129,14 +143,21 @@ class Capture:
         """Compute the needed rows of one layer call for every prompt of the batch, in blocks, and keep their
         aggregates (:class:`~probe.attention.call.LayerCall`: under an intervention its bias is added to the rows'
         scores, so the probe measures the intervened attention; the value states and the module go to the measures
-        that read them)."""
+        that read them). A teacher-forced call (``forced``) is wider than the prompts: the answer capture takes
+        it whole, and the prompts' rows are probed on its first ``width`` queries and keys (a prompt row sees no
+        later key, so they are the prefill's)."""
+        if self.forced and call.query.shape[2] > self.width:
+            if self.answer is not None:
+                self.answer.report_forced(call)
+            call = _prefix(call, self.width)
+        elif self.answer is not None:
+            if call.value is None:
+                raise HookError(f"layer {call.layer}: answer capture needs the value states, and the layer reported "
+                                "none")
+            self.answer.report(call)
         layer, query, key, attention_mask = call.layer, call.query, call.key, call.mask
         n_batch, n_heads, n_q, _ = query.shape
         n_kv, n_k = key.shape[1], key.shape[2]
-        if self.answer is not None:
-            if call.value is None:
-                raise HookError(f"layer {layer}: answer capture needs the value states, and the layer reported none")
-            self.answer.report(call)
         if n_q != self.width or n_k != self.width:
             if self.prefill_only:
                 return  # a decode step: one new query against the cache

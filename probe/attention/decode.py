@@ -76,14 +76,15 @@ class _Pending:
         self.masks: list[torch.Tensor | None] = []
         self.call: LayerCall | None = None  # the latest call: its key and value cache cover every waiting step
 
-    def add(self, step: int, last: int, lo: int, call: LayerCall) -> None:
+    def add(self, step: int, last: int, lo: int, call: LayerCall, row: int = -1) -> None:
+        """Keep query row ``row`` of the call (a decode step's only row; a teacher-forced call's row ``last``)."""
         if not self.n:
             self.first, self.lo = step, lo
-        self.queries[:, :, self.n].copy_(call.query[:, :, -1, :])
+        self.queries[:, :, self.n].copy_(call.query[:, :, row, :])
         mask = None
         attention_mask = call.mask
         if attention_mask is not None:
-            mask = attention_mask[:, 0, -1, :]  # (B or 1, K): the generating query's row
+            mask = attention_mask[:, 0, row, :]  # (B or 1, K): the generating query's row
             if attention_mask.shape[2] > 1:
                 mask = mask.clone()  # the prefill's (W, W) mask is not kept for one row
         self.masks.append(mask)
@@ -277,6 +278,34 @@ class AnswerRows:
         if (not waits or lo or pending.n >= self.steps_per_flush
                 or (pending.n + 1) * n_b * n_heads * (n_k + 1) > FLUSH_ELEMENTS):
             self._flush(layer)
+
+    def report_forced(self, call: LayerCall) -> None:
+        """Take every generating row of one teacher-forced call over the batch's prompts and answers, laid out as
+        ``generate`` lays them out (row i: ``pads[i]`` padding, the prompt, the answer, filler to the longest
+        answer): row ``t`` of every answer is the query at padded position ``width - 1 + t``, folded in flushes
+        exactly as the decode steps are (the call holds every key, and each row's mask stops at its own position).
+
+        Raises:
+            HookError: a call not wider than the prompts, of another batch, or a layer reported twice.
+        """
+        layer, query = call.layer, call.query
+        n_b, n_heads, n_q, dim = query.shape
+        if self.n_steps.get(layer):
+            raise HookError(f"layer {layer}: reported twice in a teacher-forced pass")
+        if n_q < self.width or call.key.shape[2] != n_q or n_b != len(self.plans):
+            raise HookError(f"layer {layer}: a teacher-forced pass over {n_b} rows x {n_q} queries x "
+                            f"{call.key.shape[2]} keys; expected {len(self.plans)} rows of at least {self.width}")
+        if call.value is None:
+            raise HookError(f"layer {layer}: answer capture needs the value states, and the layer reported none")
+        pending = self._pending[layer] = _Pending(self.steps_per_flush, n_b, n_heads, dim, query.device)
+        n_steps = n_q - self.width + 1  # the last prompt position, then each answer position
+        for step in range(n_steps):
+            last = self.width - 1 + step
+            pending.add(step, last, 0, call, row=last)
+            if pending.n >= self.steps_per_flush or (pending.n + 1) * n_b * n_heads * (n_q + 1) > FLUSH_ELEMENTS:
+                self._flush(layer)
+        self._flush(layer)
+        self.n_steps[layer] = n_steps
 
     def _flush(self, layer: int) -> None:
         """Fold the layer's waiting steps into its buffers (class docstring) and release the cache they held."""

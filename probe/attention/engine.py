@@ -229,5 +229,72 @@ def probe_generation(
         yield capture
 
 
-__all__ = ["PROMPT_QUERY_SETS", "block_budget", "is_prompt_query", "left_pad", "probe_batch", "probe_generation",
-           "probe_tokenized", "transformers_model"]
+def probe_forced(
+    model: PreTrainedModel,
+    prompts: Sequence[TokenizedPrompt],
+    answers: Sequence[Sequence[int]],
+    options: ProbeOptions | None = None,
+    pad_id: int = 0,
+) -> list[SegmentAttention]:
+    """Probe prompts whose answers were written elsewhere (a serving engine): each prompt followed by its recorded
+    answer, in one teacher-forced forward pass (docs/probes.md#two-stage-runs).
+
+    The batch is laid out as ``generate`` lays it out (left padding, then each answer, then filler up to the longest
+    answer), with the same position ids, so every row equals what :func:`probe_generation` computes while the same
+    answer is generated: the prompt's measures from the first ``width`` queries and keys (a prompt row sees no
+    later key), and with ``options.answer`` the row that produced each answer token (row ``t`` at the last prompt
+    position + ``t``: the attention of a token depends only on the tokens before it). One forward pass replaces one
+    forward step per answer token.
+
+    Args:
+        model: a loaded Hugging Face causal LM (or a ``probe.load_model`` model).
+        prompts: the prompts' ids and token spans.
+        answers: per prompt, the answer's token ids as generated (the end token excluded).
+        options: probe options; the query set must lie inside the prompt (query ``generated`` is
+            :func:`probe_batch` with ``generated_ids``).
+        pad_id: the token id of the padding and filler positions (masked or after every answer: never read).
+
+    Returns:
+        One :class:`SegmentAttention` per prompt, with ``answer`` set when ``options.answer``.
+
+    Raises:
+        ConfigError: query ``generated``, or not one answer per prompt.
+        HookError: see :func:`attach_probe`.
+    """
+    model = transformers_model(model)
+    options = options or ProbeOptions()
+    if not is_prompt_query(options):
+        raise ConfigError(f"probe.query = {options.query!r} reads the answer: probe it with probe_batch(..., "
+                          "generated_ids=answers)")
+    if len(answers) != len(prompts):
+        raise ConfigError(f"probe_forced: {len(prompts)} prompts but {len(answers)} answers")
+    if not prompts:
+        return []
+    plans = [build_plan(tp, options) for tp in prompts]
+    ids, mask, pads = left_pad([tp.input_ids for tp in prompts], pad_id)
+    width = int(ids.shape[1])
+    longest = max(len(a) for a in answers)
+    tail = torch.full((len(prompts), longest), pad_id, dtype=torch.long)
+    for i, a in enumerate(answers):
+        tail[i, : len(a)] = torch.tensor(list(a), dtype=torch.long)
+    ids = torch.cat([ids, tail], dim=1)
+    mask = torch.cat([mask, torch.ones_like(tail)], dim=1)  # generate's mask: every new position is attended
+    rows = AnswerRows(plans, pads, width) if options.answer else None
+    capture = Capture(plans, int(text_config_of(model).num_hidden_layers), pads,
+                      block_budget(model, int(ids.shape[1]) * len(prompts)), answer=rows, forced=True)
+    device = input_device(model)
+    kwargs: dict[str, torch.Tensor] = {}
+    if any(pads):  # position ids from 0 in every row, as generate makes them
+        kwargs = {"attention_mask": mask.to(device), "position_ids": (mask.cumsum(-1) - 1).clamp_min(0).to(device)}
+    log.debug("teacher-forcing %d prompts of up to %d tokens with answers of up to %d", len(prompts), width, longest)
+    with torch.no_grad(), attach_probe(model, capture):
+        model.base_model(input_ids=ids.to(device), use_cache=False, **kwargs)
+    results = capture.results()
+    if rows is not None:
+        for att, ans in zip(results, rows.results(answers, [tp.input_ids for tp in prompts])):
+            att.answer = ans
+    return results
+
+
+__all__ = ["PROMPT_QUERY_SETS", "block_budget", "is_prompt_query", "left_pad", "probe_batch", "probe_forced",
+           "probe_generation", "probe_tokenized", "transformers_model"]

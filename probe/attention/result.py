@@ -59,6 +59,8 @@ _MODE: int | None = None
 KEY_KINDS: tuple[str, ...] = (*SEGMENT_KINDS, "generated")
 
 _FORMAT_VERSION = 3
+ORIGIN_GENERATION = "generation"
+ORIGINS = (ORIGIN_GENERATION, "forced:engine-ids", "forced:retokenized")
 # Members of the answer attention (format 3, when captured): docs/records.md.
 _ANSWER_MEMBERS = ("answer_tokens", "answer_mass", "answer_vmass", "answer_top_key", "answer_prompt_ids",
                    "answer_chars")
@@ -85,6 +87,10 @@ class SegmentAttention:
         answer: the attention while the answer was written, per generated token
             (:class:`~probe.attention.answer.AnswerAttention`), when the probe captured it (``answer = true``),
             else None (and in records of formats 1 and 2).
+        origin: how the answer the probe read came about (:data:`ORIGINS`): ``generation`` (the probed model wrote
+            it, in this pass or the one before), or a two-stage run's teacher-forced pass over a served engine's
+            answer, its token ids as the engine returned them (``forced:engine-ids``) or re-tokenised from the text
+            (``forced:retokenized``).
     """
 
     measures: dict[str, np.ndarray]
@@ -99,6 +105,7 @@ class SegmentAttention:
     n_prompt_tokens: int = 0
     n_queries: int = 0
     answer: AnswerAttention | None = None
+    origin: str = ORIGIN_GENERATION
 
     def __getitem__(self, measure_id: str) -> np.ndarray:
         """The array of measure ``measure_id`` (KeyError naming the measures present)."""
@@ -202,6 +209,7 @@ class SegmentAttention:
             "n_prompt_tokens": self.n_prompt_tokens,
             "n_queries": self.n_queries,
             "answer": self.answer is not None,
+            "origin": self.origin,
         }
 
     def save(self, path: str | Path) -> Path:
@@ -304,6 +312,7 @@ class SegmentAttention:
                 n_prompt_tokens=int(meta["n_prompt_tokens"]),
                 n_queries=int(meta["n_queries"]),
                 answer=_load_answer(z, meta) if meta.get("answer") else None,
+                origin=str(meta.get("origin", ORIGIN_GENERATION)),
             )
 
 

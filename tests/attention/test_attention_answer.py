@@ -16,7 +16,7 @@ from probe.attention import left_pad
 from probe.attention.answer import AnswerAttention
 from probe.attention.call import LayerCall
 from probe.attention.decode import reference_answer_attention
-from probe.attention.engine import probe_generation
+from probe.attention.engine import probe_forced, probe_generation
 from probe.attention.intervention import apply_intervention
 from probe.interventions import Intervention
 from probe.attention.result import SegmentAttention
@@ -311,3 +311,49 @@ def test_layers_with_different_masks_at_the_same_steps_keep_their_own() -> None:
             want = torch.stack([row[:, a:b].sum(-1) for a, b in plan.segment_spans], dim=-1)  # (H, segments)
             np.testing.assert_allclose(got.mass[t, layer, :, :-1], want.numpy(), atol=1e-6)
             np.testing.assert_array_equal(got.top_key[t, layer], row.argmax(-1).numpy())
+
+
+def _assert_forced_equals_generated(model: torch.nn.Module, prompts: list, answers: list[list[int]],
+                                    generated: list[AnswerAttention], probes: list[SegmentAttention]) -> None:
+    """Stage two of a two-stage run (prompt + recorded answer, one teacher-forced pass) against the capture taken
+    while the same answers were generated: every answer row, and the prompt's own measures, to ATOL."""
+    forced = probe_forced(model, prompts, answers, ProbeOptions(answer=True))
+    for a, f, g, p in zip(answers, forced, generated, probes):
+        assert f.answer is not None
+        n = len(a)
+        np.testing.assert_array_equal(f.answer.tokens, a)
+        np.testing.assert_allclose(f.answer.mass, g.mass[:n], atol=ATOL, rtol=0)
+        np.testing.assert_allclose(f.answer.vmass, g.vmass[:n], atol=ATOL, rtol=0)  # type: ignore[index]
+        if n:
+            assert (f.answer.top_key == g.top_key[:n]).mean() > 0.99  # a near-tie may fall either way
+        assert max(f.max_differences(p).values()) <= ATOL
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_teacher_forced_pass_equals_the_capture_while_generating(models, arch: str) -> None:
+    """Answers of different lengths in one batch (one cut short, as a row that met its end token early; one empty):
+    the forced pass's rows are the generation's rows of the same tokens."""
+    prompts = [*_prompts(), make_prompt(seed=13, n_tokens=33)]
+    answers, got, probes = _capture(models[arch], prompts)
+    answers = [answers[0], answers[1][:3], []]
+    _assert_forced_equals_generated(models[arch], prompts, answers, got, probes)
+
+
+def test_teacher_forced_pass_past_a_sliding_window(models) -> None:
+    """Mistral with a window of 44 keys and 20 answer tokens: the forced rows past the window see only its keys."""
+    model = models["mistral"]
+    prompts = [make_prompt(seed=21, n_tokens=30), make_prompt(seed=22, layout="residue", n_tokens=36)]
+    model.config.sliding_window = 44
+    try:
+        answers, got, probes = _capture(model, prompts, n_new=20)
+        _assert_forced_equals_generated(model, prompts, answers, got, probes)
+    finally:
+        model.config.sliding_window = 16
+
+
+def test_teacher_forced_pass_refuses_what_it_cannot_probe(models) -> None:
+    prompts = _prompts()
+    with pytest.raises(ConfigError, match="generated"):
+        probe_forced(models["llama"], prompts, [[1], [2]], ProbeOptions(query="generated"))
+    with pytest.raises(ConfigError, match="2 prompts but 1 answers"):
+        probe_forced(models["llama"], prompts, [[1]], ProbeOptions(answer=True))
