@@ -92,6 +92,9 @@ class ModelCard:
     max_concurrency: int = 4
     request_timeout: float = 120.0
     max_retries: int = 6
+    # a served card's two-stage probe: the local card of the same weights and tokenizer that probes its answers in
+    # one teacher-forced forward pass each (probe.runner.forced; docs/probes.md#two-stage-runs)
+    probe_with: str | None = None
     # where the card came from, for error messages
     card_path: str = ""
 
@@ -113,6 +116,12 @@ class ModelCard:
                 raise ConfigError(f"{where}: source = {self.source!r} needs `{key}`")
         if self.backend == "openai" and not (self.base_url and self.served_model):
             raise ConfigError(f"{where}: backend = 'openai' needs `base_url` and `served_model`")
+        if self.probe_with is not None and self.backend != "openai":
+            raise ConfigError(f"{where}: probe_with names the local card that probes a served model's answers; this "
+                              "card has local weights and probes its own: remove probe_with")
+        if self.probe_with == self.name:
+            raise ConfigError(f"{where}: probe_with: a card cannot probe with itself; name a local card of the same "
+                              "weights")
         if self.context_window < 1:
             raise ConfigError(f"{where}: context_window: {self.context_window} must be >= 1")
 

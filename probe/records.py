@@ -67,13 +67,19 @@ class TrialRecord:
     # the scoring rule that decided the answer (probe.scoring.answers.Extraction: boxed, answer_line, last_line, echo,
     # none; CogniLoad: poi_category, poi, last); None: not scored, or recorded before trials carried it
     extraction: str | None = None
+    # a served model's answer as token ids, where its engine returned them (vLLM's ``return_token_ids``) for the
+    # teacher-forced probe of a two-stage run (probe.runner.forced); None (and absent on disk) otherwise
+    output_ids: list[int] | None = None
 
     @property
     def is_scored(self) -> bool:
         return not self.skipped and self.error is None and self.em is not None
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if d["output_ids"] is None:  # only two-stage runs record the engine's ids
+            del d["output_ids"]
+        return d
 
     @staticmethod
     def from_dict(d: dict) -> "TrialRecord":

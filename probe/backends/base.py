@@ -30,7 +30,9 @@ class Generation:
     completion_tokens: int | None = None
     error: str | None = None
     skip_reason: str | None = None
-    output_ids: tuple[int, ...] | None = None  # local backends: generated token ids (for probe query "generated")
+    # generated token ids: a local backend's (for probe query "generated"), or a served engine's where it returns
+    # them (asked for in a two-stage run; the end token may be included)
+    output_ids: tuple[int, ...] | None = None
     attention: "SegmentAttention | None" = None  # local backends asked to probe: the prompt's attention aggregates
     # under an intervention: the key tokens edited and asked for (they differ when a matched-random draw found too
     # few tokens)
@@ -46,9 +48,11 @@ class Backend(Protocol):
     """Produces generations; ``generate`` may yield in any order but yields each prompt exactly once.
 
     What a backend can do beyond text it says itself, and the runner asks (never its class): ``can_probe`` (it
-    computes the probe of each prompt while it generates: ``Generation.attention``) and ``can_intervene`` (it
-    generates under an attention intervention, and knows its model's layers and heads). A backend asked for what
-    it cannot do raises :class:`~probe.errors.ConfigError`.
+    computes the probe of each prompt while it generates: ``Generation.attention``; and probes answers written
+    elsewhere, a two-stage run's stage two, with ``tokenize``, ``eos_ids``, ``tokenizer`` and ``probe_answers``:
+    :class:`~probe.backends.local.LocalBackend`) and ``can_intervene`` (it generates under an attention
+    intervention, and knows its model's layers and heads). A backend asked for what it cannot do raises
+    :class:`~probe.errors.ConfigError`.
     """
 
     @property

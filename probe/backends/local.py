@@ -89,8 +89,49 @@ class LocalBackend:
 
         return layers_and_heads(self.loaded.model)
 
+    @property
+    def tokenizer(self) -> Any:
+        return self.loaded.tokenizer
+
+    def eos_ids(self) -> set[int]:
+        """The token ids that end an answer (the model's generation config's and the tokenizer's)."""
+        return _eos_ids(self.loaded.model, self.loaded.tokenizer)
+
     def tokenize(self, prompt: Prompt) -> TokenizedPrompt:
         return encode_prompt(prompt, self.loaded.tokenizer, self.loaded.card.use_chat_template)
+
+    def probe_answers(self, prompts: list[TokenizedPrompt], answers: list[list[int]], texts: list[str],
+                      probe: ProbeOptions) -> list[Any]:
+        """Probe answers written elsewhere (a served engine's, in a two-stage run): each prompt + answer in one
+        teacher-forced pass (:func:`probe.attention.probe_forced`), or for query ``generated`` the forward pass over
+        prompt + answer that query reads; each answer token located in its text as in :meth:`generate`.
+
+        Returns:
+            One ``SegmentAttention`` per prompt (None for an empty answer under query ``generated``).
+        """
+        import torch
+
+        from probe.attention import is_prompt_query, probe_batch, probe_forced
+
+        with torch.inference_mode():
+            if is_prompt_query(probe):
+                results: list[Any] = probe_forced(self.loaded.model, prompts, answers, probe,
+                                                  self.loaded.tokenizer.pad_token_id or 0)
+            else:
+                results = [None] * len(prompts)
+                rows = [i for i, a in enumerate(answers) if a]
+                found = probe_batch(self.loaded.model, [prompts[i] for i in rows], probe, [answers[i] for i in rows])
+                for i, r in zip(rows, found):
+                    results[i] = r
+        for att, text in zip(results, texts):
+            self._locate(att, text)
+        return results
+
+    def _locate(self, att: Any, text: str) -> None:
+        """Where each answer token of a probe's answer capture lies in the output text (what hop tracking reads)."""
+        if getattr(att, "answer", None) is not None:
+            att.answer = replace(att.answer, chars=token_char_spans(att.answer.tokens.tolist(), text,
+                                                                    self.loaded.tokenizer))
 
     def generate(self, prompts: list[Prompt], gen: GenerationSection, probe: ProbeOptions | None = None,
                  intervention: Intervention | None = None) -> Iterator[tuple[Prompt, Generation]]:
@@ -237,8 +278,7 @@ class LocalBackend:
         for i, ((p, tp), answer, att) in enumerate(zip(batch.items, answers, attention)):
             keys = batch.edits[i].count if batch.edits is not None else None
             text = tok.decode(answer.ids, skip_special_tokens=True)
-            if getattr(att, "answer", None) is not None:  # where each answer token lies in the text (hop tracking)
-                att.answer = replace(att.answer, chars=token_char_spans(att.answer.tokens.tolist(), text, tok))
+            self._locate(att, text)
             yield p, Generation(text, answer.truncated,
                                 prompt_tokens=len(tp.input_ids), completion_tokens=len(answer.ids),
                                 output_ids=tuple(answer.ids), attention=att, intervention_keys=keys)

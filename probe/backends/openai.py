@@ -81,21 +81,31 @@ class EndpointError(ProbeError):
 
 
 def check_probe_supported(card: "ModelCard") -> None:
-    """Raise ``ConfigError`` when an experiment asks for attention probes on a served (API) model.
+    """Raise ``ConfigError`` when an experiment asks for attention probes on a served (API) model that names no local
+    card to probe its answers with (``probe_with``: a two-stage run), or names one that cannot.
 
     Args:
         card: the model card the experiment names.
 
     Raises:
-        ConfigError: the card's backend is ``openai``; probes read attention inside the model and need local
-            weights.
+        ConfigError: the card is served without ``probe_with``; ``probe_with`` names no card, or a served one.
     """
-    if card.backend == "openai":
+    if card.backend != "openai":
+        return
+    where = card.card_path or card.name
+    if card.probe_with is None:
         raise ConfigError(
-            f"{card.card_path or card.name}: model {card.name!r} is served (backend = 'openai', {card.base_url}); "
-            "attention probes need local weights. Set `[probe] enabled = false` for this model, or use a card "
+            f"{where}: model {card.name!r} is served (backend = 'openai', {card.base_url}); attention probes need "
+            "local weights. Name the local card of the same weights in the card's `probe_with` (a two-stage run: the "
+            "server writes the answers, the local weights probe them), set `[probe] enabled = false`, or use a card "
             "with local weights (source = package | gguf | local | hub)"
         )
+    from probe.loading import get_card
+
+    local = get_card(card.probe_with)
+    if not local.is_local:
+        raise ConfigError(f"{where}: probe_with: {card.probe_with!r} is a served card; name a card with local weights "
+                          "(source = package | gguf | local | hub) of the model this server serves")
 
 
 def read_api_key(api_key_env: str | None, where: str) -> str | None:
@@ -209,6 +219,9 @@ class OpenAIBackend:
         self.max_concurrency = card.max_concurrency
         self.retry = retry or RetryPolicy(max_retries=card.max_retries)
         self.seed = seed
+        # a two-stage card (probe_with) asks the engine for the answer's token ids (vLLM's return_token_ids),
+        # which the teacher-forced probe reads in place of re-tokenising the text; dropped if the server refuses it
+        self.token_ids = card.probe_with is not None
         self._use_max_completion_tokens = False
         self._rng = random.Random(rng_seed)
         self._lock = threading.Lock()
@@ -273,6 +286,18 @@ class OpenAIBackend:
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
 
+    def server_tokens(self, prompt: Prompt) -> list[int] | None:
+        """The server's token ids of a prompt's chat messages with the generation prompt (vLLM's ``/tokenize``,
+        beside ``/v1``), or None where the server has no such endpoint or does not answer it."""
+        root = self.base_url[: -len("/v1")] if self.base_url.endswith("/v1") else self.base_url
+        body = {"model": self.served_model, "messages": build_messages(prompt), "add_generation_prompt": True}
+        try:
+            resp = self._client.post(f"{root}/tokenize", json=body)
+            tokens = resp.json().get("tokens") if resp.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+        return [int(t) for t in tokens] if isinstance(tokens, list) else None
+
     # ----- one request -----
 
     def _body(self, prompt: Prompt, gen: GenerationSection) -> dict[str, object]:
@@ -287,6 +312,8 @@ class OpenAIBackend:
             body["max_completion_tokens" if self._use_max_completion_tokens else "max_tokens"] = gen.max_new_tokens
             if self.seed is not None:
                 body["seed"] = self.seed
+            if self.token_ids:
+                body["return_token_ids"] = True
         return body
 
     def _complete(self, prompt: Prompt, gen: GenerationSection) -> Generation:
@@ -351,6 +378,11 @@ class OpenAIBackend:
                 log.warning("%s: the server rejects `seed` (%s); sending requests without it", self.model_name, message)
                 self.seed = None
                 return True
+            if "return_token_ids" in body and "return_token_ids" in low:
+                log.warning("%s: the server rejects `return_token_ids` (%s); the probe re-tokenises the answers",
+                            self.model_name, message)
+                self.token_ids = False
+                return True
             if "max_tokens" in body and "max_completion_tokens" in low:
                 log.warning("%s: the server wants `max_completion_tokens` in place of `max_tokens`", self.model_name)
                 self._use_max_completion_tokens = True
@@ -359,15 +391,18 @@ class OpenAIBackend:
 
 
 def _parse_completion(data: dict) -> Generation:
-    """A ``chat.completion`` JSON object -> Generation (text, truncated, usage)."""
+    """A ``chat.completion`` JSON object -> Generation (text, truncated, usage, and the answer's token ids where the
+    server returned them: vLLM's ``choices[0].token_ids``)."""
     choice = data["choices"][0]
     text = choice["message"].get("content") or ""
     usage = data.get("usage") or {}
+    ids = choice.get("token_ids")
     return Generation(
         text=text,
         truncated=choice.get("finish_reason") == "length",
         prompt_tokens=usage.get("prompt_tokens"),
         completion_tokens=usage.get("completion_tokens"),
+        output_ids=tuple(int(i) for i in ids) if isinstance(ids, list) else None,
     )
 
 

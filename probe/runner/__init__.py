@@ -12,8 +12,9 @@ earlier run aside).
 
 One module per job: :mod:`~probe.runner.checks` (what is checked before anything is written),
 :mod:`~probe.runner.folder` (the resolved config, the manifest, the trial files of a data-parallel run),
-:mod:`~probe.runner.prompts` (tasks and prompts, built once per tokenizer) and :mod:`~probe.runner.trials` (one
-model over its prompts); this module runs an experiment through them (:func:`run_experiment`).
+:mod:`~probe.runner.prompts` (tasks and prompts, built once per tokenizer), :mod:`~probe.runner.trials` (one
+model over its prompts) and :mod:`~probe.runner.forced` (a served model's answers probed on local weights: stage two
+of a two-stage run); this module runs an experiment through them (:func:`run_experiment`).
 """
 
 
@@ -24,14 +25,15 @@ from pathlib import Path
 from probe.backends import make_backend
 from probe.config import ExperimentConfig
 from probe.interventions import Intervention, resolve_interventions, write_interventions
-from probe.loading import ModelCard
+from probe.loading import ModelCard, get_card
 from probe.records import check_records
 from probe.runfolder import RunLock
 from probe.runner.checks import check_inputs
 from probe.runner.folder import check_run_dir, merge_shards, prepare_run_dir, write_manifest
 from probe.runner.prompts import build_run_prompts
 from probe.runner.shards import Shard
-from probe.runner.trials import run_model
+from probe.runner.forced import check_served_tokenizer, probe_served
+from probe.runner.trials import run_model, shard_of
 from probe.types import Task
 
 
@@ -97,8 +99,20 @@ def _run_models(cfg: ExperimentConfig, cards: list[ModelCard], task_list: list[T
             if rank == 0:
                 write_interventions(run_dir, card.name, resolved)
         prompts = by_model[card.name] if shard is None else shard.select(by_model[card.name])
+        two_stage = cfg.probe.enabled and card.probe_with is not None
+        if two_stage and prompts:  # before stage one writes anything
+            check_served_tokenizer(backend, card, prompts[0])
         run_model(cfg, backend, prompts, tasks, rank=rank, world=world, progress=progress, interventions=resolved)
         del backend
+        if two_stage:  # stage two: the recorded answers probed on local weights of the same model
+            assert card.probe_with is not None
+            local = make_backend(get_card(card.probe_with), device=device, seed=cfg.experiment.seed)
+            if local.revision is not None:
+                revisions[card.probe_with] = local.revision
+                if rank == 0:
+                    write_manifest(run_dir, cfg, cards, revisions)
+            probe_served(cfg, card.name, local, shard_of(prompts, rank, world), progress=progress)
+            del local
 
 
 __all__ = ["run_experiment"]

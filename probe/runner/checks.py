@@ -50,6 +50,8 @@ def check_inputs(cfg: ExperimentConfig, generating: bool = True) -> tuple[list[M
         check_weights_present(c)
         if cfg.probe.enabled:
             check_probe_supported(c)
+            if c.probe_with is not None:  # a two-stage run: the local weights that probe the served answers
+                check_weights_present(get_card(c.probe_with))
     check_interventions_supported(cfg, cards)
     tasks = load_all_tasks(cfg)
     questions = {question_segment(t.question).strip() for t in tasks}

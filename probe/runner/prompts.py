@@ -26,19 +26,24 @@ def load_all_tasks(cfg: ExperimentConfig) -> list[Task]:
 
 
 def tokenizer_groups(cfg: ExperimentConfig) -> dict[str, list[ModelCard]]:
-    """Prompts are built once per tokenizer: local models each count tokens in their own; served models share
-    the first local model's prompts (their tokenizer is unknown here)."""
+    """Prompts are built once per tokenizer, keyed by the card whose tokenizer builds them (the first of its list):
+    local models each count tokens in their own; a served model with ``probe_with`` in its local card's (which need
+    not be in the experiment); other served models share the first local model's prompts (their tokenizer is
+    unknown here)."""
     cards = [get_card(m) for m in cfg.experiment.models]
     local = [c for c in cards if c.is_local]
     groups: dict[str, list[ModelCard]] = {c.name: [c] for c in local}
-    served = [c for c in cards if not c.is_local]
+    for c in cards:
+        if not c.is_local and c.probe_with is not None:
+            groups.setdefault(c.probe_with, [get_card(c.probe_with)]).append(c)
+    served = [c for c in cards if not c.is_local and c.probe_with is None]
     if served:
-        if not local:
+        if not groups:
             raise ConfigError(
                 "an experiment of served models only needs one local model card in experiment.models to count "
                 "loads in (its tokenizer); add e.g. \"smollm2-135m-instruct\""
             )
-        groups[local[0].name] += served
+        groups[next(iter(groups))] += served
     return groups
 
 

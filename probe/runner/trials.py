@@ -23,12 +23,13 @@ log = logging.getLogger(__name__)
 
 
 def make_record(model: str, prompt: Prompt, task: Task, gen: Generation,
-                intervention: str | None = None) -> TrialRecord:
+                intervention: str | None = None, keep_ids: bool = False) -> TrialRecord:
     """Score a generation with its family's scorer (:mod:`probe.tasks`) and flatten it into a trial record.
 
     ``intervention`` names the intervention the model ran under (None: the baseline); such a record's ``meta``
     holds its :class:`~probe.interventions.KeyCount` (``intervention_keys``, the key tokens edited, and, when a
-    matched-random draw found too few tokens, ``intervention_keys_wanted``).
+    matched-random draw found too few tokens, ``intervention_keys_wanted``). ``keep_ids`` records the answer's
+    token ids (a served engine's, for a two-stage run's probe: :mod:`probe.runner.forced`).
     """
     meta = dict(task.meta)
     if intervention is not None and gen.intervention_keys is not None:
@@ -44,8 +45,10 @@ def make_record(model: str, prompt: Prompt, task: Task, gen: Generation,
                       uninterpretable=False, skipped=gen.skip_reason is not None, skip_reason=gen.skip_reason,
                       error=gen.error)
     score = get_family(prompt.family).score(gen.text, task, gen.truncated)
+    ids = list(gen.output_ids) if keep_ids and gen.output_ids is not None else None
     return record(output=gen.text, answer=score.answer, em=float(score.em), hop_recall=score.hop_recall,
-                  truncated=score.truncated, uninterpretable=score.uninterpretable, extraction=score.extraction)
+                  truncated=score.truncated, uninterpretable=score.uninterpretable, extraction=score.extraction,
+                  output_ids=ids)
 
 
 def shard_of(items: Sequence[Prompt], rank: int, world: int) -> list[Prompt]:
@@ -95,7 +98,8 @@ def _run_arm(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], tas
     log.info("%s%s: rank %d of %d: %d trials to run, %d already recorded", model,
              "" if name is None else f" [{name}]", rank, world, len(pending), len(mine) - len(pending))
     # a reinject edits the prompt, not attention: its prompts are not the recorded ones, so it is not probed
-    probing = cfg.probe.enabled and (iv is None or iv.edits_attention)
+    # a served model's answers are probed after it ran, on local weights (stage two: probe.runner.forced)
+    probing = cfg.probe.enabled and backend.can_probe and (iv is None or iv.edits_attention)
     # a recorded trial whose probe record cannot be read is generated again (greedy: the same answer) to probe it
     # again; its trial record is kept
     reprobe = _unreadable_probes(cfg, model, [p for p in mine if p not in pending], name) if probing else []
@@ -117,7 +121,8 @@ def _run_arm(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], tas
                 save_probe(cfg, backend.model_name, group, gen, name)
             for p in group:
                 if make_trial_id(model, p.prompt_id, name) not in done:
-                    buffer.append(make_record(model, p, tasks[p.task_id], gen, name))
+                    buffer.append(make_record(model, p, tasks[p.task_id], gen, name,
+                                              keep_ids=not backend.can_probe))
             if len(buffer) >= cfg.generation.batch_size:
                 rows, buffer = buffer, []
                 written += _flush(out_path, rows, on_batch)

