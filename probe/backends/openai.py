@@ -1,4 +1,5 @@
-"""A served model behind an OpenAI-compatible chat-completions API: behaviour only, no attention probes.
+"""A served model behind an OpenAI-compatible chat-completions API: behaviour; its attention only through a local card
+of the same weights named in ``probe_with`` (a two-stage run, :mod:`probe.runner.forced`).
 
 One backend covers OpenAI, Gemini's OpenAI-compatible endpoint, vLLM, SGLang, llama.cpp's ``llama-server`` and
 ``transformers serve``. A model card selects it with ``backend = "openai"``:
