@@ -50,7 +50,6 @@ class _Item:
     """One answer to probe: the prompt as the local tokenizer encodes it, the answer's ids and their origin, and the
     trials (prompt ids) that share it."""
 
-    prompt: Prompt
     tokenized: TokenizedPrompt
     answer: list[int]
     origin: str
@@ -179,8 +178,7 @@ def _items(backend: Any, records: list[TrialRecord], by_id: dict[str, Prompt], s
     items = []
     for (_, text), group in grouped.items():
         first = group[0]
-        prompt = by_id[first.prompt_id]
-        tokenized = backend.tokenize(prompt)
+        tokenized = backend.tokenize(by_id[first.prompt_id])
         n = len(tokenized.input_ids)
         if first.prompt_tokens and first.prompt_tokens != n:
             why = (f"the server counted {first.prompt_tokens} prompt tokens, the local tokenizer {n}: the served "
@@ -192,7 +190,7 @@ def _items(backend: Any, records: list[TrialRecord], by_id: dict[str, Prompt], s
             summary.not_probed.update({r.trial_id: got for r in group})
             continue
         ids, origin = got
-        items.append(_Item(prompt, tokenized, ids, origin, text, tuple(group)))
+        items.append(_Item(tokenized, ids, origin, text, tuple(group)))
     return items
 
 

@@ -276,7 +276,8 @@ def test_probe_with_is_refused_where_it_cannot_work(tmp_path, tiny_card):
     chained = tmp_path / "chained.toml"
     chained.write_text(served.read_text().replace(f'name = "{SERVED}"', 'name = "chained"')
                        .replace(str(tiny_card), str(served)))
-    cfg = experiment(tmp_path / "one", chained) if (tmp_path / "one").mkdir() is None else None
+    (tmp_path / "one").mkdir()
+    cfg = experiment(tmp_path / "one", chained)
     with pytest.raises(ConfigError, match="is a served card; name a card with local weights"):
         run_experiment(cfg, progress=False)
     (tmp_path / "two").mkdir()
