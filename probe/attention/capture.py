@@ -20,6 +20,7 @@ import torch
 
 from probe.attention.answer import AnswerAttention
 from probe.attention.call import LayerCall
+from probe.attention.fused import fused_layer
 from probe.attention.masks import BlockMask, allowed_keys, block_mask, causal_block_mask
 from probe.attention.plan import ProbePlan
 from probe.attention.reduce import LayerAggregates, LayerReducer, assemble_result
@@ -211,6 +212,10 @@ class Capture:
             if all(m.additive is None for m in masks):  # the rows of a bias mask are not kept across layers
                 row.block_masks[mask_key] = masks
         reducer = LayerReducer(row.plan, n_heads, tensors, layer, call.module if self.value_weighted else None)
+        if self.options.kernel == "fused" and edit is None and softcap is None and reducer.fusable:
+            fused = fused_layer(tensors, masks, query, key, value, scaling,
+                                reducer.ctx.module if reducer.with_values else None, mask, row.plan.segment_spans)
+            return reducer.finish_fused(fused, self._chance(row, mask, mask_key, tensors))
         values = None
         if reducer.needs_values:
             if value is None:
@@ -233,10 +238,15 @@ class Capture:
             del scores
             reducer.add(block, probs, bm.lo, values)
             del probs
+        return reducer.finish(self._chance(row, mask, mask_key, tensors))
+
+    @staticmethod
+    def _chance(row: _Row, mask: torch.Tensor | None, mask_key: tuple, tensors: PlanTensors) -> float:
+        """The chance level of P_ext under one mask (counted once per mask)."""
         if mask_key not in row.chance:
             allowed = allowed_keys(mask, tensors.query_positions, row.plan.n_tokens)
             row.chance[mask_key] = tensors.chance(allowed, row.plan.options.exclude_sink)
-        return reducer.finish(row.chance[mask_key])
+        return row.chance[mask_key]
 
     def check(self) -> None:
         """Raise :class:`HookError` unless every expected layer reported exactly once."""

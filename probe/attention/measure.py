@@ -35,6 +35,7 @@ import torch
 from probe.registry import Registry
 
 if TYPE_CHECKING:
+    from probe.attention.fused import FusedLayer
     from probe.attention.plan import ProbePlan
     from probe.attention.segments import PlanTensors, RowBlock
     from probe.probe_options import ProbeOptions
@@ -125,6 +126,8 @@ class Measure:
         reference: the measure from eager attention.
         reducer: a factory of the layer's :class:`BlockReducer` (None for a derived measure).
         derive: the (layer, …) array from the arrays of earlier measures and the plan (None for a reduced one).
+        fused: a reduced measure's layer array from what the attention kernel gave (:mod:`probe.attention.fused`),
+            or None: a probe whose measures do not all have one takes the block engine.
         has_chance: a chance level applies (the record's ``chance`` per layer; enrichment = value / chance).
         needs_values: the reducer reads the layer's value states (the capture hands them only to such measures);
             a derived measure sets it when what it derives from reads them.
@@ -139,6 +142,7 @@ class Measure:
     reference: Callable[[EagerAttention], np.ndarray]
     reducer: Callable[[LayerContext], BlockReducer] | None = None
     derive: Callable[[Mapping[str, np.ndarray], ProbePlan], np.ndarray] | None = None
+    fused: Callable[[FusedLayer, LayerContext], np.ndarray] | None = None
     has_chance: bool = False
     needs_values: bool = False
     needs_residue: bool = False

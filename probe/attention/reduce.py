@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from probe.attention.fused import FusedLayer
 from probe.attention.measure import LayerContext, Measure
 from probe.attention.measures import measures
 from probe.attention.plan import ProbePlan
@@ -65,9 +66,21 @@ class LayerReducer:
         # Value-weighted measures read the module's weights: not where they are offloaded (on the meta device until
         # a hook loads them), nor without a module (rows made by hand).
         self.with_values = module is not None and all(p.device.type != "meta" for p in module.parameters())
-        self.reducers = {m.id: (m.needs_values, m.reducer(ctx)) for m in reduced_measures(plan, self.with_values)
-                         if m.reducer is not None}
+        self.ctx = ctx
+        self.measures = [m for m in reduced_measures(plan, self.with_values) if m.reducer is not None]
+        self.reducers = {m.id: (m.needs_values, m.reducer(ctx)) for m in self.measures if m.reducer is not None}
         self.needs_values = any(v for v, _ in self.reducers.values())
+
+    @property
+    def fusable(self) -> bool:
+        """Every measure of the layer reads from the kernel's sums (:mod:`probe.attention.fused`)."""
+        return all(m.fused is not None for m in self.measures)
+
+    def finish_fused(self, fused: FusedLayer, chance: float) -> LayerAggregates:
+        """The layer's arrays from what the attention kernel gave instead of from rows."""
+        arrays = {m.id: m.fused(fused, self.ctx) for m in self.measures if m.fused is not None}
+        self.reducers = {}
+        return LayerAggregates(arrays=arrays, chance=chance, with_values=self.with_values)
 
     def add(self, block: RowBlock, probs: torch.Tensor, key_start: int = 0,
             values: torch.Tensor | None = None) -> None:

@@ -8,6 +8,8 @@ sink / instruction / germane and extraneous segments alternating / question / si
 - ``engine_raw``: the same without the value-weighted measures (``value_weighted=False``), so that
   ``engine / engine_raw`` is what the value-weighted share costs;
 - ``engine_ar``: the same with AR_k (cosine), which needs the rows of every germane, question and extraneous token;
+- ``engine_fused`` / ``engine_ar_fused``: ``engine`` and ``engine_ar`` with ``kernel = "fused"`` (the segment sums
+  from the attention kernel, :mod:`probe.attention.fused`, instead of the block engine's rows);
 - ``eager``: eager attention with ``output_attentions=True`` (all L·H·T² weights kept);
 - ``lens``: a TransformerLens ``TransformerBridge`` ``run_with_cache`` of every ``hook_pattern``.
 
@@ -51,7 +53,9 @@ from probe.types import Span, TokenizedPrompt
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
-ARMS = ("plain", "engine", "engine_raw", "engine_ar", "eager", "lens")
+ARMS = ("plain", "engine", "engine_raw", "engine_fused", "engine_ar", "engine_ar_fused", "eager", "lens")
+# arms compared with the plain forward, each with its per-round spread
+PROBE_ARMS = ("engine", "engine_fused", "engine_ar", "engine_ar_fused")
 
 
 def bench_prompt(n_tokens: int, vocab_size: int, n_pairs: int = 8, seed: int = 0) -> TokenizedPrompt:
@@ -202,10 +206,9 @@ def run_attention_bench(
 
     Returns:
         One dict per T: ``n_tokens``, ``<arm>_s`` and ``<arm>_gb`` (None when skipped), ``notes``, ``rounds``,
-        the ratios ``engine_time_ratio``, ``engine_mem_ratio``, ``engine_ar_time_ratio``, ``engine_ar_mem_ratio``
-        (engine / plain), ``value_time_ratio`` (engine / engine_raw: the value-weighted measures' cost) and
-        ``engine_time_ratio_range``, ``engine_ar_time_ratio_range``, ``value_time_ratio_range`` (lowest, highest
-        per-round ratio).
+        for each arm of :data:`PROBE_ARMS` the ratios ``<arm>_time_ratio`` and ``<arm>_mem_ratio`` (arm / plain)
+        with ``<arm>_time_ratio_range`` (lowest, highest per-round ratio; None when skipped), and
+        ``value_time_ratio`` (engine / engine_raw: the value-weighted measures' cost) with its range.
     """
     if model is None:
         from probe.loading import load_model
@@ -255,19 +258,15 @@ def run_attention_bench(
                 times[arm].append(_time(fn, device))
         for arm in ARMS:
             row[f"{arm}_s"] = min(times[arm]) if arm in times else None
-        # the spread of the ratios: each round's arm over the same round's plain forward
-        for arm in ("engine", "engine_ar"):
-            if arm in times:
-                per_round = [a / p for a, p in zip(times[arm], times["plain"])]
-                row[f"{arm}_time_ratio_range"] = (min(per_round), max(per_round))
-        per_round = [a / p for a, p in zip(times["engine"], times["engine_raw"])]
-        row["value_time_ratio_range"] = (min(per_round), max(per_round))
-        row["value_time_ratio"] = row["engine_s"] / row["engine_raw_s"]
-        row["engine_time_ratio"] = row["engine_s"] / row["plain_s"]
-        row["engine_mem_ratio"] = row["engine_gb"] / row["plain_gb"] if row["plain_gb"] else None
-        row["engine_ar_time_ratio"] = row["engine_ar_s"] / row["plain_s"] if row["engine_ar_s"] is not None else None
-        row["engine_ar_mem_ratio"] = (row["engine_ar_gb"] / row["plain_gb"]
-                                      if row["engine_ar_gb"] is not None and row["plain_gb"] else None)
+        # each ratio with its spread: each round's arm over the same round's plain forward
+        for arm, base_arm in [(a, "plain") for a in PROBE_ARMS] + [("engine", "engine_raw")]:
+            name = "value" if base_arm == "engine_raw" else arm
+            per_round = [a / p for a, p in zip(times.get(arm, []), times[base_arm])]
+            row[f"{name}_time_ratio_range"] = (min(per_round), max(per_round)) if per_round else None
+            row[f"{name}_time_ratio"] = row[f"{arm}_s"] / row[f"{base_arm}_s"] if per_round else None
+            if base_arm == "plain":
+                row[f"{arm}_mem_ratio"] = (row[f"{arm}_gb"] / row["plain_gb"]
+                                           if row[f"{arm}_gb"] is not None and row["plain_gb"] else None)
         rows.append(row)
     return rows
 
@@ -287,8 +286,10 @@ def _arms(model: PreTrainedModel, tp: TokenizedPrompt, ids: torch.Tensor, n_laye
         "engine": lambda: probe_tokenized(model, tp, ProbeOptions(residue=False)),
         "engine_raw": lambda: probe_tokenized(model, tp, ProbeOptions(residue=False), value_weighted=False),
     }
+    arms["engine_fused"] = lambda: probe_tokenized(model, tp, ProbeOptions(residue=False, kernel="fused"))
     if residue:
         arms["engine_ar"] = lambda: probe_tokenized(model, tp, ProbeOptions(residue=True))
+        arms["engine_ar_fused"] = lambda: probe_tokenized(model, tp, ProbeOptions(residue=True, kernel="fused"))
     if full:
         arms["eager"] = lambda: _eager(model, ids)
         if bridge is not None:
@@ -337,9 +338,8 @@ def format_attention_bench(rows: list[dict], width: int = 100) -> str:
         return "n/a" if x is None else f"{x:.2f}" + ("" if span is None else f" ({_span(span)})")
 
     arms = [a for a in ARMS if any(r[f"{a}_s"] is not None for r in rows)] or list(ARMS)
-    ratios = (("engine/plain time", "engine_time"), ("engine/plain memory", "engine_mem"),
-              ("engine_ar/plain time", "engine_ar_time"), ("engine_ar/plain memory", "engine_ar_mem"),
-              ("engine/engine_raw time", "value_time"))
+    ratios = [(f"{arm}/plain {what}", f"{arm}_{key}") for arm in PROBE_ARMS
+              for what, key in (("time", "time"), ("memory", "mem"))] + [("engine/engine_raw time", "value_time")]
     table = [["T = " + str(r["n_tokens"]) for r in rows]]
     table += [[cell(r[f"{a}_s"], r[f"{a}_gb"]) for r in rows] for a in arms]
     table += [[ratio(r, key) for r in rows] for _, key in ratios]
@@ -355,7 +355,8 @@ def format_attention_bench(rows: list[dict], width: int = 100) -> str:
             f"model {rows[0]['model']} on {rows[0]['device']}; time = fastest of {rows[0]['rounds']} round(s) "
             "(per-round time ratios, lowest-highest, in brackets); memory = peak above the level before the call, "
             "in a separate call; engine_raw = engine without the value-weighted measures (engine/engine_raw: what "
-            "they cost)", width)
+            "they cost); *_fused = the segment sums from the attention kernel (kernel = \"fused\") instead of the "
+            "block engine's rows", width)
     for n in notes:
         lines += textwrap.wrap(f"note: {n}", width, subsequent_indent="  ")
     return "\n".join(lines)

@@ -305,3 +305,18 @@ def test_probe_residue_is_an_option_and_a_config_without_it_computes_it():
         "probe.residue: True -> False"]
     with pytest.raises(ConfigError, match=r"probe\.residue"):
         config_from_dict({**base, "probe": {"residue": "no"}})
+
+
+def test_probe_kernel_is_an_option_that_determines_no_record():
+    """``[probe] kernel`` picks where the segment sums come from; both give the same arrays to float32 rounding, so a
+    run folder resumes across a change of it (and across a config written before the option existed)."""
+    from probe.runner.folder import record_differences
+
+    base = {"experiment": {"name": "r"}, "tasks": [{"source": "synthetic"}]}
+    old = config_from_dict(base)
+    assert old.probe.kernel == "rows"
+    fused = config_from_dict({**base, "probe": {"enabled": True, "kernel": "fused"}})
+    assert config_from_dict(tomllib.loads(dump_config(fused))) == fused
+    assert record_differences(old, fused) == ["probe.enabled: False -> True"]
+    with pytest.raises(ConfigError, match=r"probe\.kernel: 'flash'; use rows, fused"):
+        config_from_dict({**base, "probe": {"kernel": "flash"}})

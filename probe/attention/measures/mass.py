@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 import torch
@@ -20,6 +20,9 @@ from probe.attention.measure import EagerAttention, LayerContext, Measure, regis
 from probe.attention.plan import ProbePlan
 from probe.attention.segments import RowBlock
 from probe.attention.result import KEY_KINDS
+
+if TYPE_CHECKING:
+    from probe.attention.fused import FusedLayer
 
 
 class SegmentMass:
@@ -37,6 +40,10 @@ class SegmentMass:
 
     def finish(self) -> np.ndarray:
         return (self.q_mass / self.n_queries).cpu().numpy()
+
+
+def _fused_segment(f: FusedLayer, ctx: LayerContext) -> np.ndarray:
+    return (f.q_mass / f.n_queries).cpu().numpy()
 
 
 def by_kind(per_segment: np.ndarray, segment_kinds: tuple[str, ...] | list[str]) -> np.ndarray:
@@ -95,7 +102,7 @@ def _derive_p_ext(arrays: Mapping[str, np.ndarray], plan: ProbePlan) -> np.ndarr
 SEG_MASS_SEGMENT = register_measure(Measure(
     id="seg_mass_segment", axes=("layer", "head", "segment"), value_range=(0.0, 1.0),
     description="mean attention mass of the query set on each segment", reference=_reference_segment,
-    reducer=SegmentMass))
+    reducer=SegmentMass, fused=_fused_segment))
 SEG_MASS = register_measure(Measure(
     id="seg_mass", axes=("layer", "head", "kind"), value_range=(0.0, 1.0),
     description="mean attention mass of the query set on each key kind", reference=_reference_kind,

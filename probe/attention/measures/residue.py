@@ -15,11 +15,16 @@ cumulative sum (the comparison window), and γ^{k−j} weights as a (target, sou
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
 from probe.attention.measure import EagerAttention, LayerContext, Measure, register_measure
 from probe.attention.segments import RowBlock
+
+if TYPE_CHECKING:
+    from probe.attention.fused import FusedLayer
 
 
 class Residue:
@@ -96,6 +101,12 @@ class Residue:
         return np.einsum("ths,ts->ht", mass, self.t.mass_weights[numbers])
 
 
+def _fused(f: FusedLayer, ctx: LayerContext) -> np.ndarray:
+    residue = Residue(ctx)
+    residue.acc = f.column_sums  # the kernel's column sums are the rows the block engine accumulates
+    return residue.finish()
+
+
 def _reference(e: EagerAttention) -> np.ndarray:
     opts = e.options
     n_heads = e.attentions[0].shape[0]
@@ -128,4 +139,4 @@ def _reference(e: EagerAttention) -> np.ndarray:
 AR_K = register_measure(Measure(
     id="ar_k", axes=("layer", "head", "target"), value_range=(0.0, float("inf")),
     description="attentional residue of each germane and question segment", reference=_reference,
-    reducer=Residue, needs_residue=True))
+    reducer=Residue, fused=_fused, needs_residue=True))

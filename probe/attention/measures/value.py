@@ -19,7 +19,7 @@ eager forward through the output projection read from the model and takes its no
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 import torch
@@ -30,6 +30,9 @@ from probe.attention.measures.mass import by_kind, share_of_extraneous
 from probe.attention.plan import ProbePlan
 from probe.attention.segments import RowBlock
 from probe.errors import HookError
+
+if TYPE_CHECKING:
+    from probe.attention.fused import FusedLayer
 
 
 def output_projection(module: torch.nn.Module) -> torch.Tensor:
@@ -126,8 +129,19 @@ class ValueMass:
         self.q_mass += self.t.segment_sums(weighted, key_start).sum(dim=1, dtype=torch.float64)
 
     def finish(self) -> np.ndarray:
-        total = self.q_mass.sum(dim=-1, keepdim=True)
-        return torch.where(total > 0, self.q_mass / total.clamp_min(1e-300), torch.nan).cpu().numpy()
+        return _shares(self.q_mass)
+
+
+def _shares(q_mass: torch.Tensor) -> np.ndarray:
+    """(H, S) each segment's share of a (H, S) value-weighted mass (NaN where a head's total is 0)."""
+    total = q_mass.sum(dim=-1, keepdim=True)
+    return torch.where(total > 0, q_mass / total.clamp_min(1e-300), torch.nan).cpu().numpy()
+
+
+def _fused_segment(f: FusedLayer, ctx: LayerContext) -> np.ndarray:
+    if f.q_value_mass is None:
+        raise HookError(f"layer {ctx.layer}: the kernel gave no value-weighted masses")
+    return _shares(f.q_value_mass)
 
 
 def _reference_segment(e: EagerAttention) -> np.ndarray:
@@ -164,7 +178,7 @@ def _derive_p_ext(arrays: Mapping[str, np.ndarray], plan: ProbePlan) -> np.ndarr
 VALUE_MASS_SEGMENT = register_measure(Measure(
     id="value_share_segment", axes=("layer", "head", "segment"), value_range=(0.0, 1.0),
     description="share of each segment in the value-weighted attention (α ‖v W_O‖) of the query set",
-    reference=_reference_segment, reducer=ValueMass, needs_values=True))
+    reference=_reference_segment, reducer=ValueMass, fused=_fused_segment, needs_values=True))
 VALUE_P_EXT = register_measure(Measure(
     id="value_p_ext", axes=("layer", "head"), value_range=(0.0, 1.0),
     description="value-weighted P_ext: share of the non-sink value-weighted attention on extraneous segments",

@@ -1,0 +1,180 @@
+"""Segment masses from the attention kernel itself: the probe's fused path (docs/probes.md#the-fused-path).
+
+The block engine (:mod:`probe.attention.capture`) forms the post-softmax rows of every probed query and sums them
+over each segment. The sums can come out of the model's own fused attention kernel instead, without a row ever
+being formed:
+
+- **masses**: handed the segment one-hot matrix S (T × segments) as its values, the kernel returns A·S, each row's
+  mass on every segment; with the columns ‖v_j W_O^h‖·S beside them, the value-weighted masses (one call per
+  ``head_dim`` columns, the kernel needing values as wide as queries and keys);
+- **log-sum-exp**: the same calls return each row's ``lse_i = log Σ_j exp(s_ij)``, so ``A_ij = exp(s_ij − lse_i)``;
+- **column sums** (AR_k's accumulated rows, ``Σ_{i∈S} A_ij`` for every key j): one more call per accumulated segment
+  with the roles swapped — the keys k_j as queries, the segment's rows q_i as keys, each q_i given one more
+  coordinate, −lse_i, against a 1 on every k_j — whose log-sum-exp is ``log Σ_{i∈S} exp(s_ij − lse_i)``, the log of
+  that column sum. The mask of that call is the layer's mask transposed (query i may read key j).
+
+Every call is float32 whatever the model's dtype (q and k upcast, scores scaled before the call), so a bfloat16
+model's masses are float32's, as the block engine's are. Kernels: on the CPU ATen's flash kernel, which returns the
+log-sum-exp beside the output; on CUDA the memory-efficient kernel (the flash kernel takes no mask). A probe takes
+this path with ``kernel = "fused"`` (:class:`probe.probe_options.ProbeOptions`); soft-capped logits and the layers an
+intervention edits still go through the block engine, the reference this path is tested against (1e-5 in float32
+on every tiny architecture, tests/attention/test_fused.py; on a GPU by ``probe bench gpu-check``).
+
+What it costs: the kernel needs values as wide as the heads, so the mass call multiplies by ``head_dim`` columns
+where S segments would do, and each column-sum call carries a value product it does not read. On a CPU that is
+more arithmetic than the block engine's (scores, softmax and sums over S columns), and the block engine is faster
+there (docs/performance.md); where the block engine's float32 rows are the cost (long prompts on a GPU) the kernel
+is expected to win, which ``probe bench gpu-check`` measures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from probe.attention.masks import BlockMask
+from probe.attention.measures.value import module_gram, value_norms, output_projection
+from probe.attention.segments import PlanTensors
+
+def _kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+            mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``softmax(q·kᵀ + mask)·v`` and each row's log-sum-exp, scale 1 (the queries come scaled).
+
+    Args:
+        query: (H, Lq, D) float32.
+        key: (H, Lk, D) float32.
+        value: (H, Lk, D) float32 (as wide as the queries: the kernels require it).
+        mask: (Lq, Lk) additive float32 mask (0 / -inf, or a bias), or None (every key visible).
+
+    Returns:
+        (H, Lq, D) output and (H, Lq) log-sum-exp. A row that sees no key gets 0 for both on the CPU kernel; the
+        callers never read such a row.
+    """
+    m = None if mask is None else mask[None, None]
+    if query.device.type == "cpu":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            query[None], key[None], value[None], attn_mask=m, scale=1.0)
+        return out[0], lse[0]
+    bias = None
+    if m is not None:  # the kernel wants the bias's rows 16-aligned in memory: a view into a wider buffer
+        n_keys = m.shape[-1]
+        wide = torch.zeros(*m.shape[:-1], -(-n_keys // 16) * 16, dtype=m.dtype, device=m.device)
+        wide[..., :n_keys] = m
+        bias = wide[..., :n_keys].expand(1, query.shape[0], -1, -1)
+    out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(
+        query[None], key[None], value[None], bias, True, scale=1.0)[:2]
+    return out[0], lse[0, :, : query.shape[1]]
+
+
+def dense_mask(bm: BlockMask, n_rows: int, device: torch.device) -> torch.Tensor | None:
+    """The (rows, hi - lo) additive float32 mask of a block (0 where a row may read the key, -inf where hidden, or
+    the mask's own bias), or None when the block hides nothing."""
+    if bm.additive is None and bm.blocked is None and bm.head is None and bm.tail is None:
+        return None
+    out = torch.zeros(1, n_rows, bm.hi - bm.lo, dtype=torch.float32, device=device)
+    bm.apply(out)
+    return out[0]
+
+
+@dataclass
+class FusedLayer:
+    """What the kernel gave for one prompt in one layer, for the measures' ``fused`` readers.
+
+    Attributes:
+        q_mass: (H, S) float64 sum over the query set Q of each row's mass on every segment.
+        q_value_mass: (H, S) float64 the same with each weight times its key's ‖v_j W_O^h‖, or None (not computed).
+        column_sums: per accumulated segment of the residue (``PlanTensors.acc_segments``), (H, keys kept) float32
+            sum of its rows over the keys: what the block engine's residue accumulates.
+        n_queries: |Q|.
+    """
+
+    q_mass: torch.Tensor
+    q_value_mass: torch.Tensor | None
+    column_sums: list[torch.Tensor]
+    n_queries: int
+
+
+def fused_layer(tensors: PlanTensors, masks: Sequence[BlockMask], query: torch.Tensor, key: torch.Tensor,
+                value: torch.Tensor | None, scaling: float, module: torch.nn.Module | None,
+                mask: torch.Tensor | None, segment_spans: Sequence[tuple[int, int]]) -> FusedLayer:
+    """One prompt's :class:`FusedLayer` in one layer.
+
+    Args:
+        tensors: the plan's index tensors and row blocks on the layer's device.
+        masks: the blocks' masks (:func:`probe.attention.masks.block_mask`), one per block of ``tensors``.
+        query: (H, T, D) query states, key: (H_kv, T, D) key states, value: (H_kv, T, D) value states (read only
+            with ``module``, for the value-weighted masses), the prompt's own (padding cut off).
+        scaling: multiplier of q·kᵀ.
+        module: the attention module whose output projection weights the values, or None (no value-weighted masses).
+        mask: (T, T) mask of the prompt (bool: True = may attend; float: additive), or None (causal).
+        segment_spans: the plan's segment spans (the rows of each accumulated segment).
+    """
+    n_heads, n_tokens, dim = query.shape
+    device = query.device
+    qs = query.to(torch.float32) * scaling
+    kh = key.to(torch.float32).repeat_interleave(n_heads // key.shape[0], dim=0)  # (H, T, D): head h reads h // rep
+    cols = tensors.onehot.expand(n_heads, -1, -1)  # (H, T, S)
+    n_seg = cols.shape[-1]
+    weighted = module is not None and value is not None
+    if weighted:
+        assert module is not None and value is not None
+        norms = value_norms(value, output_projection(module), n_heads, gram=module_gram(module, n_heads, device))
+        cols = torch.cat([cols, cols * norms[:, :, None]], dim=-1)  # (H, T, 2S)
+    width = cols.shape[-1]
+    n_calls = -(-width // dim)
+    values = torch.zeros(n_heads, n_tokens, n_calls * dim, dtype=torch.float32, device=device)
+    values[:, :, :width] = cols
+    sums = torch.zeros(n_heads, width, dtype=torch.float64, device=device)
+    lse = torch.zeros(n_heads, n_tokens, dtype=torch.float32, device=device)
+    for block, bm in zip(tensors.blocks, masks):
+        q = qs[:, block.first : block.last + 1] if block.contiguous else qs[:, block.positions]
+        m = dense_mask(bm, q.shape[1], device)
+        k = kh[:, bm.lo : bm.hi]
+        calls = range(n_calls) if block.query_index is not None else range(1)  # lse alone: one call
+        outs = []
+        for c in calls:
+            out, row_lse = _kernel(q, k, values[:, bm.lo : bm.hi, c * dim : (c + 1) * dim], m)
+            outs.append(out)
+        lse[:, block.positions] = row_lse
+        if block.query_index is not None:
+            sums += torch.cat(outs, dim=-1)[:, block.query_index, :width].sum(dim=1, dtype=torch.float64)
+    columns = [_column_sums(qs, kh, lse, mask, *segment_spans[s], n_keys)
+               for s, n_keys in zip(tensors.acc_segments, tensors.acc_lengths)]
+    return FusedLayer(q_mass=sums[:, :n_seg], q_value_mass=sums[:, n_seg:] if weighted else None,
+                      column_sums=columns, n_queries=len(tensors.query_positions))
+
+
+def _column_sums(qs: torch.Tensor, kh: torch.Tensor, lse: torch.Tensor, mask: torch.Tensor | None, a: int, b: int,
+                 n_keys: int) -> torch.Tensor:
+    """(H, n_keys) ``Σ_{i∈[a,b)} A_ij`` for keys j < ``n_keys``: the swapped call (module docstring)."""
+    n_heads = qs.shape[0]
+    device = qs.device
+    ones = torch.ones(n_heads, n_keys, 1, dtype=torch.float32, device=device)
+    as_queries = torch.cat([kh[:, :n_keys], ones], dim=-1)  # (H, L, D + 1)
+    as_keys = torch.cat([qs[:, a:b], -lse[:, a:b, None]], dim=-1)  # (H, |S|, D + 1)
+    seen = None
+    additive = None
+    if mask is None:  # causal: key j is read by the rows i >= j, keys before a by every row
+        if n_keys > a:
+            allowed = torch.arange(n_keys, device=device)[:, None] <= torch.arange(a, b, device=device)[None, :]
+            additive = torch.zeros(allowed.shape, device=device).masked_fill_(~allowed, -torch.inf)
+    else:
+        rows = mask[a:b, :n_keys].T  # (L, |S|): may row i read key j
+        if rows.dtype == torch.bool:
+            allowed = rows
+            additive = torch.zeros(rows.shape, device=device).masked_fill_(~rows, -torch.inf)
+        else:
+            allowed = rows > torch.finfo(rows.dtype).min / 2
+            additive = rows.to(torch.float32).masked_fill(~allowed, -torch.inf)
+        seen = allowed.any(dim=1)  # keys no row of the segment reads (a sliding window) sum to 0
+    values = torch.zeros(n_heads, b - a, as_keys.shape[-1], dtype=torch.float32, device=device)
+    _, col_lse = _kernel(as_queries, as_keys, values, additive)
+    out = col_lse.exp()
+    if seen is not None:
+        out = out * seen
+    return out
+
+
+__all__ = ["FusedLayer", "dense_mask", "fused_layer"]
