@@ -7,6 +7,12 @@ is written by hand and kept when the page is written again: the reading, between
 ``<!-- reading: begin ... -->`` and ``<!-- reading: end -->``. Its first line names the sha256 of the trials it was
 written for; when a run's trials have changed since, :func:`write_results_page` says so (the reading may describe
 numbers the page no longer shows) and keeps it.
+
+Runs of one design on different models (the same questions, conditions, loads, replications, seed and decoding:
+``experiments/study.toml`` and ``experiments/study-1.5b.toml``) also get a part *across models*: their tables
+merged, each model named ``<run>: <model>``, the cells of one condition and load next to each other. It holds the
+runs' own numbers; nothing is estimated across runs (a difference between two models is read off two intervals,
+not tested).
 """
 
 from __future__ import annotations
@@ -15,14 +21,16 @@ import json
 import logging
 import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
 from probe.analysis.results import Analysis, read_analysis
 from probe.config import ExperimentConfig, InterventionSection, LayerWindow, TopHeads, load_config
 from probe.errors import ProbeError
-from probe.report.tables import render_markdown
+from probe.report.sections import report_section
+from probe.report.tables import md_table, render_markdown
+from probe.report.text import MAIN_HEADER, PATH_LEGEND, cell_row
 from probe.runfolder import RunFolder, write_atomic
 
 log = logging.getLogger(__name__)
@@ -160,6 +168,68 @@ def _copy_figures(run: RunFolder, dest: Path, page_dir: Path) -> list[tuple[str,
     return out
 
 
+def same_design(a: ExperimentConfig, b: ExperimentConfig) -> bool:
+    """Whether two runs asked the same questions the same way: tasks, conditions, loads, replications, seed and
+    decoding (the batch size aside); their models and probes may differ."""
+    def design(c: ExperimentConfig) -> tuple:
+        return c.tasks, c.ice, replace(c.generation, batch_size=1), c.experiment.seed
+
+    return design(a) == design(b)
+
+
+def across_models(runs: Sequence[PageRun]) -> list[str]:
+    """The page's parts across models: one per group of runs of one design (:func:`same_design`) on more than one
+    model, their ICE tables (and intervention tables, where they have them) merged."""
+    groups: list[list[PageRun]] = []
+    for r in runs:
+        if r.config is None or "ice" not in r.analysis.families:
+            continue
+        group = next((g for g in groups if g[0].config is not None and same_design(g[0].config, r.config)), None)
+        if group is None:
+            groups.append([r])
+        else:
+            group.append(r)
+    parts: list[str] = []
+    for g in groups:
+        if len(g) < 2 or len({m for r in g for m in getattr(r.analysis.families["ice"], "models", ())}) < 2:
+            continue
+        labels = _unique([r.run.name for r in g])
+        ice = report_section("ice")
+        merged = ice.merge([(label, r.analysis.families["ice"]) for label, r in zip(labels, g)])
+        first = g[0].config
+        assert first is not None
+        conditions = list(first.ice.conditions)
+        order = {m: i for i, m in enumerate(merged.models)}
+        rows = sorted(ice.main_rows(merged), key=lambda cm: (
+            conditions.index(cm[0].condition) if cm[0].condition in conditions else len(conditions), cm[0].load,
+            order.get(cm[0].model, 0)))
+        names = ", ".join(f"`{label}`" for label in labels)
+        parts += [f"## Across models: {names}", "",
+                  f"These runs asked the same questions in the same way (tasks, conditions, loads, replications, "
+                  f"seed, decoding) of different models. Their tables side by side, each model named `<run>: "
+                  f"<model>`; every number is its own run's, and nothing is estimated across the runs: a difference "
+                  f"between the models is read off their two intervals, not tested.", "",
+                  "### EM per model × condition × load", "", md_table(MAIN_HEADER, [cell_row(c, m) for c, m in rows]),
+                  "", PATH_LEGEND + ".", ""]
+        parts += _demote("\n".join(ice.markdown(merged, g[0].analysis.settings)), 1).split("\n")
+        with_interventions = [(label, r.analysis.interventions) for label, r in zip(labels, g)
+                              if r.analysis.interventions is not None]
+        if len(with_interventions) > 1:
+            section = report_section("interventions")
+            parts += _demote("\n".join(section.markdown(section.merge(with_interventions),
+                                                        g[0].analysis.settings)), 1).split("\n")
+        parts.append("")
+    return parts
+
+
+def _unique(names: list[str]) -> list[str]:
+    """Run names made unique (``study``, ``study#1``) for labels."""
+    out: list[str] = []
+    for n in names:
+        out.append(n if n not in out else f"{n}#{len(out)}")
+    return out
+
+
 def _reading(old: str | None, runs: Sequence[PageRun]) -> tuple[str, list[str]]:
     """The hand-written block of the page being replaced (or a placeholder), and warnings on stale readings."""
     shas = {r.analysis.inputs.trials_sha256[:12] for r in runs}
@@ -225,10 +295,12 @@ def write_results_page(run_dirs: Sequence[str | Path], out: str | Path, *, title
             parts += [f"### Figures of `{r.run.name}`", ""]
             for cap, path in figures:  # alt text the file's name (a caption may hold brackets), the caption below
                 parts += [f"![{Path(path).stem}]({path})", "", f"*{cap.strip()}*", ""]
+    parts += across_models(runs)
     write_atomic(out, "\n".join(parts).rstrip() + "\n")
     for w in warnings:
         log.warning("%s: %s", out, w)
     return out, warnings
 
 
-__all__ = ["READING_BEGIN", "READING_END", "ResultsPageError", "design_lines", "write_results_page"]
+__all__ = ["READING_BEGIN", "READING_END", "ResultsPageError", "across_models", "design_lines", "same_design",
+           "write_results_page"]

@@ -198,3 +198,60 @@ def test_the_command_writes_beside_the_run_by_default(run, tmp_path, capsys, mon
     assert (run / "results.md").read_text().startswith("# Results\n")
     assert (tmp_path / "docs" / "results.md").read_text() == "a study's own page\n"
     assert any((run / "img" / "results").iterdir())
+
+
+def _design(name: str, model: str, seed: int = 5, batch_size: int = 8) -> str:
+    return dump_config(config_from_dict({
+        "experiment": {"name": name, "seed": seed, "models": [model]},
+        "tasks": [{"source": "synthetic", "n": 8, "hops": 2}],
+        "ice": {"conditions": ["Control", "LongControl", "Saturation", "Residue"], "loads": [20, 80],
+                "replications": 1},
+        "generation": {"batch_size": batch_size}}))
+
+
+@pytest.fixture(scope="module")
+def two_models(tmp_path_factory) -> tuple[Path, Path, Path]:
+    """Three analysed runs: ``small`` and ``large`` of one design on two models, ``other`` of another seed."""
+    root = tmp_path_factory.mktemp("across")
+    runs = []
+    for name, model, seed, cfg_seed in (("small", "model-a", 3, 5), ("large", "model-b", 4, 5),
+                                        ("other", "model-c", 5, 6)):
+        d = root / name
+        make_run(d, Plan(models=(model,), n_tasks=8, n_reps=1, loads=(20, 80), seed=seed))
+        analyze_run(d)
+        # written after the analysis: the synthetic records name models no card holds
+        (d / "config.toml").write_text(_design(name, "smollm2-135m-instruct" if name == "small" else
+                                               "qwen2.5-coder-0.5b-instruct", cfg_seed,
+                                               batch_size=8 if name == "small" else 4))
+        runs.append(d)
+    return runs[0], runs[1], runs[2]
+
+
+def test_runs_of_one_design_on_two_models_get_their_tables_side_by_side(two_models, tmp_path) -> None:
+    small, large, other = two_models
+    page, _ = write_results_page([small, other, large], tmp_path / "results.md")
+    text = page.read_text()
+    assert text.count("## Across models:") == 1 and "## Across models: `small`, `large`" in text
+    across = text[text.index("## Across models"):]
+    assert "model-c" not in across  # another seed: another design
+    lines = across.splitlines()
+
+    def is_row(line: str, model: str, c: dict) -> bool:  # a model may carry its taxonomy mark
+        return re.match(rf"\| {re.escape(model)}( \S+)? \| {c['condition']} \| {c['load']} \|", line) is not None
+
+    for run, model in ((small, "model-a"), (large, "model-b")):
+        for c in json.loads((run / "analysis.json").read_text())["families"]["ice"]["cells"]:
+            row = next(i for i, line in enumerate(lines) if is_row(line, f"{run.name}: {model}", c))
+            assert f"| {c['em_mean']:.3f} (" in lines[row]
+            # the other model's cell of the same condition and load is the next or the previous row
+            twin = "large: model-b" if model == "model-a" else "small: model-a"
+            assert any(is_row(lines[j], twin, c) for j in (row - 1, row + 1))
+    h1 = json.loads((large / "analysis.json").read_text())["families"]["ice"]["h1"][0]
+    assert f"| large: model-b | {h1['condition']} | {h1['estimate']['value']:+.5f} |" in across
+
+
+def test_no_part_across_models_for_one_model_or_two_designs(two_models, tmp_path) -> None:
+    small, large, other = two_models
+    for runs in ([small, other], [small], [large, other]):
+        page, _ = write_results_page(runs, tmp_path / "r.md")
+        assert "## Across models" not in page.read_text()
