@@ -149,11 +149,15 @@ def fused_layer(tensors: PlanTensors, masks: Sequence[BlockMask], query: torch.T
 def _column_sums(qs: torch.Tensor, kh: torch.Tensor, lse: torch.Tensor, mask: torch.Tensor | None, a: int, b: int,
                  n_keys: int) -> torch.Tensor:
     """(H, n_keys) ``Σ_{i∈[a,b)} A_ij`` for keys j < ``n_keys``: the swapped call (module docstring)."""
-    n_heads = qs.shape[0]
+    n_heads, _, dim = qs.shape
     device = qs.device
-    ones = torch.ones(n_heads, n_keys, 1, dtype=torch.float32, device=device)
-    as_queries = torch.cat([kh[:, :n_keys], ones], dim=-1)  # (H, L, D + 1)
-    as_keys = torch.cat([qs[:, a:b], -lse[:, a:b, None]], dim=-1)  # (H, |S|, D + 1)
+    wide = -(-(dim + 1) // 8) * 8  # D + 1 coordinates, padded with zeros to a multiple of 8 (CUDA kernels align)
+    as_queries = torch.zeros(n_heads, n_keys, wide, dtype=torch.float32, device=device)
+    as_queries[:, :, :dim] = kh[:, :n_keys]
+    as_queries[:, :, dim] = 1.0
+    as_keys = torch.zeros(n_heads, b - a, wide, dtype=torch.float32, device=device)
+    as_keys[:, :, :dim] = qs[:, a:b]
+    as_keys[:, :, dim] = -lse[:, a:b]
     seen = None
     additive = None
     if mask is None:  # causal: key j is read by the rows i >= j, keys before a by every row
@@ -169,7 +173,7 @@ def _column_sums(qs: torch.Tensor, kh: torch.Tensor, lse: torch.Tensor, mask: to
             allowed = rows > torch.finfo(rows.dtype).min / 2
             additive = rows.to(torch.float32).masked_fill(~allowed, -torch.inf)
         seen = allowed.any(dim=1)  # keys no row of the segment reads (a sliding window) sum to 0
-    values = torch.zeros(n_heads, b - a, as_keys.shape[-1], dtype=torch.float32, device=device)
+    values = torch.zeros(n_heads, b - a, wide, dtype=torch.float32, device=device)
     _, col_lse = _kernel(as_queries, as_keys, values, additive)
     out = col_lse.exp()
     if seen is not None:
