@@ -153,6 +153,7 @@ def assemble_result(plan: ProbePlan, layers: list[LayerAggregates]) -> SegmentAt
             "exclude_sink": o.exclude_sink,
             "block_size": o.block_size,
             "residue": o.residue,
+            "kernel": o.kernel,
         },
         n_tokens=plan.n_tokens,
         n_prompt_tokens=plan.n_prompt_tokens,

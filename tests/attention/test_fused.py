@@ -61,6 +61,7 @@ def test_fused_equals_reference_and_block_engine(models, fused_calls, arch: str,
                      n_tokens=80)
     options = OPTION_SETS[opts]
     fused, rows = _both(model, tp, options)
+    assert (fused.options["kernel"], rows.options["kernel"]) == ("fused", "rows")  # the record says how
     softcapped = arch == "gemma2"
     # every layer of the fused probe took the kernel's sums, except where logits are soft-capped (block engine)
     assert len(fused_calls) == (0 if softcapped else model.config.num_hidden_layers)
