@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+
 from probe import formatting as fmt
 from probe.analysis.attention_link import AttentionBehaviour, LayerTests, ResidueAttention
 from probe.analysis.estimates import Cell
@@ -355,11 +357,12 @@ def stats_html(result: IceResult, settings: AnalysisSection) -> str:
                  esc("; ".join(x for x in (r.note, r.test.reason, _tost_note(r)) if x))]
                 for r in result.h2], left=2, text=(11, 15))
     h3 = table(["model", "Residue load", "questions", "Pearson r", "95% CI (Fisher z)", "p", "q (BH)", "Spearman ρ",
-                "p (ρ)", "note"],
+                "p (ρ)", "S_sim range", "degradation by S_sim third", "note"],
                [[esc(r.model), "pooled" if r.load is None else str(r.load), str(c.n), fmt.num(e.value, "+.3f"),
                  fmt.ci(e.ci_low, e.ci_high, "+.3f"), fmt.p_value(e.p, html=True), _p_cell(e.q, alpha),
-                 fmt.num(c.spearman.value, "+.3f"), fmt.p_value(c.spearman.p, html=True), esc(e.reason or "")]
-                for r in result.h3 for c in (r.correlation,) for e in (c.estimate,)], left=2, text=(9,)) \
+                 fmt.num(c.spearman.value, "+.3f"), fmt.p_value(c.spearman.p, html=True), *h3_spread(r),
+                 esc(e.reason or "")]
+                for r in result.h3 for c in (r.correlation,) for e in (c.estimate,)], left=2, text=(11,)) \
         if result.h3 else f'<p class="note">{esc(NO_H3)}</p>'
     tax = table(["model", "label", "Control EM", "trunc./uninterp.", "gates", "reason"],
                 [[esc(t.model), esc(t.label), fmt.num(t.control_em), fmt.pct(t.confound_rate_observed),
@@ -499,6 +502,18 @@ def section_html(result: IceResult, ctx: ReportContext) -> str:
 # ----------------------------------------------------------------------------------------- markdown, csv
 
 
+def h3_spread(row: H3Correlation) -> tuple[str, str]:
+    """How far S_sim varied over an H3 row's questions (lowest to highest), and the mean degradation of the
+    questions in the lowest, middle and highest third of them by S_sim (descriptive: the test is the correlation)."""
+    points = sorted((p for p in row.points if np.isfinite(p.s_sim) and np.isfinite(p.degradation)),
+                    key=lambda p: p.s_sim)
+    if len(points) < 3:
+        return "", ""
+    thirds = [points[i * len(points) // 3 : (i + 1) * len(points) // 3] for i in range(3)]
+    means = " / ".join(f"{float(np.mean([p.degradation for p in t])):+.2f} ({len(t)})" for t in thirds)
+    return f"{points[0].s_sim:+.2f} to {points[-1].s_sim:+.2f}", means
+
+
 def markdown(result: IceResult, settings: AnalysisSection) -> list[str]:
     """The ICE part of ``analysis.md``: legend, H1, H2, H3, attention and taxonomy tables."""
     alpha = settings.alpha
@@ -525,10 +540,11 @@ def markdown(result: IceResult, settings: AnalysisSection) -> list[str]:
                          fmt.num(r.test.power.mde if r.test.power else None, ".2f"),
                          "; ".join(x for x in (r.note, r.test.reason, _tost_note(r)) if x)] for r in result.h2]), ""]
     parts += ["## H3: S_sim vs degradation (Control − Residue; BH per model)", "",
-              md_table(["model", "load", "questions", "r", "95% CI (Fisher z)", "p", "q", "Spearman ρ", "note"],
+              md_table(["model", "load", "questions", "r", "95% CI (Fisher z)", "p", "q", "Spearman ρ", "S_sim range",
+                        "degradation by S_sim third", "note"],
                        [[r.model, "pooled" if r.load is None else str(r.load), str(c.n), fmt.num(e.value, "+.3f"),
                          fmt.ci(e.ci_low, e.ci_high, "+.3f"), fmt.p_value(e.p), fmt.p_value(e.q),
-                         fmt.num(c.spearman.value, "+.3f"), e.reason or ""]
+                         fmt.num(c.spearman.value, "+.3f"), *h3_spread(r), e.reason or ""]
                         for r in result.h3 for c in (r.correlation,) for e in (c.estimate,)])
               if result.h3 else NO_H3, ""]
     if result.attention_behaviour:

@@ -451,3 +451,21 @@ def test_a_run_without_residue_says_h3_is_not_estimated_instead_of_an_empty_tabl
     assert NO_H3 in h3 and "| model |" not in h3
     html = render_report(run).read_text()
     assert NO_H3 in html
+
+
+def test_h3_rows_show_how_far_s_sim_varied_and_degradation_by_third() -> None:
+    """The H3 table's descriptive columns: S_sim's range over the questions and the mean degradation of each third
+    of them by S_sim (questions without a finite S_sim left out; fewer than three: blank)."""
+    from types import SimpleNamespace
+
+    from probe.analysis.hypotheses import H3Point
+    from probe.report.ice import h3_spread
+
+    def row(pairs):
+        return SimpleNamespace(points=tuple(H3Point(f"t{i}", s, d, 1.0, 1.0 - d) for i, (s, d) in enumerate(pairs)))
+
+    pairs = [(0.30, 1.0), (-0.05, 0.0), (0.12, 0.0), (0.55, 1.0), (0.20, 1.0), (0.01, -1.0), (0.41, 0.0),
+             (float("nan"), 1.0)]
+    # sorted by S_sim: -0.05 0, 0.01 -1 | 0.12 0, 0.20 1 | 0.30 1, 0.41 0, 0.55 1
+    assert h3_spread(row(pairs)) == ("-0.05 to +0.55", "-0.50 (2) / +0.50 (2) / +0.67 (3)")
+    assert h3_spread(row(pairs[:2])) == ("", "")
