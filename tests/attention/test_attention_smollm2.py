@@ -13,6 +13,7 @@ The opt-in Qwen2.5-Coder-1.5B (28 layers) runs the same tests where it is instal
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -90,6 +91,12 @@ def qwen15() -> tuple[torch.nn.Module, object]:
 
 # (fixture, layers, heads) of each real model whose records must equal eager attention's
 REAL_MODELS = [("smollm2", 30, 9), ("qwen05", 24, 14), ("qwen15", 28, 12)]
+# AR_k's bound where 1e-4 is too tight for float32 itself: Qwen2.5-Coder-1.5B's layer-0 logits reach 12,736 (median
+# 217 on the saturation prompt), where one float32 rounding of a score (unit roundoff 6e-8) moves it by up to 8e-4, so
+# a weight by as much relatively; eager (q·kᵀ then the scaling) and the probe (q·scaling then ·kᵀ) round differently,
+# and AR_k's cosine of renormalised rows off the sink carries that. Both of the probe's paths sit 2.0e-4 from eager
+# there (the other measures within 4e-5); 5e-4 still fails a row off by one key.
+AR_K_TOL = {"qwen15": 5e-4}
 
 
 def assemble(tok: object, pieces: list[tuple[str, str]]) -> TokenizedPrompt:
@@ -117,14 +124,15 @@ def residue(tok: object) -> TokenizedPrompt:
                           ("sink", CLOSE)])
 
 
-def _assert_same(a, b, atol: float = 1e-4) -> None:
+def _assert_same(a, b, atol: float = 1e-4, ar_k_atol: float | None = None) -> None:
     assert set(a.measures) == set(b.measures)
     fields = [*a.measures, "chance"]  # every registered measure
     pairs = {f: (a.chance, b.chance) if f == "chance" else (a[f], b[f]) for f in fields}
     diffs = {f: float(np.nanmax(np.abs(np.asarray(x) - np.asarray(y)), initial=0.0)) for f, (x, y) in pairs.items()}
     print(f"largest |engine - eager|: {max(diffs.values()):.2e} ({diffs})")
     for field, (x, y) in pairs.items():
-        np.testing.assert_allclose(x, y, atol=atol, rtol=0, equal_nan=True, err_msg=field)
+        tol = ar_k_atol if field == "ar_k" and ar_k_atol is not None else atol
+        np.testing.assert_allclose(x, y, atol=tol, rtol=0, equal_nan=True, err_msg=field)
 
 
 @pytest.mark.parametrize(("name", "n_layers", "n_heads"), REAL_MODELS)
@@ -136,7 +144,9 @@ def test_engine_equals_eager_on_real_models(request, name: str, n_layers: int, n
     options = ProbeOptions(residue_mode=mode, block_size=64)
     got = probe_tokenized(model, tp, options)
     want = reference_segment_attention(model, tp, options)
-    _assert_same(got, want)
+    _assert_same(got, want, ar_k_atol=AR_K_TOL.get(name))
+    # the fused path (segment sums from the attention kernel) on the same real model
+    _assert_same(probe_tokenized(model, tp, replace(options, kernel="fused")), want, ar_k_atol=AR_K_TOL.get(name))
     assert got.n_layers == n_layers and got.n_heads == n_heads
     assert model.config._attn_implementation == "sdpa"
 
@@ -149,7 +159,7 @@ def test_generated_query_on_real_models(request, name: str, n_layers: int, n_hea
     options = ProbeOptions(query="generated")
     got = probe_tokenized(model, tp, options, generated_ids=answer["input_ids"])
     want = reference_segment_attention(model, tp, options, generated_ids=answer["input_ids"])
-    _assert_same(got, want)
+    _assert_same(got, want, ar_k_atol=AR_K_TOL.get(name))
 
 
 def test_transformer_lens_on_smollm2(smollm2) -> None:
