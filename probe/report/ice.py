@@ -357,7 +357,7 @@ def stats_html(result: IceResult, settings: AnalysisSection) -> str:
                  esc("; ".join(x for x in (r.note, r.test.reason, _tost_note(r)) if x))]
                 for r in result.h2], left=2, text=(11, 15))
     h3 = table(["model", "Residue load", "questions", "Pearson r", "95% CI (Fisher z)", "p", "q (BH)", "Spearman ρ",
-                "p (ρ)", "S_sim range", "degradation by S_sim third", "note"],
+                "p (ρ)", "S_sim range", "degradation by S_sim third (low / mid / high, n)", "note"],
                [[esc(r.model), "pooled" if r.load is None else str(r.load), str(c.n), fmt.num(e.value, "+.3f"),
                  fmt.ci(e.ci_low, e.ci_high, "+.3f"), fmt.p_value(e.p, html=True), _p_cell(e.q, alpha),
                  fmt.num(c.spearman.value, "+.3f"), fmt.p_value(c.spearman.p, html=True), *h3_spread(r),
@@ -541,7 +541,7 @@ def markdown(result: IceResult, settings: AnalysisSection) -> list[str]:
                          "; ".join(x for x in (r.note, r.test.reason, _tost_note(r)) if x)] for r in result.h2]), ""]
     parts += ["## H3: S_sim vs degradation (Control − Residue; BH per model)", "",
               md_table(["model", "load", "questions", "r", "95% CI (Fisher z)", "p", "q", "Spearman ρ", "S_sim range",
-                        "degradation by S_sim third", "note"],
+                        "degradation by S_sim third (low / mid / high, n)", "note"],
                        [[r.model, "pooled" if r.load is None else str(r.load), str(c.n), fmt.num(e.value, "+.3f"),
                          fmt.ci(e.ci_low, e.ci_high, "+.3f"), fmt.p_value(e.p), fmt.p_value(e.q),
                          fmt.num(c.spearman.value, "+.3f"), *h3_spread(r), e.reason or ""]
