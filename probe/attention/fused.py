@@ -29,12 +29,12 @@ is expected to win, which ``probe bench gpu-check`` measures.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
 from probe.attention.masks import BlockMask
+from probe.attention.measure import FusedLayer
 from probe.attention.measures.value import module_gram, value_norms, output_projection
 from probe.attention.segments import PlanTensors
 
@@ -76,24 +76,6 @@ def dense_mask(bm: BlockMask, n_rows: int, device: torch.device) -> torch.Tensor
     out = torch.zeros(1, n_rows, bm.hi - bm.lo, dtype=torch.float32, device=device)
     bm.apply(out)
     return out[0]
-
-
-@dataclass
-class FusedLayer:
-    """What the kernel gave for one prompt in one layer, for the measures' ``fused`` readers.
-
-    Attributes:
-        q_mass: (H, S) float64 sum over the query set Q of each row's mass on every segment.
-        q_value_mass: (H, S) float64 the same with each weight times its key's ‖v_j W_O^h‖, or None (not computed).
-        column_sums: per accumulated segment of the residue (``PlanTensors.acc_segments``), (H, keys kept) float32
-            sum of its rows over the keys: what the block engine's residue accumulates.
-        n_queries: |Q|.
-    """
-
-    q_mass: torch.Tensor
-    q_value_mass: torch.Tensor | None
-    column_sums: list[torch.Tensor]
-    n_queries: int
 
 
 def fused_layer(tensors: PlanTensors, masks: Sequence[BlockMask], query: torch.Tensor, key: torch.Tensor,
@@ -181,4 +163,4 @@ def _column_sums(qs: torch.Tensor, kh: torch.Tensor, lse: torch.Tensor, mask: to
     return out
 
 
-__all__ = ["FusedLayer", "dense_mask", "fused_layer"]
+__all__ = ["dense_mask", "fused_layer"]

@@ -35,7 +35,6 @@ import torch
 from probe.registry import Registry
 
 if TYPE_CHECKING:
-    from probe.attention.fused import FusedLayer
     from probe.attention.plan import ProbePlan
     from probe.attention.segments import PlanTensors, RowBlock
     from probe.probe_options import ProbeOptions
@@ -78,6 +77,25 @@ class BlockReducer(Protocol):
 
     def finish(self) -> np.ndarray:
         """The layer's array (the measure's axes without ``layer``), float64."""
+
+
+@dataclass
+class FusedLayer:
+    """What the attention kernel gave for one prompt in one layer (:mod:`probe.attention.fused`), for the measures'
+    ``fused`` readers.
+
+    Attributes:
+        q_mass: (H, S) float64 sum over the query set Q of each row's mass on every segment.
+        q_value_mass: (H, S) float64 the same with each weight times its key's ‖v_j W_O^h‖, or None (not computed).
+        column_sums: per accumulated segment of the residue (``PlanTensors.acc_segments``), (H, keys kept) float32
+            sum of its rows over the keys: what the block engine's residue accumulates.
+        n_queries: |Q|.
+    """
+
+    q_mass: torch.Tensor
+    q_value_mass: torch.Tensor | None
+    column_sums: list[torch.Tensor]
+    n_queries: int
 
 
 @dataclass(frozen=True)
@@ -178,4 +196,4 @@ def register_measure(measure: Measure) -> Measure:
     return MEASURES.register(measure.id, measure)
 
 
-__all__ = ["BlockReducer", "EagerAttention", "LayerContext", "MEASURES", "Measure", "register_measure"]
+__all__ = ["BlockReducer", "EagerAttention", "FusedLayer", "LayerContext", "MEASURES", "Measure", "register_measure"]

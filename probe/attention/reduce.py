@@ -15,8 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from probe.attention.fused import FusedLayer
-from probe.attention.measure import LayerContext, Measure
+from probe.attention.measure import FusedLayer, LayerContext, Measure
 from probe.attention.measures import measures
 from probe.attention.plan import ProbePlan
 from probe.attention.result import KEY_KINDS, SegmentAttention

@@ -11,18 +11,16 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping
+from typing import Mapping
 
 import numpy as np
 import torch
 
-from probe.attention.measure import EagerAttention, LayerContext, Measure, register_measure
+from probe.attention.measure import EagerAttention, FusedLayer, LayerContext, Measure, register_measure
 from probe.attention.plan import ProbePlan
 from probe.attention.segments import RowBlock
 from probe.attention.result import KEY_KINDS
 
-if TYPE_CHECKING:
-    from probe.attention.fused import FusedLayer
 
 
 class SegmentMass:

@@ -15,16 +15,12 @@ cumulative sum (the comparison window), and γ^{k−j} weights as a (target, sou
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import torch
 
-from probe.attention.measure import EagerAttention, LayerContext, Measure, register_measure
+from probe.attention.measure import EagerAttention, FusedLayer, LayerContext, Measure, register_measure
 from probe.attention.segments import RowBlock
 
-if TYPE_CHECKING:
-    from probe.attention.fused import FusedLayer
 
 
 class Residue:

@@ -19,20 +19,18 @@ eager forward through the output projection read from the model and takes its no
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping
+from typing import Mapping
 
 import numpy as np
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from probe.attention.measure import EagerAttention, LayerContext, Measure, register_measure
+from probe.attention.measure import EagerAttention, FusedLayer, LayerContext, Measure, register_measure
 from probe.attention.measures.mass import by_kind, share_of_extraneous
 from probe.attention.plan import ProbePlan
 from probe.attention.segments import RowBlock
 from probe.errors import HookError
 
-if TYPE_CHECKING:
-    from probe.attention.fused import FusedLayer
 
 
 def output_projection(module: torch.nn.Module) -> torch.Tensor:
