@@ -68,16 +68,6 @@ def _kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     return out[0], lse[0, :, : query.shape[1]]
 
 
-def dense_mask(bm: BlockMask, n_rows: int, device: torch.device) -> torch.Tensor | None:
-    """The (rows, hi - lo) additive float32 mask of a block (0 where a row may read the key, -inf where hidden, or
-    the mask's own bias), or None when the block hides nothing."""
-    if bm.additive is None and bm.blocked is None and bm.head is None and bm.tail is None:
-        return None
-    out = torch.zeros(1, n_rows, bm.hi - bm.lo, dtype=torch.float32, device=device)
-    bm.apply(out)
-    return out[0]
-
-
 def fused_layer(tensors: PlanTensors, masks: Sequence[BlockMask], query: torch.Tensor, key: torch.Tensor,
                 value: torch.Tensor | None, scaling: float, module: torch.nn.Module | None,
                 mask: torch.Tensor | None, segment_spans: Sequence[tuple[int, int]]) -> FusedLayer:
@@ -112,7 +102,7 @@ def fused_layer(tensors: PlanTensors, masks: Sequence[BlockMask], query: torch.T
     lse = torch.zeros(n_heads, n_tokens, dtype=torch.float32, device=device)
     for block, bm in zip(tensors.blocks, masks):
         q = qs[:, block.first : block.last + 1] if block.contiguous else qs[:, block.positions]
-        m = dense_mask(bm, q.shape[1], device)
+        m = bm.dense(q.shape[1], device)
         k = kh[:, bm.lo : bm.hi]
         calls = range(n_calls) if block.query_index is not None else range(1)  # lse alone: one call
         outs = []
@@ -163,4 +153,4 @@ def _column_sums(qs: torch.Tensor, kh: torch.Tensor, lse: torch.Tensor, mask: to
     return out
 
 
-__all__ = ["dense_mask", "fused_layer"]
+__all__ = ["fused_layer"]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from probe.attention.measure import FusedLayer, LayerContext, Measure
+from probe.attention.measure import BlockReducer, FusedLayer, LayerContext, Measure
 from probe.attention.measures import measures
 from probe.attention.plan import ProbePlan
 from probe.attention.result import KEY_KINDS, SegmentAttention
@@ -67,8 +67,17 @@ class LayerReducer:
         self.with_values = module is not None and all(p.device.type != "meta" for p in module.parameters())
         self.ctx = ctx
         self.measures = [m for m in reduced_measures(plan, self.with_values) if m.reducer is not None]
-        self.reducers = {m.id: (m.needs_values, m.reducer(ctx)) for m in self.measures if m.reducer is not None}
-        self.needs_values = any(v for v, _ in self.reducers.values())
+        self.needs_values = any(m.needs_values for m in self.measures)
+        self._reducers: dict[str, tuple[bool, BlockReducer]] | None = None  # built when rows are first reduced
+
+    @property
+    def reducers(self) -> dict[str, tuple[bool, BlockReducer]]:
+        """Measure id -> (whether it reads value states, its block reducer); made on first use, so a layer whose
+        sums come from the kernel (:meth:`finish_fused`) allocates no accumulator."""
+        if self._reducers is None:
+            self._reducers = {m.id: (m.needs_values, m.reducer(self.ctx)) for m in self.measures
+                              if m.reducer is not None}
+        return self._reducers
 
     @property
     def fusable(self) -> bool:
@@ -78,7 +87,6 @@ class LayerReducer:
     def finish_fused(self, fused: FusedLayer, chance: float) -> LayerAggregates:
         """The layer's arrays from what the attention kernel gave instead of from rows."""
         arrays = {m.id: m.fused(fused, self.ctx) for m in self.measures if m.fused is not None}
-        self.reducers = {}
         return LayerAggregates(arrays=arrays, chance=chance, with_values=self.with_values)
 
     def add(self, block: RowBlock, probs: torch.Tensor, key_start: int = 0,
@@ -102,7 +110,7 @@ class LayerReducer:
             chance: the layer's chance level (:meth:`PlanTensors.chance`).
         """
         arrays = {mid: reducer.finish() for mid, (_, reducer) in self.reducers.items()}
-        self.reducers = {}
+        self._reducers = {}
         return LayerAggregates(arrays=arrays, chance=chance, with_values=self.with_values)
 
 
