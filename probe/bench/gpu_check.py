@@ -20,14 +20,17 @@ Four parts, in at most ~8 minutes on one large GPU:
    the block engine and with the fused kernel), and eager
    ``output_attentions`` where its L·H·T² weights fit; time and peak-memory ratios, and the longest T probed.
 3. **Batched generation and probing of the same prompts** on that model: eight left-padded prompts generated
-   without and with the probe riding on the prefill (the tokens must be the same), and probed again with
-   :func:`probe.attention.probe_batch` (the aggregates must agree).
+   without and with the probe riding on the prefill (the tokens must be the same), probed again with
+   :func:`probe.attention.probe_batch` (the aggregates must agree), and probed two-stage: the generated answers
+   teacher-forced in one pass with the answer capture (:func:`probe.attention.probe_forced`, what stage two of a
+   run behind vLLM does; its prompt measures must agree with the ride-along's), timed against the generation.
 4. **Attention while the answer is written.** On the tiny architectures, three left-padded prompts generated with
    the answer capture on (docs/probes.md#attention-while-the-answer-is-written), each generated token's raw and
    value-weighted segment masses against a post-hoc eager forward over prompt + answer on the same device
    (:func:`probe.attention.decode.reference_answer_attention`), in float32 to :data:`ANSWER_F32_TOL` and in bfloat16
    to :data:`BF16_TOL` (the same reasoning as part 1: eager rounds scores and weights to bfloat16, the capture
-   keeps float32 scores).
+   keeps float32 scores). The same answers probed two-stage (:func:`probe.attention.probe_forced`: one
+   teacher-forced pass over the three prompts and their answers) are held to the same reference and tolerance.
 
 With ``cpu=True`` the same code runs on the CPU with tiny configs and fewer architectures in a few seconds (the
 test suite runs it, so it cannot rot). Without CUDA and without ``cpu=True`` it refuses with :class:`DeviceError`.
@@ -43,7 +46,8 @@ from typing import TYPE_CHECKING, Callable, TypedDict, TypeVar
 import numpy as np
 import torch
 
-from probe.attention import SegmentAttention, left_pad, probe_batch, probe_generation, probe_tokenized
+from probe.attention import SegmentAttention, left_pad, probe_batch, probe_forced, probe_generation, probe_tokenized
+from probe.attention.answer import AnswerAttention
 from probe.attention import reference_segment_attention
 from probe.attention.measures import measures
 from probe.bench.attention import bench_prompt, format_attention_bench, run_attention_bench
@@ -100,10 +104,12 @@ class GenerationRow:
     same_tokens: bool
     max_diff: float
     tol: float
+    forced_s: float = float("nan")
+    forced_diff: float = float("nan")
 
     @property
     def ok(self) -> bool:
-        return self.same_tokens and self.max_diff <= self.tol
+        return self.same_tokens and self.max_diff <= self.tol and self.forced_diff <= self.tol
 
 
 @dataclass
@@ -116,10 +122,11 @@ class AnswerRow:
     max_diff: float
     max_vdiff: float
     tol: float
+    forced_diff: float = float("nan")
 
     @property
     def ok(self) -> bool:
-        return self.max_diff <= self.tol and self.max_vdiff <= self.tol
+        return self.max_diff <= self.tol and self.max_vdiff <= self.tol and self.forced_diff <= self.tol
 
 
 @dataclass
@@ -274,18 +281,25 @@ def check_answer_capture(device: torch.device, archs: tuple[str, ...] = TINY_ARC
             answers = [out[i, ids.shape[1]:].tolist() for i in range(len(prompts))]
             assert cap.answer is not None
             got = cap.answer.results(answers, [tp.input_ids for tp in prompts])
-            worst, worst_v = 0.0, 0.0
-            for tp, a, g in zip(prompts, answers, got):
+            forced = [r.answer for r in probe_forced(model, prompts, answers, ProbeOptions(answer=True))]
+            worst, worst_v, worst_forced = 0.0, 0.0, 0.0
+            for tp, a, g, f in zip(prompts, answers, got, forced):
                 ref = reference_answer_attention(model, tp, a)
                 worst = max(worst, float(np.abs(g.mass - ref.mass).max()))
-                if g.vmass is not None and ref.vmass is not None:
-                    worst_v = max(worst_v, float(np.abs(g.vmass - ref.vmass).max()))
-                else:
-                    worst_v = float("inf")  # a capture without its value-weighted rows fails the check
-            rows.append(AnswerRow(arch, str(dtype).removeprefix("torch."), n_new, worst, worst_v, tol))
-            log.info("answer capture %s %s: %.2e / %.2e", arch, dtype, worst, worst_v)
+                worst_v = max(worst_v, _vmass_diff(g, ref))
+                worst_forced = (float("inf") if f is None else
+                                max(worst_forced, float(np.abs(f.mass - ref.mass).max()), _vmass_diff(f, ref)))
+            rows.append(AnswerRow(arch, str(dtype).removeprefix("torch."), n_new, worst, worst_v, tol, worst_forced))
+            log.info("answer capture %s %s: %.2e / %.2e (two-stage %.2e)", arch, dtype, worst, worst_v, worst_forced)
             del model
     return rows
+
+
+def _vmass_diff(got: AnswerAttention, ref: AnswerAttention) -> float:
+    """The largest difference of the value-weighted rows; ``inf`` when either lacks them (that fails the check)."""
+    if got.vmass is None or ref.vmass is None:
+        return float("inf")
+    return float(np.abs(got.vmass - ref.vmass).max())
 
 
 def check_generation(model: LlamaForCausalLM, tiny: bool) -> GenerationRow:
@@ -321,16 +335,20 @@ def check_generation(model: LlamaForCausalLM, tiny: bool) -> GenerationRow:
 
         (probed, riding), t_probed = timed(probed_generate)
     separate, t_batch = timed(lambda: probe_batch(model, prompts, options))
+    answers = [probed[i, ids.shape[1]:].tolist() for i in range(len(prompts))]
+    forced, t_forced = timed(lambda: probe_forced(model, prompts, answers, ProbeOptions(answer=True)))
     diff = max(_max_diff(a, b)[0] for a, b in zip(riding, separate))
+    forced_diff = max(_max_diff(a, b)[0] for a, b in zip(riding, forced))
     tol = F32_TOL if next(model.parameters()).dtype == torch.float32 else BF16_TOL
     return GenerationRow(n_prompts=len(prompts), mean_tokens=float(np.mean(sizes)), new_tokens=n_new,
                          generate_s=t_plain, generate_probed_s=t_probed, probe_batch_s=t_batch,
-                         same_tokens=bool(torch.equal(plain, probed)), max_diff=diff, tol=tol)
+                         same_tokens=bool(torch.equal(plain, probed)), max_diff=diff, tol=tol, forced_s=t_forced,
+                         forced_diff=forced_diff)
 
 
 def run_gpu_check(cpu: bool = False, lengths: tuple[int, ...] | None = None, time_budget_s: float = 420.0,
                   repeats: int = 1) -> GpuCheckReport:
-    """Run the three parts (see the module docstring).
+    """Run the four parts (see the module docstring).
 
     Args:
         cpu: run on the CPU with tiny configs (three architectures, lengths 96 and 160) instead of a CUDA GPU.
@@ -384,13 +402,17 @@ def format_gpu_check(report: GpuCheckReport) -> str:
                   f"   generate {g.generate_s:.2f} s; generate with the probe on the prefill "
                   f"{g.generate_probed_s:.2f} s ({g.generate_probed_s / g.generate_s:.2f}x); "
                   f"probe_batch {g.probe_batch_s:.2f} s",
+                  f"   two-stage: the answers teacher-forced with the answer capture (probe_forced) {g.forced_s:.2f} s "
+                  f"({g.forced_s / g.generate_probed_s:.2f}x the probed generation)",
                   f"   same tokens: {'yes' if g.same_tokens else 'NO'}; ride-along vs probe_batch max |difference| "
-                  f"{g.max_diff:.1e} (tolerance {g.tol:.0e})  {'ok' if g.ok else 'FAILED'}"]
+                  f"{g.max_diff:.1e}, vs two-stage {g.forced_diff:.1e} (tolerance {g.tol:.0e})  "
+                  f"{'ok' if g.ok else 'FAILED'}"]
     lines += ["", "4. attention while the answer is written: the decode-step capture against a post-hoc eager forward "
-                  "(max |difference|, raw / value-weighted segment mass per generated token)"]
+                  "(max |difference|, raw / value-weighted segment mass per generated token; two-stage: the same "
+                  "answers teacher-forced, both masses)"]
     for a in report.answer:
-        lines.append(f"   {a.arch:8s} {a.dtype:9s} {a.max_diff:9.2e} / {a.max_vdiff:9.2e}  ({a.n_tokens} tokens, "
-                     f"tolerance {a.tol:.0e})  {'ok' if a.ok else 'FAILED'}")
+        lines.append(f"   {a.arch:8s} {a.dtype:9s} {a.max_diff:9.2e} / {a.max_vdiff:9.2e}  two-stage {a.forced_diff:9.2e}"
+                     f"  ({a.n_tokens} tokens, tolerance {a.tol:.0e})  {'ok' if a.ok else 'FAILED'}")
     if not report.answer:
         lines.append("   (no rows)")
     lines += [f"note: {n}" for n in report.notes]
