@@ -398,11 +398,16 @@ def _parse_completion(data: dict) -> Generation:
     text = choice["message"].get("content") or ""
     usage = data.get("usage") or {}
     ids = choice.get("token_ids")
+    n_tokens = usage.get("completion_tokens")
+    if isinstance(ids, list) and ids and choice.get("finish_reason") == "stop" and choice.get("stop_reason") is None:
+        # vLLM stopped at the model's end token (a stop string or stop id would be its stop_reason): its ids and its
+        # count include that token, which a local run does not count as written
+        n_tokens = len(ids) - 1
     return Generation(
         text=text,
         truncated=choice.get("finish_reason") == "length",
         prompt_tokens=usage.get("prompt_tokens"),
-        completion_tokens=usage.get("completion_tokens"),
+        completion_tokens=n_tokens,
         output_ids=tuple(int(i) for i in ids) if isinstance(ids, list) else None,
     )
 

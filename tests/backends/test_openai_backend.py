@@ -292,8 +292,27 @@ def test_a_two_stage_card_asks_for_the_answers_token_ids_and_records_them(server
     out = run(OpenAIBackend(make_card(url, probe_with="smollm2-135m-instruct"), retry=FAST), [make_prompt(1)])
     assert script.requests[0][2]["return_token_ids"] is True
     assert out["p1"].output_ids == (5, 6, 2) and out["p1"].text == "ab"
+    # the end token the ids (and vLLM's usage) include is not counted as written, as a local run counts
+    assert out["p1"].completion_tokens == 2
     out = run(OpenAIBackend(make_card(url), retry=FAST), [make_prompt(2)])
     assert "return_token_ids" not in script.requests[1][2]
+
+
+def test_the_answer_length_of_a_served_run_counts_what_a_local_run_counts(server):
+    """Token ids ending at the end token (finish ``stop``, no ``stop_reason``): the count leaves it out; a stop
+    string (``stop_reason`` names it), a truncated answer, or no ids: the server's own count."""
+    url, script = server
+    card = make_card(url, probe_with="smollm2-135m-instruct")
+    cases = [({"finish_reason": "stop", "stop_reason": None, "token_ids": [5, 6, 7, 2]}, 3),
+             ({"finish_reason": "stop", "stop_reason": "###", "token_ids": [5, 6, 7, 9]}, 4),
+             ({"finish_reason": "length", "stop_reason": None, "token_ids": [5, 6, 7, 8]}, 4),
+             ({"finish_reason": "stop"}, 4)]
+    for i, (choice, want) in enumerate(cases):
+        script.default = Action(body={"choices": [{"index": 0, "message": {"role": "assistant", "content": "ab"},
+                                                   **choice}],
+                                      "usage": {"prompt_tokens": 4, "completion_tokens": 4}})
+        out = run(OpenAIBackend(card, retry=FAST), [make_prompt(i)])
+        assert out[f"p{i}"].completion_tokens == want, choice
 
 
 def test_a_server_rejecting_return_token_ids_is_asked_again_without_it(server):
