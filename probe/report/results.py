@@ -79,7 +79,14 @@ def _where(conditions: tuple[str, ...] | None, loads: tuple[int, ...] | None) ->
 
 
 def _weights(name: str, entry: dict) -> str:
-    """One model's weights as the manifest recorded them: where they came from, their file and dtype."""
+    """One model's weights as the manifest recorded them: where they came from, their file and dtype; a served
+    model by its server, and the local card it was probed on (two-stage)."""
+    if entry.get("backend") not in (None, "transformers"):
+        served = f"`{name}`: served (`{entry.get('served_model')}` at {entry.get('base_url')})"
+        local = entry.get("probe_with")
+        if isinstance(local, dict):
+            return f"{served}, probed two-stage on {_weights(str(local.get('name')), local)}"
+        return served
     where = (f"GGUF `{entry['gguf_file']}` de-quantised" if entry.get("gguf_file")
              else f"`{entry.get('hub_id') or entry.get('path') or entry.get('served_model') or entry.get('source')}`")
     dtype = f", run in {entry['dtype']}" if entry.get("dtype") else ""

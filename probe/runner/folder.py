@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 from probe.config import ExperimentConfig, dump_config, read_run_config
 from probe.errors import ConfigError
-from probe.loading import ModelCard
+from probe.loading import ModelCard, get_card
 from probe.records import RecordError, check_records, load_trials, write_jsonl
 from probe.runfolder import RunFolder, write_atomic
 
@@ -151,6 +151,18 @@ def _git_commit() -> str | None:
         return None
 
 
+def _card_entry(card: ModelCard, revisions: dict[str, str]) -> dict:
+    """Where a card's weights come from, as the manifest records them; a served card that is probed two-stage
+    carries its local card's entry under ``probe_with``."""
+    entry = {"source": card.source, "backend": card.backend, "hub_id": card.hub_id, "package": card.package,
+             "gguf_file": card.gguf_file, "path": card.path, "base_url": card.base_url,
+             "served_model": card.served_model, "revision": revisions.get(card.name) or card.revision,
+             "dtype": card.dtype}
+    if card.probe_with is not None:
+        entry["probe_with"] = {"name": card.probe_with, **_card_entry(get_card(card.probe_with), revisions)}
+    return entry
+
+
 def write_manifest(run: str | Path | RunFolder, cfg: ExperimentConfig, cards: Sequence[ModelCard],
                    revisions: dict[str, str]) -> None:
     """The run's manifest: toolkit commit, package versions, model sources and revisions, seeds."""
@@ -168,11 +180,7 @@ def write_manifest(run: str | Path | RunFolder, cfg: ExperimentConfig, cards: Se
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "packages": versions,
-        "models": {c.name: {"source": c.source, "backend": c.backend, "hub_id": c.hub_id, "package": c.package,
-                            "gguf_file": c.gguf_file, "path": c.path, "base_url": c.base_url,
-                            "served_model": c.served_model, "revision": revisions.get(c.name) or c.revision,
-                            "dtype": c.dtype}
-                   for c in cards},
+        "models": {c.name: _card_entry(c, revisions) for c in cards},
         "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     write_atomic(RunFolder(run).manifest, json.dumps(manifest, indent=2, ensure_ascii=False))

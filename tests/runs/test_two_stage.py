@@ -12,6 +12,8 @@ The real server (transformers serve) is in ``tests/runs/test_served_run.py``; vL
 
 from __future__ import annotations
 
+import json
+
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -165,6 +167,10 @@ def test_two_stage_records_equal_the_in_generation_probe(tmp_path, tiny_card, st
     assert sum(calls) == len(distinct) < n  # Control's two greedy replications: one pass
     t = next(iter(trials_by_prompt(run, SERVED).values()))
     assert t.output_ids is not None and len(t.output_ids) >= 1
+    # the manifest says which local weights probed the served answers (the results page names them)
+    entry = json.loads(run.manifest.read_text())["models"][SERVED]
+    assert entry["backend"] == "openai" and entry["probe_with"]["source"] == "local"
+    assert entry["probe_with"]["name"] == str(tiny_card)
 
 
 def test_retokenised_answers_are_probed_when_they_round_trip(tmp_path, tiny_card, stand_in, reference, caplog):
