@@ -105,6 +105,20 @@ class RunRecords:
     tasks: dict[str, Task] | None = None
 
 
+def in_run_order(trials: list[TrialRecord], prompt_ids: list[str]) -> list[TrialRecord]:
+    """The trials in one order whatever order they were written in: by model name, the baseline before the
+    interventions (by name), then the prompt's place in ``prompts.jsonl``; trials of prompts it does not hold (a
+    folder without one: imported trials) after those, by prompt id and trial id.
+
+    Writers record trials in the order they finish (a local model batches prompts by length, a served one records
+    answers as they arrive), and the analysis must not depend on that: the question order of a Monte Carlo sign
+    flip, the order of a float sum and the row order of the tables follow this order (a two-stage run and an
+    all-torch run of the same answers give the same analysis)."""
+    place = {pid: i for i, pid in reversed(list(enumerate(prompt_ids)))}
+    return sorted(trials, key=lambda t: (t.model, t.intervention is not None, t.intervention or "",
+                                         place.get(t.prompt_id, len(place)), t.prompt_id, t.trial_id))
+
+
 def load_run_records(run: RunFolder) -> RunRecords:
     """The trials (as records and as a table), prompts and tasks of a run folder, each file read once.
 
@@ -116,11 +130,11 @@ def load_run_records(run: RunFolder) -> RunRecords:
     path = run.trials
     if not path.is_file():
         raise ProbeError(f"{path}: no trial records here; run `probe run` first, or give the run folder")
-    trials = load_trials(path)
+    prompts = {p.prompt_id: p for p in load_prompts(run.prompts)}
+    trials = in_run_order(load_trials(path), list(prompts))
     if not trials:
         raise ProbeError(f"{path}: holds no trial record")
     df = trials_frame(trials)
-    prompts = {p.prompt_id: p for p in load_prompts(run.prompts)}
     tasks = {t.task_id: t for t in load_task_records(run.tasks)} if run.tasks.is_file() else None
     if prompts:
         from_prompt = df["prompt_id"].map(lambda pid: prompts[pid].s_sim if pid in prompts else None)
