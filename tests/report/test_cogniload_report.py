@@ -31,6 +31,7 @@ from probe.analysis.cogniload_attention import (
 )
 from probe.analysis.ice import IceResult
 from probe.attention.result import SegmentAttention
+from probe.analysis.frame import in_run_order
 from probe.records import load_trials
 from probe.report import main_table, main_table_text, render_report, write_tables
 from probe.report import cogniload_figures as CL
@@ -165,7 +166,8 @@ def _wilson(p: float, n: float, z: float = scipy.stats.norm.ppf(0.975)) -> tuple
 
 def test_cogniload_section_of_the_analysis(run, analysis):
     run_dir, _ = run
-    trials = load_trials(run_dir / "trials.jsonl")
+    # the analysis reads trials in the run's order (no prompts.jsonl here: by prompt id), so its float sums are these
+    trials = in_run_order(load_trials(run_dir / "trials.jsonl"), [])
     result = cl(analysis)
     assert result.seed == SEED and result.n_bootstrap == N_BOOT  # from the run's config.toml
     assert analysis.seed == SEED and analysis.seed_source == "config.toml"
