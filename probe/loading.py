@@ -552,10 +552,7 @@ def load_model(card_or_name: ModelCard | str, device: str | None = None) -> Load
     revision = card.revision or ""
     model: Any  # a transformers PreTrainedModel (its `.to` is typed as a wrapped unbound method)
     if card.source in ("package", "gguf"):
-        d, f = gguf_location(card)
-        cached = _gguf_cache_path(card, d / f)
-        if not (cached / "config.json").is_file():
-            _dequantise_to_cache(card, d, f, cached)
+        cached = weights_folder(card)
         model = AutoModelForCausalLM.from_pretrained(cached, **kwargs)
         from transformers import AutoTokenizer
 
@@ -577,6 +574,26 @@ def load_model(card_or_name: ModelCard | str, device: str | None = None) -> Load
     if model.generation_config is not None and model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tok.pad_token_id
     return LoadedModel(card=card, model=model, tokenizer=tok, revision=revision)
+
+
+def weights_folder(card: ModelCard) -> Path:
+    """A GGUF card's weights as a plain Hugging Face folder: the float32 de-quantised copy in the cache, written on
+    first use. This is the folder to serve when a card's model is served by another engine (vLLM reads it; see
+    docs/performance.md#two-stage-runs-vllm-writes-the-answers-local-weights-probe-them for the one change it
+    needs).
+
+    Raises:
+        ConfigError: the card's weights are not a GGUF file (``source`` is not ``package`` or ``gguf``).
+        ModelUnavailableError: the GGUF file is missing.
+    """
+    if card.source not in ("package", "gguf"):
+        raise ConfigError(f"{card.card_path}: model {card.name!r} has source {card.source!r}; only a GGUF card "
+                          "(source = 'package' or 'gguf') has a de-quantised folder")
+    d, f = gguf_location(card)
+    cached = _gguf_cache_path(card, d / f)
+    if not (cached / "config.json").is_file():
+        _dequantise_to_cache(card, d, f, cached)
+    return cached
 
 
 def _dequantise_to_cache(card: ModelCard, folder: Path, gguf_file: str, out: Path) -> None:

