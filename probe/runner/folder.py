@@ -154,10 +154,10 @@ def _git_commit() -> str | None:
 def _card_entry(card: ModelCard, revisions: dict[str, str]) -> dict:
     """Where a card's weights come from, as the manifest records them; a served card that is probed two-stage
     carries its local card's entry under ``probe_with``."""
-    entry = {"source": card.source, "backend": card.backend, "hub_id": card.hub_id, "package": card.package,
-             "gguf_file": card.gguf_file, "path": card.path, "base_url": card.base_url,
-             "served_model": card.served_model, "revision": revisions.get(card.name) or card.revision,
-             "dtype": card.dtype}
+    entry: dict[str, Any] = {
+        "source": card.source, "backend": card.backend, "hub_id": card.hub_id, "package": card.package,
+        "gguf_file": card.gguf_file, "path": card.path, "base_url": card.base_url, "served_model": card.served_model,
+        "revision": revisions.get(card.name) or card.revision, "dtype": card.dtype}
     if card.probe_with is not None:
         entry["probe_with"] = {"name": card.probe_with, **_card_entry(get_card(card.probe_with), revisions)}
     return entry
