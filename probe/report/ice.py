@@ -389,25 +389,12 @@ def attention_measures(result: IceResult, model: str) -> list[tuple[str, str]]:
 def attention_tables_html(result: IceResult, alpha: float) -> str:
     """The layers and heads that pass their family's correction (attention ↔ behaviour, H3 in attention)."""
     parts = []
-    rows = []
-    for a in result.attention_behaviour:
-        if a.layer_tests is None:
-            continue
-        for t in a.layer_tests.layers:
-            if t.estimate.q is not None and t.estimate.q < alpha:
-                e = t.estimate
-                rows.append([esc(a.model), esc(f"{a.label}, failed − correct"), str(t.layer), fmt.num(e.value, "+.4f"),
-                             fmt.ci(e.ci_low, e.ci_high, "+.4f"), fmt.p_value(e.p, html=True), _p_cell(e.q, alpha),
-                             fmt.num(e.df, ".1f")])
-    for r in result.residue_attention:
-        if r.test is None:
-            continue
-        for t in r.test.layers:
-            if t.estimate.q is not None and t.estimate.q < alpha:
-                e = t.estimate
-                rows.append([esc(r.model), esc(f"AR_k ({r.target}) per unit S_sim"), str(t.layer),
-                             fmt.num(e.value, "+.4f"), fmt.ci(e.ci_low, e.ci_high, "+.4f"),
-                             fmt.p_value(e.p, html=True), _p_cell(e.q, alpha), fmt.num(e.df, ".1f")])
+    tested = [(a.model, f"{a.label}, failed − correct", a.layer_tests) for a in result.attention_behaviour]
+    tested += [(r.model, f"AR_k ({r.target}) per unit S_sim", r.test) for r in result.residue_attention]
+    rows = [[esc(model), esc(label), str(t.layer), fmt.num(e.value, "+.4f"), fmt.ci(e.ci_low, e.ci_high, "+.4f"),
+             fmt.p_value(e.p, html=True), _p_cell(e.q, alpha), fmt.num(e.df, ".1f")]
+            for model, label, tests in tested if tests is not None
+            for t in tests.layers if (e := t.estimate).q is not None and e.q < alpha]
     if result.attention_behaviour or result.residue_attention:
         body = (table(["model", "test", "layer", "estimate", "95% CI", "p", "q (BH)", "df"], rows, left=2) if rows
                 else '<p class="note">No layer passes its family\'s correction.</p>')
