@@ -86,13 +86,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
     """Check an experiment as far as it can be checked without loading a model: the file, the model cards and
     their weights (packages, GGUF files, folders), probes and interventions against the cards, the generation
     budget against each context window, every task file, and a separate probe run named by ``heads.from``."""
+    from probe.interventions import TopHeads
     from probe.runner.checks import check_inputs
 
     cfg = _load(args)
     cards, tasks = check_inputs(cfg)
     for iv in cfg.interventions:
         heads = iv.heads
-        if not isinstance(heads, (str, tuple)) and not Path(heads.from_run).is_dir():
+        if isinstance(heads, TopHeads) and not Path(heads.from_run).is_dir():
             raise ProbeError(f"{args.experiment}: interventions {iv.name!r}: heads.from = {heads.from_run!r} is not a "
                              "run folder; run the selection experiment first (probe.enabled = true)")
     print(f"{args.experiment}: ok ({len(cfg.tasks)} task source(s), {len(tasks)} tasks, models: "

@@ -7,16 +7,15 @@ backslashes, control characters); the run folder keeps that text (:func:`read_ru
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import re
 import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-from probe.codec import KEY, CodecError, decode, encode
+from probe.codec import CodecError, decode, encode
 from probe.errors import ConfigError, FieldError
+from probe.interventions import INTERVENTION_NAME, RESOLUTION_FIELDS, Intervention
 from probe.probe_options import ProbeOptions
 from probe.runfolder import RunFolder
 from probe.tasks import SOURCES, TaskSection, get_source
@@ -103,179 +102,6 @@ class ProbeSection(ProbeOptions):
     enabled: bool = False
 
 
-INTERVENTION_KINDS: tuple[str, ...] = ("knockout", "steer", "reinject")
-INTERVENTION_KEYS: tuple[str, ...] = ("extraneous", "filler", "germane", "matched-random", "matched-germane")
-# keys drawn at random to match another key set in number: keys -> (the span kind it matches, the span kinds it draws
-# from, before the question; docs/interventions.md#key-sets)
-MATCHED_DRAWS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "matched-random": ("extraneous", ("instruction", "germane", "filler")),
-    "matched-germane": ("germane", ("filler", "extraneous")),
-}
-# the matched control of a key set: an attention edit's keys -> its twin's keys; a re-injection's -> its twin's
-CONTROL_KEYS: dict[str, str] = {"extraneous": "matched-random", "germane": "matched-germane"}
-REINJECT_KEYS: dict[str, str] = {"germane": "filler"}
-REINJECT_WHAT: tuple[str, ...] = ("germane", "filler")  # what a reinject repeats before the question
-INTERVENTION_QUERIES: tuple[str, ...] = ("answer", "after")
-HEAD_RANKINGS: tuple[str, ...] = ("enrichment", "p_ext", "retrieval")  # retrieval: needs answer captures
-INTERVENTION_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
-
-
-@dataclass(frozen=True)
-class LayerWindow:
-    """A window of ``window`` consecutive layers swept over the depth in steps of ``stride`` (``layers = {window =
-    W, stride = S}``): one intervention per window, named ``<name>@L<first>-<last>``."""
-
-    window: int
-    stride: int = 1
-
-    def __post_init__(self) -> None:
-        if self.window < 1 or self.stride < 1:
-            raise ConfigError(f"layers = {{window = {self.window}, stride = {self.stride}}}: both must be >= 1")
-
-
-@dataclass(frozen=True)
-class TopHeads:
-    """The ``top_k`` heads by ``by`` (mean over the prompts of a separate probe run, the run folder ``from_run``;
-    TOML key ``from``), and with ``random_control`` a second intervention ``<name>+random`` on as many random
-    heads."""
-
-    top_k: int
-    from_run: str = field(metadata={KEY: "from"})
-    by: str = "enrichment"
-    random_control: bool = False
-
-    def __post_init__(self) -> None:
-        if self.top_k < 1:
-            raise ConfigError(f"heads.top_k: {self.top_k} must be >= 1")
-        if not self.from_run:
-            raise ConfigError("heads.from: name the run folder of a separate probe run to take the heads from")
-        if self.by not in HEAD_RANKINGS:
-            raise ConfigError(f"heads.by: {self.by!r}; use one of {', '.join(HEAD_RANKINGS)}")
-
-
-@dataclass(frozen=True)
-class InterventionEdit:
-    """What an intervention does and which prompts it runs on: the fields the ``[[interventions]]`` table
-    (:class:`InterventionSection`) and the resolved intervention (:class:`probe.interventions.Intervention`) share,
-    declared and checked here once (docs/interventions.md).
-
-    Attributes:
-        kind: ``knockout`` or ``steer`` (attention edits), or ``reinject`` (the prompt edited: its germane facts, or
-            as many neutral sentences, repeated right before the question; no attention edit).
-        keys: ``extraneous``, ``filler``, ``germane``, ``matched-random`` or ``matched-germane``; a ``reinject``
-            takes ``germane`` (repeat the facts) or ``filler`` (repeat as many neutral sentences).
-        queries: ``answer`` or ``after`` (attention edits).
-        alpha: the steering coefficient (``steer`` only, finite and >= 0; 0 equals the knockout, above 1 draws
-            attention to the keys).
-        conditions / loads: the prompts it runs on (None: every prompt; a load list leaves Control, load 0, out
-            unless it names 0). Keyword-only.
-    """
-
-    kind: str
-    keys: str = "extraneous"
-    queries: str = "answer"
-    alpha: float | None = None
-    _: dataclasses.KW_ONLY
-    conditions: tuple[str, ...] | None = None
-    loads: tuple[int, ...] | None = None
-
-    def applies_to(self, condition: str, load: int) -> bool:
-        """Whether a prompt of ``condition`` at ``load`` (0 for Control) runs under this intervention."""
-        return ((self.conditions is None or condition in self.conditions)
-                and (self.loads is None or load in self.loads))
-
-    @property
-    def edits_attention(self) -> bool:
-        """A knockout or a steer (it needs the model's attention); a ``reinject`` edits the prompt only."""
-        return self.kind != "reinject"
-
-    @property
-    def control_keys(self) -> str | None:
-        """The keys of this intervention's matched control (its twin in the analysis' specific contrast), or None
-        when it is no tested arm (docs/interventions.md#the-effect-and-the-recovered-share)."""
-        return (CONTROL_KEYS if self.edits_attention else REINJECT_KEYS).get(self.keys)
-
-    def edit_values(self) -> dict[str, Any]:
-        """The shared fields by name (what a resolved intervention copies from its table)."""
-        return {f.name: getattr(self, f.name) for f in fields(InterventionEdit)}
-
-    def _where(self) -> str:
-        return type(self).__name__
-
-    def _refuse(self, field_name: str, problem: str) -> NoReturn:
-        raise FieldError(self._where(), field_name, problem)
-
-    def __post_init__(self) -> None:
-        if self.kind not in INTERVENTION_KINDS:
-            self._refuse("kind", f"{self.kind!r}; use {' or '.join(INTERVENTION_KINDS)}")
-        if self.kind == "knockout" and self.alpha is not None:
-            self._refuse("alpha", f"{self.alpha} has no effect on a knockout; remove it or use kind = \"steer\"")
-        if self.kind == "steer" and (self.alpha is None or not self.alpha >= 0 or math.isinf(self.alpha)):
-            self._refuse("alpha", f"a steer needs a finite alpha >= 0 (0 equals the knockout), got {self.alpha}")
-        if self.kind == "reinject":
-            if self.keys not in REINJECT_WHAT:
-                self._refuse("keys", f"{self.keys!r}: a reinject repeats the germane facts (\"germane\") or as many "
-                             "neutral sentences (\"filler\") before the question")
-            if self.alpha is not None:
-                self._refuse("alpha", f"{self.alpha} has no effect on a reinject (it edits the prompt, not attention)")
-            if self.queries != "answer":
-                self._refuse("queries", f"{self.queries!r} has no effect on a reinject (it edits the prompt, not "
-                             "attention); remove it")
-        elif self.keys not in INTERVENTION_KEYS:
-            self._refuse("keys", f"{self.keys!r}; use one of {', '.join(INTERVENTION_KEYS)}")
-        if self.queries not in INTERVENTION_QUERIES:
-            self._refuse("queries", f"{self.queries!r}; use {' or '.join(INTERVENTION_QUERIES)}")
-        if self.conditions is not None and (not self.conditions or len(set(self.conditions)) != len(self.conditions)):
-            self._refuse("conditions", f"{list(self.conditions)} must name distinct conditions")
-        if self.loads is not None and (not self.loads or len(set(self.loads)) != len(self.loads)
-                                       or any(not 0 <= x <= 100 for x in self.loads)):
-            self._refuse("loads", f"{list(self.loads)} must be distinct loads in percent (0 to 100)")
-
-
-@dataclass(frozen=True, kw_only=True)
-class InterventionSection(InterventionEdit):
-    """One ``[[interventions]]`` table (see :mod:`probe.attention.intervention` for what each value does): the
-    shared fields of :class:`InterventionEdit`, a name, and the layers and heads as declared.
-
-    ``layers``: ``"all"``, a list of layers, or a :class:`LayerWindow` sweep. ``heads``: ``"all"``, a list of
-    ``[layer, head]`` pairs, or :class:`TopHeads` from a separate probe run. Every field is keyword-only.
-    """
-
-    name: str
-    layers: str | tuple[int, ...] | LayerWindow = "all"
-    heads: str | tuple[tuple[int, int], ...] | TopHeads = "all"
-
-    def _where(self) -> str:
-        return f"interventions[{self.name!r}]"
-
-    def __post_init__(self) -> None:
-        what = self._where()
-        if not INTERVENTION_NAME.match(self.name):
-            raise ConfigError(f"interventions.name: {self.name!r}; use letters, digits, '_', '.' or '-'")
-        super().__post_init__()
-        if self.kind == "reinject" and (self.layers != "all" or self.heads != "all"):
-            raise ConfigError(f"{what}: a reinject edits the prompt, not attention: remove layers and heads")
-        if isinstance(self.layers, str) and self.layers != "all":
-            raise ConfigError(f"{what}.layers: {self.layers!r}; use \"all\", a list of layers or "
-                              "{window = W, stride = S}")
-        if isinstance(self.layers, tuple) and (not self.layers or any(x < 0 for x in self.layers)
-                                               or len(set(self.layers)) != len(self.layers)):
-            raise ConfigError(f"{what}.layers: {list(self.layers)} must be distinct layer indices >= 0")
-        if isinstance(self.heads, str) and self.heads != "all":
-            raise ConfigError(f"{what}.heads: {self.heads!r}; use \"all\", a list of [layer, head] pairs or "
-                              "{top_k = K, from = \"<run folder>\"}")
-        if isinstance(self.heads, tuple):
-            if not self.heads or any(x < 0 for pair in self.heads for x in pair):
-                raise ConfigError(f"{what}.heads: {[list(h) for h in self.heads]} must be [layer, head] pairs >= 0")
-        if self.heads != "all" and self.layers != "all" and not (
-                isinstance(self.layers, tuple) and isinstance(self.heads, tuple)):
-            raise ConfigError(f"{what}: a layer sweep or top-k heads need the other of layers / heads to be \"all\"")
-        if isinstance(self.layers, tuple) and isinstance(self.heads, tuple):
-            outside = sorted({layer for layer, _ in self.heads} - set(self.layers))
-            if outside:
-                raise ConfigError(f"{what}.heads: layers {outside} are not in layers {list(self.layers)}")
-
-
 @dataclass(frozen=True)
 class AnalysisSection:
     brittle_em: float = 0.10  # Control EM below this -> intrinsic-load brittle
@@ -301,7 +127,7 @@ class ExperimentConfig:
     generation: GenerationSection = field(default_factory=GenerationSection)
     probe: ProbeSection = field(default_factory=ProbeSection)
     analysis: AnalysisSection = field(default_factory=AnalysisSection)
-    interventions: tuple[InterventionSection, ...] = ()
+    interventions: tuple[Intervention, ...] = ()
 
     @property
     def run_dir(self) -> Path:
@@ -318,7 +144,8 @@ class ExperimentConfig:
         plain: dict[str, Any] = _drop_none(encode(self))
         plain["probe"] = {"enabled": plain["probe"].pop("enabled"), **plain["probe"]}  # as the table is written
         plain["tasks"] = [{"source": t.source, **_drop_none(encode(t.options))} for t in self.tasks]
-        plain["interventions"] = [{"name": i.pop("name"), **i} for i in plain["interventions"]]  # the name first
+        plain["interventions"] = [{"name": i.pop("name"), **{k: v for k, v in i.items() if k not in RESOLUTION_FIELDS}}
+                                  for i in plain["interventions"]]  # the name first; as declared
         return plain
 
 
@@ -361,8 +188,7 @@ def config_from_dict(data: dict[str, Any], where: str = "<config>") -> Experimen
             generation=_build(GenerationSection, data.get("generation", {}), "generation"),
             probe=_build(ProbeSection, data.get("probe", {}), "probe"),
             analysis=_build(AnalysisSection, data.get("analysis", {}), "analysis"),
-            interventions=tuple(_build(InterventionSection, t, f"interventions[{i}]")
-                                for i, t in enumerate(raw_interventions)),
+            interventions=tuple(_declared_intervention(t, i) for i, t in enumerate(raw_interventions)),
         )
         _check_intervention_names(cfg.interventions)
         _check_intervention_cells(cfg)
@@ -394,7 +220,27 @@ def _task_section(raw: Any, i: int) -> TaskSection:
         raise ConfigError(f"tasks[{i}].{e.field} ({label}): {e.problem}") from None
 
 
-def _check_intervention_names(sections: tuple[InterventionSection, ...]) -> None:
+def _declared_intervention(raw: Any, i: int) -> Intervention:
+    """One ``[[interventions]]`` table: an :class:`~probe.interventions.Intervention` as declared, without the
+    fields resolution sets, and with no value that has no effect."""
+    where = f"interventions[{i}]"
+    if isinstance(raw, dict):
+        if "name" not in raw:
+            raise ConfigError(f"{where}: missing key(s) name (trial ids and record folders carry it)")
+        set_later = [k for k in RESOLUTION_FIELDS if k in raw]
+        if set_later:
+            raise ConfigError(f"{where}.{set_later[0]}: the runner sets it when it resolves the intervention for a "
+                              "model (interventions.json); remove it")
+    iv: Intervention = _build(Intervention, raw, where)
+    if not INTERVENTION_NAME.match(iv.name):
+        raise ConfigError(f"interventions.name: {iv.name!r}; use letters, digits, '_', '.' or '-'")
+    if not iv.edits_attention and iv.layers is not None:
+        raise ConfigError(f"interventions[{iv.name!r}].layers: a reinject edits the prompt, not attention: remove "
+                          "layers and heads")
+    return iv
+
+
+def _check_intervention_names(sections: tuple[Intervention, ...]) -> None:
     """Intervention names must be unique (trial ids and record folders carry them)."""
     seen: set[str] = set()
     for s in sections:

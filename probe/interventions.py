@@ -1,53 +1,92 @@
-"""What an intervention is (:class:`Intervention`, :class:`RowEdit`), and an experiment's ``[[interventions]]``
-resolved for one model: layer sweeps expanded, top-k heads selected.
+"""The one intervention type, :class:`Intervention`, in its three forms: an experiment's ``[[interventions]]``
+table (declared: layers may be a sweep, heads a top-k selection), the intervention resolved for one model (explicit
+layers and heads, with where they came from) and its entry in the run folder's ``interventions.json``; the edit of
+one prompt (:class:`RowEdit`, :class:`KeyCount`); and that file's reader and writer.
 
-:class:`Intervention` names what to edit (kind, α, keys, queries, layers, heads); :class:`RowEdit` is one prompt's
-key mask and first query; :mod:`probe.attention.intervention` applies them in the model's attention. This module
-imports neither torch nor numpy (``probe.Intervention`` is cheap to reach).
+:mod:`probe.runner.resolve` turns a declared intervention into resolved ones for a model: a layer sweep
+(:class:`LayerWindow`) into one intervention per window, named ``<name>@L<a>-<b>``; top-k heads (:class:`TopHeads`)
+into the heads chosen from a separate probe run (and ``<name>+random``); every field the table gave is kept, and
+``group``, ``window``, ``selection`` and ``model`` say where the resolved one came from. :mod:`probe.attention.
+intervention` applies a resolved one in the model's attention (docs/interventions.md).
 
-Each :class:`~probe.config.InterventionSection` becomes one or more :class:`Intervention` with explicit layers and
-heads, the model it was resolved for and where it came from (``group``, ``window``, ``selection``):
-
-- ``layers = {window = W, stride = S}`` expands into windows ``[a, a + W − 1]`` for ``a = 0, S, 2S, …`` while the
-  window fits in the model, named ``<name>@L<a>-<b>``;
-- ``heads = {top_k = K, from = "<run folder>", by = "enrichment"}`` takes the K heads with the largest mean of
-  ``by`` over the baseline probe records of that *separate* run (same model); a run whose questions overlap this
-  run's is refused, so selection and test never share a question. ``random_control = true`` adds
-  ``<name>+random``: K heads drawn (seeded by the experiment seed and the name) from the heads not selected.
-  ``by = "retrieval"`` ranks by the retrieval score of Wu et al. (:mod:`probe.attention.retrieval`) pooled over that
-  run's records that hold an answer capture: copied over copyable generated tokens, summed over the records.
-
-The resolved list is written to the run folder's ``interventions.json`` (:attr:`probe.runfolder.RunFolder.
-interventions`), one object per model and intervention: :meth:`Intervention.to_json` is its file form and
-:meth:`Intervention.from_json` the one reader (files of earlier versions, without ``conditions``, ``loads``,
-``model``, ``group``, ``window`` or ``selection``, read with those absent), which :func:`load_interventions` and the
-analysis use.
+``interventions.json`` holds one entry per model and resolved intervention: :meth:`Intervention.to_json` is its
+file form and :meth:`Intervention.from_json` the one reader (files of earlier versions, without ``conditions``,
+``loads``, ``model``, ``group``, ``window`` or ``selection``, read with those absent), which
+:func:`load_interventions` and the analysis use. This module imports neither torch nor numpy (``probe.
+Intervention`` is cheap to reach).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
-import logging
 import math
+import re
 from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, AbstractSet as Set, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, NoReturn, Sequence
 
-from probe.codec import ALL_WHEN_NONE, KEY, CodecError, decode, encode
-from probe.config import HEAD_RANKINGS, ExperimentConfig, InterventionEdit, LayerWindow, TopHeads
+from probe.codec import ALL_WHEN_NONE, DECODE, KEY, CodecError, decode, encode
 from probe.errors import ConfigError, FieldError, ProbeError
 from probe.runfolder import RunFolder, write_atomic
-from probe.types import Prompt
 
 if TYPE_CHECKING:
     import numpy as np
 
-log = logging.getLogger(__name__)
-
+INTERVENTION_KINDS: tuple[str, ...] = ("knockout", "steer", "reinject")
+INTERVENTION_KEYS: tuple[str, ...] = ("extraneous", "filler", "germane", "matched-random", "matched-germane")
+# keys drawn at random to match another key set in number: keys -> (the span kind it matches, the span kinds it draws
+# from, before the question; docs/interventions.md#key-sets)
+MATCHED_DRAWS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "matched-random": ("extraneous", ("instruction", "germane", "filler")),
+    "matched-germane": ("germane", ("filler", "extraneous")),
+}
+# the matched control of a key set: an attention edit's keys -> its twin's keys; a re-injection's -> its twin's
+CONTROL_KEYS: dict[str, str] = {"extraneous": "matched-random", "germane": "matched-germane"}
+REINJECT_KEYS: dict[str, str] = {"germane": "filler"}
+REINJECT_WHAT: tuple[str, ...] = ("germane", "filler")  # what a reinject repeats before the question
+INTERVENTION_QUERIES: tuple[str, ...] = ("answer", "after")
+HEAD_RANKINGS: tuple[str, ...] = ("enrichment", "p_ext", "retrieval")  # retrieval: needs answer captures
+# a declared name (trial ids and record folders carry it); resolution adds '@' (a sweep's window) and '+' (a random
+# control)
+INTERVENTION_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+# the fields resolution sets (an [[interventions]] table does not hold them)
+RESOLUTION_FIELDS: tuple[str, ...] = ("group", "window", "selection", "model")
 # the fields every interventions.json entry holds (the others may be absent and take their defaults)
 ENTRY_KEYS = ("name", "kind", "keys", "queries", "layers", "heads")
+
+
+@dataclass(frozen=True)
+class LayerWindow:
+    """A window of ``window`` consecutive layers swept over the depth in steps of ``stride`` (``layers = {window =
+    W, stride = S}``): one intervention per window, named ``<name>@L<first>-<last>``."""
+
+    window: int
+    stride: int = 1
+
+    def __post_init__(self) -> None:
+        if self.window < 1 or self.stride < 1:
+            raise ConfigError(f"layers = {{window = {self.window}, stride = {self.stride}}}: both must be >= 1")
+
+
+@dataclass(frozen=True)
+class TopHeads:
+    """The ``top_k`` heads by ``by`` (mean over the prompts of a separate probe run, the run folder ``from_run``;
+    TOML key ``from``), and with ``random_control`` a second intervention ``<name>+random`` on as many random
+    heads."""
+
+    top_k: int
+    from_run: str = field(metadata={KEY: "from"})
+    by: str = "enrichment"
+    random_control: bool = False
+
+    def __post_init__(self) -> None:
+        if self.top_k < 1:
+            raise ConfigError(f"heads.top_k: {self.top_k} must be >= 1")
+        if not self.from_run:
+            raise ConfigError("heads.from: name the run folder of a separate probe run to take the heads from")
+        if self.by not in HEAD_RANKINGS:
+            raise ConfigError(f"heads.by: {self.by!r}; use one of {', '.join(HEAD_RANKINGS)}")
 
 
 @dataclass(frozen=True)
@@ -78,57 +117,166 @@ class HeadSelection:
             raise FieldError("HeadSelection", "n_prompts", f"{self.n_prompts} must be >= 0")
 
 
-@dataclass(frozen=True)
-class Intervention(InterventionEdit):
-    """One intervention: what to edit (kind, keys, queries, α: :class:`~probe.config.InterventionEdit`), the layers
-    and heads edited, and, once resolved from an experiment's ``[[interventions]]``, for which model and from what.
+def _decode_layers(data: Any, where: str, arrays: Any) -> tuple[int, ...] | LayerWindow | None:
+    if data == "all":
+        return None
+    if isinstance(data, (list, dict)):
+        return decode(tuple[int, ...] | LayerWindow, data, where)
+    raise CodecError(where, f"{data!r}; use \"all\", a list of layers or {{window = W, stride = S}}")
 
-    The engine applies it (:mod:`probe.attention.intervention`); the runner writes the resolved ones to the run
-    folder's ``interventions.json`` (:meth:`to_json`) and the analysis reads them back (:meth:`from_json`).
+
+def _decode_heads(data: Any, where: str, arrays: Any) -> tuple[tuple[int, int], ...] | TopHeads | None:
+    if data == "all":
+        return None
+    if isinstance(data, (list, dict)):
+        return decode(tuple[tuple[int, int], ...] | TopHeads, data, where)
+    raise CodecError(where, f"{data!r}; use \"all\", a list of [layer, head] pairs or "
+                     "{top_k = K, from = \"<run folder>\"}")
+
+
+@dataclass(frozen=True)
+class Intervention:
+    """One intervention: what it edits and on which prompts, in the layers and heads it names (docs/interventions.md).
+
+    Declared in an experiment (``[[interventions]]``), ``layers`` may be a :class:`LayerWindow` sweep and ``heads``
+    :class:`TopHeads` from a separate probe run; :mod:`probe.runner.resolve` makes it explicit for a model
+    (:attr:`resolved`), setting ``group``, ``window``, ``selection`` and ``model``. The engine applies a resolved
+    one (:mod:`probe.attention.intervention`); the runner writes them to the run folder's ``interventions.json``
+    (:meth:`to_json`) and the analysis reads them back (:meth:`from_json`).
 
     Attributes:
-        kind, keys, queries, alpha, conditions, loads: see :class:`~probe.config.InterventionEdit`.
-        layers: the layers edited (0-based), None for every layer.
-        heads: ``(layer, head)`` pairs edited, None for every head of ``layers``; when given, only these heads are
-            edited (``layers`` must then be None or hold their layers).
-        name: the name trials and records carry.
-        group: the declared ``[[interventions]]`` table it comes from (a sweep member's sweep; its own name when
-            not given). Keyword-only, as are the fields below.
+        kind: ``knockout`` or ``steer`` (attention edits), or ``reinject`` (the prompt edited: its germane facts, or
+            as many neutral sentences, repeated right before the question; no attention edit).
+        keys: ``extraneous``, ``filler``, ``germane``, ``matched-random`` or ``matched-germane``; a ``reinject``
+            takes ``germane`` (repeat the facts) or ``filler`` (repeat as many neutral sentences).
+        queries: ``answer`` or ``after`` (attention edits).
+        alpha: the steering coefficient (``steer`` only, finite and >= 0; 0 equals the knockout, above 1 draws
+            attention to the keys).
+        layers: the layers edited (0-based), None (``"all"``) for every layer, or a :class:`LayerWindow` sweep
+            (declared only).
+        heads: ``(layer, head)`` pairs edited, None (``"all"``) for every head of ``layers``, or :class:`TopHeads`
+            (declared only); when pairs are given, only these heads are edited (``layers`` must then be None or hold
+            their layers).
+        name: the name trials and records carry. Keyword-only, as are the fields below.
+        conditions / loads: the prompts it runs on (None: every prompt; a load list leaves Control, load 0, out
+            unless it names 0).
+        group: the declared intervention it comes from (a sweep member's sweep; its own name when not given).
         window: ``(first, last)`` layer of a layer-window sweep member, else None.
         selection: for top-k and random heads, how they were chosen (:class:`HeadSelection`), else None.
         model: the model card it was resolved for (None: not resolved for a model).
 
     Raises:
-        ConfigError: an unknown kind, key set or query set, an α that does not fit the kind, or layers / heads
-            that do not fit each other (:class:`~probe.errors.FieldError` names the field).
+        FieldError: an unknown kind, key set or query set, an α that does not fit the kind, layers / heads that do
+            not fit each other or the kind, or conditions / loads named twice (the message names the field).
     """
 
-    layers: tuple[int, ...] | None = None
-    heads: tuple[tuple[int, int], ...] | None = field(default=None, metadata={ALL_WHEN_NONE: True})
+    kind: str
+    keys: str = "extraneous"
+    queries: str = "answer"
+    alpha: float | None = None
+    layers: tuple[int, ...] | LayerWindow | None = field(default=None, metadata={ALL_WHEN_NONE: True,
+                                                                                  DECODE: _decode_layers})
+    heads: tuple[tuple[int, int], ...] | TopHeads | None = field(default=None, metadata={ALL_WHEN_NONE: True,
+                                                                                         DECODE: _decode_heads})
     name: str = "intervention"
     _: KW_ONLY
+    conditions: tuple[str, ...] | None = None
+    loads: tuple[int, ...] | None = None
     group: str = ""
     window: tuple[int, int] | None = None
     selection: HeadSelection | None = None
     model: str | None = None
 
-    def _where(self) -> str:
-        return f"Intervention(name={self.name!r})"
+    def applies_to(self, condition: str, load: int) -> bool:
+        """Whether a prompt of ``condition`` at ``load`` (0 for Control) runs under this intervention."""
+        return ((self.conditions is None or condition in self.conditions)
+                and (self.loads is None or load in self.loads))
+
+    @property
+    def edits_attention(self) -> bool:
+        """A knockout or a steer (it needs the model's attention); a ``reinject`` edits the prompt only."""
+        return self.kind != "reinject"
+
+    @property
+    def control_keys(self) -> str | None:
+        """The keys of this intervention's matched control (its twin in the analysis' specific contrast), or None
+        when it is no tested arm (docs/interventions.md#the-effect-and-the-recovered-share)."""
+        return (CONTROL_KEYS if self.edits_attention else REINJECT_KEYS).get(self.keys)
+
+    @property
+    def resolved(self) -> bool:
+        """Whether its layers and heads are explicit (or all): not a declared sweep or top-k selection."""
+        return not isinstance(self.layers, LayerWindow) and not isinstance(self.heads, TopHeads)
+
+    def edited(self) -> tuple[tuple[int, ...] | None, tuple[tuple[int, int], ...] | None]:
+        """``(layers, heads)`` of a resolved intervention (None: all).
+
+        Raises:
+            ConfigError: a declared sweep or top-k selection, which :func:`probe.runner.resolve.
+                resolve_interventions` makes explicit for a model first.
+        """
+        layers, heads = self.layers, self.heads
+        if isinstance(layers, LayerWindow) or isinstance(heads, TopHeads):
+            raise ConfigError(f"intervention {self.name!r}: a layer sweep or top-k heads name no layers or heads "
+                              "until resolved for a model (probe.runner.resolve.resolve_interventions)")
+        return layers, heads
+
+    def _refuse(self, field_name: str, problem: str) -> NoReturn:
+        raise FieldError(f"interventions[{self.name!r}]", field_name, problem)
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         if not self.group:
             object.__setattr__(self, "group", self.name)
-        if self.layers is not None and any(layer < 0 for layer in self.layers):
-            self._refuse("layers", f"{list(self.layers)} must be >= 0")
-        if self.heads is not None:
-            if any(layer < 0 or head < 0 for layer, head in self.heads):
-                self._refuse("heads", f"{[list(h) for h in self.heads]} must be >= 0")
-            if self.layers is not None and not {lh[0] for lh in self.heads} <= set(self.layers):
-                self._refuse("heads", f"{[list(h) for h in self.heads]} name layers outside layers "
-                             f"{list(self.layers)}")
+        self._check_edit()
+        self._check_where()
+        self._check_layers_and_heads()
         if self.window is not None and self.window[0] > self.window[1]:
             self._refuse("window", f"{list(self.window)} must be [first, last] with first <= last")
+
+    def _check_edit(self) -> None:
+        if self.kind not in INTERVENTION_KINDS:
+            self._refuse("kind", f"{self.kind!r}; use {' or '.join(INTERVENTION_KINDS)}")
+        if self.kind == "knockout" and self.alpha is not None:
+            self._refuse("alpha", f"{self.alpha} has no effect on a knockout; remove it or use kind = \"steer\"")
+        if self.kind == "steer" and (self.alpha is None or not self.alpha >= 0 or math.isinf(self.alpha)):
+            self._refuse("alpha", f"a steer needs a finite alpha >= 0 (0 equals the knockout), got {self.alpha}")
+        if self.kind == "reinject":
+            if self.keys not in REINJECT_WHAT:
+                self._refuse("keys", f"{self.keys!r}: a reinject repeats the germane facts (\"germane\") or as many "
+                             "neutral sentences (\"filler\") before the question")
+            if self.alpha is not None:
+                self._refuse("alpha", f"{self.alpha} has no effect on a reinject (it edits the prompt, not attention)")
+            if self.queries != "answer":
+                self._refuse("queries", f"{self.queries!r} has no effect on a reinject (it edits the prompt, not "
+                             "attention); remove it")
+        elif self.keys not in INTERVENTION_KEYS:
+            self._refuse("keys", f"{self.keys!r}; use one of {', '.join(INTERVENTION_KEYS)}")
+        if self.queries not in INTERVENTION_QUERIES:
+            self._refuse("queries", f"{self.queries!r}; use {' or '.join(INTERVENTION_QUERIES)}")
+
+    def _check_where(self) -> None:
+        if self.conditions is not None and (not self.conditions or len(set(self.conditions)) != len(self.conditions)):
+            self._refuse("conditions", f"{list(self.conditions)} must name distinct conditions")
+        if self.loads is not None and (not self.loads or len(set(self.loads)) != len(self.loads)
+                                       or any(not 0 <= x <= 100 for x in self.loads)):
+            self._refuse("loads", f"{list(self.loads)} must be distinct loads in percent (0 to 100)")
+
+    def _check_layers_and_heads(self) -> None:
+        layers, heads = self.layers, self.heads
+        if self.kind == "reinject" and (heads is not None or isinstance(layers, LayerWindow)):
+            self._refuse("heads" if heads is not None else "layers", "a reinject edits the prompt, not attention: "
+                         "remove layers and heads")
+        if isinstance(layers, tuple) and (not layers or any(x < 0 for x in layers) or len(set(layers)) != len(layers)):
+            self._refuse("layers", f"{list(layers)} must be distinct layer indices >= 0")
+        if isinstance(heads, tuple) and (not heads or any(x < 0 for pair in heads for x in pair)):
+            self._refuse("heads", f"{[list(h) for h in heads]} must be [layer, head] pairs >= 0")
+        if ((isinstance(layers, LayerWindow) and heads is not None)
+                or (isinstance(heads, TopHeads) and layers is not None)):
+            self._refuse("layers", "a layer sweep or top-k heads need the other of layers / heads to be \"all\"")
+        if isinstance(layers, tuple) and isinstance(heads, tuple):
+            outside = sorted({layer for layer, _ in heads} - set(layers))
+            if outside:
+                self._refuse("heads", f"layers {outside} are not in layers {list(layers)}")
 
     @property
     def score_bias(self) -> float:
@@ -176,11 +324,15 @@ class Intervention(InterventionEdit):
             raise InterventionsFileError(f"{at} has no field {missing[0]!r}; the runner writes it: re-run `probe run` "
                                          "or fix the file")
         try:
-            return decode(cls, data)
+            entry: Intervention = decode(cls, data)
         except CodecError as e:
             raise InterventionsFileError(f"{at} {f'field {e.where!r}: ' if e.where else ''}{e.problem}") from None
         except FieldError as e:
             raise InterventionsFileError(f"{at} field {e.field!r}: {e.problem}") from None
+        if not entry.resolved:
+            raise InterventionsFileError(f"{at}: a layer sweep or top-k heads; the file holds interventions resolved "
+                                         "for a model (explicit layers and heads): re-run `probe run` or fix the file")
+        return entry
 
 
 @dataclass(frozen=True)
@@ -287,175 +439,6 @@ def _count(meta: Mapping[str, Any], key: str, default: int, where: str) -> int:
     return int(v)
 
 
-def _question_texts(prompts: Sequence[Prompt]) -> set[str]:
-    return {p.segment_text(s).strip() for p in prompts for s in p.segments if s.kind == "question"}
-
-
-def select_heads(from_run: str | Path, model: str, k: int, by: str, n_layers: int, n_heads: int,
-                 prompts: Sequence[Prompt], questions: Set[str] = frozenset()
-                 ) -> tuple[tuple[tuple[int, int], ...], int]:
-    """The ``k`` heads with the largest mean ``by`` (``enrichment`` or ``p_ext``) over a probe run's baseline records.
-
-    Args:
-        from_run: the run folder of the selection run.
-        model: the model card name (its records are read).
-        k: how many heads.
-        by: the per-head measure to rank by.
-        n_layers / n_heads: the model's shape (the records must have it).
-        prompts: this run's prompts (their questions must not occur in the selection run).
-        questions: more of this run's question segment texts (before its prompts are built).
-
-    Returns:
-        ``(heads, n_records)``: the heads, best first, and the number of records averaged.
-
-    Raises:
-        ConfigError: no such run or records, a shape that differs, shared questions, or fewer than ``k`` heads
-            with a finite value.
-    """
-    import numpy as np
-
-    from probe.attention.result import SegmentAttention
-    from probe.records import load_prompts
-
-    run = RunFolder(from_run)
-    folder = run.attention_dir(model)
-    records = sorted(folder.glob("*.npz")) if folder.is_dir() else []
-    if not records:
-        raise ConfigError(f"interventions: heads.from = {str(from_run)!r}: no baseline probe records of model "
-                          f"{model!r} in {folder}; run a probed experiment (probe.enabled = true) there first")
-    shared = _question_texts(load_prompts(run.prompts)) & (_question_texts(prompts) | set(questions))
-    if shared:
-        raise ConfigError(f"interventions: heads.from = {str(from_run)!r} holds {len(shared)} of this run's questions "
-                          f"(e.g. {sorted(shared)[0]!r}); select heads on other questions (another task seed or "
-                          "source) so selection and test never share a prompt")
-    if by == "retrieval":
-        return _retrieval_ranking(records, model, k, n_layers, n_heads, folder)
-    values = []
-    for path in records:
-        res = SegmentAttention.load(path)
-        v = np.asarray(getattr(res, by), dtype=np.float64)
-        if v.shape != (n_layers, n_heads):
-            raise ConfigError(f"{path}: {by} of shape {v.shape}, model {model!r} has {n_layers} layers x "
-                              f"{n_heads} heads")
-        values.append(v)
-    stacked = np.stack(values)
-    finite = np.isfinite(stacked)
-    counts = finite.sum(axis=0)
-    mean = np.where(counts > 0, np.where(finite, stacked, 0.0).sum(axis=0) / np.maximum(counts, 1), np.nan)
-    order = [int(i) for i in np.argsort(-np.nan_to_num(mean, nan=-np.inf), axis=None, kind="stable")]
-    ranked = [(i // n_heads, i % n_heads) for i in order if np.isfinite(mean.flat[i])]
-    if len(ranked) < k:
-        raise ConfigError(f"interventions: heads.top_k = {k}, but only {len(ranked)} heads have a finite {by} in "
-                          f"{folder}")
-    return tuple(ranked[:k]), len(records)
-
-
-def _retrieval_ranking(records: Sequence[Path], model: str, k: int, n_layers: int, n_heads: int, folder: Path
-                       ) -> tuple[tuple[tuple[int, int], ...], int]:
-    """The ``k`` heads with the largest pooled retrieval score over the records that hold an answer capture."""
-    import numpy as np
-
-    from probe.attention.retrieval import pooled_score, top_heads, trial_retrieval
-    from probe.attention.result import SegmentAttention
-
-    copied, copyable = [], []
-    for path in records:
-        ans = getattr(SegmentAttention.load(path), "answer", None)
-        if ans is None:
-            continue
-        tr = trial_retrieval(ans)
-        if tr.copied.shape != (n_layers, n_heads):
-            raise ConfigError(f"{path}: answer capture of shape {tr.copied.shape}, model {model!r} has {n_layers} "
-                              f"layers x {n_heads} heads")
-        copied.append(tr.copied)
-        copyable.append(tr.copyable)
-    if not copied or sum(copyable) == 0:
-        raise ConfigError(f"interventions: heads.by = \"retrieval\": no record in {folder} holds an answer capture "
-                          "with a copyable token; probe that run with answer capture on, or rank by enrichment")
-    ranked = top_heads(pooled_score(np.stack(copied), np.array(copyable)), n_layers * n_heads)
-    if len(ranked) < k:
-        raise ConfigError(f"interventions: heads.top_k = {k}, but only {len(ranked)} heads have a retrieval score")
-    return tuple(ranked[:k]), len(copied)
-
-
-def random_heads(seed: int, name: str, k: int, n_layers: int, n_heads: int,
-                 exclude: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
-    """``k`` heads drawn without replacement from those not in ``exclude``, seeded by ``seed`` and ``name``."""
-    import numpy as np
-
-    pool = [(layer, h) for layer in range(n_layers) for h in range(n_heads) if (layer, h) not in set(exclude)]
-    if len(pool) < k:
-        raise ConfigError(f"interventions: {name}: {k} random heads asked, only {len(pool)} heads are not selected")
-    rng = np.random.default_rng(int.from_bytes(hashlib.sha256(f"{seed}\n{name}".encode()).digest()[:8], "little"))
-    picked = rng.choice(len(pool), size=k, replace=False)
-    return tuple(sorted(pool[int(i)] for i in picked))
-
-
-def sweep_windows(window: LayerWindow, n_layers: int, name: str) -> list[tuple[int, int]]:
-    """The ``(first, last)`` layers of a sweep over a model of ``n_layers`` layers."""
-    if window.window > n_layers:
-        raise ConfigError(f"interventions: {name}: layers.window = {window.window} exceeds the model's "
-                          f"{n_layers} layers")
-    return [(a, a + window.window - 1) for a in range(0, n_layers - window.window + 1, window.stride)]
-
-
-def resolve_interventions(cfg: ExperimentConfig, model: str, n_layers: int, n_heads: int,
-                          prompts: Sequence[Prompt] = (), questions: Set[str] = frozenset()) -> list[Intervention]:
-    """Every intervention of the experiment as ``model`` runs it (sweeps expanded, heads selected).
-
-    Args:
-        cfg: the experiment.
-        model: the model card name.
-        n_layers / n_heads: the model's depth and query heads per layer.
-        prompts: this run's prompts (top-k selection refuses a selection run that shares a question).
-        questions: this run's question segment texts, where its prompts are not built yet (the same check).
-
-    Raises:
-        ConfigError: a layer or head outside the model, a selection that cannot be made, or names that collide.
-    """
-    out: list[Intervention] = []
-    everything = tuple(range(n_layers))
-    for s in cfg.interventions:
-        def resolved(name: str, layers: tuple[int, ...], heads: tuple[tuple[int, int], ...] | None = None,
-                     **provenance: Any) -> Intervention:
-            return Intervention(**s.edit_values(), layers=layers, heads=heads, name=name, group=s.name, model=model,
-                                **provenance)
-
-        if isinstance(s.layers, LayerWindow):
-            for a, b in sweep_windows(s.layers, n_layers, s.name):
-                out.append(resolved(f"{s.name}@L{a}-{b}", tuple(range(a, b + 1)), window=(a, b)))
-            continue
-        layers: tuple[int, ...] = s.layers if isinstance(s.layers, tuple) else everything
-        bad = [x for x in layers if x >= n_layers]
-        if bad:
-            raise ConfigError(f"interventions: {s.name}: layers {bad} are outside model {model!r}'s {n_layers} "
-                              f"layers (0..{n_layers - 1})")
-        if isinstance(s.heads, TopHeads):
-            t = s.heads
-            heads, n = select_heads(t.from_run, model, t.top_k, t.by, n_layers, n_heads, prompts, questions)
-            sel = HeadSelection(from_run=t.from_run, k=t.top_k, by=t.by, n_prompts=n)
-            out.append(resolved(s.name, tuple(sorted({h[0] for h in heads})), heads, selection=sel))
-            if t.random_control:
-                rnd = random_heads(cfg.experiment.seed, f"{s.name}+random", t.top_k, n_layers, n_heads, heads)
-                out.append(resolved(f"{s.name}+random", tuple(sorted({h[0] for h in rnd})), rnd,
-                                    selection=dataclasses.replace(sel, control_of=s.name)))
-            continue
-        if isinstance(s.heads, tuple):
-            bad_heads = [list(h) for h in s.heads if h[0] >= n_layers or h[1] >= n_heads]
-            if bad_heads:
-                raise ConfigError(f"interventions: {s.name}: heads {bad_heads} are outside model {model!r}'s "
-                                  f"{n_layers} layers x {n_heads} heads")
-            heads_layers = tuple(sorted({h[0] for h in s.heads}))
-            out.append(resolved(s.name, heads_layers if s.layers == "all" else layers, s.heads))
-            continue
-        out.append(resolved(s.name, layers))
-    names = [r.name for r in out]
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        raise ConfigError(f"interventions: the names {dup} occur twice after expanding sweeps and controls; "
-                          "rename an intervention")
-    return out
-
 
 def write_interventions(run: str | Path | RunFolder, model: str, resolved: Sequence[Intervention]) -> Path:
     """Record ``model``'s resolved interventions in the run folder's ``interventions.json`` (the other models'
@@ -518,6 +501,5 @@ def load_interventions(run: str | Path | RunFolder) -> tuple[Intervention, ...]:
     return entries
 
 
-__all__ = ["HeadSelection", "Intervention", "InterventionsFileError", "KeyCount", "RowEdit", "load_interventions",
-           "random_heads", "read_interventions", "resolve_interventions", "select_heads", "sweep_windows",
-           "write_interventions"]
+__all__ = ["HeadSelection", "Intervention", "InterventionsFileError", "KeyCount", "LayerWindow", "RowEdit", "TopHeads",
+           "load_interventions", "read_interventions", "write_interventions"]

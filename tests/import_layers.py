@@ -21,12 +21,12 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # value types, errors, the dataclass codec, the probe's options, the generic registry, number formatting,
     # library shims, run-folder paths and the record formats every later stage reads and writes
     ("base", ("errors", "codec", "probe_options", "registry", "types", "formatting", "compat", "runfolder", "records")),
-    # task sources, their families and scorers, and the experiment definition that names them
-    ("task", ("tasks", "scoring", "config")),
+    # task sources, their families and scorers, the intervention type, and the experiment definition that names them
+    ("task", ("tasks", "scoring", "interventions", "config")),
     # ICE prompts: segments, distractors, filler, tokenisation with exact spans
     ("prompt", ("prompts",)),
-    # model cards and loading, generation backends, the attention engine, interventions on attention
-    ("model", ("loading", "gguf_chunks", "backends", "attention", "interventions")),
+    # model cards and loading, generation backends, the attention engine (interventions applied in attention)
+    ("model", ("loading", "gguf_chunks", "backends", "attention")),
     # the runner: prompts through a model into a run folder's records; another tool's trial file into one
     ("records", ("runner", "records_import")),
     # statistics over a run folder's records, and a run folder read back as one object

@@ -25,7 +25,7 @@ Estimates, per model × family × condition × load × intervention (:class:`Int
   unbounded, with the reason, where the denominator is not distinguishable from 0 at level alpha.
 - **Specific contrast** (:class:`Contrast`, ``kind="specific"``): EM(an intervention on a key set that has a
   matched control) − EM(its twin: same kind, alpha, queries, layers, heads and window, with the control keys of
-  :attr:`probe.config.InterventionEdit.control_keys`), paired by prompt, tested as above. The pairs:
+  :attr:`probe.interventions.Intervention.control_keys`), paired by prompt, tested as above. The pairs:
   ``extraneous`` against ``matched-random`` (does removing or steering the distractors do more than as many random
   tokens?), ``germane`` against ``matched-germane`` (does drawing attention to the facts do more than drawing it to
   as many filler or extraneous tokens?), and a ``reinject`` of the ``germane`` facts against one of as many neutral

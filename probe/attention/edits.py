@@ -8,7 +8,7 @@ An intervention edits, in chosen layers and heads, the attention of chosen *quer
   softmax, which is how it is computed (so α = 0 is the knockout, α = 1 changes nothing).
 
 Keys (per prompt, from its token spans): ``extraneous``, ``filler`` or ``germane`` tokens, or a matched draw
-(:data:`probe.config.MATCHED_DRAWS`, seeded by the experiment seed and the prompt id): ``matched-random``, as many
+(:data:`probe.interventions.MATCHED_DRAWS`, seeded by the experiment seed and the prompt id): ``matched-random``, as many
 tokens as the prompt has extraneous ones, drawn from the content before the question that is neither extraneous,
 nor question, nor sink/template markup (instruction, germane, filler); ``matched-germane``, as many tokens as its
 germane facts hold, drawn from its filler and extraneous tokens (the text a longer prompt adds). Queries: ``answer`` = every position from the question's first token on (the question, the
@@ -38,9 +38,8 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from probe.config import MATCHED_DRAWS
 from probe.errors import ConfigError, SpanError
-from probe.interventions import Intervention, RowEdit
+from probe.interventions import MATCHED_DRAWS, Intervention, RowEdit
 from probe.types import TokenizedPrompt
 
 log = logging.getLogger(__name__)
@@ -56,18 +55,20 @@ def head_bias(intervention: Intervention, n_layers: int, n_heads: int) -> torch.
     """(n_layers, n_heads) float32: the bias of each layer's heads (0 where not edited).
 
     Raises:
-        ConfigError: a layer or head outside the model.
+        ConfigError: a layer or head outside the model, or an intervention not resolved for a model (a layer sweep,
+            top-k heads).
     """
     out = torch.zeros(n_layers, n_heads, dtype=torch.float32)
-    layers = range(n_layers) if intervention.layers is None else intervention.layers
+    explicit_layers, heads = intervention.edited()
+    layers = range(n_layers) if explicit_layers is None else explicit_layers
     for layer in layers:
         if layer >= n_layers:
             raise ConfigError(f"intervention {intervention.name!r}: layer {layer} is outside the model's "
                               f"{n_layers} layers (0..{n_layers - 1})")
-    if intervention.heads is None:
+    if heads is None:
         out[list(layers)] = intervention.score_bias
         return out
-    for layer, head in intervention.heads:
+    for layer, head in heads:
         if layer >= n_layers or head >= n_heads:
             raise ConfigError(f"intervention {intervention.name!r}: head ({layer}, {head}) is outside the model's "
                               f"{n_layers} layers x {n_heads} heads")

@@ -153,8 +153,8 @@ def run_intervention_bench(experiment: str, n_prompts: int = 16, batch_size: int
         ConfigError: a count below 1.
     """
     from probe.attention.implementation import layers_and_heads
-    from probe.config import TopHeads
-    from probe.interventions import Intervention, resolve_interventions
+    from probe.interventions import Intervention, TopHeads
+    from probe.runner.resolve import resolve_interventions
 
     cfg, model_name, all_prompts, backend = _bench_setup(experiment, n_prompts=n_prompts, batch_size=batch_size,
                                                          rounds=rounds)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from probe.config import REINJECT_WHAT
+from probe.interventions import REINJECT_WHAT
 from probe.errors import ConfigError
 from probe.prompts.builder import QUESTION_PREFIX, Piece, assemble, draw_rng
 from probe.prompts.filler import neutral_filler

@@ -124,9 +124,10 @@ def summary_lines(result: InterventionResult) -> list[str]:
 def _heads_text(spec: Intervention | None) -> str:
     if spec is None:
         return "undeclared"
-    if spec.heads is None:
-        return "all heads" if spec.layers is None else f"all heads of layers {_layers(spec.layers)}"
-    return ", ".join(f"L{layer}.H{head}" for layer, head in spec.heads)
+    layers, heads = spec.edited()
+    if heads is None:
+        return "all heads" if layers is None else f"all heads of layers {_layers(layers)}"
+    return ", ".join(f"L{layer}.H{head}" for layer, head in heads)
 
 
 def _layers(layers: tuple[int, ...]) -> str:

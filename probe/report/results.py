@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Sequence
 
 from probe.analysis.results import Analysis, read_analysis
-from probe.config import ExperimentConfig, InterventionSection, LayerWindow, TopHeads, load_config
+from probe.config import ExperimentConfig, load_config
+from probe.interventions import Intervention, LayerWindow, TopHeads
 from probe.errors import ProbeError
 from probe.report.sections import report_section
 from probe.report.tables import md_table, render_markdown
@@ -125,7 +126,7 @@ def design_lines(cfg: ExperimentConfig, manifest: dict | None = None) -> list[st
     return lines
 
 
-def _layers(iv: InterventionSection) -> str:
+def _layers(iv: Intervention) -> str:
     if isinstance(iv.layers, LayerWindow):
         return f"windows of {iv.layers.window} layers every {iv.layers.stride}"
     if isinstance(iv.layers, tuple):
@@ -133,7 +134,7 @@ def _layers(iv: InterventionSection) -> str:
     return "every layer"
 
 
-def _heads(iv: InterventionSection) -> str:
+def _heads(iv: Intervention) -> str:
     if isinstance(iv.heads, TopHeads):
         return (f"the top {iv.heads.top_k} heads by {iv.heads.by} in `{iv.heads.from_run}`"
                 + (" (and as many random heads)" if iv.heads.random_control else ""))

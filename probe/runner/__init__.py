@@ -24,13 +24,14 @@ from pathlib import Path
 
 from probe.backends import make_backend
 from probe.config import ExperimentConfig
-from probe.interventions import Intervention, resolve_interventions, write_interventions
+from probe.interventions import Intervention, write_interventions
 from probe.loading import ModelCard, get_card
 from probe.records import check_records
 from probe.runfolder import RunLock
 from probe.runner.checks import check_inputs
 from probe.runner.folder import check_run_dir, merge_shards, prepare_run_dir, write_manifest
 from probe.runner.prompts import build_run_prompts
+from probe.runner.resolve import resolve_interventions
 from probe.runner.shards import Shard
 from probe.runner.forced import check_served_tokenizer, probe_served
 from probe.runner.trials import run_model, shard_of

@@ -7,7 +7,7 @@ from typing import Sequence
 
 from probe.config import ExperimentConfig
 from probe.errors import ConfigError
-from probe.interventions import resolve_interventions
+from probe.runner.resolve import resolve_interventions
 from probe.loading import ModelCard, get_card, model_shape
 from probe.prompts.builder import question_segment
 from probe.runner.prompts import load_all_tasks, tokenizer_groups

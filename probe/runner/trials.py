@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from probe.backends.base import Backend, Generation
-from probe.config import MATCHED_DRAWS, ExperimentConfig
+from probe.config import ExperimentConfig
 from probe.errors import ConfigError
-from probe.interventions import Intervention
+from probe.interventions import MATCHED_DRAWS, Intervention
 from probe.prompts.reinject import reinject
 from probe.records import TrialRecord, append_jsonl, make_trial_id
 from probe.runfolder import write_atomic

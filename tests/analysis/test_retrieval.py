@@ -264,7 +264,7 @@ def test_select_heads_by_retrieval_pools_copied_over_copyable(tmp_path, monkeypa
     from types import SimpleNamespace
 
     from probe.attention import result
-    from probe.interventions import select_heads
+    from probe.runner.resolve import select_heads
     from probe.runfolder import RunFolder
 
     run = RunFolder(tmp_path / "sel")

@@ -35,7 +35,7 @@ def test_a_probed_run_with_answer_capture_gets_retrieval_heads(tmp_path, tiny_ca
     from probe.analysis import analyze_run, read_analysis
     from probe.attention.result import SegmentAttention
     from probe.attention.retrieval import trial_retrieval
-    from probe.interventions import resolve_interventions
+    from probe.runner.resolve import resolve_interventions
     from probe.records import load_trials
     from probe.report.render import render_report
     from probe.runfolder import RunFolder

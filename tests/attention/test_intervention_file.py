@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
-import probe.interventions as piv
-from probe.config import config_from_dict
-from probe.interventions import (HeadSelection, Intervention, InterventionsFileError, load_interventions,
-                                 resolve_interventions, write_interventions)
+import probe.runner.resolve as resolve
+from probe.config import ExperimentConfig, config_from_dict
+from probe.errors import ConfigError
+from probe.interventions import (RESOLUTION_FIELDS, HeadSelection, Intervention, InterventionsFileError, LayerWindow,
+                                 TopHeads, load_interventions, write_interventions)
+from probe.runner.resolve import resolve_interventions
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "interventions_v1.json"
 TOP = ((1, 3), (0, 2), (1, 0))  # what the (stubbed) selection run ranks first
@@ -36,11 +38,34 @@ def resolved(monkeypatch) -> list[Intervention]:
     def select_heads(from_run, model, k, by, n_layers, n_heads, prompts, questions):  # no selection run: fixed heads
         return TOP[:k], 4
 
-    monkeypatch.setattr(piv, "select_heads", select_heads)
-    cfg = config_from_dict({"experiment": {"name": "iv"}, "tasks": [{"source": "synthetic"}],
-                            "ice": {"conditions": ["Control", "Residue"], "loads": [50]},
-                            "interventions": SECTIONS})
-    return resolve_interventions(cfg, "tiny-llama", 2, 4)
+    monkeypatch.setattr(resolve, "select_heads", select_heads)
+    return resolve_interventions(_config(), "tiny-llama", 2, 4)
+
+
+def _config() -> ExperimentConfig:
+    return config_from_dict({"experiment": {"name": "iv"}, "tasks": [{"source": "synthetic"}],
+                             "ice": {"conditions": ["Control", "Residue"], "loads": [50]}, "interventions": SECTIONS})
+
+
+def test_the_table_the_resolved_form_and_the_file_form_are_one_type(resolved) -> None:
+    """An ``[[interventions]]`` table reads as an Intervention; resolving it keeps every field the table gave and sets
+    only the layers, the heads, the name and where they came from; a declared sweep or top-k selection edits
+    nothing until resolved and is no file entry."""
+    declared = {d.name: d for d in _config().interventions}
+    assert all(type(x) is Intervention for x in [*declared.values(), *resolved])
+    assert declared["sweep"].layers == LayerWindow(window=1, stride=1) and not declared["sweep"].resolved
+    assert isinstance(declared["top"].heads, TopHeads) and not declared["top"].resolved
+    assert declared["ko"].resolved and declared["ko"].edited() == (None, None)
+    with pytest.raises(ConfigError, match="until resolved for a model"):
+        declared["top"].edited()
+    kept = {f.name for f in dataclasses.fields(Intervention)} - {"layers", "heads", "name", *RESOLUTION_FIELDS}
+    for r in resolved:
+        d = declared[r.group]
+        assert {f: getattr(r, f) for f in kept} == {f: getattr(d, f) for f in kept}, r.name
+        assert r.resolved and r.model == "tiny-llama"
+    entry = {**resolved[0].to_json(), "layers": {"window": 1, "stride": 1}}
+    with pytest.raises(InterventionsFileError, match="layer sweep or top-k heads; the file holds interventions resolved"):
+        Intervention.from_json(entry, "f.json: entry 0")
 
 
 def test_every_variant_round_trips_through_its_file_form(resolved) -> None:

@@ -18,7 +18,8 @@ from probe.runner.prompts import build_run_prompts
 from probe.backends.local import LocalBackend
 from probe.config import config_from_dict, dump_config
 from probe.errors import ConfigError
-from probe.interventions import read_interventions, resolve_interventions
+from probe.interventions import read_interventions
+from probe.runner.resolve import resolve_interventions
 from probe.loading import ModelCard
 from probe.records import load_prompts, load_trials, make_trial_id
 
@@ -184,7 +185,10 @@ def test_section_round_trips_through_the_run_config(tmp_path, tiny_card) -> None
     ({"name": "a", "kind": "knockout", "alpha": 0.5}, r"interventions\['a'\]\.alpha"),
     ({"name": "a", "kind": "steer"}, r"\.alpha"),
     ({"name": "a", "kind": "steer", "alpha": -0.1}, r"\.alpha"),
-    ({"name": "a b", "kind": "knockout"}, "interventions.name"),
+    ({"name": "a b", "kind": "knockout"}, r"interventions\.name: 'a b'"),
+    ({"name": "a+random", "kind": "knockout"}, r"interventions\.name: 'a\+random'"),
+    ({"name": "a", "kind": "knockout", "model": "m"}, r"interventions\[0\]\.model: the runner sets it"),
+    ({"name": "a", "kind": "reinject", "keys": "germane", "heads": [[0, 1]]}, "remove layers and heads"),
     ({"name": "a", "kind": "cut"}, r"\.kind"),
     ({"name": "a", "kind": "knockout", "keys": "noise"}, r"\.keys"),
     ({"name": "a", "kind": "knockout", "queries": "all"}, r"\.queries"),
