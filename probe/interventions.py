@@ -152,14 +152,14 @@ class Intervention:
         queries: ``answer`` or ``after`` (attention edits).
         alpha: the steering coefficient (``steer`` only, finite and >= 0; 0 equals the knockout, above 1 draws
             attention to the keys).
+        conditions / loads: the prompts it runs on (None: every prompt; a load list leaves Control, load 0, out
+            unless it names 0). Keyword-only.
         layers: the layers edited (0-based), None (``"all"``) for every layer, or a :class:`LayerWindow` sweep
             (declared only).
         heads: ``(layer, head)`` pairs edited, None (``"all"``) for every head of ``layers``, or :class:`TopHeads`
             (declared only); when pairs are given, only these heads are edited (``layers`` must then be None or hold
             their layers).
-        name: the name trials and records carry. Keyword-only, as are the fields below.
-        conditions / loads: the prompts it runs on (None: every prompt; a load list leaves Control, load 0, out
-            unless it names 0).
+        name: the name trials and records carry. The fields below are keyword-only.
         group: the declared intervention it comes from (a sweep member's sweep; its own name when not given).
         window: ``(first, last)`` layer of a layer-window sweep member, else None.
         selection: for top-k and random heads, how they were chosen (:class:`HeadSelection`), else None.
@@ -174,14 +174,14 @@ class Intervention:
     keys: str = "extraneous"
     queries: str = "answer"
     alpha: float | None = None
+    conditions: tuple[str, ...] | None = field(default=None, kw_only=True)
+    loads: tuple[int, ...] | None = field(default=None, kw_only=True)
     layers: tuple[int, ...] | LayerWindow | None = field(default=None, metadata={ALL_WHEN_NONE: True,
                                                                                   DECODE: _decode_layers})
     heads: tuple[tuple[int, int], ...] | TopHeads | None = field(default=None, metadata={ALL_WHEN_NONE: True,
                                                                                          DECODE: _decode_heads})
     name: str = "intervention"
     _: KW_ONLY
-    conditions: tuple[str, ...] | None = None
-    loads: tuple[int, ...] | None = None
     group: str = ""
     window: tuple[int, int] | None = None
     selection: HeadSelection | None = None

@@ -126,6 +126,9 @@ def test_a_file_of_the_first_version_still_reads(tmp_path) -> None:
     write_interventions(tmp_path, "other", [])
     again = json.loads((tmp_path / "interventions.json").read_text())
     assert [{k: v for k, v in e.items() if k not in ("conditions", "loads")} for e in again] == raw
+    # in the key order runs have written since conditions / loads came in, so a rewritten file diffs clean
+    assert all(list(e) == ["kind", "keys", "queries", "alpha", "conditions", "loads", "layers", "heads", "name",
+                           "group", "window", "selection", "model"] for e in again)
 
 
 def test_an_entry_with_only_the_first_required_fields_reads() -> None:
