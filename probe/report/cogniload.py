@@ -396,9 +396,8 @@ def merge(named: list[tuple[str, CogniloadResult]]) -> CogniloadResult:
         attention=attention)
 
 
-SECTION = ReportSection(
-    family=FAMILY, html=section_html, markdown=markdown, tables=tables, main_rows=main_rows, main_lines=main_lines,
-    merge=merge, compare_html=section_html)
+SECTION = ReportSection(family=FAMILY, html=section_html, tables=tables, merge=merge, markdown=markdown,
+                        main_rows=main_rows, main_lines=main_lines)
 
 
 __all__ = ["KNOB_LABELS", "SECTION", "fit_rows", "main_lines", "markdown", "merge", "model_summary", "section_html",

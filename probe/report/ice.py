@@ -652,6 +652,5 @@ def compare_html(result: IceResult, ctx: ReportContext) -> str:
             f"<h2>Statistics</h2>{stats_html(result, ctx.settings)}{ice_hops.html(result.hop_tracking)}")
 
 
-SECTION = ReportSection(
-    family=FAMILY, html=section_html, markdown=markdown, tables=tables, main_rows=main_rows, main_lines=main_lines,
-    merge=merge, compare_html=compare_html)
+SECTION = ReportSection(family=FAMILY, html=section_html, tables=tables, merge=merge, markdown=markdown,
+                        main_rows=main_rows, main_lines=main_lines, compare_html=compare_html)

@@ -242,11 +242,6 @@ def tables(result: InterventionResult) -> list[tuple[str, Rows]]:
             ("intervention_sweeps", sweeps), ("interventions_declared", rows_of(result.specs))]
 
 
-def main_rows(result: InterventionResult) -> list[tuple[Cell, str]]:
-    """No rows in the main EM table: its cells are the baseline trials'."""
-    return []
-
-
 def main_lines(result: InterventionResult, settings: AnalysisSection) -> list[str]:
     """The causal claims (or "no causal effect shown") below the main table."""
     return ["Interventions:", *[f"  {s}" for s in summary_lines(result)]]
@@ -267,14 +262,8 @@ def merge(named: list[tuple[str, InterventionResult]]) -> InterventionResult:
         alpha=named[0][1].alpha, notes=tuple(f"{lb}: {n}" for lb, r in named for n in r.notes))
 
 
-def compare_html(result: InterventionResult, ctx: ReportContext) -> str:
-    """The causal tests of several runs side by side (the same section, models named by run)."""
-    return section_html(result, ctx)
-
-
-SECTION = ReportSection(
-    family=SECTION_NAME, html=section_html, markdown=markdown, tables=tables, main_rows=main_rows,
-    main_lines=main_lines, merge=merge, compare_html=compare_html)
+SECTION = ReportSection(family=SECTION_NAME, html=section_html, tables=tables, merge=merge, markdown=markdown,
+                        main_lines=main_lines)
 
 
 __all__ = ["RECOVERY_HEADER", "SECTION", "draw_sweep", "heads_contrast_rows", "heads_rows", "recovery_rows",

@@ -30,7 +30,7 @@ from probe.config import ExperimentConfig, load_config
 from probe.interventions import Intervention, LayerWindow, TopHeads
 from probe.errors import ProbeError
 from probe.report.sections import report_section
-from probe.report.tables import md_table, render_markdown
+from probe.report.tables import md_table, render_markdown, section_markdown
 from probe.report.text import MAIN_HEADER, PATH_LEGEND, cell_row
 from probe.runfolder import RunFolder, write_atomic
 
@@ -208,7 +208,7 @@ def across_models(runs: Sequence[PageRun]) -> list[str]:
         assert first is not None
         conditions = list(first.ice.conditions)
         order = {m: i for i, m in enumerate(merged.models)}
-        rows = sorted(ice.main_rows(merged), key=lambda cm: (
+        rows = sorted(ice.rows(merged), key=lambda cm: (
             conditions.index(cm[0].condition) if cm[0].condition in conditions else len(conditions), cm[0].load,
             order.get(cm[0].model, 0)))
         names = ", ".join(f"`{label}`" for label in labels)
@@ -219,13 +219,13 @@ def across_models(runs: Sequence[PageRun]) -> list[str]:
                   f"between the models is read off their two intervals, not tested.", "",
                   "### EM per model × condition × load", "", md_table(MAIN_HEADER, [cell_row(c, m) for c, m in rows]),
                   "", PATH_LEGEND + ".", ""]
-        parts += _demote("\n".join(ice.markdown(merged, g[0].analysis.settings)), 1).split("\n")
+        parts += _demote("\n".join(section_markdown(ice, merged, g[0].analysis.settings)), 1).split("\n")
         with_interventions = [(label, r.analysis.interventions) for label, r in zip(labels, g)
                               if r.analysis.interventions is not None]
         if len(with_interventions) > 1:
             section = report_section("interventions")
-            parts += _demote("\n".join(section.markdown(section.merge(with_interventions),
-                                                        g[0].analysis.settings)), 1).split("\n")
+            parts += _demote("\n".join(section_markdown(section, section.merge(with_interventions),
+                                                         g[0].analysis.settings)), 1).split("\n")
         parts.append("")
     return parts
 

@@ -1,9 +1,10 @@
 """Report sections: one per task family, registered under the family's name (as the analyses are,
 :mod:`probe.analysis.families`).
 
-A section turns its family's result (``Analysis.families[name]``) into every rendering the toolkit makes: its part
-of ``report.html`` (with its figures), of ``analysis.md``, its CSV tables, its rows and lines of the plain-text main
-table, and its part of a ``probe compare`` page. The shared renderers (:mod:`probe.report.render`,
+A section turns its family's result (``Analysis.families[name]``) into every rendering the toolkit makes. It must
+say three things: its part of ``report.html`` (with its figures, and of a ``probe compare`` page), its CSV tables,
+and how several runs' results merge. Its part of ``analysis.md`` is its tables unless it writes its own; its rows and
+lines of the plain-text main table are none unless it names them. The shared renderers (:mod:`probe.report.render`,
 :mod:`probe.report.tables`, :mod:`probe.report.text`, :mod:`probe.report.compare`) loop over the families of an
 analysis and ask this registry; none of them names a family.
 
@@ -61,28 +62,45 @@ class ReportContext:
 
 @dataclass(frozen=True)
 class ReportSection:
-    """One family's renderings, as registered.
+    """One family's renderings, as registered: what it draws (``html``), what numbers it publishes (``tables``) and
+    how several runs' results combine (``merge``). The text renderings are derived from these unless the section
+    writes its own.
 
     Attributes:
         family: the family's name (its analysis' name).
-        html: ``(result, ctx) -> str``: its part of ``report.html`` (figures through ``ctx.figure``).
-        markdown: ``(result, settings) -> lines``: its part of ``analysis.md``.
+        html: ``(result, ctx) -> str``: its part of ``report.html`` (figures through ``ctx.figure``) and, given the
+            merged result of several runs, of a ``probe compare`` page.
         tables: ``result -> [(name, rows)]``: ``tables/<name>.csv`` (rows of flat values).
-        main_rows: ``result -> [(cell, mark)]``: its rows of the main table (a mark follows the model's name).
-        main_lines: ``(result, settings) -> lines``: its lines below the main table.
         merge: ``[(run label, result)] -> result``: several runs' results as one, each model renamed
             ``<run>: <model>`` (``probe compare``).
-        compare_html: ``(merged result, ctx) -> str``: its part of a comparison page.
+        markdown: ``(result, settings) -> lines``: its part of ``analysis.md``; None: every table as a Markdown
+            table under the family's name, each cut at :data:`probe.report.tables.MD_ROWS` rows with a line saying so.
+        main_rows: ``result -> [(cell, mark)]``: its rows of the main EM table (a mark follows the model's name);
+            None: none.
+        main_lines: ``(result, settings) -> lines``: its lines below the main table; None: none.
+        compare_html: ``(merged result, ctx) -> str``: its part of a comparison page when it differs from ``html``.
     """
 
     family: str
     html: Callable[[Any, ReportContext], str]
-    markdown: Callable[[Any, AnalysisSection], list[str]]
     tables: Callable[[Any], list[tuple[str, Rows]]]
-    main_rows: Callable[[Any], list[tuple[Cell, str]]]
-    main_lines: Callable[[Any, AnalysisSection], list[str]]
     merge: Callable[[list[tuple[str, Any]]], Any]
-    compare_html: Callable[[Any, ReportContext], str]
+    markdown: Callable[[Any, AnalysisSection], list[str]] | None = None
+    main_rows: Callable[[Any], list[tuple[Cell, str]]] | None = None
+    main_lines: Callable[[Any, AnalysisSection], list[str]] | None = None
+    compare_html: Callable[[Any, ReportContext], str] | None = None
+
+    def rows(self, result: Any) -> list[tuple[Cell, str]]:
+        """Its rows of the main table (none unless ``main_rows`` is given)."""
+        return [] if self.main_rows is None else self.main_rows(result)
+
+    def lines(self, result: Any, settings: AnalysisSection) -> list[str]:
+        """Its lines below the main table (none unless ``main_lines`` is given)."""
+        return [] if self.main_lines is None else self.main_lines(result, settings)
+
+    def compare(self, merged: Any, ctx: ReportContext) -> str:
+        """Its part of a comparison page: ``compare_html``, or ``html`` of the merged result."""
+        return (self.compare_html or self.html)(merged, ctx)
 
 
 SECTIONS: Registry[ReportSection] = Registry("report section")

@@ -14,14 +14,18 @@ import logging
 from pathlib import Path
 from typing import Any, Iterable
 
+from probe import formatting as fmt
 from probe.analysis.results import Analysis
 from probe.codec import encode
+from probe.config import AnalysisSection
 from probe.records_import import ImportSummary
-from probe.report.sections import Rows, report_section
+from probe.report.sections import ReportSection, Rows, report_section
 from probe.report.text import MAIN_HEADER, PATH_LEGEND, cell_row
 from probe.runfolder import RunFolder
 
 log = logging.getLogger(__name__)
+
+MD_ROWS = 20  # rows of a table printed in analysis.md when its section writes no Markdown of its own
 
 
 def md_table(header: list[str], rows: list[list[str]]) -> str:
@@ -64,6 +68,36 @@ def csv_text(rows: Rows) -> str:
     return buf.getvalue()
 
 
+def _md_value(v: Any) -> str:
+    if isinstance(v, float) or v is None:
+        return fmt.num(v, ".4g")
+    return str(v)
+
+
+def tables_markdown(section: ReportSection, result: Any) -> list[str]:
+    """A section's tables as Markdown under its family's name (what ``analysis.md`` holds of a section that writes
+    no Markdown of its own): each table's first :data:`MD_ROWS` rows, a cut table saying so."""
+    parts = [f"## {section.family}", ""]
+    for name, rows in section.tables(result):
+        flat = [_flatten(r) for r in rows]
+        names: list[str] = []
+        for r in flat:
+            names += [k for k in r if k not in names]
+        parts += [f"### {name}", ""]
+        if not flat:
+            parts += ["(no rows)", ""]
+            continue
+        parts += [md_table(names, [[_md_value(r.get(k)) for k in names] for r in flat[:MD_ROWS]]), ""]
+        if len(flat) > MD_ROWS:
+            parts += [f"First {MD_ROWS} of {len(flat)} rows; all of them in `tables/{name}.csv`.", ""]
+    return parts
+
+
+def section_markdown(section: ReportSection, result: Any, settings: AnalysisSection) -> list[str]:
+    """A section's part of ``analysis.md``: its own Markdown, else its tables (:func:`tables_markdown`)."""
+    return tables_markdown(section, result) if section.markdown is None else section.markdown(result, settings)
+
+
 def import_lines(imp: ImportSummary | None) -> list[str]:
     """Markdown lines on how another tool's file was imported (none for the toolkit's own runs)."""
     if imp is None:
@@ -79,16 +113,16 @@ def render_markdown(analysis: Analysis) -> str:
     """``analysis.md``: header, the main table, every family's part, notes."""
     rows: list[list[str]] = []
     for name, result in analysis.families.items():
-        rows += [cell_row(c, mark) for c, mark in report_section(name).main_rows(result)]
+        rows += [cell_row(c, mark) for c, mark in report_section(name).rows(result)]
     parts = [f"# Analysis of {analysis.run_dir}", "",
              f"{analysis.n_trials} trials from `{analysis.inputs.trials}` "
              f"(sha256 {analysis.inputs.trials_sha256[:12]}…).", "",
              *import_lines(analysis.imported),
              "## EM per model × condition × load", "", md_table(MAIN_HEADER, rows), "", PATH_LEGEND + ".", ""]
     for name, result in analysis.families.items():
-        parts += report_section(name).markdown(result, analysis.settings)
+        parts += section_markdown(report_section(name), result, analysis.settings)
     if analysis.interventions is not None:
-        parts += report_section("interventions").markdown(analysis.interventions, analysis.settings)
+        parts += section_markdown(report_section("interventions"), analysis.interventions, analysis.settings)
     if analysis.notes:
         parts += ["## Notes", ""] + [f"- {n}" for n in analysis.notes] + [""]
     return "\n".join(parts)
@@ -121,4 +155,5 @@ def write_tables(analysis: Analysis, run_dir: str | Path | RunFolder) -> list[Pa
     return written
 
 
-__all__ = ["csv_text", "import_lines", "md_table", "render_markdown", "rows_of", "write_tables"]
+__all__ = ["MD_ROWS", "csv_text", "import_lines", "md_table", "render_markdown", "rows_of", "section_markdown",
+           "tables_markdown", "write_tables"]

@@ -61,10 +61,10 @@ def main_table_text(analysis: Analysis) -> str:
     lines: list[str] = []
     for name, result in analysis.families.items():
         section = report_section(name)
-        rows += [cell_row(c, mark) for c, mark in section.main_rows(result)]
-        lines += section.main_lines(result, analysis.settings)
+        rows += [cell_row(c, mark) for c, mark in section.rows(result)]
+        lines += section.lines(result, analysis.settings)
     if analysis.interventions is not None:
-        lines += report_section("interventions").main_lines(analysis.interventions, analysis.settings)
+        lines += report_section("interventions").lines(analysis.interventions, analysis.settings)
     widths = [max(len(r[i]) for r in rows) for i in range(len(MAIN_HEADER))]
     out = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
     out.insert(1, "  ".join("-" * w for w in widths))

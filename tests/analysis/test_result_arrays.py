@@ -43,9 +43,7 @@ def toy_family():
     """The toy family registered for its analysis and its report section (and taken out again)."""
     register_family_analysis(FamilyAnalysis(name="toy", result_type=ToyResult, analyze=lambda d: None,
                                             tabulate=lambda d: None, methods={}))
-    register_section(ReportSection(family="toy", html=toy_html, markdown=lambda r, s: [], tables=lambda r: [],
-                                   main_rows=lambda r: [], main_lines=lambda r, s: [], merge=lambda named: named[0][1],
-                                   compare_html=lambda r, ctx: ""))
+    register_section(ReportSection(family="toy", html=toy_html, tables=lambda r: [], merge=lambda named: named[0][1]))
     try:
         yield
     finally:
