@@ -60,7 +60,7 @@ import logging
 import re
 import tomllib
 from collections import Counter
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -358,98 +358,121 @@ def load_external_trials(
     rows = read_rows(path)
     if not rows:
         raise ProbeError(f"{path}: holds no row")
-    columns = list(rows[0][1].keys())
-    full, preset = resolve_mapping(columns, map_given)
-    count = _token_counter(tokenizer) if max_new_tokens is not None else None
-    if "truncated" in full:
-        rule = f"column {full['truncated']!r}"
-    elif max_new_tokens is not None and ("completion_tokens" in full or count is not None):
-        rule = (f">= {max_new_tokens} output tokens (" +
-                (f"column {full['completion_tokens']!r}" if "completion_tokens" in full else f"counted with {tokenizer}")
-                + ")")
-    else:
-        rule = "text: no explicit final answer and stops mid-sentence"
-        if max_new_tokens is not None:
-            rule += f" (max_new_tokens={max_new_tokens} given without token counts or a tokenizer)"
-    error_re = re.compile(error_pattern)
-    score_output = _scorer()
-
-    def get(row: dict, field: str, default: object = None) -> object:
-        return row.get(full[field], default) if field in full else default
-
-    def number(row: dict, field: str, where: str) -> int:
-        """A mapped numeric field of a row (0 when the field is not mapped: the documented default)."""
-        return _as_int(get(row, field), field, full[field], where) if field in full else 0
-
-    run_reps = sorted({(str(get(r, "run", "")), number(r, "replication", f"{path}:{line}")) for line, r in rows})
-    rep_index = {k: i for i, k in enumerate(run_reps)}
+    full, preset = resolve_mapping(list(rows[0][1].keys()), map_given)
+    reader = _RowReader(path, full, aliases, max_new_tokens, _token_counter(tokenizer) if max_new_tokens is not None else None,
+                        re.compile(error_pattern), _scorer())
+    reader.index_replications(rows)
     trials: list[TrialRecord] = []
     seen: Counter[str] = Counter()
     for i, (line, row) in enumerate(rows, 1):
-        where = f"{path}:{line}"
-        model = str(get(row, "model", "")).strip()
-        if not model:
-            raise ProbeError(f"{where}: empty model ({full['model']})")
-        condition = canonical_condition(str(get(row, "condition", "")).strip(), aliases)
-        load = 0 if condition == "Control" else number(row, "load", where)
-        gold_raw = get(row, "gold")
-        gold = gold_raw if isinstance(gold_raw, (list, dict)) else str(gold_raw)
-        question = get(row, "question")
-        task_id = str(get(row, "task_id") or question or gold)
-        run = str(get(row, "run", ""))
-        rep_raw = number(row, "replication", where)
-        replication = rep_index[(run, rep_raw)] if "run" in full else rep_raw
-        output_raw = get(row, "output")
-        output = None if output_raw is None else str(output_raw)
-        meta: dict = {"source_file": path.name, "source_row": i}
-        if "run" in full:
-            meta.update(run=run, source_replication=rep_raw)
-        if "source_em" in full:
-            meta["source_em"] = get(row, "source_em")
-        prompt_id = make_prompt_id(task_id, condition, load, replication)
-        trial_id = make_trial_id(model, prompt_id)
-        seen[trial_id] += 1
-        if seen[trial_id] > 1:
-            trial_id = f"{trial_id}#{seen[trial_id]}"
-        base = TrialRecord(trial_id=trial_id, model=model, prompt_id=prompt_id, task_id=task_id, source=path.name,
-                           condition=condition, load=load, achieved_load=float(load), replication=replication,
-                           prompt_tokens=0, output=output, answer=None, gold=gold, em=None, hop_recall=None,
-                           truncated=False, uninterpretable=False, meta=meta)
-        if output is None or not output.strip():
-            trials.append(replace(base, skipped=True, skip_reason="no output in the file"))
-            continue
-        if error_re.search(output):
-            first = output.strip().splitlines()[0]
-            trials.append(replace(base, error=first[:300]))
-            continue
-        n_tokens: int | None = None
-        if "completion_tokens" in full:
-            n_tokens = number(row, "completion_tokens", where)
-        elif count is not None:
-            n_tokens = count(output)
-        if "truncated" in full:
-            truncated = _as_bool(get(row, "truncated"))
-        elif max_new_tokens is not None and n_tokens is not None:
-            truncated = n_tokens >= max_new_tokens
-        else:
-            truncated = not has_final_answer(output) and ends_mid_sentence(output)
-        task = Task(task_id=task_id, source=path.name, question=str(question or ""), gold=gold, hops=())
-        score = score_output(output, task, truncated)
-        trials.append(replace(base, answer=score.answer, em=float(score.em), truncated=score.truncated,
-                              extraction=score.extraction,
-                              uninterpretable=score.uninterpretable, completion_tokens=n_tokens))
+        base = reader.record(i, f"{path}:{line}", row)
+        seen[base.trial_id] += 1
+        if seen[base.trial_id] > 1:
+            base = replace(base, trial_id=f"{base.trial_id}#{seen[base.trial_id]}")
+        trials.append(reader.scored(base, row, f"{path}:{line}"))
     dups = sum(v - 1 for v in seen.values() if v > 1)
     summary = ImportSummary(
         file=str(path), sha256=hashlib.sha256(path.read_bytes()).hexdigest(), n_rows=len(rows), mapping=full,
-        preset=preset, condition_aliases=aliases, truncation_rule=rule, error_pattern=error_pattern,
-        max_new_tokens=max_new_tokens, tokenizer=tokenizer, n_error=sum(t.error is not None for t in trials),
-        n_skipped=sum(t.skipped for t in trials), n_truncated=sum(t.truncated for t in trials),
-        n_uninterpretable=sum(t.uninterpretable for t in trials), n_scored=sum(t.is_scored for t in trials),
-        n_duplicate_keys=dups, n_tasks=len({t.task_id for t in trials}),
+        preset=preset, condition_aliases=aliases, truncation_rule=reader.truncation_rule(tokenizer),
+        error_pattern=error_pattern, max_new_tokens=max_new_tokens, tokenizer=tokenizer,
+        n_error=sum(t.error is not None for t in trials), n_skipped=sum(t.skipped for t in trials),
+        n_truncated=sum(t.truncated for t in trials), n_uninterpretable=sum(t.uninterpretable for t in trials),
+        n_scored=sum(t.is_scored for t in trials), n_duplicate_keys=dups, n_tasks=len({t.task_id for t in trials}),
     )
     if dups:
         log.warning("%s: %d rows repeat a (model, task, condition, load, replication) key; map a run column", path, dups)
     return trials, summary
+
+
+@dataclass
+class _RowReader:
+    """Reads the rows of one file into trial records through its column mapping (``full``: field -> column)."""
+
+    path: Path
+    full: dict[str, str]
+    aliases: dict[str, str]
+    max_new_tokens: int | None
+    count: Callable[[str], int] | None  # the tokenizer's output-token count (rule 2), when one is given
+    error_re: re.Pattern
+    score_output: Callable
+    rep_index: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def get(self, row: dict, name: str, default: object = None) -> object:
+        """A mapped field of a row (``default`` when the field is not mapped)."""
+        return row.get(self.full[name], default) if name in self.full else default
+
+    def number(self, row: dict, name: str, where: str) -> int:
+        """A mapped numeric field of a row (0 when the field is not mapped: the documented default)."""
+        return _as_int(self.get(row, name), name, self.full[name], where) if name in self.full else 0
+
+    def index_replications(self, rows: list[tuple[int, dict]]) -> None:
+        """Number the (run, replication) pairs of the file 0, 1, … (a run column makes each run's reps distinct)."""
+        pairs = {(str(self.get(r, "run", "")), self.number(r, "replication", f"{self.path}:{line}")) for line, r in rows}
+        self.rep_index = {k: i for i, k in enumerate(sorted(pairs))}
+
+    def truncation_rule(self, tokenizer: str | None) -> str:
+        """How truncation is decided, in words (the import summary's ``truncation_rule``)."""
+        if "truncated" in self.full:
+            return f"column {self.full['truncated']!r}"
+        if self.max_new_tokens is not None and ("completion_tokens" in self.full or self.count is not None):
+            how = (f"column {self.full['completion_tokens']!r}" if "completion_tokens" in self.full
+                   else f"counted with {tokenizer}")
+            return f">= {self.max_new_tokens} output tokens ({how})"
+        rule = "text: no explicit final answer and stops mid-sentence"
+        if self.max_new_tokens is not None:
+            rule += f" (max_new_tokens={self.max_new_tokens} given without token counts or a tokenizer)"
+        return rule
+
+    def record(self, i: int, where: str, row: dict) -> TrialRecord:
+        """The unscored trial record of the ``i``-th row (1-based) at ``where`` (``file:line``)."""
+        model = str(self.get(row, "model", "")).strip()
+        if not model:
+            raise ProbeError(f"{where}: empty model ({self.full['model']})")
+        condition = canonical_condition(str(self.get(row, "condition", "")).strip(), self.aliases)
+        load = 0 if condition == "Control" else self.number(row, "load", where)
+        gold_raw = self.get(row, "gold")
+        gold = gold_raw if isinstance(gold_raw, (list, dict)) else str(gold_raw)
+        question = self.get(row, "question")
+        task_id = str(self.get(row, "task_id") or question or gold)
+        run = str(self.get(row, "run", ""))
+        rep_raw = self.number(row, "replication", where)
+        replication = self.rep_index[(run, rep_raw)] if "run" in self.full else rep_raw
+        output_raw = self.get(row, "output")
+        meta: dict = {"source_file": self.path.name, "source_row": i}
+        if "run" in self.full:
+            meta.update(run=run, source_replication=rep_raw)
+        if "source_em" in self.full:
+            meta["source_em"] = self.get(row, "source_em")
+        prompt_id = make_prompt_id(task_id, condition, load, replication)
+        return TrialRecord(trial_id=make_trial_id(model, prompt_id), model=model, prompt_id=prompt_id, task_id=task_id,
+                           source=self.path.name, condition=condition, load=load, achieved_load=float(load),
+                           replication=replication, prompt_tokens=0,
+                           output=None if output_raw is None else str(output_raw), answer=None, gold=gold, em=None,
+                           hop_recall=None, truncated=False, uninterpretable=False, meta=meta)
+
+    def scored(self, base: TrialRecord, row: dict, where: str) -> TrialRecord:
+        """``base`` re-scored: skipped without output, an error when the output matches the error pattern."""
+        output = base.output
+        if output is None or not output.strip():
+            return replace(base, skipped=True, skip_reason="no output in the file")
+        if self.error_re.search(output):
+            return replace(base, error=output.strip().splitlines()[0][:300])
+        n_tokens: int | None = None
+        if "completion_tokens" in self.full:
+            n_tokens = self.number(row, "completion_tokens", where)
+        elif self.count is not None:
+            n_tokens = self.count(output)
+        if "truncated" in self.full:
+            truncated = _as_bool(self.get(row, "truncated"))
+        elif self.max_new_tokens is not None and n_tokens is not None:
+            truncated = n_tokens >= self.max_new_tokens
+        else:
+            truncated = not has_final_answer(output) and ends_mid_sentence(output)
+        task = Task(task_id=base.task_id, source=self.path.name, question=str(self.get(row, "question") or ""),
+                    gold=base.gold, hops=())
+        score = self.score_output(output, task, truncated)
+        return replace(base, answer=score.answer, em=float(score.em), truncated=score.truncated,
+                       extraction=score.extraction, uninterpretable=score.uninterpretable, completion_tokens=n_tokens)
 
 
 def import_external(
