@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal, Sequence
 
 import numpy as np
@@ -224,30 +224,98 @@ def _seed(seed: int, *parts: object) -> int:
     return (seed * 1_000_003 + sum(ord(ch) * (k + 1) for k, ch in enumerate("|".join(map(str, parts))))) % 2**32
 
 
-def _row(model: str, family: str, condition: str, load: int, name: str, spec: Intervention | None,
-         pairs: pd.DataFrame, control: pd.Series, alpha: float, seed: int) -> InterventionRow:
-    diff = paired_difference(pairs["em_a"].to_numpy(float), pairs["em_b"].to_numpy(float),
-                             pairs["task_id"].to_numpy(), alpha, seed)
-    per_q = pairs.groupby("task_id")[["em_a", "em_b"]].mean()
-    per_q = per_q.join(control.rename("em_c"), how="inner")
-    em_control = float(per_q["em_c"].mean()) if len(per_q) else None
-    if control.empty:
-        rec = RecoveredShare.undefined(0, f"no baseline {CONTROL_CONDITION} trial of {model}: EM_Control is unknown")
-    else:
-        rec = recovered_share(per_q["em_a"].to_numpy(), per_q["em_b"].to_numpy(), per_q["em_c"].to_numpy(), alpha,
-                              seed=seed)
-    return InterventionRow(model=model, family=family, condition=condition, load=load, intervention=name,
-                           kind=spec.kind if spec else None, keys=spec.keys if spec else None,
-                           group=spec.group if spec else None, window=spec.window if spec else None, diff=diff,
-                           em_control=em_control, recovered=rec)
-
-
 def _twin(spec: Intervention, specs: Sequence[Intervention]) -> Intervention | None:
     """The matched control of ``spec``: the intervention with its control keys and everything else equal."""
     cands = [s for s in specs if s.keys == spec.control_keys and s.twin_key() == spec.twin_key()]
     same_group = [s for s in cands if s.group == spec.group]
     cands = same_group or cands
     return sorted(cands, key=lambda s: s.name)[0] if cands else None
+
+
+@dataclass
+class _CellTests:
+    """The tests of one (model, family, condition, load) cell: each intervention against the cell's baseline, the
+    specific and heads contrasts, and the layer-window sweeps."""
+
+    model: str
+    family: str
+    condition: str
+    load: int
+    mine: list[Intervention]  # the model's own entries (its own heads, layers)
+    under: dict[str, pd.DataFrame]  # the cell's scored trials under each intervention name
+    alpha: float
+    seed: int
+    rows: dict[str, InterventionRow] = field(default_factory=dict)
+
+    def seed_of(self, *names: str) -> int:
+        return _seed(self.seed, self.model, self.condition, self.load, *names)
+
+    def add_row(self, name: str, spec: Intervention | None, base: pd.DataFrame, control: pd.Series) -> None:
+        """The row of intervention ``name``: its paired difference from the baseline and its recovered share."""
+        pairs = _pairs(self.under[name], base)
+        diff = paired_difference(pairs["em_a"].to_numpy(float), pairs["em_b"].to_numpy(float),
+                                 pairs["task_id"].to_numpy(), self.alpha, self.seed_of(name))
+        per_q = pairs.groupby("task_id")[["em_a", "em_b"]].mean().join(control.rename("em_c"), how="inner")
+        if control.empty:
+            rec = RecoveredShare.undefined(
+                0, f"no baseline {CONTROL_CONDITION} trial of {self.model}: EM_Control is unknown")
+        else:
+            rec = recovered_share(per_q["em_a"].to_numpy(), per_q["em_b"].to_numpy(), per_q["em_c"].to_numpy(),
+                                  self.alpha, seed=self.seed_of(name))
+        self.rows[name] = InterventionRow(
+            model=self.model, family=self.family, condition=self.condition, load=self.load, intervention=name,
+            kind=spec.kind if spec else None, keys=spec.keys if spec else None, group=spec.group if spec else None,
+            window=spec.window if spec else None, diff=diff,
+            em_control=float(per_q["em_c"].mean()) if len(per_q) else None, recovered=rec)
+
+    def contrast(self, kind: Literal["specific", "heads"], a: str, b: str) -> Contrast:
+        """Intervention ``a`` against ``b`` on the same prompts (``b`` its matched control or random heads)."""
+        p = _pairs(self.under[a], self.under[b])
+        t = paired_difference(p["em_a"].to_numpy(float), p["em_b"].to_numpy(float), p["task_id"].to_numpy(),
+                              self.alpha, self.seed_of(a, b))
+        under_b = self.under[b]
+        short = under_b["keys_shortfall"].to_numpy(int) if "keys_shortfall" in under_b else np.zeros(0, int)
+        unmatched = None
+        if kind == "specific" and (short > 0).any():
+            unmatched = (f"{b} drew fewer random tokens than {a}'s keys hold in {int((short > 0).sum())} of "
+                         f"{len(short)} trials (up to {int(short.max())} short), so it also edited other text: it "
+                         "is no matched control here")
+        return Contrast(kind=kind, model=self.model, family=self.family, condition=self.condition, load=self.load,
+                        a=a, b=b, test=t, q=None, claim=False, unmatched=unmatched, a_alone=self.rows[a].diff)
+
+    def contrasts(self, notes: list[str]) -> tuple[list[Contrast], list[Contrast]]:
+        """(specific, heads) contrasts of the cell's interventions; a note for each one without a matched control."""
+        by_name = {s.name: s for s in self.mine}
+        specific: list[Contrast] = []
+        heads: list[Contrast] = []
+        for n in self.rows:
+            spec = by_name.get(n)
+            if spec is None:
+                continue
+            if spec.control_keys is not None:
+                twin = _twin(spec, self.mine)
+                if twin is None or twin.name not in self.rows:
+                    notes.append(f"{self.model} {self.condition} {self.load}: {n} has no matched control with trials "
+                                 f"(keys {spec.control_keys!r}; same kind, alpha, queries, layers, heads, window): "
+                                 "its specificity is not tested")
+                else:
+                    specific.append(self.contrast("specific", n, twin.name))
+            heads += [self.contrast("heads", n, c.name) for c in self.mine
+                      if c.selection is not None and c.selection.control_of == n and c.name in self.rows]
+        return specific, heads
+
+    def sweeps(self) -> list[Sweep]:
+        """One sweep per layer-window group with trials in the cell, its members in order of centre layer."""
+        windowed = [s for s in {s.name: s for s in self.mine}.values() if s.name in self.rows and s.window is not None]
+        out = []
+        for grp in sorted({s.group for s in windowed}):
+            members = sorted((s for s in windowed if s.group == grp), key=lambda s: (s.centre, s.name))
+            out.append(Sweep(model=self.model, family=self.family, condition=self.condition, load=self.load,
+                             group=grp, points=tuple(
+                SweepPoint(intervention=s.name, window=s.window, centre=float(s.centre), diff=self.rows[s.name].diff,
+                           recovered=self.rows[s.name].recovered)
+                for s in members if s.window is not None and s.centre is not None)))
+        return out
 
 
 def analyze_interventions(data: RunRecords, specs: Sequence[Intervention], alpha: float = 0.05,
@@ -266,12 +334,11 @@ def analyze_interventions(data: RunRecords, specs: Sequence[Intervention], alpha
     df = data.frame
     if "intervention" not in df or df["intervention"].isna().all():
         return None
-    by_name = {s.name: s for s in specs}
     notes: list[str] = []
     scored = _scored(df)
     base = scored[scored["intervention"].isna()]
     names = sorted(set(df["intervention"].dropna()))
-    undeclared = [n for n in names if n not in by_name]
+    undeclared = [n for n in names if n not in {s.name for s in specs}]
     if undeclared:
         notes.append(f"interventions {', '.join(undeclared)} have trials but no entry in {INTERVENTIONS}: their "
                      "keys are unknown, so no specific contrast or sweep uses them")
@@ -282,61 +349,22 @@ def analyze_interventions(data: RunRecords, specs: Sequence[Intervention], alpha
     cells = df[df["intervention"].notna()][["model", "family", "condition", "load"]].drop_duplicates()
     for model, family, condition, load in sorted(cells.itertuples(index=False, name=None)):
         load = int(load)
-        mine = [s for s in specs if s.model in (None, model)]  # each model's own entries (its own heads, layers)
-        by_name = {s.name: s for s in mine}
-        in_cell = (scored["model"] == model) & (scored["family"] == family) & (scored["condition"] == condition) \
-            & (scored["load"] == load)
-        cell = scored[in_cell]
-        cell_base = cell[cell["intervention"].isna()]
+        cell = scored[(scored["model"] == model) & (scored["family"] == family) & (scored["condition"] == condition)
+                      & (scored["load"] == load)]
         ctrl = base[(base["model"] == model) & (base["family"] == family) & (base["condition"] == CONTROL_CONDITION)]
-        control = ctrl.groupby("task_id")["em"].mean()
-        under = {n: cell[cell["intervention"] == n] for n in names}
-        cell_rows: dict[str, InterventionRow] = {}
+        tests = _CellTests(model, family, condition, load, [s for s in specs if s.model in (None, model)],
+                           {n: cell[cell["intervention"] == n] for n in names}, alpha, seed)
+        by_name = {s.name: s for s in tests.mine}
+        ran = df[(df["model"] == model) & (df["condition"] == condition) & (df["load"] == load)]["intervention"]
+        cell_base, control = cell[cell["intervention"].isna()], ctrl.groupby("task_id")["em"].mean()
         for n in names:
-            if under[n].empty and not ((df["intervention"] == n) & (df["model"] == model)
-                                       & (df["condition"] == condition) & (df["load"] == load)).any():
-                continue
-            cell_rows[n] = _row(model, family, condition, load, n, by_name.get(n), _pairs(under[n], cell_base),
-                                control, alpha, _seed(seed, model, condition, load, n))
-        rows += cell_rows.values()
-
-        def contrast(kind: Literal["specific", "heads"], a: str, b: str) -> Contrast:
-            p = _pairs(under[a], under[b])
-            t = paired_difference(p["em_a"].to_numpy(float), p["em_b"].to_numpy(float), p["task_id"].to_numpy(),
-                                  alpha, _seed(seed, model, condition, load, a, b))
-            short = under[b]["keys_shortfall"].to_numpy(int) if "keys_shortfall" in under[b] else np.zeros(0, int)
-            unmatched = None
-            if kind == "specific" and (short > 0).any():
-                unmatched = (f"{b} drew fewer random tokens than {a}'s keys hold in {int((short > 0).sum())} of "
-                             f"{len(short)} trials (up to {int(short.max())} short), so it also edited other text: it "
-                             "is no matched control here")
-            return Contrast(kind=kind, model=model, family=family, condition=condition, load=load, a=a, b=b, test=t,
-                            q=None, claim=False, unmatched=unmatched, a_alone=cell_rows[a].diff)
-
-        for n in cell_rows:
-            spec = by_name.get(n)
-            if spec is None:
-                continue
-            if spec.control_keys is not None:
-                twin = _twin(spec, mine)
-                if twin is None or twin.name not in cell_rows:
-                    notes.append(f"{model} {condition} {load}: {n} has no matched control with trials (keys "
-                                 f"{spec.control_keys!r}; same kind, alpha, queries, layers, heads, window): its "
-                                 "specificity is not tested")
-                else:
-                    specific.append(contrast("specific", n, twin.name))
-            ctl = [s for s in mine if s.selection is not None and s.selection.control_of == n]
-            for c in ctl:
-                if c.name in cell_rows:
-                    heads.append(contrast("heads", n, c.name))
-        groups = sorted({by_name[n].group for n in cell_rows if n in by_name and by_name[n].window is not None})
-        for grp in groups:
-            members = sorted((by_name[n] for n in cell_rows if n in by_name and by_name[n].group == grp
-                              and by_name[n].window is not None), key=lambda s: (s.centre, s.name))
-            sweeps.append(Sweep(model=model, family=family, condition=condition, load=load, group=grp, points=tuple(
-                SweepPoint(intervention=s.name, window=s.window, centre=float(s.centre), diff=cell_rows[s.name].diff,
-                           recovered=cell_rows[s.name].recovered)
-                for s in members if s.window is not None and s.centre is not None)))
+            if not tests.under[n].empty or (ran == n).any():
+                tests.add_row(n, by_name.get(n), cell_base, control)
+        rows += tests.rows.values()
+        cell_specific, cell_heads = tests.contrasts(notes)
+        specific += cell_specific
+        heads += cell_heads
+        sweeps += tests.sweeps()
     specific = _with_claims(specific, alpha)
     log.info("interventions: %d rows, %d specific contrasts (%d claims), %d heads contrasts, %d sweeps", len(rows),
              len(specific), sum(c.claim for c in specific), len(heads), len(sweeps))
