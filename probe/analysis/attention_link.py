@@ -54,7 +54,7 @@ from __future__ import annotations
 import logging
 import warnings
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -357,23 +357,38 @@ def summarise_attention(
                 enrichment_mean=None if enrichment is None else _grand_mean(enrichment),
                 enrichment=None if enrichment is None else Grid(enrichment),
                 chance=chance if m.has_chance else None, targets=()))
-        names: list[str] = []
-        ar = [r for r in recs if r.ar_k_mean is not None and r.ar_k_mean.shape[1] > 0]
-        if ar:
-            for r in ar:
-                names += [t for t in r.ar_targets if t not in names]
-            names.sort(key=lambda t: (t == "question", t))
-            mat = np.full((len(ar), n_layers, len(names)), np.nan)
-            for i, r in enumerate(ar):
-                assert r.ar_k_mean is not None
-                for j, t in enumerate(r.ar_targets):
-                    mat[i, :, names.index(t)] = r.ar_k_mean[:, j]
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)
-                ar_mean = np.nanmean(mat, axis=0)  # (layer, target)
-            cells.append(AttentionCell(**base, measure="ar_k", label="AR_k", mean=_grand_mean(ar_mean),
-                                       values=Grid(ar_mean), enrichment_mean=None, enrichment=None, chance=None,
-                                       targets=tuple(names)))
+        ar = _ar_cell(recs, base)
+        if ar is not None:
+            cells.append(ar)
+    return cells, _per_trial(records, df, linked)
+
+
+def _ar_cell(recs: list[AttentionRecord], base: dict[str, Any]) -> AttentionCell | None:
+    """The AR_k cell of a cell's records (mean over prompts per layer and target; ``question`` first), or None
+    when no record has an AR_k target."""
+    ar = [r for r in recs if r.ar_k_mean is not None and r.ar_k_mean.shape[1] > 0]
+    if not ar:
+        return None
+    names: list[str] = []
+    for r in ar:
+        names += [t for t in r.ar_targets if t not in names]
+    names.sort(key=lambda t: (t == "question", t))
+    mat = np.full((len(ar), base["n_layers"], len(names)), np.nan)
+    for i, r in enumerate(ar):
+        assert r.ar_k_mean is not None
+        for j, t in enumerate(r.ar_targets):
+            mat[i, :, names.index(t)] = r.ar_k_mean[:, j]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        ar_mean = np.nanmean(mat, axis=0)  # (layer, target)
+    return AttentionCell(**base, measure="ar_k", label="AR_k", mean=_grand_mean(ar_mean), values=Grid(ar_mean),
+                         enrichment_mean=None, enrichment=None, chance=None, targets=tuple(names))
+
+
+def _per_trial(records: Mapping[tuple[str, str], AttentionRecord], df: pd.DataFrame,
+               linked: Sequence[Measure]) -> pd.DataFrame:
+    """Each trial's arrays (the ``per_trial`` table of :func:`summarise_attention`), trials without a record left
+    out."""
     keyed = df[["trial_id", "model", "prompt_id"]]
     keys = [(str(m), str(p)) for m, p in zip(keyed["model"], keyed["prompt_id"])]
     has = [k in records for k in keys]
@@ -390,7 +405,7 @@ def summarise_attention(
     columns_data["ar_last_germane"] = [_target_ar(records[k], "last germane") if k in records else None
                                        for k in keys]
     per_trial = pd.DataFrame(columns_data)
-    return cells, per_trial[np.array(has, dtype=bool)]
+    return per_trial[np.array(has, dtype=bool)]
 
 
 def _target_ar(rec: AttentionRecord, target: str) -> np.ndarray | None:
