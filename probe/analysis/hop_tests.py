@@ -39,6 +39,7 @@ import numpy as np
 from probe.analysis.attention_link import EXTRANEOUS_CONDITIONS, LayerTests, _layer_tests
 from probe.analysis.attention_tests import attention_failure_tests, condition_contrast_tests
 from probe.analysis.head_tests import HeadTests, fitted_head_tests, with_max_t
+from probe.analysis.inference import ManyFits
 
 
 class HopRow(Protocol):
@@ -114,6 +115,53 @@ def _covariates(rows: Sequence[HopRow], base: list[np.ndarray], extra: list[np.n
     return kept
 
 
+def _plans(rows: Sequence[HopRow], idx: list[int]) -> list[tuple[str, int | None]]:
+    """(contrast, load) of every test to run: failed − correct once, each reference contrast per Saturation load
+    that has trials of its reference condition."""
+    loads = sorted({int(rows[i].load) for i in idx if rows[i].condition == "Saturation"})
+    plans: list[tuple[str, int | None]] = [(FAILED_CORRECT, None)]
+    for contrast, (reference, by_load) in REFERENCE.items():
+        plans += [(contrast, ld) for ld in loads
+                  if any(rows[i].condition == reference and (not by_load or int(rows[i].load) == ld) for i in idx)]
+    return plans
+
+
+def _estimand(contrast: str, load: int | None, name: str) -> tuple[str, str]:
+    """(which trials, the estimand in words) of a contrast on the mass ``name``."""
+    reference, by_load = REFERENCE.get(contrast, ("", False))
+    if contrast == FAILED_CORRECT:
+        where, equal = "Saturation and Residue trials", "at equal load, placement and hop position"
+    elif by_load:
+        where = f"Saturation and {reference} trials at {load} %"
+        equal = "at equal prompt length and hop position"
+    else:
+        where, equal = f"Saturation at {load} % and {reference} trials", "at equal hop position"
+    return where, f"{contrast} difference in the {name} (a share) while the hop's answer is written, {equal} ({where})"
+
+
+def _fits(contrast: str, load: int | None, sub: list[HopRow], Y: np.ndarray, groups: np.ndarray,
+          alpha: float) -> tuple[np.ndarray, ManyFits, ManyFits, np.ndarray]:
+    """(side, layer fits, head fits, nuisance columns) of one contrast: the side is failed (1) vs correct for
+    failed − correct, Saturation (1) vs the reference condition otherwise."""
+    if contrast == FAILED_CORRECT:
+        side = np.array([float(r.em is not None and r.em < 0.5) for r in sub])
+        load_col = np.array([float(r.load) for r in sub])
+        residue = np.array([float(r.condition == "Residue") for r in sub])
+        base_cols = [np.ones(len(sub)), side] + ([load_col] if np.ptp(load_col) > 0 else [])
+        cov = _covariates(sub, base_cols, [residue])
+        covm = np.column_stack(cov) if cov else None
+        return (side, attention_failure_tests(Y.mean(axis=2), side, load_col, groups, covm, alpha),
+                attention_failure_tests(Y, side, load_col, groups, covm, alpha),
+                np.column_stack([base_cols[0], *base_cols[2:], *cov]))
+    side = np.array([float(r.condition == "Saturation") for r in sub])
+    cov = _covariates(sub, [np.ones(len(sub)), side], [])
+    covm = np.column_stack(cov) if cov else None
+    what = f"Saturation at {load} % - {REFERENCE[contrast][0]}"
+    return (side, condition_contrast_tests(Y.mean(axis=2), side, groups, covm, alpha, what=what),
+            condition_contrast_tests(Y, side, groups, covm, alpha, what=what),
+            np.column_stack([np.ones(len(sub)), *cov]))
+
+
 def hop_mass_tests(rows: Sequence[HopRow], masses: Sequence[np.ndarray | None], model: str, measure: str,
                    categories: Sequence[str], alpha: float = 0.05, seed: int = 0) -> list[HopMassTest]:
     """Every test of one model and measure (module docstring).
@@ -142,12 +190,7 @@ def hop_mass_tests(rows: Sequence[HopRow], masses: Sequence[np.ndarray | None], 
                             estimand="", n=len(idx), n_trials=len({rows[i].trial_id for i in idx}),
                             n_questions=len({rows[i].task_id for i in idx}), layers=None, heads=None, reason=why)
                 for category in dict(TESTED)[FAILED_CORRECT]]
-    loads = sorted({int(rows[i].load) for i in idx if rows[i].condition == "Saturation"})
-    plans: list[tuple[str, int | None]] = [(FAILED_CORRECT, None)]
-    for contrast, (reference, by_load) in REFERENCE.items():
-        plans += [(contrast, ld) for ld in loads
-                  if any(rows[i].condition == reference and (not by_load or int(rows[i].load) == ld) for i in idx)]
-    for contrast, load in plans:
+    for contrast, load in _plans(rows, idx):
         reference, by_load = REFERENCE.get(contrast, ("", False))  # failed - correct has no reference condition
         if contrast == FAILED_CORRECT:
             sel = [i for i in idx if rows[i].condition in EXTRANEOUS_CONDITIONS]
@@ -156,44 +199,18 @@ def hop_mass_tests(rows: Sequence[HopRow], masses: Sequence[np.ndarray | None], 
                    or (rows[i].condition == "Saturation" and int(rows[i].load) == load)]
         sub = [rows[i] for i in sel]
         groups = np.array([str(r.task_id) for r in sub], dtype=object)
-        n_trials = len({r.trial_id for r in sub})
         for category in dict(TESTED)[contrast]:
             name = MASS_NAMES[category] + (" (value-weighted)" if measure == "value" else "")
-            if contrast == FAILED_CORRECT:
-                where, equal = "Saturation and Residue trials", "at equal load, placement and hop position"
-            elif by_load:
-                where = f"Saturation and {reference} trials at {load} %"
-                equal = "at equal prompt length and hop position"
-            else:
-                where, equal = f"Saturation at {load} % and {reference} trials", "at equal hop position"
-            estimand = f"{contrast} difference in the {name} (a share) while the hop's answer is written, {equal} " \
-                       f"({where})"
+            where, estimand = _estimand(contrast, load, name)
             base = HopMassTest(model=model, measure=measure, category=category, contrast=contrast, load=load,
-                               estimand=estimand, n=len(sub), n_trials=n_trials,
+                               estimand=estimand, n=len(sub), n_trials=len({r.trial_id for r in sub}),
                                n_questions=len(set(groups.tolist())), layers=None, heads=None, reason=None)
             if len(sub) < 3:
                 out.append(replace(base, reason=f"{len(sub)} named trial-hop(s) ({where}); need 3"))
                 continue
             c = list(categories).index(category)
             Y = np.stack([np.asarray(masses[i], dtype=float)[..., c] for i in sel])  # (n, L, H)
-            if contrast == FAILED_CORRECT:
-                side = np.array([float(r.em is not None and r.em < 0.5) for r in sub])
-                load_col = np.array([float(r.load) for r in sub])
-                residue = np.array([float(r.condition == "Residue") for r in sub])
-                base_cols = [np.ones(len(sub)), side] + ([load_col] if np.ptp(load_col) > 0 else [])
-                cov = _covariates(sub, base_cols, [residue])
-                covm = np.column_stack(cov) if cov else None
-                layer_fits = attention_failure_tests(Y.mean(axis=2), side, load_col, groups, covm, alpha)
-                head_fits = attention_failure_tests(Y, side, load_col, groups, covm, alpha)
-                nuisance = np.column_stack([base_cols[0], *base_cols[2:], *cov])
-            else:
-                side = np.array([float(r.condition == "Saturation") for r in sub])
-                cov = _covariates(sub, [np.ones(len(sub)), side], [])
-                covm = np.column_stack(cov) if cov else None
-                what = f"Saturation at {load} % - {reference}"
-                layer_fits = condition_contrast_tests(Y.mean(axis=2), side, groups, covm, alpha, what=what)
-                head_fits = condition_contrast_tests(Y, side, groups, covm, alpha, what=what)
-                nuisance = np.column_stack([np.ones(len(sub)), *cov])
+            side, layer_fits, head_fits, nuisance = _fits(contrast, load, sub, Y, groups, alpha)
             if np.ptp(side) == 0:
                 out.append(replace(base, reason=str(layer_fits.reason)))
                 continue
