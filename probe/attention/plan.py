@@ -76,6 +76,46 @@ class ProbePlan:
         return (*sources, *self.ar_targets)
 
 
+def _query_positions(q: str, spans: list[tuple[int, int]], kinds: list[str], n_prompt: int,
+                     n_generated: int) -> np.ndarray:
+    """The query positions of query set ``q`` (``question`` adds the last prompt token; ``segment:<i>`` counts
+    the prompt's segments, the generated span left out)."""
+    if q == "question":
+        pos = [p for (a, b), k in zip(spans, kinds) if k == "question" for p in range(a, b)]
+        if not pos:
+            raise SpanError(
+                "probe.query = 'question' but the prompt has no question segment; use query 'last' or 'segment:<i>'"
+            )
+        return np.unique(np.array([*pos, n_prompt - 1], dtype=np.int64))
+    if q == "last":
+        return np.array([n_prompt - 1], dtype=np.int64)
+    if q == "generated":
+        if n_generated == 0:
+            raise ConfigError("probe.query = 'generated' needs the generated answer ids (generated_ids is empty)")
+        return np.arange(n_prompt, n_prompt + n_generated, dtype=np.int64)
+    if q.startswith("segment:"):
+        i = int(q.split(":", 1)[1])
+        n_segments = len(spans) - (1 if n_generated > 0 else 0)
+        if not 0 <= i < n_segments:
+            raise SpanError(f"probe.query = {q!r}: the prompt has {n_segments} segments (0-based)")
+        return np.arange(spans[i][0], spans[i][1], dtype=np.int64)
+    # ProbeOptions validates the name; this guards against a hand-built options object
+    raise ConfigError(f"probe.query: {q!r}; use question, last, generated or segment:<i>")
+
+
+def _ar_layout(kinds: list[str], gamma: float) -> tuple[tuple[int, ...], tuple[tuple[tuple[int, float], ...], ...]]:
+    """(AR targets, each target's (extraneous source, γ^(k−j)) pairs) of the prompt's segment kinds."""
+    # Rank among non-sink prompt segments: the distance k - j of docs/probes.md#attentional-residue-ar_k counts these.
+    rank: dict[int, int] = {}
+    for i, k in enumerate(kinds):
+        if k != "sink":
+            rank[i] = len(rank)
+    targets = tuple(i for i in range(len(kinds)) if kinds[i] in AR_TARGET_KINDS)
+    sources = tuple(tuple((j, float(gamma ** (rank[t] - rank[j]))) for j in range(t) if kinds[j] == "extraneous")
+                    for t in targets)
+    return targets, sources
+
+
 def build_plan(
     tokenized: TokenizedPrompt,
     options: ProbeOptions,
@@ -111,43 +151,8 @@ def build_plan(
     for i, (a, b) in enumerate(spans):
         seg_of_token[a:b] = i
 
-    q = options.query
-    if q == "question":
-        pos = [p for (a, b), k in zip(spans, kinds) if k == "question" for p in range(a, b)]
-        if not pos:
-            raise SpanError(
-                "probe.query = 'question' but the prompt has no question segment; use query 'last' or 'segment:<i>'"
-            )
-        query = np.unique(np.array([*pos, n_prompt - 1], dtype=np.int64))
-    elif q == "last":
-        query = np.array([n_prompt - 1], dtype=np.int64)
-    elif q == "generated":
-        if n_generated == 0:
-            raise ConfigError("probe.query = 'generated' needs the generated answer ids (generated_ids is empty)")
-        query = np.arange(n_prompt, n_tokens, dtype=np.int64)
-    elif q.startswith("segment:"):
-        i = int(q.split(":", 1)[1])
-        if not 0 <= i < len(tokenized.spans):
-            raise SpanError(f"probe.query = {q!r}: the prompt has {len(tokenized.spans)} segments (0-based)")
-        query = np.arange(spans[i][0], spans[i][1], dtype=np.int64)
-    else:  # ProbeOptions validates the name; this guards against a hand-built options object
-        raise ConfigError(f"probe.query: {q!r}; use question, last, generated or segment:<i>")
-
-    # Rank among non-sink prompt segments: the distance k - j of docs/probes.md#attentional-residue-ar_k counts these.
-    rank: dict[int, int] = {}
-    for i, k in enumerate(kinds[: len(tokenized.spans)]):
-        if k != "sink":
-            rank[i] = len(rank)
-    targets = tuple(i for i in range(len(tokenized.spans)) if kinds[i] in AR_TARGET_KINDS)
-    sources = tuple(
-        tuple(
-            (j, float(options.gamma ** (rank[t] - rank[j])))
-            for j in range(t)
-            if kinds[j] == "extraneous"
-        )
-        for t in targets
-    )
-
+    query = _query_positions(options.query, spans, kinds, n_prompt, n_generated)
+    targets, sources = _ar_layout(kinds[: len(tokenized.spans)], options.gamma)
     rows = [query]
     if options.residue:
         for t in targets:
