@@ -328,27 +328,35 @@ def _to_data(model: str, trials: list[TrialRecord]) -> _Data:
 def _analyze_model(model: str, trials: list[TrialRecord], n_bootstrap: int, rng: np.random.Generator
                    ) -> CogniloadFits:
     data = _to_data(model, trials)
-    levels = {
-        "d": sorted({float(v) for v in data.d}),
-        "N": sorted({float(v) for v in data.n_stmt}),
-        "rho": sorted({float(v) for v in data.rho}),
-    }
+    levels = {"d": sorted({float(v) for v in data.d}), "N": sorted({float(v) for v in data.n_stmt}),
+              "rho": sorted({float(v) for v in data.rho})}
     means = {"d": float(data.d.mean()), "log10_N": float(np.log10(data.n_stmt).mean()), "rho": float(data.rho.mean())}
-    out: dict = {
-        "n": int(len(data.y)),
-        "n_puzzles": int(data.cluster.max() + 1),
-        "accuracy": float(data.y.mean()),
-        "truncation_rate": float(np.mean([t.truncated for t in trials])),
-        "levels": {k: [_num(v) for v in vs] for k, vs in levels.items()},
-        "means": means,
-        "accuracy_by": {
-            name: {
-                _level_key(v): {"acc": float(data.y[col == v].mean()), "n": int((col == v).sum())}
-                for v in levels[name]
-            }
-            for name, col in (("d", data.d), ("N", data.n_stmt), ("rho", data.rho))
-        },
-    }
+    fit_objs, fits = _fit_all(data, levels)
+    quad, lin = fits["quadratic"], fits["linear"]
+    compared = quad["status"] == "ok" and lin["status"] == "ok" and "rho2" in quad["terms"]
+    main = fit_objs["quadratic"]
+    _, main_dropped = _estimable_terms(FITS["quadratic"], levels)
+    thresholds = {spec.name: _threshold_point(spec, main, main_dropped, levels, means) for spec in THRESHOLDS}
+    delta_rho = _delta_rho_row(data, levels["rho"][0], levels["rho"][-1])
+    if n_bootstrap > 0:  # fills the intervals of the thresholds and of Δρ
+        _bootstrap(data, main, levels, means, thresholds, delta_rho, n_bootstrap, rng)
+    return CogniloadFits(
+        n=int(len(data.y)), n_puzzles=int(data.cluster.max() + 1), accuracy=float(data.y.mean()),
+        truncation_rate=float(np.mean([t.truncated for t in trials])),
+        levels={k: tuple(_num(v) for v in vs) for k, vs in levels.items()}, means=means,
+        accuracy_by={name: {_level_key(v): LevelAccuracy(acc=float(data.y[col == v].mean()), n=int((col == v).sum()))
+                            for v in levels[name]}
+                     for name, col in (("d", data.d), ("N", data.n_stmt), ("rho", data.rho))},
+        fits={name: GlmFit(status=f["status"], reason=f["reason"], terms=tuple(f["terms"]), dropped=f["dropped"],
+                           n=f["n"], params=dict(f["params"]), aic=f["aic"], se_method=f["se_method"])
+              for name, f in fits.items()},
+        aic_preferred=("quadratic" if quad["aic"] < lin["aic"] else "linear") if compared else None,
+        delta_aic=lin["aic"] - quad["aic"] if compared else None,
+        thresholds={k: Threshold(**th) for k, th in thresholds.items()}, delta_rho=DeltaRho(**delta_rho))
+
+
+def _fit_all(data: _Data, levels: dict[str, list[float]]) -> tuple[dict[str, _Fit], dict[str, dict]]:
+    """Every GLM of :data:`FITS` on the terms the levels can estimate: (fits, their summaries)."""
     clustered = int(np.bincount(data.cluster).max()) > 1
     fits: dict[str, dict] = {}
     fit_objs: dict[str, _Fit] = {}
@@ -360,45 +368,15 @@ def _analyze_model(model: str, trials: list[TrialRecord], n_bootstrap: int, rng:
             fit = _fit_glm(data, terms, clustered=clustered)
         fit_objs[name] = fit
         fits[name] = _fit_summary(fit, dropped, len(data.y))
-    out["fits"] = fits
-    quad, lin = fits["quadratic"], fits["linear"]
-    if quad["status"] == "ok" and lin["status"] == "ok" and "rho2" in quad["terms"]:
-        out["delta_aic"] = lin["aic"] - quad["aic"]
-        out["aic_preferred"] = "quadratic" if quad["aic"] < lin["aic"] else "linear"
-    else:
-        out["delta_aic"] = None
-        out["aic_preferred"] = None
+    return fit_objs, fits
 
-    main = fit_objs["quadratic"]
-    _, main_dropped = _estimable_terms(FITS["quadratic"], levels)
-    thresholds = {
-        spec.name: _threshold_point(spec, main, main_dropped, levels, means) for spec in THRESHOLDS
-    }
-    low, high = levels["rho"][0], levels["rho"][-1]
-    delta = _delta_rho(data.y, data.rho, low, high, np.ones_like(data.y))
-    out["delta_rho"] = {
-        "value": delta,
-        "ci_low": None,
-        "ci_high": None,
-        "low_rho": _num(low),
-        "high_rho": _num(high),
-        "acc_low": float(data.y[data.rho == low].mean()),
-        "acc_high": float(data.y[data.rho == high].mean()),
-        "n_low": int((data.rho == low).sum()),
-        "n_high": int((data.rho == high).sum()),
-    }
-    if n_bootstrap > 0:
-        _bootstrap(data, main, levels, means, thresholds, out["delta_rho"], n_bootstrap, rng)
-    return CogniloadFits(
-        n=out["n"], n_puzzles=out["n_puzzles"], accuracy=out["accuracy"], truncation_rate=out["truncation_rate"],
-        levels={k: tuple(v) for k, v in out["levels"].items()}, means=means,
-        accuracy_by={k: {lv: LevelAccuracy(**a) for lv, a in by.items()} for k, by in out["accuracy_by"].items()},
-        fits={name: GlmFit(status=f["status"], reason=f["reason"], terms=tuple(f["terms"]), dropped=f["dropped"],
-                           n=f["n"], params=dict(f["params"]), aic=f["aic"],
-                           se_method=f["se_method"])
-              for name, f in fits.items()},
-        aic_preferred=out["aic_preferred"], delta_aic=out["delta_aic"],
-        thresholds={k: Threshold(**th) for k, th in thresholds.items()}, delta_rho=DeltaRho(**out["delta_rho"]))
+
+def _delta_rho_row(data: _Data, low: float, high: float) -> dict:
+    """Δρ = accuracy at the lowest ρ − at the highest, with each side's accuracy and count (interval left None)."""
+    return {"value": _delta_rho(data.y, data.rho, low, high, np.ones_like(data.y)), "ci_low": None, "ci_high": None,
+            "low_rho": _num(low), "high_rho": _num(high), "acc_low": float(data.y[data.rho == low].mean()),
+            "acc_high": float(data.y[data.rho == high].mean()), "n_low": int((data.rho == low).sum()),
+            "n_high": int((data.rho == high).sum())}
 
 
 def _num(v: float) -> int | float:
