@@ -59,7 +59,7 @@ class PlanTensors:
 
     def __init__(self, plan: ProbePlan, device: torch.device, max_block_elements: int | None = None) -> None:
         self.device = device
-        T, S = plan.n_tokens, plan.n_segments
+        S = plan.n_segments
         self.n_segments = S
         self.seg = torch.as_tensor(plan.seg_of_token, device=device)  # (T,)
         self.use_matmul = device.type == "cuda" or S <= self.MATMUL_MAX_SEGMENTS
@@ -72,8 +72,13 @@ class PlanTensors:
         self.query_positions = torch.as_tensor(plan.query_positions, device=device)
         self.exclude_sink = plan.options.exclude_sink
 
+        self._lay_out_residue(plan)
+        self.blocks = self._lay_out_blocks(plan, max_block_elements)
+
+    def _lay_out_residue(self, plan: ProbePlan) -> None:
+        """The accumulated segments of the residue (their slots and kept keys) and its weights."""
+        S, spans = plan.n_segments, plan.segment_spans
         # Accumulated segments: slot -> (segment, keys kept). Sources (cosine) first, then targets with a source.
-        spans = plan.segment_spans
         self.target_slot: dict[int, int] = {}  # target number -> accumulator slot
         acc: list[tuple[int, int]] = []
         if plan.compute_residue:
@@ -91,7 +96,7 @@ class PlanTensors:
         self.acc_lengths = tuple(n for _, n in acc)
         self.source_slot = {s: i for i, s in enumerate(self.acc_segments[: self.n_sources])}
         self.source_ends = torch.as_tensor([spans[s][1] for s in self.acc_segments[: self.n_sources]],
-                                           dtype=torch.long, device=device)
+                                           dtype=torch.long, device=self.device)
         # (target, source) weights γ^(k-j) of the residue sum.
         weights = np.zeros((len(plan.ar_targets), max(self.n_sources, 1)))
         if plan.compute_residue and plan.options.residue_mode == "cosine":
@@ -107,6 +112,9 @@ class PlanTensors:
         self.mass_weights = mass_weights
         self.n_targets = len(plan.ar_targets)
 
+    def _lay_out_blocks(self, plan: ProbePlan, max_block_elements: int | None) -> list[RowBlock]:
+        """The blocks of query rows (at most ``block_size`` rows and ``max_block_elements`` per head each)."""
+        T, spans = plan.n_tokens, plan.segment_spans
         owner = np.full(T, -1, dtype=np.int64)
         for slot, s in enumerate(self.acc_segments):
             a, b = spans[s]
@@ -114,7 +122,7 @@ class PlanTensors:
         in_query = np.zeros(T, dtype=bool)
         in_query[plan.query_positions] = True
 
-        self.blocks: list[RowBlock] = []
+        out: list[RowBlock] = []
         rows = plan.row_positions
         max_rows = plan.options.block_size
         start = 0
@@ -124,8 +132,9 @@ class PlanTensors:
                 max_block_elements is None or (end + 1 - start) * (int(rows[end]) + 1) <= max_block_elements
             ):
                 end += 1
-            self.blocks.append(self._block(rows[start:end], owner, in_query))
+            out.append(self._block(rows[start:end], owner, in_query))
             start = end
+        return out
 
     def _block(self, pos: np.ndarray, owner: np.ndarray, in_query: np.ndarray) -> RowBlock:
         device = self.device
