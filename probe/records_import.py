@@ -359,8 +359,8 @@ def load_external_trials(
     if not rows:
         raise ProbeError(f"{path}: holds no row")
     full, preset = resolve_mapping(list(rows[0][1].keys()), map_given)
-    reader = _RowReader(path, full, aliases, max_new_tokens, _token_counter(tokenizer) if max_new_tokens is not None else None,
-                        re.compile(error_pattern), _scorer())
+    count = _token_counter(tokenizer) if max_new_tokens is not None else None
+    reader = _RowReader(path, full, aliases, max_new_tokens, count, re.compile(error_pattern), _scorer())
     reader.index_replications(rows)
     trials: list[TrialRecord] = []
     seen: Counter[str] = Counter()
@@ -407,7 +407,8 @@ class _RowReader:
 
     def index_replications(self, rows: list[tuple[int, dict]]) -> None:
         """Number the (run, replication) pairs of the file 0, 1, … (a run column makes each run's reps distinct)."""
-        pairs = {(str(self.get(r, "run", "")), self.number(r, "replication", f"{self.path}:{line}")) for line, r in rows}
+        pairs = {(str(self.get(r, "run", "")), self.number(r, "replication", f"{self.path}:{line}"))
+                 for line, r in rows}
         self.rep_index = {k: i for i, k in enumerate(sorted(pairs))}
 
     def truncation_rule(self, tokenizer: str | None) -> str:
@@ -444,9 +445,9 @@ class _RowReader:
         if "source_em" in self.full:
             meta["source_em"] = self.get(row, "source_em")
         prompt_id = make_prompt_id(task_id, condition, load, replication)
-        return TrialRecord(trial_id=make_trial_id(model, prompt_id), model=model, prompt_id=prompt_id, task_id=task_id,
-                           source=self.path.name, condition=condition, load=load, achieved_load=float(load),
-                           replication=replication, prompt_tokens=0,
+        return TrialRecord(trial_id=make_trial_id(model, prompt_id), model=model, prompt_id=prompt_id,
+                           task_id=task_id, source=self.path.name, condition=condition, load=load,
+                           achieved_load=float(load), replication=replication, prompt_tokens=0,
                            output=None if output_raw is None else str(output_raw), answer=None, gold=gold, em=None,
                            hop_recall=None, truncated=False, uninterpretable=False, meta=meta)
 

@@ -246,12 +246,17 @@ class _CellTests:
     alpha: float
     seed: int
     rows: dict[str, InterventionRow] = field(default_factory=dict)
+    by_name: dict[str, Intervention] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.by_name = {s.name: s for s in self.mine}
 
     def seed_of(self, *names: str) -> int:
         return _seed(self.seed, self.model, self.condition, self.load, *names)
 
-    def add_row(self, name: str, spec: Intervention | None, base: pd.DataFrame, control: pd.Series) -> None:
+    def add_row(self, name: str, base: pd.DataFrame, control: pd.Series) -> None:
         """The row of intervention ``name``: its paired difference from the baseline and its recovered share."""
+        spec = self.by_name.get(name)
         pairs = _pairs(self.under[name], base)
         diff = paired_difference(pairs["em_a"].to_numpy(float), pairs["em_b"].to_numpy(float),
                                  pairs["task_id"].to_numpy(), self.alpha, self.seed_of(name))
@@ -285,11 +290,10 @@ class _CellTests:
 
     def contrasts(self, notes: list[str]) -> tuple[list[Contrast], list[Contrast]]:
         """(specific, heads) contrasts of the cell's interventions; a note for each one without a matched control."""
-        by_name = {s.name: s for s in self.mine}
         specific: list[Contrast] = []
         heads: list[Contrast] = []
         for n in self.rows:
-            spec = by_name.get(n)
+            spec = self.by_name.get(n)
             if spec is None:
                 continue
             if spec.control_keys is not None:
@@ -306,7 +310,7 @@ class _CellTests:
 
     def sweeps(self) -> list[Sweep]:
         """One sweep per layer-window group with trials in the cell, its members in order of centre layer."""
-        windowed = [s for s in {s.name: s for s in self.mine}.values() if s.name in self.rows and s.window is not None]
+        windowed = [s for s in self.by_name.values() if s.name in self.rows and s.window is not None]
         out = []
         for grp in sorted({s.group for s in windowed}):
             members = sorted((s for s in windowed if s.group == grp), key=lambda s: (s.centre, s.name))
@@ -354,12 +358,11 @@ def analyze_interventions(data: RunRecords, specs: Sequence[Intervention], alpha
         ctrl = base[(base["model"] == model) & (base["family"] == family) & (base["condition"] == CONTROL_CONDITION)]
         tests = _CellTests(model, family, condition, load, [s for s in specs if s.model in (None, model)],
                            {n: cell[cell["intervention"] == n] for n in names}, alpha, seed)
-        by_name = {s.name: s for s in tests.mine}
         ran = df[(df["model"] == model) & (df["condition"] == condition) & (df["load"] == load)]["intervention"]
         cell_base, control = cell[cell["intervention"].isna()], ctrl.groupby("task_id")["em"].mean()
         for n in names:
             if not tests.under[n].empty or (ran == n).any():
-                tests.add_row(n, by_name.get(n), cell_base, control)
+                tests.add_row(n, cell_base, control)
         rows += tests.rows.values()
         cell_specific, cell_heads = tests.contrasts(notes)
         specific += cell_specific

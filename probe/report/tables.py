@@ -52,14 +52,20 @@ def _flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def csv_text(rows: Rows) -> str:
-    """CSV text of rows (flattened; a missing value is an empty cell); "" without rows."""
-    if not rows:
-        return ""
+def _flat_table(rows: Rows) -> tuple[list[dict], list[str]]:
+    """(flattened rows, every column in order of first appearance)."""
     flat = [_flatten(r) for r in rows]
     names: list[str] = []
     for r in flat:
         names += [k for k in r if k not in names]
+    return flat, names
+
+
+def csv_text(rows: Rows) -> str:
+    """CSV text of rows (flattened; a missing value is an empty cell); "" without rows."""
+    if not rows:
+        return ""
+    flat, names = _flat_table(rows)
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=names, lineterminator="\n")
     w.writeheader()
@@ -79,10 +85,7 @@ def tables_markdown(section: ReportSection, result: Any) -> list[str]:
     no Markdown of its own): each table's first :data:`MD_ROWS` rows, a cut table saying so."""
     parts = [f"## {section.family}", ""]
     for name, rows in section.tables(result):
-        flat = [_flatten(r) for r in rows]
-        names: list[str] = []
-        for r in flat:
-            names += [k for k in r if k not in names]
+        flat, names = _flat_table(rows)
         parts += [f"### {name}", ""]
         if not flat:
             parts += ["(no rows)", ""]
