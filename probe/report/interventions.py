@@ -9,12 +9,14 @@ everywhere else it says "no causal effect shown" with the interval.
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import replace
 from typing import Any
 
 from matplotlib.figure import Figure
 
 from probe import formatting as fmt
+from probe.analysis.estimate import Estimate
 from probe.analysis.estimates import Cell
 from probe.analysis.interventions import Contrast, InterventionResult, InterventionRow, Sweep
 from probe.analysis.paired_ratio import PairedDifference
@@ -156,25 +158,35 @@ def heads_contrast_rows(result: InterventionResult) -> list[list[str]]:
              _diff(c.test), fmt.p_value(c.test.estimate.p)] for c in result.heads]
 
 
+def _undefined_note(estimates: list[Estimate]) -> str:
+    """Why a panel of :func:`draw_sweep` has no point: the first window's reason, and whether others differ."""
+    reasons = list(dict.fromkeys(e.reason for e in estimates if e.reason))
+    text = f"no value at any of the {len(estimates)} windows"
+    if reasons:
+        text += ":\n" + textwrap.fill(reasons[0], 48)
+    if len(reasons) > 1:
+        text += f"\n(other windows: {len(reasons) - 1} other reason(s), in intervention_sweeps.csv)"
+    return text
+
+
 def draw_sweep(sweep: Sweep) -> Figure | None:
     """The layer-window curve of one sweep: paired difference (left) and recovered share (right) against the
-    window's centre layer, with 95% CI bars; None without points."""
+    window's centre layer, with 95% CI bars; None without points. A panel with no value at any window says why."""
     if not sweep.points:
         return None
     fig = Figure(figsize=(9, 3.4), layout="constrained")
     ax_d, ax_r = fig.subplots(1, 2)
     x = [p.centre for p in sweep.points]
-    for ax, values, label in (
-            (ax_d, [(e.value, e.ci_low, e.ci_high) for p in sweep.points for e in (p.diff.estimate,)],
-             "EM_int − EM_base"),
-            (ax_r, [(e.value, e.ci_low, e.ci_high) for p in sweep.points for e in (p.recovered.estimate,)],
-             "recovered share")):
-        xs = [xi for xi, v in zip(x, values) if v[0] is not None]
-        ys = [v[0] for v in values if v[0] is not None]
-        ax.plot(xs, ys, "o-", color="#d95f02")
-        for xi, (y, lo, hi) in zip(x, values):
-            if y is not None and lo is not None and hi is not None:
+    for ax, estimates, label in ((ax_d, [p.diff.estimate for p in sweep.points], "EM_int − EM_base"),
+                                 (ax_r, [p.recovered.estimate for p in sweep.points], "recovered share")):
+        shown = [(xi, e.value, e.ci_low, e.ci_high) for xi, e in zip(x, estimates) if e.value is not None]
+        ax.plot([s[0] for s in shown], [s[1] for s in shown], "o-", color="#d95f02")
+        for xi, y, lo, hi in shown:
+            if lo is not None and hi is not None:
                 ax.errorbar([xi], [y], yerr=[[y - lo], [hi - y]], color="#d95f02", capsize=3)
+        if not shown:  # e.g. at Control the baseline lost nothing, so no share is defined anywhere
+            ax.text(0.5, 0.5, _undefined_note(estimates), transform=ax.transAxes, ha="center", va="center",
+                    fontsize=8, color="#555")
         ax.axhline(0, color="#999", lw=0.8)
         if label == "recovered share":
             ax.axhline(1, color="#999", lw=0.8, ls="--")

@@ -313,6 +313,24 @@ def test_report_section_renders_the_table_the_curve_and_the_heads(run):
     assert "## Causal tests: interventions" in (run / "analysis.md").read_text()
 
 
+def test_a_sweep_panel_with_no_value_at_any_window_says_why(run):
+    """A window sweep at a cell whose baseline lost nothing to Control has no recovered share anywhere: the right
+    panel is not left empty and unexplained, it carries the share's own reason (and says when windows differ)."""
+    (sw,) = read_analysis(run).interventions.sweeps
+    nothing_lost = recovered_share(np.ones(7), np.zeros(7), np.zeros(7))  # EM_Control - EM_base = 0
+    sw = dataclasses.replace(sw, points=tuple(dataclasses.replace(p, recovered=nothing_lost) for p in sw.points))
+    left, right = draw_sweep(sw).axes
+    assert list(right.lines[0].get_xdata()) == []
+    (note,) = right.texts
+    assert note.get_text().replace("\n", " ").startswith(
+        f"no value at any of the {len(sw.points)} windows: EM_Control - EM_base = +0.000 <= 0: the baseline lost "
+        "nothing to Control")
+    assert len(left.texts) == 0 and len(left.lines[0].get_xdata()) == len(sw.points)  # the other panel is drawn
+    none = recovered_share(np.array([]), np.array([]), np.array([]))  # no question: undefined for another reason
+    sw = dataclasses.replace(sw, points=(*sw.points[:-1], dataclasses.replace(sw.points[-1], recovered=none)))
+    assert "1 other reason(s)" in draw_sweep(sw).axes[1].texts[0].get_text()
+
+
 def test_report_has_no_intervention_section_without_interventions(tmp_path):
     d = tmp_path / "plain"
     make_run(d, Plan(n_tasks=6, seed=1, loads=(80,)))
