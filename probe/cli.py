@@ -395,38 +395,48 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``probe`` command line: one sub-command per stage of a run, then the tools."""
     p = argparse.ArgumentParser(prog="probe", description="ICE-Probe: extraneous load, behaviour and attention.")
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     p.add_argument("--version", action="version", version=f"%(prog)s (ICE-Probe) {_version()}")
     sub = p.add_subparsers(dest="cmd", required=True)
+    _add_run_commands(sub)
+    _add_analysis_commands(sub)
+    _add_tool_commands(sub)
+    return p
 
-    def exp_args(sp: argparse.ArgumentParser, writes: bool = True) -> None:
-        sp.add_argument("experiment", help="experiment TOML (a path; or a shipped experiment by name: "
-                                           f"{', '.join(shipped_experiments())})")
-        sp.add_argument("--name", help="run name (folder under the output dir)")
-        sp.add_argument("--models", help="comma-separated model card names, replacing experiment.models")
-        sp.add_argument("--output-dir", help="parent folder of run folders (default: the experiment's output_dir, "
-                                             "outputs/ of the working directory unless it says otherwise)")
-        sp.add_argument("--replications", type=positive_int, help="replications per (task, condition, load)")
-        if writes:  # validate writes nothing: it has nothing to start over
-            sp.add_argument("--force", action="store_true",
-                            help="start the run over when the folder holds records of another configuration (they "
-                                 "are moved into <run>/superseded-<time>/)")
-        sp.add_argument("--limit", type=positive_int, metavar="N",
-                        help="at most N tasks from each [[tasks]] section (its n), for a quick try of an experiment; "
-                             "the run folder records the smaller n")
-        sp.add_argument("-q", "--quiet", action="store_true",
-                        help="no progress bars (the toolkit's, and the libraries' download and weight-loading bars)")
 
+def _experiment_args(sp: argparse.ArgumentParser, writes: bool = True) -> None:
+    """The arguments of the commands that read an experiment file (validate, build, run)."""
+    sp.add_argument("experiment", help="experiment TOML (a path; or a shipped experiment by name: "
+                                       f"{', '.join(shipped_experiments())})")
+    sp.add_argument("--name", help="run name (folder under the output dir)")
+    sp.add_argument("--models", help="comma-separated model card names, replacing experiment.models")
+    sp.add_argument("--output-dir", help="parent folder of run folders (default: the experiment's output_dir, "
+                                         "outputs/ of the working directory unless it says otherwise)")
+    sp.add_argument("--replications", type=positive_int, help="replications per (task, condition, load)")
+    if writes:  # validate writes nothing: it has nothing to start over
+        sp.add_argument("--force", action="store_true",
+                        help="start the run over when the folder holds records of another configuration (they "
+                             "are moved into <run>/superseded-<time>/)")
+    sp.add_argument("--limit", type=positive_int, metavar="N",
+                    help="at most N tasks from each [[tasks]] section (its n), for a quick try of an experiment; "
+                         "the run folder records the smaller n")
+    sp.add_argument("-q", "--quiet", action="store_true",
+                    help="no progress bars (the toolkit's, and the libraries' download and weight-loading bars)")
+
+
+def _add_run_commands(sub: argparse._SubParsersAction) -> None:
+    """validate, build, run, merge: from an experiment file to a run folder."""
     sp = sub.add_parser("validate", help="check an experiment file without loading a model")
-    exp_args(sp, writes=False)
+    _experiment_args(sp, writes=False)
     sp.set_defaults(fn=cmd_validate)
     sp = sub.add_parser("build", help=f"build the prompts (outputs/<name>/{runfolder.PROMPTS})")
-    exp_args(sp)
+    _experiment_args(sp)
     sp.set_defaults(fn=cmd_build)
     sp = sub.add_parser("run", help="build prompts and run every model (resumable; one process per run folder at a "
                                     "time, a second stops naming the first's pid)")
-    exp_args(sp)
+    _experiment_args(sp)
     sp.add_argument("--batch-size", type=positive_int, help="prompts generated together")
     sp.add_argument("--max-new-tokens", type=positive_int, help="generation limit in tokens")
     sp.add_argument("--device", help="cpu, cuda, cuda:1 (default: CUDA when available)")
@@ -442,6 +452,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("run", help="the run folder (outputs/<name>); its shards are read from <run>/shards/")
     sp.add_argument("shards", nargs="*", help="shard folders elsewhere (default: every <run>/shards/I-of-N)")
     sp.set_defaults(fn=cmd_merge)
+
+
+def _add_analysis_commands(sub: argparse._SubParsersAction) -> None:
+    """analyze, report, results, compare, show: from run folders to tables, pages and figures."""
     sp = sub.add_parser("analyze", help="statistics of a run folder, or of a CSV/JSONL written by another tool")
     sp.add_argument("run", help="run folder (outputs/<name>) or a CSV / JSONL file of trials")
     sp.add_argument("--map", help="column mapping for external files: field=column,... or a TOML mapping file")
@@ -482,6 +496,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="step through the answer: for each generated token, the prompt shaded by where that token's "
                          "attention went (a run probed with [probe] answer = true; <stem>.answer.html)")
     sp.set_defaults(fn=cmd_show)
+
+
+def _add_tool_commands(sub: argparse._SubParsersAction) -> None:
+    """models, bench."""
     sp = sub.add_parser("models", help="list model cards and whether each is loadable here")
     sp.set_defaults(fn=cmd_models)
     sp = sub.add_parser("bench", help="benchmarks: generate (batching speed-up), attention (probe cost), run "
@@ -505,7 +523,6 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--cpu", action="store_true",
                     help="gpu-check: run on the CPU with tiny models (default: refuse without a CUDA device)")
     sp.set_defaults(fn=cmd_bench)
-    return p
 
 
 _WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.EFBIG}
