@@ -376,7 +376,7 @@ def draw_residue_attention(result: IceResult, alpha: float = 0.05) -> Figure | N
         ax.set_xlabel("layer")
         ax.set_ylabel("ΔAR_k per unit S_sim")
         ax.xaxis.set_major_locator(MaxNLocator(nbins=16, integer=True))
-        ax.set_title(f"{short(model)}: " + "; ".join(notes), fontsize=9)
+        ax.set_title(f"{short(model)}: " + "; ".join(notes), fontsize=9, wrap=True)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7, loc="best")
         ax.grid(alpha=0.3)
@@ -404,7 +404,7 @@ def draw_attention_behaviour(result: IceResult, alpha: float = 0.05) -> Figure |
         what = (f"layers with q<{alpha:g}: {ranges(list(a.layer_tests.significant))}" if a.layer_tests.is_test
                 else f"not tested: {a.layer_tests.reason}")
         top.set_title(f"{short(a.model)}: {a.label} in failed vs correct trials at equal load and placement; {what}",
-                      fontsize=9)
+                      fontsize=9, wrap=True)
         # only the load-adjusted fit: without the adjustment the fit is confounded by load (it named a layer in
         # 29 % of no-effect studies at G = 20); where no fit could be adjusted (one load, one placement) the
         # unadjusted one is drawn and labelled so

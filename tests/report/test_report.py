@@ -205,6 +205,34 @@ def test_attention_logistic_panel_shows_only_the_load_adjusted_fit(run, report):
     assert labels == ["adjusted for load and placement"] and "adjusted for load" in bottom.get_title()
 
 
+def test_per_layer_titles_that_carry_a_reason_stay_inside_their_figure(run, report):
+    """A per-layer panel that is not tested says why in its title; the reasons run to 250 characters (here the real
+    minimum-of-questions reason), so the title must wrap rather than run off both sides of the figure."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from probe.analysis.inference import few_contrast_reason
+
+    result = ice(run)
+    why = few_contrast_reason(3, 10, 6, "the other questions hold the tested regressor at one common value")
+    assert len(why) > 200
+    result = dataclasses.replace(result, attention_behaviour=tuple(
+        dataclasses.replace(a, layer_tests=dataclasses.replace(a.layer_tests, is_test=False, reason=why))
+        for a in result.attention_behaviour if a.layer_tests is not None), residue_attention=tuple(
+        dataclasses.replace(r, test=dataclasses.replace(r.test, is_test=False, reason=why.replace(":", ";")))
+        for r in result.residue_attention if r.test is not None))
+    figures = [F.draw_attention_behaviour(result), F.draw_residue_attention(result)]
+    assert all(f is not None for f in figures)
+    for fig in figures:
+        canvas = FigureCanvasAgg(fig)
+        canvas.draw()
+        width = fig.bbox.width
+        titles = [ax.title for ax in fig.axes if ax.get_title()]
+        assert any(why[:40] in t.get_text() or "only 3 of 10" in t.get_text() for t in titles)
+        for t in titles:
+            box = t.get_window_extent(canvas.get_renderer())
+            assert box.x0 >= -1 and box.x1 <= width + 1, f"title runs off the figure: {t.get_text()[:60]}"
+
+
 def test_summary_claims_follow_the_numbers(run, report):
     result, settings = ice(run), read_analysis(run).settings
     h1 = result.h1_of(MODEL, "Saturation")
