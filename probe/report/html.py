@@ -16,7 +16,7 @@ table{border-collapse:collapse;margin:.6em 0;font-size:.86em}th,td{border:1px so
 text-align:right;vertical-align:top}th{background:#f3f3f3}td.l,th.l{text-align:left}
 figure{margin:1em 0}figure img{max-width:100%;border:1px solid #eee}figcaption{font-size:.85em;color:#555}
 .note{color:#555;font-size:.88em}.sig{font-weight:600}code{background:#f5f5f5;padding:0 3px}
-td.l:first-child{white-space:nowrap}
+td.l:first-child{white-space:nowrap}.tw{overflow-x:auto;max-width:100%}
 """
 
 
@@ -41,13 +41,14 @@ def figure_block(png: bytes, caption: str, alt: str) -> str:
 
 def table(header: list[str], rows: list[list[str]], left: int = 1, text: tuple[int, ...] = ()) -> str:
     """An HTML table; the first ``left`` columns and the columns ``text`` (sentences) are left-aligned. Cells are
-    inserted as given (escape first)."""
+    inserted as given (escape first). A table wider than the page scrolls sideways in its own box, so the page
+    keeps its width and the text around the table stays in view."""
     def cls(i: int) -> str:
         return ' class="l"' if i < left or i in text else ""
 
     head = "".join(f"<th{cls(i)}>{h}</th>" for i, h in enumerate(header))
     body = "".join("<tr>" + "".join(f"<td{cls(i)}>{c}</td>" for i, c in enumerate(r)) + "</tr>" for r in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return f'<div class="tw"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
 def page(title: str, body: str) -> str:

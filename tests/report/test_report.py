@@ -198,6 +198,16 @@ def test_ar_k_legend_sits_outside_and_panels_say_how_many_prompts(run, report):
             assert f"{c.condition} {c.n_prompts}" in ax.get_title()
 
 
+def test_every_table_scrolls_in_its_own_box(report):
+    """Tables as wide as "What the model wrote" or H2 (15 columns) are wider than the page: each sits in a box that
+    scrolls sideways, so the page keeps its width and its text stays in view."""
+    html = report.read_text()
+    assert html.count("<table>") >= 8
+    assert html.count('<div class="tw"><table>') == html.count("<table>")
+    assert html.count("</table></div>") == html.count("</table>")
+    assert re.search(r"\.tw\{overflow-x:auto", html)
+
+
 def test_attention_logistic_panel_shows_only_the_load_adjusted_fit(run, report):
     fig = F.draw_attention_behaviour(ice(run))
     bottom = fig.axes[1]
