@@ -257,6 +257,11 @@ def _reading(old: str | None, runs: Sequence[PageRun]) -> tuple[str, list[str]]:
     return f"{stamp}\n{body}\n{READING_END}", warnings
 
 
+def _statistics_link(out: Path) -> str:
+    """The definitions page as a link where the page sits beside it (the toolkit's docs/), else as a plain name."""
+    return "[statistics.md](statistics.md)" if (out.parent / "statistics.md").is_file() else "docs/statistics.md"
+
+
 def write_results_page(run_dirs: Sequence[str | Path], out: str | Path, *, title: str = "Results",
                        command: str = "", img_dir: str | Path | None = None) -> tuple[Path, list[str]]:
     """Write the results page for analysed (and reported) run folders.
@@ -285,7 +290,7 @@ def write_results_page(run_dirs: Sequence[str | Path], out: str | Path, *, title
              "This page is written from the run folders' `analysis.json` and report figures"
              + (f" by `{command}`" if command else "") + ": every number below is the analysis's own, with its "
              "interval and, where a family of tests is corrected, its Benjamini–Hochberg q (definitions in "
-             "[statistics.md](statistics.md)). The reading is written by hand and kept when the page is written "
+             f"{_statistics_link(out)}). The reading is written by hand and kept when the page is written "
              "again.", "",
              "## Reading", "", reading, ""]
     for r in runs:

@@ -50,6 +50,18 @@ def test_figures_are_copied_beside_the_page_and_every_link_resolves(run, tmp_pat
         assert link.startswith(f"img/results/study-{sha[:8]}/")
 
 
+def test_every_text_link_resolves_wherever_the_page_is_written(run, tmp_path) -> None:
+    """The definitions page is linked where the page sits beside it (the toolkit's docs/, as docs/results.md does)
+    and only named elsewhere (the default results.md in a run folder), so no link on the page is broken."""
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "statistics.md").write_text("# Statistics\n")
+    for out, linked in ((tmp_path / "docs" / "results.md", True), (tmp_path / "elsewhere" / "results.md", False)):
+        text = write_results_page([run], out)[0].read_text()
+        links = re.findall(r"(?<!!)\[[^\]]*\]\(([^)]+)\)", text)
+        assert all((out.parent / link.split("#")[0]).is_file() for link in links if "://" not in link), links
+        assert ("[statistics.md](statistics.md)" in text) is linked and "docs/statistics.md" in text
+
+
 def test_two_runs_whose_folders_share_a_name_keep_their_own_figures(run, tmp_path) -> None:
     """Pages of two runs both called ``study`` written into one folder: each page's links resolve to its own run's
     figures (byte for byte), the second page deleting none of the first's."""
