@@ -60,12 +60,15 @@ def _short(reason: str) -> str:
     return reason.strip()
 
 
-def _share(row: InterventionRow) -> str:
+def _share(row: InterventionRow, brief: bool = False) -> str:
+    """The recovered share with its interval, or why it has none: the whole reason, or with ``brief`` its first
+    clause (the page's table, where one reason repeated over every row of a cell made each row ten lines tall)."""
     r = row.recovered.estimate
+    why = "" if r.reason is None else _short(r.reason) if brief else r.reason
     if r.value is None:
-        return f"undefined: {r.reason}"
+        return f"undefined: {why}"
     if r.ci_low is None or r.ci_high is None:
-        return f"{r.value:.2f} (no interval: {r.reason})"
+        return f"{r.value:.2f} (no interval: {why})"
     return f"{r.value:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}]"
 
 
@@ -74,8 +77,9 @@ def _specific_of(result: InterventionResult, row: InterventionRow) -> Contrast |
                  == (row.model, row.family, row.condition, row.load, row.intervention)), None)
 
 
-def recovery_rows(result: InterventionResult) -> list[list[str]]:
-    """The recovery table's rows (:data:`RECOVERY_HEADER`), as plain text."""
+def recovery_rows(result: InterventionResult, brief: bool = False) -> list[list[str]]:
+    """The recovery table's rows (:data:`RECOVERY_HEADER`), as plain text; ``brief``: each recovered share's reason
+    cut to its first clause, as the paired differences' always are."""
     out = []
     for row in result.rows:
         d = row.diff
@@ -83,7 +87,7 @@ def recovery_rows(result: InterventionResult) -> list[list[str]]:
         em = (fmt.DASH if d.em_a is None or d.em_b is None else f"{d.em_b:.3f} → {d.em_a:.3f}")
         vs = fmt.DASH if c is None else f"{_diff(c.test)} (vs {c.b})"
         out.append([row.model, row.condition, str(row.load), row.intervention, row.keys or "undeclared",
-                    f"{d.n_prompts} ({d.n_questions})", em, _diff(d), fmt.p_value(d.estimate.p), _share(row), vs,
+                    f"{d.n_prompts} ({d.n_questions})", em, _diff(d), fmt.p_value(d.estimate.p), _share(row, brief), vs,
                     fmt.DASH if c is None else fmt.p_value(c.q)])
     return out
 
@@ -201,14 +205,16 @@ def section_html(result: InterventionResult, ctx: ReportContext) -> str:
     """The causal tests' part of ``report.html``: summary, recovery table, layer-window curves, heads."""
     summary = "".join(f"<p>{esc(s)}</p>" for s in summary_lines(result))
     parts = [f"<h2>Causal tests: interventions</h2>{summary}",
-             "<h3>Recovery</h3>", table(RECOVERY_HEADER, [[esc(v) for v in r] for r in recovery_rows(result)],
-                                        left=5, text=(9, 10)),
+             "<h3>Recovery</h3>",
+             table(RECOVERY_HEADER, [[esc(v) for v in r] for r in recovery_rows(result, brief=True)], left=5,
+                   text=(9, 10)),
              '<p class="note">Paired by prompt: the mean over questions of the per-question mean difference, '
              "question-level sign-flip p, CR2 t interval (Bell–McCaffrey df). Recovered "
              "share = (EM_int − EM_base) / (EM_Control − EM_base), Fieller interval. q: Benjamini–Hochberg across "
              "the model's contrasts against matched controls; a causal effect is claimed only where q &lt; "
              f"{result.alpha}, the contrast is positive and the intervention alone raises EM (p &lt; "
-             f"{result.alpha}).</p>"]
+             f"{result.alpha}). Why an estimate has no interval or is undefined is cut to its first clause here; "
+             "the whole reason is in <code>tables/interventions.csv</code> and <code>analysis.md</code>.</p>"]
     figures = [ctx.figure(f"intervention_sweep_{file_stem(f'{s.model}_{s.condition}_{s.load}_{s.group}')}",
                           f"Layer-window sweep {s.group}: {s.model}, {s.condition} at load {s.load}; 95% CI bars",
                           draw_sweep(s)) for s in result.sweeps]

@@ -331,6 +331,27 @@ def test_a_sweep_panel_with_no_value_at_any_window_says_why(run):
     assert "1 other reason(s)" in draw_sweep(sw).axes[1].texts[0].get_text()
 
 
+def test_the_pages_recovery_table_cuts_a_reason_to_its_first_clause_and_the_files_keep_it_whole(run):
+    """An undefined share's reason (160 characters, the same on every row of its cell) made each row of the page's
+    table ten lines tall: the page gives its first clause, as it does for the paired differences, and says where
+    the whole reason is; analysis.md and the CSV keep it whole."""
+    from probe.report.interventions import markdown, recovery_rows, section_html
+    from probe.report.sections import ReportContext
+
+    result = read_analysis(run).interventions
+    nothing_lost = recovered_share(np.ones(7), np.zeros(7), np.zeros(7))
+    result = dataclasses.replace(result, rows=tuple(dataclasses.replace(r, recovered=nothing_lost)
+                                                    for r in result.rows))
+    whole, brief = recovery_rows(result), recovery_rows(result, brief=True)
+    assert {r[9] for r in whole} == {f"undefined: {nothing_lost.estimate.reason}"}
+    assert {r[9] for r in brief} == {"undefined: EM_Control - EM_base = +0.000 <= 0"}
+    assert [r[:9] + r[10:] for r in whole] == [r[:9] + r[10:] for r in brief]  # no other cell changes
+    page = section_html(result, ReportContext(AnalysisSection()))
+    assert page.count("undefined: EM_Control - EM_base = +0.000 &lt;= 0</td>") == len(result.rows)
+    assert "nothing to recover" not in page and "tables/interventions.csv" in page
+    assert nothing_lost.estimate.reason in "\n".join(markdown(result, AnalysisSection()))  # analysis.md's part
+
+
 def test_report_has_no_intervention_section_without_interventions(tmp_path):
     d = tmp_path / "plain"
     make_run(d, Plan(n_tasks=6, seed=1, loads=(80,)))
