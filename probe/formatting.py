@@ -7,7 +7,8 @@ it, so no renderer needs its own ``"—" if x is None else ...``. Specs are Pyth
 - :func:`num` — a number with a spec; :func:`pct` — a share as a percentage (0.25 -> ``25%``);
 - :func:`p_value` — a p-value for a table cell (``<0.001`` below 0.001, else three decimals; ``html=True`` escapes
   the ``<``); :func:`p_phrase` — a p-value inside a sentence (``p < 0.001``, ``p = 0.012``);
-- :func:`ci` — an interval ``[low, high]``; :func:`count` — an integer count.
+- :func:`ci` — an interval ``[low, high]``; :func:`count` — an integer count;
+- :func:`first_clause` — a reason cut to its first clause, for a table cell whose file keeps it whole.
 """
 
 from __future__ import annotations
@@ -63,4 +64,13 @@ def count(n: int | None) -> str:
     return DASH if n is None else str(n)
 
 
-__all__ = ["DASH", "P_FLOOR", "ci", "count", "num", "p_phrase", "p_value", "pct"]
+def first_clause(reason: str) -> str:
+    """A reason's first clause (up to its first parenthesis, colon or semicolon; a leading "no interval: " is
+    skipped), for a table cell: the whole reason stays in the CSV and ``analysis.json``."""
+    reason = reason.removeprefix("no interval: ")
+    for stop in (" (", ":", ";"):
+        reason = reason.split(stop)[0]
+    return reason.strip()
+
+
+__all__ = ["DASH", "P_FLOOR", "ci", "count", "first_clause", "num", "p_phrase", "p_value", "pct"]

@@ -242,8 +242,10 @@ def accuracy_table_html(result: CogniloadResult) -> str:
 
 
 def _threshold_cell(th: Threshold) -> str:
-    if th.value is None:
-        return f'{fmt.DASH}<br><span class="note">{esc(th.status.replace("_", " "))}: {esc(th.reason)}</span>'
+    if th.value is None:  # the reason's first clause: a degenerate fit's whole reason is in the GLM table below
+        status, why = th.status.replace("_", " "), fmt.first_clause(th.reason) if th.reason else ""
+        said = why if status in why else f"{status}: {why}"  # "the main fit is degenerate" says its status
+        return f'{fmt.DASH}<br><span class="note">{esc(said)}</span>'
     ci = "" if th.ci_low is None else f" {fmt.ci(th.ci_low, th.ci_high, '.3g')}"
     note = (f'<br><span class="note">{th.n_boot_defined} of {th.n_boot_defined + th.n_boot_undefined} '
             "bootstrap refits crossed 0.5" + (f"; {esc(th.ci_note)}" if th.ci_note else "") + "</span>")
@@ -263,7 +265,8 @@ def threshold_table_html(result: CogniloadResult) -> str:
         if s.delta_aic is None:
             aic = (f'{fmt.DASH}<br><span class="note">quadratic fit {esc(quad.status.replace("_", " "))}, linear fit '
                    f'{esc(lin.status.replace("_", " "))}'
-                   + (f": {esc(quad.reason or lin.reason)}" if (quad.reason or lin.reason) else "")
+                   + (f": {esc(fmt.first_clause(quad.reason or lin.reason or ''))}" if (quad.reason or lin.reason)
+                      else "")
                    + (f"; {esc(quad.dropped['rho2'])}" if "rho2" in quad.dropped else "") + "</span>")
         else:
             aic = (f"{fmt.num(quad.aic, '.1f')} vs {fmt.num(lin.aic, '.1f')}: ΔAIC = {fmt.num(s.delta_aic, '+.2f')}, "
@@ -304,7 +307,8 @@ def glm_table_html(result: CogniloadResult, alpha: float) -> str:
                              else "", esc(TERM_LABELS.get(term, term)), fmt.num(v.value, "+.4g"),
                              fmt.ci(v.ci_low, v.ci_high, "+.4g"), p,
                              fmt.num(f.aic, ".1f") if i == 0 else "", note if i == 0 else ""])
-    return table(["model", "fit", "status", "term", "estimate (logit)", "95% CI", "p", "AIC", "note"], rows, left=4)
+    return table(["model", "fit", "status", "term", "estimate (logit)", "95% CI", "p", "AIC", "note"], rows, left=4,
+                 text=(8,))
 
 
 def attention_note_html(attention: NeedleHaySummary | None) -> str:
@@ -342,6 +346,8 @@ def section_html(result: CogniloadResult, ctx: ReportContext) -> str:
             + "<h3>Accuracy against each knob</h3>" + accuracy + accuracy_table_html(result)
             + "<h3>Capacity thresholds (P(correct) = 0.5, other knobs at their means)</h3>"
             + threshold_table_html(result)
+            + '<p class="note">A threshold that is not given says why in its first clause; the GLM table below gives '
+            "each fit's whole reason, <code>tables/cogniload_thresholds.csv</code> each threshold's.</p>"
             + "<h3>GLM fits: logit P(correct) = β0 + β_d d + β_N log10 N + β_ρ ρ + β_ρ² ρ²</h3>"
             + glm_table_html(result, ctx.settings.alpha)
             + "<h3>Attention on needle vs hay statements</h3>" + attention_note_html(result.attention) + attention)

@@ -48,23 +48,15 @@ def _diff(d: PairedDifference | None) -> str:
     if e is None or e.value is None:
         return fmt.DASH
     if e.ci_low is None or e.ci_high is None:
-        return f"{e.value:+.3f}" + (f" (no interval: {_short(e.reason)})" if e.reason else "")
+        return f"{e.value:+.3f}" + (f" (no interval: {fmt.first_clause(e.reason)})" if e.reason else "")
     return f"{e.value:+.3f} [{e.ci_low:+.2f}, {e.ci_high:+.2f}]"
-
-
-def _short(reason: str) -> str:
-    """A reason's first clause (up to its first parenthesis, colon or semicolon), for a table cell."""
-    reason = reason.removeprefix("no interval: ")
-    for stop in (" (", ":", ";"):
-        reason = reason.split(stop)[0]
-    return reason.strip()
 
 
 def _share(row: InterventionRow, brief: bool = False) -> str:
     """The recovered share with its interval, or why it has none: the whole reason, or with ``brief`` its first
     clause (the page's table, where one reason repeated over every row of a cell made each row ten lines tall)."""
     r = row.recovered.estimate
-    why = "" if r.reason is None else _short(r.reason) if brief else r.reason
+    why = "" if r.reason is None else fmt.first_clause(r.reason) if brief else r.reason
     if r.value is None:
         return f"undefined: {why}"
     if r.ci_low is None or r.ci_high is None:

@@ -9,6 +9,7 @@ known U-shaped logistic model in rho; attention favours needles by a known, laye
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import json
 import math
@@ -247,6 +248,26 @@ def test_report_has_the_cogniload_section(run, analysis):
     for text in ("<h2>CogniLoad</h2>", "ECL50", "NT50", "ID50", "Δρ", "AIC", "needle", "hay"):
         assert text in html
     assert "Table 1" not in html and "H2: paired" not in html  # no ICE trial, no ICE section
+
+
+def test_the_threshold_table_gives_a_reason_by_its_first_clause_and_the_csv_keeps_it_whole(analysis):
+    """A degenerate main fit left NT50 and ID50 without a value, each cell repeating the fit's 200-character reason
+    (which the GLM table already gives); the page says its first clause, the CSV row the whole reason."""
+    from probe.report.cogniload import threshold_rows, threshold_table_html
+
+    why = ("the main fit is degenerate: quasi-complete separation: a combination of the predictors predicts 16 of "
+           "the 24 outcomes exactly")
+    result = cl(analysis)
+    model = sorted(result.models)[0]
+    fits = result.models[model]
+    none = dataclasses.replace(fits.thresholds["NT50"], value=None, ci_low=None, ci_high=None, status="degenerate",
+                               reason=why)
+    result = dataclasses.replace(result, models={**result.models, model: dataclasses.replace(
+        fits, thresholds={**fits.thresholds, "NT50": none})})
+    html = threshold_table_html(result)
+    assert '<span class="note">the main fit is degenerate</span>' in html and "quasi-complete" not in html
+    (row,) = [r for r in threshold_rows(result) if r["model"] == model and r["threshold"] == "NT50"]
+    assert row["reason"] == why and row["status"] == "degenerate"
 
 
 def test_accuracy_figure_plots_the_trial_means(run, analysis):
