@@ -303,13 +303,7 @@ def generate_puzzle(d: int, n_statements: int, rho: float, rng: np.random.Genera
     Raises:
         ConfigError: a knob is outside its range.
     """
-    if not 1 <= d <= MAX_DIFFICULTY:
-        raise ConfigError(f"cogniload difficulty d={d}: must be an integer in 1..{MAX_DIFFICULTY}")
-    if n_statements < 1:
-        raise ConfigError(f"cogniload length N={n_statements}: must be >= 1")
-    if not 5 <= rho <= 95:
-        raise ConfigError(f"cogniload needle ratio rho={rho}: must lie in [5, 95] percent")
-
+    _check_knobs(d, n_statements, rho)
     n_p, n_v = n_people(d), n_values(d)
     cat_idx = rng.permutation(len(CATEGORIES))[:d]
     cats = [CATEGORIES[i] for i in cat_idx]
@@ -342,16 +336,7 @@ def generate_puzzle(d: int, n_statements: int, rho: float, rng: np.random.Genera
     assert n_left == 0, "the needle schedule must place exactly n0 needles"
 
     gold = values[asked][state[poi][asked]]
-    framing = (
-        f"This puzzle is about {n_p} people: {_join(names)}. "
-        f"Each person has {_join([('an ' if c.name[0] in 'aeiou' else 'a ') + c.name for c in cats])}. "
-        "The possible values are: "
-        + "; ".join(f"{cat.name}: {', '.join(vals)}" for cat, vals in zip(cats, values))
-        + ". The statements below are applied one after another, in the order given. A statement changes only "
-        "the people who match all of its conditions at that moment, and every attribute it does not mention "
-        "stays as it was. At the start:"
-    )
-    segments: list[tuple[str, str]] = [("instruction", framing)]
+    segments: list[tuple[str, str]] = [("instruction", _framing(names, cats, values))]
     for p in range(n_p):
         attrs = _join([f"the {cats[c].name} {values[c][initial_state[p][c]]}" for c in range(d)])
         segments.append(("germane" if p == poi else "extraneous", f"{names[p]} has {attrs}."))
@@ -371,6 +356,29 @@ def generate_puzzle(d: int, n_statements: int, rho: float, rng: np.random.Genera
             gold_is_initial=state[poi][asked] == initial_state[poi][asked],
         ).to_meta(),
         segments=tuple(segments),
+    )
+
+
+def _check_knobs(d: int, n_statements: int, rho: float) -> None:
+    """Refuse a difficulty, length or needle ratio outside its range (:class:`ConfigError` naming the knob)."""
+    if not 1 <= d <= MAX_DIFFICULTY:
+        raise ConfigError(f"cogniload difficulty d={d}: must be an integer in 1..{MAX_DIFFICULTY}")
+    if n_statements < 1:
+        raise ConfigError(f"cogniload length N={n_statements}: must be >= 1")
+    if not 5 <= rho <= 95:
+        raise ConfigError(f"cogniload needle ratio rho={rho}: must lie in [5, 95] percent")
+
+
+def _framing(names: list[str], cats: list[Category], values: list[list[str]]) -> str:
+    """The instruction segment: who the puzzle is about, their categories and values, and how statements apply."""
+    return (
+        f"This puzzle is about {len(names)} people: {_join(names)}. "
+        f"Each person has {_join([('an ' if c.name[0] in 'aeiou' else 'a ') + c.name for c in cats])}. "
+        "The possible values are: "
+        + "; ".join(f"{cat.name}: {', '.join(vals)}" for cat, vals in zip(cats, values))
+        + ". The statements below are applied one after another, in the order given. A statement changes only "
+        "the people who match all of its conditions at that moment, and every attribute it does not mention "
+        "stays as it was. At the start:"
     )
 
 
