@@ -251,24 +251,29 @@ def run_attention_bench(
     if device.type == "cpu":
         _settled_allocator()
     for row, active in measured:
-        times: dict[str, list[float]] = {arm: [] for arm in active}
-        for _ in range(repeats):  # arms interleaved, so that a slow spell of the machine falls on all of them
-            for arm, fn in active.items():
-                log.info("bench attention: T=%d %s", row["n_tokens"], arm)
-                times[arm].append(_time(fn, device))
-        for arm in ARMS:
-            row[f"{arm}_s"] = min(times[arm]) if arm in times else None
-        # each ratio with its spread: each round's arm over the same round's plain forward
-        for arm, base_arm in [(a, "plain") for a in PROBE_ARMS] + [("engine", "engine_raw")]:
-            name = "value" if base_arm == "engine_raw" else arm
-            per_round = [a / p for a, p in zip(times.get(arm, []), times[base_arm])]
-            row[f"{name}_time_ratio_range"] = (min(per_round), max(per_round)) if per_round else None
-            row[f"{name}_time_ratio"] = row[f"{arm}_s"] / row[f"{base_arm}_s"] if per_round else None
-            if base_arm == "plain":
-                row[f"{arm}_mem_ratio"] = (row[f"{arm}_gb"] / row["plain_gb"]
-                                           if row[f"{arm}_gb"] is not None and row["plain_gb"] else None)
+        _time_arms(row, active, repeats, device)
         rows.append(row)
     return rows
+
+
+def _time_arms(row: dict, active: dict[str, Callable[[], object]], repeats: int, device: torch.device) -> None:
+    """Time each arm of one length over ``repeats`` rounds and put its fastest call and its ratios into ``row``."""
+    times: dict[str, list[float]] = {arm: [] for arm in active}
+    for _ in range(repeats):  # arms interleaved, so that a slow spell of the machine falls on all of them
+        for arm, fn in active.items():
+            log.info("bench attention: T=%d %s", row["n_tokens"], arm)
+            times[arm].append(_time(fn, device))
+    for arm in ARMS:
+        row[f"{arm}_s"] = min(times[arm]) if arm in times else None
+    # each ratio with its spread: each round's arm over the same round's plain forward
+    for arm, base_arm in [(a, "plain") for a in PROBE_ARMS] + [("engine", "engine_raw")]:
+        name = "value" if base_arm == "engine_raw" else arm
+        per_round = [a / p for a, p in zip(times.get(arm, []), times[base_arm])]
+        row[f"{name}_time_ratio_range"] = (min(per_round), max(per_round)) if per_round else None
+        row[f"{name}_time_ratio"] = row[f"{arm}_s"] / row[f"{base_arm}_s"] if per_round else None
+        if base_arm == "plain":
+            row[f"{arm}_mem_ratio"] = (row[f"{arm}_gb"] / row["plain_gb"]
+                                       if row[f"{arm}_gb"] is not None and row["plain_gb"] else None)
 
 
 def _arms(model: PreTrainedModel, tp: TokenizedPrompt, ids: torch.Tensor, n_layers: int, residue: bool, full: bool,
