@@ -70,6 +70,15 @@ def _attention_module(tl_model: LensModel, layer: int) -> torch.nn.Module | None
     return module if isinstance(module, torch.nn.Module) else None
 
 
+def _visible(queries: torch.Tensor, n: int, window: int | None) -> torch.Tensor:
+    """(n_queries, n) bool: the keys each query position sees (causal, and within a sliding window if any)."""
+    keys = torch.arange(n, device=queries.device)
+    allowed = keys[None, :] <= queries[:, None]
+    if window is not None:
+        allowed &= (queries[:, None] - keys[None, :]) < window
+    return allowed
+
+
 def probe_transformer_lens(
     tl_model: LensModel,
     tokenized: TokenizedPrompt,
@@ -120,12 +129,9 @@ def probe_transformer_lens(
             if calls[layer] > 1:
                 return
             att = pattern[0]  # (H, T, T)
-            device = att.device
-            n = att.shape[-1]
-            window = layer_window(hf_config, layer) if hf_config is not None else None
-            if device not in tensors:
-                tensors[device] = PlanTensors(plan, device)
-            t = tensors[device]
+            if att.device not in tensors:
+                tensors[att.device] = PlanTensors(plan, att.device)
+            t = tensors[att.device]
             reducer = LayerReducer(plan, att.shape[0], t, layer, _attention_module(tl_model, layer))
             v = None
             if reducer.needs_values:
@@ -135,12 +141,9 @@ def probe_transformer_lens(
                 v = values.pop(layer)[0].transpose(0, 1).to(torch.float32)  # (1, T, H_kv, D) -> (H_kv, T, D)
             for block in t.blocks:
                 reducer.add(block, att[:, block.positions, :].to(torch.float32), 0, v)
-            keys = torch.arange(n, device=device)
-            q = t.query_positions
-            allowed = keys[None, :] <= q[:, None]  # (n_queries, T)
-            if window is not None:
-                allowed &= (q[:, None] - keys[None, :]) < window
-            layers[layer] = reducer.finish(t.chance(allowed, options.exclude_sink))
+            window = layer_window(hf_config, layer) if hf_config is not None else None
+            layers[layer] = reducer.finish(t.chance(_visible(t.query_positions, att.shape[-1], window),
+                                                    options.exclude_sink))
 
         return hook
 
