@@ -79,6 +79,55 @@ def _value_states(model: PreTrainedModel, wanted: bool) -> Iterator[dict[int, tu
             h.remove()
 
 
+def _segments(tokenized: TokenizedPrompt, n: int) -> tuple[list[str], list[str], list[tuple[int, int]]]:
+    """Kinds, labels and token bounds of the prompt's spans, then the answer (``generated``) when ``n`` runs past
+    the prompt."""
+    n_prompt = len(tokenized.input_ids)
+    kinds = [s.kind for s in tokenized.spans]
+    labels = [s.label or f"{s.kind}{i}" for i, s in enumerate(tokenized.spans)]
+    bounds = [(s.start, s.end) for s in tokenized.spans]
+    if n > n_prompt:
+        kinds.append("generated")
+        labels.append("generated")
+        bounds.append((n_prompt, n))
+    return kinds, labels, bounds
+
+
+def _keys_of(kind: str, bounds: list[tuple[int, int]], kinds: list[str], n: int) -> np.ndarray:
+    """(n,) bool: the key positions in segments of ``kind``."""
+    out = np.zeros(n, dtype=bool)
+    for (a, b), k in zip(bounds, kinds):
+        if k == kind:
+            out[a:b] = True
+    return out
+
+
+def _query_set(query: str, bounds: list[tuple[int, int]], kinds: list[str], n_prompt: int, n: int) -> list[int]:
+    """The query positions Q of option ``query`` (docs/probes.md#query-sets), in order."""
+    if query == "question":
+        qs = {t for (a, b), kind in zip(bounds, kinds) if kind == "question" for t in range(a, b)}
+        if not qs:
+            raise HookError("reference: no question segment")
+        return sorted(qs | {n_prompt - 1})
+    if query == "last":
+        return [n_prompt - 1]
+    if query == "generated":
+        return list(range(n_prompt, n))
+    return list(range(*bounds[int(query.split(":")[1])]))
+
+
+def _chance(vis: np.ndarray, queries: list[int], ext_key: np.ndarray, sink_key: np.ndarray,
+            exclude_sink: bool) -> float:
+    """P_ext's chance level at one layer: the mean over Q of the extraneous share of the visible keys, over the
+    mean non-sink share (1 when the sink is not excluded); NaN when no query sees a non-sink key."""
+    ratio_ext, ratio_den = [], []
+    for q in queries:
+        n_vis = vis[q].sum()
+        ratio_ext.append(vis[q][ext_key].sum() / n_vis)
+        ratio_den.append((vis[q][~sink_key].sum() if exclude_sink else n_vis) / n_vis)
+    return float(np.mean(ratio_ext) / np.mean(ratio_den)) if np.mean(ratio_den) > 0 else np.nan
+
+
 def reference_segment_attention(
     model: PreTrainedModel,
     tokenized: TokenizedPrompt,
@@ -103,32 +152,8 @@ def reference_segment_attention(
     n_prompt = len(tokenized.input_ids)
     n = n_prompt + len(gen)
 
-    seg_kinds = [s.kind for s in tokenized.spans]
-    seg_labels = [s.label or f"{s.kind}{i}" for i, s in enumerate(tokenized.spans)]
-    seg_bounds = [(s.start, s.end) for s in tokenized.spans]
-    if gen:
-        seg_kinds.append("generated")
-        seg_labels.append("generated")
-        seg_bounds.append((n_prompt, n))
-
-    # Query set Q.
-    if opts.query == "question":
-        qs: set[int] = set()
-        for (a, b), kind in zip(seg_bounds, seg_kinds):
-            if kind == "question":
-                qs.update(range(a, b))
-        if not qs:
-            raise HookError("reference: no question segment")
-        qs.add(n_prompt - 1)
-        queries = sorted(qs)
-    elif opts.query == "last":
-        queries = [n_prompt - 1]
-    elif opts.query == "generated":
-        queries = list(range(n_prompt, n))
-    else:
-        i = int(opts.query.split(":")[1])
-        queries = list(range(*seg_bounds[i]))
-
+    seg_kinds, seg_labels, seg_bounds = _segments(tokenized, n)
+    queries = _query_set(opts.query, seg_bounds, seg_kinds, n_prompt, n)
     needs_values = any(m.needs_values for m in measures())
     with torch.no_grad(), attention_implementation(model, "eager"), _value_states(model, needs_values) as seen:
         ids = torch.tensor([list(tokenized.input_ids) + gen], device=input_device(model))
@@ -149,24 +174,9 @@ def reference_segment_attention(
     for i, kind in enumerate(seg_kinds):
         if kind not in ("sink", "generated"):
             order[i] = len(order)
-    sink_key = np.zeros(n, dtype=bool)
-    ext_key = np.zeros(n, dtype=bool)
-    for (a, b), kind in zip(seg_bounds, seg_kinds):
-        if kind == "sink":
-            sink_key[a:b] = True
-        if kind == "extraneous":
-            ext_key[a:b] = True
-
-    chance = np.zeros(n_layers)
-    for layer in range(n_layers):
-        vis = _visible(n, layer_window(config, layer))
-        ratio_ext = []
-        ratio_den = []
-        for q in queries:
-            n_vis = vis[q].sum()
-            ratio_ext.append(vis[q][ext_key].sum() / n_vis)
-            ratio_den.append((vis[q][~sink_key].sum() if opts.exclude_sink else n_vis) / n_vis)
-        chance[layer] = np.mean(ratio_ext) / np.mean(ratio_den) if np.mean(ratio_den) > 0 else np.nan
+    sink_key, ext_key = (_keys_of(kind, seg_bounds, seg_kinds, n) for kind in ("sink", "extraneous"))
+    chance = np.array([_chance(_visible(n, layer_window(config, layer)), queries, ext_key, sink_key,
+                               opts.exclude_sink) for layer in range(n_layers)])
 
     arrays: dict[str, np.ndarray] = {}
     eager = EagerAttention(attentions=attentions, values=values, out_proj=out_proj, queries=queries, seg_kinds=seg_kinds,
