@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -249,26 +249,9 @@ def fit_logit(
             return LogitFit("separation", f"logistic fit not usable: {e}", None, n_clusters, None)
         except (np.linalg.LinAlgError, ValueError) as e:
             return LogitFit("failed", f"logistic fit failed: {e}", None, n_clusters, None)
-    kinds = [w for w in caught if issubclass(w.category, (PerfectSeparationWarning, ConvergenceWarning))]
-    if any(issubclass(w.category, PerfectSeparationWarning) for w in kinds):
-        first = next(w for w in kinds if issubclass(w.category, PerfectSeparationWarning))
-        return LogitFit("separation", f"logistic fit not usable: {first.message}", se_method, n_clusters, None)
-    if kinds or not res.converged:
-        why = kinds[0].message if kinds else "IRLS did not converge"
-        return LogitFit("not_converged", f"logistic fit not usable: {why}", se_method, n_clusters, None)
-    if not (np.all(np.isfinite(np.asarray(res.params, dtype=float)))
-            and np.all(np.isfinite(np.asarray(res.bse, dtype=float)))):
-        return LogitFit("not_finite", "logistic fit not usable: no finite coefficient or standard error (separation)",
-                        se_method, n_clusters, None)
-    sd = np.asarray(X, dtype=float).std(axis=0)
-    big = [j for j, (b, v) in enumerate(zip(np.asarray(res.params, dtype=float), sd)) if v > 0 and abs(b * v) >
-           MAX_STD_COEF]
-    if big:
-        j = big[0]
-        name = names[j] if names is not None and j < len(names) else f"column {j}"
-        return LogitFit("separation", f"logistic fit not usable: quasi-separation: the {name} coefficient "
-                        f"({float(res.params[j]):.4g}) is implausibly large (|coef x sd| = "
-                        f"{abs(float(res.params[j]) * sd[j]):.4g} > {MAX_STD_COEF:g})", se_method, n_clusters, None)
+    unusable = _unusable(res, caught, X, names)
+    if unusable is not None:
+        return LogitFit(unusable[0], f"logistic fit not usable: {unusable[1]}", se_method, n_clusters, None)
     if groups is None:
         return LogitFit("ok", None, se_method, None, res, vcov=None)
     test_reason = None
@@ -280,6 +263,29 @@ def fit_logit(
             test_reason = "fitted probabilities of 0 or 1 (quasi-separation): no usable working weights"
     return LogitFit("ok", None, se_method, n_clusters, res, vcov=vcov, test_reason=test_reason, codes=codes,
                     min_clusters=min_clusters)
+
+
+def _unusable(res: Any, caught: list[warnings.WarningMessage], X: np.ndarray,
+              names: tuple[str, ...] | None) -> tuple[FitStatus, str] | None:
+    """Why a fit statsmodels returned cannot be used (its status and reason), or None: a separation or convergence
+    warning, IRLS not converged, a non-finite coefficient or standard error, or a coefficient implausibly large for
+    its column's spread (quasi-separation that statsmodels did not flag)."""
+    kinds = [w for w in caught if issubclass(w.category, (PerfectSeparationWarning, ConvergenceWarning))]
+    if any(issubclass(w.category, PerfectSeparationWarning) for w in kinds):
+        return "separation", str(next(w for w in kinds if issubclass(w.category, PerfectSeparationWarning)).message)
+    if kinds or not res.converged:
+        return "not_converged", str(kinds[0].message) if kinds else "IRLS did not converge"
+    params = np.asarray(res.params, dtype=float)
+    if not (np.all(np.isfinite(params)) and np.all(np.isfinite(np.asarray(res.bse, dtype=float)))):
+        return "not_finite", "no finite coefficient or standard error (separation)"
+    sd = np.asarray(X, dtype=float).std(axis=0)
+    big = [j for j, (b, v) in enumerate(zip(params, sd)) if v > 0 and abs(b * v) > MAX_STD_COEF]
+    if not big:
+        return None
+    j = big[0]
+    name = names[j] if names is not None and j < len(names) else f"column {j}"
+    return "separation", (f"quasi-separation: the {name} coefficient ({float(res.params[j]):.4g}) is implausibly "
+                          f"large (|coef x sd| = {abs(float(res.params[j]) * sd[j]):.4g} > {MAX_STD_COEF:g})")
 
 
 def clustered_logit(y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: int = 1, alpha: float = 0.05,
