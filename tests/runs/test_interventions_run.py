@@ -15,13 +15,13 @@ from probe.runner import run_experiment
 from probe.runner.checks import check_inputs, check_interventions_supported
 from probe.runner.folder import prepare_run_dir
 from probe.runner.prompts import build_run_prompts
-from probe.backends.local import LocalBackend
 from probe.config import config_from_dict, dump_config
 from probe.errors import ConfigError
 from probe.interventions import read_interventions
 from probe.runner.resolve import resolve_interventions
 from probe.loading import ModelCard
 from probe.records import load_prompts, load_trials, make_trial_id
+from tests.fixtures.interrupt import interrupt_run
 
 pytestmark = pytest.mark.integration
 
@@ -103,24 +103,9 @@ def test_an_intervention_runs_only_on_the_cells_it_names(tmp_path, tiny_card) ->
 
 def test_interrupted_intervention_run_resumes_without_duplicates(tmp_path, tiny_card, monkeypatch) -> None:
     cfg = make_cfg(tmp_path, tiny_card, interventions=INTERVENTIONS[:1], probe=False)
-    real_generate = LocalBackend.generate
-    calls = {"n": 0}
-
-    def crashing(self, prompts, gen, probe=None, intervention=None):
-        for item in real_generate(self, prompts, gen, probe, intervention):
-            if intervention is not None:
-                calls["n"] += 1
-                if calls["n"] == 2:
-                    raise KeyboardInterrupt
-            yield item
-
-    monkeypatch.setattr(LocalBackend, "generate", crashing)
-    with pytest.raises(KeyboardInterrupt):
-        run_experiment(cfg, progress=False)
+    first = interrupt_run(cfg, monkeypatch, stop_at=1, counted=lambda intervention: intervention is not None)
     path = cfg.run_dir / "trials.jsonl"
-    first = path.read_text().splitlines()
     assert 4 <= len(first) < 8
-    monkeypatch.setattr(LocalBackend, "generate", real_generate)
     run_experiment(cfg, progress=False)
     ids = [json.loads(x)["trial_id"] for x in path.read_text().splitlines()]
     assert len(ids) == len(set(ids)) == 8

@@ -19,6 +19,7 @@ from probe.config import config_from_dict
 from probe.errors import ConfigError
 from probe.records import load_trials, read_jsonl
 from tests.fixtures.experiment import tiny_experiment
+from tests.fixtures.interrupt import interrupt_run
 
 pytestmark = pytest.mark.integration
 
@@ -59,24 +60,12 @@ def test_run_writes_one_record_per_prompt(tmp_path, tiny_card):
 
 def test_interrupted_run_resumes_without_duplicates_or_losses(tmp_path, tiny_card, monkeypatch):
     cfg = make_cfg(tmp_path, tiny_card)
-    real_generate = LocalBackend.generate
-
-    def crashing(self, prompts, gen, probe=None, intervention=None):
-        for i, item in enumerate(real_generate(self, prompts, gen, probe, intervention)):
-            if i == 4:
-                raise KeyboardInterrupt
-            yield item
-
-    monkeypatch.setattr(LocalBackend, "generate", crashing)
-    with pytest.raises(KeyboardInterrupt):
-        run_experiment(cfg, progress=False)
+    first = interrupt_run(cfg, monkeypatch, stop_at=4)
     path = cfg.run_dir / "trials.jsonl"
-    first = path.read_text().splitlines()
     assert 0 < len(first) < expected_trials(cfg)
     # a crash mid-write leaves half a line behind
     with path.open("a") as fh:
         fh.write('{"trial_id": "tiny-llama::half')
-    monkeypatch.setattr(LocalBackend, "generate", real_generate)
     run_experiment(cfg, progress=False)
     lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip().endswith("}")]
     ids = [x["trial_id"] for x in lines]
