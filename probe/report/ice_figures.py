@@ -121,12 +121,16 @@ def draw_em_by_condition(result: IceResult, taxonomy: Mapping[str, str]) -> Figu
     ax = fig.subplots()
     cmap = palette(len(models))
     handles = []
+    not_run = False  # a model with no trial in a cell, e.g. a comparison of runs whose designs differ
     for i, model in enumerate(models):
         xs, ys, lo, hi, missing = [], [], [], [], []
         for j, (cond, load) in enumerate(keys):
             c = by.get((model, cond, load))
             x = j - 0.4 + width * (i + 0.5)
-            if c is None or c.em_mean is None:
+            if c is None:
+                not_run = True
+                continue
+            if c.em_mean is None:
                 missing.append(x)
                 continue
             xs.append(x)
@@ -153,7 +157,9 @@ def draw_em_by_condition(result: IceResult, taxonomy: Mapping[str, str]) -> Figu
             ax.axvline(min(idx) - 0.5, color="#bbbbbb", lw=0.8)
     ax.set_ylim(0, 1)
     ax.set_ylabel("exact match (95% CI)")
-    ax.set_title("EM by condition and load (x: no scored trial)", fontsize=11)
+    ax.set_title("EM by condition and load (x: no scored trial" + ("; empty slot: no trial, e.g. not in that run's "
+                                                                    "design)" if not_run else ")"), fontsize=11,
+                 wrap=True)
     ax.grid(axis="y", alpha=0.3)
     fig.legend(handles=handles, loc="outside lower center", ncols=min(len(models), 4), fontsize=8)
     return fig

@@ -149,6 +149,31 @@ def test_em_by_condition_stays_in_the_unit_interval_and_its_labels_do_not_overla
             assert not a.overlaps(b), "two labels of the EM-by-condition chart overlap"
 
 
+def test_em_by_condition_marks_an_unscored_cell_and_leaves_a_cell_without_trials_empty(run, report):
+    """In a comparison of runs whose designs differ, a model has no cell at all where its run did not go: that slot
+    stays empty (the title says so), while a cell with trials but none scored keeps its x."""
+    from matplotlib.collections import PathCollection
+
+    def marks(fig) -> list:
+        return [c for c in fig.axes[0].collections if isinstance(c, PathCollection)]
+
+    result = ice(run)
+    b_cells = [dataclasses.replace(c, model="model-b") for c in result.cells if c.model == MODEL]
+    unscored = next(c for c in b_cells if c.condition != "Control")
+    b_cells = [dataclasses.replace(c, em_mean=None) if c is unscored else c for c in b_cells
+               if c.condition != "Control"]  # model-b's run had no Control cell
+    merged = dataclasses.replace(result, models=(MODEL, "model-b"), cells=(*result.cells, *b_cells))
+    fig = F.draw_em_by_condition(merged, {})
+    (x_marks,) = marks(fig)  # model-b's: model-a has a bar everywhere
+    assert len(x_marks.get_offsets()) == 1  # the unscored cell; the Control slot has neither bar nor x
+    assert "Control" in [t.get_text() for t in fig.axes[0].texts]
+    assert "empty slot: no trial" in fig.axes[0].get_title()
+    n_a = sum(c.em_mean is not None for c in result.cells if c.model == MODEL)
+    assert len(fig.axes[0].patches) == n_a + sum(c.em_mean is not None for c in b_cells)
+    full = F.draw_em_by_condition(result, {})
+    assert "empty slot" not in full.axes[0].get_title() and not marks(full)
+
+
 def test_h3_scatter_points_and_r_match_scipy(run, report):
     fig = F.draw_h3_scatter(ice(run), {})
     ax = fig.axes[0]
