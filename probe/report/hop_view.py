@@ -30,7 +30,7 @@ STEP_CSS = """
 .step:target{display:block}
 .out a{color:inherit;text-decoration:none;border-radius:2px}.out a:hover{background:#eef}
 .out a.m{border-bottom:3px solid var(--c)}
-.row{display:grid;grid-template-columns:9em 5em minmax(0,1fr);gap:.5em;font-size:.85em;padding:1px 3px;
+.row{display:grid;grid-template-columns:12em 5em minmax(0,1fr);gap:.5em;font-size:.85em;padding:1px 3px;
 margin:1px 0;border-radius:2px}
 .row .x{font-family:ui-monospace,Menlo,Consolas,monospace;white-space:nowrap;overflow:hidden;text-overflow:ellipsis}
 """
@@ -43,7 +43,8 @@ def _rows_html(pooled: np.ndarray, kinds: Sequence[str], labels: Sequence[str], 
     out = []
     for s in range(len(kinds) + 1):
         kind = kinds[s] if s < len(kinds) else "generated"
-        label = labels[s] if s < len(kinds) else "answer so far"
+        label = labels[s] if s < len(kinds) else "so far"
+        label = "" if label == kind else label  # a segment named by its kind alone ("instruction") says it once
         value = float(pooled[s])
         alpha = 0.0 if kind == "sink" else min(1.0, np.sqrt(max(value, 0.0) / top))
         text = texts.get(s, "") if s < len(kinds) else ""
@@ -51,6 +52,13 @@ def _rows_html(pooled: np.ndarray, kinds: Sequence[str], labels: Sequence[str], 
                    f'<span><span class="chip" style="background:{KIND_COLOURS.get(kind, "#666")}">{esc(kind)}</span>'
                    f'{esc(label)}</span><span>{value:.3f}</span><span class="x">{esc(text)}</span></div>')
     return "".join(out)
+
+
+def _label_cell(label: str | None) -> str:
+    """A hop label as a table cell, in its colour and words ("read right fact"); a dash without one."""
+    if label is None:
+        return f'<td class="l">{esc(None)}</td>'
+    return f'<td class="l" style="color:{LABEL_COLOURS[label]}">{esc(label.replace("_", " "))}</td>'
 
 
 def render_answer_steps(answer: AnswerAttention, output: str, char_spans: np.ndarray, rows: Sequence[HopRow],
@@ -98,8 +106,8 @@ def render_answer_steps(answer: AnswerAttention, output: str, char_spans: np.nda
 
     hop_rows = "".join(
         f'<tr><td>{r.hop}</td><td class="l">{esc(r.target.replace("_", " "))}</td><td class="l">{esc(r.entity)}'
-        f'</td><td class="l" style="color:{LABEL_COLOURS[r.label]}">{esc(r.label.replace("_", " "))}</td>'
-        f'<td class="l">{esc(r.top_segment)}</td><td class="l">{esc(r.label_value)}</td><td>{link(r)}</td></tr>'
+        f'</td>{_label_cell(r.label)}'
+        f'<td class="l">{esc(r.top_segment)}</td>{_label_cell(r.label_value)}<td>{link(r)}</td></tr>'
         for r in rows)
     panels = []
     for r in rows:

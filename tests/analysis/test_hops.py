@@ -464,6 +464,13 @@ def test_answer_steps_page_shades_each_tokens_segments(tmp_path):
     shown = [float(x) for x in re.findall(r"</span><span>([0-9.]+)</span>", step)]
     direct = mass[5, 3:6].astype(np.float64).mean(axis=(0, 1))  # token 5's row, window layers, heads pooled
     np.testing.assert_allclose(shown, direct, atol=5e-4)
+    weighted = [replace(r, label_value="not_named") for r in rows]  # as a run with value-weighted mass has
+    page_v = render_answer_steps(aa, "".join(PIECES), spans_of(PIECES), weighted, TEXTS, "m · q")
+    table = page_v.split("<h2>Output</h2>")[0]  # the hops table: both labels in words and colour, never raw ids
+    assert not re.search(r">[a-z]+_[a-z_]+<", table) and table.count(">not named</td>") == len(rows)
+    assert table.count('style="color:') == 2 * len(rows)
+    for kind in ("instruction", "question"):  # a segment named by its kind alone is named once, by its chip
+        assert f'">{kind}</span>{kind}</span>' not in step
     one = render_answer_steps(aa, "".join(PIECES), spans_of(PIECES), rows, TEXTS, "m · q", layer=0, head=1)
     assert "layer 0, head 1" in one
     with pytest.raises(ValueError, match="layer 9 is out of range"):
