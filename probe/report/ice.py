@@ -627,18 +627,26 @@ def merge(named: list[tuple[str, IceResult]]) -> IceResult:
     )
 
 
+def h1_forest_rows(result: IceResult, marks: dict[str, str]) -> list[tuple[str, float | None, float | None,
+                                                                        float | None]]:
+    """The comparison's H1 forest: one row per model and condition with an H1 fit (a run may have Residue cells
+    alone, as a knockout run has), labelled ``run: model · condition``."""
+    return [(f"{m}{marks.get(m, '')} · {cond}", h.estimate.value, h.estimate.ci_low, h.estimate.ci_high)
+            for m in result.models for cond in ("Saturation", "Residue", "LongControl")
+            if (h := result.h1_of(m, cond)) is not None]
+
+
 def compare_html(result: IceResult, ctx: ReportContext) -> str:
     """The ICE part of a comparison page: Table 1, figures across runs, summaries, statistics."""
     marks = taxonomy_marks(result)
-    h1 = [(f"{m}{marks.get(m, '')}", h.estimate.value, h.estimate.ci_low, h.estimate.ci_high) for m in result.models
-          if (h := result.h1_of(m)) is not None]
+    h1 = h1_forest_rows(result, marks)
     h3 = [(m, e.value, e.ci_low, e.ci_high) for m in result.models for h in result.h3 if h.model == m and h.load is None
           for e in (h.correlation.estimate,)]
     blocks = "".join([
         ctx.figure("saturation_curve", "EM vs load per model and run, 95% CIs.", F.draw_saturation_curve(result, marks)),
         ctx.figure("em_by_condition", "EM per condition × load, all models and runs.",
                    F.draw_em_by_condition(result, marks)),
-        ctx.figure("h1_forest", "H1 slope β per model and run (Saturation; Control as load 0), 95% CI.",
+        ctx.figure("h1_forest", "H1 slope β per model, run and condition (Control as load 0), 95% CI.",
                    draw_forest(h1, "β (EM per pp of load)", "H1 across runs")),
         ctx.figure("h3_forest", "H3 Pearson r (pooled over loads) per model and run, Fisher-z 95% CI.",
                    draw_forest(h3, "Pearson r (S_sim vs degradation)", "H3 across runs")),

@@ -392,6 +392,25 @@ def test_compare_runs_puts_runs_side_by_side(run, report, tmp_path):
     assert html.count("data:image/png;base64,") == len(stems)
 
 
+def test_compare_h1_forest_has_a_row_per_condition_so_a_run_without_saturation_is_drawn(run, report, tmp_path):
+    """A knockout run has Residue cells alone: its H1 fit is Residue's, and the comparison's forest (Saturation only
+    before) left the run out."""
+    from probe.report.ice import h1_forest_rows, merge
+
+    other = tmp_path / "residue-only"
+    make_run(other, Plan(n_tasks=8, conditions=("Control", "Residue"), loads=(20, 80), seed=5))
+    analyze_run(other)
+    merged = merge([(n, read_analysis(d).families["ice"]) for n, d in (("demo", run), ("ko", other))])
+    rows = h1_forest_rows(merged, {})
+    assert [r[0] for r in rows] == [f"{m} · {h.condition}" for m in merged.models
+                                    for c in ("Saturation", "Residue", "LongControl")
+                                    for h in merged.h1 if h.model == m and h.condition == c]
+    assert "ko: model-a · Residue" in [r[0] for r in rows] and not any(r[0].startswith("ko: model-a · Sat")
+                                                                       for r in rows)
+    (ko,) = [h for h in merged.h1 if h.model == "ko: model-a"]
+    assert rows[-1][1:] == (ko.estimate.value, ko.estimate.ci_low, ko.estimate.ci_high)
+
+
 def test_compare_says_so_when_an_analysis_is_stale_and_does_not_redo_it(run, report, tmp_path):
     other = tmp_path / "other"
     make_run(other, Plan(n_tasks=6, seed=3))
