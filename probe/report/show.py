@@ -50,6 +50,7 @@ word-break:break-word;line-height:1.75}
 .nl{color:#999}
 table{border-collapse:collapse;width:100%;margin:.3em 0}th,td{border-bottom:1px solid #e3e3e3;padding:2px 5px;
 text-align:right;vertical-align:middle}th{background:#f3f3f3;font-weight:600}td.l,th.l{text-align:left}
+td.l:first-child{white-space:nowrap}
 td a{color:inherit;text-decoration:none}td a:hover{text-decoration:underline}
 .bar{display:inline-block;height:.7em;background:rgb(31,119,180);vertical-align:middle}
 .legend .scale{display:flex;flex-wrap:wrap;gap:.2em .8em}.legend .scale span{white-space:nowrap}
