@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import torch
 
+from probe.attention.masks import allowed_keys
 from probe.attention.plan import build_plan
 from probe.attention.reduce import LayerAggregates, LayerReducer, assemble_result, reduced_measures
 from probe.attention.segments import PlanTensors
@@ -72,10 +73,9 @@ def _attention_module(tl_model: LensModel, layer: int) -> torch.nn.Module | None
 
 def _visible(queries: torch.Tensor, n: int, window: int | None) -> torch.Tensor:
     """(n_queries, n) bool: the keys each query position sees (causal, and within a sliding window if any)."""
-    keys = torch.arange(n, device=queries.device)
-    allowed = keys[None, :] <= queries[:, None]
+    allowed = allowed_keys(None, queries, n)
     if window is not None:
-        allowed &= (queries[:, None] - keys[None, :]) < window
+        allowed &= (queries[:, None] - torch.arange(n, device=queries.device)[None, :]) < window
     return allowed
 
 

@@ -28,7 +28,7 @@ from probe import formatting as fmt
 from probe.analysis.attention_link import AttentionBehaviour, LayerTests, ResidueAttention
 from probe.analysis.estimates import Cell
 from probe.analysis.hypotheses import H1Fit, H3Correlation, PairedComparison
-from probe.analysis.ice import FAMILY, IceResult
+from probe.analysis.ice import FAMILY, H1_CONDITIONS, IceResult
 from probe.config import AnalysisSection
 from probe.report import ice_figures as F
 from probe.report import ice_hops, ice_writing
@@ -263,7 +263,7 @@ def model_summary(result: IceResult, model: str, settings: AnalysisSection) -> l
         if not tax.allows_inference:
             out.append("The numbers below are descriptive only; no inference about extraneous load is drawn.")
             return out
-    for cond in ("Saturation", "Residue", "LongControl"):
+    for cond in H1_CONDITIONS:
         h = result.h1_of(model, cond)
         if h is not None:
             out.append(_h1_sentence(h, alpha))
@@ -632,7 +632,7 @@ def h1_forest_rows(result: IceResult, marks: dict[str, str]) -> list[tuple[str, 
     """The comparison's H1 forest: one row per model and condition with an H1 fit (a run may have Residue cells
     alone, as a knockout run has), labelled ``run: model · condition``."""
     return [(f"{m}{marks.get(m, '')} · {cond}", h.estimate.value, h.estimate.ci_low, h.estimate.ci_high)
-            for m in result.models for cond in ("Saturation", "Residue", "LongControl")
+            for m in result.models for cond in H1_CONDITIONS
             if (h := result.h1_of(m, cond)) is not None]
 
 

@@ -121,14 +121,14 @@ def draw_em_by_condition(result: IceResult, taxonomy: Mapping[str, str]) -> Figu
     ax = fig.subplots()
     cmap = palette(len(models))
     handles = []
-    not_run = False  # a model with no trial in a cell, e.g. a comparison of runs whose designs differ
+    no_trial = False  # a model with no trial in a cell, e.g. a comparison of runs whose designs differ
     for i, model in enumerate(models):
         xs, ys, lo, hi, missing = [], [], [], [], []
         for j, (cond, load) in enumerate(keys):
             c = by.get((model, cond, load))
             x = j - 0.4 + width * (i + 0.5)
             if c is None:
-                not_run = True
+                no_trial = True
                 continue
             if c.em_mean is None:
                 missing.append(x)
@@ -158,7 +158,7 @@ def draw_em_by_condition(result: IceResult, taxonomy: Mapping[str, str]) -> Figu
     ax.set_ylim(0, 1)
     ax.set_ylabel("exact match (95% CI)")
     ax.set_title("EM by condition and load (x: no scored trial" + ("; empty slot: no trial, e.g. not in that run's "
-                                                                    "design)" if not_run else ")"), fontsize=11,
+                                                                    "design)" if no_trial else ")"), fontsize=11,
                  wrap=True)
     ax.grid(axis="y", alpha=0.3)
     fig.legend(handles=handles, loc="outside lower center", ncols=min(len(models), 4), fontsize=8)
