@@ -67,14 +67,6 @@ class ProbePlan:
     def n_segments(self) -> int:
         return len(self.segment_kinds)
 
-    @property
-    def row_segments(self) -> tuple[int, ...]:
-        """Segments whose mean attention row is accumulated (cosine residue): sources in use, then targets."""
-        if not self.compute_residue or self.options.residue_mode != "cosine":
-            return ()
-        sources = sorted({j for pairs in self.ar_sources for j, _ in pairs})
-        return (*sources, *self.ar_targets)
-
 
 def _query_positions(q: str, spans: list[tuple[int, int]], kinds: list[str], n_prompt: int,
                      n_generated: int) -> np.ndarray:

@@ -26,7 +26,6 @@ from probe.report.figures import grid, layer_ticks, palette, ranges, short
 from probe.types import CONDITIONS
 
 COND_COLOURS = {"Control": "#4d4d4d", "LongControl": "#1b9e77", "Saturation": "#d95f02", "Residue": "#7570b3"}
-TARGET_STYLES = ("-", "--", ":", "-.")
 
 
 def condition_order(key: tuple[str, int]) -> tuple[int, int]:
@@ -257,9 +256,6 @@ def draw_measure_layers(result: IceResult, model: str,
     what = "share of (non-sink) attention on extraneous text" if measure == "p_ext" else f"head-mean {label}"
     fig.suptitle(f"{short(model)}: {what}, by layer", fontsize=11, wrap=True)
     return fig
-
-
-draw_p_ext_layers = draw_measure_layers
 
 
 def draw_ar_k(result: IceResult, model: str) -> Figure | None:
