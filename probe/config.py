@@ -17,7 +17,7 @@ from probe.codec import CodecError, decode, encode
 from probe.errors import ConfigError, FieldError
 from probe.interventions import INTERVENTION_NAME, RESOLUTION_FIELDS, Intervention
 from probe.probe_options import ProbeOptions
-from probe.runfolder import RunFolder
+from probe.runfolder import RunFolder, folder_name_problem
 from probe.tasks import SOURCES, TaskSection, get_source
 from probe.types import CONDITIONS
 
@@ -29,8 +29,10 @@ class ExperimentSection:
     output_dir: str = "outputs"
 
     def __post_init__(self) -> None:
-        if not self.name or "/" in self.name:
-            raise ConfigError(f"experiment.name: {self.name!r} must be a non-empty folder name without '/'")
+        problem = folder_name_problem(self.name) if isinstance(self.name, str) else "is not a string"
+        if problem is not None:
+            raise ConfigError(f"experiment.name: {self.name!r} {problem}; the run folder's name must be one folder "
+                              "name (letters, digits, '-', '_', '.', spaces; not '.' or '..')")
         if not self.models:
             raise ConfigError("experiment.models: give at least one model card name (see `probe models`)")
         _refuse_repeats("experiment.models", self.models)

@@ -34,6 +34,7 @@ import hashlib
 import logging
 import re
 import time
+import unicodedata
 from dataclasses import dataclass
 import os
 from pathlib import Path
@@ -131,6 +132,20 @@ def parse_prompt_id(prompt_id: str) -> PromptKey:
                             "[|@<tokenizer>]")
     return PromptKey(unescape_part(parts[0]), unescape_part(parts[1]), int(parts[2][1:]), int(parts[3][1:]),
                      tokenizer)
+
+
+def folder_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be one folder name of a run (None when it can): empty or blank, ``.`` or ``..``, a path
+    separator, NUL or another control character. Names that become paths are checked with this once, where they
+    are read, so no later join can leave the folder it means."""
+    if not name.strip():
+        return "is empty or blank"
+    if name in (".", ".."):
+        return f"is {name!r}, which names an existing folder, not a new one"
+    bad = sorted({c for c in name if c in "/\\" or unicodedata.category(c) == "Cc"})
+    if bad:
+        return f"holds {', '.join(repr(c) for c in bad)} (a path separator or a control character)"
+    return None
 
 
 def record_stem(name: str) -> str:
@@ -413,5 +428,5 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> Path:
     return path
 
 
-__all__ = ["PromptIdError", "PromptKey", "RunFolder", "RunLock", "RunLockedError", "escape_part", "make_prompt_id",
-           "parse_prompt_id", "record_stem", "stem_name", "unescape_part", "file_mode", "write_atomic"]
+__all__ = ["PromptIdError", "PromptKey", "RunFolder", "RunLock", "RunLockedError", "escape_part", "folder_name_problem",
+           "make_prompt_id", "parse_prompt_id", "record_stem", "stem_name", "unescape_part", "file_mode", "write_atomic"]

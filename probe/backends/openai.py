@@ -42,6 +42,7 @@ import json
 import logging
 import os
 import random
+import re
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -127,7 +128,33 @@ def read_api_key(api_key_env: str | None, where: str) -> str | None:
             f"{where}: api_key_env = {api_key_env!r}, but the environment variable {api_key_env} is not set; "
             f"export {api_key_env}=<your key> (or remove api_key_env from the card for a server that needs no key)"
         )
+    bad = next(((i, c) for i, c in enumerate(key) if not " " <= c <= "~"), None)
+    if bad is not None:  # the key is never quoted: only where it breaks and what is there
+        what = ("a line break" if bad[1] in "\r\n" else "a control character" if ord(bad[1]) < 32 or bad[1] == "\x7f"
+                else "a non-ASCII character")
+        raise ConfigError(
+            f"{where}: the value of {api_key_env} holds {what} at character {bad[0] + 1} of {len(key)}, which no HTTP "
+            f"header can carry; set it to the key alone on one line (e.g. export {api_key_env}=\"$(head -n1 FILE)\" "
+            "for a key file with more than one line)"
+        )
     return key
+
+
+_BEARER = re.compile(r"(?i)\b(bearer)(\s+|\s*[:=]\s*)[^\s'\"\\]+")
+
+
+def scrub_secret(text: str, secret: str | None) -> str:
+    """``text`` with ``secret`` taken out in every form an error message may quote it: as it is, escaped as Python's
+    ``repr`` of the str or of its UTF-8 bytes writes it (as h11 and httpx quote a header), and each run of four or more
+    of its letters, digits and ``-_+/=.`` (so a key cut short by a truncated message is gone too); any remaining
+    ``Bearer <token>`` is blanked as well. Each removal reads ``<key>``."""
+    if secret:
+        forms = {secret, repr(secret)[1:-1], secret.encode("unicode_escape").decode("ascii"),
+                 repr(secret.encode("utf-8", "backslashreplace"))[2:-1],
+                 *re.findall(r"[A-Za-z0-9_\-+/=.]{4,}", secret)}
+        for form in sorted(forms, key=len, reverse=True):
+            text = text.replace(form, "<key>")
+    return _BEARER.sub(lambda m: f"{m.group(1)}{m.group(2)}<key>", text)
 
 
 @dataclass(frozen=True)
@@ -232,6 +259,10 @@ class OpenAIBackend:
         timeout = httpx.Timeout(card.request_timeout, connect=min(10.0, card.request_timeout))
         limits = httpx.Limits(max_connections=card.max_concurrency, max_keepalive_connections=card.max_concurrency)
         self._client = httpx.Client(headers=headers, timeout=timeout, limits=limits)
+        self._secret = api_key  # only ever used to take the key out of what is recorded or logged
+
+    def _scrub(self, text: str) -> str:
+        return scrub_secret(text, self._secret)
 
     def close(self) -> None:
         self._client.close()
@@ -331,18 +362,18 @@ class OpenAIBackend:
                 resp = self._client.post(url, json=body)
             except httpx.TimeoutException as e:
                 last = f"timed out ({type(e).__name__})"
-            except httpx.TransportError as e:  # refused, reset, dropped mid-response
-                last = f"connection failed ({type(e).__name__}: {e})"
+            except httpx.TransportError as e:  # refused, reset, dropped mid-response; may quote the request's headers
+                last = f"connection failed ({type(e).__name__}: {self._scrub(str(e))})"
             else:
                 status = resp.status_code
                 if status == 200:
                     try:
                         return _parse_completion(resp.json())
                     except (ValueError, KeyError, IndexError, TypeError) as e:
-                        last = f"malformed response ({type(e).__name__}: {e}): {resp.text[:200]!r}"
+                        last = self._scrub(f"malformed response ({type(e).__name__}: {e}): {resp.text[:200]!r}")
                         # a garbled body is treated like a server error: retried
                 else:
-                    message = _error_message(resp)
+                    message = self._scrub(_error_message(resp))
                     if status in FATAL_STATUS:
                         raise EndpointError(
                             f"{self.model_name}: {url} answered HTTP {status} ({message}); check base_url, "
