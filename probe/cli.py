@@ -301,6 +301,15 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_models(args: argparse.Namespace) -> int:
     from concurrent.futures import ThreadPoolExecutor
 
+    if args.check is not None:  # one model's config: what the probe will and will not measure, no weights loaded
+        from probe.attention.architecture import describe, read_config
+
+        supported, lines = describe(read_config(args.check))
+        print(f"{args.check}:")
+        for line in lines:
+            print(f"  {line}")
+        return 0 if supported else 1
+
     from probe.errors import ConfigError
     from probe.loading import availability, card_files, read_card, served_reachability
 
@@ -500,7 +509,12 @@ def _add_analysis_commands(sub: argparse._SubParsersAction) -> None:
 
 def _add_tool_commands(sub: argparse._SubParsersAction) -> None:
     """models, bench."""
-    sp = sub.add_parser("models", help="list model cards and whether each is loadable here")
+    sp = sub.add_parser("models", help="list model cards and whether each is loadable here; --check: whether the "
+                                       "probe supports a model, from its config.json alone")
+    sp.add_argument("--check", metavar="PATH_OR_HUB_ID", default=None,
+                    help="a model folder (or its config.json), or a hub id in the local hub cache: say whether the "
+                         "architecture is supported, which layers have attention and what the probe measures, "
+                         "without loading weights (exit 1 when it is refused)")
     sp.set_defaults(fn=cmd_models)
     sp = sub.add_parser("bench", help="benchmarks: generate (batching speed-up), attention (probe cost), run "
                                       "(a probed run against an unprobed one), gpu-check (make gpu-check)")

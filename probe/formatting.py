@@ -13,6 +13,8 @@ it, so no renderer needs its own ``"—" if x is None else ...``. Specs are Pyth
 
 from __future__ import annotations
 
+from typing import Iterable
+
 import math
 
 DASH = "—"
@@ -73,4 +75,18 @@ def first_clause(reason: str) -> str:
     return reason.strip()
 
 
-__all__ = ["DASH", "P_FLOOR", "ci", "count", "first_clause", "num", "p_phrase", "p_value", "pct"]
+def int_ranges(values: Iterable[int]) -> str:
+    """``0-3, 7, 9-11`` for sorted ints (layer lists)."""
+    out: list[str] = []
+    run: list[int] = []
+    for i in values:
+        if run and i != run[-1] + 1:
+            out.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
+            run = []
+        run.append(i)
+    if run:
+        out.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
+    return ", ".join(out)
+
+
+__all__ = ["DASH", "P_FLOOR", "ci", "count", "first_clause", "int_ranges", "num", "p_phrase", "p_value", "pct"]

@@ -1,7 +1,7 @@
 """Tests mirror the package: a module's tests sit in the folder of ``tests/`` named for the part of ``probe/`` it
 belongs to (FOLDERS), so a maintainer finds them where the module is. Only the tests of the whole project
 (CROSS_CUTTING) stay at the top of ``tests/``, beside the helpers every test uses (conftest, tiers, serving,
-import_layers, fixtures/).
+import_layers, fixtures/), and the folders that hold the whole toolkit to one property (WHOLE_TOOLKIT: security).
 
 The rule checked: every module and package directly under ``probe/`` is given one folder; every folder of tests/
 is one of FOLDERS (and a package, so ``from tests.<folder>.<file> import`` works); every test file in a folder
@@ -48,6 +48,8 @@ NOT_PROBE: dict[str, str] = {
 }
 
 HELPERS = frozenset({"fixtures", "__pycache__"})
+# folders whose tests hold the whole toolkit to one property, every command at once (not one part of probe/)
+WHOLE_TOOLKIT = {"security": "nothing outside the run folder written, no secret recorded, no traceback"}
 
 
 def probe_parts(root: Path) -> set[str]:
@@ -98,6 +100,10 @@ def misplaced(root: Path, folders: dict[str, tuple[str, ...]] = FOLDERS,
             out.append(f"tests/{path.name}: move it into the folder of the part of probe/ it tests "
                        f"(git mv; FOLDERS in tests/test_mirror.py), or list it in CROSS_CUTTING")
     for sub in sorted(p for p in tests.iterdir() if p.is_dir() and p.name not in HELPERS):
+        if sub.name in WHOLE_TOOLKIT:
+            if not (sub / "__init__.py").is_file():
+                out.append(f"tests/{sub.name}/: has no __init__.py (tests/ is a package)")
+            continue
         if sub.name not in folders:
             out.append(f"tests/{sub.name}/: not a folder of FOLDERS (tests/test_mirror.py)")
             continue

@@ -137,7 +137,8 @@ def with_max_t(heads: HeadTests, fits: ManyFits, Y: np.ndarray, side: np.ndarray
 
     Per question, the mean of one side minus the other (``side`` 1 vs 0) of the residuals of each head on
     ``nuisance`` (:func:`probe.analysis.max_t.question_contrasts`), over the rows with a finite value in every head
-    and the questions with both sides; signs of whole questions flipped.
+    and the questions with both sides; signs of whole questions flipped. A head no row has a value for (a layer
+    without attention) is left out of the map and its p-value is NaN.
 
     Args:
         heads: the BH part (:func:`fitted_head_tests`) of ``fits``.
@@ -147,13 +148,16 @@ def with_max_t(heads: HeadTests, fits: ManyFits, Y: np.ndarray, side: np.ndarray
         contrasts: the contrasts in words (``failed - correct contrasts of residuals on load and Residue``) and
             over: what the correction runs over (``map``, ``grid``), for the method's text.
     """
-    full = np.all(np.isfinite(Y.reshape(len(Y), -1)), axis=1)
-    qc = question_contrasts(Y[full], side[full], groups[full], nuisance[full])
+    present = np.isfinite(Y).any(axis=0)  # a cell no row has is a layer without attention (a hybrid's state-space)
+    cells = Y[:, present]
+    full = np.all(np.isfinite(cells), axis=1)
+    qc = question_contrasts(cells[full], side[full], groups[full], nuisance[full])
     res = max_t_sign_flip(qc.D, seed=seed)
     if not res.is_test or not fits.is_test:
         return replace(heads, max_t=HeadMaxT(p_max_t=None, n_questions=len(qc.questions), significant=(),
                                              method=f"no max-T correction ({res.reason or fits.reason})"))
-    pm = res.p_max_t
+    pm = np.full(present.shape, np.nan)
+    pm[present] = res.p_max_t
 
     def hit(li: int, h: int) -> HeadHit:
         return HeadHit(layer=li, head=h, estimate=fits.estimate_at((li, h)), p_max_t=finite(pm[li, h]))

@@ -37,7 +37,7 @@ check_transformers_version()  # before the engine imports transformers' attentio
 from probe.attention.capacity import max_probe_context, probe_memory_bytes
 from probe.attention.engine import (is_prompt_query, left_pad, probe_batch, probe_forced, probe_generation,
                                     probe_tokenized)
-from probe.attention.implementation import SUPPORTED_MODEL_TYPES, attach_probe
+from probe.attention.implementation import attach_probe
 from probe.attention.lens import probe_transformer_lens
 from probe.attention.measure import Measure, register_measure
 from probe.attention.measures import measure, measures
@@ -49,7 +49,6 @@ __all__ = [
     "KEY_KINDS",
     "AttentionRecordError",
     "Measure",
-    "SUPPORTED_MODEL_TYPES",
     "ProbePlan",
     "SegmentAttention",
     "attach_probe",

@@ -27,6 +27,8 @@ class LayerCall:
         edit: the intervention acting on this batch (its bias is added to the scores of the layers it edits), or
             None.
         module: the layer's attention module (its output projection, for the value-weighted measures), or None.
+        sinks: (H,) learned sink logits (gpt-oss's ``s_aux``): one more logit per head in each row's softmax that
+            no key carries, so a row's weights on the keys sum to 1 minus the mass given to no key; or None.
     """
 
     layer: int
@@ -38,6 +40,7 @@ class LayerCall:
     softcap: float | None = None
     edit: BatchEdit | None = None
     module: torch.nn.Module | None = None
+    sinks: torch.Tensor | None = None
 
 
 __all__ = ["LayerCall"]

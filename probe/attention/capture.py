@@ -21,7 +21,7 @@ import torch
 from probe.attention.answer import AnswerAttention
 from probe.attention.call import LayerCall
 from probe.attention.fused import fused_layer
-from probe.attention.masks import BlockMask, allowed_keys, block_mask, causal_block_mask
+from probe.attention.masks import BlockMask, allowed_keys, block_mask, causal_block_mask, softmax_rows
 from probe.attention.plan import ProbePlan
 from probe.attention.reduce import LayerAggregates, LayerReducer, assemble_result
 from probe.attention.segments import PlanTensors
@@ -93,7 +93,9 @@ class Capture:
 
     Args:
         plans: one probe plan per batch row.
-        n_layers: the layers expected to report (0 .. n_layers-1).
+        n_layers: the model's depth (the layer axis of every result).
+        layers: the layers expected to report (None: 0 .. n_layers-1); a hybrid model's other layers have no
+            attention, and their rows of every array are NaN (:func:`~probe.attention.reduce.assemble_result`).
         pads: left padding of each row (None: no padding; every plan has the batch's length).
         max_block_elements: most ``rows x keys`` per head in one block of rows (None: ``block_size`` rows).
         prefill_only: take only the call whose queries and keys span the whole batch (generation's prefill) and let
@@ -119,6 +121,7 @@ class Capture:
         answer: AnswerSink | None = None,
         value_weighted: bool = True,
         forced: bool = False,
+        layers: Sequence[int] | None = None,
     ) -> None:
         pads = list(pads) if pads is not None else [0] * len(plans)
         if len(pads) != len(plans) or not plans:
@@ -129,6 +132,7 @@ class Capture:
         self.width = widths.pop()
         self.rows = [_Row(plan, pad, max_block_elements) for plan, pad in zip(plans, pads)]
         self.n_layers = n_layers
+        self.layers = tuple(range(n_layers)) if layers is None else tuple(layers)
         self.prefill_only = prefill_only
         self.answer = answer
         self.calls: Counter[int] = Counter()
@@ -149,13 +153,13 @@ class Capture:
         later key, so they are the prefill's)."""
         if self.forced and call.query.shape[2] > self.width:
             if self.answer is not None:
-                self.answer.report_forced(call)
+                self.answer.report_forced(call if self.value_weighted else replace(call, module=None))
             call = _prefix(call, self.width)
         elif self.answer is not None:
             if call.value is None:
                 raise HookError(f"layer {call.layer}: answer capture needs the value states, and the layer reported "
                                 "none")
-            self.answer.report(call)
+            self.answer.report(call if self.value_weighted else replace(call, module=None))
         layer, query, key, attention_mask = call.layer, call.query, call.key, call.mask
         n_batch, n_heads, n_q, _ = query.shape
         n_kv, n_k = key.shape[1], key.shape[2]
@@ -212,7 +216,8 @@ class Capture:
             if all(m.additive is None for m in masks):  # the rows of a bias mask are not kept across layers
                 row.block_masks[mask_key] = masks
         reducer = LayerReducer(row.plan, n_heads, tensors, layer, call.module if self.value_weighted else None)
-        if self.options.kernel == "fused" and edit is None and softcap is None and reducer.fusable:
+        if self.options.kernel == "fused" and edit is None and softcap is None and call.sinks is None \
+                and reducer.fusable:
             fused = fused_layer(tensors, masks, query, key, value, scaling,
                                 reducer.ctx.module if reducer.with_values else None, mask, row.plan.segment_spans)
             return reducer.finish_fused(fused, self._chance(row, mask, mask_key, tensors))
@@ -234,7 +239,7 @@ class Capture:
                 rows = torch.tensor([i], device=edit.device)
                 scores += edit.bias(layer, (block.positions + row.pad).to(edit.device), bm.lo + row.pad,
                                     bm.hi + row.pad, rows)[0].to(scores.device)
-            probs = torch.softmax(scores, dim=-1)
+            probs = softmax_rows(scores, call.sinks, 0)
             del scores
             reducer.add(block, probs, bm.lo, values)
             del probs
@@ -250,9 +255,9 @@ class Capture:
 
     def check(self) -> None:
         """Raise :class:`HookError` unless every expected layer reported exactly once."""
-        missing = [i for i in range(self.n_layers) if self.calls[i] == 0]
+        missing = [i for i in self.layers if self.calls[i] == 0]
         repeated = sorted(i for i, n in self.calls.items() if n > 1)
-        unexpected = sorted(i for i in self.calls if not 0 <= i < self.n_layers)
+        unexpected = sorted(i for i in self.calls if i not in self.layers)
         if missing or repeated or unexpected:
             parts = []
             if missing:
@@ -260,10 +265,10 @@ class Capture:
             if repeated:
                 parts.append(f"layers {repeated} reported more than once")
             if unexpected:
-                parts.append(f"layers {unexpected} are outside 0..{self.n_layers - 1}")
+                parts.append(f"layers {unexpected} are not among the attention layers {list(self.layers)}")
             raise HookError("attention probe: " + "; ".join(parts))
 
     def results(self) -> list[SegmentAttention]:
         """Check the layers, then one :class:`SegmentAttention` per batch row, in batch order."""
         self.check()
-        return [assemble_result(r.plan, [r.layers[i] for i in range(self.n_layers)]) for r in self.rows]
+        return [assemble_result(r.plan, [r.layers.get(i) for i in range(self.n_layers)]) for r in self.rows]

@@ -31,11 +31,13 @@ from transformers import PreTrainedModel
 
 from probe.attention.answer import AnswerAttention
 from probe.attention.call import LayerCall
+from probe.attention.masks import softmax_rows
 from probe.attention.implementation import attention_implementation
-from probe.attention.measures.value import module_gram, value_norms
+from probe.attention.measures.value import has_output_projection, module_gram, value_norms
 from probe.attention.plan import ProbePlan
 from probe.attention.measures.value import output_projection
-from probe.attention.reference import _value_states
+from probe.attention.architecture import n_layers_of
+from probe.attention.reference import eager_calls
 from probe.errors import HookError
 from probe.loading import input_device
 from probe.types import TokenizedPrompt
@@ -51,12 +53,22 @@ MASKS_KEPT = 4
 
 
 def _window(module: torch.nn.Module | None) -> int | None | bool:
-    """The sliding window of a layer's attention (None: the layer sees every earlier key; False: unknown)."""
+    """The sliding window of a layer's attention (None: the layer sees every earlier key; False: unknown, or a cache
+    that drops keys in other ways, as a chunked layer's does: its steps are folded one at a time)."""
     if module is None:
         return False
     if hasattr(module, "sliding_window"):  # Qwen2/3, Gemma2/3: per layer (None on full-attention layers)
         return getattr(module, "sliding_window")
-    return getattr(getattr(module, "config", None), "sliding_window", None)  # Mistral: the model's; Llama, GPT-2: none
+    config = getattr(module, "config", None)
+    layer_types, layer = getattr(config, "layer_types", None), getattr(module, "layer_idx", None)
+    if isinstance(layer_types, (list, tuple)) and isinstance(layer, int) and 0 <= layer < len(layer_types):
+        kind = layer_types[layer]
+        if kind == "full_attention":
+            return None
+        if kind == "sliding_attention":
+            return getattr(config, "sliding_window", False)
+        return False  # chunked (Llama 4) and kinds not known here
+    return getattr(config, "sliding_window", None)  # Mistral: the model's; Llama, GPT-2: none
 
 
 class _Pending:
@@ -142,11 +154,12 @@ class AnswerRows:
     """
 
     def __init__(self, plans: Sequence[ProbePlan], pads: Sequence[int], width: int,
-                 steps_per_flush: int | None = None) -> None:
+                 steps_per_flush: int | None = None, n_layers: int | None = None) -> None:
         steps_per_flush = STEPS_PER_FLUSH if steps_per_flush is None else steps_per_flush
         if steps_per_flush < 1:
             raise ValueError(f"steps_per_flush must be at least 1, got {steps_per_flush}")
         self.plans = list(plans)
+        self.n_layers = n_layers
         self.pads = list(pads)
         self.width = width
         self.steps_per_flush = steps_per_flush
@@ -334,9 +347,10 @@ class AnswerRows:
             pos = torch.tensor(p.lasts, device=edit.device)
             scores += edit.bias(layer, pos, lo, hi).to(scores.device)
         top_key = scores.max(dim=-1).indices  # (B, H, n): the top key (max's indices cost less than argmax's)
-        weights = torch.softmax(scores, dim=-1)  # (B, H, n, K); each generating query sees itself: no empty row
+        weights = softmax_rows(scores, call.sinks, 1)  # (B, H, n, K); each generating query sees itself
         del scores
-        norms = None if module is None else self._norms(layer, value, module, n_heads, lo, hi)  # (B, H, K)
+        norms = None if module is None or not has_output_projection(module) \
+            else self._norms(layer, value, module, n_heads, lo, hi)  # (B, H, K)
         masses, top = self._step_slots(layer, p.first, n, n_b, n_heads, 1 if norms is None else 2, weights.device)
         top.copy_(top_key.permute(2, 0, 1))
         if lo:
@@ -366,7 +380,7 @@ class AnswerRows:
                 self._flush(layer)
         layers = sorted(self.n_steps)
         counts = {self.n_steps[layer] for layer in layers}
-        if len(counts) != 1 or layers != list(range(len(layers))):
+        if len(counts) != 1 or (self.n_layers is None and layers != list(range(len(layers)))):
             raise HookError(f"answer capture: layers {layers} saw {sorted(counts)} generation steps (one count each)")
         n_steps = counts.pop()
         longest = max((len(a) for a in answers), default=0)
@@ -374,10 +388,15 @@ class AnswerRows:
             raise HookError(f"answer capture: {n_steps} generation steps seen for an answer of {longest} tokens")
         with_values = {self.masses[layer].shape[3] for layer in layers} == {2}
         # (T, B, L, H, R, C); a layer without value-weighted masses leaves them out of every layer
-        both = torch.stack([self.masses[layer][:longest, ..., : 2 if with_values else 1, :] for layer in layers],
-                           dim=2).cpu()
+        kept = [self.masses[layer][:longest, ..., : 2 if with_values else 1, :] for layer in layers]
+        tops = [self.tops[layer][:longest] for layer in layers]
+        if self.n_layers is not None:  # a hybrid model: NaN (top key -1) in the layers without attention
+            by_layer = dict(zip(layers, zip(kept, tops)))
+            blank = (torch.full_like(kept[0], torch.nan), torch.full_like(tops[0], -1))
+            kept, tops = (list(x) for x in zip(*(by_layer.get(i, blank) for i in range(self.n_layers))))
+        both = torch.stack(kept, dim=2).cpu()
         mass = both[..., 0, :]
-        top = torch.stack([self.tops[layer][:longest] for layer in layers], dim=2).cpu()  # (T, B, L, H)
+        top = torch.stack(tops, dim=2).cpu()  # (T, B, L, H)
         vmass = both[..., 1, :] if with_values else None
         out = []
         for i, (plan, pad, answer, ids) in enumerate(zip(self.plans, self.pads, answers, prompt_ids)):
@@ -391,7 +410,8 @@ class AnswerRows:
                 v = torch.where(total > 0, raw / total.clamp_min(1e-300), torch.nan).to(torch.float32).numpy()
             out.append(AnswerAttention(
                 tokens=np.asarray(answer, dtype=np.int64), mass=m.astype(np.float32), vmass=v,
-                top_key=(top[:n, i] - pad).numpy().astype(np.int32), prompt_ids=np.asarray(ids, dtype=np.int64),
+                top_key=(top[:n, i] - pad).clamp_min(-1).numpy().astype(np.int32),
+                prompt_ids=np.asarray(ids, dtype=np.int64),
                 segment_kinds=plan.segment_kinds[: self.n_segments[i]],
                 segment_labels=plan.segment_labels[: self.n_segments[i]],
                 segment_spans=plan.segment_spans[: self.n_segments[i]]))
@@ -404,24 +424,27 @@ def reference_answer_attention(model: PreTrainedModel, tokenized: TokenizedPromp
 
     Row ``t`` is the eager ``output_attentions`` row of position ``len(prompt) - 1 + t``; its mass is summed per
     segment and over the answer positions; the value-weighted row weights each key by ``‖v_j W_O^h‖`` with ``v_j``
-    read from the value projection and ``W_O^h`` from the output projection of the model (float64 numpy).
+    as the layer's own eager function was handed it and ``W_O^h`` the map its output went into (float64 numpy;
+    :func:`~probe.attention.reference.eager_calls`). A layer without attention is NaN (top key -1).
     Materialises L × H × T²: short prompts only.
     """
     answer = list(answer_ids)
     n_prompt = len(tokenized.input_ids)
     spans = [(s.start, s.end) for s in tokenized.spans]
-    with torch.no_grad(), attention_implementation(model, "eager"), _value_states(model, True) as seen:
+    with torch.no_grad(), attention_implementation(model, "eager"), eager_calls(model) as seen:
         ids = torch.tensor([list(tokenized.input_ids) + answer], device=input_device(model))
-        out = model(ids, output_attentions=True, use_cache=False)
-    n_layers = len(out.attentions)
-    n_heads = out.attentions[0].shape[1]
+        model(ids, use_cache=False)
+    n_layers = n_layers_of(model)
+    n_heads = next(iter(seen.values())).weights.shape[0]
     n_t = len(answer)
-    mass = np.zeros((n_t, n_layers, n_heads, len(spans) + 1))
-    vmass = np.zeros_like(mass)
-    top = np.zeros((n_t, n_layers, n_heads), dtype=np.int64)
-    for layer in range(n_layers):
-        att = out.attentions[layer][0].double().cpu().numpy()  # (H, T, T)
-        values, w = seen[layer]  # (H_kv, T, D), (H*D, hidden)
+    mass = np.full((n_t, n_layers, n_heads, len(spans) + 1), np.nan)
+    vmass = np.full_like(mass, np.nan)
+    top = np.full((n_t, n_layers, n_heads), -1, dtype=np.int64)
+    for layer, eager in seen.items():
+        att = eager.weights  # (H, T, T)
+        values, w = eager.values, eager.out_proj  # (H_kv, T, Dv), (H*Dv, hidden)
+        if w is None:
+            w = np.full((n_heads * values.shape[-1], 1), np.nan)  # gated output: no value-weighted reference
         dim = values.shape[-1]
         rep = n_heads // values.shape[0]
         for h in range(n_heads):
@@ -436,7 +459,8 @@ def reference_answer_attention(model: PreTrainedModel, tokenized: TokenizedPromp
                 mass[t, layer, h, -1] = row[n_prompt:].sum()
                 vmass[t, layer, h, -1] = weighted[n_prompt:].sum()
                 top[t, layer, h] = int(np.argmax(row))
-    vmass /= vmass.sum(axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore"):
+        vmass /= vmass.sum(axis=-1, keepdims=True)
     return AnswerAttention(
         tokens=np.asarray(answer, dtype=np.int64), mass=mass.astype(np.float32), vmass=vmass.astype(np.float32),
         top_key=top.astype(np.int32), prompt_ids=np.asarray(tokenized.input_ids, dtype=np.int64),

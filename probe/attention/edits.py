@@ -38,6 +38,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from probe.attention.masks import softmax_rows
 from probe.errors import ConfigError, SpanError
 from probe.interventions import MATCHED_DRAWS, Intervention, RowEdit
 from probe.types import TokenizedPrompt
@@ -265,17 +266,18 @@ def _base_additive(mask: torch.Tensor | None, rows: slice, query_positions: torc
 
 
 def _rows_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, additive: torch.Tensor,
-                    scaling: float, softcap: float | None) -> torch.Tensor:
+                    scaling: float, softcap: float | None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of a block of query rows under a (B, H, n, K) additive mask.
 
-    Without soft-capping through torch's SDPA in the model's dtype; with it (SDPA cannot soft-cap) computed
-    explicitly in float32 as the engine's exact path does: ``tanh(s / cap) · cap``, then the mask, then the softmax.
+    Without soft-capping or learned sinks through torch's SDPA in the model's dtype; with either (SDPA has neither)
+    computed explicitly in float32 as the engine's exact path does: ``tanh(s / cap) · cap``, then the mask, then the
+    softmax (with the sink logit in it).
 
     Returns:
         (B, n, H, Dv) output in the query's dtype.
     """
     n_heads, n_kv = query.shape[1], key.shape[1]
-    if softcap is None:
+    if softcap is None and sinks is None:
         out = torch.nn.functional.scaled_dot_product_attention(
             query, key, value, attn_mask=additive, scale=scaling, enable_gqa=n_heads != n_kv)
         return out.transpose(1, 2)
@@ -284,8 +286,10 @@ def _rows_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     k = key.to(dtype).repeat_interleave(rep, dim=1)
     v = value.to(dtype).repeat_interleave(rep, dim=1)
     scores = torch.matmul(query.to(dtype), k.transpose(-1, -2)).mul_(scaling)
-    scores = scores.div_(softcap).tanh_().mul_(softcap) + additive.to(dtype)
-    probs = torch.nan_to_num(torch.softmax(scores, dim=-1))  # a padding row that sees no key
+    if softcap is not None:
+        scores = scores.div_(softcap).tanh_().mul_(softcap)
+    scores = scores + additive.to(dtype)
+    probs = torch.nan_to_num(softmax_rows(scores, sinks, 1))  # a padding row that sees no key
     return torch.matmul(probs, v).to(query.dtype).transpose(1, 2)
 
 
@@ -299,6 +303,7 @@ def edited_attention(
     scaling: float,
     softcap: float | None,
     base: torch.Tensor | None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One layer's attention output under the edit.
 
@@ -308,7 +313,7 @@ def edited_attention(
         query: (B, H, n_q, D) query states; the queries are the last ``n_q`` positions of the ``n_k`` keys.
         key / value: (B, H_kv, n_k, D) key and value states (the cache included during decoding).
         mask: the model's (B or 1, 1, n_q, n_k) bool / additive mask, or None (plain causal).
-        scaling / softcap: as the layer's attention.
+        scaling / softcap / sinks: as the layer's attention.
         base: the layer's unedited (B, n_q, H, Dv) output, or None when every (row, query) pair is edited (then it
             is not needed).
 
@@ -338,7 +343,7 @@ def edited_attention(
                     + edit.bias(layer, pos.to(edit.device), lo, last + 1).to(query.device)).to(query.dtype)
 
         additive = edit.step_additive(layer, mask, slice(a, b), pos, key_positions, build)
-        new = _rows_attention(query[:, :, a:b], key, value, additive, scaling, softcap)
+        new = _rows_attention(query[:, :, a:b], key, value, additive, scaling, softcap, sinks)
         if base is None:
             out[:, a:b] = new
         else:

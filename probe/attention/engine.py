@@ -44,7 +44,8 @@ from transformers import PreTrainedModel
 from probe.attention.capacity import ModelShape, block_elements
 from probe.attention.capture import Capture
 from probe.attention.decode import AnswerRows
-from probe.attention.implementation import attach_probe, text_config_of
+from probe.attention.architecture import n_layers_of, value_measures_apply
+from probe.attention.implementation import attach_probe, probed_layers, text_config_of
 from probe.attention.plan import build_plan
 from probe.attention.reduce import SCRATCH_COPIES
 from probe.attention.result import SegmentAttention
@@ -135,8 +136,9 @@ def probe_batch(
     plans = [build_plan(tp, options, n_generated=len(g)) for tp, g in zip(prompts, answers)]
     ids, mask, pads = left_pad([list(tp.input_ids) + g for tp, g in zip(prompts, answers)])
     width = ids.shape[1]
-    capture = Capture(plans, int(text_config_of(model).num_hidden_layers), pads,
-                      block_budget(model, width * len(prompts)), value_weighted=value_weighted)
+    n_layers, layers = probed_layers(model)
+    capture = Capture(plans, n_layers, pads, block_budget(model, width * len(prompts)), layers=layers,
+                      value_weighted=value_weighted and value_measures_apply(model))
     device = input_device(model)  # not the first parameter's: a dispatched model may keep it on `meta`
     kwargs: dict[str, torch.Tensor] = {}
     if any(pads):  # position ids from 0 in every row, as generate makes them
@@ -222,9 +224,11 @@ def probe_generation(
         raise ConfigError(f"probe.query = {options.query!r} reads the answer; it cannot ride on generation's prefill")
     plans = [build_plan(tp, options) for tp in prompts]
     width = max(p.n_tokens + pad for p, pad in zip(plans, pads))
-    rows = AnswerRows(plans, pads, width) if (options.answer if answer is None else answer) else None
-    capture = Capture(plans, int(text_config_of(model).num_hidden_layers), pads,
-                      block_budget(model, width * len(prompts)), prefill_only=True, answer=rows)
+    rows = AnswerRows(plans, pads, width, n_layers=n_layers_of(model)) if (options.answer if answer is None else answer) \
+        else None
+    n_layers, layers = probed_layers(model)
+    capture = Capture(plans, n_layers, pads, block_budget(model, width * len(prompts)), prefill_only=True,
+                      answer=rows, layers=layers, value_weighted=value_measures_apply(model))
     with attach_probe(model, capture):
         yield capture
 
@@ -279,9 +283,10 @@ def probe_forced(
         tail[i, : len(a)] = torch.tensor(list(a), dtype=torch.long)
     ids = torch.cat([ids, tail], dim=1)
     mask = torch.cat([mask, torch.ones_like(tail)], dim=1)  # generate's mask: every new position is attended
-    rows = AnswerRows(plans, pads, width) if options.answer else None
-    capture = Capture(plans, int(text_config_of(model).num_hidden_layers), pads,
-                      block_budget(model, int(ids.shape[1]) * len(prompts)), answer=rows, forced=True)
+    rows = AnswerRows(plans, pads, width, n_layers=n_layers_of(model)) if options.answer else None
+    n_layers, layers = probed_layers(model)
+    capture = Capture(plans, n_layers, pads, block_budget(model, int(ids.shape[1]) * len(prompts)), answer=rows,
+                      forced=True, layers=layers, value_weighted=value_measures_apply(model))
     device = input_device(model)
     kwargs: dict[str, torch.Tensor] = {}
     if any(pads):  # position ids from 0 in every row, as generate makes them

@@ -2,11 +2,12 @@
 
 The engine registers :func:`_probe_attention` under the name :data:`IMPLEMENTATION` and switches the model to it for
 one forward pass (or one ``generate`` call). Each layer's call receives the query and key states after rotary
-embedding, the value states, the mask, ``scaling``, ``softcap`` and ``sliding_window``; it
+embedding, the value states, the mask, ``scaling``, ``softcap``, ``sliding_window`` and learned sinks (``s_aux``);
+it
 
 1. computes the layer's output as the model would: through SDPA (transformers' own ``sdpa_attention_forward``, so
-   the hidden states are those of the model's ``sdpa`` implementation), or, for soft-capped logits (Gemma 2),
-   through an exact blocked attention, since SDPA cannot soft-cap;
+   the hidden states are those of the model's ``sdpa`` implementation), or, for soft-capped logits (Gemma 2) and
+   learned sinks (gpt-oss), through an exact blocked attention, since SDPA has neither;
 2. applies an active intervention's edit (:class:`~probe.attention.edits.BatchEdit`) to the layers it names;
 3. reports the layer to the active probe (:class:`~probe.attention.capture.Capture`), which measures the attention
    (the edited one, when an edit is active too).
@@ -26,18 +27,15 @@ from transformers import AttentionInterface, PreTrainedConfig, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from probe.attention.architecture import attention_layers, check_architecture, n_layers_of
 from probe.attention.call import LayerCall
 from probe.attention.capture import Capture
 from probe.attention.edits import BatchEdit, edited_attention
-from probe.attention.masks import allowed_keys
+from probe.attention.masks import allowed_keys, softmax_rows
 from probe.probe_options import ProbeOptions
 from probe.errors import HookError
 
 IMPLEMENTATION = "ice_probe"
-
-# Architectures (``config.model_type``) whose attention goes through the AttentionInterface with the standard
-# eager semantics reproduced above; each has an exactness test against its eager ``output_attentions``.
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "gpt2")
 
 _ACTIVE: contextvars.ContextVar["Capture | None"] = contextvars.ContextVar("ice_probe_capture", default=None)
 _ACTIVE_EDIT: contextvars.ContextVar["BatchEdit | None"] = contextvars.ContextVar("ice_probe_edit", default=None)
@@ -61,22 +59,13 @@ def text_config_of(model: PreTrainedModel) -> PreTrainedConfig:
 
 def layers_and_heads(model: PreTrainedModel) -> tuple[int, int]:
     """The model's number of layers and of query heads per layer."""
-    cfg = model.config.get_text_config()
-    return int(cfg.num_hidden_layers), int(cfg.num_attention_heads)
+    return n_layers_of(model), int(model.config.get_text_config().num_attention_heads)
 
 
-def check_architecture(model: PreTrainedModel) -> None:
-    """Raise :class:`HookError` unless the model's architecture is one the engine supports.
-
-    Raises:
-        HookError: naming the unsupported ``model_type`` and the supported ones.
-    """
-    model_type = getattr(model.config, "model_type", None)
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise HookError(
-            f"the attention probe does not support architecture {model_type!r} "
-            f"({type(model).__name__}); supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
-        )
+def probed_layers(model: PreTrainedModel) -> tuple[int, tuple[int, ...]]:
+    """The model's depth and the layers whose attention reports to the probe (all of them but a hybrid model's
+    state-space and linear-attention layers)."""
+    return n_layers_of(model), attention_layers(model)
 
 
 def attention_rows(
@@ -87,6 +76,7 @@ def attention_rows(
     scaling: float,
     softcap: float | None,
     key_offset: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Post-softmax attention rows of some query positions over all keys, as eager attention computes them.
 
@@ -99,9 +89,10 @@ def attention_rows(
         softcap: soft-capping value or None.
         key_offset: key position of query 0 under the causal mask when ``attention_mask`` is None (``K - Q``:
             the queries are the last Q positions, as in a decode step against a cache).
+        sinks: (H,) learned sink logits, or None.
 
     Returns:
-        (H, B, K) float32 rows, each summing to 1.
+        (H, B, K) float32 rows, each summing to 1 (to 1 minus the mass on no key, with sinks).
     """
     n_heads, dim = query.shape[1], query.shape[3]
     n_kv = key_t.shape[0]
@@ -118,7 +109,7 @@ def attention_rows(
     else:
         scores.masked_fill_(~allowed_keys(mask, positions + (key_offset if mask is None else 0), n_keys),
                             float("-inf"))
-    return torch.softmax(scores, dim=-1)
+    return softmax_rows(scores, sinks, 0)
 
 
 def _blocked_attention(
@@ -129,8 +120,10 @@ def _blocked_attention(
     scaling: float,
     softcap: float | None,
     block_size: int,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Exact attention output computed ``block_size`` queries at a time (for soft-capped logits), row by row.
+    """Exact attention output computed ``block_size`` queries at a time (for soft-capped logits and learned sinks),
+    row by row.
 
     Returns:
         (B, T, H, D) output in the query's dtype, the layout ``eager_attention_forward`` returns.
@@ -147,7 +140,7 @@ def _blocked_attention(
             mask = attention_mask[i : i + 1] if attention_mask.shape[0] > 1 else attention_mask
         for start in range(0, n_q, block_size):
             pos = torch.arange(start, min(start + block_size, n_q), device=query.device)
-            probs = attention_rows(query[i : i + 1], key_t, pos, mask, scaling, softcap, offset)  # (H, B, T)
+            probs = attention_rows(query[i : i + 1], key_t, pos, mask, scaling, softcap, offset, sinks)  # (H, B, T)
             probs = torch.nan_to_num(probs)  # a padding row that sees no key
             o = torch.bmm(probs.reshape(n_kv, (n_heads // n_kv) * len(pos), -1), v)  # (H_kv, rep*B, Dv)
             out[i, :, start : start + len(pos)] = o.reshape(n_heads, len(pos), -1).to(query.dtype)
@@ -181,6 +174,9 @@ def _probe_attention(
         raise HookError(f"layer {layer}: attention dropout {dropout} is active; call model.eval() before probing")
     if scaling is None:  # eager's default in every supported architecture
         scaling = query.shape[-1] ** -0.5
+    sinks = kwargs.pop("s_aux", None)  # learned sinks (gpt-oss): one logit per head that no key carries
+    if sinks is not None:
+        sinks = sinks.detach()
     if isinstance(attention_mask, torch.Tensor) or attention_mask is None:
         mask = attention_mask
     else:
@@ -193,16 +189,16 @@ def _probe_attention(
     skip_base = editing and query.shape[2] == 1 and edit.every_row_keyed  # type: ignore[union-attr]
     out: torch.Tensor | None = None
     if not skip_base:
-        if softcap is None:
+        if softcap is None and sinks is None:
             out, _ = sdpa_attention_forward(module, query, key, value, mask, dropout=0.0, scaling=scaling, **kwargs)
         else:
             block = capture.options.block_size if capture is not None else ProbeOptions().block_size
-            out = _blocked_attention(query, key, value, mask, scaling, softcap, block)
+            out = _blocked_attention(query, key, value, mask, scaling, softcap, block, sinks)
     if editing:
         out = edited_attention(edit, int(layer), query, key, value, mask, float(scaling), softcap,  # type: ignore[arg-type]
-                               out)
+                               out, sinks)
     if capture is not None:
-        capture.report(LayerCall(int(layer), query, key, value, mask, float(scaling), softcap, edit, module))
+        capture.report(LayerCall(int(layer), query, key, value, mask, float(scaling), softcap, edit, module, sinks))
     assert out is not None
     return out, None
 

@@ -111,3 +111,15 @@ def allowed_keys(mask: torch.Tensor | None, positions: torch.Tensor, n_keys: int
         return torch.arange(n_keys, device=positions.device)[None, :] <= positions[:, None]
     rows = mask[positions, :]
     return rows if rows.dtype == torch.bool else rows > torch.finfo(rows.dtype).min / 2
+
+
+def softmax_rows(scores: torch.Tensor, sinks: torch.Tensor | None, head_axis: int) -> torch.Tensor:
+    """The softmax of ``scores`` over its last axis; with learned sinks (one logit per head, on ``head_axis``) the
+    sink joins each row's softmax and is dropped from it afterwards, as the architectures with sinks compute it, so
+    the row's weights sum to 1 minus the mass the softmax gave to no key (docs/probes.md#learned-sinks)."""
+    if sinks is None:
+        return torch.softmax(scores, dim=-1)
+    shape = [1] * scores.dim()
+    shape[head_axis] = -1
+    sink = sinks.to(device=scores.device, dtype=scores.dtype).view(shape).expand(*scores.shape[:-1], 1)
+    return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]

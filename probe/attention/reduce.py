@@ -17,6 +17,7 @@ import torch
 
 from probe.attention.measure import BlockReducer, FusedLayer, LayerContext, Measure
 from probe.attention.measures import measures
+from probe.attention.measures.value import has_output_projection
 from probe.attention.plan import ProbePlan
 from probe.attention.result import KEY_KINDS, SegmentAttention
 from probe.attention.segments import PlanTensors, RowBlock
@@ -64,7 +65,8 @@ class LayerReducer:
         ctx = LayerContext(plan=plan, n_heads=n_heads, tensors=tensors, layer=layer, module=module)
         # Value-weighted measures read the module's weights: not where they are offloaded (on the meta device until
         # a hook loads them), nor without a module (rows made by hand).
-        self.with_values = module is not None and all(p.device.type != "meta" for p in module.parameters())
+        self.with_values = module is not None and all(p.device.type != "meta" for p in module.parameters()) \
+            and has_output_projection(module)
         self.ctx = ctx
         self.measures = [m for m in reduced_measures(plan, self.with_values) if m.reducer is not None]
         self.needs_values = any(m.needs_values for m in self.measures)
@@ -120,12 +122,13 @@ def reduced_measures(plan: ProbePlan, with_values: bool = True) -> list[Measure]
     return [m for m in measures() if m.applies(plan) and (with_values or not m.needs_values)]
 
 
-def assemble_result(plan: ProbePlan, layers: list[LayerAggregates]) -> SegmentAttention:
+def assemble_result(plan: ProbePlan, layers: list[LayerAggregates | None]) -> SegmentAttention:
     """Stack the layers' arrays into a :class:`SegmentAttention`, then derive the measures that derive.
 
     Args:
         plan: the probe plan.
-        layers: one :class:`LayerAggregates` per layer, in layer order.
+        layers: one :class:`LayerAggregates` per layer, in layer order; None for a layer without attention (a
+            hybrid model's state-space layer), whose rows of every array are NaN.
 
     Returns:
         The result (float32 arrays).
@@ -134,16 +137,21 @@ def assemble_result(plan: ProbePlan, layers: list[LayerAggregates]) -> SegmentAt
         HookError: a layer reported no array of a measure the plan computes.
     """
     arrays: dict[str, np.ndarray] = {}
-    for m in reduced_measures(plan, all(a.with_values for a in layers)):
+    present = [a for a in layers if a is not None]
+    if not present:
+        raise HookError("no layer of the model reported its attention")
+    for m in reduced_measures(plan, all(a.with_values for a in present)):
         if m.derive is not None:
             arrays[m.id] = np.asarray(m.derive(arrays, plan), dtype=np.float64)
             continue
-        found = [a.arrays[m.id] for a in layers if m.id in a.arrays]
-        if len(found) != len(layers):
-            raise HookError(f"{len(layers) - len(found)} of {len(layers)} layers reported no {m.description} "
+        found = [a.arrays[m.id] for a in present if m.id in a.arrays]
+        if len(found) != len(present):
+            raise HookError(f"{len(present) - len(found)} of {len(present)} layers reported no {m.description} "
                             f"({m.id}) although the probe plan computes it")
-        arrays[m.id] = np.stack(found)  # (L, ...)
-    chance = np.array([a.chance for a in layers], dtype=np.float64)
+        blank = np.full_like(found[0], np.nan, dtype=np.float64)
+        it = iter(found)
+        arrays[m.id] = np.stack([blank if a is None else next(it) for a in layers])  # (L, ...)
+    chance = np.array([np.nan if a is None else a.chance for a in layers], dtype=np.float64)
     o = plan.options
     return SegmentAttention(
         measures={k: v.astype(np.float32) for k, v in arrays.items()},

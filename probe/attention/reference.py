@@ -8,17 +8,19 @@ the tests can hold the engine to it: this module lays out the prompt and runs th
 
 from __future__ import annotations
 
+import sys
 from contextlib import contextmanager
-from typing import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
 from transformers import PreTrainedModel
 
+from probe.attention.architecture import attention_layers, attention_modules, n_layers_of
 from probe.attention.implementation import attention_implementation
 from probe.attention.measure import EagerAttention
 from probe.attention.measures import measures
-from probe.attention.measures.value import output_projection
 from probe.attention.result import KEY_KINDS, SegmentAttention
 from probe.probe_options import ProbeOptions
 from probe.errors import HookError
@@ -35,48 +37,88 @@ def layer_window(config: object, layer: int) -> int | None:
     return window
 
 
-def _visible(n: int, window: int | None) -> np.ndarray:
-    """(n, n) bool: key k visible to query q (k <= q, and q - k < window when windowed)."""
-    q = np.arange(n)[:, None]
-    k = np.arange(n)[None, :]
-    vis = k <= q
-    if window is not None:
-        vis &= (q - k) < window
-    return vis
+@dataclass
+class EagerLayer:
+    """What one layer's own eager attention function computed in the reference forward (float64 numpy).
+
+    Attributes:
+        weights: (H, T, T) attention weights, as ``output_attentions`` gives them (with learned sinks a row sums to
+            1 minus the mass on no key).
+        values: (H_kv, T, Dv) value states the function was handed.
+        visible: (T, T) bool: the keys each query may attend to under the mask the model built for the layer.
+        out_proj: (H · Dv, hidden) the linear map the layer's attention output went into, found by its input (the
+            output, reshaped, exactly), or None where the output was changed first (a gate, a norm).
+    """
+
+    weights: np.ndarray
+    values: np.ndarray
+    visible: np.ndarray
+    out_proj: np.ndarray | None
 
 
 @contextmanager
-def _value_states(model: PreTrainedModel, wanted: bool) -> Iterator[dict[int, tuple[np.ndarray, np.ndarray]]]:
-    """Per layer, the value states (kv_head, T, head_dim) of the forward inside the block, read from the value
-    projection's output by a forward hook (``v_proj``, or the last third of GPT-2's ``c_attn``), and the output
-    projection, both float64 numpy; nothing is hooked unless ``wanted``."""
-    seen: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+def eager_calls(model: PreTrainedModel) -> Iterator[dict[int, EagerLayer]]:
+    """Inside the block, each call of an attention module's own eager function (its modeling module's
+    ``eager_attention_forward``, wrapped) is recorded by the module's ``layer_idx`` once the block ends: the weights
+    it returned, the value states and the mask it was handed, and the output projection its output went into
+    (every ``Linear`` / ``Conv1D`` of the module is hooked; the one whose input equals the output is it). The
+    model's forward must run with ``attn_implementation="eager"``.
+
+    Raises:
+        HookError: an attention module's modeling module has no ``eager_attention_forward``.
+    """
+    seen: dict[int, EagerLayer] = {}
+    raw: dict[int, tuple] = {}
+    inputs: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    patched: dict[Any, Any] = {}
     handles = []
-    if wanted:
-        config = model.config.get_text_config()
-        n_heads = int(config.num_attention_heads)
-        for module in model.modules():
-            layer = getattr(module, "layer_idx", None)
-            fused = getattr(module, "v_proj", None) is None
-            proj = getattr(module, "c_attn" if fused else "v_proj", None)
-            if layer is None or proj is None:
-                continue
-            head_dim = int(getattr(module, "head_dim", config.hidden_size // n_heads))
+    for layer, module in attention_modules(model).items():
+        namespace = sys.modules[type(module).__module__]
+        original = getattr(namespace, "eager_attention_forward", None)
+        if original is None:
+            raise HookError(f"reference: {type(module).__module__} has no eager_attention_forward to record")
+        if namespace not in patched:
+            patched[namespace] = original
 
-            def hook(_m: torch.nn.Module, _inp: object, out: torch.Tensor, layer: int = int(layer),
-                     module: torch.nn.Module = module, head_dim: int = head_dim, fused: bool = fused) -> None:
-                v = out[0].double()  # (T, H_kv * D), or GPT-2's (T, 3 * H * D) = [q | k | v]
-                if fused:
-                    v = v[:, 2 * v.shape[-1] // 3:]
-                v = v.reshape(v.shape[0], -1, head_dim).transpose(0, 1)  # (H_kv, T, D)
-                seen[layer] = (v.cpu().numpy(), output_projection(module).double().detach().cpu().numpy())
+            def recording(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                          attention_mask: torch.Tensor | None, *args: object, _original: Any = original,
+                          **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
+                out, weights = _original(module, query, key, value, attention_mask, *args, **kwargs)
+                raw[int(getattr(module, "layer_idx"))] = (weights, value, attention_mask, out)
+                return out, weights
 
-            handles.append(proj.register_forward_hook(hook))
+            setattr(namespace, "eager_attention_forward", recording)
+        for sub in module.modules():
+            if isinstance(sub, torch.nn.Linear) or type(sub).__name__ == "Conv1D":
+                def pre(m: torch.nn.Module, args: tuple, layer: int = layer) -> None:
+                    weight = m.weight
+                    assert isinstance(weight, torch.Tensor)
+                    weight = weight.T if isinstance(m, torch.nn.Linear) else weight
+                    inputs.setdefault(layer, []).append((args[0].detach(), weight.detach()))
+                handles.append(sub.register_forward_pre_hook(pre))
     try:
         yield seen
     finally:
         for h in handles:
             h.remove()
+        for space, function in patched.items():
+            setattr(space, "eager_attention_forward", function)
+    for layer, (weights, value, mask, out) in raw.items():
+        n = weights.shape[-1]
+        flat = out[0].reshape(out.shape[1], -1).double()  # (T, H * Dv)
+        proj = None
+        for x, w in inputs.get(layer, []):
+            x = x[0].double() if x.dim() == 3 else x.double()
+            if x.shape == flat.shape and torch.allclose(x, flat, rtol=1e-6, atol=1e-7):
+                proj = w.double().cpu().numpy()
+                break
+        if mask is None:
+            visible = np.tril(np.ones((n, n), dtype=bool))
+        else:
+            m = mask[0, 0, -n:, -n:]
+            visible = (m if m.dtype == torch.bool else m == 0).cpu().numpy()
+        seen[layer] = EagerLayer(weights=weights[0].double().cpu().numpy(), values=value[0].double().cpu().numpy(),
+                                 visible=visible, out_proj=proj)
 
 
 def _segments(tokenized: TokenizedPrompt, n: int) -> tuple[list[str], list[str], list[tuple[int, int]]]:
@@ -154,20 +196,24 @@ def reference_segment_attention(
 
     seg_kinds, seg_labels, seg_bounds = _segments(tokenized, n)
     queries = _query_set(opts.query, seg_bounds, seg_kinds, n_prompt, n)
-    needs_values = any(m.needs_values for m in measures())
-    with torch.no_grad(), attention_implementation(model, "eager"), _value_states(model, needs_values) as seen:
+    with torch.no_grad(), attention_implementation(model, "eager"), eager_calls(model) as seen:
         ids = torch.tensor([list(tokenized.input_ids) + gen], device=input_device(model))
-        out = model(ids, output_attentions=True, use_cache=False)
-    attentions = [a[0].double().cpu().numpy() for a in out.attentions]  # L x (H, T, T)
-    values = out_proj = None
-    if needs_values:
-        if sorted(seen) != list(range(len(attentions))):
-            raise HookError(f"reference: value states of layers {sorted(seen)} seen, expected 0..{len(attentions) - 1}")
-        values = [seen[i][0] for i in range(len(attentions))]
-        out_proj = [seen[i][1] for i in range(len(attentions))]
-    config = model.config.get_text_config()
-
-    n_layers = len(attentions)
+        model(ids, use_cache=False)
+    n_layers = n_layers_of(model)
+    expected = list(attention_layers(model))
+    if sorted(seen) != expected:
+        raise HookError(f"reference: eager attention of layers {sorted(seen)} seen, expected {expected}")
+    first = seen[expected[0]]
+    blank = EagerLayer(np.full_like(first.weights, np.nan), np.full_like(first.values, np.nan),
+                       np.ones_like(first.visible), None)
+    layers = [seen.get(i, blank) for i in range(n_layers)]
+    attentions = [e.weights for e in layers]  # L x (H, T, T)
+    values = [e.values for e in layers]
+    # a layer without attention has NaN everywhere; one whose output is gated before its projection has no reference
+    # for the value-weighted measures (their references raise)
+    out_proj = None if any(e.out_proj is None for e in seen.values()) else [
+        np.full((first.out_proj.shape), np.nan) if e.out_proj is None else e.out_proj  # type: ignore[union-attr]
+        for e in layers]
     targets = [i for i, k in enumerate(seg_kinds) if k in ("germane", "question")]
     # Segment order among non-sink prompt segments, for the distance k - j.
     order: dict[int, int] = {}
@@ -175,14 +221,16 @@ def reference_segment_attention(
         if kind not in ("sink", "generated"):
             order[i] = len(order)
     sink_key, ext_key = (_keys_of(kind, seg_bounds, seg_kinds, n) for kind in ("sink", "extraneous"))
-    chance = np.array([_chance(_visible(n, layer_window(config, layer)), queries, ext_key, sink_key,
-                               opts.exclude_sink) for layer in range(n_layers)])
+    chance = np.array([_chance(e.visible, queries, ext_key, sink_key, opts.exclude_sink) if i in seen else np.nan
+                       for i, e in enumerate(layers)])
 
     arrays: dict[str, np.ndarray] = {}
     eager = EagerAttention(attentions=attentions, values=values, out_proj=out_proj, queries=queries, seg_kinds=seg_kinds,
                            seg_labels=seg_labels, seg_bounds=seg_bounds, targets=targets, order=order,
                            sink_key=sink_key, ext_key=ext_key, options=opts, arrays=arrays)
     for m in measures():
+        if m.needs_values and out_proj is None:
+            continue  # the layer's output is gated or normalised before its projection: no ‖v W_O‖ per key
         arrays[m.id] = np.asarray(m.reference(eager), dtype=np.float64)
     return SegmentAttention(
         measures={k: v.astype(np.float32) for k, v in arrays.items()},

@@ -117,8 +117,15 @@ class SegmentAttention:
 
     @property
     def seg_mass(self) -> np.ndarray:
-        """(layer, head, kind) mass of the query set on each key kind, kinds in ``kinds`` order; sums to 1."""
+        """(layer, head, kind) mass of the query set on each key kind, kinds in ``kinds`` order; sums to 1 (to 1
+        minus :attr:`no_key_mass` in a model with learned sinks)."""
         return self["seg_mass"]
+
+    @property
+    def no_key_mass(self) -> np.ndarray:
+        """(layer, head) mass the query set's softmax gave to no key: a learned sink logit's share (gpt-oss;
+        docs/probes.md#learned-sinks), 0 to float32 rounding in other models; NaN in a layer without attention."""
+        return (1.0 - self["seg_mass"].astype(np.float64).sum(axis=-1)).astype(np.float32)
 
     @property
     def seg_mass_segment(self) -> np.ndarray:

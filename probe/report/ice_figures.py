@@ -237,10 +237,15 @@ def draw_measure_layers(result: IceResult, model: str,
     # one panel per load, wide enough for the figure title when there is a single load
     fig = Figure(figsize=(max(6.4, 4.2 * len(loads)), 3.6), layout="constrained")
     axes = fig.subplots(1, len(loads), squeeze=False, sharey=True)[0]
+    absent: set[int] | None = None
     for ax, load in zip(axes, loads):
         for cell in (c for c in cells if c.load == load):
-            with np.errstate(all="ignore"):
-                curve = np.nanmean(cell.values.values, axis=1)
+            values = np.asarray(cell.values.values, dtype=float)
+            has = np.isfinite(values).any(axis=1)
+            curve = np.full(len(values), np.nan)
+            curve[has] = np.nanmean(values[has], axis=1)
+            empty = set(np.flatnonzero(~has).tolist())
+            absent = empty if absent is None else absent & empty
             layers = np.arange(len(curve))
             colour = COND_COLOURS.get(cell.condition, "k")
             ax.plot(layers, curve, color=colour, marker=".", label=f"{cell.condition} {label}")
@@ -254,8 +259,17 @@ def draw_measure_layers(result: IceResult, model: str,
     axes[0].set_ylabel(f"head-mean {label}")
     axes[0].legend(fontsize=7)
     what = "share of (non-sink) attention on extraneous text" if measure == "p_ext" else f"head-mean {label}"
-    fig.suptitle(f"{short(model)}: {what}, by layer", fontsize=11, wrap=True)
+    fig.suptitle(f"{short(model)}: {what}, by layer{no_attention_note(absent)}", fontsize=11, wrap=True)
     return fig
+
+
+def no_attention_note(layers: set[int] | None) -> str:
+    """``; layers 0-3, 5 have no attention (not measured)`` for a hybrid model's layers without attention, else ``""``
+    (docs/probes.md#architectures)."""
+    if not layers:
+        return ""
+    which = f"layer {min(layers)} has" if len(layers) == 1 else f"layers {fmt.int_ranges(sorted(layers))} have"
+    return f"; {which} no attention (not measured)"
 
 
 def draw_ar_k(result: IceResult, model: str) -> Figure | None:

@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 import torch
 from transformers import (
+    BloomConfig,
+    BloomForCausalLM,
     Gemma2Config,
     Gemma2ForCausalLM,
     Gemma3ForCausalLM,
     Gemma3TextConfig,
     GPT2Config,
     GPT2LMHeadModel,
-    GPTNeoXConfig,
-    GPTNeoXForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -289,12 +289,18 @@ def test_layer_reporting_twice_raises() -> None:
         capture.check()
 
 
-def test_unsupported_architecture_is_named() -> None:
-    model = GPTNeoXForCausalLM(GPTNeoXConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
-                                             num_hidden_layers=1, num_attention_heads=4)).eval()
-    with pytest.raises(HookError, match="gpt_neox"):
+def test_a_refused_architecture_is_named_with_the_suites_reason() -> None:
+    model = BloomForCausalLM(BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=1, n_head=4)).eval()
+    with pytest.raises(HookError, match=r"model_type 'bloom'.*AttentionInterface"):
         probe_tokenized(model, make_prompt(seed=12))
     assert model.config._attn_implementation != "ice_probe"
+
+
+def test_an_architecture_the_suite_never_saw_is_refused(monkeypatch) -> None:
+    model = _build("llama")
+    monkeypatch.setattr(model.config, "model_type", "llama-from-the-future")
+    with pytest.raises(HookError, match=r"'llama-from-the-future' was not checked by the conformance suite"):
+        probe_tokenized(model, make_prompt(seed=12))
 
 
 def test_previous_implementation_restored(models) -> None:

@@ -33,23 +33,39 @@ from probe.errors import HookError
 
 
 
+# Names architectures give the linear map that takes an attention module's output (heads x value width) back to the
+# hidden size; the conformance suite checks the one found against the map the attention output really goes into.
+OUTPUT_PROJECTIONS = ("o_proj", "out_proj", "dense", "c_proj", "wo", "Wo", "o", "proj", "attn_out", "out")
+
+
 def output_projection(module: torch.nn.Module) -> torch.Tensor:
-    """(heads · head_dim, hidden) output projection of an attention module, rows = the attention output's dimensions
-    (``o_proj``, a ``Linear``, transposed; GPT-2's ``c_proj``, a ``Conv1D``, as it is).
+    """(heads · value width, hidden) output projection of an attention module, rows = the attention output's
+    dimensions: the first of :data:`OUTPUT_PROJECTIONS` it has that is a ``Linear`` (transposed) or a GPT-2
+    ``Conv1D`` (as it is).
 
     Raises:
-        HookError: the module has neither.
+        HookError: the module has none.
     """
-    o_proj = getattr(module, "o_proj", None)
-    o_proj = getattr(o_proj, "original_component", o_proj)  # TransformerLens wraps the Linear in a bridge
-    if isinstance(o_proj, torch.nn.Linear):
-        return o_proj.weight.T
-    c_proj = getattr(module, "c_proj", None)
-    if isinstance(c_proj, torch.nn.Module) and type(c_proj).__name__ == "Conv1D":
-        weight = c_proj.weight
-        assert isinstance(weight, torch.Tensor)
-        return weight
-    raise HookError(f"{type(module).__name__} has no o_proj or c_proj: its output projection cannot be read")
+    for name in OUTPUT_PROJECTIONS:
+        proj = getattr(module, name, None)
+        proj = getattr(proj, "original_component", proj)  # TransformerLens wraps the Linear in a bridge
+        if isinstance(proj, torch.nn.Linear):
+            return proj.weight.T
+        if isinstance(proj, torch.nn.Module) and type(proj).__name__ == "Conv1D":
+            weight = proj.weight
+            assert isinstance(weight, torch.Tensor)
+            return weight
+    raise HookError(f"{type(module).__name__} has none of {', '.join(OUTPUT_PROJECTIONS)}: its output projection "
+                    "cannot be read")
+
+
+def has_output_projection(module: torch.nn.Module) -> bool:
+    """Whether :func:`output_projection` finds one."""
+    try:
+        output_projection(module)
+    except HookError:
+        return False
+    return True
 
 
 def head_gram(out_rows: torch.Tensor, n_heads: int) -> torch.Tensor:
