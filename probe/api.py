@@ -784,8 +784,9 @@ def show(run: str | Path | Run, prompt_id: str, *, model: LoadedModel | str | No
                             f"{_kind(model)}")
     view = view_prompt(run, prompt_id, model=model, query=query, device=device)
     view.check_selection(layer, head)
-    path = Path(out) if out is not None else load_run(run).folder.show_page(view.model, prompt_id, layer, head)
-    return write_prompt_view(view, path, layer, head)
+    folder = load_run(run).folder
+    path = Path(out) if out is not None else folder.show_page(view.model, prompt_id, layer, head)
+    return write_prompt_view(view, path, layer, head, root=None if out is not None else folder.root)
 
 
 __all__ = ["ArgumentError", "Model", "Run", "analyze", "as_model", "build_prompt", "build_prompts",

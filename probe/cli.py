@@ -311,7 +311,7 @@ def cmd_models(args: argparse.Namespace) -> int:
         return 0 if supported else 1
 
     from probe.errors import ConfigError
-    from probe.loading import availability, card_files, read_card, served_reachability
+    from probe.loading import availability, card_files, hidden_shipped, read_card, served_reachability
 
     cards, rows = [], []
     for name, path in card_files().items():  # a bad card is a row saying what is wrong, not the end of the list
@@ -330,6 +330,9 @@ def cmd_models(args: argparse.Namespace) -> int:
             state = reach[c.name]
             rows.append((c.name, c.backend, "yes" if state == "reachable" else state.split(" (")[0],
                          f"{why}: {state}"))
+    hidden = hidden_shipped()
+    rows = [(r[0], r[1], r[2], f"{r[3]} [your card {hidden[r[0]]} hides the shipped one of this name]")
+            if r[0] in hidden else r for r in rows]
     rows.sort(key=lambda r: r[0])
     w = [max(len(r[i]) for r in rows + [("model", "backend", "loadable", "")]) for i in range(3)]
     print(f"{'model':<{w[0]}}  {'backend':<{w[1]}}  {'loadable':<{w[2]}}  where")

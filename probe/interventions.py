@@ -454,8 +454,9 @@ def write_interventions(run: str | Path | RunFolder, model: str, resolved: Seque
                           f"not {model!r}")
     entries = [e for e in load_interventions(run) if e.model != model]
     entries += [dataclasses.replace(r, model=model) for r in resolved]
-    return write_atomic(RunFolder(run).interventions,
-                        json.dumps([e.to_json() for e in entries], indent=2, ensure_ascii=False))
+    folder = RunFolder(run)
+    return write_atomic(folder.interventions, json.dumps([e.to_json() for e in entries], indent=2, ensure_ascii=False),
+                        root=folder.root)
 
 
 class InterventionsFileError(ConfigError):

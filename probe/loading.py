@@ -46,6 +46,18 @@ def card_dirs() -> list[Path]:
     return [*(Path(p) for p in env.split(os.pathsep) if p), SHIPPED_CARDS]
 
 
+def is_shipped(card: "ModelCard") -> bool:
+    """Whether the card is one the toolkit ships (not a user's, in ``$ICE_PROBE_MODELS`` or given by path)."""
+    return bool(card.card_path) and Path(card.card_path).resolve().parent == SHIPPED_CARDS.resolve()
+
+
+def hidden_shipped() -> dict[str, Path]:
+    """Card name -> the user's card file that hides the shipped card of the same name."""
+    files = card_files()
+    return {name: files[name] for name in sorted(files)
+            if (SHIPPED_CARDS / f"{name}.toml").is_file() and files[name].resolve().parent != SHIPPED_CARDS.resolve()}
+
+
 def card_files() -> dict[str, Path]:
     """Card name (file stem) -> its file, a user's folder before the shipped cards."""
     found: dict[str, Path] = {}
@@ -290,6 +302,13 @@ def availability(card: ModelCard) -> tuple[bool, str]:
     """Whether the card's weights can be loaded here, and a one-line reason. Loads nothing."""
     if card.backend == "openai":
         key = card.api_key_env
+        if key:
+            from probe.backends.openai import check_key_variable
+
+            try:
+                check_key_variable(key, card.card_path or card.name)
+            except ConfigError as e:
+                return False, str(e)
         if key and not os.environ.get(key):
             return False, f"served at {card.base_url}; set ${key}"
         probed = f"probed with {card.probe_with}" if card.probe_with else "behaviour only"

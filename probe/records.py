@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from probe.errors import ProbeError, SpanError
-from probe.runfolder import RunFolder, file_mode
+from probe.runfolder import OutsideRunError, RunFolder, file_mode, inside
 from probe.types import Gold, Prompt, Task, family_of_old_record
 
 log = logging.getLogger(__name__)
@@ -141,18 +141,22 @@ def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
         yield obj
 
 
-def append_jsonl(path: Path, rows: Iterable[dict]) -> int:
+def append_jsonl(path: Path, rows: Iterable[dict], root: Path | None = None) -> int:
     """Append rows and fsync, so that a record on disk is complete. Returns the number written.
 
-    A half-written last line (a crash mid-write) is cut off first: it was never a record.
+    A half-written last line (a crash mid-write) is cut off first: it was never a record. The file is never opened
+    through a link, and with ``root`` (the run folder) no folder on the way may be one
+    (:func:`probe.runfolder.inside`).
     """
     rows = list(rows)
     if not rows:
         return 0
     path = Path(path)
+    if root is not None:
+        inside(root, path)
     path.parent.mkdir(parents=True, exist_ok=True)
     _drop_partial_last_line(path)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, file_mode())
+    fd = _open_no_link(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     with os.fdopen(fd, "a", encoding="utf-8") as fh:
         for r in rows:
             fh.write(json.dumps(r, ensure_ascii=False) + "\n")
@@ -161,13 +165,16 @@ def append_jsonl(path: Path, rows: Iterable[dict]) -> int:
     return len(rows)
 
 
-def write_jsonl(path: Path, rows: Iterable[dict]) -> int:
+def write_jsonl(path: Path, rows: Iterable[dict], root: Path | None = None) -> int:
     """Write ``path`` whole (under a temporary name, fsynced, then renamed): readers see the old file or the new.
+    With ``root`` (the run folder) no link may lie on the way (:func:`probe.runfolder.inside`).
 
     Returns:
         The number of rows written.
     """
     path = Path(path)
+    if root is not None:
+        inside(root, path)
     tmp = path.with_name(path.name + ".tmp")
     tmp.unlink(missing_ok=True)
     try:
@@ -181,10 +188,21 @@ def write_jsonl(path: Path, rows: Iterable[dict]) -> int:
     return n
 
 
+def _open_no_link(path: Path, flags: int) -> int:
+    """``os.open`` that refuses a link at ``path`` (O_NOFOLLOW), naming it."""
+    try:
+        return os.open(path, flags | getattr(os, "O_NOFOLLOW", 0), file_mode())
+    except OSError as e:
+        if path.is_symlink():
+            raise OutsideRunError(f"{path}: is a link (to {os.readlink(path)}); records are never written through a "
+                                  "link. Remove it, then run the command again") from None
+        raise e
+
+
 def _drop_partial_last_line(path: Path) -> None:
     if not path.exists() or path.stat().st_size == 0:
         return
-    with path.open("rb+") as fh:
+    with os.fdopen(_open_no_link(path, os.O_RDWR), "rb+") as fh:
         data = fh.read()
         if data.endswith(b"\n"):
             return

@@ -65,8 +65,8 @@ from pathlib import Path
 from typing import Callable
 
 from probe.errors import ConfigError, ProbeError, UnknownNameError
-from probe.records import TrialRecord, append_jsonl, make_trial_id
-from probe.runfolder import RunFolder, make_prompt_id
+from probe.records import TrialRecord, make_trial_id, write_jsonl
+from probe.runfolder import RunFolder, make_prompt_id, write_atomic
 from probe.types import CONDITIONS, Task
 log = logging.getLogger(__name__)
 
@@ -488,7 +488,9 @@ def import_external(
     """Re-score another tool's trial file into a run folder.
 
     Writes ``trials.jsonl`` (replacing any earlier import) and ``manifest.json`` (``imported_from``: the source
-    file, its sha256, the mapping and the truncation rule, an :class:`ImportSummary`) into ``out_dir``.
+    file, its sha256, the mapping and the truncation rule, an :class:`ImportSummary`) into ``out_dir``, which must
+    be new, empty or an earlier import: a probe run's folder (its config or prompts) and a folder that is not a run
+    folder are refused, and nothing in them changes.
 
     Args:
         path: the external CSV/JSONL file.
@@ -500,16 +502,24 @@ def import_external(
 
     Returns:
         (the run folder, the :class:`ImportSummary`).
+
+    Raises:
+        ExternalTrialsError: the file cannot be read, or ``out_dir`` holds what an import must not replace.
     """
     path = Path(path)
     trials, summary = load_external_trials(path, mapping, aliases=aliases, max_new_tokens=max_new_tokens,
                                            tokenizer=tokenizer)
     out = RunFolder(Path(out_dir) if out_dir is not None
                     else Path("outputs") / re.sub(r"[^A-Za-z0-9._-]+", "-", path.stem))
+    earlier = out.foreign() == [] and not out.config.exists() and not out.prompts.exists()
+    if not earlier:  # a probe run's records, or a folder that is not a run folder: never replaced
+        found = ", ".join(out.foreign() or [p.name for p in (out.config, out.prompts) if p.exists()])
+        raise ExternalTrialsError(f"{out.root}: holds {found}, which an import would replace; nothing was written. "
+                                  "Import into a new folder (--out)")
     out.root.mkdir(parents=True, exist_ok=True)
-    out.trials.unlink(missing_ok=True)
-    append_jsonl(out.trials, (t.to_dict() for t in trials))
-    out.manifest.write_text(json.dumps({"imported_from": asdict(summary)}, indent=1), encoding="utf-8")
+    out.mark()
+    write_jsonl(out.trials, (t.to_dict() for t in trials), root=out.root)
+    write_atomic(out.manifest, json.dumps({"imported_from": asdict(summary)}, indent=1), root=out.root)
     return out, summary
 
 

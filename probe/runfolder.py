@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import logging
 import re
 import time
@@ -59,6 +60,7 @@ FIGURES_DIR = "figures"
 TABLES_DIR = "tables"
 SHOW_DIR = "show"
 LOCK = "run.lock"
+MARKER = ".ice-probe-run"  # written into every run folder the toolkit makes: what --force may move aside
 SUPERSEDED_PREFIX = "superseded-"
 FILE_MODE = 0o666  # every file of a run folder, less the umask (as open() makes): records, config, probe records
 
@@ -299,6 +301,29 @@ class RunFolder:
             paths += sorted(self.attention_root.rglob("*.npz"))
         return [p for p in paths if p.stat().st_size > 0]
 
+    def foreign(self) -> list[str]:
+        """What makes the folder not a run folder of the toolkit: [] when it is absent, empty (or holds only a lock),
+        or the toolkit's (its marker, or, written before the marker existed, a run's manifest.json or prompts.jsonl);
+        else the names it holds (the first five). Nothing else is ever overwritten or moved aside."""
+        if not self.root.is_dir():
+            return []
+        names = sorted(p.name for p in self.root.iterdir() if p.name != LOCK)
+        if not names or MARKER in names or PROMPTS in names or (MANIFEST in names and self._manifest_is_a_run()):
+            return []
+        return names[:5] + (["..."] if len(names) > 5 else [])
+
+    def _manifest_is_a_run(self) -> bool:
+        try:
+            data = json.loads(self.manifest.read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError):
+            return False
+        return isinstance(data, dict) and ("toolkit_commit" in data or "imported_from" in data)
+
+    def mark(self) -> None:
+        """Write the marker that makes the folder a run folder of the toolkit (:meth:`foreign`)."""
+        if not (self.root / MARKER).is_file():
+            write_atomic(self.root / MARKER, "a run folder of ICE-Probe (docs/records.md#run-folder)\n", root=self.root)
+
     def supersede(self) -> Path | None:
         """Move every file and folder of the run (all but the lock and earlier superseded runs) into a new
         ``superseded-<time>/`` folder of the run folder; returns it (None when there was nothing to move)."""
@@ -404,19 +429,57 @@ def file_mode() -> int:
 _MODE: int | None = None
 
 
-def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> Path:
-    """Write ``path`` whole under a temporary name in its folder, fsynced, then renamed into place (mode
-    :data:`FILE_MODE` less the umask): a reader sees the old file or the new, and a failure (a full disk) leaves
-    the old file and no temporary one.
+class OutsideRunError(ProbeError):
+    """A write would leave the run folder through a link (the message names the link and what to do)."""
+
+
+def inside(root: str | os.PathLike[str], path: str | os.PathLike[str]) -> Path:
+    """``path``, after checking that a write to it stays inside the folder ``root``: it lies under ``root``, and no
+    folder between them, nor ``path`` itself, is a symbolic link (a run folder received from elsewhere may hold
+    links planted to send the toolkit's writes anywhere).
 
     Raises:
+        OutsideRunError: naming the link (and where it points) or the path outside ``root``.
+    """
+    root, path = Path(root), Path(path)
+    try:
+        rel = path.relative_to(root)
+    except ValueError:
+        raise OutsideRunError(f"{path}: outside the folder {root} being written") from None
+    here = root
+    for part in rel.parts:
+        if part == "..":
+            raise OutsideRunError(f"{path}: leaves the folder {root} being written ('..')")
+        here = here / part
+        if here.is_symlink():
+            raise OutsideRunError(
+                f"{here}: is a link (to {os.readlink(here)}); the toolkit writes a run folder's files only inside "
+                f"it and never through a link. Remove the link (a folder received from elsewhere may carry one), then "
+                "run the command again")
+    return path
+
+
+def write_atomic(path: str | os.PathLike[str], data: bytes | str,
+                 root: str | os.PathLike[str] | None = None) -> Path:
+    """Write ``path`` whole under a temporary name in its folder, fsynced, then renamed into place (mode
+    :data:`FILE_MODE` less the umask): a reader sees the old file or the new, and a failure (a full disk) leaves
+    the old file and no temporary one. With ``root`` (the run folder), the write is refused when it would go
+    through a link (:func:`inside`) and the folders on the way are made; the temporary file is never opened through
+    one.
+
+    Raises:
+        OutsideRunError: ``path`` is not inside ``root``, or a link lies on the way.
         OSError: the write failed (the temporary file is removed first).
     """
     path = Path(path)
+    if root is not None:
+        inside(root, path)
+        path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     raw = data.encode("utf-8") if isinstance(data, str) else data
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, file_mode())
+        tmp.unlink(missing_ok=True)  # a link planted under the temporary name goes, not what it points to
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), file_mode())
         with os.fdopen(fd, "wb") as fh:
             fh.write(raw)
             fh.flush()
@@ -428,5 +491,5 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> Path:
     return path
 
 
-__all__ = ["PromptIdError", "PromptKey", "RunFolder", "RunLock", "RunLockedError", "escape_part", "folder_name_problem",
-           "make_prompt_id", "parse_prompt_id", "record_stem", "stem_name", "unescape_part", "file_mode", "write_atomic"]
+__all__ = ["OutsideRunError", "PromptIdError", "PromptKey", "RunFolder", "RunLock", "RunLockedError", "escape_part",
+           "folder_name_problem", "inside", "make_prompt_id", "parse_prompt_id", "record_stem", "stem_name", "unescape_part", "file_mode", "write_atomic"]

@@ -172,11 +172,11 @@ def write_analysis(analysis: Analysis, run: RunFolder) -> Path:
     if arrays:
         buf = io.BytesIO()
         np.savez_compressed(buf, **arrays)  # type: ignore[arg-type]  # numpy's stub: kwargs
-        write_atomic(run.attention_summary, buf.getvalue())
+        write_atomic(run.attention_summary, buf.getvalue(), root=run.root)
         data[ARRAYS_SHA256] = hashlib.sha256(buf.getvalue()).hexdigest()
     else:
         run.attention_summary.unlink(missing_ok=True)  # an earlier analysis' arrays would not match this one
-    return write_atomic(run.analysis, json.dumps(data, indent=1, allow_nan=False, ensure_ascii=False))
+    return write_atomic(run.analysis, json.dumps(data, indent=1, allow_nan=False, ensure_ascii=False), root=run.root)
 
 
 def _read_arrays(run: RunFolder, sha: Any, redo: str) -> dict[str, np.ndarray]:

@@ -17,7 +17,7 @@ from probe.analysis.results import Analysis, AnalysisFileError, read_analysis
 from probe.errors import ProbeError
 from probe.report.html import esc, page
 from probe.report.sections import ReportContext, report_section
-from probe.runfolder import RunFolder
+from probe.runfolder import RunFolder, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +81,7 @@ def compare_runs(run_dirs: list[Path], out: Path) -> Path:
         section = report_section("interventions")
         parts.append(section.compare(section.merge(with_interventions), ctx))
     body = f"<h1>ICE-Probe comparison of {len(run_dirs)} run(s)</h1><ul>{runs}</ul>" + "".join(parts)
-    folder.root.mkdir(parents=True, exist_ok=True)
-    folder.report.write_text(page("ICE-Probe comparison", body), encoding="utf-8")
+    write_atomic(folder.report, page("ICE-Probe comparison", body), root=folder.root)
     log.info("%s: comparison of %d runs", folder.report, len(run_dirs))
     return folder.report
 

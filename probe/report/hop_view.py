@@ -21,7 +21,7 @@ from probe.attention.answer import AnswerAttention
 from probe.errors import ProbeError
 from probe.records import load_prompts, load_task_records, load_trials, make_trial_id
 from probe.report.show import CSS, KIND_COLOURS, esc
-from probe.runfolder import RunFolder
+from probe.runfolder import RunFolder, write_atomic
 
 LABEL_COLOURS = {"read_right_fact": "#1b9e77", "read_distractor": "#d95f02", "other": "#7570b3",
                  "not_named": "#999999"}
@@ -169,10 +169,10 @@ def write_answer_steps(run_dir: str | Path | RunFolder, model: str, prompt_id: s
     texts = segment_texts(prompt, answer)
     rows = track_trial(answer, trial, task, texts).rows
     out = Path(path) if path is not None else run.show_page(model, prompt_id).with_suffix(".answer.html")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_answer_steps(answer, trial.output, answer.chars, rows, texts, f"{model} · {prompt_id}",
-                                       layer, head), encoding="utf-8")
-    return out
+    if path is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    page = render_answer_steps(answer, trial.output, answer.chars, rows, texts, f"{model} · {prompt_id}", layer, head)
+    return write_atomic(out, page, root=None if path is not None else run.root)
 
 
 __all__ = ["render_answer_steps", "write_answer_steps"]

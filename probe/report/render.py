@@ -64,9 +64,10 @@ def render_report(run_dir: str | Path | RunFolder) -> Path:
     body = (_header(analysis, title) + sections
             + (f"<h2>Notes</h2><ul>{notes}</ul>" if notes else "")
             + f"<h2>Methods</h2><ul>{methods}</ul>")
-    run.report.write_text(page(title, body), encoding="utf-8")
+    write_atomic(run.report, page(title, body), root=run.root)
     if ctx.drawn:  # the figures in the report's order, with its captions (the results page follows it)
-        write_atomic(run.figure_index, json.dumps([{"file": f.name, "caption": c} for f, c in ctx.drawn], indent=1))
+        write_atomic(run.figure_index, json.dumps([{"file": f.name, "caption": c} for f, c in ctx.drawn], indent=1),
+                     root=run.root)
     log.info("%s: report with %d figures", run.report, len(ctx.drawn))
     return run.report
 

@@ -25,6 +25,7 @@ from probe.analysis.estimates import Cell
 from probe.config import AnalysisSection
 from probe.registry import Registry
 from probe.report.html import fig_png, figure_block
+from probe.runfolder import write_atomic
 
 Rows = list[dict[str, Any]]
 
@@ -53,9 +54,7 @@ class ReportContext:
             return ""
         png = fig_png(fig)
         if self.figures_dir is not None:
-            self.figures_dir.mkdir(parents=True, exist_ok=True)
-            path = self.figures_dir / f"{stem}.png"
-            path.write_bytes(png)
+            path = write_atomic(self.figures_dir / f"{stem}.png", png, root=self.figures_dir.parent)
             self.drawn.append((path, caption))
         return figure_block(png, caption, stem)
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from probe.prompt_view import PromptView
+from probe.runfolder import write_atomic
 
 # Segment kinds: border and chip colours (shading is blue, so no kind is drawn in blue).
 KIND_COLOURS: dict[str, str] = {
@@ -313,13 +314,15 @@ def render_prompt_view(view: PromptView, layer: int | None = None, head: int | N
             f"<style>{CSS}</style></head><body>{body}</body></html>")
 
 
-def write_prompt_view(view: PromptView, path: str | Path, layer: int | None = None, head: int | None = None) -> Path:
-    """Write :func:`render_prompt_view`'s page to ``path`` (folders created); returns the path."""
+def write_prompt_view(view: PromptView, path: str | Path, layer: int | None = None, head: int | None = None,
+                      root: str | Path | None = None) -> Path:
+    """Write :func:`render_prompt_view`'s page to ``path`` (folders created); returns the path. With ``root`` (the
+    run folder, for the default page inside it) no link may lie on the way (:func:`probe.runfolder.inside`)."""
     path = Path(path)
     text = render_prompt_view(view, layer, head)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
-    return path
+    if root is None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    return write_atomic(path, text, root=root)
 
 
 __all__ = ["KIND_COLOURS", "render_prompt_view", "selection_words", "write_prompt_view"]

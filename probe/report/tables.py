@@ -21,7 +21,7 @@ from probe.config import AnalysisSection
 from probe.records_import import ImportSummary
 from probe.report.sections import ReportSection, Rows, report_section
 from probe.report.text import MAIN_HEADER, PATH_LEGEND, cell_row
-from probe.runfolder import RunFolder
+from probe.runfolder import RunFolder, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,6 @@ def write_tables(analysis: Analysis, run_dir: str | Path | RunFolder) -> list[Pa
         The paths written.
     """
     run = run_dir if isinstance(run_dir, RunFolder) else RunFolder(run_dir)
-    run.tables.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     parts: list[tuple[str, object]] = list(analysis.families.items())
     if analysis.interventions is not None:
@@ -150,9 +149,9 @@ def write_tables(analysis: Analysis, run_dir: str | Path | RunFolder) -> list[Pa
     for name, result in parts:
         for table, rows in report_section(name).tables(result):
             path = run.tables / f"{table}.csv"
-            path.write_text(csv_text(rows), encoding="utf-8")
+            write_atomic(path, csv_text(rows), root=run.root)
             written.append(path)
-    run.analysis_md.write_text(render_markdown(analysis), encoding="utf-8")
+    write_atomic(run.analysis_md, render_markdown(analysis), root=run.root)
     written.append(run.analysis_md)
     log.info("%s: analysis.md and %d tables written", run.root, len(written) - 1)
     return written

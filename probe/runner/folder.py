@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 from probe.config import ExperimentConfig, dump_config, read_run_config
 from probe.errors import ConfigError
-from probe.loading import ModelCard, get_card
+from probe.loading import ModelCard, get_card, is_shipped
 from probe.records import RecordError, check_records, load_trials, write_jsonl
 from probe.runfolder import RunFolder, write_atomic
 
@@ -75,10 +75,15 @@ def check_run_dir(cfg: ExperimentConfig, force: bool = False) -> list[str]:
     Raises:
         RecordError: a record file of the folder holds a damaged line (unless ``force`` starts a run of another
             configuration over, which moves the file aside as it is).
-        ConfigError: the folder holds records of a different configuration, or a config that cannot be read,
+        ConfigError: the folder is not a run folder of the toolkit (:meth:`RunFolder.foreign`), whatever
+            ``force`` says; or it holds records of a different configuration, or a config that cannot be read,
             and ``force`` is not given; the message names the keys that differ.
     """
     run = cfg.run_folder
+    foreign = run.foreign()
+    if foreign:
+        raise ConfigError(f"{run.root}: not a run folder of ICE-Probe (it holds {', '.join(foreign)}); nothing was "
+                          "written or moved. Give the experiment another name (--name) or output folder (--output-dir)")
     damaged: RecordError | None = None
     try:
         check_records(run)
@@ -138,8 +143,9 @@ def prepare_run_dir(cfg: ExperimentConfig, force: bool = False) -> Path:
                         "the run starts over", run.root, "; ".join(diffs), moved)
     text = dump_config(cfg)
     run.root.mkdir(parents=True, exist_ok=True)
+    run.mark()
     if not run.config.is_file() or run.config.read_bytes() != text.encode("utf-8"):
-        write_atomic(run.config, text)
+        write_atomic(run.config, text, root=run.root)
     return run.root
 
 
@@ -155,6 +161,7 @@ def _card_entry(card: ModelCard, revisions: dict[str, str]) -> dict:
     """Where a card's weights come from, as the manifest records them; a served card that is probed two-stage
     carries its local card's entry under ``probe_with``."""
     entry: dict[str, Any] = {
+        "card_file": card.card_path or None, "shipped": is_shipped(card),
         "source": card.source, "backend": card.backend, "hub_id": card.hub_id, "package": card.package,
         "gguf_file": card.gguf_file, "path": card.path, "base_url": card.base_url, "served_model": card.served_model,
         "revision": revisions.get(card.name) or card.revision, "dtype": card.dtype}
@@ -183,7 +190,8 @@ def write_manifest(run: str | Path | RunFolder, cfg: ExperimentConfig, cards: Se
         "models": {c.name: _card_entry(c, revisions) for c in cards},
         "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    write_atomic(RunFolder(run).manifest, json.dumps(manifest, indent=2, ensure_ascii=False))
+    folder = RunFolder(run)
+    write_atomic(folder.manifest, json.dumps(manifest, indent=2, ensure_ascii=False), root=folder.root)
 
 
 def trials_path(run: str | Path | RunFolder, rank: int, world: int) -> Path:
@@ -207,7 +215,8 @@ def merge_shards(run: str | Path | RunFolder) -> int:
         for t in load_trials(s):
             if t.trial_id not in merged or merged[t.trial_id].error is not None:
                 merged[t.trial_id] = t
-    write_jsonl(run.trials, (t.to_dict() for t in sorted(merged.values(), key=lambda t: t.trial_id)))
+    write_jsonl(run.trials, (t.to_dict() for t in sorted(merged.values(), key=lambda t: t.trial_id)),
+                root=run.root)
     for s in shards:
         s.unlink()
     return len(merged)

@@ -27,7 +27,7 @@ from probe.errors import ConfigError
 from probe.loading import ModelCard, get_card, load_tokenizer
 from probe.prompts.tokenize import encode_prompt
 from probe.records import TrialRecord, load_trials
-from probe.runfolder import write_atomic
+from probe.runfolder import inside, write_atomic
 from probe.types import Prompt, TokenizedPrompt
 
 log = logging.getLogger(__name__)
@@ -198,10 +198,9 @@ def _save(cfg: ExperimentConfig, model: str, item: _Item, att: SegmentAttention)
     """The probe under the prompt id of every trial of the item (atomic writes; the first one written once)."""
     run = cfg.run_folder
     paths = [run.attention_record(model, r.prompt_id) for r in item.records]
-    att.save(paths[0])
+    att.save(inside(run.root, paths[0]))
     for p in paths[1:]:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(p, paths[0].read_bytes())
+        write_atomic(p, paths[0].read_bytes(), root=run.root)
 
 
 __all__ = ["ENGINE_IDS", "ForcedSummary", "RETOKENIZED", "answer_ids", "check_served_tokenizer", "pending_records",

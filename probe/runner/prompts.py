@@ -92,7 +92,7 @@ def build_run_prompts(cfg: ExperimentConfig, progress: bool = True,
     shared: dict = {}  # distractor sequences do not depend on the tokenizer: drawn once for every group
     if any(name not in existing for name in groups) or not run.tasks.is_file():  # (an older folder has none)
         tasks = tasks if tasks is not None else load_all_tasks(cfg)
-        write_jsonl(run.tasks, (t.to_dict() for t in tasks))
+        write_jsonl(run.tasks, (t.to_dict() for t in tasks), root=run.root)
     for tok_name, cards in groups.items():
         prompts = existing.get(tok_name)
         if prompts is None:
@@ -106,7 +106,7 @@ def build_run_prompts(cfg: ExperimentConfig, progress: bool = True,
             for task in tqdm(tasks, desc=f"build prompts [{tok_name}]", disable=not progress, unit="task"):
                 prompts += builder.build_all([task])
             on_disk += prompts
-            write_jsonl(run.prompts, (p.to_dict() for p in on_disk))
+            write_jsonl(run.prompts, (p.to_dict() for p in on_disk), root=run.root)
         for c in cards:
             by_model[c.name] = prompts
     return by_model

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -271,21 +270,21 @@ def _write_merged(run: RunFolder, shard_cfg: ExperimentConfig, by: dict[int, Pat
                              "(move it aside), or analyse it as it is")
         first = RunFolder(by[1])
         run.root.mkdir(parents=True, exist_ok=True)
-        write_atomic(run.config, dump_config(cfg))
+        run.mark()
+        write_atomic(run.config, dump_config(cfg), root=run.root)
         for src in (first.prompts, first.tasks, first.interventions):
             if src.is_file():
-                shutil.copyfile(src, run.root / src.name)
+                write_atomic(run.root / src.name, src.read_bytes(), root=run.root)
         manifest = json.loads(first.manifest.read_text()) if first.manifest.is_file() else {}
         manifest["shards"] = [{"shard": f"{i}/{len(by)}", "folder": str(f),
                                "written": json.loads(RunFolder(f).manifest.read_text()).get("written")
                                if RunFolder(f).manifest.is_file() else None} for i, f in by.items()]
-        write_atomic(run.manifest, json.dumps(manifest, indent=2, ensure_ascii=False))
+        write_atomic(run.manifest, json.dumps(manifest, indent=2, ensure_ascii=False), root=run.root)
         for rel, src in records.items():
-            dest = run.root / rel
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, dest)
+            write_atomic(run.root / rel, src.read_bytes(), root=run.root)
         ordered = _ordered(trials, prompts, cfg, _models(first))
-        write_jsonl(run.trials, (t.to_dict() for t in ordered))  # last: a folder with trials is a merged one
+        # last: a folder with trials is a merged one
+        write_jsonl(run.trials, (t.to_dict() for t in ordered), root=run.root)
     return MergeSummary(run_dir=run.root, shards=tuple(by.values()), n_trials=len(ordered),
                         n_errors=sum(t.error is not None for t in ordered), n_probe_records=len(records))
 

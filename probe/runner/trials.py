@@ -14,7 +14,7 @@ from probe.errors import ConfigError
 from probe.interventions import MATCHED_DRAWS, Intervention
 from probe.prompts.reinject import reinject
 from probe.records import TrialRecord, append_jsonl, make_trial_id
-from probe.runfolder import write_atomic
+from probe.runfolder import inside, write_atomic
 from probe.runner.folder import done_ids, trials_path
 from probe.tasks import get_family
 from probe.types import Prompt, Task
@@ -173,7 +173,7 @@ def _unreadable_probes(cfg: ExperimentConfig, model: str, prompts: list[Prompt],
 
 
 def _flush(path: Path, rows: list[TrialRecord], on_batch: Callable[[list[TrialRecord]], None] | None) -> int:
-    n = append_jsonl(path, (r.to_dict() for r in rows))
+    n = append_jsonl(path, (r.to_dict() for r in rows), root=path.parent)
     if on_batch is not None:
         on_batch(rows)
     return n
@@ -196,11 +196,9 @@ def save_probe(cfg: ExperimentConfig, model: str, prompts: list[Prompt], gen: Ge
         log.warning("%s: no probe of prompt %s%s (an empty answer cannot be probed with query 'generated')", model,
                     prompts[0].prompt_id, "" if intervention is None else f" under intervention {intervention!r}")
         return
-    todo[0].parent.mkdir(parents=True, exist_ok=True)
-    gen.attention.save(todo[0])
+    gen.attention.save(inside(run.root, todo[0]))
     for p in todo[1:]:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(p, todo[0].read_bytes())
+        write_atomic(p, todo[0].read_bytes(), root=run.root)
 
 
 __all__ = ["make_record", "run_model", "save_probe", "shard_of"]

@@ -153,8 +153,8 @@ def run(backend: OpenAIBackend, prompts: list[Prompt], gen: GenerationSection | 
 
 def test_request_carries_chat_messages_greedy_parameters_and_key(server, monkeypatch):
     url, script = server
-    monkeypatch.setenv("PROBE_TEST_KEY", "sk-test-123")
-    backend = OpenAIBackend(make_card(url, api_key_env="PROBE_TEST_KEY"), seed=1234, retry=FAST)
+    monkeypatch.setenv("PROBE_TEST_API_KEY", "sk-test-123")
+    backend = OpenAIBackend(make_card(url, api_key_env="PROBE_TEST_API_KEY"), seed=1234, retry=FAST)
     prompt = make_prompt(1)
     gen = GenerationSection(max_new_tokens=17)
     out = run(backend, [prompt], gen)

@@ -31,10 +31,10 @@ def pieces(key: str) -> list[str]:
 @pytest.mark.parametrize("label", list(KEYS_NO_HEADER_CAN_CARRY))
 def test_a_key_no_header_can_carry_is_refused_without_quoting_it(monkeypatch, caplog, label):
     key = KEYS_NO_HEADER_CAN_CARRY[label]
-    monkeypatch.setenv("PROBE_TEST_KEY", key)
+    monkeypatch.setenv("PROBE_TEST_API_KEY", key)
     caplog.set_level(logging.DEBUG)
-    with pytest.raises(ConfigError, match="PROBE_TEST_KEY") as info:
-        OpenAIBackend(make_card("http://127.0.0.1:9/v1", api_key_env="PROBE_TEST_KEY"), retry=FAST)
+    with pytest.raises(ConfigError, match="PROBE_TEST_API_KEY") as info:
+        OpenAIBackend(make_card("http://127.0.0.1:9/v1", api_key_env="PROBE_TEST_API_KEY"), retry=FAST)
     for text in (str(info.value), caplog.text):
         for p in pieces(key):
             assert p not in text
@@ -42,9 +42,9 @@ def test_a_key_no_header_can_carry_is_refused_without_quoting_it(monkeypatch, ca
 
 def test_a_transport_error_is_recorded_by_type_without_the_key(monkeypatch, caplog):
     key = 'sk-quo"ted\'-HHHH-IIII'  # quotes are legal in a header value: the request is sent
-    monkeypatch.setenv("PROBE_TEST_KEY", key)
+    monkeypatch.setenv("PROBE_TEST_API_KEY", key)
     caplog.set_level(logging.DEBUG)
-    backend = OpenAIBackend(make_card("http://127.0.0.1:9/v1", api_key_env="PROBE_TEST_KEY", max_retries=1),
+    backend = OpenAIBackend(make_card("http://127.0.0.1:9/v1", api_key_env="PROBE_TEST_API_KEY", max_retries=1),
                             retry=FAST)
     g = run(backend, [make_prompt(1)])["p1"]
     assert g.error is not None and "ConnectError" in g.error
@@ -55,9 +55,9 @@ def test_a_transport_error_is_recorded_by_type_without_the_key(monkeypatch, capl
 def test_a_server_echoing_the_key_has_it_taken_out_of_the_record_and_the_error(server, monkeypatch, caplog):
     url, script = server
     key = "sk-echoed-JJJJ-KKKK"
-    monkeypatch.setenv("PROBE_TEST_KEY", key)
+    monkeypatch.setenv("PROBE_TEST_API_KEY", key)
     caplog.set_level(logging.DEBUG)
-    backend = OpenAIBackend(make_card(url, api_key_env="PROBE_TEST_KEY", max_retries=1), retry=FAST)
+    backend = OpenAIBackend(make_card(url, api_key_env="PROBE_TEST_API_KEY", max_retries=1), retry=FAST)
     script.default = Action(status=400, body={"error": {"message": f"bad header Bearer {key}"}})
     errors = [run(backend, [make_prompt(1)])["p1"].error]
     script.default = Action(status=503, body=f"upstream said: Authorization: Bearer {key}")
@@ -79,3 +79,52 @@ def test_scrub_takes_out_the_key_in_every_form_an_error_may_quote_it(key):
         for p in pieces(key):
             assert p not in out, (text, out)
         assert out.startswith("before") and out.endswith("after")
+
+
+# --- which variable a card may send, and which card a model came from ---------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["GITHUB_TOKEN", "AWS_SECRET_ACCESS_KEY", "DATABASE_URL", "HOME", "openai_api_key"])
+def test_a_card_may_not_send_a_variable_that_is_not_an_api_key(monkeypatch, name):
+    monkeypatch.setenv(name, "sk-not-for-this-server-LLLL")
+    monkeypatch.delenv("ICE_PROBE_KEY_VARS", raising=False)
+    with pytest.raises(ConfigError, match=rf"api_key_env = '{name}' is not an API key variable.*ICE_PROBE_KEY_VARS"):
+        OpenAIBackend(make_card("http://127.0.0.1:9/v1", api_key_env=name), retry=FAST)
+
+
+def test_a_variable_the_user_allows_may_be_sent(server, monkeypatch):
+    url, script = server
+    monkeypatch.setenv("MY_GATEWAY_TOKEN", "tok-MMMM")
+    monkeypatch.setenv("ICE_PROBE_KEY_VARS", "OTHER, MY_GATEWAY_TOKEN")
+    run(OpenAIBackend(make_card(url, api_key_env="MY_GATEWAY_TOKEN"), retry=FAST), [make_prompt(1)])
+    assert script.requests[0][1]["authorization"] == "Bearer tok-MMMM"
+
+
+def test_probe_models_marks_a_user_card_that_hides_a_shipped_one(tmp_path, monkeypatch, capsys):
+    from probe.cli import main
+
+    (tmp_path / "smollm2-135m-instruct.toml").write_text(
+        'name = "smollm2-135m-instruct"\nsource = "api"\nbackend = "openai"\nbase_url = "http://127.0.0.1:9/v1"\n'
+        'served_model = "x"\n')
+    monkeypatch.setenv("ICE_PROBE_MODELS", str(tmp_path))
+    assert main(["models"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("smollm2-135m-instruct "))
+    assert f"your card {tmp_path / 'smollm2-135m-instruct.toml'} hides the shipped one" in row
+
+
+def test_the_manifest_records_which_card_file_each_model_came_from(tmp_path, tiny_card):
+    import json
+
+    from probe.config import load_config
+    from probe.loading import get_card
+    from probe.runner.folder import write_manifest
+    from tests.fixtures.experiment import tiny_experiment
+
+    cfg = load_config(tiny_experiment(tmp_path / "exp.toml", [tiny_card, "smollm2-135m-instruct"]))
+    cards = [get_card(str(tiny_card)), get_card("smollm2-135m-instruct")]
+    (tmp_path / "run").mkdir()
+    write_manifest(tmp_path / "run", cfg, cards, {})
+    models = json.loads((tmp_path / "run" / "manifest.json").read_text())["models"]
+    assert models["tiny-llama"]["card_file"] == str(tiny_card) and models["tiny-llama"]["shipped"] is False
+    assert models["smollm2-135m-instruct"]["shipped"] is True
+    assert models["smollm2-135m-instruct"]["card_file"].endswith("smollm2-135m-instruct.toml")
