@@ -21,6 +21,7 @@ import hashlib
 import importlib.util
 import logging
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -44,6 +45,29 @@ def card_dirs() -> list[Path]:
     cards, ``os.pathsep``-separated), then the shipped cards."""
     env = os.environ.get("ICE_PROBE_MODELS", "")
     return [*(Path(p) for p in env.split(os.pathsep) if p), SHIPPED_CARDS]
+
+
+KEY_VARIABLE = re.compile(r"[A-Z][A-Z0-9_]*_API_KEY")
+ALLOWED_KEY_VARIABLES = "ICE_PROBE_KEY_VARS"
+
+
+def check_key_variable(name: str, where: str) -> None:
+    """Refuse an ``api_key_env`` that does not name an API key variable: a card decides where every prompt and the
+    key go, so a card from elsewhere must not be able to send the value of any variable it names (``GITHUB_TOKEN``,
+    ``AWS_SECRET_ACCESS_KEY``, ``DATABASE_URL``) to a server it chooses. A name of the providers' convention,
+    ``<NAME>_API_KEY`` (``OPENAI_API_KEY``, ``VLLM_API_KEY``), is allowed; any other only where the user lists it in
+    ``$ICE_PROBE_KEY_VARS`` (comma-separated).
+
+    Raises:
+        ConfigError: naming the card, the variable and how to allow it.
+    """
+    allowed = {v.strip() for v in os.environ.get(ALLOWED_KEY_VARIABLES, "").split(",") if v.strip()}
+    if not KEY_VARIABLE.fullmatch(name) and name not in allowed:
+        raise ConfigError(
+            f"{where}: api_key_env = {name!r} is not an API key variable (<NAME>_API_KEY), and a card may send only "
+            f"such a variable's value to its server; if {name} does hold this server's key, allow it with "
+            f"export {ALLOWED_KEY_VARIABLES}={name}"
+        )
 
 
 def is_shipped(card: "ModelCard") -> bool:
@@ -303,8 +327,6 @@ def availability(card: ModelCard) -> tuple[bool, str]:
     if card.backend == "openai":
         key = card.api_key_env
         if key:
-            from probe.backends.openai import check_key_variable
-
             try:
                 check_key_variable(key, card.card_path or card.name)
             except ConfigError as e:

@@ -55,6 +55,7 @@ from probe.backends.base import Generation, build_messages
 from probe.config import GenerationSection
 from probe.probe_options import ProbeOptions
 from probe.errors import ConfigError, ProbeError
+from probe.loading import check_key_variable
 from probe.types import Prompt
 
 if TYPE_CHECKING:
@@ -156,29 +157,6 @@ def scrub_secret(text: str, secret: str | None) -> str:
         for form in sorted(forms, key=len, reverse=True):
             text = text.replace(form, "<key>")
     return _BEARER.sub(lambda m: f"{m.group(1)}{m.group(2)}<key>", text)
-
-
-KEY_VARIABLE = re.compile(r"[A-Z][A-Z0-9_]*_API_KEY")
-ALLOWED_KEY_VARIABLES = "ICE_PROBE_KEY_VARS"
-
-
-def check_key_variable(name: str, where: str) -> None:
-    """Refuse an ``api_key_env`` that does not name an API key variable: a card decides where every prompt and the
-    key go, so a card from elsewhere must not be able to send the value of any variable it names (``GITHUB_TOKEN``,
-    ``AWS_SECRET_ACCESS_KEY``, ``DATABASE_URL``) to a server it chooses. A name of the providers' convention,
-    ``<NAME>_API_KEY`` (``OPENAI_API_KEY``, ``VLLM_API_KEY``), is allowed; any other only where the user lists it in
-    ``$ICE_PROBE_KEY_VARS`` (comma-separated).
-
-    Raises:
-        ConfigError: naming the card, the variable and how to allow it.
-    """
-    allowed = {v.strip() for v in os.environ.get(ALLOWED_KEY_VARIABLES, "").split(",") if v.strip()}
-    if not KEY_VARIABLE.fullmatch(name) and name not in allowed:
-        raise ConfigError(
-            f"{where}: api_key_env = {name!r} is not an API key variable (<NAME>_API_KEY), and a card may send only "
-            f"such a variable's value to its server; if {name} does hold this server's key, allow it with "
-            f"export {ALLOWED_KEY_VARIABLES}={name}"
-        )
 
 
 @dataclass(frozen=True)
