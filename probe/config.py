@@ -321,6 +321,8 @@ def _read_toml(path: Path, fix: str) -> dict[str, Any]:
         raise ConfigError(f"{path}: not valid TOML ({e}); {fix}") from None
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); {fix}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: tables nested deeper than any experiment's; {fix}") from None
 
 
 def read_run_config(run: str | Path | RunFolder) -> ExperimentConfig | None:

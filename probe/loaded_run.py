@@ -11,7 +11,6 @@ found under exactly the name the runner wrote it. Nothing is read until asked fo
 from __future__ import annotations
 
 import difflib
-import json
 import logging
 from functools import cached_property
 from pathlib import Path
@@ -115,10 +114,7 @@ class Run:
     @cached_property
     def manifest(self) -> dict[str, Any] | None:
         """``manifest.json`` (toolkit commit, package versions, model revisions), or None before any model ran."""
-        if not self.folder.manifest.is_file():
-            return None
-        data = json.loads(self.folder.manifest.read_text(encoding="utf-8"))
-        return data if isinstance(data, dict) else None
+        return self.folder.read_manifest()
 
     @cached_property
     def prompts(self) -> dict[str, Prompt]:

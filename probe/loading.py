@@ -217,6 +217,8 @@ def read_card(path: Path, catalogued: bool = False) -> ModelCard:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: tables nested deeper than any card's") from None
     names = {f.name for f in fields(ModelCard)} - {"card_path"}
     unknown = set(data) - names
     if unknown:

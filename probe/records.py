@@ -83,12 +83,44 @@ class TrialRecord:
 
     @staticmethod
     def from_dict(d: dict) -> "TrialRecord":
+        """A record from its JSON object.
+
+        Raises:
+            TypeError: a field holds a value of another kind than the record's (``"em": "yes"``), naming it.
+        """
         names = {f.name for f in fields(TrialRecord)}
         kept = {k: v for k, v in d.items() if k in names}
+        for k, v in kept.items():
+            kinds = _FIELD_KINDS.get(k)
+            if kinds is not None and not (isinstance(v, kinds) and not (isinstance(v, bool) and bool not in kinds)):
+                names = dict.fromkeys(_KIND_NAMES[t] for t in kinds if not (t is int and float in kinds))
+                raise TypeError(f"field {k!r} holds {json.dumps(v)[:60]} (a {type(v).__name__}); a trial record's "
+                                f"{k} is {' or '.join(names)}")
         if "family" not in kept:  # written before records named their family
             kept["family"] = family_of_old_record(str(d.get("source", "")))
         return TrialRecord(**kept)
 
+
+_KIND_NAMES = {str: "text", int: "a whole number", float: "a number", bool: "true/false", type(None): "null",
+               dict: "an object", list: "a list"}
+
+
+def _kinds(annotation: str) -> tuple[type, ...] | None:
+    """The JSON kinds a field's annotation admits (None: not checked here, e.g. ``gold``)."""
+    kinds: list[type] = []
+    for part in (p.strip() for p in annotation.split("|")):
+        base = part.split("[")[0]
+        kind = {"str": str, "int": int, "float": float, "bool": bool, "None": type(None), "dict": dict,
+                "list": list}.get(base)
+        if kind is None:
+            return None
+        kinds.append(kind)
+        if kind is float:
+            kinds.append(int)  # JSON writes 1.0 as 1 where it can
+    return tuple(dict.fromkeys(kinds))
+
+
+_FIELD_KINDS = {f.name: k for f in fields(TrialRecord) if (k := _kinds(str(f.type))) is not None}
 
 _REQUIRED_TRIAL_FIELDS = tuple(f.name for f in fields(TrialRecord)
                                if f.default is MISSING and f.default_factory is MISSING)
@@ -111,9 +143,7 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     path = Path(path)
     if not path.exists():
         return
-    lines = path.read_bytes().splitlines(keepends=True)
-    for i, raw in enumerate(lines, 1):
-        partial = i == len(lines) and not raw.endswith(b"\n")  # a crash mid-write (maybe mid-character)
+    for i, raw, partial in _lines(path):
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -130,9 +160,31 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 log.warning("%s:%d: ignoring a half-written last line (interrupted run)", path, i)
                 continue
             raise _damaged(path, i, f"not valid JSON ({e.msg} at column {e.colno})") from None
+        except RecursionError:
+            raise _damaged(path, i, "JSON nested deeper than a record ever is") from None
         if not isinstance(obj, dict):
             raise _damaged(path, i, f"not a JSON object (a {type(obj).__name__})")
         yield i, obj
+
+
+# The longest line a record file may hold: a prompt of 100k tokens with its segments is under 2 MiB.
+MAX_LINE_BYTES = 16 * 1024 * 1024
+
+
+def _lines(path: Path) -> Iterator[tuple[int, bytes, bool]]:
+    """(line number, raw line, whether it is a half-written last one), read a line at a time: a line longer than
+    :data:`MAX_LINE_BYTES` is an error naming it, not a file read whole into memory."""
+    with path.open("rb") as fh:
+        i = 0
+        while True:
+            raw = fh.readline(MAX_LINE_BYTES + 1)
+            if not raw:
+                return
+            i += 1
+            if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                raise _damaged(path, i, f"a line longer than {MAX_LINE_BYTES // (1024 * 1024)} MiB, which no record "
+                                        "is")
+            yield i, raw, not raw.endswith(b"\n") and not fh.peek(1)
 
 
 def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
@@ -232,7 +284,10 @@ def load_trials(path: Path) -> list[TrialRecord]:
         missing = [k for k in _REQUIRED_TRIAL_FIELDS if k not in d]
         if missing:
             raise _damaged(Path(path), line, f"not a trial record (missing {', '.join(missing)})")
-        record = TrialRecord.from_dict(d)
+        try:
+            record = TrialRecord.from_dict(d)
+        except TypeError as e:
+            raise _damaged(Path(path), line, f"not a trial record ({e})") from None
         old = by_id.get(record.trial_id)
         if old is not None and old.error is None:
             doubled.append((record.trial_id, first_line[record.trial_id], line))

@@ -157,6 +157,8 @@ def parse_mapping(spec: str | Path | dict[str, str] | None) -> tuple[dict[str, s
             data = tomllib.loads(path.read_text(encoding="utf-8"))
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path}: not valid TOML: {e}") from None
+        except RecursionError:
+            raise ConfigError(f"{path}: tables nested deeper than a mapping's") from None
         unknown = set(data) - {"map", "conditions"}
         if unknown:
             raise ConfigError(f"{path}: unknown table(s) {', '.join(sorted(unknown))}; valid: map, conditions")
@@ -207,6 +209,8 @@ def read_rows(path: Path) -> list[tuple[int, dict[str, str]]]:
                     rows.append((i, json.loads(line)))
                 except json.JSONDecodeError as e:
                     raise ProbeError(f"{path}:{i}: not a JSON object ({e})") from None
+                except RecursionError:
+                    raise ProbeError(f"{path}:{i}: JSON nested deeper than a trial record is") from None
         return rows
     if suffix in (".csv", ".tsv"):
         body = text.lstrip("\r\n")

@@ -314,10 +314,28 @@ class RunFolder:
 
     def _manifest_is_a_run(self) -> bool:
         try:
-            data = json.loads(self.manifest.read_text(encoding="utf-8"))
-        except (OSError, ValueError, RecursionError):
+            data = self.read_manifest()
+        except ProbeError:
             return False
-        return isinstance(data, dict) and ("toolkit_commit" in data or "imported_from" in data)
+        return data is not None and ("toolkit_commit" in data or "imported_from" in data)
+
+    def read_manifest(self) -> dict | None:
+        """``manifest.json`` as a dict, or None when the folder has none.
+
+        Raises:
+            ProbeError: it is not a JSON object (damaged, truncated, nested past reason), naming the file.
+        """
+        path = self.manifest
+        if not path.is_file():
+            return None
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, RecursionError) as e:
+            why = "nested deeper than a manifest is" if isinstance(e, RecursionError) else f"not valid JSON ({e})"
+            raise ProbeError(f"{path}: {why}; restore it, or run the experiment again to write it") from None
+        if not isinstance(data, dict):
+            raise ProbeError(f"{path}: not a JSON object; restore it, or run the experiment again to write it")
+        return data
 
     def mark(self) -> None:
         """Write the marker that makes the folder a run folder of the toolkit (:meth:`foreign`)."""

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import json
 import logging
 from pathlib import Path
 
@@ -39,7 +38,7 @@ from probe.analysis.interventions import METHODS as INTERVENTION_METHODS
 from probe.analysis.interventions import analyze_run_interventions, baseline_only
 from probe.analysis.results import SCHEMA_VERSION, Analysis, Inputs, from_json, trials_sha256, write_analysis
 from probe.config import AnalysisSection, load_config
-from probe.errors import ConfigError, ProbeError
+from probe.errors import ConfigError
 from probe.records_import import ImportSummary, import_external
 from probe.runfolder import RunFolder
 
@@ -206,13 +205,8 @@ def _import_summary(run: RunFolder) -> ImportSummary | None:
         ProbeError: ``manifest.json`` is not valid JSON, or its import summary does not match
             :class:`probe.records_import.ImportSummary`.
     """
-    if not run.manifest.is_file():
-        return None
-    try:
-        manifest = json.loads(run.manifest.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ProbeError(f"{run.manifest}: not valid JSON ({e}); restore it or remove it") from None
-    if not isinstance(manifest, dict) or manifest.get("imported_from") is None:
+    manifest = run.read_manifest()
+    if manifest is None or manifest.get("imported_from") is None:
         return None
     return from_json(ImportSummary, manifest["imported_from"], f"{run.manifest}: imported_from")
 

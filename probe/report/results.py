@@ -67,10 +67,9 @@ def _read_run(path: str | Path) -> PageRun:
 def _manifest(run: RunFolder) -> dict | None:
     """The run's manifest.json, or None when it is absent or unreadable (the page then names no weights)."""
     try:
-        data = json.loads(run.manifest.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return run.read_manifest()
+    except ProbeError:
         return None
-    return data if isinstance(data, dict) else None
 
 
 def _where(conditions: tuple[str, ...] | None, loads: tuple[int, ...] | None) -> str:

@@ -16,7 +16,7 @@ from scripts.architectures import run_suite
 from tests.attention.conformance.models import causal_lm_types
 from tests.attention.conformance.table import render_markdown
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 # The architectures the toolkit's users study most: each one the installed transformers has must pass.
 NAMED = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "gpt2", "gpt_neox", "olmo2", "olmo3", "phi3",
          "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "deepseek_v2", "deepseek_v3", "llama4", "llama4_text",
