@@ -93,9 +93,9 @@ class TrialRecord:
         for k, v in kept.items():
             kinds = _FIELD_KINDS.get(k)
             if kinds is not None and not (isinstance(v, kinds) and not (isinstance(v, bool) and bool not in kinds)):
-                names = dict.fromkeys(_KIND_NAMES[t] for t in kinds if not (t is int and float in kinds))
+                wanted = dict.fromkeys(_KIND_NAMES[t] for t in kinds if not (t is int and float in kinds))
                 raise TypeError(f"field {k!r} holds {json.dumps(v)[:60]} (a {type(v).__name__}); a trial record's "
-                                f"{k} is {' or '.join(names)}")
+                                f"{k} is {' or '.join(wanted)}")
         if "family" not in kept:  # written before records named their family
             kept["family"] = family_of_old_record(str(d.get("source", "")))
         return TrialRecord(**kept)
