@@ -17,6 +17,7 @@ import hashlib
 import importlib.metadata as md
 import os
 import re
+import string
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,23 @@ from probe.errors import ConfigError, ModelUnavailableError
 
 _BLOCK = 1 << 22  # 4 MiB read at a time
 _KEYS = {"packages", "files", "count", "version", "size", "sha256", "setup"}
+
+
+def _template_fields(template: str) -> set[str] | None:
+    """The field names of a ``str.format`` template, or None when it is not one or a field is more than a plain
+    name (``{n.real}``, ``{n[0]}``, ``{n:>5}``, ``{n!r}``)."""
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError:
+        return None
+    names: set[str] = set()
+    for _, name, spec, conversion in parsed:
+        if name is None:
+            continue
+        if spec or conversion or not name.isidentifier():
+            return None
+        names.add(name)
+    return names
 
 
 @dataclass(frozen=True)
@@ -72,12 +90,12 @@ class ChunkSet:
             raise ConfigError(f"{where}: chunks.sha256: {table['sha256']!r} is not a hex sha256 (64 digits)")
         out = cls(packages=str(table["packages"]), files=str(table["files"]), count=count,
                   version=str(table["version"]), size=size, sha256=sha, setup=str(table.get("setup", "make setup")))
-        try:
-            names = {out.package(k) for k in range(out.count)}
-            for k in range(out.count):
-                out.file(k)
-        except (KeyError, IndexError, ValueError) as e:
-            raise ConfigError(f"{where}: chunks: a template may use only {{n}} and {{i}} ({e})") from None
+        for key in ("packages", "files"):
+            fields = _template_fields(str(table[key]))
+            if fields is None or not fields <= {"n", "i"}:
+                raise ConfigError(f"{where}: chunks.{key}: {table[key]!r}: a template may use only {{n}} and {{i}}, "
+                                  "with no attribute, index or format after them")
+        names = {out.package(k) for k in range(out.count)}
         if len(names) != out.count:
             raise ConfigError(f"{where}: chunks.packages: {out.packages!r} names the same package twice; "
                               "put {n} in it")

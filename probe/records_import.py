@@ -218,9 +218,13 @@ def read_rows(path: Path) -> list[tuple[int, dict[str, str]]]:
         reader = csv.DictReader(io.StringIO(body), delimiter="\t" if suffix == ".tsv" else ",")
         out: list[tuple[int, dict[str, str]]] = []
         start = 2  # the header is line 1 of the body
-        for row in reader:
-            out.append((skipped + start, row))
-            start = reader.line_num + 1
+        try:
+            for row in reader:
+                out.append((skipped + start, row))
+                start = reader.line_num + 1
+        except csv.Error as e:  # a cell over the csv module's field limit (128 KiB), a NUL, a broken quote
+            raise ProbeError(f"{path}:{skipped + reader.line_num + 1}: not a readable CSV row ({e}); a trial's cell is "
+                             "never that long: check the file's quoting") from None
         return out
     raise ProbeError(f"{path}: unknown file type {suffix!r}; give a .csv, .tsv or .jsonl file")
 

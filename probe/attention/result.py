@@ -282,7 +282,8 @@ class SegmentAttention:
         """
         try:
             return SegmentAttention._load(Path(path))
-        except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as e:
+        except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile, MemoryError,
+                RecursionError) as e:  # MemoryError: a member's header claiming more than the machine holds
             if isinstance(e, FileNotFoundError):
                 raise
             raise AttentionRecordError(

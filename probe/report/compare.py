@@ -15,7 +15,7 @@ from pathlib import Path
 from probe.analysis.families import family_order
 from probe.analysis.results import Analysis, AnalysisFileError, read_analysis
 from probe.errors import ProbeError
-from probe.report.html import esc, page
+from probe.report.html import esc, page, plain_figure_text
 from probe.report.sections import ReportContext, report_section
 from probe.runfolder import RunFolder, write_atomic
 
@@ -46,6 +46,7 @@ def read_analyses(run_dirs: list[Path]) -> list[tuple[str, Analysis]]:
     return named
 
 
+@plain_figure_text
 def compare_runs(run_dirs: list[Path], out: Path) -> Path:
     """Write ``out/report.html`` and ``out/figures/*.png`` comparing several analysed run folders.
 

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import base64
+import functools
 import html
 import io
+from typing import Callable, ParamSpec, TypeVar
 
+import matplotlib
 from matplotlib.figure import Figure
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;
@@ -23,6 +29,18 @@ td.l:first-child{white-space:nowrap}.tw{overflow-x:auto;max-width:100%}
 def esc(x: object) -> str:
     """HTML-escaped text of a value (None -> an em dash)."""
     return "—" if x is None else html.escape(str(x))
+
+
+def plain_figure_text(function: Callable[P, T]) -> Callable[P, T]:
+    """Run ``function`` with matplotlib's mathtext off: every text a figure shows (a model name from a run folder,
+    ``$\\foo$``) is drawn as written, never parsed as TeX (an unknown command would end the report)."""
+
+    @functools.wraps(function)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        with matplotlib.rc_context({"text.parse_math": False}):
+            return function(*args, **kwargs)
+
+    return wrapper
 
 
 def fig_png(fig: Figure, dpi: int = 110) -> bytes:

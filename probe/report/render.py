@@ -14,7 +14,7 @@ import logging
 from pathlib import Path
 
 from probe.analysis.results import Analysis, read_analysis
-from probe.report.html import esc, page
+from probe.report.html import esc, page, plain_figure_text
 from probe.report.sections import ReportContext, report_section
 from probe.records import check_records
 from probe.runfolder import RunFolder, write_atomic
@@ -37,6 +37,7 @@ def _header(analysis: Analysis, title: str) -> str:
             f"{esc(analysis.seed_source)}).</p>{imp_html}")
 
 
+@plain_figure_text
 def render_report(run_dir: str | Path | RunFolder) -> Path:
     """Write ``report.html`` (self-contained) and ``figures/*.png`` for an analysed run folder.
 

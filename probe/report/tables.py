@@ -29,10 +29,17 @@ MD_ROWS = 20  # rows of a table printed in analysis.md when its section writes n
 
 
 def md_table(header: list[str], rows: list[list[str]]) -> str:
-    """A Markdown table (cells inserted as given)."""
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
+    """A Markdown table; ``|``, ``<`` and ``>`` in a cell are escaped (a model or condition name from a run folder
+    cannot break the table or put HTML on the page)."""
+    out = ["| " + " | ".join(md_cell(h) for h in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(md_cell(c) for c in r) + " |" for r in rows]
     return "\n".join(out)
+
+
+def md_cell(text: str) -> str:
+    """One Markdown table cell's text: ``|`` escaped, ``<`` and ``>`` as entities, line breaks as spaces."""
+    return (str(text).replace("\\|", "|").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+            .replace("\r", " ").replace("\n", " "))
 
 
 def rows_of(items: Iterable[object], **extra: Any) -> Rows:
@@ -70,8 +77,20 @@ def csv_text(rows: Rows) -> str:
     w = csv.DictWriter(buf, fieldnames=names, lineterminator="\n")
     w.writeheader()
     for r in flat:
-        w.writerow({k: "" if r.get(k) is None else r.get(k) for k in names})
+        w.writerow({k: "" if r.get(k) is None else csv_safe(r.get(k)) for k in names})
     return buf.getvalue()
+
+
+def csv_safe(value: Any) -> Any:
+    """A CSV cell that a spreadsheet will not run as a formula: text (not a number) starting with ``=``, ``+``,
+    ``-``, ``@``, a tab or a carriage return gets a leading ``'``, as OWASP advises (a task id from a shared file
+    is text a user opens in a spreadsheet)."""
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        try:
+            float(value)
+        except ValueError:
+            return "'" + value
+    return value
 
 
 def _md_value(v: Any) -> str:
