@@ -30,7 +30,7 @@ _KEYS = {"packages", "files", "count", "version", "size", "sha256", "setup"}
 
 def _template_fields(template: str) -> set[str] | None:
     """The field names of a ``str.format`` template, or None when it is not one or a field is more than a plain
-    name (``{n.real}``, ``{n[0]}``, ``{n:>5}``, ``{n!r}``)."""
+    name with at most a zero-padded width (``{n:02d}``): ``{n.real}``, ``{n[0]}``, ``{n:>5}``, ``{n!r}``."""
     try:
         parsed = list(string.Formatter().parse(template))
     except ValueError:
@@ -39,7 +39,7 @@ def _template_fields(template: str) -> set[str] | None:
     for _, name, spec, conversion in parsed:
         if name is None:
             continue
-        if spec or conversion or not name.isidentifier():
+        if (spec and not re.fullmatch(r"0?[0-9]{0,2}d", spec)) or conversion or not name.isidentifier():
             return None
         names.add(name)
     return names
@@ -94,7 +94,7 @@ class ChunkSet:
             fields = _template_fields(str(table[key]))
             if fields is None or not fields <= {"n", "i"}:
                 raise ConfigError(f"{where}: chunks.{key}: {table[key]!r}: a template may use only {{n}} and {{i}}, "
-                                  "with no attribute, index or format after them")
+                                  "with at most a zero-padded width ({{n:02d}}), no attribute, index or conversion")
         names = {out.package(k) for k in range(out.count)}
         if len(names) != out.count:
             raise ConfigError(f"{where}: chunks.packages: {out.packages!r} names the same package twice; "

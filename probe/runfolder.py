@@ -150,6 +150,12 @@ def folder_name_problem(name: str) -> str | None:
     return None
 
 
+def prompt_digest(text: str) -> str:
+    """The digest a probe record carries of the prompt text it measured (sha256, 16 hex digits): a record moved to
+    another prompt's name is refused when it is read."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
 def record_stem(name: str) -> str:
     """A file-system-safe stem for a prompt id (or a model name): see the module docstring.
 
@@ -307,7 +313,8 @@ class RunFolder:
         else the names it holds (the first five). Nothing else is ever overwritten or moved aside."""
         if not self.root.is_dir():
             return []
-        names = sorted(p.name for p in self.root.iterdir() if p.name != LOCK)
+        # the lock and a write in flight (another run making the folder this instant) are no one's files yet
+        names = sorted(p.name for p in self.root.iterdir() if p.name != LOCK and not p.name.endswith(".tmp"))
         if not names or MARKER in names or PROMPTS in names or (MANIFEST in names and self._manifest_is_a_run()):
             return []
         return names[:5] + (["..."] if len(names) > 5 else [])
@@ -510,4 +517,4 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | str,
 
 
 __all__ = ["OutsideRunError", "PromptIdError", "PromptKey", "RunFolder", "RunLock", "RunLockedError", "escape_part",
-           "folder_name_problem", "inside", "make_prompt_id", "parse_prompt_id", "record_stem", "stem_name", "unescape_part", "file_mode", "write_atomic"]
+           "folder_name_problem", "inside", "make_prompt_id", "parse_prompt_id", "prompt_digest", "record_stem", "stem_name", "unescape_part", "file_mode", "write_atomic"]

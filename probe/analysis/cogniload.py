@@ -689,7 +689,7 @@ def cogniload_cells(frame: pd.DataFrame, trials: tuple[TrialRecord, ...] | list[
 def _analyze_family(data: FamilyData) -> FamilyOutput:
     cfg = data.settings
     glm = analyze_cogniload(data.trials, cfg.n_bootstrap, data.seed)
-    attention, n_records = cogniload_attention(data.run, data.trials, cfg.alpha)
+    attention, n_records = cogniload_attention(data.run, data.trials, cfg.alpha, data.prompts)
     result = CogniloadResult(n_bootstrap=glm.n_bootstrap, seed=glm.seed, models=glm.models,
                              cells=cogniload_cells(data.frame, data.trials, cfg.alpha), attention=attention)
     return FamilyOutput(result=result, n_attention_records=n_records)

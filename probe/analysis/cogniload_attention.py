@@ -41,6 +41,7 @@ import logging
 import math
 import warnings
 from dataclasses import dataclass
+from typing import Mapping
 
 import numpy as np
 import scipy.stats
@@ -51,6 +52,7 @@ from probe.errors import ProbeError
 from probe.records import TrialRecord
 from probe.runfolder import RunFolder
 from probe.tasks.cogniload import PuzzleParams
+from probe.types import Prompt
 
 log = logging.getLogger(__name__)
 
@@ -339,8 +341,8 @@ DEFINITION = (
 )
 
 
-def cogniload_attention(run: RunFolder, trials: list[TrialRecord] | tuple[TrialRecord, ...], alpha: float = 0.05
-                        ) -> tuple[NeedleHaySummary | None, int]:
+def cogniload_attention(run: RunFolder, trials: list[TrialRecord] | tuple[TrialRecord, ...], alpha: float = 0.05,
+                        prompts: Mapping[str, Prompt] | None = None) -> tuple[NeedleHaySummary | None, int]:
     """Needle vs hay enrichment of every CogniLoad prompt of a run that has an attention record.
 
     Records are read one at a time (only the per-layer means are kept), so memory does not grow with the run.
@@ -350,6 +352,7 @@ def cogniload_attention(run: RunFolder, trials: list[TrialRecord] | tuple[TrialR
         trials: the run's trial records; CogniLoad ones (``family == "cogniload"``) select the prompts and give
             their knobs. Skipped or failed trials count too: the probe does not depend on the answer.
         alpha: 1 − confidence level.
+        prompts: the run's prompt records by id, for the records' check (None: read from the folder).
 
     Returns:
         (:func:`summarise_enrichment` of the prompts with a record, or None when none has one; the number of
@@ -363,7 +366,7 @@ def cogniload_attention(run: RunFolder, trials: list[TrialRecord] | tuple[TrialR
         if t.family == FAMILY:
             trial_of.setdefault((t.model, t.prompt_id), t)
     rows = [prompt_enrichment(sa, trial_of[key], str(run.attention_record(*key)))
-            for key, sa in probe_records(run, trial_of)]
+            for key, sa in probe_records(run, trial_of, prompts)]
     if not rows:
         return None, 0
     log.info("%s: needle/hay enrichment of %d CogniLoad prompts", run.root, len(rows))

@@ -18,15 +18,15 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Mapping
 
 import pandas as pd
 
 from probe.errors import ProbeError
-from probe.attention.result import SegmentAttention
+from probe.attention.result import AttentionRecordError, SegmentAttention
 from probe.interventions import KeyCount
 from probe.records import TrialRecord, load_prompts, load_task_records, load_trials
-from probe.runfolder import RunFolder
+from probe.runfolder import RunFolder, prompt_digest
 from probe.types import Prompt, Task
 
 log = logging.getLogger(__name__)
@@ -71,18 +71,66 @@ def trials_frame(trials: list[TrialRecord]) -> pd.DataFrame:
     return df
 
 
-def probe_records(run: RunFolder, keys: Iterable[tuple[str, str]]
+def probe_records(run: RunFolder, keys: Iterable[tuple[str, str]], prompts: Mapping[str, Prompt] | None = None
                   ) -> Iterator[tuple[tuple[str, str], SegmentAttention]]:
     """The probe record of each (model, prompt id) that has one, read once and handed on one at a time (an answer
     record is tokens x layers x heads x segments: a family keeps what it needs of it and lets it go).
 
     This is the analysis' one reader of probe records; where the file lies is
-    :meth:`probe.runfolder.RunFolder.attention_record`'s business.
+    :meth:`probe.runfolder.RunFolder.attention_record`'s business. Each record is held to what made it
+    (:class:`RecordCheck`).
+
+    Args:
+        run: the run folder; keys: (model, prompt id) pairs; prompts: the run's prompt records by id when the
+            caller has them (else ``prompts.jsonl`` is read for the check).
+
+    Raises:
+        AttentionRecordError: a record that is damaged, or that does not match its prompt or its model's layers
+            and heads (naming the file and how to probe the prompt again).
     """
+    check = RecordCheck.of(run, prompts)
     for model, pid in dict.fromkeys(keys):
         path = run.attention_record(model, pid)
         if path.is_file():
-            yield (model, pid), SegmentAttention.load(path)
+            record = SegmentAttention.load(path)
+            check(path, model, pid, record)
+            yield (model, pid), record
+
+
+class RecordCheck:
+    """Holds each probe record to what made it (docs/records.md#what-is-checked-when-a-folder-is-read): the digest
+    of its prompt's text (records written since records carry it) and the layers and heads the manifest names for its
+    model (else the shape of the model's first record read), so a record cut one layer short, or moved to another
+    prompt's name, is refused rather than analysed."""
+
+    def __init__(self, digests: dict[str, str], shapes: dict[str, tuple[int, int]]) -> None:
+        self.digests = digests
+        self.shapes = dict(shapes)
+
+    @classmethod
+    def of(cls, run: RunFolder, prompts: Mapping[str, Prompt] | None = None) -> "RecordCheck":
+        manifest = run.read_manifest() or {}
+        shapes = {}
+        for model, entry in (manifest.get("models") or {}).items():
+            if isinstance(entry, dict) and isinstance(entry.get("layers"), int) and isinstance(entry.get("heads"), int):
+                shapes[str(model)] = (entry["layers"], entry["heads"])
+        if prompts is None:
+            prompts = {p.prompt_id: p for p in load_prompts(run.prompts)} if run.prompts.is_file() else {}
+        digests = {pid: prompt_digest(p.text) for pid, p in prompts.items()}
+        return cls(digests, shapes)
+
+    def __call__(self, path: Path, model: str, prompt_id: str, record: SegmentAttention) -> None:
+        fix = ("delete it and run the experiment again (`probe run`), which probes the prompt again; a folder from "
+               "elsewhere: ask for its records as they were written")
+        shape = tuple(record["seg_mass"].shape[:2])
+        want = self.shapes.setdefault(model, shape)
+        if shape != want:
+            raise AttentionRecordError(f"{path}: holds {shape[0]} layers x {shape[1]} heads, where model {model!r} "
+                                       f"has {want[0]} x {want[1]}; the record is not this model's whole probe: {fix}")
+        digest = self.digests.get(prompt_id)
+        if record.prompt_digest is not None and digest is not None and record.prompt_digest != digest:
+            raise AttentionRecordError(f"{path}: measured another prompt than {prompt_id!r} (its prompt digest "
+                                       f"{record.prompt_digest} is not the prompt's {digest}): {fix}")
 
 
 @dataclass(frozen=True)

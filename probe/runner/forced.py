@@ -27,7 +27,7 @@ from probe.errors import ConfigError
 from probe.loading import ModelCard, get_card, load_tokenizer
 from probe.prompts.tokenize import encode_prompt
 from probe.records import TrialRecord, load_trials
-from probe.runfolder import inside, write_atomic
+from probe.runfolder import inside, prompt_digest, write_atomic
 from probe.types import Prompt, TokenizedPrompt
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,7 @@ class _Item:
     origin: str
     text: str
     records: tuple[TrialRecord, ...]
+    digest: str  # of the prompt text (probe.runfolder.prompt_digest), carried by the record
 
 
 def check_served_tokenizer(backend: Any, card: ModelCard, prompt: Prompt) -> bool:
@@ -162,7 +163,7 @@ def probe_served(cfg: ExperimentConfig, model: str, backend: Any, prompts: Seque
             results = backend.probe_answers([it.tokenized for it in batch], [it.answer for it in batch],
                                             [it.text for it in batch], cfg.probe)
             for it, att in zip(batch, results):
-                _save(cfg, model, it, replace(att, origin=it.origin))
+                _save(cfg, model, it, replace(att, origin=it.origin, prompt_digest=it.digest))
                 summary.probed[it.origin] += 1
             bar.update(len(batch))
     return summary
@@ -176,7 +177,7 @@ def _items(backend: Any, records: list[TrialRecord], by_id: dict[str, Prompt], s
     for r in records:
         grouped.setdefault((by_id[r.prompt_id].text, r.output or ""), []).append(r)
     items = []
-    for (_, text), group in grouped.items():
+    for (prompt_text, text), group in grouped.items():
         first = group[0]
         tokenized = backend.tokenize(by_id[first.prompt_id])
         n = len(tokenized.input_ids)
@@ -190,7 +191,7 @@ def _items(backend: Any, records: list[TrialRecord], by_id: dict[str, Prompt], s
             summary.not_probed.update({r.trial_id: got for r in group})
             continue
         ids, origin = got
-        items.append(_Item(tokenized, ids, origin, text, tuple(group)))
+        items.append(_Item(tokenized, ids, origin, text, tuple(group), prompt_digest(prompt_text)))
     return items
 
 

@@ -14,7 +14,7 @@ from probe.errors import ConfigError
 from probe.interventions import MATCHED_DRAWS, Intervention
 from probe.prompts.reinject import reinject
 from probe.records import TrialRecord, append_jsonl, make_trial_id
-from probe.runfolder import inside, write_atomic
+from probe.runfolder import inside, prompt_digest, write_atomic
 from probe.runner.folder import done_ids, trials_path
 from probe.tasks import get_family
 from probe.types import Prompt, Task
@@ -196,6 +196,7 @@ def save_probe(cfg: ExperimentConfig, model: str, prompts: list[Prompt], gen: Ge
         log.warning("%s: no probe of prompt %s%s (an empty answer cannot be probed with query 'generated')", model,
                     prompts[0].prompt_id, "" if intervention is None else f" under intervention {intervention!r}")
         return
+    gen.attention.prompt_digest = prompt_digest(prompts[0].text)
     gen.attention.save(inside(run.root, todo[0]))
     for p in todo[1:]:
         write_atomic(p, todo[0].read_bytes(), root=run.root)
