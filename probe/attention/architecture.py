@@ -146,13 +146,79 @@ def _class_dispatches(cls: type) -> bool:
 
 def attention_modules(model: torch.nn.Module) -> dict[int, torch.nn.Module]:
     """Layer index -> the attention module of that layer that dispatches through the interface. The indices are the
-    model's own (``layer_idx``): a hybrid model's state-space or linear-attention layers are absent."""
+    model's own (``layer_idx``): a hybrid model's state-space or linear-attention layers are absent. A module shared
+    by several layers (Zamba's one attention block, its ``layer_idx`` not a layer) counts for each decoder layer that
+    holds it (:func:`decoder_layers`)."""
+    n_layers = n_layers_of(model)
     found: dict[int, torch.nn.Module] = {}
+    shared: list[torch.nn.Module] = []
     for module in model.modules():
+        if not dispatches(module):
+            continue
         layer = getattr(module, "layer_idx", None)
-        if isinstance(layer, int) and dispatches(module):
+        if isinstance(layer, int) and 0 <= layer < n_layers:
             found.setdefault(layer, module)
+        else:
+            shared.append(module)
+    if shared:
+        for i, block in enumerate(decoder_layers(model) or []):
+            inside = {id(m) for m in block.modules()}
+            for module in shared:
+                if id(module) in inside:
+                    found.setdefault(i, module)
     return dict(sorted(found.items()))
+
+
+def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList | None:
+    """The model's list of decoder layers: its first ``ModuleList`` with one entry per layer (None if it has none)."""
+    n_layers = n_layers_of(model)
+    return next((m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n_layers), None)
+
+
+_CURRENT_LAYER: contextvars.ContextVar[int | None] = contextvars.ContextVar("ice_probe_layer", default=None)
+
+
+def _own_layer(module: torch.nn.Module) -> bool:
+    layer = getattr(module, "layer_idx", None)
+    return isinstance(layer, int) and layer >= 0
+
+
+def layer_of(module: torch.nn.Module) -> int | None:
+    """The layer an attention module's call belongs to: its ``layer_idx``, or, for a module shared between layers,
+    the decoder layer running it (:func:`shared_layers`); None when neither is known."""
+    return int(getattr(module, "layer_idx")) if _own_layer(module) else _CURRENT_LAYER.get()
+
+
+@contextmanager
+def shared_layers(model: torch.nn.Module) -> Iterator[None]:
+    """Inside the block, a call of an attention module shared between layers is told which decoder layer runs it
+    (forward hooks on the decoder layers set it for :func:`layer_of`); nothing is hooked where every attention
+    module names its own layer."""
+    blocks = decoder_layers(model)
+    needs = blocks is not None and any(dispatches(m) and not _own_layer(m) for m in model.modules())
+    if not needs:
+        yield
+        return
+    assert blocks is not None
+    handles, tokens = [], []
+
+    def enter(i: int) -> Any:
+        def hook(_m: torch.nn.Module, _args: Any) -> None:
+            tokens.append(_CURRENT_LAYER.set(i))
+        return hook
+
+    def leave(_m: torch.nn.Module, _args: Any, _out: Any) -> None:
+        if tokens:
+            _CURRENT_LAYER.reset(tokens.pop())
+
+    for i, block in enumerate(blocks):
+        handles.append(block.register_forward_pre_hook(enter(i)))
+        handles.append(block.register_forward_hook(leave))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def attention_layers(model: torch.nn.Module) -> tuple[int, ...]:
@@ -264,5 +330,6 @@ def describe(config: Any) -> tuple[bool, list[str]]:
 
 
 __all__ = ["CHECKS", "TABLE", "Verdict", "attention_layers", "attention_modules", "check_architecture",
-           "checking_unverified", "describe", "dispatches", "read_config",
+           "checking_unverified", "decoder_layers", "describe", "dispatches", "layer_of", "read_config",
+           "shared_layers",
            "model_type_of", "n_layers_of", "refusal", "table_transformers", "value_measures_apply", "verdicts"]

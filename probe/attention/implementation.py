@@ -27,7 +27,7 @@ from transformers import AttentionInterface, PreTrainedConfig, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from probe.attention.architecture import attention_layers, check_architecture, n_layers_of
+from probe.attention.architecture import attention_layers, check_architecture, layer_of, n_layers_of, shared_layers
 from probe.attention.call import LayerCall
 from probe.attention.capture import Capture
 from probe.attention.edits import BatchEdit, edited_attention
@@ -167,7 +167,7 @@ def _probe_attention(
             f"attention implementation {IMPLEMENTATION!r} was called outside a probe or an intervention; "
             "set the model's attention implementation back (model.set_attn_implementation('sdpa'))"
         )
-    layer = getattr(module, "layer_idx", None)
+    layer = layer_of(module)
     if layer is None:
         raise HookError(f"{type(module).__name__} has no layer_idx: cannot tell which layer reports")
     if dropout:
@@ -267,7 +267,7 @@ def _engine_attention(model: PreTrainedModel, slot: contextvars.ContextVar[Any],
     _register()
     token = slot.set(value)
     try:
-        with attention_implementation(model, IMPLEMENTATION):
+        with attention_implementation(model, IMPLEMENTATION), shared_layers(model):
             yield
     finally:
         slot.reset(token)

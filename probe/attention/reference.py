@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from probe.attention.architecture import attention_layers, attention_modules, n_layers_of
+from probe.attention.architecture import attention_layers, attention_modules, layer_of, n_layers_of, shared_layers
 from probe.attention.implementation import attention_implementation
 from probe.attention.measure import EagerAttention
 from probe.attention.measures import measures
@@ -84,7 +84,7 @@ def eager_calls(model: PreTrainedModel) -> Iterator[dict[int, EagerLayer]]:
                           attention_mask: torch.Tensor | None, *args: object, _original: Any = original,
                           **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
                 out, weights = _original(module, query, key, value, attention_mask, *args, **kwargs)
-                raw[int(getattr(module, "layer_idx"))] = (weights, value, attention_mask, out)
+                raw[int(layer_of(module))] = (weights, value, attention_mask, out)  # type: ignore[arg-type]
                 return out, weights
 
             setattr(namespace, "eager_attention_forward", recording)
@@ -97,7 +97,8 @@ def eager_calls(model: PreTrainedModel) -> Iterator[dict[int, EagerLayer]]:
                     inputs.setdefault(layer, []).append((args[0].detach(), weight.detach()))
                 handles.append(sub.register_forward_pre_hook(pre))
     try:
-        yield seen
+        with shared_layers(model):
+            yield seen
     finally:
         for h in handles:
             h.remove()

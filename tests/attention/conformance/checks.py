@@ -111,10 +111,6 @@ def structure(model: torch.nn.Module) -> None:
                       "there)")
     if any(getattr(m, "is_causal", True) is False for m in modules.values()):
         raise Refused("bidirectional attention (is_causal = False): an encoder, not a causal decoder")
-    bad = [i for i in modules if not 0 <= i < n_layers_of(model)]
-    if bad:
-        raise Refused(f"an attention module shared between layers (layer_idx {bad[0]}): the interface is not told "
-                      "which layer calls it")
 
 
 def check_masses(model: torch.nn.Module, finding: Finding) -> None:
@@ -181,7 +177,6 @@ def _ref_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
                    attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                    softcap: float | None = None, s_aux: torch.Tensor | None = None,
                    **kwargs: Any) -> tuple[torch.Tensor, None]:
-    layer = int(getattr(module, "layer_idx"))
     n_b, n_h, n_q, _ = query.shape
     n_k = key.shape[2]
     rep = n_h // key.shape[1]
