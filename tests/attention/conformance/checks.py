@@ -164,7 +164,26 @@ def check_answer(model: torch.nn.Module, finding: Finding, value: bool) -> None:
         if value and g.vmass is not None and ref.vmass is not None:
             error = max(error, _difference(g.vmass, ref.vmass, "answer value mass"))
     finding.errors["answer"] = error
+    if error > TOL:
+        drift = cache_drift(model, prompts[0])
+        if drift > TOL:
+            raise Refused(f"the attention while the answer is generated with the model's cache differs from its own "
+                          f"eager attention by {error:.2g}, and the model's own cached and uncached forwards differ "
+                          f"by {drift:.2g} of its largest logit: the answer capture cannot be held to an uncached "
+                          "eager pass at this tolerance")
     _held(finding.errors, "answer", "the attention while the answer is generated with the model's cache")
+
+
+def cache_drift(model: torch.nn.Module, tp: TokenizedPrompt) -> float:
+    """How far the model's own logits move between a greedy generation with its cache and one uncached forward over
+    the same tokens, relative to the largest logit (a model whose cache is exact to float32 rounding: ~1e-6)."""
+    ids = torch.tensor([list(tp.input_ids)])
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=N_NEW, min_new_tokens=N_NEW, do_sample=False, pad_token_id=0,
+                             output_logits=True, return_dict_in_generate=True)
+        full = model(out.sequences, use_cache=False).logits[0, ids.shape[1] - 1: ids.shape[1] - 1 + N_NEW]
+    cached = torch.stack(out.logits, dim=1)[0]
+    return float((cached - full).abs().max()) / max(1.0, float(full.abs().max()))
 
 
 # --- the edit check: a hand-written attention, in float64, with the edit applied by hand ---------------------------
