@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 import logging
 from pathlib import Path
 from typing import Any, Iterable
@@ -37,9 +38,10 @@ def md_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def md_cell(text: str) -> str:
-    """One Markdown table cell's text: ``|`` escaped, ``<`` and ``>`` as entities, line breaks as spaces."""
-    return (str(text).replace("\\|", "|").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
-            .replace("\r", " ").replace("\n", " "))
+    """One Markdown table cell's text: ``|`` escaped, a ``<`` that would open a tag (``<b``, ``</``, ``<!``) as
+    ``&lt;`` (``<=`` and ``p < 0.05`` stay as written), line breaks as spaces."""
+    text = str(text).replace("\\|", "|").replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+    return re.sub(r"<(?=[A-Za-z/!?])", "&lt;", text)
 
 
 def rows_of(items: Iterable[object], **extra: Any) -> Rows:

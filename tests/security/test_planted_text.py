@@ -33,7 +33,7 @@ def test_a_model_name_of_mathtext_and_html_is_drawn_and_written_as_text(planted,
     err = capsys.readouterr().err
     assert rc == 0 and "Traceback" not in err, err
     md = (run / "analysis.md").read_text()
-    assert "<b>" not in md and "&lt;b&gt;" in md and "m$\\foo$\\|" in md
+    assert "<b>" not in md and "&lt;b>" in md and "m$\\foo$\\|" in md
     assert "<b>x</b>" not in (run / "report.html").read_text()
 
 
