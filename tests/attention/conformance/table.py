@@ -24,16 +24,19 @@ segments the checks are, in order:
 | masses | per-segment masses, P_ext and its chance level on the question rows, AR_k's rows |
 | value | the value-weighted share: each key weighted by the norm of what it adds through the layer's own output projection, with the layer's own value width |
 | answer | the attention while a 5-token answer is generated greedily with the model's own cache (sliding, hybrid, latent caches) |
-| edit | the logits under a knockout and a steer of the extraneous keys (float64), against a hand-written attention with the same keys masked or scaled, itself held to the eager logits first |
+| edit | the logits under a knockout and a steer of the extraneous keys, against a hand-written attention with the same keys masked or scaled, itself held to the eager logits first |
 
-The tolerance is {tol:g} (absolute) on every check. A type passes when every check holds, except that `value` may
+The tolerance is {tol:g} on every check: absolute on masses and shares, relative to the largest logit on the edit
+check's logits (float32 throughout: mixture-of-experts kernels take no float64). Where the answer check fails, the
+suite also measures how far the model's own logits move between a cached generation and an uncached forward, and
+names it: a model whose cache is not exact to that tolerance cannot be held to an uncached eager pass. A type passes when every check holds, except that `value` may
 be left out: an architecture whose attention output is gated or normalised before its output projection has no
 ‖v W_O‖ per key, and the probe leaves the value-weighted measures out of its records (the table says so). A
 type that fails a check, or that the interface does not reach, is refused when a probe or an edit attaches to
 it, with the reason below. `probe models --check PATH` reads a model's `config.json` and says the same without
 loading weights.
 
-What the probe measures where architectures differ: docs/probes.md#architectures.
+What the probe measures where architectures differ: [probes.md](probes.md#architectures).
 """
 
 
