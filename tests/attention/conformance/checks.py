@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-from transformers import AttentionInterface
+from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from probe.attention import left_pad, probe_tokenized, reference_segment_attention
@@ -100,7 +100,7 @@ def _held(errors: dict[str, float], name: str, what: str) -> None:
         raise Refused(f"{what} differs from its own eager attention by {errors[name]:.2g} (tolerance {TOL:g})")
 
 
-def structure(model: torch.nn.Module) -> None:
+def structure(model: PreTrainedModel) -> None:
     """The structural refusals (module docstring)."""
     config = model.config
     if getattr(config, "is_encoder_decoder", False):
@@ -113,7 +113,7 @@ def structure(model: torch.nn.Module) -> None:
         raise Refused("bidirectional attention (is_causal = False): an encoder, not a causal decoder")
 
 
-def check_masses(model: torch.nn.Module, finding: Finding) -> None:
+def check_masses(model: PreTrainedModel, finding: Finding) -> None:
     tp = prompt()
     options = ProbeOptions(block_size=7)
     got = probe_tokenized(model, tp, options)
@@ -130,7 +130,7 @@ def check_masses(model: torch.nn.Module, finding: Finding) -> None:
         finding.notes.append(f"attention in layers {layers} of {n_layers_of(model)} (the others have none)")
 
 
-def check_value(model: torch.nn.Module, finding: Finding) -> None:
+def check_value(model: PreTrainedModel, finding: Finding) -> None:
     tp = prompt(seed=5)
     got = probe_tokenized(model, tp, ProbeOptions())
     try:
@@ -148,11 +148,12 @@ def check_value(model: torch.nn.Module, finding: Finding) -> None:
     _held(finding.errors, "value", "the value-weighted share")
 
 
-def check_answer(model: torch.nn.Module, finding: Finding, value: bool) -> None:
+def check_answer(model: PreTrainedModel, finding: Finding, value: bool) -> None:
     prompts = [prompt(seed=11, n_tokens=36), prompt(seed=12, n_tokens=44)]
     ids, mask, pads = left_pad([tp.input_ids for tp in prompts])
+    generate: Any = model.generate  # transformers' stubs type the mixin's method loosely
     with torch.no_grad(), probe_generation(model, prompts, pads, ProbeOptions(answer=True)) as cap:
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=N_NEW, do_sample=False,
+        out = generate(input_ids=ids, attention_mask=mask, max_new_tokens=N_NEW, do_sample=False,
                              pad_token_id=0, min_new_tokens=N_NEW)
     answers = [out[i, ids.shape[1]:].tolist() for i in range(len(prompts))]
     assert cap.answer is not None
@@ -174,12 +175,13 @@ def check_answer(model: torch.nn.Module, finding: Finding, value: bool) -> None:
     _held(finding.errors, "answer", "the attention while the answer is generated with the model's cache")
 
 
-def cache_drift(model: torch.nn.Module, tp: TokenizedPrompt) -> float:
+def cache_drift(model: PreTrainedModel, tp: TokenizedPrompt) -> float:
     """How far the model's own logits move between a greedy generation with its cache and one uncached forward over
     the same tokens, relative to the largest logit (a model whose cache is exact to float32 rounding: ~1e-6)."""
     ids = torch.tensor([list(tp.input_ids)])
+    generate: Any = model.generate
     with torch.no_grad():
-        out = model.generate(ids, max_new_tokens=N_NEW, min_new_tokens=N_NEW, do_sample=False, pad_token_id=0,
+        out = generate(ids, max_new_tokens=N_NEW, min_new_tokens=N_NEW, do_sample=False, pad_token_id=0,
                              output_logits=True, return_dict_in_generate=True)
         full = model(out.sequences, use_cache=False).logits[0, ids.shape[1] - 1: ids.shape[1] - 1 + N_NEW]
     cached = torch.stack(out.logits, dim=1)[0]
@@ -201,7 +203,8 @@ def _ref_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     rep = n_h // key.shape[1]
     k = key.double().repeat_interleave(rep, dim=1)
     v = value.double().repeat_interleave(rep, dim=1)
-    s = torch.matmul(query.double(), k.transpose(-1, -2)) * (scaling if scaling is not None else query.shape[-1] ** -0.5)
+    scale = float(scaling) if scaling is not None else float(query.shape[-1]) ** -0.5
+    s: torch.Tensor = torch.matmul(query.double(), k.transpose(-1, -2)) * scale
     if softcap is not None:
         s = torch.tanh(s / softcap) * softcap
     qpos = torch.arange(n_k - n_q, n_k)
@@ -217,10 +220,10 @@ def _ref_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     if edit is not None:
         for b in range(n_b):
             for qi in range(n_q):
-                p = int(qpos[qi])
-                if p >= edit["qstart"][b]:
+                pos = int(qpos[qi])
+                if pos >= edit["qstart"][b]:
                     for kk in edit["keys"][b]:
-                        if kk != p and kk < n_k:
+                        if kk != pos and kk < n_k:
                             edges[b, :, qi, kk] = True
         if edit["kind"] == "knockout":
             s = s.masked_fill(edges, float("-inf"))
@@ -230,7 +233,7 @@ def _ref_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
         p, p_sink = p_all[..., :-1], p_all[..., -1:]
     else:
         p, p_sink = torch.softmax(s, dim=-1), None
-    p = torch.nan_to_num(p)
+    p = torch.nan_to_num(p)  # a padding row that sees no key
     if edit is not None and edit["kind"] == "steer":  # scale the chosen weights by alpha, renormalise the row
         p = torch.where(edges, p * edit["alpha"], p)
         total = p.sum(-1, keepdim=True) + (p_sink if p_sink is not None else 0)
@@ -243,7 +246,7 @@ AttentionInterface.register(REF, _ref_attention)
 AttentionMaskInterface.register(REF, sdpa_mask)
 
 
-def _logits(model: torch.nn.Module, prompts: list[TokenizedPrompt], implementation: str | None,
+def _logits(model: PreTrainedModel, prompts: list[TokenizedPrompt], implementation: str | None,
             spec: Intervention | None = None) -> torch.Tensor:
     ids, mask, pads = left_pad([tp.input_ids for tp in prompts])
     kwargs = {"attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp_min(0)}
@@ -264,7 +267,7 @@ def _logits(model: torch.nn.Module, prompts: list[TokenizedPrompt], implementati
         _STATE.clear()
 
 
-def check_edit(model: torch.nn.Module, finding: Finding) -> None:
+def check_edit(model: PreTrainedModel, finding: Finding) -> None:
     prompts = [prompt(seed=21, n_tokens=40), prompt(seed=22, n_tokens=30)]
     _, mask, _ = left_pad([tp.input_ids for tp in prompts])
     real = mask.bool().numpy()  # the logits of padding positions are nobody's
@@ -291,7 +294,7 @@ def check_edit(model: torch.nn.Module, finding: Finding) -> None:
     _held(finding.errors, "edit", "the knockout / steer logits")
 
 
-def conform(model_type: str, builder: Callable[[str], torch.nn.Module] = build) -> Finding:
+def conform(model_type: str, builder: Callable[[str], PreTrainedModel] = build) -> Finding:
     """Every check of one model type (module docstring), stopping at the first that fails."""
     finding = Finding(model_type)
     try:

@@ -15,7 +15,7 @@ import zlib
 from typing import Any
 
 import torch
-from transformers import CONFIG_MAPPING, AutoModelForCausalLM, PreTrainedConfig
+from transformers import CONFIG_MAPPING, AutoModelForCausalLM, PreTrainedConfig, PreTrainedModel
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 VOCAB = 128
@@ -125,7 +125,7 @@ def tiny_config(model_type: str) -> PreTrainedConfig:
     return shrink(CONFIG_MAPPING[model_type]())
 
 
-def build(model_type: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+def build(model_type: str, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
     """A tiny random-weight causal LM of ``model_type`` in eval mode, seeded by its name (the same in every process)."""
     config = tiny_config(model_type)
     torch.manual_seed(zlib.crc32(model_type.encode()) % 10_000)
