@@ -149,3 +149,39 @@ def test_shard_specs_are_checked(tmp_path):
             Shard.parse(bad)
     with pytest.raises(ShardError, match="no shard to merge"):
         merge_shards_into(tmp_path)
+
+
+@pytest.mark.parametrize("link", ["prompts.jsonl", "manifest.json", "attention"])
+def test_merge_never_writes_through_a_planted_link(shards, tmp_path, capsys, link):
+    """A shard folder received from elsewhere with a link where the merge writes: refused, naming the link, and the
+    file or folder it points to is unchanged."""
+    from tests.security.tree import tree_digest
+
+    _, run_dir = shards
+    run = _copy(run_dir, tmp_path / "sh")
+    outside = tmp_path / "outside"
+    (outside / "dir").mkdir(parents=True)
+    (outside / "precious.txt").write_text("keep\n")
+    (run / link).symlink_to(outside / ("dir" if link == "attention" else "precious.txt"))
+    before = tree_digest(outside)
+    assert main(["merge", str(run)]) == 2
+    assert "is a link" in capsys.readouterr().err
+    assert tree_digest(outside) == before
+
+
+def test_show_never_writes_through_a_planted_link(shards, tmp_path, capsys):
+    from probe.records import load_prompts
+    from tests.security.tree import tree_digest
+
+    _, run_dir = shards
+    run = _copy(run_dir, tmp_path / "sh")
+    assert main(["merge", str(run)]) == 0
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (run / "show").symlink_to(outside)
+    pid = load_prompts(run / "prompts.jsonl")[0].prompt_id
+    before = tree_digest(outside)
+    capsys.readouterr()
+    assert main(["show", str(run), pid, "--device", "cpu"]) == 2
+    assert "is a link" in capsys.readouterr().err
+    assert tree_digest(outside) == before
