@@ -13,6 +13,7 @@ import transformers
 
 from probe.attention.architecture import CHECKS, TABLE, verdicts
 from scripts.architectures import run_suite
+from tests.attention.conformance.checks import TOL
 from tests.attention.conformance.models import causal_lm_types
 from tests.attention.conformance.table import render_markdown
 
@@ -40,9 +41,20 @@ def test_the_table_is_what_the_suite_finds(found):
         f"{TABLE} was written with transformers {table['transformers']}; run `python scripts/architectures.py`")
     assert set(table["types"]) == set(found), "model types differ: run `python scripts/architectures.py`"
     differ = [t for t, e in found.items()
-              if e["verified"] != table["types"][t]["verified"]
-              or _shape(e.get("reason")) != _shape(table["types"][t].get("reason"))]
+              if (e["verified"] != table["types"][t]["verified"]
+                  or _shape(e.get("reason")) != _shape(table["types"][t].get("reason")))
+              and not (_borderline(e) and _borderline(table["types"][t]))]
     assert not differ, f"the suite finds otherwise for {differ}: run `python scripts/architectures.py`"
+
+
+def _borderline(entry: dict) -> bool:
+    """Within a factor 3 of the tolerance, on either side: float32 rounding differs between CPUs (the largest
+    verified error here is 7e-6, Granite's), so such a type may cross the tolerance on another machine; the test
+    then does not fail on it, and the table is written again on the machine that runs the script."""
+    if "reason" not in entry:
+        return (entry.get("max_error") or 0.0) > TOL / 3
+    m = re.search(r"by ([0-9.e+-]+) \(tolerance", entry["reason"])
+    return m is not None and float(m.group(1)) < 3 * TOL
 
 
 def test_every_verified_type_is_within_the_tolerance_and_enough_are(found):
