@@ -9,6 +9,7 @@ Where the files of a run lie is :mod:`probe.runfolder`'s business; this module r
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -240,6 +241,43 @@ def write_jsonl(path: Path, rows: Iterable[dict], root: Path | None = None) -> i
     return n
 
 
+def index_records(run: RunFolder, paths: Iterable[Path], digest: str | None) -> None:
+    """Append each probe record's line to the run's ``attention_index.jsonl`` (its path under ``attention/``, the
+    sha256 of its bytes as written, its prompt digest), in one ``write`` that starts with a newline: processes of a
+    data-parallel run append at once, and a line cut by a crash stays a line of its own."""
+    rows = [{"record": p.relative_to(run.attention_root).as_posix(),
+             "sha256": hashlib.sha256(p.read_bytes()).hexdigest(), "prompt_digest": digest} for p in paths]
+    if not rows:
+        return
+    path = inside(run.root, run.attention_index)
+    data = ("\n" + "".join(json.dumps(r) + "\n" for r in rows)).encode("utf-8")
+    fd = _open_no_link(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def record_index(run: RunFolder) -> dict[str, str]:
+    """Record path under ``attention/`` -> the sha256 it was written with (the last line of each path wins: a
+    record probed again is indexed again); empty for a run written before records were indexed. A line that cannot
+    be read (cut by a crash) indexes nothing: its record is read without the hash check."""
+    path = run.attention_index
+    out: dict[str, str] = {}
+    if not path.is_file() or path.is_symlink():
+        return out
+    with path.open("rb") as fh:
+        for raw in fh:
+            try:
+                d = json.loads(raw)
+            except (ValueError, RecursionError):
+                continue
+            if isinstance(d, dict) and isinstance(d.get("record"), str) and isinstance(d.get("sha256"), str):
+                out[d["record"]] = d["sha256"]
+    return out
+
+
 def _open_no_link(path: Path, flags: int) -> int:
     """``os.open`` that refuses a link at ``path`` (O_NOFOLLOW), naming it."""
     try:
@@ -337,8 +375,9 @@ def load_task_records(path: Path) -> list[Task]:
     return _load_records(path, Task.from_dict, "task")
 
 
-__all__ = ["DuplicateTrialError", "RecordError", "TrialRecord", "append_jsonl", "iter_jsonl",
-           "load_prompts", "load_task_records", "load_trials", "make_trial_id", "read_jsonl", "write_jsonl"]
+__all__ = ["DuplicateTrialError", "RecordError", "TrialRecord", "append_jsonl", "index_records", "iter_jsonl",
+           "load_prompts", "load_task_records", "load_trials", "make_trial_id", "read_jsonl", "record_index",
+           "write_jsonl"]
 
 
 def check_records(run: str | Path | RunFolder) -> None:

@@ -11,6 +11,7 @@ A run of an experiment lives in ``outputs/<name>/``; this module is the only pla
     interventions.json        the run's [[interventions]] as each model runs them (probe.interventions)
     attention/<model>/<stem>.npz   one probe record per prompt (probe.attention.SegmentAttention)
     attention/<model>/intervention=<name>/<stem>.npz   the same under an intervention
+    attention_index.jsonl     each probe record's path, sha256 and prompt digest as written
     analysis.json, analysis.md, attention_summary.npz, tables/*.csv     probe analyze
     report.html, figures/*.png                                          probe report
     show/<model>/<stem>[.L<layer>][.H<head>].html                       probe show (one prompt's attention)
@@ -56,6 +57,7 @@ ANALYSIS_MD = "analysis.md"
 ATTENTION_SUMMARY = "attention_summary.npz"
 REPORT = "report.html"
 ATTENTION_DIR = "attention"
+ATTENTION_INDEX = "attention_index.jsonl"
 FIGURES_DIR = "figures"
 TABLES_DIR = "tables"
 SHOW_DIR = "show"
@@ -285,6 +287,12 @@ class RunFolder:
         """The page ``probe show`` writes for (model, prompt id[, layer][, head]) by default."""
         suffix = ("" if layer is None else f".L{layer}") + ("" if head is None else f".H{head}")
         return self.root / SHOW_DIR / record_stem(model) / f"{record_stem(prompt_id)}{suffix}.html"
+
+    @property
+    def attention_index(self) -> Path:
+        """``attention_index.jsonl``: one line per probe record as written (its path under ``attention/``, sha256,
+        prompt digest), which the analysis holds each record to (beside ``attention/``, whose entries are models)."""
+        return self.root / ATTENTION_INDEX
 
     def has_attention(self) -> bool:
         """Whether any probe record exists."""

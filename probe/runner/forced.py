@@ -26,7 +26,7 @@ from probe.config import ExperimentConfig
 from probe.errors import ConfigError
 from probe.loading import ModelCard, get_card, load_tokenizer
 from probe.prompts.tokenize import encode_prompt
-from probe.records import TrialRecord, load_trials
+from probe.records import TrialRecord, index_records, load_trials
 from probe.runfolder import inside, prompt_digest, write_atomic
 from probe.types import Prompt, TokenizedPrompt
 
@@ -202,6 +202,7 @@ def _save(cfg: ExperimentConfig, model: str, item: _Item, att: SegmentAttention)
     att.save(inside(run.root, paths[0]))
     for p in paths[1:]:
         write_atomic(p, paths[0].read_bytes(), root=run.root)
+    index_records(run, paths, att.prompt_digest)
 
 
 __all__ = ["ENGINE_IDS", "ForcedSummary", "RETOKENIZED", "answer_ids", "check_served_tokenizer", "pending_records",

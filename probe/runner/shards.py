@@ -24,7 +24,7 @@ from pathlib import Path
 
 from probe.config import ExperimentConfig, dump_config, read_run_config
 from probe.errors import ProbeError
-from probe.records import TrialRecord, load_prompts, load_task_records, load_trials, write_jsonl
+from probe.records import TrialRecord, index_records, load_prompts, load_trials, write_jsonl
 from probe.runfolder import RunFolder, RunLock, write_atomic
 from probe.runner.folder import record_differences
 from probe.runner.trials import shard_of
@@ -282,6 +282,7 @@ def _write_merged(run: RunFolder, shard_cfg: ExperimentConfig, by: dict[int, Pat
         write_atomic(run.manifest, json.dumps(manifest, indent=2, ensure_ascii=False), root=run.root)
         for rel, src in records.items():
             write_atomic(run.root / rel, src.read_bytes(), root=run.root)
+        index_records(run, [run.root / rel for rel in records], None)
         ordered = _ordered(trials, prompts, cfg, _models(first))
         # last: a folder with trials is a merged one
         write_jsonl(run.trials, (t.to_dict() for t in ordered), root=run.root)

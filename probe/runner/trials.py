@@ -13,7 +13,7 @@ from probe.config import ExperimentConfig
 from probe.errors import ConfigError
 from probe.interventions import MATCHED_DRAWS, Intervention
 from probe.prompts.reinject import reinject
-from probe.records import TrialRecord, append_jsonl, make_trial_id
+from probe.records import TrialRecord, append_jsonl, index_records, make_trial_id
 from probe.runfolder import inside, prompt_digest, write_atomic
 from probe.runner.folder import done_ids, trials_path
 from probe.tasks import get_family
@@ -200,6 +200,7 @@ def save_probe(cfg: ExperimentConfig, model: str, prompts: list[Prompt], gen: Ge
     gen.attention.save(inside(run.root, todo[0]))
     for p in todo[1:]:
         write_atomic(p, todo[0].read_bytes(), root=run.root)
+    index_records(run, todo, gen.attention.prompt_digest)
 
 
 __all__ = ["make_record", "run_model", "save_probe", "shard_of"]

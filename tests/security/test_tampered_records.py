@@ -60,4 +60,21 @@ def test_two_prompts_records_exchanged_are_refused(probed, tmp_path, capsys):
     b.rename(a)
     tmp.rename(b)
     rc, err = _analyse(run, capsys)
+    assert rc == 2 and f"{a}: its sha256 is not the one written" in err, err
+    (run / "attention_index.jsonl").unlink()  # a run indexed before records were: the prompt digest still holds
+    rc, err = _analyse(run, capsys)
     assert rc == 2 and "measured another prompt than" in err and "probes the prompt again" in err, err
+
+
+def test_a_record_rewritten_with_its_own_shape_and_digest_is_refused_by_its_hash(probed, tmp_path, capsys):
+    """The index written with each record (attention_index.jsonl) holds its sha256: a record whose values were
+    changed, shape and prompt digest kept, is named."""
+    from probe.attention.result import SegmentAttention
+
+    run, records = _copy(probed, tmp_path)
+    assert (run / "attention_index.jsonl").is_file()
+    rec = SegmentAttention.load(records[0])
+    rec.measures["p_ext"] = rec.measures["p_ext"] * 0 + 0.5
+    rec.save(records[0])
+    rc, err = _analyse(run, capsys)
+    assert rc == 2 and f"{records[0]}: its sha256 is not the one written" in err, err
