@@ -84,3 +84,10 @@ def test_a_damaged_manifest_names_the_file(source, tmp_path, capsys):
     run = _received(source, tmp_path)
     (run / "manifest.json").write_text('{"imported_from": ')
     _fails_cleanly(capsys, ["analyze", str(run)], f"{run / 'manifest.json'}: not valid JSON")
+
+
+def test_an_imported_jsonl_nested_past_reason_names_the_line(tmp_path, capsys):
+    src = tmp_path / "t.jsonl"
+    src.write_text('{"task_id": "q1", "condition": "Control", "output": "x"}\n' + "[" * 100_000 + "]" * 100_000 + "\n")
+    _fails_cleanly(capsys, ["analyze", str(src), "--map", "task_id=task_id", "--out", str(tmp_path / "o")],
+                   f"{src}:2: JSON nested deeper")
