@@ -13,7 +13,7 @@ it, so no renderer needs its own ``"—" if x is None else ...``. Specs are Pyth
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import math
 
@@ -89,4 +89,9 @@ def int_ranges(values: Iterable[int]) -> str:
     return ", ".join(out)
 
 
-__all__ = ["DASH", "P_FLOOR", "ci", "count", "first_clause", "int_ranges", "num", "p_phrase", "p_value", "pct"]
+def layers_have(layers: Sequence[int]) -> str:
+    """``layer 4 has`` or ``layers 0-3, 5 have`` (sorted ints), for sentences about layers."""
+    return f"layer {layers[0]} has" if len(layers) == 1 else f"layers {int_ranges(layers)} have"
+
+
+__all__ = ["DASH", "P_FLOOR", "ci", "count", "first_clause", "int_ranges", "layers_have", "num", "p_phrase", "p_value", "pct"]

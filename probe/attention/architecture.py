@@ -55,20 +55,23 @@ class Verdict:
 
 
 @functools.lru_cache(maxsize=1)
+def _table() -> dict[str, Any]:
+    """:data:`TABLE` as written (read once; an empty table when the file is absent)."""
+    if not TABLE.is_file():
+        return {"transformers": "none", "types": {}}
+    return dict(json.loads(TABLE.read_text(encoding="utf-8")))
+
+
+@functools.lru_cache(maxsize=1)
 def verdicts() -> dict[str, Verdict]:
     """Every model type's verdict from :data:`TABLE` (empty when the file is absent)."""
-    if not TABLE.is_file():
-        return {}
-    data = json.loads(TABLE.read_text(encoding="utf-8"))
     return {t: Verdict(model_type=t, verified=tuple(v.get("verified", ())), max_error=v.get("max_error"),
-                       reason=v.get("reason"), notes=v.get("notes", "")) for t, v in data["types"].items()}
+                       reason=v.get("reason"), notes=v.get("notes", "")) for t, v in _table()["types"].items()}
 
 
 def table_transformers() -> str:
     """The transformers version the table was written with."""
-    if not TABLE.is_file():
-        return "none"
-    return str(json.loads(TABLE.read_text(encoding="utf-8")).get("transformers", "unknown"))
+    return str(_table().get("transformers", "unknown"))
 
 
 def model_type_of(model_or_config: Any) -> str | None:
@@ -318,8 +321,7 @@ def describe(config: Any) -> tuple[bool, list[str]]:
     lines.append("measures: " + ", ".join(measured))
     absent = [i for i in range(n_layers) if i not in layers]
     if absent:
-        which = f"layer {absent[0]} has" if len(absent) == 1 else f"layers {fmt.int_ranges(absent)} have"
-        lines.append(f"not measured: {which} no attention (state-space or linear layers): their rows of every map "
+        lines.append(f"not measured: {fmt.layers_have(absent)} no attention (state-space or linear layers): their rows of every map "
                      "are empty (NaN)")
     if "value" not in verdict.verified:
         lines.append("not measured: value-weighted shares (the attention output is gated or normalised before its "

@@ -268,8 +268,7 @@ def no_attention_note(layers: set[int] | None) -> str:
     (docs/probes.md#architectures)."""
     if not layers:
         return ""
-    which = f"layer {min(layers)} has" if len(layers) == 1 else f"layers {fmt.int_ranges(sorted(layers))} have"
-    return f"; {which} no attention (not measured)"
+    return f"; {fmt.layers_have(sorted(layers))} no attention (not measured)"
 
 
 def draw_ar_k(result: IceResult, model: str) -> Figure | None:
