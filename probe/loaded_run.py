@@ -180,8 +180,10 @@ class Run:
         Raises:
             UnknownNameError: an unknown model. UnknownPromptError: an unknown prompt id.
             ProbeError: the run holds no record for it (probing off, or the run stopped before it).
+            AttentionRecordError: the record does not match its prompt, its model's layers and heads, or the sha256
+                it was written with.
         """
-        from probe.attention.result import SegmentAttention
+        from probe.analysis.frame import probe_records
 
         path = self.attention_path(prompt_id, model)
         if not path.is_file():
@@ -192,7 +194,8 @@ class Run:
                    "the run has not probed it (stopped before it, or the trial was skipped or failed; run the same "
                    "experiment again to finish it)")
             raise ProbeError(f"{path}: no attention record for prompt {prompt_id!r}: {why}")
-        return SegmentAttention.load(path)
+        model = self.local_model(model)
+        return next(sa for _, sa in probe_records(self.folder, [(model, prompt_id)], self.prompts))
 
     def local_model(self, model: str | None = None) -> str:
         """``model`` checked against the run's models, or the run's one local model when None.

@@ -22,19 +22,22 @@ built-in arrays) and 2 (no answer members) still read, with ``answer = None``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Mapping
 
 import numpy as np
 
 from probe.attention.answer import AnswerAttention
 from probe.errors import ProbeError
-from probe.types import SEGMENT_KINDS
+from probe.records import load_prompts, record_index
+from probe.runfolder import RunFolder, prompt_digest
+from probe.types import SEGMENT_KINDS, Prompt
 
 
 class AttentionRecordError(ProbeError):
@@ -352,3 +355,46 @@ def _load_answer(z: np.lib.npyio.NpzFile, meta: dict) -> AnswerAttention:
         segment_labels=tuple(meta["segment_labels"]),
         segment_spans=tuple((int(a), int(b)) for a, b in meta["segment_spans"]),
         chars=z["answer_chars"] if "answer_chars" in z.files else None)
+
+
+class RecordCheck:
+    """Holds each probe record to what made it (docs/records.md#what-is-checked-when-a-folder-is-read): the digest
+    of its prompt's text (records written since records carry it) and the layers and heads the manifest names for its
+    model (else the shape of the model's first record read), so a record cut one layer short, or moved to another
+    prompt's name, is refused rather than analysed."""
+
+    def __init__(self, digests: dict[str, str], shapes: dict[str, tuple[int, int]],
+                 index: dict[str, str] | None = None, root: Path | None = None) -> None:
+        self.digests = digests
+        self.shapes = dict(shapes)
+        self.index = index or {}
+        self.root = root
+
+    @classmethod
+    def of(cls, run: RunFolder, prompts: Mapping[str, Prompt] | None = None) -> "RecordCheck":
+        manifest = run.read_manifest() or {}
+        shapes = {}
+        for model, entry in (manifest.get("models") or {}).items():
+            if isinstance(entry, dict) and isinstance(entry.get("layers"), int) and isinstance(entry.get("heads"), int):
+                shapes[str(model)] = (entry["layers"], entry["heads"])
+        if prompts is None:
+            prompts = {p.prompt_id: p for p in load_prompts(run.prompts)} if run.prompts.is_file() else {}
+        digests = {pid: prompt_digest(p.text) for pid, p in prompts.items()}
+        return cls(digests, shapes, record_index(run), run.attention_root)
+
+    def __call__(self, path: Path, model: str, prompt_id: str, record: SegmentAttention) -> None:
+        fix = ("delete it and run the experiment again (`probe run`), which probes the prompt again; a folder from "
+               "elsewhere: ask for its records as they were written")
+        shape = tuple(record["seg_mass"].shape[:2])
+        want = self.shapes.setdefault(model, shape)
+        if shape != want:
+            raise AttentionRecordError(f"{path}: holds {shape[0]} layers x {shape[1]} heads, where model {model!r} "
+                                       f"has {want[0]} x {want[1]}; the record is not this model's whole probe: {fix}")
+        written = self.index.get(path.relative_to(self.root).as_posix()) if self.root is not None else None
+        if written is not None and hashlib.sha256(path.read_bytes()).hexdigest() != written:
+            raise AttentionRecordError(f"{path}: its sha256 is not the one written when the run made it "
+                                       f"(attention_index.jsonl): the file was changed since: {fix}")
+        digest = self.digests.get(prompt_id)
+        if record.prompt_digest is not None and digest is not None and record.prompt_digest != digest:
+            raise AttentionRecordError(f"{path}: measured another prompt than {prompt_id!r} (its prompt digest "
+                                       f"{record.prompt_digest} is not the prompt's {digest}): {fix}")

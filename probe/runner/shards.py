@@ -170,6 +170,24 @@ def _probe_records(folder: Path) -> list[Path]:
     return sorted(root.rglob("*.npz")) if root.is_dir() else []
 
 
+def _checked_records(here: RunFolder, trials: list[TrialRecord], prompts: list[Prompt]) -> list[Path]:
+    """The shard's probe records, each held to its trial's prompt, its model's layers and heads and the sha256 it
+    was written with (:class:`probe.attention.result.RecordCheck`): a record no trial of the shard made, or one that
+    fails the check, is refused before anything is merged, so a merge never re-indexes a changed record."""
+    from probe.attention.result import RecordCheck, SegmentAttention
+
+    made = {here.attention_record(t.model, t.prompt_id, t.intervention): t for t in trials}
+    check = RecordCheck.of(here, {p.prompt_id: p for p in prompts})
+    paths = _probe_records(here.root)
+    for path in paths:
+        trial = made.get(path)
+        if trial is None:
+            raise ShardError(f"{path}: no trial of the shard made this probe record; remove it (or run the shard "
+                             "again) before merging")
+        check(path, trial.model, trial.prompt_id, SegmentAttention.load(path))
+    return paths
+
+
 def _check_like_first(here: RunFolder, first: RunFolder, first_cfg: ExperimentConfig, prompts: list[Prompt]) -> None:
     """A shard made as the first one: settings that determine records, prompts, tasks, interventions."""
     cfg = read_run_config(here.root)
@@ -237,11 +255,12 @@ def merge_shards_into(run_dir: str | Path, shard_dirs: list[Path] | None = None)
     for index, folder in by.items():
         shard = Shard(index, len(by))
         _check_like_first(RunFolder(folder), RunFolder(first_dir), first_cfg, prompts)
-        for t in _finished_trials(RunFolder(folder), shard, prompts):
+        done = _finished_trials(RunFolder(folder), shard, prompts)
+        for t in done:
             if t.trial_id in trials:
                 raise ShardError(f"trial {t.trial_id!r} is in two shards: {owner[t.trial_id]} and {folder}")
             trials[t.trial_id], owner[t.trial_id] = t, folder
-        for path in _probe_records(folder):
+        for path in _checked_records(RunFolder(folder), done, prompts):
             rel = path.relative_to(folder)
             if rel in records:
                 raise ShardError(f"probe record {rel} is in two shards: {records[rel].parent} and {folder}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -195,6 +196,18 @@ def test_show_answer_steps_through_the_generated_tokens(tmp_path, tiny_card, cap
         assert main(["show", str(run.root), prompt_id, "--answer", flag, value]) == 2
         err = capsys.readouterr().err
         assert what in err and "Traceback" not in err
+
+    # a folder from elsewhere with show/ linked out of it: refused, naming the link, and nothing outside changes
+    from tests.security.tree import tree_digest
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("keep\n")
+    shutil.rmtree(run.root / "show")
+    (run.root / "show").symlink_to(outside)
+    before = tree_digest(outside)
+    assert main(["show", str(run.root), prompt_id, "--answer"]) == 2
+    assert "is a link" in capsys.readouterr().err and tree_digest(outside) == before
 
     exp.write_text(exp.read_text().replace("answer = true", "answer = false").replace('"steps"', '"plain"'))
     assert main(["run", str(exp), "-q"]) == 0

@@ -185,3 +185,28 @@ def test_show_never_writes_through_a_planted_link(shards, tmp_path, capsys):
     assert main(["show", str(run), pid, "--device", "cpu"]) == 2
     assert "is a link" in capsys.readouterr().err
     assert tree_digest(outside) == before
+
+
+def test_a_changed_or_foreign_shard_record_is_refused_and_nothing_is_merged(shards, tmp_path, capsys):
+    """A merge re-indexes what it copies, so it must hold each shard's records to the sha256 they were written with
+    (and to a trial of that shard) first: otherwise a record changed in transit would come out of the merge looking
+    as written."""
+    from probe.attention.result import SegmentAttention
+
+    _, run_dir = shards
+    run = _copy(run_dir, tmp_path / "sh")
+    record = sorted((run / "shards").rglob("*.npz"))[0]
+    rec = SegmentAttention.load(record)
+    rec.measures["p_ext"] = rec.measures["p_ext"] * 0 + 0.5
+    rec.save(record)
+    assert main(["merge", str(run)]) == 2
+    assert f"{record}: its sha256 is not the one written" in capsys.readouterr().err
+    assert not (run / "trials.jsonl").exists()
+
+    run = _copy(run_dir, tmp_path / "sh2")
+    record = sorted((run / "shards").rglob("*.npz"))[0]
+    stray = record.with_name("planted.npz")
+    shutil.copy(record, stray)
+    assert main(["merge", str(run)]) == 2
+    assert f"{stray}: no trial of the shard made this probe record" in capsys.readouterr().err
+    assert not (run / "trials.jsonl").exists()

@@ -78,3 +78,22 @@ def test_a_record_rewritten_with_its_own_shape_and_digest_is_refused_by_its_hash
     rec.save(records[0])
     rc, err = _analyse(run, capsys)
     assert rc == 2 and f"{records[0]}: its sha256 is not the one written" in err, err
+
+
+def test_show_refuses_a_changed_record(probed, tmp_path, capsys):
+    """``probe show`` reads a record through the analysis' one reader: a record changed since it was written is
+    named, not drawn."""
+    from probe.attention.result import SegmentAttention
+    from probe.records import load_trials
+    from probe.runfolder import RunFolder
+
+    run, _ = _copy(probed, tmp_path)
+    trial = load_trials(run / "trials.jsonl")[0]
+    record = RunFolder(run).attention_record(trial.model, trial.prompt_id)
+    rec = SegmentAttention.load(record)
+    rec.measures["p_ext"] = rec.measures["p_ext"] * 0 + 0.5
+    rec.save(record)
+    capsys.readouterr()
+    assert main(["show", str(run), trial.prompt_id, "--device", "cpu"]) == 2
+    assert f"{record}: its sha256 is not the one written" in capsys.readouterr().err
+    assert not (run / "show").exists()
