@@ -255,14 +255,13 @@ class IceBuilder:
                 if "Control" in self.ice.conditions:
                     out.append(self.build(task, "Control", 0, rep))
                 for load in self.ice.loads:
-                    sat = self.build(task, "Saturation", load, rep)
+                    sat: Prompt | None = None  # built only where asked for or measured against (LongControl)
                     for cond in self.ice.conditions:
-                        if cond == "Saturation":
-                            out.append(sat)
-                        elif cond == "Residue":
+                        if cond == "Residue":
                             out.append(self.build(task, "Residue", load, rep))
-                        elif cond == "LongControl":
-                            out.append(self.build_long_control(task, load, rep, sat))
+                        elif cond in ("Saturation", "LongControl"):
+                            sat = sat or self.build(task, "Saturation", load, rep)
+                            out.append(sat if cond == "Saturation" else self.build_long_control(task, load, rep, sat))
         return out
 
     def _prompt_id(self, task: Task, condition: str, load: int, rep: int) -> str:

@@ -9,7 +9,7 @@ import pytest
 
 from probe.config import IceSection
 from probe.errors import SpanError
-from probe.prompts.builder import IceBuilder, Piece, assemble, place_uniform
+from probe.prompts.builder import BuildError, IceBuilder, Piece, assemble, place_uniform
 from probe.prompts.tokenize import encode_prompt
 from probe.prompts.filler import neutral_filler
 from probe.prompts.distractors import distractor_facts
@@ -205,3 +205,13 @@ def test_a_token_crossing_two_segments_is_refused(tokenizer):
     p = Prompt("x", "t", "synthetic", "Saturation", 50, 0.0, 0, text, bad + segs[2:])
     with pytest.raises(SpanError, match="spans more than one segment"):
         encode_prompt(p, tokenizer)
+
+
+def test_a_control_only_grid_builds_no_saturation_prompt(tokenizer, tasks):
+    """Control does not depend on the loads: a Control-only experiment that also lists loads builds Control alone,
+    and a load its tasks cannot reach (99 % within 0.001 points) refuses nothing."""
+    ice = {"conditions": ["Control"], "loads": [99], "load_tolerance": 0.001, "replications": 2}
+    built = make_builder(tokenizer, **ice).build_all(tasks[:2])
+    assert [(p.condition, p.replication) for p in built] == [("Control", 0), ("Control", 1)] * 2
+    with pytest.raises(BuildError, match="short of the target"):  # the same grid with Saturation is refused, by load
+        make_builder(tokenizer, **(ice | {"conditions": ["Control", "Saturation"]})).build_all(tasks[:2])
