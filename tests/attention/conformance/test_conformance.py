@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[3]
 NAMED = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "gpt2", "gpt_neox", "olmo2", "olmo3", "phi3",
          "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "deepseek_v2", "deepseek_v3", "llama4", "llama4_text",
          "granite", "smollm3", "cohere2", "glm4", "starcoder2", "stablelm", "falcon", "opt", "gptj", "jamba", "bamba",
-         "falcon_h1", "qwen3_next", "nemotron_h")
+         "falcon_h1", "qwen3_next", "nemotron_h", "zamba2")
 
 
 @pytest.fixture(scope="module")
