@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import torch
 
+from probe.attention.architecture import attention_layers, value_measures_apply
 from probe.attention.masks import allowed_keys
 from probe.attention.plan import build_plan
 from probe.attention.reduce import LayerAggregates, LayerReducer, assemble_result, reduced_measures
@@ -103,12 +104,17 @@ def probe_transformer_lens(
     generated = list(generated_ids or ())
     plan = build_plan(tokenized, options, n_generated=len(generated))
     n_layers = int(tl_model.cfg.n_layers)
-    names = [_PATTERN.format(layer=i) for i in range(n_layers)]
-    missing = [n for n in names if n not in tl_model.hook_dict]
+    hf_model = getattr(tl_model, "original_model", None)
+    hf_config = hf_model.config.get_text_config() if hf_model is not None else None
+    # a hybrid model's state-space layers have no attention: NaN rows, as the engine reports them
+    with_attention = attention_layers(hf_model) if hf_model is not None else tuple(range(n_layers))
+    weighted = hf_model is None or value_measures_apply(hf_model)  # not where the output is gated first
+    names = {i: _PATTERN.format(layer=i) for i in with_attention}
+    missing = [n for n in names.values() if n not in tl_model.hook_dict]
     if missing:
-        raise HookError(f"TransformerLens model has no hook {missing[0]} ({len(missing)} missing)")
-    hf_config = getattr(tl_model, "original_model", None)
-    hf_config = hf_config.config.get_text_config() if hf_config is not None else None
+        raise HookError(f"TransformerLens model has no hook {missing[0]} ({len(missing)} of the {len(names)} layers "
+                        "with attention missing): its bridge does not expose this model's attention pattern; probe "
+                        "the Hugging Face model with the engine (probe_tokenized)")
 
     calls: Counter[int] = Counter()
     values: dict[int, torch.Tensor] = {}
@@ -132,7 +138,8 @@ def probe_transformer_lens(
             if att.device not in tensors:
                 tensors[att.device] = PlanTensors(plan, att.device)
             t = tensors[att.device]
-            reducer = LayerReducer(plan, att.shape[0], t, layer, _attention_module(tl_model, layer))
+            module = _attention_module(tl_model, layer) if weighted else None
+            reducer = LayerReducer(plan, att.shape[0], t, layer, module)
             v = None
             if reducer.needs_values:
                 if layer not in values:
@@ -150,12 +157,12 @@ def probe_transformer_lens(
     ids = torch.tensor([list(tokenized.input_ids) + generated], dtype=torch.long, device=tl_model.cfg.device)
     with torch.no_grad():
         hooks: list[tuple[str | Callable[..., Any], Callable[..., Any]]] = []
-        for i in range(n_layers):
+        for i, name in names.items():
             if with_values:
                 hooks.append((_VALUES.format(layer=i), value_hook(i)))
-            hooks.append((names[i], make_hook(i)))
+            hooks.append((name, make_hook(i)))
         tl_model.run_with_hooks(ids, fwd_hooks=hooks, return_type=None)
-    bad = [i for i in range(n_layers) if calls[i] != 1]
+    bad = [i for i in names if calls[i] != 1]
     if bad:
         raise HookError(f"TransformerLens pattern hooks of layers {bad} fired {[calls[i] for i in bad]} times, not once")
-    return assemble_result(plan, [layers[i] for i in range(n_layers)])
+    return assemble_result(plan, [layers.get(i) for i in range(n_layers)])
