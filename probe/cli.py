@@ -349,29 +349,48 @@ def lengths_or_none(text: str) -> tuple[int, ...]:
     return positive_int_list(text) if text.strip() else ()
 
 
+def _benchmarks() -> None:
+    """Make the checkout's ``benchmarks/`` importable (they sit beside ``probe/``, not in the wheel).
+
+    Raises:
+        ProbeError: no checkout beside the installed package.
+    """
+    try:
+        import benchmarks  # noqa: F401 - importable already (run from the checkout's root)
+        return
+    except ModuleNotFoundError:
+        root = Path(__file__).resolve().parents[1]
+        if not (root / "benchmarks" / "__init__.py").is_file():
+            raise ProbeError("probe bench: the benchmarks live in the source checkout (benchmarks/), not in the "
+                             "installed package; install the toolkit from a clone (`pip install -e .`) to run "
+                             "them") from None
+        sys.path.insert(0, str(root))
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
+    _benchmarks()
     if args.what == "gpu-check":
-        from probe.bench.gpu_check import format_gpu_check, run_gpu_check
+        from benchmarks.gpu_check import format_gpu_check, run_gpu_check
 
         lengths = args.lengths if args.lengths != LENGTHS_DEFAULT else None
         report = run_gpu_check(cpu=args.cpu, lengths=lengths, repeats=args.repeats)
         print(format_gpu_check(report))
         return 0 if report.ok else 1
     if args.what == "run":
-        from probe.bench.run import format_run_bench, run_probe_cost_bench
+        from benchmarks.run import format_run_bench, run_probe_cost_bench
 
         print(format_run_bench(run_probe_cost_bench(args.experiment, rounds=args.repeats, n_prompts=args.n)))
     elif args.what == "generate":
-        from probe.bench.generate import format_generate_bench, run_generate_bench
+        from benchmarks.generate import format_generate_bench, run_generate_bench
 
-        from probe.bench.generate import format_intervention_bench, run_intervention_bench
+        from benchmarks.generate import format_intervention_bench, run_intervention_bench
 
         bench = run_generate_bench(args.experiment, n_prompts=args.n or 32, batch_size=args.batch_size)
         print(format_generate_bench(bench))
         row = run_intervention_bench(args.experiment, n_prompts=args.n or 32, batch_size=args.batch_size)
         print(format_intervention_bench(row))
     else:
-        from probe.bench.attention import (
+        from benchmarks.attention import (
             DEFAULT_MODEL,
             format_attention_bench,
             format_probe_batch_bench,

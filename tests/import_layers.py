@@ -33,8 +33,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("analysis", ("analysis", "loaded_run")),
     # HTML / Markdown reports, figures, one prompt's attention shown
     ("report", ("report", "prompt_view")),
-    # what a user calls: the Python API, the command line, the benchmarks
-    ("entry", ("api", "cli", "bench", "__init__")),
+    # what a user calls: the Python API, the command line
+    ("entry", ("api", "cli", "__init__")),
 )
 
 # Imports (importer, imported) allowed to close a circle while it is being cut (none today). An entry whose import

@@ -30,7 +30,7 @@ FOLDERS: dict[str, tuple[str, ...]] = {
     "analysis": ("analysis",),
     "report": ("report", "prompt_view"),
     "api": ("__init__", "api", "cli", "loaded_run"),
-    "bench": ("bench",),
+    "bench": (),  # the benchmarks live outside probe/ (benchmarks/): NOT_PROBE
 }
 
 # test files of the whole project, at the top of tests/
@@ -45,6 +45,7 @@ CROSS_CUTTING = frozenset({
 NOT_PROBE: dict[str, str] = {
     "api/test_notebook.py": "examples/quickstart.ipynb",
     "api/test_docs_snippets.py": "README.md",
+    "bench/test_gpu_check.py": "benchmarks/gpu_check.py",
 }
 
 HELPERS = frozenset({"fixtures", "__pycache__"})

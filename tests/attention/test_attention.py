@@ -337,7 +337,7 @@ def test_transformer_lens_bridge_agrees_with_engine() -> None:
 
 
 def test_bench_rows_on_tiny_model() -> None:
-    from probe.bench.attention import format_attention_bench, run_attention_bench
+    from benchmarks.attention import format_attention_bench, run_attention_bench
 
     model = _build("llama")
     rows = run_attention_bench(lengths=(60, 96), model=model, model_name="tiny", include_lens=False, repeats=3,
@@ -374,7 +374,7 @@ def test_probe_without_value_weighted_measures() -> None:
 
 
 def test_probe_batch_bench_on_tiny_model() -> None:
-    from probe.bench.attention import format_probe_batch_bench, run_probe_batch_bench
+    from benchmarks.attention import format_probe_batch_bench, run_probe_batch_bench
 
     row = run_probe_batch_bench(_build("llama"), model_name="tiny", n_prompts=5, batch_size=3, lengths=(60, 90),
                                 repeats=1)

@@ -84,10 +84,10 @@ def test_a_toy_measure_is_computed_stored_and_checked_against_its_reference(toy:
     back = SegmentAttention.load(got.save(tmp_path / "p.npz"))
     np.testing.assert_array_equal(back[TOY], got[TOY])
 
-    from probe.bench.gpu_check import _max_diff, format_gpu_check
+    from benchmarks.gpu_check import _max_diff, format_gpu_check
 
     assert _max_diff(got, ref)[0] == max(v for k, v in diffs.items() if k != "chance")
-    from probe.bench.gpu_check import GpuCheckReport
+    from benchmarks.gpu_check import GpuCheckReport
 
     assert TOY in format_gpu_check(GpuCheckReport(device="cpu"))
 

@@ -1,4 +1,4 @@
-"""``probe bench gpu-check``: its CPU mode runs every part on tiny models (so the GPU script cannot rot), and it
+"""``probe bench gpu-check`` (benchmarks/gpu_check.py): its CPU mode runs every part on tiny models (so the GPU script cannot rot), and it
 refuses clearly without CUDA."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from probe.bench.gpu_check import DeviceError, format_gpu_check, run_gpu_check
+from benchmarks.gpu_check import DeviceError, format_gpu_check, run_gpu_check
 from probe.cli import main
 
 pytestmark = pytest.mark.integration
@@ -33,7 +33,7 @@ def test_cpu_mode_runs_every_part() -> None:
 def test_a_capture_that_drifts_from_its_reference_fails_the_check(monkeypatch) -> None:
     """The answer part compares with the reference: a capture whose masses are shifted fails it."""
     from probe.attention import decode
-    from probe.bench import gpu_check
+    from benchmarks import gpu_check
 
     real = decode.reference_answer_attention
 
@@ -49,7 +49,7 @@ def test_a_capture_that_drifts_from_its_reference_fails_the_check(monkeypatch) -
 
 def test_a_two_stage_probe_that_drifts_from_the_reference_fails_the_check(monkeypatch) -> None:
     """The two-stage column compares with the reference too: teacher-forced answer masses shifted by 1e-3 fail it."""
-    from probe.bench import gpu_check
+    from benchmarks import gpu_check
 
     real = gpu_check.probe_forced
 

@@ -278,7 +278,7 @@ def test_probed_run_records_equal_a_separate_probe_per_prompt(tmp_path, tiny_car
 
 @pytest.mark.parametrize("n_batches", [1, 2, 3, 6])
 def test_run_bench_rotates_the_arms_over_every_batch(n_batches: int) -> None:
-    from probe.bench.run import arm_order
+    from benchmarks.run import arm_order
 
     names = ["unprobed", "probed", "answer"]
     for b in range(n_batches):
@@ -290,8 +290,8 @@ def test_run_bench_rotates_the_arms_over_every_batch(n_batches: int) -> None:
 
 
 def test_run_bench_times_probed_and_unprobed_arms(tmp_path, tiny_card, monkeypatch):
-    import probe.bench.run as bench_run
-    from probe.bench.run import format_run_bench, run_probe_cost_bench
+    import benchmarks.run as bench_run
+    from benchmarks.run import format_run_bench, run_probe_cost_bench
 
     exp = tiny_experiment(tmp_path / "exp.toml", [tiny_card], experiment={"name": "b"},
                           tasks=[{"source": "synthetic", "n": 1, "hops": 2}], ice={"conditions": None},

@@ -50,7 +50,7 @@ from probe.attention import SegmentAttention, left_pad, probe_batch, probe_force
 from probe.attention.answer import AnswerAttention
 from probe.attention import reference_segment_attention
 from probe.attention.measures import measures
-from probe.bench.attention import bench_prompt, format_attention_bench, run_attention_bench
+from benchmarks.attention import bench_prompt, format_attention_bench, run_attention_bench
 from probe.probe_options import ProbeOptions
 from probe.errors import ProbeError
 
