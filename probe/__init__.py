@@ -1,34 +1,7 @@
 """ICE-Probe: how extraneous information degrades LLM reasoning, measured behaviourally and in attention.
 
-Data flows one way: task source -> ICE prompt builder -> model runner (generation, probes) -> records on disk
--> analysis -> report.
-
-The public API (:mod:`probe.api`; each name is imported on first use, so ``import probe`` stays cheap and loads
-neither torch nor transformers). Every call that uses a model takes it first; the model is a loaded :class:`Model`
-(or a card name, loaded once per process), which also offers the stages as methods (``m.build_prompt``,
-``m.tokenize``, ``m.probe``, ``m.generate``, ``m.intervention``, ``m.show``):
-
-- ``load_model(card=None, device=None)`` — a model card's model and tokenizer as a ``Model`` (default:
-  SmolLM2-135M-Instruct).
-- ``load_tasks(source="synthetic", n=1, seed=1234, **options)`` — the tasks of one task source (or of a
-  ``TaskSection``).
-- ``build_prompt(model, task, condition, load, replication)`` / ``build_prompts(model, task, ...)`` — ICE prompts
-  (text + segments) for a model's tokenizer.
-- ``tokenize_prompt(model, prompt)`` — the model input with one exact token span per segment.
-- ``probe_prompt(model, prompt, options=None, generated_ids=None, **option_values)`` — per-layer, per-head segment
-  attention, P_ext, chance, enrichment, AR_k (docs/probes.md).
-- ``generate(model, prompts, intervention=None, probe=None, **generation)`` — the answers a run would record.
-- ``intervention(model, prompts, Intervention(...) | **fields)`` — a context manager under which the model's
-  attention from answering positions to chosen segments (or any key mask, ``RowEdit``) is knocked out or steered.
-- ``run(experiment, overrides=None, analyze=False, report=False)`` — an experiment end to end -> ``Run``.
-- ``analyze(run)`` / ``render_report(run)`` — ``analysis.json`` / ``report.html`` of a run folder.
-- ``load_run(path)`` — a run folder's config, prompts, trials and attention records (``Run``).
-- ``show(run, prompt_id, model=None, layer=None, head=None)`` — one prompt's tokens shaded by attention, as an HTML
-  page.
-
-A call with the arguments in another order (a Task or Prompt where the model goes) raises ``ArgumentError`` (a
-``TypeError`` and a ``ProbeError``) saying so.
-"""
+The public API (:mod:`probe.api`), imported on first use so that ``import probe`` loads neither torch nor
+transformers; every function and method is listed in docs/architecture.md#the-python-api."""
 
 from __future__ import annotations
 

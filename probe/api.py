@@ -1,34 +1,5 @@
-"""The public API: what ``import probe`` offers, for scripts and notebooks.
-
-Every function that uses a model takes it first, and "the model" is always a loaded model: what
-:func:`load_model` returns (a :class:`Model`), or a model card's name (or TOML path, or ModelCard), which is loaded
-once per process and kept. The loaded model also offers each stage as a method, as a TransformerLens or nnsight
-model object does; the module functions are thin equivalents of the methods.
-
-One trial's path, by hand::
-
-    import probe
-    m = probe.load_model()                                    # the default card, smollm2-135m-instruct
-    task = probe.load_tasks("synthetic", n=1)[0]
-    p = m.build_prompt(task, "Saturation", load=50)           # = probe.build_prompt(m, task, "Saturation", load=50)
-    tp = m.tokenize(p)                                        # = probe.tokenize_prompt(m, p): ids + segment spans
-    att = m.probe(p)                                          # = probe.probe_prompt(m, p): p_ext, chance, ...
-    answer = m.generate(p, max_new_tokens=32)[0].text         # = probe.generate(m, p, ...): as a run answers
-    with m.intervention(p, kind="knockout", keys="extraneous") as batch:   # = probe.intervention(m, p, ...)
-        out = m.model.generate(batch.input_ids, attention_mask=batch.attention_mask, max_new_tokens=32)
-
-A whole experiment::
-
-    run = probe.run("experiments/demo.toml", analyze=True, report=True)   # -> Run (the run folder's records)
-    run = probe.load_run("outputs/demo")
-    run.trials, run.prompts, run.config, run.attention(prompt_id)
-    probe.show(run, prompt_id)                                # one prompt's attention as an HTML page
-
-Each function here is glue over the stages (:mod:`probe.tasks`, :mod:`probe.prompts`, :mod:`probe.loading`,
-:mod:`probe.attention`, :mod:`probe.runner`, :mod:`probe.analysis`, :mod:`probe.report`); it assembles the objects
-a stage needs from what a researcher has at hand (a task and a model) and adds no behaviour of its own. Torch and
-transformers are imported only when a function that needs them is called.
-"""
+"""The public API: what ``import probe`` offers, for scripts and notebooks; each function is glue over the stages and
+has its method on :class:`Model`. Listed with a worked trial in docs/architecture.md#the-python-api."""
 
 from __future__ import annotations
 

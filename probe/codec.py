@@ -1,29 +1,5 @@
-"""One codec between the toolkit's frozen dataclasses and their plain form (a JSON object, a TOML table).
-
-Three files are written and read through it: an experiment's TOML (:mod:`probe.config`), ``interventions.json``
-(:mod:`probe.interventions`) and ``analysis.json`` with its arrays (:mod:`probe.analysis.results`).
-
-- :func:`encode` gives the plain form: a dataclass by field, tuples as lists, numpy scalars as Python numbers, a
-  non-finite float as None (JSON has no NaN).
-- :func:`decode` builds a value of a type (a dataclass, ``tuple[X, ...]``, ``tuple[X, Y]``, ``dict[str, X]``, a
-  union such as ``X | None`` or ``str | tuple[int, ...] | Window``, a ``Literal``, a scalar, a :class:`Grid`) from
-  its plain form, checking every key: an unknown key, a missing one or a value of the wrong type raises
-  :class:`CodecError` naming its place below the value decoded (``heads[1]``, ``selection.k``); the reader of a
-  file adds the file and the entry. The dataclass's own ``__post_init__`` checks the values; a
-  :class:`~probe.errors.FieldError` it raises for a nested value becomes a CodecError at that value's place.
-
-Field metadata (``field(metadata={...})``):
-
-- :data:`OMIT`: the field is left out while it is None or empty, and reads back as its default when absent (a
-  section that only some runs have, so the files of the others read unchanged);
-- :data:`KEY`: the field's key in the file when it is not the field's name (``from`` for a Python keyword);
-- :data:`ALL_WHEN_NONE`: None is written as ``"all"`` and read back from it;
-- :data:`DECODE`: ``(data, where, arrays) -> value`` for a field whose type depends on its data.
-
-Arrays: a :class:`Grid` field is put into the ``arrays`` mapping given to :func:`encode` under its place in the
-value (``families.ice.attention_cells[3].enrichment``), and the plain form holds that name; :func:`decode` takes it
-back from ``arrays``. Without ``arrays`` (a CSV row) a Grid field is left out.
-"""
+"""One codec between the toolkit's frozen dataclasses and their plain form (a JSON object, a TOML table), every key
+checked; arrays travel as :class:`Grid` fields (docs/architecture.md#how-one-trial-flows)."""
 
 from __future__ import annotations
 
@@ -58,7 +34,7 @@ class CodecError(ProbeError):
 
 @dataclass(frozen=True, eq=False)
 class Grid:
-    """A float32 array held by a result, written beside the plain form (see the module docstring).
+    """A float32 array held by a result, written beside the plain form (see docs/architecture.md#how-one-trial-flows).
 
     Attributes:
         values: the array, stored as float32 (what ``attention_summary.npz`` holds).
@@ -93,7 +69,7 @@ def _place(where: str, name: str) -> str:
 
 
 def encode(x: Any, arrays: "dict[str, np.ndarray] | None" = None, where: str = "") -> Any:
-    """The plain form of ``x`` (module docstring); Grids go into ``arrays`` under their place."""
+    """The plain form of ``x`` (docs/architecture.md#how-one-trial-flows); Grids go into ``arrays`` under their place."""
     # numpy is looked up, not imported: a value can only be a numpy type once numpy is loaded, and the experiment
     # and interventions files are written without it
     np = sys.modules.get("numpy")
@@ -150,7 +126,7 @@ def _scalar(tp: type, data: Any) -> bool:
 
 
 def decode(tp: Any, data: Any, where: str = "", arrays: Mapping[str, np.ndarray] | None = None) -> Any:
-    """A value of type ``tp`` from its plain form ``data``, every key and value checked (module docstring).
+    """A value of type ``tp`` from its plain form ``data``, every key and value checked (docs/architecture.md#how-one-trial-flows).
 
     Raises:
         CodecError: a key that is unknown or missing, a value of the wrong type, or an array ``arrays`` lacks.

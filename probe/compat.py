@@ -1,11 +1,4 @@
-"""Versions of the libraries whose internals the probe engine relies on, checked before the engine is imported.
-
-The engine (:mod:`probe.attention`) plugs into transformers' ``AttentionInterface`` and ``AttentionMaskInterface``
-and reads the query and key states a layer hands to its attention function. Those are internals that change
-between major versions, so the engine is tested on, and declared for, the majors in
-:data:`SUPPORTED_TRANSFORMERS_MAJORS` (``pyproject.toml`` pins the same range). Another major is refused at
-``import probe.attention`` with an error that names both, instead of failing later inside a forward pass.
-"""
+"""Versions of the libraries whose internals the probe engine relies on, checked before the engine is imported."""
 
 from __future__ import annotations
 

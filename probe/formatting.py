@@ -1,15 +1,4 @@
-"""The one number formatter: how every estimate is written as text (reports, tables, summaries, analysis reasons).
-
-Every function takes a value that may be missing (None, or a NaN that slipped through) and writes :data:`DASH` for
-it, so no renderer needs its own ``"—" if x is None else ...``. Specs are Python format specs (``".3f"``,
-``"+.4f"``, ``".3g"``).
-
-- :func:`num` — a number with a spec; :func:`pct` — a share as a percentage (0.25 -> ``25%``);
-- :func:`p_value` — a p-value for a table cell (``<0.001`` below 0.001, else three decimals; ``html=True`` escapes
-  the ``<``); :func:`p_phrase` — a p-value inside a sentence (``p < 0.001``, ``p = 0.012``);
-- :func:`ci` — an interval ``[low, high]``; :func:`count` — an integer count;
-- :func:`first_clause` — a reason cut to its first clause, for a table cell whose file keeps it whole.
-"""
+"""The one number formatter: how every estimate is written as text (reports, tables, summaries, analysis reasons)."""
 
 from __future__ import annotations
 

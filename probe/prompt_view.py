@@ -1,11 +1,5 @@
-"""One prompt of a run, seen token by token: its tokens, segments and the attention the query set gives each token.
-
-:func:`view_prompt` reads the prompt from the run's ``prompts.jsonl``, tokenizes it with the run's model exactly as
-the runner did, and recomputes one forward pass with the probe engine asking for the mass on every single token
-(:func:`probe.attention.tokens.token_attention`). The run's attention record of the prompt, when there is one, is
-kept beside it: its per-segment masses are what the run recorded, and the recomputation is checked against them.
-:mod:`probe.report.show` draws a :class:`PromptView` as an HTML page.
-"""
+"""One prompt of a run, seen token by token: its tokens, segments and the attention the query set gives each token
+(docs/probes.md#seeing-one-prompt)."""
 
 from __future__ import annotations
 
@@ -35,7 +29,7 @@ RECORD_TOLERANCE = 1e-4
 
 @dataclass(frozen=True)
 class PromptView:
-    """One prompt's tokens and per-token attention (see the module docstring).
+    """One prompt's tokens and per-token attention (see docs/probes.md#seeing-one-prompt).
 
     Attributes:
         run_path: the run folder.
@@ -163,7 +157,7 @@ def _record_of(run: Run, prompt_id: str, model: str, tokenized: TokenizedPrompt,
 
 def view_prompt(run: str | Path | Run, prompt_id: str, *, model: str | LoadedModel | None = None,
                 query: str | None = None, device: str | None = None) -> PromptView:
-    """Recompute one prompt's per-token attention (see the module docstring).
+    """Recompute one prompt's per-token attention (see docs/probes.md#seeing-one-prompt).
 
     Args:
         run: the run folder (or a loaded Run).

@@ -1,11 +1,5 @@
-"""Trial and prompt records on disk: one JSON object per line, append-only, resumable without duplicates.
-
-A crash can leave a half-written last line (the bytes after the file's last newline): readers skip it (and log
-it) and the next append cuts it off first, so a resumed run neither loses a finished trial nor records one twice.
-Any other line that is not a record, a damaged line in the middle of a file or a complete last line, stops the
-reader with :class:`RecordError` (``file:line: not valid JSON ...``) before anything is computed or written.
-Where the files of a run lie is :mod:`probe.runfolder`'s business; this module reads and writes one file.
-"""
+"""Trial and prompt records on disk: one JSON object per line, append-only, resumable without duplicates
+(docs/records.md#trial-records)."""
 
 from __future__ import annotations
 

@@ -1,54 +1,5 @@
-"""Trial records written by other tools (CSV or JSONL), re-scored with the toolkit's scoring into a run folder.
-
-:func:`import_external` writes the folder (``trials.jsonl`` and a ``manifest.json`` that says how the file was read);
-the analysis then reads that folder like any other (:func:`probe.analysis.analyze_external` does both).
-
-A column mapping names, for each toolkit field, the column that holds it (``--map model=model,load=pct`` or a
-TOML file with a ``[map]`` table and an optional ``[conditions]`` table of condition-name aliases). Fields:
-
-=================  ==========  =====================================================================
-field              required    meaning
-=================  ==========  =====================================================================
-model              yes         model name
-condition          yes         condition (aliases: ContextSaturation, LongContextControl, AttentionalResidue…)
-output             yes         the model's raw output
-gold               yes         gold answer
-task_id            no          question id (default: ``question`` if mapped, else the gold answer)
-question           no          question text (only used as the default task id)
-load               no          extraneous load in percent (unmapped: 0 for every row)
-replication        no          replication index (unmapped: 0 for every row)
-run                no          batch / source file; replications are numbered per (run, replication)
-truncated          no          a true/false column; overrides the truncation rule below
-completion_tokens  no          output length in tokens (for the ``max_new_tokens`` rule)
-source_em          no          the tool's own score, kept in ``meta`` for comparison only
-=================  ==========  =====================================================================
-
-A mapping given for some fields is completed with columns that carry a field's own name. A mapped numeric column
-(``load``, ``replication``, ``completion_tokens``) must hold a number in every row that needs it: a blank cell or
-``nan``/``none``/``null`` is an error naming ``file:line`` and the column (never read as 0, which would move the
-trial to another load). Control rows need no load (Control has load 0 by definition). A file whose columns
-are those of the ICE paper's published outputs (``model, replication, condition, irrelevant_percent, output,
-ground_truth, source_file, accuracy``) gets the ``ice-paper`` mapping when none is given.
-
-How each row is classified (never as a wrong answer unless it is one):
-
-- **error**: the output matches ``error_pattern`` (default: it starts with ``API_ERROR``) → ``error`` is set and
-  the trial is not scored.
-- **skipped**: the output cell is empty → ``skipped`` with reason; not scored.
-- **truncated** (docs/method.md#truncated-and-uninterpretable: generation hit the token limit), decided by the first
-  rule that applies:
-  1. a mapped ``truncated`` column;
-  2. ``max_new_tokens`` with token counts (a mapped ``completion_tokens`` column, or a ``tokenizer`` — a local
-     Hugging Face tokenizer folder, ideally the generating model's — to count with): truncated iff the output
-     has at least ``max_new_tokens`` tokens;
-  3. otherwise the text rule: the output gives no explicit final answer (no ``\\boxed{…}``, no line starting
-     with "Answer:" / "Final answer:") **and** it stops mid-sentence — its last non-blank character is not a
-     sentence end (``. ! ? ) ] } " ' * `` and closing quotes), or a LaTeX ``\\[``/``\\(`` or a Markdown ``**``
-     on its last line is left open. The rule errs towards *not truncated*: an output cut right after a full
-     stop is scored normally (and is most likely wrong), so the truncation rate it reports is a lower bound.
-- every non-error output is scored with :func:`probe.scoring.answers.score_output` (EM, uninterpretable), exactly as
-  the toolkit scores its own runs.
-"""
+"""Trial records written by other tools (CSV or JSONL), re-scored with the toolkit's scoring into a run folder
+(docs/records.md#records-written-by-another-tool)."""
 
 from __future__ import annotations
 
@@ -106,7 +57,7 @@ class ImportSummary:
         file, sha256: the file and its sha256; n_rows: rows read.
         mapping: field -> column used; preset: the preset applied (``ice-paper``) or None;
         condition_aliases: condition names of the file -> toolkit conditions.
-        truncation_rule: the rule that decided truncation (module docstring); error_pattern: the backend-error
+        truncation_rule: the rule that decided truncation (docs/records.md#records-written-by-another-tool); error_pattern: the backend-error
             regex; max_new_tokens, tokenizer: as given.
         n_error, n_skipped, n_truncated, n_uninterpretable, n_scored: rows of each kind; n_duplicate_keys: rows
             repeating a (model, task, condition, load, replication) key; n_tasks: distinct task ids.
@@ -286,7 +237,7 @@ def has_final_answer(text: str) -> bool:
 
 
 def ends_mid_sentence(text: str) -> bool:
-    """Whether an output stops mid-sentence (see the module docstring's text rule)."""
+    """Whether an output stops mid-sentence (see docs/records.md#records-written-by-another-tool's text rule)."""
     body = text.rstrip()
     if not body:
         return False

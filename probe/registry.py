@@ -1,24 +1,4 @@
-"""One generic registry: named entries, duplicates refused, "did you mean" on a typo.
-
-Task sources, task families, report sections and attention measures are each a :class:`Registry`. An entry is
-registered once under its name; a second registration under the same name is an error (two modules claiming one
-name is a bug, not an override). A look-up of an unknown name raises :class:`~probe.errors.UnknownNameError`,
-which lists close matches and every registered name.
-
-Who registers what is written out where the registry is used (a reader follows it by "go to definition"): the
-toolkit's own entries are registered by name in one function per registry, on first use, so ``import probe`` stays
-cheap.
-
-    >>> colours: Registry[int] = Registry("colour")
-    >>> colours.register("red", 1)
-    1
-    >>> colours.get("red")
-    1
-    >>> colours.get("rde")
-    Traceback (most recent call last):
-    ...
-    probe.errors.UnknownNameError: unknown colour 'rde'; did you mean 'red'? (valid: red)
-"""
+"""One generic registry: named entries, duplicates refused, "did you mean" on a typo."""
 
 from __future__ import annotations
 

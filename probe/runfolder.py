@@ -1,32 +1,5 @@
-"""The run folder: every file name and path of a run, and the one grammar of prompt ids.
-
-A run of an experiment lives in ``outputs/<name>/``; this module is the only place that knows what is in it::
-
-    config.toml               the resolved experiment (probe.config.dump_config)
-    manifest.json             toolkit commit, package versions, model sources and revisions, seed
-    tasks.jsonl               one task per line, as the run loaded it (probe.types.Task: question, gold, hops)
-    prompts.jsonl             one built prompt per line (probe.types.Prompt)
-    trials.jsonl              one trial per line (probe.records.TrialRecord); trials.rank<r>.jsonl while a
-                              data-parallel run is in flight
-    interventions.json        the run's [[interventions]] as each model runs them (probe.interventions)
-    attention/<model>/<stem>.npz   one probe record per prompt (probe.attention.SegmentAttention)
-    attention/<model>/intervention=<name>/<stem>.npz   the same under an intervention
-    attention_index.jsonl     each probe record's path, sha256 and prompt digest as written
-    analysis.json, analysis.md, attention_summary.npz, tables/*.csv     probe analyze
-    report.html, figures/*.png                                          probe report
-    show/<model>/<stem>[.L<layer>][.H<head>].html                       probe show (one prompt's attention)
-    run.lock                  locked (flock) by the one probe run / probe build writing the folder; holds its pid
-    superseded-<time>/        the records of an earlier configuration, moved aside by ``probe run --force``
-
-**Prompt ids.** ``<task_id>|<condition>|L<load>|r<replication>``, plus ``|@<tokenizer>`` when an experiment builds
-prompts for several tokenizers. Free-text parts (task id, condition, tokenizer) are percent-escaped where they hold
-``%`` or ``|``, so any task id a JSONL file allows round-trips: :func:`parse_prompt_id` gives back the parts.
-
-**File names.** A prompt id becomes a file stem that is safe on any file system (:func:`record_stem`): characters
-other than letters, digits and ``-_.,=+@`` are percent-escaped and ``|`` becomes ``~``; a stem longer than
-:data:`MAX_STEM` bytes (a long or non-Latin task id) keeps a readable prefix and a hash of the whole id. Paths are
-only ever computed from ids (never parsed back), so the writer and every reader agree by construction.
-"""
+"""The run folder: every file name and path of a run, the one grammar of prompt ids, file stems, the run lock and the
+one safe writer (docs/records.md#run-folder, #prompt-ids, #file-stems)."""
 
 from __future__ import annotations
 
@@ -116,7 +89,7 @@ class PromptKey:
 
 
 def make_prompt_id(task_id: str, condition: str, load: int, replication: int, tokenizer: str | None = None) -> str:
-    """The prompt id of (task, condition, load, replication[, tokenizer]); see the module docstring."""
+    """The prompt id of (task, condition, load, replication[, tokenizer]); see docs/records.md#run-folder."""
     return PromptKey(task_id, condition, load, replication, tokenizer).prompt_id
 
 
@@ -159,7 +132,7 @@ def prompt_digest(text: str) -> str:
 
 
 def record_stem(name: str) -> str:
-    """A file-system-safe stem for a prompt id (or a model name): see the module docstring.
+    """A file-system-safe stem for a prompt id (or a model name): see docs/records.md#run-folder.
 
     Distinct names give distinct stems: the escaping is injective, and a shortened stem ends in a hash of the
     whole name.
@@ -179,7 +152,7 @@ def stem_name(stem: str) -> str:
 
 
 class RunFolder:
-    """The files of one run folder (see the module docstring). Creates nothing until asked to write.
+    """The files of one run folder (see docs/records.md#run-folder). Creates nothing until asked to write.
 
     Args:
         root: the run folder, ``<output_dir>/<experiment name>``.

@@ -1,53 +1,6 @@
-"""Attention records of a run, aggregated per cell, and their link to behaviour and to similarity
-(docs/probes.md, docs/statistics.md).
-
-Attention records are written by :meth:`probe.attention.result.SegmentAttention.save` where
-:meth:`probe.runfolder.RunFolder.attention_record` says; a trial links to its prompt's record by (model, prompt_id)
-through that method only (no file name is built here).
-
-The measure is a column, not part of a name: the analysis runs over the registered attention measures
-(:mod:`probe.attention.measure`) with one value per layer and head (:func:`linked_measures`: ``p_ext`` and any
-added), and each result says which one it is (``measure``).
-
-Products (the statistics are those of :mod:`probe.analysis.inference`; methods and simulations in
-docs/statistics.md):
-
-- :func:`summarise_attention`: per model × condition × load and linked measure, the mean over prompts of the
-  measure[layer, head] and, for a measure with a chance level, of its enrichment measure / chance[layer, head]
-  (NaN-aware: Control prompts have chance 0), of the chance level per layer, and of the head-averaged residue
-  AR_k[layer, target]. Targets are named by kind and order (``germane 1``, ``germane 2``, …, ``question``) so
-  prompts with the same layout average position by position. Each :class:`AttentionCell` holds its arrays
-  (:class:`probe.codec.Grid`); the report draws them without recomputing anything. It also returns each
-  trial's own arrays for the tests below.
-- :func:`attention_behaviour`, per linked measure, over the scored trials whose prompt has extraneous segments
-  (Saturation, Residue: P_ext is 0 by construction elsewhere, so including them would test the condition, not
-  attention):
-
-  * per layer (the primary test, ``layer_tests``): does the head-mean measure (P_ext) differ between failed and
-    correct trials at equal load and placement? OLS of it on [1, failed, load, Residue] per layer, CR2 standard
-    errors clustered by question, t on Bell–McCaffrey df, BH across the layers (one family per model and measure).
-    Layers with q < α and a positive difference are the layers whose distraction tracks failure
-    (``tracking_layers``). Load is adjusted for because P_ext rises with load by construction (its chance level is
-    the extraneous share).
-  * per head (``heads``): the same test on each head's enrichment (the value itself for a measure without a chance
-    level), BH across the whole layer × head grid (one family per model and measure); heads with q < α and a
-    positive difference are the *distractor heads*. The grid of estimates and q-values goes to
-    ``attention_summary.npz``, with the max-T adjusted p-values of the family-wise option over the same grid
-    (:mod:`probe.analysis.max_t`: per question, the failed − correct mean of residuals on load and Residue, signs of
-    whole questions flipped; ``heads.max_t``).
-  * per layer, the logistic robustness line (``layers``): Binomial GLM of *wrong answer* on the head-mean measure,
-    alone and with load (pp) and a Residue indicator as covariates (``adjusted``), the analysis' one logistic fit
-    (:func:`probe.analysis.glm.fit_logit`: CR2 clustered by question, t on Bell–McCaffrey df), BH q-values across
-    layers per fit (each its own family). ``odds_ratio_per_10pp`` = exp(0.1·coef): the odds ratio of a wrong
-    answer per 10 percentage points of the measure (a share, so 0.1 of it).
-- :func:`residue_attention` (H3 in attention): per Residue prompt, the head-mean AR_k of the question target and of
-  the prompt's last germane segment at each layer against the prompt's S_sim: slope of AR_k on S_sim per layer,
-  adjusted for load, CR2 clustered by question with Bell–McCaffrey df, BH across layers (one family per model and
-  target); Pearson r per layer beside it as a descriptive effect size.
-
-Below :data:`probe.analysis.inference.MIN_CLUSTERS` questions every test here is descriptive (estimates only) and
-says why.
-"""
+"""Attention records of a run, aggregated per cell, and their link to behaviour (per layer, per head, logistic
+robustness) and to similarity (H3 in attention). Specified in docs/statistics.md#attention--behaviour-per-layer-and-per-head
+and docs/statistics.md#h3-in-attention."""
 
 from __future__ import annotations
 
@@ -213,7 +166,7 @@ class LayerTests:
 
 @dataclass(frozen=True)
 class AttentionBehaviour:
-    """Attention ↔ behaviour of one model and one measure (:func:`attention_behaviour`; module docstring).
+    """Attention ↔ behaviour of one model and one measure (:func:`attention_behaviour`; docs/statistics.md#attention--behaviour-per-layer-and-per-head).
 
     Attributes:
         model: the model; measure: the measure's id (``p_ext``); label: its name in sentences (``P_ext``);
@@ -490,7 +443,7 @@ METHOD = method_of("P_ext")
 def attention_behaviour(df: pd.DataFrame, per_trial: pd.DataFrame, model: str, alpha: float = 0.05,
                         measure: str = "p_ext", seed: int = 0) -> AttentionBehaviour:
     """Attention ↔ behaviour of one model and one linked measure: per-layer and per-head tests, logistic fits
-    (module docstring).
+    (docs/statistics.md#attention--behaviour-per-layer-and-per-head).
 
     Args:
         df: trial table.

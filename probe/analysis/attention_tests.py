@@ -1,15 +1,5 @@
-"""The two ICE-specific attention tests, built on the small-sample machinery of :mod:`probe.analysis.inference`.
-
-- :func:`attention_failure_tests`: per layer or per head, the failed − correct difference of an attention measure at
-  equal load (and placement), CR2 clustered by question with Bell–McCaffrey df, BH over the grid.
-- :func:`condition_contrast_tests`: per layer or per head, the difference of an attention measure between two
-  conditions (e.g. Saturation at one load − Control) over the trials of both, CR2 clustered by question, BH over
-  the grid.
-- :func:`residue_similarity_tests`: H3 in attention, the slope of head-mean AR_k on S_sim per layer.
-
-Both are :func:`probe.analysis.inference.clustered_ols_many` on a design built here, so the minimum-G rule and its
-count of the questions that carry the contrast apply (docs/statistics.md#the-minimum-number-of-questions).
-"""
+"""The three ICE attention tests (failed − correct, condition contrasts, H3's AR_k slope on S_sim), built on
+:mod:`probe.analysis.inference`; specified in docs/statistics.md#attention--behaviour-per-layer-and-per-head."""
 
 from __future__ import annotations
 
@@ -51,7 +41,7 @@ def attention_failure_tests(values: np.ndarray, is_failed: np.ndarray, load: np.
         covariates: (trial, c) further adjustment columns, or None.
         alpha: test level, FDR level and 1 − confidence level.
         vcov: ``CR2`` (default) or ``CR1``.
-        min_clusters: the minimum-G rule (module docstring).
+        min_clusters: the minimum-G rule (docs/statistics.md#the-minimum-number-of-questions).
 
     Returns:
         The :class:`ManyFits` of the failed − correct difference, arrays of shape ``grid``.
@@ -153,7 +143,7 @@ def residue_similarity_tests(ar_k: np.ndarray, s_sim: np.ndarray, groups: np.nda
         load: (prompt,) load in percentage points, or None.
         alpha: test level, FDR level and 1 − confidence level.
         vcov: ``CR2`` (default) or ``CR1``.
-        min_clusters: the minimum-G rule (module docstring).
+        min_clusters: the minimum-G rule (docs/statistics.md#the-minimum-number-of-questions).
 
     Returns:
         The :class:`ResidueSimilarity`.

@@ -1,52 +1,5 @@
-"""CogniLoad load-sensitivity GLM and capacity thresholds (docs/cogniload.md#the-glm-and-the-capacity-thresholds), per
-model, from trial records.
-
-For each model, on its scored CogniLoad trials (``meta`` = ``{d, N, rho}``, ``em`` in {0, 1}), binomial GLMs with a
-logit link are fitted with statsmodels:
-
-- ``quadratic`` (the main fit): logit P(correct) = b0 + b_d d + b_N log10 N + b_rho rho + b_rho2 rho^2
-- ``linear``: the same without rho^2 (the two are compared by AIC; ``delta_aic`` = AIC(linear) - AIC(quadratic),
-  positive when the quadratic term earns its parameter)
-- ``d_x_N`` and ``d_x_rho``: the main fit plus the interaction d * log10 N, or d * rho.
-
-rho is in percent (5..95) and N in statements, so b_rho is per percentage point and b_N per tenfold length.
-A term whose variable takes one value only (or rho^2 with fewer than three rho levels) cannot be estimated; it
-is left out and listed under ``dropped`` with the reason. The fit is the analysis' one logistic fit
-(:func:`probe.analysis.glm.fit_logit`). Standard errors are model-based with the normal reference when every puzzle
-was answered once (the usual case: independent trials, one per puzzle, and many of them — the clustering differs
-from ICE's, where every question is asked under ten prompts), and CR2 clustered by puzzle with a t reference on the
-Bell–McCaffrey degrees of freedom when a puzzle was answered more than once (fewer than
-:data:`probe.analysis.inference.MIN_CLUSTERS` puzzles: coefficients only, no standard errors). ``se_method`` of each
-fit says which.
-
-Thresholds come from the main fit, at P(correct) = 0.5, each with the other variables at their means over the
-model's trials (d-bar, mean of log10 N, rho-bar; the rho^2 term at rho-bar^2, as in the fitted curve):
-
-- ECL50: the largest N such that P >= 0.5 for every length from the shortest tested one up to N;
-- ID50: the largest d such that P >= 0.5 for every difficulty from the lowest tested one up to d;
-- NT50: the smallest rho such that P >= 0.5 for every needle ratio from rho up to the highest tested one.
-
-A threshold is reported as a number only when it lies inside the tested range. Otherwise ``value`` is None,
-``status`` is ``above_range``, ``below_range``, ``not_estimable`` or ``degenerate``, and ``reason`` says why in a
-sentence (``extrapolated`` keeps the fitted crossing, if there is one, for reference). 95 % CIs are percentile
-bootstrap intervals: puzzles (task ids) are resampled with replacement, the main fit is refitted and the crossing
-recomputed; replicates whose fit is degenerate or whose curve never crosses 0.5 are counted in
-``n_boot_undefined`` and left out of the interval.
-
-A fit is ``degenerate`` when every trial has the same outcome (e.g. a model at 0 % everywhere), when the outcomes
-are (quasi-)completely separated (the linear-program check :func:`probe.analysis.glm.separation`, shared with ICE's
-logistic fits), when IRLS does not converge, or when a coefficient times its variable's standard deviation exceeds
-``MAX_STD_COEF`` (quasi-separation: the likelihood has no finite maximum in practice; also checked in
-:func:`probe.analysis.glm.fit_logit`).
-
-delta_rho = Acc(lowest tested rho) - Acc(highest tested rho), the raw accuracies at the two extreme rho levels, with
-a bootstrap CI from the same resamples.
-
-This module is also the CogniLoad family's analysis (registered as family ``cogniload``): per model the GLM and
-thresholds above, accuracy cells overall and per level of d, N and rho (:func:`cogniload_cells`) and the needle/hay
-attention enrichment of :mod:`probe.analysis.cogniload_attention`, together a :class:`CogniloadResult`. The bootstrap
-draws from ``numpy.random.default_rng(seed)`` with the experiment's seed.
-"""
+"""CogniLoad's family analysis: the load-sensitivity GLMs, the capacity thresholds with bootstrap intervals, accuracy
+cells and needle/hay attention, per model. Specified in docs/cogniload.md#the-glm-and-the-capacity-thresholds."""
 
 from __future__ import annotations
 
@@ -112,7 +65,7 @@ class GlmFit:
 
 @dataclass(frozen=True)
 class Threshold:
-    """One capacity threshold (ECL50, NT50, ID50) of the main fit (module docstring).
+    """One capacity threshold (ECL50, NT50, ID50) of the main fit (docs/cogniload.md#the-glm-and-the-capacity-thresholds).
 
     Attributes:
         value: the threshold inside the tested range, else None; ci_low, ci_high: percentile bootstrap CI.

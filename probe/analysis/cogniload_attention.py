@@ -1,39 +1,5 @@
-"""Attention on the needle vs hay statements of CogniLoad prompts, per layer and by rho and N (docs/probes.md,
-docs/cogniload.md).
-
-A CogniLoad prompt's content segments are, in prompt order, the ``n_people`` initial-state sentences and then the
-``N`` statements (:mod:`probe.tasks.cogniload`). Needles are the ``germane`` statements, hay the ``extraneous``
-statements; the initial-state sentences belong to neither group (they are the same for every rho).
-
-**Enrichment of a statement group** G (needle or hay), for layer l and head h, from the probe's query set Q
-(default: the question tokens and the last prompt token)::
-
-    share_G[l, h]  = sum_{s in G} M_seg[l, h, s] / D[l, h]
-    chance_G[l]    = chance[l] * n_G / n_ext
-    E_G[l, h]      = share_G[l, h] / chance_G[l]
-
-``M_seg`` is the record's per-segment mass (``seg_mass_segment``); D is the mass on every non-sink segment (on all
-segments when the probe ran with ``exclude_sink`` false), exactly the denominator of P_ext; ``chance[l]`` is the
-record's chance level of P_ext (the token share of all extraneous keys visible to Q); n_G and n_ext are the token counts
-of G and of all extraneous segments. So E_G is the per-token share of attention on G divided by the per-token share of
-uniform attention: 1.0 = a token of G gets what a token would get under uniform attention, 2.0 = twice that. Taking G =
-every extraneous segment gives back the record's P_ext enrichment (docs/probes.md#enrichment). chance_G is the exact
-chance level (docs/probes.md#chance-level) of G when every query of Q sees every token of G and of the extraneous
-segments, which holds for full causal attention because all statements precede the question; in a sliding-window layer
-that cuts some statements it is their token-share approximation.
-
-Per prompt the head-mean E_G[l] = mean_h E_G[l, h] is taken (chance does not depend on the head, so this is also
-the head-mean share over chance_G), and the contrast ``log2_ratio`` = log2(E_needle[l] / E_hay[l]): how many times
-more attention a needle token gets than a hay token (0 = the same, +1 = twice as much). Per model, prompts are
-averaged (NaN-aware: a prompt whose group is empty, e.g. no hay at high rho on a short puzzle, does not count for
-that group or the contrast):
-
-- ``layer``: the mean over all prompts, with a 95 % t-interval over prompts (``scipy.stats.t``) and n per layer;
-- ``by_rho``, ``by_N``, ``by_d``: the mean over the prompts at each tested level, as (layer, level) arrays, and
-  ``layer_mean``: that mean averaged over layers, one number per level (how a series moves with the knob overall).
-
-Every series (``needle``, ``hay``, ``log2_ratio``) is summarised the same way.
-"""
+"""Attention on the needle vs hay statements of CogniLoad prompts, per layer and by rho, N and d: each group's
+enrichment over its chance level and their log2 ratio. Specified in docs/cogniload.md#report-and-experiments."""
 
 from __future__ import annotations
 
@@ -109,7 +75,7 @@ class ByLevel:
 
 @dataclass(frozen=True)
 class NeedleHayModel:
-    """One model's needle and hay enrichment (module docstring).
+    """One model's needle and hay enrichment (docs/cogniload.md#report-and-experiments).
 
     Attributes:
         n_prompts: prompts with a record; n_layers: their layers; query: the probe query sets seen.
@@ -205,7 +171,7 @@ def statement_groups(sa: SegmentAttention, n_people: int, n_statements: int, whe
 
 
 def group_enrichment(sa: SegmentAttention, segments: list[int]) -> np.ndarray:
-    """Enrichment E_G[layer, head] of the segments ``segments`` (module docstring).
+    """Enrichment E_G[layer, head] of the segments ``segments`` (docs/cogniload.md#report-and-experiments).
 
     Args:
         sa: an attention record.
@@ -300,7 +266,7 @@ def _by_level(rows: list[PromptEnrichment], knob: str) -> ByLevel:
 
 
 def summarise_enrichment(rows: list[PromptEnrichment], alpha: float = 0.05) -> NeedleHaySummary:
-    """Per model: layer-wise needle/hay enrichment with CIs, and its means by rho, N and d (module docstring).
+    """Per model: layer-wise needle/hay enrichment with CIs, and its means by rho, N and d (docs/cogniload.md#report-and-experiments).
 
     Args:
         rows: one :class:`PromptEnrichment` per (model, prompt).

@@ -1,29 +1,5 @@
-"""Per model × condition × load summaries: EM mean, SEM, 95 % CI clustered by question, rates (docs/statistics.md).
-
-The interval of a cell's EM is :func:`probe.analysis.inference.proportion_ci`: the Wilson score interval at the
-Korn–Graubard effective sample size (CR1 design effect by question, floored at 1, with the degrees-of-freedom
-adjustment (t_{n−1}/t_{G−1})²). It always lies inside [0, 1], widens with the clustering of answers within a
-question, and stays informative when every answer of a cell is the same; its coverage at 7–50 questions is simulated
-in ``docs/statistics.md``. With one question no design effect can be estimated: the mean is given without an
-interval and ``ci_reason`` says so.
-
-*Scoring path* (docs/statistics.md#scoring-path-against-control): every trial records the rule that decided its
-answer (``extraction``: ``boxed``, ``answer_line``, ``last_line``, ``echo``, ``none``;
-:mod:`probe.scoring.answers`). A cell reports the share of each rule among its outputs and *strict EM*: the share of
-scored trials answered correctly by a box or an ``Answer:`` line (a fallback-decided answer counts as not correct),
-with the same interval as EM. A condition whose mix of rules differs from Control's compares EM across scoring paths
-as well as across conditions, so each non-Control cell is tested against the same model's Control cell, question by
-question: the share of its outputs decided by a box or an answer line (the split strict EM rests on) per question,
-minus Control's, by the sign-flip permutation test of H2 (:func:`probe.analysis.inference.paired_sign_flip`, pairs =
-question × replication; exact up to 16 questions). It is clustered by question and assumes nothing about the rules'
-rates; ``scoring_path_shift`` flags p < alpha, like truncation, as a warning about the comparison, not a finding (so
-no multiplicity correction: a missed flag costs more than a spare one). Below 6 questions there is no test and the
-reason says so.
-
-``em_sem`` is always the plain standard error of the mean over trials (``scipy.stats.sem``), as in the paper's
-Table 1; ``em_se`` is the cluster-robust (CR1) standard error behind the interval's design effect. Skipped trials and
-backend errors are counted in ``n_skipped`` / ``n_error`` and never scored as wrong.
-"""
+"""Per model × condition × load summaries: EM mean, SEM, its bounded interval clustered by question, strict EM, the
+scoring-path test against Control and the rates. Specified in docs/statistics.md#em-of-a-cell-a-bounded-interval-clustered-by-question."""
 
 from __future__ import annotations
 
@@ -74,7 +50,7 @@ class MeanCI:
         design_effect: clustered variance over binomial variance (floored at 1).
         n_effective: the effective sample size the Wilson interval is taken at.
         n: observations; n_clusters: distinct clusters.
-        ci_method: how the CI was made (see the module docstring), None without a CI.
+        ci_method: how the CI was made (see docs/statistics.md#em-of-a-cell-a-bounded-interval-clustered-by-question), None without a CI.
         ci_reason: why there is a mean but no interval (one question), else None.
         reason: why there is no estimate, else None.
     """
@@ -158,7 +134,7 @@ class Cell:
 
 
 def em_interval(y: np.ndarray, groups: np.ndarray, alpha: float = 0.05) -> MeanCI:
-    """Mean EM of a cell with its bounded interval clustered by ``groups`` (module docstring).
+    """Mean EM of a cell with its bounded interval clustered by ``groups`` (docs/statistics.md#em-of-a-cell-a-bounded-interval-clustered-by-question).
 
     Args:
         y: (n,) outcomes in [0, 1] (EM).
@@ -242,7 +218,7 @@ def _is_strict(g: pd.DataFrame) -> np.ndarray:
 
 
 def _scoring_path(g: pd.DataFrame, scored: pd.DataFrame, alpha: float) -> dict:
-    """Strict EM with its interval and the share of each scoring rule of one cell (module docstring)."""
+    """Strict EM with its interval and the share of each scoring rule of one cell (docs/statistics.md#em-of-a-cell-a-bounded-interval-clustered-by-question)."""
     out: dict = {}
     if len(scored) and scored["extraction"].notna().all():
         strict = em_interval(scored["em"].to_numpy() * _is_strict(scored), scored["task_id"].to_numpy(), alpha)

@@ -1,15 +1,5 @@
-"""Family analyses: one analysis per task family, registered under the family's name.
-
-Every trial record carries its ``family`` (:mod:`probe.tasks`: ``ice``, ``cogniload``, …). The analysis of a run
-(:func:`probe.analysis.run.analyze_run`) splits the trial table by that column and hands each part, as a
-:class:`FamilyData`, to the family's :class:`FamilyAnalysis`; the result goes into ``Analysis.families[name]``. No
-shared module names a family.
-
-The toolkit's analyses (``ice.ANALYSIS``, ``cogniload.ANALYSIS``) are registered by name in
-:mod:`probe.analysis.catalog`. Adding a benchmark's analysis: a module with a frozen dataclass for its result and a
-:class:`FamilyAnalysis`, given to :func:`register_family_analysis`; its report section is registered the same way
-(:mod:`probe.report.sections`).
-"""
+"""Family analyses: one analysis per task family, registered under the family's name; adding one is described in
+docs/architecture.md#how-one-trial-flows."""
 
 from __future__ import annotations
 

@@ -1,17 +1,5 @@
-"""Trial records of a run folder as one table (a pandas DataFrame), with the columns the estimators use.
-
-Columns are the :class:`probe.records.TrialRecord` fields plus:
-
-- ``is_scored``: the trial has an EM (not skipped, no backend error); only these enter EM estimates. Skipped
-  trials and errors are counted, never scored as wrong.
-- ``has_output``: the model produced an output (not skipped, no error); truncation and uninterpretable rates are
-  shares of these trials.
-- ``s_sim``: the trial's S_sim, taken from the prompt record where the trial lacks it.
-
-``family`` (recorded on every trial, :mod:`probe.tasks`) says which family analysis a row belongs to;
-``intervention`` (None for a baseline trial) which intervention the model ran under
-(:mod:`probe.analysis.interventions`; only baseline rows enter the families' estimates).
-"""
+"""A run folder read once for the analysis: the trials as one table (with ``is_scored``, ``has_output``, ``s_sim``),
+the prompts and tasks, and ``probe_records``, the one reader of probe records (docs/records.md#trial-records)."""
 
 from __future__ import annotations
 
@@ -45,7 +33,7 @@ def _keys_shortfall(trial: TrialRecord) -> int:
 
 
 def trials_frame(trials: list[TrialRecord]) -> pd.DataFrame:
-    """One row per trial with the analysis columns (see the module docstring).
+    """One row per trial with the analysis columns (see docs/records.md#trial-records).
 
     Args:
         trials: trial records (any order).

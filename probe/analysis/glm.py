@@ -1,30 +1,6 @@
-"""The one logistic fit of the analysis: a Binomial GLM (logit link) whose standard errors use the small-sample
-reference of :mod:`probe.analysis.inference`, every way it can fail turned into a status and a reason.
-
-Callers: H1's robustness line (:mod:`probe.analysis.hypotheses`), the per-layer logistic fits of attention ↔
-behaviour (:mod:`probe.analysis.attention_link`), :func:`clustered_logit` (the same fit as a
-:class:`probe.analysis.inference.ClusteredFit`; it lives here so that this module builds on
-:mod:`probe.analysis.inference` and not the other way round) and the CogniLoad
-GLMs and their bootstrap refits (:mod:`probe.analysis.cogniload`).
-
-Coefficients come from ``statsmodels`` ``GLM(family=Binomial())``. Standard errors:
-
-- ``groups`` given (clustered by question, or by puzzle): **CR2** with **Bell–McCaffrey degrees of freedom** on the
-  converged working regression (design scaled by √(μ(1 − μ)), Pearson residuals), a t reference on those df
-  (:func:`probe.analysis.inference.sandwich_weights`); or, with ``vcov="CR1"``, statsmodels ``cov_type="cluster"``
-  with t(G − 1). Never the normal reference, which over-rejects with few clusters (docs/statistics.md). With fewer
-  than ``min_clusters`` clusters (:data:`probe.analysis.inference.MIN_CLUSTERS`) the fit is descriptive: the
-  coefficients are given, standard errors, intervals and p-values are not, and ``test_reason`` says why.
-- ``groups`` None: model-based (the information matrix) with the normal reference. Used where every observation is
-  its own cluster (CogniLoad puzzles answered once, its bootstrap refits): independent trials, many of them, the
-  usual likelihood theory.
-
-A fit is not usable (``status`` other than ``ok``) when the outcomes are (quasi-)completely separated
-(:func:`separation`, a linear program run before the fit; or a coefficient times its column's standard deviation
-above ``MAX_STD_COEF``), when statsmodels raises or reports perfect separation, does not converge, or gives a
-non-finite coefficient or standard error; ``reason`` says which in a sentence. ICE's logistic fits and CogniLoad's
-GLMs share these checks.
-"""
+"""The one logistic fit of the analysis: a Binomial GLM whose standard errors use the small-sample reference of
+:mod:`probe.analysis.inference`, every way it can fail turned into a status and a reason. Specified in
+docs/statistics.md#logistic-fits-under-separation."""
 
 from __future__ import annotations
 
@@ -201,7 +177,7 @@ def fit_logit(
     min_clusters: int = MIN_CLUSTERS,
     names: tuple[str, ...] | None = None,
 ) -> LogitFit:
-    """Binomial GLM (logit link) of ``y`` on ``X`` (see the module docstring for the standard errors).
+    """Binomial GLM (logit link) of ``y`` on ``X`` (see docs/statistics.md#logistic-fits-under-separation for the standard errors).
 
     Args:
         y: (n,) outcomes in {0, 1}.
@@ -307,7 +283,7 @@ def clustered_logit(y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: int 
         term: column of ``X`` whose coefficient is tested.
         alpha: test level and 1 − confidence level.
         vcov: ``CR2`` (default) or ``CR1``.
-        min_clusters: the minimum-G rule (module docstring).
+        min_clusters: the minimum-G rule (docs/statistics.md#logistic-fits-under-separation).
 
     Returns:
         The :class:`ClusteredFit` of column ``term`` (log-odds scale).

@@ -1,16 +1,5 @@
-"""One result type for every per-head test over a layer × head map: :class:`HeadTests`.
-
-The attention ↔ behaviour analysis (distractor heads), the retrieval heads (failed − correct, Saturation − Control)
-and the hop-mass tests each test every head of a model and correct over the map twice: Benjamini–Hochberg (false
-discovery rate; :attr:`HeadTests.significant`) and the max-T sign flip of whole questions (family-wise error;
-:attr:`HeadMaxT.significant`, :mod:`probe.analysis.max_t`). The two lists are kept apart: a head named by either
-correction is named with the correction it passed (:meth:`HeadTests.listed`), since the union of the two lists
-has a family-wise error above either's (docs/statistics.md#max-t-permutation-correction).
-
-Builders: :func:`fitted_head_tests` (clustered fits of a contrast at equal covariates,
-:func:`probe.analysis.inference.clustered_ols_many`), :func:`with_max_t` (the max-T option on the residual
-contrasts per question), :func:`max_t_head_tests` (a one-sample test of per-question contrasts only).
-"""
+"""One result type for every per-head test over a layer × head map, :class:`HeadTests`: Benjamini–Hochberg and max-T
+lists kept apart (docs/statistics.md#max-t-permutation-correction)."""
 
 from __future__ import annotations
 

@@ -1,33 +1,5 @@
 """Question-clustered tests of the hop masses: where the tokens naming a hop's answer look, by outcome and condition.
-
-The quantity (docs/probes.md#hop-tracking): for one trial-hop whose answer the output names, the attention of the
-mention's tokens (averaged over them) on the germane segment that states the hop (``hop``) or on the extraneous
-segments (``extraneous``), per layer and head; per layer it is pooled over the heads (their mean). The tests
-(docs/statistics.md#hop-mass-tests), one set per model, measure (raw attention weights; value-weighted) and mass:
-
-- **failed − correct**: over the named trial-hops of the Saturation and Residue trials (the prompts with
-  extraneous segments, as in the attention ↔ behaviour analysis), the OLS of the mass on [1, failed, load,
-  Residue, last hop, hop index] (:func:`probe.analysis.attention_tests.attention_failure_tests`): the mean
-  difference between trials that end wrong and trials that end right at equal load, placement and hop position.
-  The last hop of a wrong trial is tracked on the wrong answer, so there the mass is where the model looked while
-  it wrote the wrong entity. Masses ``hop`` and ``extraneous``.
-- **Saturation − Control at each load**: over the named trial-hops of Control and of Saturation at that load, the
-  OLS of the mass on [1, Saturation, last hop, hop index]
-  (:func:`probe.analysis.attention_tests.condition_contrast_tests`). Mass ``hop`` only: a Control prompt has no
-  extraneous segment, so its extraneous mass is 0 by construction.
-- **Saturation − LongControl at each load**: the same against LongControl at the same load, whose prompt has the
-  Saturation prompt's length in neutral filler. A longer prompt alone spreads attention over more keys, so
-  Saturation − Control mixes length with distraction; against LongControl only what the distractors are remains.
-  Mass ``hop`` only (LongControl has no extraneous segment either).
-
-Each is fitted per layer (head-pooled mass; BH across the layers, one family) and per head (BH across the layer ×
-head map, one family), CR2 clustered by question with Bell–McCaffrey df; below the minimum number of questions
-(or of questions carrying the contrast) it is descriptive. The per-head map also gets the max-T sign-flip
-correction (:mod:`probe.analysis.max_t`, family-wise over the map, permuting whole questions): per question the
-mean over its trials on one side minus the mean over its trials on the other, of the residuals of the same
-adjustment columns (:func:`probe.analysis.max_t.question_contrasts`), for the questions with trials on both
-sides.
-"""
+Specified in docs/statistics.md#hop-mass-tests."""
 
 from __future__ import annotations
 
@@ -74,7 +46,7 @@ REFERENCE = {SATURATION_CONTROL: ("Control", False), SATURATION_LONGCONTROL: ("L
 
 @dataclass(frozen=True)
 class HopMassTest:
-    """One test of a hop mass (module docstring): per layer (heads pooled) and per head.
+    """One test of a hop mass (docs/statistics.md#hop-mass-tests): per layer (heads pooled) and per head.
 
     Attributes:
         model: the model; measure: ``raw`` or ``value``; category: the mass (``hop`` or ``extraneous``).
@@ -164,7 +136,7 @@ def _fits(contrast: str, load: int | None, sub: list[HopRow], Y: np.ndarray, gro
 
 def hop_mass_tests(rows: Sequence[HopRow], masses: Sequence[np.ndarray | None], model: str, measure: str,
                    categories: Sequence[str], alpha: float = 0.05, seed: int = 0) -> list[HopMassTest]:
-    """Every test of one model and measure (module docstring).
+    """Every test of one model and measure (docs/statistics.md#hop-mass-tests).
 
     Args:
         rows: the trial-hops (:class:`probe.analysis.hops.HopRow`: model, task_id, condition, load, hop, n_hops,

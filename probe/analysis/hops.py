@@ -1,31 +1,5 @@
 """Hop tracking: where the model's output names each hop's answer, and which prompt segment it read while writing it.
-
-Definitions (docs/probes.md#hop-tracking):
-
-- **Mention.** A hop's answer is *named* where the output holds it under the toolkit's own matching rule (the rule
-  of exact match and hop recall, :mod:`probe.scoring.answers`: normalised tokens as one contiguous run, numbers
-  compared numerically). The span used is the **first** mention: later mentions can be copied from the model's own
-  earlier text (the answer-so-far column) rather than looked up in the prompt, so only the first one shows where
-  the entity came from.
-- **Tokens.** The characters of the mention are mapped onto the generated tokens by the tokenizer's offsets of the
-  output (or, where re-tokenising the output gives other ids than the model generated, by decoding prefixes of the
-  generated ids); every token that overlaps the mention counts.
-- **Masses.** For those tokens' query rows (:class:`probe.attention.answer.AnswerAttention`: row ``t`` wrote token
-  ``t``), the mass on the germane segment that states the hop (``hop``), on the other germane facts, the
-  extraneous segments, filler, the question, the instruction, sink tokens and the answer so far: per layer and
-  head, averaged over the mention's tokens; raw and value-weighted where the record has value-weighted masses.
-- **Depth window.** The label reads the masses pooled over the heads and over the layers of the upper half of the
-  model (``[L // 2, L)``). The window is fixed in advance, the same for every trial and model, so the label is
-  never tuned on the outcome it is compared with; lower layers mostly attend to nearby tokens and the sink, while
-  lookups of content (copying a name from the context) happen from the middle of the network on.
-- **Labels** (per trial and hop): ``read_right_fact`` when, among the content segments (germane, extraneous,
-  filler), the germane segment stating the hop holds the largest mass; ``read_distractor`` when an extraneous
-  segment that itself names the written entity holds it; ``other`` otherwise; ``not_named`` when the output never
-  names the hop's answer.
-- **Wrong answers.** For the last hop of a scored trial with a wrong extracted answer, the entity tracked is the
-  wrong answer (its first mention in the output), so ``read_distractor`` says that the wrong entity stands in a
-  distractor and was read from there, and ``read_right_fact`` that the model read the right fact and still failed.
-"""
+Specified in docs/probes.md#hop-tracking."""
 
 from __future__ import annotations
 
@@ -234,7 +208,7 @@ def _hop_entity(hops: Sequence[Hop], i: int, gold: Gold) -> str | None:
 
 def track_trial(answer: AnswerAttention, trial: TrialRecord, task: Task, segment_texts: Mapping[int, str],
                 window: tuple[int, int] | None = None) -> TrialHops:
-    """Find, measure and label every hop of one trial (module docstring).
+    """Find, measure and label every hop of one trial (docs/probes.md#hop-tracking).
 
     Args:
         answer: the trial's answer attention, with the character span of each answer token (``chars``).
@@ -469,7 +443,7 @@ def segment_texts(prompt: Prompt, answer: AnswerAttention) -> dict[int, str]:
 
 
 class HopTracker:
-    """Hop tracking of a run's scored ICE trials, fed one answer record at a time (module docstring).
+    """Hop tracking of a run's scored ICE trials, fed one answer record at a time (docs/probes.md#hop-tracking).
 
     The ICE analysis reads each probe record once and hands its answer capture to :meth:`add` (one record in
     memory at a time: an answer record is tokens x layers x heads x segments); :meth:`result` gives the cells and

@@ -1,26 +1,5 @@
-"""The paper's hypotheses (docs/method.md#hypotheses), each fitted per model with the small-sample estimators of
-:mod:`probe.analysis.inference` (statsmodels / scipy underneath; methods and simulations in docs/statistics.md).
-
-- **H1** (:func:`fit_load_trend`): EM = β0 + β·load, load in percentage points, on one condition's trials at its
-  loads plus the Control trials as load 0 (Saturation: H1 proper; Residue and LongControl the same way). Linear
-  probability model (:func:`probe.analysis.inference.clustered_ols`): CR2 standard errors clustered by ``task_id``,
-  t reference on the Bell–McCaffrey degrees of freedom. The logistic robustness line is the analysis' one logistic
-  fit (:func:`probe.analysis.glm.fit_logit`, same clustering and reference), with ``odds_ratio_per_10pp_load`` =
-  exp(10·β_logit). Post-hoc power and the minimum detectable β use the test's own t reference (noncentral t).
-- **H2** (:func:`h2_comparisons`): two conditions paired by ``(task_id, replication)`` (and equal load where both
-  carry one). Primary test: sign-flip permutation of the per-question mean paired differences
-  (:func:`probe.analysis.inference.paired_sign_flip`; exact up to 16 questions, else 9,999 Monte Carlo flips seeded
-  with the experiment's seed plus the comparison's index); the exact McNemar test on the pairs is a secondary
-  column. Benjamini–Hochberg q-values across all comparisons of a model (one family).
-- **H3** (:func:`similarity_degradation`): per question, degradation = EM(Control) − EM(Residue) (means over
-  replications, and loads); Pearson r with the question's mean S_sim over its Residue trials, Fisher-z interval and
-  the p-value of the same pivot (:func:`probe.analysis.inference.similarity_correlation`), Spearman ρ as
-  robustness; BH q-values across a model's H3 rows (pooled, then per Residue load).
-
-Below :data:`probe.analysis.inference.MIN_CLUSTERS` questions every fit and test is descriptive (estimate given, no
-SE, interval or p-value; ``is_test`` False, ``reason`` says why). Each returns a frozen dataclass (:class:`H1Fit`,
-:class:`PairedComparison`, :class:`H3Correlation`); every degenerate case has a ``reason``.
-"""
+"""The paper's hypotheses H1–H3 (docs/method.md#hypotheses), fitted per model with the small-sample estimators of
+:mod:`probe.analysis.inference`; methods in docs/statistics.md#methods."""
 
 from __future__ import annotations
 

@@ -1,30 +1,5 @@
-"""The ICE family's analysis (family ``ice``; docs/method.md#hypotheses): cells, H1-H3, power, attention ↔ behaviour,
-taxonomy.
-
-Registered with :mod:`probe.analysis.families`; gets the run's ``ice`` trials (multi-hop questions under the
-Control, LongControl, Saturation and Residue conditions, and any condition a user's own segments name) and returns
-an :class:`IceResult`:
-
-- ``cells``: EM per model × condition × load (:mod:`probe.analysis.estimates`);
-- ``h1`` (Saturation, Residue and LongControl against Control), ``h2``, ``h3`` and their power
-  (:mod:`probe.analysis.hypotheses`); H2's Monte Carlo sign flips (above 16 questions) are seeded with the
-  experiment's seed;
-- ``attention_cells``, ``attention_behaviour`` (per-layer and per-head tests, logistic robustness fits) and
-  ``residue_attention`` (H3 in attention) when probe records exist (:mod:`probe.analysis.attention_link`; the cell
-  arrays and the per-head grids are held in the results, and written to ``attention_summary.npz``);
-- ``taxonomy`` per model (:mod:`probe.analysis.taxonomy`);
-- ``hop_tracking`` when probe records hold attention while the answer was written (:mod:`probe.analysis.hops`:
-  which fact the model read while it named each hop's answer; None otherwise, and then absent from the file).
-- ``writing``: what the model wrote per cell (:mod:`probe.analysis.writing`: output length, one-sentence share,
-  which germane fact the answer line restates, each tested against Control).
-- ``retrieval`` per model when probe records hold an answer capture (:mod:`probe.analysis.retrieval`: retrieval
-  heads and the lookback ratio; empty, and absent from ``analysis.json``, otherwise).
-
-Each probe record of the family's prompts is read once (:func:`probe.analysis.frame.probe_records`): what the
-attention link, the retrieval heads and hop tracking need of it is taken in one pass. S_sim is what the prompt
-builder recorded (docs/method.md#task-similarity-s_sim); a Saturation or Residue trial without it (prompts built
-with ``[analysis] embedder = ""``) gets a note, and H3 a reason instead of an estimate.
-"""
+"""The ICE family's analysis (family ``ice``): cells, H1–H3 and their power, what the model wrote, attention ↔
+behaviour, retrieval heads, hop tracking and the taxonomy, each probe record read once (docs/method.md#hypotheses)."""
 
 from __future__ import annotations
 
@@ -149,7 +124,7 @@ def read_probe_records(data: FamilyData) -> _ProbeReads:
 
 
 def analyze_ice(data: FamilyData) -> FamilyOutput:
-    """Every ICE estimate of a run's ``ice`` trials (module docstring).
+    """Every ICE estimate of a run's ``ice`` trials (docs/method.md#hypotheses).
 
     Args:
         data: the family's trials, the run folder, settings and seed.

@@ -1,39 +1,5 @@
-"""Small-sample inference for the estimates of docs/statistics.md: intervals, clustered tests, permutation tests, FDR.
-
-Researchers run 7–50 questions, not the paper's 200. Every function here is pure (numpy arrays in, a small frozen
-dataclass out), uses statsmodels or scipy for its estimator, and says in its docstring which method it applies and
-when the result is descriptive only. ``docs/statistics.md`` gives the methods, the families for multiple
-comparisons and the simulation tables (``python scripts/simulate.py``) that back every choice below.
-
-**Small-sample reference.** Every clustered regression uses CR2 cluster-robust standard errors (the
-bias-reduced linearisation of Bell & McCaffrey) with a t reference on the Bell–McCaffrey degrees of freedom
-(:func:`sandwich_weights`); the logistic GLM too, on its working regression. CR1 (statsmodels
-``cov_type="cluster"``) with t(G − 1) is available as ``vcov="CR1"``: it holds its level when the tested regressor
-varies within questions (H1's load) but over-rejects when it varies mainly between questions (S_sim, a question's
-failure rate) at G = 7 and even at G = 30. Post-hoc power and the minimum detectable effect use the same reference:
-the noncentral t with the test's df and noncentrality |estimate| / SE (statsmodels ``TTestPower``).
-
-**The minimum-G rule.** A clustered test needs enough questions (clusters) to estimate its own variance. With
-``G < MIN_CLUSTERS`` (6) questions every fit and test here is returned *descriptive*: the estimate is given,
-standard error, interval and p-value are ``None`` (NaN in arrays), ``is_test`` is False and ``reason`` says why.
-Six is where the question-level sign-flip test can first reach p < 0.05 at all (its smallest two-sided p is
-2 / 2^G: 0.0625 at G = 5, 0.031 at G = 6); a variance estimated from five or fewer clusters rests on at most four
-degrees of freedom, so a "significant" result there says more about the method than the data. Intervals for a
-cell's EM (:func:`proportion_ci`) are given from G = 2 on: they only widen as G falls.
-
-The minimum-G rule counts the questions that **carry** a test's contrast (:func:`contrast_clusters`,
-:func:`contrast_guard`), not all questions: a test whose tested regressor (or 0/1 outcome) varies in fewer than
-``MIN_CLUSTERS`` questions is descriptive too (one question carrying every failure made 40–65 % false rejections).
-
-This module is the generic machinery. Built on it: the two ICE attention tests
-(:mod:`probe.analysis.attention_tests`), the logistic fits and their clustered view ``clustered_logit``
-(:mod:`probe.analysis.glm`), and the paired-difference and Fieller statistics of the interventions
-(:mod:`probe.analysis.paired_ratio`).
-
-**Families for multiple comparisons** (Benjamini–Hochberg within each, :func:`bh_qvalues`): H2 per model (all its
-paired comparisons), H3 rows per model, per-layer attention tests (one family per model and measure), per-head
-tests (the whole layer × head grid of one model), H3 in attention (layers, per model and target).
-"""
+"""Small-sample inference: intervals, CR2 clustered tests on Bell–McCaffrey df, permutation tests, power and FDR,
+with the minimum-G rule. Specified in docs/statistics.md#methods."""
 
 from __future__ import annotations
 
@@ -55,7 +21,7 @@ from probe.errors import ProbeError
 
 log = logging.getLogger(__name__)
 
-MIN_CLUSTERS = 6  # fewer questions: fits and tests are descriptive only (module docstring)
+MIN_CLUSTERS = 6  # fewer questions: fits and tests are descriptive only (docs/statistics.md#the-minimum-number-of-questions)
 EXACT_SIGN_FLIP_MAX = 16  # up to 2^16 = 65,536 sign assignments are enumerated exactly
 N_RESAMPLES = 9_999  # Monte Carlo sign flips above EXACT_SIGN_FLIP_MAX questions
 POWER_TARGET = 0.80
@@ -543,7 +509,7 @@ def clustered_ols(y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: int = 
         term: column of ``X`` whose coefficient is tested.
         alpha: test level and 1 − confidence level.
         vcov: ``CR2`` (default) or ``CR1``.
-        min_clusters: the minimum-G rule (module docstring).
+        min_clusters: the minimum-G rule (docs/statistics.md#the-minimum-number-of-questions).
 
     Returns:
         The :class:`ClusteredFit` of column ``term``.
@@ -652,7 +618,7 @@ def clustered_ols_many(Y: np.ndarray, X: np.ndarray, groups: np.ndarray, term: i
         term: column of ``X`` whose coefficient is tested.
         alpha: test level and 1 − confidence level.
         vcov: ``CR2`` (default) or ``CR1``.
-        min_clusters: the minimum-G rule (module docstring).
+        min_clusters: the minimum-G rule (docs/statistics.md#the-minimum-number-of-questions).
 
     Returns:
         The :class:`ManyFits`, arrays of shape ``grid``.
@@ -821,7 +787,7 @@ def paired_sign_flip(em_a: np.ndarray, em_b: np.ndarray, groups: np.ndarray, alp
         exact_max: largest number of questions enumerated exactly.
         n_resamples: Monte Carlo sign assignments above ``exact_max``.
         seed: seed of the Monte Carlo draws.
-        min_clusters: the minimum-G rule (module docstring).
+        min_clusters: the minimum-G rule (docs/statistics.md#the-minimum-number-of-questions).
 
     Returns:
         The :class:`PairedTest`.

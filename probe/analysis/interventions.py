@@ -1,49 +1,6 @@
-"""Causal tests: EM under an intervention (attention knockout or steering) against the baseline trial of the same
-prompt, the recovered share, the specific contrast against a matched control, layer-window sweeps and top-k
-heads against random heads.
-
-A trial run under an intervention carries its name (:attr:`probe.records.TrialRecord.intervention`; None is the
-baseline trial of the same prompt). The run folder's ``interventions.json`` (written by the runner) declares each
-intervention (:class:`Intervention`); :func:`load_interventions` reads it, and a run folder without it has no
-intervention. Every other estimate of the analysis (cells, H1–H3, taxonomy, attention, CogniLoad) reads the
-baseline trials only (:func:`baseline_only`): an intervened trial never enters an ICE estimate.
-
-Estimates, per model × family × condition × load × intervention (:class:`InterventionRow`):
-
-- **Paired difference** EM_int − EM_base, the two trials of each prompt paired by prompt id
-  (:func:`paired_difference`): per question q, d_q = mean over its paired prompts of the difference; the estimate
-  is the mean of d_q (each question weighs the same). Test: the question-level sign-flip permutation test
-  (:func:`probe.analysis.inference.paired_sign_flip`, exact up to 16 questions), as for H2. Interval: the CR2
-  interval of the mean of d_q (:func:`probe.analysis.inference.clustered_ols` on a constant, one row per
-  question, Bell–McCaffrey df, which for one row per question is the one-sample t interval on G − 1 df). Below
-  :data:`probe.analysis.inference.MIN_CLUSTERS` questions: descriptive only.
-- **Recovered share** R = (EM_int − EM_base) / (EM_Control − EM_base) (:func:`recovered_share`), EM_Control the
-  model's baseline Control EM on the same questions, from per-question means over the questions with all three.
-  Interval: Fieller's interval for a ratio of means of paired per-question values on t(G − 1) (docs/statistics.md
-  gives the choice and its simulated coverage, :func:`recovered_share_coverage` in `scripts/simulate.py`).
-  Undefined, with the reason as text, where EM_Control − EM_base ≤ 0 (nothing to recover); the interval is
-  unbounded, with the reason, where the denominator is not distinguishable from 0 at level alpha.
-- **Specific contrast** (:class:`Contrast`, ``kind="specific"``): EM(an intervention on a key set that has a
-  matched control) − EM(its twin: same kind, alpha, queries, layers, heads and window, with the control keys of
-  :attr:`probe.interventions.Intervention.control_keys`), paired by prompt, tested as above. The pairs:
-  ``extraneous`` against ``matched-random`` (does removing or steering the distractors do more than as many random
-  tokens?), ``germane`` against ``matched-germane`` (does drawing attention to the facts do more than drawing it to
-  as many filler or extraneous tokens?), and a ``reinject`` of the ``germane`` facts against one of as many neutral
-  (``filler``) sentences. Benjamini–Hochberg q-values across every specific contrast of a model (one family). A causal effect is
-  claimed (``claim``) only where q < alpha, the contrast is positive, the control is matched, and the extraneous
-  intervention alone raises EM over the baseline (its own paired difference positive with p < alpha): it recovers
-  more than removing as many random tokens *and* recovers something. A contrast carried by the control's harm alone
-  (the random knockout lowers EM, the extraneous one changes nothing distinguishable) is no causal effect of
-  attention to the extraneous segments, and is reported as such.
-- **Top-k heads against random heads** (``kind="heads"``): EM(top-k) − EM(its random-heads control, the
-  intervention whose ``selection.control_of`` names it), paired by prompt, tested as above.
-- **Layer-window sweep** (:class:`Sweep`): the members of one ``group`` that carry a ``window``, their paired
-  difference and recovered share against the window's centre layer.
-
-This module is the analysis only: the declarations are read by :func:`probe.interventions.load_interventions`, the
-paired-difference and Fieller statistics live in :mod:`probe.analysis.paired_ratio`, and the coverage simulation of
-the share's interval in ``scripts/simulate.py``.
-"""
+"""Causal tests: EM under an intervention against the baseline trial of the same prompt, the recovered share, the
+specific contrast against a matched control, layer-window sweeps and top-k heads against random heads. Specified in
+docs/statistics.md#interventions-paired-differences-and-the-recovered-share."""
 
 from __future__ import annotations
 
@@ -324,7 +281,7 @@ class _CellTests:
 
 def analyze_interventions(data: RunRecords, specs: Sequence[Intervention], alpha: float = 0.05,
                           seed: int = 0) -> InterventionResult | None:
-    """Every intervention estimate of a run's trials (module docstring); None when no trial carries one.
+    """Every intervention estimate of a run's trials (docs/statistics.md#interventions-paired-differences-and-the-recovered-share); None when no trial carries one.
 
     Args:
         data: the run's trials, baseline and intervened.

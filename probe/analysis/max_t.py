@@ -1,27 +1,5 @@
-"""Max-T permutation correction across a whole grid (the layer × head map), permuting at the question level.
-
-Per-head tests come in a family of L × H tests. Benjamini–Hochberg (the default family correction,
-docs/statistics.md#families-for-multiple-comparisons) controls the false discovery rate; the max-T procedure of
-Westfall & Young controls the family-wise error rate (the chance of *any* false positive on the map) and uses the
-dependence between heads instead of ignoring it.
-
-Input: one contrast per question and grid cell, ``D[g, ...]`` (e.g. a head's retrieval score under Saturation minus
-under Control, both pooled within question g). Under the null hypothesis of a cell the two sides of the contrast
-are exchangeable within a question, so ``D[g]`` is symmetric about 0 and its sign can be flipped; flipping a whole
-question (every cell at once) keeps the dependence between cells. For each sign assignment the one-sample t of every
-cell is computed and the largest |t| over the map kept; a cell's adjusted p is the share of assignments whose
-max |t| reaches the cell's observed |t| (``(1 + #) / (1 + B)`` for Monte Carlo). All ``2^G`` assignments are
-enumerated up to :data:`EXACT_MAX` questions, else ``n_resamples`` seeded ones. Its family-wise error at G = 7, 10
-and 20 questions on an 8 × 8 map of independent or correlated heads, measured by ``simulate_null`` (``scripts/simulate.py``) and written in
-docs/statistics.md#max-t-permutation-correction, is 3.7–5.4 %: within two Monte Carlo standard errors of 5 %.
-
-A two-group contrast within questions (failed − correct trials, Saturation − Control trials) becomes one contrast per
-question with :func:`question_contrasts`: per question, the mean over its trials of one side minus the mean over its
-trials of the other, on the residuals of a nuisance regression (load, placement, hop position) fitted over all
-trials, and only for the questions that have trials on both sides. ``simulate_failed_null`` (``scripts/simulate.py``) measures the
-family-wise error of that contrast under no effect, with failure and attention both driven by load (the confounding
-the residualisation removes), and the power at a planted head (docs/statistics.md#hop-mass-tests).
-"""
+"""Max-T permutation correction across a whole layer × head map, permuting whole questions. Specified in
+docs/statistics.md#max-t-permutation-correction."""
 
 from __future__ import annotations
 
@@ -79,7 +57,7 @@ def _t_stat(D: np.ndarray) -> np.ndarray:
 
 def max_t_sign_flip(D: np.ndarray, n_resamples: int = N_RESAMPLES, seed: int = 0, exact_max: int = EXACT_MAX,
                     min_clusters: int = MIN_CLUSTERS, chunk: int = 256) -> MaxT:
-    """Max-T sign-flip correction of per-cell one-sample tests of question-level contrasts (module docstring).
+    """Max-T sign-flip correction of per-cell one-sample tests of question-level contrasts (docs/statistics.md#max-t-permutation-correction).
 
     Args:
         D: (G, *grid) contrasts, one row per question; every value finite (drop questions without one first).

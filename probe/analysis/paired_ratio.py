@@ -1,9 +1,6 @@
 """The statistics of a causal test on paired per-question values: the paired difference (question-level sign flip,
-CR2 t interval) and the recovered share with Fieller's interval for a ratio of means.
-
-Methods and the simulated coverage of the share's interval: docs/statistics.md (interventions). The analysis that
-applies them to a run's intervened trials is :mod:`probe.analysis.interventions`.
-"""
+CR2 t interval), the recovered share with Fieller's interval, and the equivalence test beside H2
+(docs/statistics.md#interventions-paired-differences-and-the-recovered-share)."""
 
 from __future__ import annotations
 
@@ -56,7 +53,7 @@ class PairedDifference:
 
 def paired_difference(em_a: np.ndarray, em_b: np.ndarray, questions: np.ndarray, alpha: float = 0.05,
                       seed: int = 0) -> PairedDifference:
-    """EM_a − EM_b paired by prompt: question-level sign-flip test and CR2 interval (module docstring).
+    """EM_a − EM_b paired by prompt: question-level sign-flip test and CR2 interval (docs/statistics.md#interventions-paired-differences-and-the-recovered-share).
 
     Args:
         em_a: (n,) EM under ``a`` of each paired prompt.
@@ -248,7 +245,7 @@ def sign_flip_p(z: np.ndarray, seed: int = 0) -> float:
 
 def recovered_share(em_int: np.ndarray, em_base: np.ndarray, em_control: np.ndarray, alpha: float = 0.05,
                     min_clusters: int = inf.MIN_CLUSTERS, seed: int = 0) -> RecoveredShare:
-    """The recovered share from per-question means, with Fieller's interval (module docstring), widened to reach 0
+    """The recovered share from per-question means, with Fieller's interval (docs/statistics.md#interventions-paired-differences-and-the-recovered-share), widened to reach 0
     where the numerator's exact sign-flip test (:func:`sign_flip_p`) does not reject 0.
 
     Args:

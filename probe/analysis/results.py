@@ -1,26 +1,5 @@
-"""The analysis of a run as typed results, and its file ``analysis.json`` (versioned schema).
-
-An analysis is one :class:`Analysis`: what was read (:class:`Inputs`), the settings and seed used, counts, and one
-result per task family that has trials (``families``: family name -> that family's result type, e.g.
-:class:`probe.analysis.ice.IceResult`, :class:`probe.analysis.cogniload.CogniloadResult`). Every result is a
-frozen dataclass; the report and ``probe compare`` read these types, never a dict.
-
-``analysis.json`` is the :func:`probe.codec.encode` form of the :class:`Analysis`; :func:`read_analysis` turns it
-back into the same types (:func:`from_json`), checking every field against the dataclass (an unknown field is an
-error; an absent one takes its default only where the field has one: a section written only when it holds
-something, such as ``families.ice.retrieval`` or ``families.ice.hop_tracking``). The file carries ``schema``
-(:data:`SCHEMA_VERSION`); a file of another version is refused with the instruction to re-run ``probe analyze``: an
-analysis is derived data, rewritten from the run's records by that one command, so no older layout is read or
-upgraded (docs/records.md says which files are primary data, read in every format they were written in).
-
-Freshness: an analysis records the sha256 of the ``trials.jsonl`` it read; :func:`read_analysis` refuses one whose
-trials have changed since (:class:`StaleAnalysisError`) unless asked not to check.
-
-Arrays: a result holds each array as a :class:`probe.codec.Grid` field. :func:`write_analysis` writes them to
-``attention_summary.npz`` under their place in the analysis (``families.ice.attention_cells[3].enrichment``), puts
-that name in the JSON and the file's sha256 under ``arrays_sha256``; :func:`read_analysis` checks the sha256 and
-reads each array back into its field.
-"""
+"""The analysis of a run as typed results, and its file ``analysis.json`` (versioned schema, arrays in
+``attention_summary.npz``, freshness by the trials' sha256): docs/records.md#primary-and-derived-data."""
 
 from __future__ import annotations
 

@@ -1,41 +1,5 @@
-"""Retrieval heads and the lookback ratio, read from the attention while the answer is written
-(docs/probes.md#retrieval-heads; the capture: :class:`probe.attention.answer.AnswerAttention`).
-
-**Retrieval score** (Wu et al. 2024, "Retrieval Head Mechanistically Explains Long-Context Factuality"). A generated
-token ``t`` is *copied* by head (l, h) when the head's top-attended key ``top_key[t, l, h]`` lies in a germane
-segment and holds the same token id as token ``t``. The head's score is
-
-    copied tokens / copyable tokens,
-
-where a *copyable* token is a generated token whose id occurs somewhere in the prompt's germane segments. Why this
-denominator: Wu et al. divide by the needle's length because their model is asked to repeat the needle verbatim,
-so every needle token is one chance to copy. Here the model writes free reasoning; the tokens it could have copied
-from a germane fact are exactly the generated tokens whose id is in one, so they are the chances to copy. Dividing by
-the germane segments' length instead would lower the score of every head on prompts with long facts the answer
-never needs to repeat, and counting all generated tokens would lower it on long answers; neither says anything about
-the head. A head whose top key were uniformly random over the visible keys would score about the share of visible
-keys that are germane tokens with the generated token's id (:func:`chance_score`): the chance level.
-
-Pooling: a set of trials' score is the sum of their copied tokens over the sum of their copyable tokens (every copy
-chance weighs the same, as Wu et al. pool their needle tests); a trial's own score (for the tests) is its ratio, and
-undefined (NaN) without a copyable token.
-
-**Lookback ratio** (Chuang et al. 2024, "Lookback Lens"). For generated token ``t ≥ 1`` and head (l, h):
-LR = A_ctx / (A_ctx + A_new) with A_ctx the *mean* attention weight per prompt token (the row's prompt mass over the
-prompt's ``N`` tokens, sink tokens included, as in the paper) and A_new the mean weight per answer token visible to
-the row (its answer mass over ``t`` tokens). Row 0 (the last prompt position) sees no answer token and has none. A
-trial's LR is the mean over its rows.
-
-**Answer-time P_ext**: per row, the mass on extraneous segments over the mass on every non-sink key (prompt content
-and the answer so far), the P_ext of docs/probes.md#attention-proportion on the rows that write the answer; a trial's
-value is the mean over its rows.
-
-:func:`analyze_retrieval` turns a run's records into one :class:`RetrievalHeads` per model: the ranking (Control
-pooled, and per condition × load), its stability (Spearman and top-k overlap against Control, question-bootstrap
-intervals), the link between Control retrieval and Saturation distraction across heads, and per-head tests
-(failed − correct and Saturation − Control, each with BH and a max-T correction over the map,
-:mod:`probe.analysis.max_t`).
-"""
+"""Retrieval heads, the lookback ratio and answer-time P_ext, read from the attention while the answer is written.
+Specified in docs/probes.md#retrieval-heads and docs/statistics.md#retrieval-heads-per-head-tests."""
 
 from __future__ import annotations
 
@@ -150,7 +114,7 @@ class DistractionLink:
 
 @dataclass(frozen=True)
 class RetrievalHeads:
-    """Retrieval heads of one model (:func:`analyze_retrieval`; module docstring).
+    """Retrieval heads of one model (:func:`analyze_retrieval`; docs/probes.md#retrieval-heads).
 
     Attributes:
         model: the model; top_k: k of the rankings and overlaps; n_trials: trials with an answer capture.
@@ -435,7 +399,7 @@ def _restrict(part: tuple[pd.DataFrame, list[TrialRetrieval]], questions: list[s
 
 def retrieval_heads(sub: pd.DataFrame, trials: list[TrialRetrieval], model: str, k: int = TOP_K,
                     alpha: float = 0.05, seed: int = 0, n_boot: int = N_BOOTSTRAP) -> RetrievalHeads:
-    """Retrieval heads of one model from its trials' :class:`TrialRetrieval` (module docstring).
+    """Retrieval heads of one model from its trials' :class:`TrialRetrieval` (docs/probes.md#retrieval-heads).
 
     Args:
         sub: the model's trials (columns task_id, condition, load, em), one row per entry of ``trials``.

@@ -1,28 +1,5 @@
-"""``analyze_run``: the trial (and attention) records of a run folder -> an :class:`Analysis` in ``analysis.json``.
-
-Reads ``trials.jsonl`` (and ``prompts.jsonl``, probe records where present) through
-:class:`probe.runfolder.RunFolder` and never touches a generation model. The trials are split by the ``family`` each
-record carries; each family's part goes to the analysis registered for it (:mod:`probe.analysis.families`), and its
-result to ``Analysis.families[family]``. Writes into the run folder:
-
-- ``analysis.json``: the :class:`probe.analysis.results.Analysis` (schema :data:`SCHEMA_VERSION`), with the sha256
-  of the trial file it came from;
-- ``attention_summary.npz``: the arrays the family results hold (per-cell mean attention, per-head grids), when
-  there are any, each under its place in the analysis (:func:`probe.analysis.results.write_analysis`).
-
-**Interventions.** The families see the baseline trials only (intervention None,
-:func:`probe.analysis.interventions.baseline_only`): a trial run under an intervention never enters a cell, a
-hypothesis test or an attention estimate. The trials that carry an intervention, paired with the baseline trials of
-the same prompts, go to :func:`probe.analysis.interventions.analyze_interventions` (``Analysis.interventions``).
-
-Markdown and CSV tables are rendered from the analysis by :func:`probe.report.write_tables`.
-
-**Settings and seed.** The ``[analysis]`` gates and the seed of every random draw come from the run's
-``config.toml`` (``[analysis]`` and ``[experiment] seed``), unless given as arguments. A ``config.toml`` that cannot
-be read is an error (:class:`AnalysisConfigError`), never a reason to use defaults. A run folder without one (a
-folder made by hand or imported from another tool's file) is analysed with :class:`probe.config.AnalysisSection`'s
-defaults and seed :data:`DEFAULT_SEED`; the analysis records this in ``seed_source`` and in its notes.
-"""
+"""``analyze_run``: the records of a run folder -> an :class:`Analysis` in ``analysis.json``, each family on its
+baseline trials and the interventions on theirs (docs/statistics.md#what-probe-analyze-reports)."""
 
 from __future__ import annotations
 
@@ -61,7 +38,7 @@ def _as_run(run_dir: str | Path | RunFolder) -> RunFolder:
 
 def resolve_settings(run: RunFolder, settings: AnalysisSection | None, seed: int | None
                      ) -> tuple[AnalysisSection, int, str]:
-    """The analysis gates and seed of a run, and where they came from (see the module docstring).
+    """The analysis gates and seed of a run, and where they came from (see docs/statistics.md#what-probe-analyze-reports).
 
     Args:
         run: the run folder.

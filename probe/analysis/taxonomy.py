@@ -1,16 +1,4 @@
-"""Model taxonomy (docs/method.md#taxonomy; the ICE paper's §5.4), gated on baseline competence and on output quality.
-
-Per model, with the gates of :class:`probe.config.AnalysisSection`:
-
-- ``confounded``: the share of outputs (all conditions) that are truncated or uninterpretable is above
-  ``confound_rate``. EM then measures the output budget or format as much as reasoning, so this label takes
-  precedence: a model whose Control EM is low *because* its answers were cut off is not called brittle (the
-  paper's GPT-4o confound). ``is_brittle`` still records whether the EM gate was crossed.
-- ``intrinsic-load brittle``: Control EM below ``brittle_em``: the model fails without any extraneous text, so
-  nothing can be inferred about extraneous load.
-- ``resilient`` otherwise, with ``load-sensitive`` added when H1's β (Saturation) is below 0 at p < ``alpha``.
-- ``unscorable``: no scored Control trial (e.g. every call an API error).
-"""
+"""Model taxonomy, gated on baseline competence and on output quality (docs/method.md#taxonomy)."""
 
 from __future__ import annotations
 
@@ -41,7 +29,7 @@ class Gates:
 
 @dataclass(frozen=True)
 class Taxonomy:
-    """One model's label (module docstring).
+    """One model's label (docs/method.md#taxonomy).
 
     Attributes:
         model: the model; label: ``intrinsic-load brittle``, ``confounded``, ``resilient``, ``resilient,

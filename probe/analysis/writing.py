@@ -1,18 +1,5 @@
-"""What the model wrote, per cell (docs/method.md#what-the-model-wrote; docs/statistics.md#what-the-model-wrote-against-control).
-
-Per trial (:mod:`probe.scoring.writing`, derived from the recorded output, answer and task): output length in tokens
-(``completion_tokens``, as the backend counted them) and in sentences, and which germane fact the answer line
-restates (``first``, ``bridge``, ``last``, ``all``, ``none``). Per model × condition × load, over the trials with an
-output: the median and mean length, the share of one-sentence outputs, the share of each restated fact, and EM among
-the scored outputs of each restated fact (so a reader sees whether EM follows which fact is restated).
-
-Each non-Control cell is tested against the same model's Control cell, question by question, on four measures
-(:data:`MEASURES`): output tokens, the one-sentence share, the share restating the last fact and the share restating
-the first fact. Each is H2's sign-flip permutation test (:func:`probe.analysis.inference.paired_sign_flip`, pairs =
-question × replication, per-question mean differences, exact up to 16 questions, Monte Carlo with the experiment's
-seed above), with Benjamini–Hochberg q across the model's writing tests (all its cells and measures: one family).
-Below 6 questions there is no test and the reason says so.
-"""
+"""What the model wrote, per cell, tested against Control (docs/method.md#what-the-model-wrote;
+docs/statistics.md#what-the-model-wrote-against-control)."""
 
 from __future__ import annotations
 
@@ -63,7 +50,7 @@ class WritingTest:
 
 @dataclass(frozen=True)
 class WritingCell:
-    """What the model wrote in one model × condition × load cell (module docstring).
+    """What the model wrote in one model × condition × load cell (docs/statistics.md#what-the-model-wrote-against-control).
 
     Attributes:
         model, condition, load: the cell.

@@ -1,27 +1,5 @@
 """Attention while the answer is written: per generated token, per layer and head, the mass on each prompt segment.
-
-An :class:`AnswerAttention` holds, for one trial, what the decode steps of generation saw (definitions:
-docs/probes.md):
-
-- ``tokens[t]``: the answer's token ids (the answer the trial records; the end token excluded).
-- ``mass[t, l, h, s]``: the post-softmax attention of the query row that produced token ``t`` on segment ``s`` of
-  the prompt (segments in order, sink segments included), and in the last column ``s = S`` on the answer tokens
-  written so far. A row sums to 1 over the ``S + 1`` columns.
-- ``vmass[t, l, h, s]``: the same, value-weighted (each key's weight times ``‖v_j W_O^h‖``, renormalised over the
-  row), or None where the model's weights could not be read.
-- ``top_key[t, l, h]``: the position (prompt + answer coordinates, no padding) of the key holding the largest
-  weight in that row.
-- ``chars[t]``: the characters ``[start, end)`` of the recorded output text that token ``t`` wrote (what hop
-  tracking maps a mention onto), found by the runner with the model's tokenizer
-  (:func:`probe.prompts.tokenize.token_char_spans`); None in a record written before the runner recorded it.
-
-Alignment: row ``t`` is the query whose output produced token ``t``. For ``t = 0`` that is the last prompt position;
-for ``t ≥ 1`` it is the decode step whose input is token ``t - 1``. "The attention while writing token t" is row
-``t``, and token ``t`` is *copied* from key ``k`` when ``top_key[t, l, h] = k`` holds the same token id as token
-``t`` (the retrieval rule of Wu et al. 2024).
-
-Only aggregates are kept: ``(T_gen, L, H, S + 1)`` numbers per trial, never a row over every key.
-"""
+Specified in docs/probes.md#attention-while-the-answer-is-written."""
 
 from __future__ import annotations
 
@@ -32,7 +10,7 @@ import numpy as np
 
 @dataclass(frozen=True)
 class AnswerAttention:
-    """Per-token answer attention of one trial (module docstring).
+    """Per-token answer attention of one trial (docs/probes.md#attention-while-the-answer-is-written).
 
     Attributes:
         tokens: (T_gen,) int64 answer token ids.

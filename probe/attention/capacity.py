@@ -1,30 +1,5 @@
-"""On-paper memory of a probe at context length T, and the largest T that fits a device.
-
-Two ways to get the probe's measures (docs/probes.md) from a forward pass of T tokens:
-
-- ``output_attentions``: eager attention returns every layer's ``(H, T, T)`` weights in the model dtype, all kept
-  until the forward ends (``L·H·T²`` elements), plus one layer's float32 softmax in flight (``H·T²·4`` bytes).
-- the engine: the forward runs SDPA (no T² term; flash/memory-efficient kernels), and the probe holds, per layer,
-  a float32 copy of the keys, one block of rows of float32 scores and probabilities (``2·H·B·T·4`` bytes in
-  flight, with B at most ``block_size`` and small enough that the block stays within ``SCRATCH_FRACTION`` of the
-  forward's activations: :func:`block_elements`), the key-to-segment one-hot (``T·S·4``), for the residue one
-  running row sum per accumulated segment (at most ``R·H·T·4``), and for the value-weighted measures a float32 copy
-  of the values and each key's norm per head (``T·(d_kv + H)·4``). Everything is linear in T.
-
-Both carry the weights and the forward's own per-token activations (residual stream, q/k/v, the MLP's gate/up
-product), which this estimate counts as ``(6·d + 2·(d + 2·d_kv) + 3·d_ff)·bytes`` per token for the widest layer
-(no cache, no logits: the engine runs the model's base without the LM head).
-
-Worked example, Llama-3-8B (32 layers, 32 heads, 8 KV heads, hidden 4096, MLP 14336) in bfloat16 on one 141 GB
-GPU (16.1 GB of weights), block 256, 100 segments of which 60 accumulated::
-
-    >>> max_probe_context(LLAMA3_8B, 141e9, method="output_attentions")   # ~7.5k tokens
-    >>> max_probe_context(LLAMA3_8B, 141e9, method="engine")              # ~0.68M tokens
-
-so the engine's limit is set by the forward's own activations, roughly 90x further than ``output_attentions``
-(whose 32·32·T²·2 bytes reach 125 GB near T = 7.6k). At such lengths time, not memory, is the limit: the engine's
-cost is the forward's plus, with the residue, one more pass over the rows of the segments involved (O(T²)).
-"""
+"""On-paper memory of a probe at context length T, and the largest T that fits a device
+(docs/performance.md#long-contexts-on-one-gpu)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""The capture: collects, during one forward pass, every layer's measures for every prompt of a batch.
-
-The registered attention function (:mod:`probe.attention.implementation`) reports each layer's query and key states
-(and its value states, handed on only to measures that ask for them) to the active :class:`Capture`. For every
-prompt of the batch it computes the post-softmax rows its probe needs, a block of rows at a time, exactly as the
-architecture's eager attention does (scores ``q·kᵀ·scaling``, then ``tanh(x/cap)·cap`` when soft-capped, then the
-mask, then a float32 softmax; each query head ``h`` reads key head ``h // (heads / kv_heads)`` as ``repeat_kv``
-does), and reduces each block at once to the measures' arrays (:class:`~probe.attention.reduce.LayerReducer`).
-After the forward pass :meth:`Capture.results` checks that every layer reported exactly once.
-"""
+"""The capture: collects, during one forward pass, every layer's measures for every prompt of a batch
+(docs/probes.md#how-the-engine-computes-them)."""
 
 from __future__ import annotations
 

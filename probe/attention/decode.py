@@ -1,25 +1,5 @@
 """Answer capture: the attention of every generation step, reduced to per-segment masses (an
-:class:`~probe.attention.answer.AnswerAttention` per prompt; definitions:
-docs/probes.md#attention-while-the-answer-is-written).
-
-During ``generate`` the engine's attention function reports every layer call to the active capture. With answer
-capture on, :class:`AnswerRows` takes, from each call, the one query row that produces the next token: in the prefill
-the last prompt position (row ``t = 0``), in each decode step its single new query against the cache (row ``t``,
-whose input is token ``t - 1``). For each batch row it computes that query's post-softmax row over the keys it saw,
-exactly as the probe's rows are computed (float32 scores, soft-capping, the model's mask, an active intervention's
-bias), and folds it into
-
-- the mass on each prompt segment and on the answer tokens so far (the row times a one-hot of the key columns),
-- the same weighted by ``‖v_j W_O^h‖`` (value-weighted, renormalised over the row; each key's norm is computed
-  once, the prompt's at the first fold, each new key's at the fold after it arrives),
-- the position of the top-attended key.
-
-A layer's steps wait and are folded up to :data:`STEPS_PER_FLUSH` at a time, so its key cache is read once per fold
-rather than once per step. Nothing larger than the waiting steps' rows over the cache exists, and no second forward
-pass runs. The answer measures are per token, a shape the measure registry (whose arrays are per prompt, ``layer``
-first, reduced over blocks of prefill rows) does not hold, so they live here, with their reference
-:func:`reference_answer_attention`.
-"""
+:class:`~probe.attention.answer.AnswerAttention` per prompt; docs/probes.md#attention-while-the-answer-is-written)."""
 
 from __future__ import annotations
 

@@ -1,33 +1,5 @@
-"""Attention interventions, their geometry: knock out or steer the attention edges from answering positions to chosen prompt tokens.
-
-An intervention edits, in chosen layers and heads, the attention of chosen *queries* to chosen *keys*:
-
-- ``knockout`` removes the edges: their scores are set to −inf before the softmax (Geva et al. 2023);
-- ``steer`` scales the post-softmax weights of the chosen keys by α ≥ 0 and renormalises each row (PASTA, Zhang et
-  al. 2023). Scaling weights ``p_k`` by α and renormalising equals adding ``log α`` to the chosen scores before the
-  softmax, which is how it is computed (so α = 0 is the knockout, α = 1 changes nothing).
-
-Keys (per prompt, from its token spans): ``extraneous``, ``filler`` or ``germane`` tokens, or a matched draw
-(:data:`probe.interventions.MATCHED_DRAWS`, seeded by the experiment seed and the prompt id): ``matched-random``, as many
-tokens as the prompt has extraneous ones, drawn from the content before the question that is neither extraneous,
-nor question, nor sink/template markup (instruction, germane, filler); ``matched-germane``, as many tokens as its
-germane facts hold, drawn from its filler and extraneous tokens (the text a longer prompt adds). Queries: ``answer`` = every position from the question's first token on (the question, the
-template markup after it, whose last token predicts the first answer token, and every generated token); ``after``
-= every position after the first key token (for ``matched-random``: after the first extraneous token, the query set
-of the extraneous knockout it controls), generated tokens included. A query's edge to itself is never edited, so
-no row loses every key.
-
-The edit of one prompt is a :class:`RowEdit` (a key mask over its tokens and the first query position); a
-left-padded batch of them is a :class:`BatchEdit`, which the engine's registered attention function
-(:mod:`probe.attention.implementation`) applies layer by layer during a forward pass or ``generate``: row ``i``'s key mask is
-shifted by its padding, a decode step's query is the new token at position ``width + step``. The edit is applied a
-block of query rows at a time, only to rows that hold edited queries, as an additive bias ``(batch, heads, rows,
-keys)``; no (T × T) tensor per layer beyond the attention's own. Rows the edit does not reach keep the model's own
-output bit for bit.
-
-The user-facing context manager that applies an edit to a model, :func:`probe.attention.intervention.intervention`,
-sits beside the engine's entry points.
-"""
+"""Attention interventions, their geometry: knock out or steer the attention edges from answering positions to chosen
+prompt tokens. Specified in docs/interventions.md#how-it-is-applied-and-checked."""
 
 from __future__ import annotations
 
@@ -89,7 +61,7 @@ def _positions(tokenized: TokenizedPrompt, kinds: Sequence[str]) -> np.ndarray:
 
 
 def row_edit(tokenized: TokenizedPrompt, intervention: Intervention, seed: int = 0, prompt_id: str = "") -> RowEdit:
-    """The key mask and first query of one prompt under ``intervention`` (module docstring).
+    """The key mask and first query of one prompt under ``intervention`` (docs/interventions.md#how-it-is-applied-and-checked).
 
     Args:
         tokenized: the prompt's ids and token spans.

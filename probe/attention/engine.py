@@ -1,36 +1,5 @@
-"""The probe engine's entry points: per-segment attention measures of a Hugging Face model at its fast attention's
-speed and memory.
-
-:func:`probe_tokenized` and :func:`probe_batch` run one forward pass of the model's base under the engine's attention
-(:mod:`probe.attention.implementation`), whose :class:`~probe.attention.capture.Capture` computes, layer by layer,
-the post-softmax rows each prompt's probe needs, a block at a time, and reduces them at once to the registered
-measures (:mod:`probe.attention.measure`); :func:`probe_generation` does the same during ``generate``'s own prefill.
-The modules of the engine, one job each: :mod:`~probe.attention.plan` (which rows and segments),
-:mod:`~probe.attention.masks` (mask geometry of a block), :mod:`~probe.attention.capture` (the capture),
-:mod:`~probe.attention.implementation` (the attention function), :mod:`~probe.attention.reduce` and the measures.
-
-Batches (several prompts per forward pass) are left-padded: row ``i`` of a batch of width W holds its prompt at
-positions ``[pads[i], W)``, its position ids run from 0 (as ``generate`` makes them), and the mask hides the padding.
-The probe reads row i's queries, keys and mask at ``[pads[i], W)``, which are those of the prompt alone, so each
-row's aggregates equal a one-prompt probe (up to the float rounding of a batched matmul).
-
-Generation (:func:`probe_generation`): the capture is told the batch's width and takes only the call whose queries
-and keys both span it — ``generate``'s prefill, which sees the whole prompt — and lets every decode step (one
-query, a longer cache) through untouched. The generated tokens are those of the ``sdpa`` implementation. With the
-answer capture on (``answer``), every call also hands its generating row (the prefill's last position, then each
-decode step's one query against the cache) to :class:`~probe.attention.decode.AnswerRows`, which reduces it at once
-to per-segment masses (docs/probes.md#attention-while-the-answer-is-written).
-
-Interventions (:mod:`probe.attention.intervention`): the same registered function applies an active edit to the
-layers it names, during a forward pass or every step of ``generate``; a probe active at the same time adds the same
-edit to its rows, so it measures the intervened attention.
-
-No L × H × T² tensor ever exists: the largest probe tensor is one block, ``(heads, rows, keys)``, with the rows
-chosen so that it stays within a few per cent of the forward's own activations
-(:func:`~probe.attention.capacity.block_elements`). After the forward pass the capture checks that every layer
-reported exactly once (else :class:`~probe.errors.HookError`), and the model gets its previous attention
-implementation back whatever happened.
-"""
+"""The probe engine's entry points (``probe_tokenized``, ``probe_batch``, ``probe_generation``, ``probe_forced``):
+per-segment attention measures at the model's fast attention's speed and memory (docs/probes.md#how-the-engine-computes-them)."""
 
 from __future__ import annotations
 

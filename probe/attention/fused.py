@@ -1,31 +1,4 @@
-"""Segment masses from the attention kernel itself: the probe's fused path (docs/probes.md#the-fused-path).
-
-The block engine (:mod:`probe.attention.capture`) forms the post-softmax rows of every probed query and sums them
-over each segment. The sums can come out of the model's own fused attention kernel instead, without a row ever
-being formed:
-
-- **masses**: handed the segment one-hot matrix S (T × segments) as its values, the kernel returns A·S, each row's
-  mass on every segment; with the columns ‖v_j W_O^h‖·S beside them, the value-weighted masses (one call per
-  ``head_dim`` columns, the kernel needing values as wide as queries and keys);
-- **log-sum-exp**: the same calls return each row's ``lse_i = log Σ_j exp(s_ij)``, so ``A_ij = exp(s_ij − lse_i)``;
-- **column sums** (AR_k's accumulated rows, ``Σ_{i∈S} A_ij`` for every key j): one more call per accumulated segment
-  with the roles swapped — the keys k_j as queries, the segment's rows q_i as keys, each q_i given one more
-  coordinate, −lse_i, against a 1 on every k_j — whose log-sum-exp is ``log Σ_{i∈S} exp(s_ij − lse_i)``, the log of
-  that column sum. The mask of that call is the layer's mask transposed (query i may read key j).
-
-Every call is float32 whatever the model's dtype (q and k upcast, scores scaled before the call), so a bfloat16
-model's masses are float32's, as the block engine's are. Kernels: on the CPU ATen's flash kernel, which returns the
-log-sum-exp beside the output; on CUDA the memory-efficient kernel (the flash kernel takes no mask). A probe takes
-this path with ``kernel = "fused"`` (:class:`probe.probe_options.ProbeOptions`); soft-capped logits and the layers an
-intervention edits still go through the block engine, the reference this path is tested against (1e-5 in float32
-on every tiny architecture, tests/attention/test_fused.py; on a GPU by ``probe bench gpu-check``).
-
-What it costs: the kernel needs values as wide as the heads, so the mass call multiplies by ``head_dim`` columns
-where S segments would do, and each column-sum call carries a value product it does not read. On a CPU that is
-more arithmetic than the block engine's (scores, softmax and sums over S columns), and the block engine is faster
-there (docs/performance.md); where the block engine's float32 rows are the cost (long prompts on a GPU) the kernel
-is expected to win, which ``probe bench gpu-check`` measures.
-"""
+"""Segment masses from the attention kernel itself: the probe's fused path (docs/probes.md#the-fused-path)."""
 
 from __future__ import annotations
 
@@ -120,7 +93,7 @@ def fused_layer(tensors: PlanTensors, masks: Sequence[BlockMask], query: torch.T
 
 def _column_sums(qs: torch.Tensor, kh: torch.Tensor, lse: torch.Tensor, mask: torch.Tensor | None, a: int, b: int,
                  n_keys: int) -> torch.Tensor:
-    """(H, n_keys) ``Σ_{i∈[a,b)} A_ij`` for keys j < ``n_keys``: the swapped call (module docstring)."""
+    """(H, n_keys) ``Σ_{i∈[a,b)} A_ij`` for keys j < ``n_keys``: the swapped call (docs/probes.md#the-fused-path)."""
     n_heads, _, dim = qs.shape
     device = qs.device
     wide = -(-(dim + 1) // 8) * 8  # D + 1 coordinates, padded with zeros to a multiple of 8 (CUDA kernels align)

@@ -1,20 +1,5 @@
-"""The engine's attention function, registered with transformers' ``AttentionInterface``, and switching a model to it.
-
-The engine registers :func:`_probe_attention` under the name :data:`IMPLEMENTATION` and switches the model to it for
-one forward pass (or one ``generate`` call). Each layer's call receives the query and key states after rotary
-embedding, the value states, the mask, ``scaling``, ``softcap``, ``sliding_window`` and learned sinks (``s_aux``);
-it
-
-1. computes the layer's output as the model would: through SDPA (transformers' own ``sdpa_attention_forward``, so
-   the hidden states are those of the model's ``sdpa`` implementation), or, for soft-capped logits (Gemma 2) and
-   learned sinks (gpt-oss), through an exact blocked attention, since SDPA has neither;
-2. applies an active intervention's edit (:class:`~probe.attention.edits.BatchEdit`) to the layers it names;
-3. reports the layer to the active probe (:class:`~probe.attention.capture.Capture`), which measures the attention
-   (the edited one, when an edit is active too).
-
-The model gets its previous attention implementation back whatever happened. Scores are computed in float32
-whatever the model's dtype.
-"""
+"""The engine's attention function, registered with transformers' ``AttentionInterface``, and switching a model to it
+(docs/probes.md#how-the-engine-computes-them)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,4 @@
-"""Run a model under an attention intervention: the notebook's entry point, beside the engine functions it calls.
-
-An intervention knocks out or steers, in chosen layers and heads, the attention of chosen queries to chosen keys
-(the edit's geometry: :mod:`probe.attention.edits`; the method: docs/interventions.md). :func:`intervention`
-left-pads a batch of prompts, builds their edit and switches the model to the engine's attention with it::
-
-    from probe.attention.intervention import Intervention, apply_intervention
-    iv = Intervention(kind="knockout", keys="extraneous", queries="answer", layers=(10, 11, 12))
-    with apply_intervention(model, [tp], iv) as batch:    # tp: a TokenizedPrompt with segment spans
-        out = model.generate(batch.input_ids, attention_mask=batch.attention_mask, max_new_tokens=64)
-"""
+"""Run a model under an attention intervention: the notebook's entry point (docs/interventions.md#in-a-notebook)."""
 
 from __future__ import annotations
 

@@ -1,18 +1,5 @@
-"""The probe's measures from a TransformerLens model, through its ``blocks.<l>.attn.hook_pattern`` hooks.
-
-TransformerLens 4 replaced ``HookedTransformer`` by ``TransformerBridge``, which wraps a Hugging Face model and
-works offline when handed one::
-
-    from transformer_lens.model_bridge import TransformerBridge
-    bridge = TransformerBridge.boot_transformers("smollm2", hf_model=model, tokenizer=tokenizer, device="cpu")
-    res = probe_transformer_lens(bridge, tokenized)
-
-(the model name is then only a label; the bridge switches the wrapped model to eager attention in place). Each
-pattern hook receives one layer's full ``(1, H, T, T)`` post-softmax attention — TransformerLens computes it
-anyway — and reduces it at once with the engine's reducer, over every registered measure (the value states of
-``hook_v`` and the wrapped module's output projection go to the value-weighted ones); no cache is kept, so memory holds one layer's pattern
-at a time rather than all of them.
-"""
+"""The probe's measures from a TransformerLens ``TransformerBridge``, through its ``blocks.<l>.attn.hook_pattern``
+hooks (docs/probes.md#transformerlens)."""
 
 from __future__ import annotations
 

@@ -1,28 +1,5 @@
-"""Attention measures as one registry: each measure is one entry, with its reducer and its eager reference.
-
-A measure (:class:`Measure`) is one quantity a probe stores per prompt: the segment masses, P_ext, AR_k, and any
-added later. Its entry says everything the engine, the record file, the reference, the checks, the analysis and
-the report need to know of it:
-
-- ``id``: the name of its array in a :class:`~probe.attention.result.SegmentAttention` and in the record file
-  (``seg_mass``, ``p_ext``), and the value of the ``measure`` column of the analysis;
-- ``axes``: the axes of that array (``("layer", "head")``, ``("layer", "head", "segment")``, …). Measures on
-  ``("layer", "head")`` are linked to behaviour by the analysis (head-mean per layer, and per head);
-- ``value_range``: the range its values lie in; ``has_chance``: whether a chance level applies (then the record's
-  ``chance[layer]`` is that level and the enrichment is value / chance);
-- how it is computed, either ``reducer`` (a factory of a :class:`BlockReducer`, fed one block of attention rows of
-  one layer at a time, with the layer's value states when ``needs_values``), or ``derive`` (from the arrays of the
-  measures registered before it, once every layer has reported);
-- ``reference``: the same quantity computed plainly from eager ``output_attentions`` (:class:`EagerAttention`), which
-  the tests and ``probe bench gpu-check`` hold the engine to (1e-4 in float32).
-
-The built-in measures live in the modules of :mod:`probe.attention.measures`, one module per family of measures; a
-new measure is one more module there (found on import, nothing else to edit) and its test.
-:func:`probe.attention.measures.measures` gives them all, in registration order (an entry that derives from another
-comes after it).
-
-Definitions: docs/probes.md.
-"""
+"""Attention measures as one registry: each measure is one entry, with its reducer, its fused form where it has one
+and its eager reference (docs/probes.md#the-measure-registry)."""
 
 from __future__ import annotations
 
@@ -134,7 +111,7 @@ class EagerAttention:
 
 @dataclass(frozen=True)
 class Measure:
-    """One attention measure (module docstring).
+    """One attention measure (docs/probes.md#the-measure-registry).
 
     Attributes:
         id: array name and ``measure`` column value (``<quantity>[_<normaliser>]``).

@@ -1,20 +1,5 @@
-"""What a probe must compute for one prompt: segments, the query set Q, the AR targets and their sources.
-
-Pure bookkeeping over token spans (no model): the engine and the TransformerLens path both follow a
-:class:`ProbePlan`, so they agree on every definition.
-
-Definitions fixed here (docs/probes.md):
-
-- Segments are the prompt's token spans in order; with ``generated`` ids the answer tokens form one last
-  pseudo-segment of kind ``generated``.
-- Query sets: ``question`` = every token of the question segment(s) plus the last prompt token; ``last`` = the
-  last prompt token; ``generated`` = the answer tokens (the sequence is prompt + answer, keys run over all of it);
-  ``segment:<i>`` = the tokens of ``tokenized.spans[i]`` (0-based, sink spans counted).
-- AR targets are every germane segment and the question segment(s), in prompt order. A target's sources are the
-  extraneous segments before it. The distance k − j counts segments in prompt order with sink segments left out
-  (the instruction, filler and other content segments count), so adjacent content segments are at distance 1
-  whatever template markup lies between them.
-"""
+"""What a probe must compute for one prompt: segments, the query set Q, the AR targets and their sources
+(docs/probes.md#query-sets)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""The reduction of blocks of attention rows to the measures' arrays, layer by layer, and the assembled result.
-
-Over the segment map of :mod:`probe.attention.segments` (:class:`PlanTensors`, :class:`RowBlock`), a
-:class:`LayerReducer` hands each block of post-softmax rows of one
-layer (``(head, block, key)``, the keys starting at any offset) to the reducer of every registered measure
-(:mod:`probe.attention.measure`) and drops the rows; :func:`assemble_result` stacks the layers' arrays and derives
-the measures that derive from others. The chance level depends only on which keys Q can see, so it is computed from
-the mask rows of Q once per mask (:meth:`PlanTensors.chance`), not per layer.
-"""
+"""The reduction of blocks of attention rows to the measures' arrays, layer by layer, and the assembled result
+(docs/probes.md#how-the-engine-computes-them)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Reference probe: every attention measure computed directly from eager ``output_attentions`` (full matrices).
-
-Written independently of the engine (its own query sets, masks and loops over segments, float64 numpy) so that
-the tests can hold the engine to it: this module lays out the prompt and runs the eager forward
-(:class:`~probe.attention.measure.EagerAttention`), and each registered measure computes its own reference from it
-(docs/probes.md). It materialises L × H × T² attention: use it on short prompts only.
-"""
+"""Reference probe: every attention measure computed directly from each layer's own eager attention (full matrices;
+docs/probes.md#exactness-against-eager-attention)."""
 
 from __future__ import annotations
 

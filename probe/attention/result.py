@@ -1,24 +1,5 @@
-"""The result of probing one prompt: per-layer, per-head attention aggregates over the prompt's segments.
-
-A :class:`SegmentAttention` holds only aggregates (never a T x T matrix), one array per attention measure, by the
-measure's id (:mod:`probe.attention.measure`: the built-in ones are ``seg_mass_segment``, ``seg_mass``, ``p_ext``
-and ``ar_k``; definitions in docs/probes.md), and the chance level of P_ext:
-
-- ``chance[layer]``: the P_ext that attention spread uniformly over the keys each query can see would give, i.e.
-  ``mean_q(n_ext(q)/n_vis(q)) / mean_q(n_nonsink(q)/n_vis(q))`` with the counts of extraneous, non-sink and all
-  keys visible to query q in that layer under the causal mask and the layer's sliding window (the denominator is
-  1 when ``exclude_sink`` is false). When every query sees every earlier token it is simply
-  extraneous tokens / non-sink tokens before the query. One value per layer: heads share their mask.
-- ``enrichment`` = p_ext / chance (NaN where chance is 0, e.g. Control, or undefined); :meth:`enrichment_of` gives
-  the same for any measure with a chance level.
-
-It is written to a compact ``.npz`` keyed by ``prompt_id``: one float32 member per measure (named by its id),
-``chance``, a JSON header (``meta``) that lists the measures, and, when the probe captured the attention while the
-answer was written (format 3), its per-token members ``answer_tokens``, ``answer_mass``, ``answer_vmass``,
-``answer_top_key``, ``answer_prompt_ids`` and ``answer_chars`` (:attr:`SegmentAttention.answer`; ``answer_vmass``
-and ``answer_chars`` may be absent). Formats 1 (no list: the four
-built-in arrays) and 2 (no answer members) still read, with ``answer = None``.
-"""
+"""The result of probing one prompt, :class:`SegmentAttention`, its ``.npz`` record, and the check that holds a record
+to what made it (docs/records.md#attention-records)."""
 
 from __future__ import annotations
 
@@ -72,7 +53,7 @@ _FORMAT_1_MEASURES = ("seg_mass", "seg_mass_segment", "p_ext", "ar_k")
 
 @dataclass
 class SegmentAttention:
-    """Attention aggregates of one prompt (see the module docstring for the definitions).
+    """Attention aggregates of one prompt (see docs/records.md#attention-records for the definitions).
 
     Attributes:
         measures: measure id -> its float32 array, ``layer`` first (see each measure's ``axes``); a measure the

@@ -1,10 +1,5 @@
 """Retrieval counts, lookback ratio and answer-time P_ext of one trial's answer capture
-(:class:`probe.attention.answer.AnswerAttention`); definitions in :mod:`probe.analysis.retrieval` and
-docs/probes.md#retrieval-heads.
-
-Here only what one capture says (numpy, no run folder): :func:`trial_retrieval`, :func:`pooled_score` over trials
-and :func:`top_heads`, so that the analysis and the head selection of interventions rank heads the same way.
-"""
+(docs/probes.md#retrieval-heads)."""
 
 from __future__ import annotations
 
@@ -53,7 +48,7 @@ def germane_positions(ans: AnswerAttention) -> np.ndarray:
 
 
 def copy_events(ans: AnswerAttention) -> tuple[np.ndarray, np.ndarray]:
-    """(copyable (T,) bool, copied (T, L, H) bool) of one trial (module docstring)."""
+    """(copyable (T,) bool, copied (T, L, H) bool) of one trial (docs/probes.md#retrieval-heads)."""
     germ = germane_positions(ans)
     germ_ids = np.unique(ans.prompt_ids[germ]) if germ.size else np.zeros(0, dtype=np.int64)
     copyable = np.isin(ans.tokens, germ_ids)

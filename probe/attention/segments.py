@@ -1,10 +1,4 @@
-"""The segment map of one probe on one device: which segment each key belongs to, and the blocks of query rows.
-
-:class:`PlanTensors` lays out, once per forward pass and device, what depends only on positions: each key's segment
-(with a one-hot for segment sums), the sink and extraneous keys, the query set, the accumulated segments of the
-residue and the row blocks (:class:`RowBlock`), so that the per-layer work is the attention arithmetic alone. It
-also counts the chance level of P_ext from the keys Q can see (:meth:`PlanTensors.chance`).
-"""
+"""The segment map of one probe on one device: which segment each key belongs to, and the blocks of query rows."""
 
 from __future__ import annotations
 

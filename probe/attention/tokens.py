@@ -1,11 +1,5 @@
-"""Attention per key token: how much attention the query set gives each single token of a prompt (for display).
-
-The engine (:func:`probe.attention.probe_tokenized`) reduces attention rows to per-segment sums as it goes; asked to
-treat every token as its own segment, the same engine gives the mass on every key token, with the same query set,
-masks, sliding windows, soft-capping and grouped-query heads, at the engine's memory (no L × H × T² tensor):
-``seg_mass_segment[layer, head, t]`` of the per-token probe is the mean over the query set of the attention on
-token ``t``. Summed over a segment's tokens it is that segment's mass in the ordinary probe.
-"""
+"""Attention per key token: how much attention the query set gives each single token of a prompt, for display
+(docs/probes.md#seeing-one-prompt)."""
 
 from __future__ import annotations
 
@@ -35,7 +29,7 @@ def split_into_tokens(tokenized: TokenizedPrompt) -> TokenizedPrompt:
 
 def token_attention(model: PreTrainedModel, tokenized: TokenizedPrompt,
                     options: ProbeOptions | None = None) -> SegmentAttention:
-    """Probe a prompt with every token as its own segment (see the module docstring).
+    """Probe a prompt with every token as its own segment (see docs/probes.md#seeing-one-prompt).
 
     Args:
         model: a loaded Hugging Face causal LM of a supported architecture, in eval mode.

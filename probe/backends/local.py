@@ -1,17 +1,5 @@
 """The local backend: batched generation with a transformers model (left padding, KV cache), and the attention
-probe of each batch when asked.
-
-Probing rides on generation: for a query set inside the prompt (``question``, ``last``, ``segment:<i>``) the
-probe's aggregates are computed during ``generate``'s own prefill of the batch
-(:func:`probe.attention.probe_generation`), so a probed run does no extra forward pass; with ``answer = true`` the
-same capture also reduces every decode step's query row (the attention while the answer is written), and each
-prompt's ``SegmentAttention.answer`` holds it up to the answer's end token. Query ``generated`` reads
-the answer, so it probes each batch once more after generation, prompt + answer in one left-padded forward pass
-(:func:`probe.attention.probe_batch`).
-
-Sampling (``temperature > 0``) draws from a torch generator state seeded per batch from the experiment's seed and
-the batch's prompt ids, so the same batch gives the same samples in every run, whatever ran before it.
-"""
+probe of each batch when asked (docs/probes.md#probing-during-generation)."""
 
 from __future__ import annotations
 

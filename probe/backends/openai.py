@@ -1,39 +1,5 @@
 """A served model behind an OpenAI-compatible chat-completions API: behaviour; its attention only through a local card
-of the same weights named in ``probe_with`` (a two-stage run, :mod:`probe.runner.forced`).
-
-One backend covers OpenAI, Gemini's OpenAI-compatible endpoint, vLLM, SGLang, llama.cpp's ``llama-server`` and
-``transformers serve``. A model card selects it with ``backend = "openai"``:
-
-```toml
-name = "gpt-4o"
-source = "api"
-backend = "openai"
-base_url = "https://api.openai.com/v1"   # the server's OpenAI base URL (``/chat/completions`` is appended)
-served_model = "gpt-4o"                  # the ``model`` field of each request
-api_key_env = "OPENAI_API_KEY"           # NAME of the environment variable holding the key; absent: no key sent
-max_concurrency = 4                      # requests in flight at once
-request_timeout = 120.0                  # seconds per request attempt
-max_retries = 6                          # further attempts after the first, on 429 / 408 / 409 / 5xx / timeouts
-                                         # / dropped connections
-```
-
-Each prompt is sent as the chat messages the ICE builder made (``build_messages``) with greedy parameters
-(``temperature`` and ``top_p`` from the experiment, 0 and 1 by default, and a fixed ``seed``) and
-``max_tokens = generation.max_new_tokens``. ``finish_reason == "length"`` marks the trial truncated; the server's
-``usage`` gives ``prompt_tokens`` and ``completion_tokens``.
-
-Failures: a retryable failure is retried with exponential backoff and jitter, waiting at least as long as the
-server's ``Retry-After`` asks. A request that still fails, or fails in a way a retry cannot fix (400, 422), comes
-back as ``Generation(error=...)``: the runner records an error, not a wrong answer, and retries the trial on the
-next run. A prompt the server rejects as longer than the model's context window comes back as
-``Generation(skip_reason=...)``. 401, 403 and 404 mean the card or the key is wrong, which every later request
-would repeat: they raise ``EndpointError`` at once. A server that rejects the ``seed`` parameter, or wants
-``max_completion_tokens`` in place of ``max_tokens``, is asked again in the form it accepts.
-
-The requests go through ``httpx`` (a thread pool bounds the requests in flight): the OpenAI SDK would add a
-dependency, its own retry policy (which would have to be switched off to count and log attempts as the runner
-needs), and nothing else this backend uses.
-"""
+of the same weights named in ``probe_with`` (docs/performance.md#behavioural-sweeps-against-a-vllm-deployment)."""
 
 from __future__ import annotations
 

@@ -1,28 +1,5 @@
-"""The ICE prompt builder: Task + condition + load + replication -> Prompt with segments (docs/method.md#conditions).
-
-Layout of a prompt (the user message)::
-
-    <instruction>\\n\\n<body segment>\\n<body segment>...\\n\\nQuestion: <question>
-
-The body holds the germane facts in hop order and, by condition, extraneous segments (Saturation: interleaved
-before, between and after the facts; Residue: all before them) or neutral filler (LongControl: at the same kind of
-places, to the token length of the Saturation prompt of the same question, load and replication).
-
-Load ℓ = extraneous tokens / (germane + extraneous tokens), counted in the target tokenizer on the exact token
-spans of the full model input (chat template applied). The distractor *sequence* for (task, load, replication) comes
-from a seeded generator that does not depend on the model, so every model and condition sees the same draw;
-only how many of its sentences make up the load is decided in each tokenizer (the last one may be cut at a word
-boundary to land within tolerance).
-
-For LongControl, ``achieved_load`` is the filler share filler / (germane + filler): the load it is length-matched
-to. Its extraneous load is 0.
-
-Speed: choosing the sentences takes many candidate prompts per built prompt. With a tokenizer that tokenizes
-newline-joined pieces independently (:class:`~probe.prompts.tokenize.PieceCounter`), a candidate's counts are
-sums of cached per-piece counts, so no candidate is tokenized whole; each built prompt still is, and its counts
-must equal the sums (else :class:`BuildError`). Other tokenizers tokenize every candidate, as the definition says.
-Either way the same sentences are chosen, so the prompts are the same byte for byte.
-"""
+"""The ICE prompt builder: Task + condition + load + replication -> Prompt with segments, each load hit on the
+model's own tokenizer (docs/method.md#load, docs/method.md#conditions)."""
 
 from __future__ import annotations
 

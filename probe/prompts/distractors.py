@@ -1,15 +1,5 @@
-"""The distractor pool of the ICE builder: extraneous sentences that are facts of other fictional tasks.
-
-Distractors are drawn from the synthetic source's generator (:mod:`probe.tasks.synthetic`), from topics other than
-the task's own, so they read like germane facts but belong to no question asked. Every draw comes from the seeded
-``numpy.random.Generator`` the builder passes in.
-
-Two ways to draw: :func:`distractor_facts` invents fresh chains for each (task, load, replication) (the ``random``
-strategy); :func:`fact_pool` invents one larger pool per experiment, each fact tagged with the invented names of
-its chain, from which the ``stratified`` strategy samples per (task, load, replication) after leaving out the facts
-that name an entity of the task. The pool is what makes stratified draws affordable: its facts are embedded once
-for the whole experiment, not once per draw.
-"""
+"""The distractor pool of the ICE builder: extraneous sentences that are facts of other fictional tasks
+(docs/method.md#distractors-and-replications)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""Neutral filler prose: sentences about weather, landscapes and daily routines, unrelated to any task.
-
-LongControl pads the germane facts with this text to the length of the Saturation prompt (docs/method.md#conditions).
-The sentences come from fixed templates written for this toolkit (same licence as the code). They hold no names, no
-numbers (digits or number words) and none of the words the fictional task relations use (born, town, city, river, album,
-company, university, club, novel, ...), so nothing in them can look like an answer or a bridge entity. Only a sentence's
-first word is capitalised.
-"""
+"""Neutral filler prose: sentences about weather, landscapes and daily routines, unrelated to any task
+(docs/method.md#conditions)."""
 
 from __future__ import annotations
 

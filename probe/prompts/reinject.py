@@ -1,14 +1,5 @@
 """Re-injection: a built ICE prompt with its germane facts, or as many neutral sentences, repeated right before the
-question (the ``reinject`` intervention, docs/interventions.md#re-injection).
-
-If a longer prompt fails because the germane facts are read less (dilution), repeating them where the model reads
-most, next to the question, should recover the loss; repeating as many neutral sentences there is the control (the
-same number of sentences added at the same place, nothing germane). The repeated facts are segments of kind
-``germane`` (labels ``re-hop0``, ...), the neutral sentences of kind ``filler`` (``re-f0``, ...), drawn from the
-filler templates (:func:`probe.prompts.filler.neutral_filler`) with a generator seeded by the experiment seed and
-the prompt id, so every run draws the same sentences for the same prompt. Everything else (instruction, body,
-question, prompt id, condition, load) is the prompt's own.
-"""
+question (docs/interventions.md#re-injection)."""
 
 from __future__ import annotations
 
@@ -22,7 +13,7 @@ from probe.types import Prompt
 
 def reinject(prompt: Prompt, what: str, seed: int) -> Prompt:
     """``prompt`` with its germane facts (``what = "germane"``) or as many neutral sentences (``"filler"``) added as
-    the last segments before the question (module docstring).
+    the last segments before the question (docs/interventions.md#re-injection).
 
     Raises:
         ConfigError: ``what`` is neither; the prompt is not laid out as the ICE builder lays prompts out

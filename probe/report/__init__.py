@@ -1,14 +1,4 @@
-"""Estimates -> text, Markdown, CSV, figures and a self-contained ``report.html`` (figures embedded as base64 PNG).
-
-- :func:`render_report`: one analysed run folder -> ``report.html`` and ``figures/*.png``;
-- :func:`compare_runs`: several analysed runs side by side;
-- :func:`write_tables`: ``analysis.md`` and ``tables/*.csv`` of an analysis;
-- :func:`main_table_text` / :func:`main_table`: the plain-text main table (of an analysis / of a run's trials).
-
-Everything here reads :class:`probe.analysis.Analysis` (``analysis.json`` as written) and recomputes no statistic.
-Each task family's part is drawn by its report section (:mod:`probe.report.sections`); numbers are written by
-:mod:`probe.formatting`.
-"""
+"""Estimates -> text, Markdown, CSV, figures and a self-contained ``report.html`` (docs/records.md#report)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,5 @@
-"""The CogniLoad section of a report (family ``cogniload``; docs/cogniload.md), drawn from a
-:class:`probe.analysis.cogniload.CogniloadResult` and registered in :mod:`probe.report.catalog`; laid out as the ICE
-section (:mod:`probe.report.ice`): this module holds the words, the CSV tables, the ``report.html`` part (also the
-section's part of a ``probe compare`` page), the ``analysis.md`` part, the rows of the main table and the merge of
-several runs' results; the figures are :mod:`probe.report.cogniload_figures`.
-
-Summary rules: a model whose outputs are truncated or uninterpretable above the confound gate gets the numbers with
-that caveat first; the shape in ρ is called U-shaped only when the main fit's ρ² coefficient is positive at p < α.
-
-Tables (``tables/*.csv``): ``cogniload_accuracy``, ``cogniload_fits``, ``cogniload_thresholds`` and
-``cogniload_attention_layers``, one row per model and level, term, threshold or layer.
-"""
+"""The CogniLoad section of a report (family ``cogniload``), drawn from a
+:class:`probe.analysis.cogniload.CogniloadResult` (docs/cogniload.md#report-and-experiments)."""
 
 from __future__ import annotations
 

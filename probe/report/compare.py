@@ -1,11 +1,4 @@
-"""``compare_runs``: several analysed runs side by side in one self-contained page.
-
-Each run's ``analysis.json`` is read as it is on disk (:func:`probe.analysis.read_analysis`): nothing is analysed
-or re-estimated here. A run whose analysis is missing, stale (its ``trials.jsonl`` changed since) or of another
-schema stops the comparison with a message naming the run and saying to run ``probe analyze`` on it. Within each
-task family the runs' results are merged by the family's report section (models named ``<run>: <model>``) and drawn
-by its comparison renderer.
-"""
+"""``compare_runs``: several analysed runs side by side in one self-contained page (docs/records.md#report)."""
 
 from __future__ import annotations
 

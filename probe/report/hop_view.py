@@ -1,12 +1,5 @@
-"""One trial's answer, token by token, with the prompt shaded by where each token's attention went (HTML).
-
-The page steps through the generated tokens: the output is drawn token by token, each token a link; following one
-shows the prompt's segments shaded by that token's attention (its query row of the answer attention, pooled over
-the heads and the layers of the hop-tracking window, or one layer and head), with the mass on the answer written so
-far beside them. The tokens that first name a hop's answer are underlined in the colour of their hop-tracking
-label, and a panel per hop shows the mention's pooled masses and its label (docs/probes.md#hop-tracking). The page
-has no scripts (CSS ``:target`` shows the chosen token) and loads nothing.
-"""
+"""One trial's answer, token by token, with the prompt shaded by where each token's attention went
+(docs/probes.md#hop-tracking)."""
 
 from __future__ import annotations
 
@@ -64,7 +57,7 @@ def _label_cell(label: str | None) -> str:
 def render_answer_steps(answer: AnswerAttention, output: str, char_spans: np.ndarray, rows: Sequence[HopRow],
                         texts: Mapping[int, str], title: str, layer: int | None = None, head: int | None = None
                         ) -> str:
-    """The page (module docstring).
+    """The page (docs/probes.md#hop-tracking).
 
     Args:
         answer: the trial's answer attention; ``output`` its recorded output; ``char_spans`` the tokens' character

@@ -1,22 +1,5 @@
-"""The ICE section of a report (family ``ice``), drawn from an :class:`probe.analysis.ice.IceResult`.
-
-- ``report.html``: a summary per model that claims only what the numbers support, Table 1 (EM mean (SEM) per model
-  × condition and load, with taxonomy marks), the figures of :mod:`probe.report.ice_figures` and the H1, H2, H3,
-  attention and taxonomy tables;
-- what the model wrote per cell and its tests against Control (:mod:`probe.report.ice_writing`);
-- ``analysis.md`` and ``tables/*.csv`` (cells, h1, h2, h3, h3_points, attention_layers, attention_logit_layers,
-  attention_heads, residue_attention, taxonomy, writing, writing_tests; hop_tracking and hop_tracking_trials where the run captured
-  attention while the answer was written, :mod:`probe.report.ice_hops`);
-- the main table's rows (with the taxonomy marks) and lines (taxonomy, H1);
-- a ``probe compare`` part: Table 1, the saturation curve, EM by condition and forest plots of H1 and H3 across runs.
-
-Summary rules: a model labelled intrinsic-load brittle, confounded or unscorable gets "no inference about
-extraneous load" and no effect statements. H1 (one pre-specified test per condition) is called a decline / increase
-only at p < α. Every result that belongs to a family (H2, H3 rows, per-layer and per-head attention tests, H3 in
-attention) is quoted as significant only when its Benjamini–Hochberg q-value is below α; otherwise the sentence
-says that nothing survived the family's correction. A fit below the minimum number of questions is described, and
-the sentence says it was not tested and why.
-"""
+"""The ICE section of a report (family ``ice``), drawn from an :class:`probe.analysis.ice.IceResult`
+(docs/records.md#report)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
 """The ICE section's figures, drawn from an :class:`probe.analysis.ice.IceResult` and the arrays its results hold
-(nothing is re-estimated).
-
-Each ``draw_*`` function returns a matplotlib :class:`~matplotlib.figure.Figure` (no pyplot state, Agg canvas),
-or None when the result holds nothing to draw for it. ``marks`` maps a model to its taxonomy mark (appended to its
-name).
-"""
+(nothing is re-estimated)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""The hop-tracking part of the ICE report: one table of label shares per cell (``report.html``, ``analysis.md``),
-beside it one table of the tests of the hop masses (failed − correct, Saturation − Control, Saturation − LongControl;
-per layer and per head),
-and three CSV tables (``hop_tracking``: the cells; ``hop_tracking_trials``: one row per trial and hop;
-``hop_mass_tests``: one row per test).
-
-Drawn from :class:`probe.analysis.hops.HopTracking` (``IceResult.hop_tracking``); definitions in
-docs/probes.md#hop-tracking. Without answer capture the part says so and why, and writes no CSV.
-"""
+"""The hop-tracking part of the ICE report: label shares per cell, the tests of the hop masses, and their CSV tables
+(docs/probes.md#hop-tracking)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""The causal tests' part of the report: the recovery table, the layer-window curves and the heads used, drawn from
-``Analysis.interventions`` (:class:`probe.analysis.interventions.InterventionResult`; nothing is re-estimated).
-
-Registered as the report section ``interventions`` (:mod:`probe.report.sections`); the shared renderers call it
-when the analysis has interventions and leave it out otherwise. The summary states a causal effect only where an
-intervention beats its matched control after Benjamini–Hochberg correction and itself raises EM (``Contrast.claim``);
-everywhere else it says "no causal effect shown" with the interval.
-"""
+"""The causal tests' part of the report: the recovery table, the layer-window curves and the heads used
+(docs/interventions.md#the-effect-and-the-recovered-share)."""
 
 from __future__ import annotations
 

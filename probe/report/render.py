@@ -1,11 +1,5 @@
-"""``render_report``: a run folder's ``analysis.json`` (+ ``attention_summary.npz``) -> ``report.html`` and figures.
-
-The report reads the analysis on disk (:func:`probe.analysis.read_analysis`) and recomputes nothing; a missing,
-stale (``trials.jsonl`` changed since) or other-schema analysis is refused with the instruction to run
-``probe analyze``. The page has a header (counts, the trial file's sha256, how an imported file was read), one part
-per task family of the analysis, drawn by that family's report section (:mod:`probe.report.sections`), the
-analysis' notes and its methods.
-"""
+"""``render_report``: a run folder's ``analysis.json`` (+ ``attention_summary.npz``) -> ``report.html`` and figures
+(docs/records.md#report)."""
 
 from __future__ import annotations
 

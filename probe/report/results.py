@@ -1,19 +1,5 @@
-"""A results page in Markdown (``docs/results.md``) from analysed run folders: ``probe results``.
-
-The page is the run's own numbers and figures, written again from ``analysis.json`` each time (nothing here
-estimates anything): per run folder, the design it ran (from its ``config.toml``, when it has one), every table of ``analysis.md``
-(estimates with their intervals and family-corrected q) and the report's figures, copied next to the page. One part
-is written by hand and kept when the page is written again: the reading, between the lines
-``<!-- reading: begin ... -->`` and ``<!-- reading: end -->``. Its first line names the sha256 of the trials it was
-written for; when a run's trials have changed since, :func:`write_results_page` says so (the reading may describe
-numbers the page no longer shows) and keeps it.
-
-Runs of one design on different models (the same questions, conditions, loads, replications, seed and decoding:
-``experiments/study.toml`` and ``experiments/study-1.5b.toml``) also get a part *across models*: their tables
-merged, each model named ``<run>: <model>``, the cells of one condition and load next to each other. It holds the
-runs' own numbers; nothing is estimated across runs (a difference between two models is read off two intervals,
-not tested).
-"""
+"""A results page in Markdown from analysed run folders, its hand-written reading kept: ``probe results``
+(docs/records.md#report)."""
 
 from __future__ import annotations
 

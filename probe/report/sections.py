@@ -1,17 +1,5 @@
-"""Report sections: one per task family, registered under the family's name (as the analyses are,
-:mod:`probe.analysis.families`).
-
-A section turns its family's result (``Analysis.families[name]``) into every rendering the toolkit makes. It must
-say three things: its part of ``report.html`` (with its figures, and of a ``probe compare`` page), its CSV tables,
-and how several runs' results merge. Its part of ``analysis.md`` is its tables unless it writes its own; its rows and
-lines of the plain-text main table are none unless it names them. The shared renderers (:mod:`probe.report.render`,
-:mod:`probe.report.tables`, :mod:`probe.report.text`, :mod:`probe.report.compare`) loop over the families of an
-analysis and ask this registry; none of them names a family.
-
-The toolkit's sections (``SECTION`` of :mod:`probe.report.ice`, :mod:`probe.report.cogniload` and
-:mod:`probe.report.interventions`) are registered by name in :mod:`probe.report.catalog`; a benchmark of your own
-calls :func:`register_section`.
-"""
+"""Report sections: one per task family, registered under the family's name, as the analyses are
+(docs/architecture.md#how-one-trial-flows)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,4 @@
-"""One prompt's attention as a self-contained HTML page (``probe show``): what to look at first when a trial fails.
-
-The page draws a :class:`probe.prompt_view.PromptView` and computes nothing: the prompt's tokens in their segments
-(each segment a block with its kind and label; the query set's tokens outlined), each token shaded by the attention
-the query set gives it at one layer and head (or the mean over layers / heads), and beside them the per-segment and
-per-kind masses, P_ext against its chance level by layer, and the trial's answer. All text is HTML-escaped; the
-page has no scripts and loads nothing.
-"""
+"""One prompt's attention as a self-contained HTML page (``probe show``; docs/probes.md#seeing-one-prompt)."""
 
 from __future__ import annotations
 
@@ -266,7 +259,7 @@ def _layer_chart(view: PromptView, layer: int | None, head: int | None) -> str:
 
 
 def render_prompt_view(view: PromptView, layer: int | None = None, head: int | None = None) -> str:
-    """The HTML page of one prompt view (see the module docstring).
+    """The HTML page of one prompt view (see docs/probes.md#seeing-one-prompt).
 
     Args:
         view: the prompt's tokens and per-token attention.

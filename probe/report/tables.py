@@ -1,10 +1,4 @@
-"""``analysis.md`` and ``tables/*.csv``: views of an :class:`probe.analysis.Analysis`; nothing here estimates.
-
-The shared parts (header, main table, notes) are written here; every family's part comes from its report section
-(:mod:`probe.report.sections`). CSV rows are the :func:`probe.codec.encode` form of the result types,
-flattened (a nested object's fields get its name as prefix: ``logit_coef``, ``power_power``); lists of objects (scatter
-points, layers) go to their own tables.
-"""
+"""``analysis.md`` and ``tables/*.csv``: views of an :class:`probe.analysis.Analysis`; nothing here estimates."""
 
 from __future__ import annotations
 

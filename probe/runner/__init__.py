@@ -1,21 +1,5 @@
-"""The model runner: prompts x models -> trial records (and attention records when probing is on).
-
-The runner writes a run folder; :class:`probe.runfolder.RunFolder` names every file in it (the resolved config,
-the manifest, the prompts, the trials and their data-parallel shards, one attention record per model and prompt).
-Every write is an fsynced append or an atomic rename, so a run stopped at any point (crash, Ctrl-C) is finished by
-running the same command again: trials already recorded are not redone, none is recorded twice, and a trial that
-failed in a backend (API error) is retried. Before it writes anything, a run checks its inputs (:func:`check_inputs`)
-and reads the records already in the folder: bad input or a damaged line (:class:`probe.records.RecordError`) stops
-it with the folder as it was. One process writes a folder at a time (:class:`probe.runfolder.RunLock`); a folder
-holds the records of one configuration (:func:`~probe.runner.folder.prepare_run_dir`: ``--force`` moves an
-earlier run aside).
-
-One module per job: :mod:`~probe.runner.checks` (what is checked before anything is written),
-:mod:`~probe.runner.folder` (the resolved config, the manifest, the trial files of a data-parallel run),
-:mod:`~probe.runner.prompts` (tasks and prompts, built once per tokenizer), :mod:`~probe.runner.trials` (one
-model over its prompts) and :mod:`~probe.runner.forced` (a served model's answers probed on local weights: stage two
-of a two-stage run); this module runs an experiment through them (:func:`run_experiment`).
-"""
+"""The model runner: prompts x models -> trial records (and attention records when probing is on), resumable
+(docs/records.md#resuming)."""
 
 
 from __future__ import annotations

@@ -1,19 +1,5 @@
-"""Stage two of a two-stage run: a served model's recorded answers probed on local weights of the same model.
-
-A served engine (vLLM, SGLang, ...) writes the answers (stage one, the trial records); no engine gives attention.
-A served card that names the local card of the same weights in ``probe_with`` has each answer probed afterwards in
-one teacher-forced forward pass over prompt + answer (:func:`probe.attention.probe_forced`): the attention of a
-token depends only on the tokens before it, so the pass gives what a probe riding on local generation of the same
-answer gives — the prompt's measures and, with ``[probe] answer = true``, the attention while each answer token
-was written — in one forward pass where generation took one per token (docs/probes.md#two-stage-runs).
-
-The answer's tokens are the engine's ids where it returned them (``TrialRecord.output_ids``; vLLM's
-``return_token_ids``), else the recorded text re-tokenised, kept only when decoding the ids gives the text back;
-the probe record says which (``SegmentAttention.origin``). A trial whose prompt the local tokenizer counts
-differently from the server (``prompt_tokens``), or whose answer does not round-trip, is not probed: it is named
-in a warning and in the summary, and its trial record stays as it is. Stage two writes only probe records, each
-atomically, so a failure in it leaves stage one's records whole, and a rerun probes what is missing.
-"""
+"""Stage two of a two-stage run: a served model's recorded answers probed on local weights of the same model
+(docs/probes.md#two-stage-runs)."""
 
 from __future__ import annotations
 
@@ -135,7 +121,7 @@ def pending_records(cfg: ExperimentConfig, model: str, prompts: Sequence[Prompt]
 def probe_served(cfg: ExperimentConfig, model: str, backend: Any, prompts: Sequence[Prompt],
                  progress: bool = True) -> ForcedSummary:
     """Probe the recorded answers of served model ``model`` with ``backend``, a local backend of the same weights
-    (module docstring), batch by batch (``generation.batch_size`` prompts, by length), each probe record written as
+    (docs/probes.md#two-stage-runs), batch by batch (``generation.batch_size`` prompts, by length), each probe record written as
     its batch ends.
 
     Raises:

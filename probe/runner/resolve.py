@@ -1,20 +1,5 @@
-"""An experiment's interventions resolved for one model: layer sweeps expanded, top-k heads selected.
-
-Each declared :class:`~probe.interventions.Intervention` (an ``[[interventions]]`` table) becomes one or more with
-explicit layers and heads, the model it was resolved for and where it came from (``group``, ``window``,
-``selection``); every other field is the table's:
-
-- ``layers = {window = W, stride = S}`` expands into windows ``[a, a + W − 1]`` for ``a = 0, S, 2S, …`` while the
-  window fits in the model, named ``<name>@L<a>-<b>``;
-- ``heads = {top_k = K, from = "<run folder>", by = "enrichment"}`` takes the K heads with the largest mean of
-  ``by`` over the baseline probe records of that *separate* run (same model); a run whose questions overlap this
-  run's is refused, so selection and test never share a question. ``random_control = true`` adds
-  ``<name>+random``: K heads drawn (seeded by the experiment seed and the name) from the heads not selected.
-  ``by = "retrieval"`` ranks by the retrieval score of Wu et al. (:mod:`probe.attention.retrieval`) pooled over that
-  run's records that hold an answer capture: copied over copyable generated tokens, summed over the records.
-
-The runner writes the resolved list to the run folder (:func:`probe.interventions.write_interventions`).
-"""
+"""An experiment's interventions resolved for one model: layer sweeps expanded, top-k heads selected
+(docs/interventions.md#layers-and-heads)."""
 
 from __future__ import annotations
 

@@ -1,19 +1,5 @@
 """Shards without a rendezvous: ``probe run EXP --shard i/N`` on independent machines or a SLURM array, then
-``probe merge`` (docs/performance.md#shards-slurm-arrays-and-independent-machines).
-
-A shard is a whole run folder of its own, ``<run>/shards/<i>-of-<N>/``: the experiment's config (its
-``[experiment] name`` and ``output_dir`` point at the shard folder; neither determines a record), every prompt
-(each shard builds them all, from the same seed), and the trials and probe records of its share of the prompts:
-every N-th prompt in prompt order, starting at the i-th (:func:`probe.runner.trials.shard_of`). A shard resumes
-like any run (run the same command again). ``shard.json`` says which shard it is and of which run.
-
-:func:`merge_shards_into` joins the shards of a run into ``<run>/``: it refuses, naming the shard and what to do,
-when a shard is missing or given twice, when two shards were made with settings that determine records
-differently, built different prompts or tasks, hold the same trial or probe record, hold a trial of another
-shard's share, or have not finished their share. The merged folder holds the config of the experiment, the prompts,
-tasks and interventions of the shards (equal in all), every probe record, and one trial file in prompt order (per
-model, baseline before each intervention), as a one-process run of the same experiment records them.
-"""
+``probe merge`` (docs/performance.md#shards-slurm-arrays-and-independent-machines)."""
 
 from __future__ import annotations
 
@@ -224,7 +210,7 @@ def _finished_trials(here: RunFolder, shard: Shard, prompts: list[Prompt]) -> li
 
 
 def merge_shards_into(run_dir: str | Path, shard_dirs: list[Path] | None = None) -> MergeSummary:
-    """Join the shards of a run into the run folder (module docstring).
+    """Join the shards of a run into the run folder (docs/performance.md#shards-slurm-arrays-and-independent-machines).
 
     Args:
         run_dir: the run folder (``outputs/<name>``); its shards are looked for in ``<run>/shards/`` unless

@@ -1,64 +1,4 @@
-"""Behavioural scoring of one generation against its task (docs/method.md#scoring): answer, EM, hop recall, truncation.
-
-Extraction (:func:`extract_answer`), in order:
-
-1. the last *complete* ``\\boxed{...}`` (braces nested to any depth; an unclosed box is ignored);
-2. else the last line that starts with ``Answer:`` or ``Final answer:`` (markdown emphasis allowed around the
-   label); when nothing follows the colon on that line, the answer is the text below it (to the end);
-3. else the last non-empty line (the *fallback*).
-
-The rule that decided is the score's ``extraction`` (recorded per trial as ``TrialRecord.extraction``):
-``boxed``, ``answer_line``, ``last_line``, ``echo`` (a last line refused by the echo rule below) or ``none``
-(nothing to extract, or a truncated output's cut-off last line). *Strict* EM counts only answers decided by
-``boxed`` or ``answer_line`` (:data:`STRICT_EXTRACTIONS`): the ones the model itself marked as its answer, so a
-condition that changes how often the model marks its answer changes EM but not strict EM's scoring path.
-
-An *empty answer slot* -- the last box is ``\\boxed{}``, or the last ``Answer:`` line has nothing after it
-anywhere -- extracts nothing (``None``): the model announced an answer and gave none.
-
-**Exact match** compares the *extracted answer* only, never the whole output, so a gold string that merely
-appears somewhere in a long reasoning trace does not count. Rule for one gold string ``g``:
-
-* if ``g`` is a number (optionally with a currency sign, thousands separators, a scale word such as
-  "billion", a per cent sign and up to three unit words, e.g. "75.35 square kilometers"), EM holds when some
-  number in the answer equals it within a relative tolerance of 1e-4 ("11.1 billion" = "11,100,000,000",
-  "1,850" = "1850"; the small tolerance keeps neighbouring years apart). Number words zero to twenty count.
-  A gold with a scale word also matches a bare number in that unit ("11.1" for "11.1 billion": answers are
-  often asked "in billions"), but not a number with another scale word ("11.1 million");
-* otherwise EM holds when the normalised tokens of ``g`` occur as one contiguous run in the normalised tokens of
-  the answer: ``\\boxed{Vorlan was born in Molvia}`` matches the gold "Molvia", ``\\boxed{Molvian}`` does not.
-
-A list gold needs every element matched somewhere in the answer; a mapping gold needs every value matched.
-A gold element that normalises to nothing cannot be matched (EM is false).
-
-**The echo rule** (fallback only). A last line that names a (non-numeric) gold only as the repeated subject of
-its sentence is an *echo*, not an answer: in every sentence that names the gold (sentences end at ``.!?;``), the
-gold occurs at least twice, and the words before its first occurrence and between the first two are all words of
-the question or function words (:data:`ECHO_FILLER`: forms of *be*, *have*, *do*, prepositions, conjunctions,
-pronouns), none of them a name the question asks about (a capitalised word of the question after its first word).
-"The record label Mirhei was released by the record label Mirhei, which also paid for the studio time" for "Which
-record label released the first album of the band Zorvik?" puts the gold on both sides of the question's own verb
-(the clause after it, copied from the text, does not change that): the degenerate copy a small model writes under
-distractors. It is not credited (``extraction = "echo"``, EM false, still interpretable). A line that names the
-gold once ("The record label Mirhei released the first album of the band Zorvik."), that relates it to the
-question's name ("... of the band Zorvik, Mirhei.") or to anything else ("Mirhei released Veisrex, so the answer
-is Mirhei": *Veisrex*, *answer*; "Zorvik's first album came out on Mirhei; it is Mirhei that released it") is
-judged as usual. A box or an ``Answer:`` line is never refused by this rule: the model marked it as its answer.
-
-**Hop recall** applies the same per-string rule to the whole output (reasoning included): the share of hops with
-a known intermediate answer whose answer appears in the output.
-
-**Uninterpretable** (recorded apart from EM, docs/method.md#truncated-and-uninterpretable): nothing could be extracted,
-that is
-
-* the output is missing or blank, or
-* the answer slot is empty (see above), or
-* the output was truncated and holds neither a complete box nor an ``Answer:`` line: its last line is then only
-  a fragment of reasoning cut off mid-way, not an answer.
-
-A non-truncated output whose last line is not an answer ("I am not sure.") is interpretable and simply wrong.
-An uninterpretable trial has ``answer = None`` and ``em = False``.
-"""
+"""Behavioural scoring of one generation against its task: answer, EM, hop recall, truncation (docs/method.md#scoring)."""
 
 from __future__ import annotations
 
@@ -71,12 +11,12 @@ from typing import Literal, get_args
 
 from probe.types import Gold, Hop, Task
 
-# the rule that decided a trial's answer: the ICE rules (module docstring) and CogniLoad's fallbacks
+# the rule that decided a trial's answer: the ICE rules (docs/method.md#scoring) and CogniLoad's fallbacks
 # (probe.scoring.cogniload: poi_category, poi, last)
 Extraction = Literal["boxed", "answer_line", "last_line", "echo", "none", "poi_category", "poi", "last"]
 EXTRACTIONS: tuple[str, ...] = get_args(Extraction)
 STRICT_EXTRACTIONS = frozenset({"boxed", "answer_line"})  # the rules strict EM counts: the model marked its answer
-# words an echo may hold besides the gold and the question's own words (the echo rule, module docstring)
+# words an echo may hold besides the gold and the question's own words (the echo rule, docs/method.md#scoring)
 ECHO_FILLER = frozenset(
     "is are was were be been being am has have had do does did of in on at by for from to with into onto about as "
     "and or but nor so then that which who whom whose this these those it its it's they their there also".split()
@@ -118,8 +58,8 @@ class Score:
         em: exact match of ``answer`` against the gold (False when uninterpretable).
         hop_recall: share of hops with a known answer recalled in the output, in [0, 1]; None if no hop has one.
         truncated: generation hit ``max_new_tokens`` without an end token (as reported by the backend).
-        uninterpretable: nothing could be extracted (see the module docstring).
-        extraction: the rule that decided (module docstring): "boxed", "answer_line", "last_line", "echo" or
+        uninterpretable: nothing could be extracted (see docs/method.md#scoring).
+        extraction: the rule that decided (docs/method.md#scoring): "boxed", "answer_line", "last_line", "echo" or
             "none" (CogniLoad: its own, :mod:`probe.scoring.cogniload`).
     """
 
@@ -276,7 +216,7 @@ def exact_match(answer: str | None, gold: Gold, rel_tol: float = REL_TOL) -> boo
         rel_tol: relative tolerance for numeric golds.
 
     Returns:
-        True when every gold value is matched (see the module docstring for the per-string rule).
+        True when every gold value is matched (see docs/method.md#scoring for the per-string rule).
     """
     if answer is None:
         return False
@@ -300,7 +240,7 @@ def _echoes(sentence: list[str], g: list[str], asked: set[str], names: set[str])
 
 
 def is_echo(answer: str, gold: str, question: str) -> bool:
-    """Whether a fallback answer names ``gold`` only as a repeated subject (the echo rule of the module docstring).
+    """Whether a fallback answer names ``gold`` only as a repeated subject (the echo rule of docs/method.md#scoring).
 
     Args:
         answer: the extracted last line.
@@ -348,7 +288,7 @@ def score_output(output: str | None, task: Task, truncated: bool) -> Score:
         truncated: the backend reports that generation hit ``max_new_tokens`` without an end token.
 
     Returns:
-        The :class:`Score`; see the module docstring for the definition of *uninterpretable*.
+        The :class:`Score`; see docs/method.md#scoring for the definition of *uninterpretable*.
     """
     text = output or ""
     answer, how = _extract(text)

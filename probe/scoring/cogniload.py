@@ -1,39 +1,5 @@
-"""Scoring of CogniLoad answers (docs/cogniload.md#scoring): an explicit final answer first, then progressive exact
-match.
-
-The verdict is made on one string, the *judged string*, found in this order (the first that exists decides, right
-or wrong):
-
-1. ``boxed``: the last complete ``\\boxed{...}`` (braces closed; an unclosed box is ignored), LaTeX cleaned;
-2. ``answer_line``: else the last ``Answer:`` / ``Final answer:`` line (the extraction of
-   :func:`probe.scoring.answers.extract_final_answer`);
-3. else the three progressive rules of the CogniLoad paper, tried in order as fallbacks — a rule whose sentence
-   gives no value passes to the next:
-
-   - ``poi_category``: the last sentence that names the person of interest (PoI) *and* the asked category;
-   - ``poi``: the last sentence that names the PoI;
-   - ``last``: the output's last sentence.
-
-   Sentences are split at line breaks and after ``.``, ``!`` or ``?`` followed by white space; a question (a
-   sentence ending in ``?``, e.g. the question restated at the end) is not a statement and is skipped.
-
-**What a string gives.** A value of the asked category is *mentioned* where it appears as a whole word (case
-ignored). A mention does not count when it is negated or names a former value: a negation (``not``, ``n't``,
-``no``, ``never``, ``nor``, ``neither``; ``no longer``) or a former-value marker (``from``, ``than`` as in "rather
-than" / "other than", ``instead of``, ``except``) within the three words before it, looking back no further than
-the nearest other value, ``but``, ``and``, ``so``, ``now``, ``to``, ``is``, ``are`` or ``becomes``; or an arrow
-(``->``, ``→``, ``=>``), or ``to`` and another value, right after it. The string *gives* a value when exactly one
-value is mentioned in a way that counts. So "is not teal" gives nothing, "is not beige but teal" gives teal,
-"changes from beige to teal" and "beige → teal" give teal, and "teal or beige" gives nothing (a hedge is not an
-answer).
-
-The output is correct (``em`` 1.0) when the judged string gives the gold value. A box or ``Answer:`` line decides
-even when it gives no value (``\\boxed{teal or beige}`` is wrong, whatever the reasoning said before it).
-
-"Names the PoI": the PoI's name appears as a whole word. "Names the category": one of the category's aliases
-(``probe.tasks.cogniload.CATEGORIES``; e.g. "sock colour", "sock color", "socks") appears as a whole phrase. The
-values checked are the category's whole value pool, not only the values used in the puzzle.
-"""
+"""Scoring of CogniLoad answers: an explicit final answer first, then progressive exact match
+(docs/cogniload.md#scoring)."""
 
 from __future__ import annotations
 
@@ -142,7 +108,7 @@ def values_given(text: str, category: Category) -> tuple[list[str], bool]:
 
 
 def score_cogniload(output: str, task: Task) -> CogniloadScore:
-    """Score one model output against a CogniLoad task (module docstring).
+    """Score one model output against a CogniLoad task (docs/cogniload.md#scoring).
 
     Args:
         output: the model's generated text.

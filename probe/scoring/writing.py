@@ -1,25 +1,5 @@
-"""What the model wrote (docs/method.md#what-the-model-wrote): how long an output is, and which germane fact its
-answer line restates.
-
-Both are read from recorded text only (the output, the answer the scorer extracted, the task's facts), so the
-analysis derives them from any run folder; nothing is recorded for them at run time.
-
-*Sentences* (:func:`count_sentences`): the output is cut after ``.``, ``!`` or ``?`` followed by white space, and at
-every line break; a piece counts when it holds a letter or a digit and is not only a list marker (``1.``, ``-``).
-So "Vorlan was born in Molvia. Its capital is Tesh." is two sentences, "3.5 km" does not break, and an
-``Answer:`` line of its own is a sentence. An abbreviation followed by a space ("e.g. the") also breaks: the count
-is a measure of length and shape, not a parser.
-
-*Restated fact* (:func:`restated_fact`): the answer line is the text the scorer extracted (a box's content, an
-``Answer:`` line, or the last line). A fact's *content words* are its normalised words (the normaliser of exact
-match) less the function words of :data:`probe.scoring.answers.ECHO_FILLER`. The line restates a fact when it holds
-at least :data:`RESTATE_SHARE` of the fact's content words and at least two of them. A line that restates every fact
-of a chain of two or more is ``all`` (the chain copied out); otherwise, among the facts it restates, the one with the
-largest share is named (on a tie, the later fact in the chain) by its place in the chain: ``first`` (hop 1),
-``bridge`` (any hop between), ``last`` (the last hop, whose fact holds the gold; a one-hop question's only fact is
-``last``); ``none`` when the line restates no fact (a bare entity such as ``\\boxed{Molvia}``, or no answer at all).
-A task without facts gives None (not known).
-"""
+"""What the model wrote: how long an output is, and which germane fact its answer line restates
+(docs/method.md#what-the-model-wrote)."""
 
 from __future__ import annotations
 
@@ -40,7 +20,7 @@ _LIST_MARKER = re.compile(r"^\s*(?:[-*•#>]+|\d+[.)])?\s*$")
 
 
 def count_sentences(text: str | None) -> int:
-    """Sentences in ``text`` (module docstring); 0 for a missing or blank text."""
+    """Sentences in ``text`` (docs/method.md#what-the-model-wrote); 0 for a missing or blank text."""
     if not text:
         return 0
     return sum(1 for piece in _BREAK.split(text)
@@ -52,7 +32,7 @@ def _content_words(text: str) -> set[str]:
 
 
 def restated_fact(line: str | None, hops: Sequence[Hop]) -> Restated | None:
-    """Which germane fact the answer line restates (module docstring).
+    """Which germane fact the answer line restates (docs/method.md#what-the-model-wrote).
 
     Args:
         line: the extracted answer; None when the scorer found none.

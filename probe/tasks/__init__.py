@@ -1,30 +1,5 @@
-"""Task sources and the registry that says, for each, how its tasks are loaded, laid out, scored and analysed.
-
-A ``[[tasks]]`` section of an experiment names a source; everything a later stage needs to know about that source
-is declared once here, in a :class:`TaskSource`, and the builder, the runner, the analysis and the report ask this
-registry instead of naming a source:
-
-- ``load``: ``(section, seed) -> [Task]`` (:mod:`probe.tasks.synthetic`, :mod:`probe.tasks.fanoutqa`,
-  :mod:`probe.tasks.jsonl`, :mod:`probe.tasks.cogniload`);
-- ``layout``: ``"ice"`` (the ICE builder makes the four conditions at every load from the task's hops),
-  ``"native"`` (the task brings its own segments and is laid out as given), or ``"task"`` (native where the task
-  carries segments, ICE otherwise: a user's JSONL file may hold both);
-- ``options_type``: the dataclass of the ``[[tasks]]`` keys the source reads (:mod:`probe.tasks.options`);
-  ``probe validate`` refuses any other key, naming it;
-- ``family``: the :class:`Family` whose scorer and analysis its trials get.
-
-The section type (:class:`TaskSection`) and the source registry live in :mod:`probe.tasks.section`, the family
-registry in :mod:`probe.tasks.family`; this module registers the built-in entries in both.
-
-A family is a kind of benchmark: ``ice`` (multi-hop questions: docs/method.md#scoring, the ICE estimates H1-H3) and
-``cogniload`` (logic-grid puzzles: progressive exact match, the CogniLoad GLM; docs/cogniload.md). Each prompt and
-trial record carries its family, so the analysis groups trials by it without guessing from sources or conditions.
-
-Adding a benchmark: one loader module here, one options type, one :class:`TaskSource` passed to :func:`register_source` (and a
-:class:`Family` passed to :func:`register_family` if it is scored or analysed differently), one scorer under
-:mod:`probe.scoring`, one analysis and one report section registered for the family. A name registered twice is
-refused; a misspelt one is answered with the close names.
-"""
+"""Task sources and the registry that says, for each, how its tasks are loaded, laid out, scored and analysed
+(docs/method.md#sources)."""
 
 from __future__ import annotations
 

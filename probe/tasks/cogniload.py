@@ -1,43 +1,4 @@
-"""CogniLoad logic-grid puzzles (docs/cogniload.md): a seeded generator with three independent knobs.
-
-A puzzle describes ``|P| = max(d, 2)`` people, each with ``d`` attributes (categories); category ``c`` takes one of
-``|V_c| = max(d + 1, 3)`` values. One person is the Person of Interest (PoI). After an initial state in which every
-two people differ in at least one attribute come ``N`` statements, applied in order, each of the form
-
-    "Every person whose c1 is v1 [and whose c2 is v2 ...] now has the u_c1 u1 [and the u_c2 u2 ...]."
-
-with ``k`` conditions and ``m`` updates, ``k, m ~ Uniform{1..d}``; attributes a statement does not update stay as
-they were. The question asks one attribute of the PoI after all ``N`` statements.
-
-Needles and hay. ``n0 = max(1, min(N, round(N * rho / 100)))`` statements are needles. At step ``t`` (0-based)
-the statement is a needle with probability ``needles_left / (N - t)``, else hay, so a puzzle has exactly ``n0``
-needles. A candidate statement is drawn and re-drawn until it is valid:
-
-- a needle's conditions are taken from the PoI's current state, so the PoI matches them; it must change at least
-  one of the PoI's attributes (a needle really moves the PoI), must not match every person, and must not leave
-  every other person identical to the PoI;
-- a hay statement's conditions are taken from the current state of a randomly chosen other person; the PoI must
-  not match them (so the PoI is untouched), the statement must change at least one other person (hay is a real
-  state update, as alike to a needle as possible), and it must not leave every other person identical to the PoI.
-
-These rules keep at least one person different from the PoI at every step, so a valid candidate always exists
-and rejection sampling ends quickly.
-
-Segments (``Task.segments``, in prompt order):
-
-- ``instruction``: the framing paragraph (who the people are, the categories and their possible values, how the
-  statements apply). It carries no fact about any person.
-- ``germane``: the PoI's initial-state sentence and every needle statement. Whether a statement changes the PoI
-  depends only on the PoI's own state, so these are exactly the sentences the answer depends on.
-- ``extraneous``: the other people's initial-state sentences and every hay statement; none of them can change the
-  answer.
-
-The question is ``Task.question``; the prompt builder adds it (and its own instruction) as separate segments.
-``Task.hops`` are the needle statements in order (``Hop(fact=text, answer=None)``).
-
-All text comes from the fixed templates below; no model writes any of it. Value words are unique across
-categories and never equal a person's name, so an answer can be matched without ambiguity.
-"""
+"""CogniLoad logic-grid puzzles: a seeded generator with three independent knobs (docs/cogniload.md#a-puzzle)."""
 
 from __future__ import annotations
 
@@ -296,7 +257,7 @@ def generate_puzzle(d: int, n_statements: int, rho: float, rng: np.random.Genera
 
     Returns:
         A ``Task`` with ``source="cogniload"``, the PoI's final value of the asked category as ``gold``, the needle
-        statements as ``hops`` and the prompt body as ``segments`` (see the module docstring for the kinds).
+        statements as ``hops`` and the prompt body as ``segments`` (see docs/cogniload.md#a-puzzle for the kinds).
         ``meta`` holds the puzzle's :class:`PuzzleParams` (:meth:`PuzzleParams.to_meta`; read it back with
         :meth:`PuzzleParams.from_meta`).
 
@@ -399,7 +360,7 @@ def _draw_statement(
     n_v: int,
     rng: np.random.Generator,
 ) -> tuple[list[int], list[int], list[int], list[int], list[tuple[int, ...]]]:
-    """Draw candidates until one satisfies the needle or hay rules (module docstring).
+    """Draw candidates until one satisfies the needle or hay rules (docs/cogniload.md#a-puzzle).
 
     The state is tiny (at most 10 x 10), so plain Python on tuples is faster here than numpy on arrays.
 

@@ -1,20 +1,5 @@
-"""FanOutQA dev questions (Zhu et al., 2024; CC BY-SA 4.0) with their human decompositions as hops.
-
-The dev set ships inside the ``fanoutqa`` PyPI package (``fanoutqa/data/fanout-final-dev.json``). It is
-located with ``importlib.util.find_spec`` and read as JSON; the package itself is never imported, because its
-dependencies (spacy, ...) are not needed here. Install it with ``pip install --no-deps fanoutqa``.
-
-Hops are the *leaf* sub-questions of the human decomposition, depth first: the steps an annotator answered
-from one Wikipedia page. A sub-question that is itself decomposed only aggregates its children, so it adds no
-fact of its own. Each hop's fact renders the sub-question and its answer as one sentence
-("The answer to 'Who founded YouTube?' is Chad Hurley, Steve Chen and Jawed Karim."). A hop's intermediate
-answer is kept where it is a single value (a string, number or yes/no); a list or mapping answer has no single
-string to recall, so that hop's ``answer`` is None and hop recall skips it.
-
-Gold answers keep their shape (docs/method.md#objects): a string, a list of strings or a mapping of strings. Numbers
-become their decimal text, booleans "yes"/"no"; empty values in a list or mapping are dropped (they cannot be matched),
-and a question left with no gold value is skipped.
-"""
+"""FanOutQA dev questions (Zhu et al., 2024; CC BY-SA 4.0) with their human decompositions as hops
+(docs/method.md#sources)."""
 
 from __future__ import annotations
 

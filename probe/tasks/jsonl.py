@@ -1,15 +1,5 @@
-"""A user's own tasks: one JSON object per line, in the schema of ``Task.to_dict()`` without ``source``.
-
-Fields: ``task_id`` (non-empty string, unique in the file), ``question`` (non-empty string), ``gold`` (a
-non-empty string, a non-empty list of non-empty strings, or a non-empty object whose values are non-empty
-strings), ``hops`` (a non-empty list of ``{"fact": str, "answer": str | null}``), and optionally ``topic``
-(string), ``meta`` (object of strings and numbers), ``segments`` (list of ``[kind, text]`` pairs: the task is then
-laid out as written, not by the ICE builder) and ``condition`` (with ``segments``: the condition its prompt is
-recorded under, default ``Custom``; one of the ICE condition names puts it in that condition's estimates). Blank
-lines are allowed. The file is UTF-8 (a leading byte order mark is accepted). Every line is checked before any task
-is returned; the first bad one raises :class:`~probe.errors.TaskFormatError` as ``file:line: field: what is
-wrong`` (a byte that is not UTF-8: ``file:line: not UTF-8 text: byte ... at column ... (byte offset ...)``).
-"""
+"""A user's own tasks: one JSON object per line, in the schema of ``Task.to_dict()`` without ``source``
+(docs/method.md#sources)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,4 @@
-"""Fictional multi-hop questions: invented entities chained by plain one-sentence facts.
-
-Every name is drawn from a syllable generator, so no answer can be known from pre-training: a model can only
-answer by reading the facts. A task is a chain ``e0 -> e1 -> e2 [-> e3]`` inside one *topic* (birthplace,
-company, music, river, invention, sports, literature). Hop ``i`` is one sentence linking ``e_i`` to ``e_{i+1}``
-and its intermediate answer is ``e_{i+1}``; the question names only the first entity of the chain and asks for
-the last, so it needs every hop.
-
-Within one draw (one call of :func:`generate_synthetic` or :func:`probe.prompts.distractors.distractor_facts`) no name and no word of a
-name is used twice, and no name equals a word of the sentence templates, so an answer string identifies exactly
-one entity. Distractor facts come from chains of other topics, drawn with the names of the task excluded.
-"""
+"""Fictional multi-hop questions: invented entities chained by plain one-sentence facts (docs/method.md#sources)."""
 
 from __future__ import annotations
 

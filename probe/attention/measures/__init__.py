@@ -1,15 +1,5 @@
-"""The built-in attention measures, one module per family (each registers its entries on import).
-
-- :mod:`~probe.attention.measures.mass`: ``seg_mass_segment`` (per segment), ``seg_mass`` (per key kind) and
-  ``p_ext`` (with its chance level and enrichment);
-- :mod:`~probe.attention.measures.residue`: ``ar_k``, the attentional residue (cosine or mass mode);
-- :mod:`~probe.attention.measures.value`: ``value_share_segment`` and ``value_p_ext``, the value-weighted share.
-
-`built_in()` lists them in the toolkit's order (the order of every table and record); a new measure is one new
-module here, its entries added to that list (and its test): see :mod:`probe.attention.measure` for what an entry
-holds. A measure registered elsewhere (:func:`probe.attention.register_measure`, a user's or a test's) comes after
-the built-in ones, in registration order.
-"""
+"""The built-in attention measures, one module per family, each registering its entries on import
+(docs/probes.md#the-measure-registry)."""
 
 from __future__ import annotations
 

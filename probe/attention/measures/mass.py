@@ -1,13 +1,4 @@
-"""Segment masses and P_ext: where the query set's attention goes (docs/probes.md#attention-proportion).
-
-- ``seg_mass_segment[layer, head, segment]``: M[l, h, S] = mean over the query set Q of the attention mass on the
-  keys of segment S (``segment_labels`` order; with ``generated`` ids the answer is one last segment). A row sums
-  to 1 over the segments, sink included.
-- ``seg_mass[layer, head, kind]``: the same mass per key kind (:data:`~probe.attention.result.KEY_KINDS`).
-- ``p_ext[layer, head]``: M[extraneous] / Σ_{K≠sink} M[K] (M[extraneous] alone when ``exclude_sink`` is false);
-  NaN where Q sees no non-sink key. Its chance level is the record's ``chance[layer]`` (the P_ext of attention
-  spread uniformly over the keys each query sees), its enrichment P_ext / chance.
-"""
+"""Segment masses and P_ext: where the query set's attention goes (docs/probes.md#attention-proportion)."""
 
 from __future__ import annotations
 

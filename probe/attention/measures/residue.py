@@ -1,17 +1,5 @@
 """Attentional residue AR_k: how much the rows of a germane or question segment resemble (``cosine``) or reach
-(``mass``) the extraneous segments before it (docs/probes.md#attentional-residue-ar_k).
-
-``ar_k[layer, head, target]`` for every target of the plan (germane segments and the question, ``ar_targets``),
-in the mode ``residue_mode`` says; computed only when the probe computes the residue.
-
-The reducer keeps, for each *accumulated* segment, the running sum of its rows, ``(head, key)``, cut to the keys
-the residue reads: for the cosine residue every extraneous source in use (up to its own end) and every target that
-has a source (up to the end of its last source); for the mass residue the targets alone. A segment's rows are
-contiguous within a block, so a block adds a slice sum per segment it touches; the rows are dropped after each
-block. At the end of the layer the residue is computed for all (source, target) pairs at once: the dot products of
-the source and target row sums by one batched matmul, the targets' norms on keys ``[0, end of source)`` from a
-cumulative sum (the comparison window), and γ^{k−j} weights as a (target, source) matrix.
-"""
+(``mass``) the extraneous segments before it (docs/probes.md#attentional-residue-ar_k)."""
 
 from __future__ import annotations
 

@@ -1,21 +1,5 @@
 """Value-weighted segment mass and P_ext: attention weighted by what each key contributes to the output
-(Kobayashi et al., EMNLP 2020, "Attention is Not Only a Weight"; docs/probes.md).
-
-A head can put much weight on tokens whose value vectors are tiny (sinks, punctuation). Weighting each weight α_qj
-by the norm of what key j adds to the head's output, ‖v_j W_O^h‖ (v_j the key's value state of the head's KV head,
-W_O^h the head's own slice of the output projection), gives the norm-based share:
-
-- ``value_share_segment[layer, head, segment]`` = Σ_{q∈Q} Σ_{j∈S} α_qj ‖v_j W_O^h‖ over the same sum on every key:
-  the share of segment S in the value-weighted attention of the query set (a row sums to 1 over the segments,
-  sink included, like ``seg_mass_segment``; grouped-query heads: each query head reads its KV head's values and
-  its own rows of the output projection);
-- ``value_p_ext[layer, head]`` = the extraneous share of it over the non-sink segments (over all of them when
-  ``exclude_sink`` is false), beside the raw P_ext; its chance level and enrichment are the raw P_ext's.
-
-The norms are computed once per layer from the Gram matrix of each head's output rows, ‖v W‖² = v (W Wᵀ) vᵀ
-(``head_dim²`` per head, no (keys × hidden) tensor); the reference instead projects every value vector of the
-eager forward through the output projection read from the model and takes its norm.
-"""
+(docs/probes.md#value-weighted-share)."""
 
 from __future__ import annotations
 
