@@ -364,8 +364,8 @@ class HopTracking:
     labels: tuple[str, ...]
     window: str
     method: str
-    n_trials: int
-    n_skipped: int
+    n_trials: int = field(metadata={"merge": "sum"})  # several runs' counts add up (probe.report.blocks)
+    n_skipped: int = field(metadata={"merge": "sum"})
     reason: str | None
     tests: tuple[HopMassTest, ...] = field(default=(), metadata={OMIT: True})
 

@@ -3,20 +3,20 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from functools import partial
 
 from probe import formatting as fmt
-from probe.analysis.cogniload import (FAMILY, KNOBS, CogniloadFits, CogniloadResult, DeltaRho, GlmFit, KnobCells,
-                                      Threshold)
+from probe.analysis.cogniload import (FAMILY, KNOBS, CogniloadFits, CogniloadResult, DeltaRho, GlmFit, Threshold)
 from probe.analysis.cogniload_attention import SERIES, NeedleHayModel, NeedleHaySummary
 from probe.analysis.estimates import Cell
 from probe.config import AnalysisSection
 from probe.report.cogniload_figures import (KNOB_AXES, attention_of, draw_accuracy_by_knob, draw_needle_hay_heatmaps,
                                             draw_needle_hay_layers)
 from probe.report.figures import file_stem
-from probe.report.html import esc, table
-from probe.report.sections import ReportContext, ReportSection, Rows
-from probe.report.tables import md_table, rows_of
+from probe.report.blocks import Block, Bullets, Heading, Note, Plot, Table, Text, table_of
+from probe.report.blocks import Cell as Cell_
+from probe.report.sections import ReportSection, Rows
+from probe.report.tables import rows_of
 
 
 KNOB_LABELS = {"d": "d", "N": "N", "rho": "ρ"}
@@ -215,11 +215,11 @@ def tables(result: CogniloadResult) -> list[tuple[str, Rows]]:
 
 
 def _acc_row(model: str, knob: str, level: str, c: Cell) -> list[str]:
-    return [esc(model), esc(knob), esc(level), str(c.n), fmt.num(c.em_mean), fmt.ci(c.em_ci_low, c.em_ci_high),
+    return [model, knob, level, str(c.n), fmt.num(c.em_mean), fmt.ci(c.em_ci_low, c.em_ci_high),
             fmt.pct(c.truncated_rate), fmt.pct(c.uninterpretable_rate), str(c.n_error), str(c.n_skipped)]
 
 
-def accuracy_table_html(result: CogniloadResult) -> str:
+def accuracy_table(result: CogniloadResult) -> Table:
     """Accuracy per model and knob level: n, accuracy, Wilson 95 % CI, truncated and uninterpretable shares."""
     rows = []
     for model in sorted(result.cells):
@@ -227,45 +227,43 @@ def accuracy_table_html(result: CogniloadResult) -> str:
         for knob, _, unit in KNOB_AXES:
             for c in result.cells[model].by(knob):
                 rows.append(_acc_row(model, KNOB_LABELS[knob], f"{c.level}{unit}", c))
-    return table(["model", "knob", "level", "n", "accuracy", "95% CI", "truncated", "uninterp.", "errors",
-                  "skipped"], rows, left=2)
+    return table_of(["model", "knob", "level", "n", "accuracy", "95% CI", "truncated", "uninterp.", "errors",
+                     "skipped"], rows, left=2)
 
 
-def _threshold_cell(th: Threshold) -> str:
+def _threshold_cell(th: Threshold) -> Text:
     if th.value is None:  # the reason's first clause: a degenerate fit's whole reason is in the GLM table below
         status, why = th.status.replace("_", " "), fmt.first_clause(th.reason) if th.reason else ""
-        said = why if status in why else f"{status}: {why}"  # "the main fit is degenerate" says its status
-        return f'{fmt.DASH}<br><span class="note">{esc(said)}</span>'
+        return Text(fmt.DASH, why if status in why else f"{status}: {why}")  # "the main fit is degenerate"
     ci = "" if th.ci_low is None else f" {fmt.ci(th.ci_low, th.ci_high, '.3g')}"
-    note = (f'<br><span class="note">{th.n_boot_defined} of {th.n_boot_defined + th.n_boot_undefined} '
-            "bootstrap refits crossed 0.5" + (f"; {esc(th.ci_note)}" if th.ci_note else "") + "</span>")
-    return f"{fmt.num(th.value, '.3g')} {esc(th.unit)}{ci}{note}"
+    return Text(f"{fmt.num(th.value, '.3g')} {th.unit}{ci}",
+                f"{th.n_boot_defined} of {th.n_boot_defined + th.n_boot_undefined} bootstrap refits crossed 0.5"
+                + (f"; {th.ci_note}" if th.ci_note else ""))
 
 
-def threshold_table_html(result: CogniloadResult) -> str:
+def threshold_table(result: CogniloadResult) -> Table:
     """Thresholds (value [bootstrap CI] or the reason), delta rho and the AIC comparison, one row per model."""
-    rows = []
+    rows: list[list[Cell_]] = []
     for model in sorted(result.models):
         s = result.models[model]
         dr = s.delta_rho
-        delta = fmt.num(dr.value, "+.3f") + ("" if dr.ci_low is None else f" {fmt.ci(dr.ci_low, dr.ci_high, '+.3f')}")
-        delta += (f'<br><span class="note">Acc(ρ={dr.low_rho}%) = {fmt.num(dr.acc_low, ".2f")} (n={dr.n_low}), '
-                  f'Acc(ρ={dr.high_rho}%) = {fmt.num(dr.acc_high, ".2f")} (n={dr.n_high})</span>')
+        delta = Text(fmt.num(dr.value, "+.3f") + ("" if dr.ci_low is None else f" {fmt.ci(dr.ci_low, dr.ci_high, '+.3f')}"),
+                     f"Acc(ρ={dr.low_rho}%) = {fmt.num(dr.acc_low, '.2f')} (n={dr.n_low}), "
+                     f"Acc(ρ={dr.high_rho}%) = {fmt.num(dr.acc_high, '.2f')} (n={dr.n_high})")
         quad, lin = s.fits["quadratic"], s.fits["linear"]
         if s.delta_aic is None:
-            aic = (f'{fmt.DASH}<br><span class="note">quadratic fit {esc(quad.status.replace("_", " "))}, linear fit '
-                   f'{esc(lin.status.replace("_", " "))}'
-                   + (f": {esc(fmt.first_clause(quad.reason or lin.reason or ''))}" if (quad.reason or lin.reason)
-                      else "")
-                   + (f"; {esc(quad.dropped['rho2'])}" if "rho2" in quad.dropped else "") + "</span>")
+            why = quad.reason or lin.reason
+            aic: Cell_ = Text(fmt.DASH, f"quadratic fit {quad.status.replace('_', ' ')}, linear fit "
+                                        f"{lin.status.replace('_', ' ')}"
+                              + (f": {fmt.first_clause(why)}" if why else "")
+                              + (f"; {quad.dropped['rho2']}" if "rho2" in quad.dropped else ""))
         else:
             aic = (f"{fmt.num(quad.aic, '.1f')} vs {fmt.num(lin.aic, '.1f')}: ΔAIC = {fmt.num(s.delta_aic, '+.2f')}, "
-                   f"{esc(s.aic_preferred)} preferred")
-        rows.append([esc(model), str(s.n), str(s.n_puzzles),
-                     *(_threshold_cell(s.thresholds[k]) for k, _ in THRESHOLDS), delta, aic])
-    header = ["model", "n", "puzzles", *(f"{k}<br><span class=\"note\">{esc(d)}</span>" for k, d in THRESHOLDS),
-              "Δρ = Acc(low ρ) − Acc(high ρ)", "AIC quadratic vs linear in ρ"]
-    return table(header, rows, left=1)
+                   f"{s.aic_preferred} preferred")
+        rows.append([model, str(s.n), str(s.n_puzzles), *(_threshold_cell(s.thresholds[k]) for k, _ in THRESHOLDS),
+                     delta, aic])
+    return table_of(["model", "n", "puzzles", *(Text(k, d) for k, d in THRESHOLDS), "Δρ = Acc(low ρ) − Acc(high ρ)",
+                     "AIC quadratic vs linear in ρ"], rows)
 
 
 def _fit_note(f: GlmFit) -> str:
@@ -280,88 +278,60 @@ def _fit_note(f: GlmFit) -> str:
     return "; ".join(parts)
 
 
-def glm_table_html(result: CogniloadResult, alpha: float) -> str:
+def glm_table(result: CogniloadResult, alpha: float) -> Table:
     """Every GLM's coefficients (estimate, 95 % CI, p) with its status, AIC and the terms it left out."""
-    rows = []
+    rows: list[list[Cell_]] = []
     for model, s in sorted(result.models.items()):
         for fit, f in s.fits.items():
-            note = esc(_fit_note(f))
+            note = _fit_note(f)
             if not f.params:
-                rows.append([esc(model), esc(fit), esc(f.status), *[fmt.DASH] * 5, note])
+                rows.append([model, fit, f.status, *[fmt.DASH] * 5, note])
                 continue
             for i, (term, v) in enumerate(f.params.items()):
-                p = fmt.p_value(v.p, html=True)
-                if v.p is not None and v.p < alpha:
-                    p = f'<span class="sig">{p}</span>'
-                rows.append([esc(model) if i == 0 else "", esc(fit) if i == 0 else "", esc(f.status) if i == 0
-                             else "", esc(TERM_LABELS.get(term, term)), fmt.num(v.value, "+.4g"),
-                             fmt.ci(v.ci_low, v.ci_high, "+.4g"), p,
-                             fmt.num(f.aic, ".1f") if i == 0 else "", note if i == 0 else ""])
-    return table(["model", "fit", "status", "term", "estimate (logit)", "95% CI", "p", "AIC", "note"], rows, left=4,
-                 text=(8,))
+                first = i == 0
+                rows.append([model if first else "", fit if first else "", f.status if first else "",
+                             TERM_LABELS.get(term, term), fmt.num(v.value, "+.4g"), fmt.ci(v.ci_low, v.ci_high, "+.4g"),
+                             Text(fmt.p_value(v.p), strong=v.p is not None and v.p < alpha),
+                             fmt.num(f.aic, ".1f") if first else "", note if first else ""])
+    return table_of(["model", "fit", "status", "term", "estimate (logit)", "95% CI", "p", "AIC", "note"], rows, left=4,
+                    text=(8,))
 
 
-def attention_note_html(attention: NeedleHaySummary | None) -> str:
+def attention_notes(attention: NeedleHaySummary | None) -> list[Block]:
     """The enrichment definition and any per-model note of the attention summary."""
     if attention is None:
-        return ('<p class="note">No attention records for the CogniLoad prompts (run with <code>[probe] enabled = '
-                "true</code> for the needle vs hay figures).</p>")
-    notes = [f"{m}: {n}" for m, a in sorted(attention.models.items()) for n in a.notes]
-    return (f'<p class="note">Enrichment: {esc(attention.definition)}.</p>'
-            + ("<ul>" + "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul>" if notes else ""))
+        return [Note("No attention records for the CogniLoad prompts (run with [probe] enabled = true for the needle "
+                     "vs hay figures).")]
+    notes = tuple(f"{m}: {n}" for m, a in sorted(attention.models.items()) for n in a.notes)
+    return [Note(f"Enrichment: {attention.definition}."), *([Bullets(notes)] if notes else [])]
 
 
-def section_html(result: CogniloadResult, ctx: ReportContext) -> str:
-    """The CogniLoad part of a report: summary, accuracy, thresholds, GLMs and needle vs hay attention."""
-    summary = "".join(f"<h3>{esc(m)}</h3><ul>" + "".join(f"<li>{esc(s)}</li>" for s in sentences) + "</ul>"
-                      for m in sorted(result.cells) if (sentences := model_summary(result, m, ctx.settings)))
-    accuracy = ctx.figure(
-        "cogniload_accuracy", "CogniLoad accuracy against difficulty d, length N and needle ratio ρ, each pooled "
-        "over the other knobs, with Wilson 95% CIs (n = scored puzzles per level). The ρ panel's title gives the "
-        "ρ² coefficient of the main GLM (> 0 = U-shape) and Δρ = Acc(lowest ρ) − Acc(highest ρ) with its "
-        "bootstrap CI.", draw_accuracy_by_knob(result))
-    attention = "".join(
-        ctx.figure(f"cogniload_needle_hay_heatmap_{file_stem(model)}",
-                   f"{model}: head-mean enrichment of attention from the question set on needle (germane) and hay "
-                   "(extraneous) statements, per layer and tested ρ / N (mean over prompts; n = prompts per column); "
-                   "red = more per-token attention than uniform over the non-sink tokens, blue = less (the "
-                   "instruction and the question share the rest); right: needle vs hay per-token ratio (orange = "
-                   "needles favoured, purple = hay). Knobs with one tested level have no row.",
-                   draw_needle_hay_heatmaps(result, model))
-        + ctx.figure(f"cogniload_needle_hay_layers_{file_stem(model)}",
-                     f"{model}: needle and hay enrichment by layer over all prompts (left, log scale) and log2 of "
-                     "their ratio (right), with 95% t-intervals over prompts.", draw_needle_hay_layers(result, model))
-        for model in sorted(result.attention.models if result.attention is not None else {}))
-    return ("<h2>CogniLoad</h2>" + summary
-            + "<h3>Accuracy against each knob</h3>" + accuracy + accuracy_table_html(result)
-            + "<h3>Capacity thresholds (P(correct) = 0.5, other knobs at their means)</h3>"
-            + threshold_table_html(result)
-            + '<p class="note">A threshold that is not given says why in its first clause; the GLM table below gives '
-            "each fit's whole reason, <code>tables/cogniload_thresholds.csv</code> each threshold's.</p>"
-            + "<h3>GLM fits: logit P(correct) = β0 + β_d d + β_N log10 N + β_ρ ρ + β_ρ² ρ²</h3>"
-            + glm_table_html(result, ctx.settings.alpha)
-            + "<h3>Attention on needle vs hay statements</h3>" + attention_note_html(result.attention) + attention)
-
-
-def markdown(result: CogniloadResult, settings: AnalysisSection) -> list[str]:
-    """The CogniLoad part of ``analysis.md``: accuracy per knob level, GLM terms, thresholds, attention summary."""
-    parts = ["## CogniLoad", ""]
-    parts += [md_table(["model", "knob", "level", "n", "accuracy", "95% CI", "truncated", "uninterp."],
-                       [[m, KNOB_LABELS[k], str(c.level), str(c.n), fmt.num(c.em_mean), fmt.ci(c.em_ci_low, c.em_ci_high),
-                         fmt.pct(c.truncated_rate), fmt.pct(c.uninterpretable_rate)]
-                        for m in sorted(result.cells) for k in KNOBS for c in result.cells[m].by(k)]), ""]
-    fits = fit_rows(result)
-    if fits:
-        parts += ["GLM, logit P(correct) (quadratic: the main fit):", "",
-                  md_table(["model", "fit", "status", "term", "estimate", "95% CI", "p", "AIC", "note"],
-                           [[r["model"], r["fit"], r["status"], r["term"] or fmt.DASH, fmt.num(r["estimate"], "+.4g"),
-                             fmt.ci(r["ci_low"], r["ci_high"], "+.4g"), fmt.p_value(r["p"]), fmt.num(r["aic"], ".1f"),
-                             r["note"] or ""] for r in fits]), ""]
-    parts += [f"- {line}" for model, fits in sorted(result.models.items()) for line in fit_lines(fits, model)]
-    for model, a in sorted((result.attention.models if result.attention is not None else {}).items()):
-        parts.append(f"- {model}: needle/hay attention enrichment over {a.n_prompts} prompts, {a.n_layers} "
-                     "layers (per layer in `tables/cogniload_attention_layers.csv`)")
-    return parts + [""]
+def blocks(result: CogniloadResult, settings: AnalysisSection) -> list[Block]:
+    """The CogniLoad section: summary, accuracy, thresholds, GLMs and needle vs hay attention."""
+    summary = [Bullets(tuple(sentences), m) for m in sorted(result.cells)
+               if (sentences := model_summary(result, m, settings))]
+    attention = [b for model in sorted(result.attention.models if result.attention is not None else {}) for b in (
+        Plot(f"cogniload_needle_hay_heatmap_{file_stem(model)}",
+             f"{model}: head-mean enrichment of attention from the question set on needle (germane) and hay "
+             "(extraneous) statements, per layer and tested ρ / N (mean over prompts; n = prompts per column); red = "
+             "more per-token attention than uniform over the non-sink tokens, blue = less (the instruction and the "
+             "question share the rest); right: needle vs hay per-token ratio (orange = needles favoured, purple = "
+             "hay). Knobs with one tested level have no row.", partial(draw_needle_hay_heatmaps, result, model)),
+        Plot(f"cogniload_needle_hay_layers_{file_stem(model)}",
+             f"{model}: needle and hay enrichment by layer over all prompts (left, log scale) and log2 of their ratio "
+             "(right), with 95% t-intervals over prompts.", partial(draw_needle_hay_layers, result, model)))]
+    return [Heading("CogniLoad"), *summary, Heading("Accuracy against each knob", 3),
+            Plot("cogniload_accuracy", "CogniLoad accuracy against difficulty d, length N and needle ratio ρ, each "
+                 "pooled over the other knobs, with Wilson 95% CIs (n = scored puzzles per level). The ρ panel's "
+                 "title gives the ρ² coefficient of the main GLM (> 0 = U-shape) and Δρ = Acc(lowest ρ) − "
+                 "Acc(highest ρ) with its bootstrap CI.", partial(draw_accuracy_by_knob, result)),
+            accuracy_table(result),
+            Heading("Capacity thresholds (P(correct) = 0.5, other knobs at their means)", 3), threshold_table(result),
+            Note("A threshold that is not given says why in its first clause; the GLM table below gives each fit's "
+                 "whole reason, tables/cogniload_thresholds.csv each threshold's."),
+            Heading("GLM fits: logit P(correct) = β0 + β_d d + β_N log10 N + β_ρ ρ + β_ρ² ρ²", 3),
+            glm_table(result, settings.alpha),
+            Heading("Attention on needle vs hay statements", 3), *attention_notes(result.attention), *attention]
 
 
 def main_rows(result: CogniloadResult) -> list[tuple[Cell, str]]:
@@ -369,32 +339,7 @@ def main_rows(result: CogniloadResult) -> list[tuple[Cell, str]]:
     return [(result.cells[m].overall, "") for m in sorted(result.cells)]
 
 
-def merge(named: list[tuple[str, CogniloadResult]]) -> CogniloadResult:
-    """Several runs' CogniLoad results as one, each model renamed ``<run>: <model>``."""
-    def cells(label: str, k: KnobCells) -> KnobCells:
-        def ren(c: Cell) -> Cell:
-            return replace(c, model=f"{label}: {c.model}")
-        return replace(k, overall=ren(k.overall), d=tuple(map(ren, k.d)), N=tuple(map(ren, k.N)),
-                       rho=tuple(map(ren, k.rho)))
-
-    attention = None
-    with_att = [(label, r.attention) for label, r in named if r.attention is not None]
-    if with_att:
-        first = with_att[0][1]
-        assert first is not None
-        attention = NeedleHaySummary(definition=first.definition, alpha=first.alpha,
-                                     models={f"{label}: {m}": a for label, att in with_att
-                                             for m, a in (att.models.items() if att is not None else ())})
-    return CogniloadResult(
-        n_bootstrap=named[0][1].n_bootstrap, seed=named[0][1].seed,
-        models={f"{label}: {m}": s for label, r in named for m, s in r.models.items()},
-        cells={f"{label}: {m}": cells(label, k) for label, r in named for m, k in r.cells.items()},
-        attention=attention)
+SECTION = ReportSection(family=FAMILY, blocks=blocks, tables=tables, main_rows=main_rows, main_lines=main_lines)
 
 
-SECTION = ReportSection(family=FAMILY, html=section_html, tables=tables, merge=merge, markdown=markdown,
-                        main_rows=main_rows, main_lines=main_lines)
-
-
-__all__ = ["KNOB_LABELS", "SECTION", "fit_rows", "main_lines", "markdown", "merge", "model_summary", "section_html",
-           "tables"]
+__all__ = ["KNOB_LABELS", "SECTION", "blocks", "fit_rows", "main_lines", "model_summary", "tables"]

@@ -65,15 +65,15 @@ def compare_runs(run_dirs: list[Path], out: Path) -> Path:
     parts = []
     for family in family_order({f for _, a in named for f in a.families}):
         section = report_section(family)
-        merged = section.merge([(label, a.families[family]) for label, a in named if family in a.families])
-        parts.append(section.compare(merged, ctx))
+        parts.append(section.html(section.merged([(label, a.families[family]) for label, a in named
+                                                   if family in a.families]), ctx))
     runs = "".join(f"<li><b>{esc(label)}</b>: <code>{esc(d)}</code>, {a.n_trials} trials, trials sha256 "
                    f"{esc(a.inputs.trials_sha256[:12])}…, analysed {esc(a.created)}</li>"
                    for (label, a), d in zip(named, run_dirs))
     with_interventions = [(label, a.interventions) for label, a in named if a.interventions is not None]
     if with_interventions:
         section = report_section("interventions")
-        parts.append(section.compare(section.merge(with_interventions), ctx))
+        parts.append(section.html(section.merged(with_interventions), ctx))
     body = f"<h1>ICE-Probe comparison of {len(run_dirs)} run(s)</h1><ul>{runs}</ul>" + "".join(parts)
     write_atomic(folder.report, page("ICE-Probe comparison", body), root=folder.root)
     log.info("%s: comparison of %d runs", folder.report, len(run_dirs))

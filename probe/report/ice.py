@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from functools import partial
 
 import numpy as np
 
@@ -16,10 +16,11 @@ from probe.config import AnalysisSection
 from probe.report import ice_figures as F
 from probe.report import ice_hops, ice_writing
 from probe.report.figures import draw_forest, file_stem, ranges, short
-from probe.report.html import esc, table
-from probe.report.retrieval import retrieval_html, retrieval_markdown, retrieval_tables
-from probe.report.sections import ReportContext, ReportSection, Rows
-from probe.report.tables import md_table, rows_of
+from probe.report.blocks import Block, Bullets, Heading, Note, Plot, Text, table_of
+from probe.report.blocks import Cell as BlockCell
+from probe.report.retrieval import retrieval_blocks, retrieval_tables
+from probe.report.sections import ReportSection, Rows
+from probe.report.tables import rows_of
 
 TAXONOMY_MARKS = {"intrinsic-load brittle": " †", "confounded": " ‡", "unscorable": " ∅"}
 MARK_LEGEND = ("† intrinsic-load brittle (Control EM below gate), ‡ confounded (truncated/uninterpretable "
@@ -268,21 +269,18 @@ def model_summary(result: IceResult, model: str, settings: AnalysisSection) -> l
     return out
 
 
-def summary_html(result: IceResult, settings: AnalysisSection) -> str:
-    """Each model's summary sentences as a list under its name ("" when no model has any)."""
-    return "".join(f"<h3>{esc(m)}</h3><ul>" + "".join(f"<li>{esc(s)}</li>" for s in sentences) + "</ul>"
-                   for m in result.models if (sentences := model_summary(result, m, settings)))
+def summary_blocks(result: IceResult, settings: AnalysisSection) -> list[Block]:
+    """Each model's summary sentences as a list under its name (nothing when no model has any)."""
+    lists = [Bullets(tuple(sentences), m) for m in result.models if (sentences := model_summary(result, m, settings))]
+    return [Heading("Summary"), *lists] if lists else []
 
 
-# --------------------------------------------------------------------------------------------------- html
-
-
-def _em_cell(c: Cell | None) -> str:
+def _em_cell(c: Cell | None) -> BlockCell:
     if c is None:
         return fmt.DASH
     if c.em_mean is None:
-        return f'<span class="note">n=0 ({c.n_error} err, {c.n_skipped} skip)</span>'
-    extra = []
+        return Text("", f"n=0 ({c.n_error} err, {c.n_skipped} skip)")
+    extra = [f"n={c.n}"]
     if c.strict_em_mean is not None:
         extra.append(f"strict {fmt.num(c.strict_em_mean)}")
     if c.scoring_path_shift:
@@ -291,21 +289,20 @@ def _em_cell(c: Cell | None) -> str:
         extra.append(f"trunc {fmt.pct(c.truncated_rate)}")
     if c.n_error:
         extra.append(f"{c.n_error} err")
-    tail = f'<br><span class="note">{", ".join(extra)}</span>' if extra else ""
-    return f"{fmt.num(c.em_mean)} ({fmt.num(c.em_sem)})<br><span class=\"note\">n={c.n}</span>{tail}"
+    return Text(f"{fmt.num(c.em_mean)} ({fmt.num(c.em_sem)})", ", ".join(extra))
 
 
-def table1_html(result: IceResult) -> str:
+def table1(result: IceResult) -> list[Block]:
     """Table 1: EM mean (SEM) per model (rows, with taxonomy marks) × condition and load (columns)."""
     keys = sorted({(c.condition, c.load or 0) for c in result.cells}, key=F.condition_order)
     by = {(c.model, c.condition, c.load or 0): c for c in result.cells}
     marks = taxonomy_marks(result)
-    header = ["model"] + [esc(c if c == "Control" else f"{c} {ld}%") for c, ld in keys]
-    rows = [[esc(f"{m}{marks.get(m, '')}")] + [_em_cell(by.get((m, c, ld))) for c, ld in keys]
-            for m in result.models]
-    return table(header, rows) + (f'<p class="note">{esc(MARK_LEGEND)}. SEM over trials; n = scored trials; strict = '
-                                  "strict EM (box or Answer: line only); § = the mix of scoring rules differs from "
-                                  "Control's (sign-flip test by question, p &lt; α).</p>")
+    return [Heading("Table 1: exact match, mean (SEM)"),
+            table_of(["model"] + [c if c == "Control" else f"{c} {ld}%" for c, ld in keys],
+                     [[f"{m}{marks.get(m, '')}"] + [_em_cell(by.get((m, c, ld))) for c, ld in keys]
+                      for m in result.models]),
+            Note(f"{MARK_LEGEND}. SEM over trials; n = scored trials; strict = strict EM (box or Answer: line only); "
+                 "§ = the mix of scoring rules differs from Control's (sign-flip test by question, p < α).")]
 
 
 NO_H3 = "Not estimated: the run has no Residue trial paired with a Control trial of its question."
@@ -315,49 +312,52 @@ STATS_NOTE = ("Small-sample inference (docs/statistics.md): EM intervals are Wil
               "not tested. q = Benjamini–Hochberg q-value within the family named in each heading; bold = below α.")
 
 
-def stats_html(result: IceResult, settings: AnalysisSection) -> str:
+def _p(p: float | None, alpha: float) -> Text:
+    """A p- or q-value cell, strong where below alpha."""
+    return Text(fmt.p_value(p), strong=p is not None and p < alpha)
+
+
+def stats_blocks(result: IceResult, settings: AnalysisSection) -> list[Block]:
     """H1, H2, H3, attention and taxonomy tables."""
     alpha = settings.alpha
-    h1 = table(["model", "condition", "β (EM/pp)", "95% CI", "p", "df", "logit coef", "logit p", "power", "MDE80",
-                "n", "questions", "note"],
-               [[esc(h.model), esc(h.condition), fmt.num(h.estimate.value, "+.5f"),
-                 fmt.ci(h.estimate.ci_low, h.estimate.ci_high, "+.5f"), _p_cell(h.estimate.p, alpha),
-                 fmt.num(h.estimate.df, ".1f"), fmt.num(h.logit.estimate.value if h.logit else None, "+.4f"),
-                 fmt.p_value(h.logit.estimate.p if h.logit else None, html=True),
-                 fmt.num(h.power.power if h.power else None, ".2f"),
-                 fmt.num(h.power.mde if h.power else None, ".4f"), str(h.n), str(h.n_clusters),
-                 esc(h.estimate.reason or (h.logit.estimate.reason if h.logit else None) or "")]
-                for h in result.h1], left=2, text=(12,))
-    h2 = table(["model", "a vs b", "load", "pairs", "questions", "EM a", "EM b", "Δ per question", "p (sign flip)",
-                "q (BH)", "TOST q (±δ)", "verdict", "McNemar a only / b only", "McNemar p", "MDE80", "note"],
-               [[esc(r.model), esc(f"{r.a} vs {r.b}"), str(r.load), str(r.test.n_pairs), str(r.test.n_questions),
-                 fmt.num(r.test.em_a), fmt.num(r.test.em_b), fmt.num(r.test.delta, "+.3f"),
-                 fmt.p_value(r.test.p, html=True),
-                 _p_cell(r.q, alpha), _p_cell(r.equivalence.estimate.q if r.equivalence else None, alpha), esc(r.verdict(alpha)),
-                 f"{r.test.mcnemar.n_a_only} / {r.test.mcnemar.n_b_only}" if r.test.mcnemar else fmt.DASH,
-                 fmt.p_value(r.test.mcnemar.p if r.test.mcnemar else None, html=True),
-                 fmt.num(r.test.power.mde if r.test.power else None, ".2f"),
-                 esc("; ".join(x for x in (r.note, r.test.reason, _tost_note(r)) if x))]
-                for r in result.h2], left=2, text=(11, 15))
-    h3 = table(["model", "Residue load", "questions", "Pearson r", "95% CI (Fisher z)", "p", "q (BH)", "Spearman ρ",
-                "p (ρ)", "S_sim range", "degradation by S_sim third (low / mid / high, n)", "note"],
-               [[esc(r.model), "pooled" if r.load is None else str(r.load), str(c.n), fmt.num(e.value, "+.3f"),
-                 fmt.ci(e.ci_low, e.ci_high, "+.3f"), fmt.p_value(e.p, html=True), _p_cell(e.q, alpha),
-                 fmt.num(c.spearman.value, "+.3f"), fmt.p_value(c.spearman.p, html=True), *h3_spread(r),
-                 esc(e.reason or "")]
-                for r in result.h3 for c in (r.correlation,) for e in (c.estimate,)], left=2, text=(11,)) \
-        if result.h3 else f'<p class="note">{esc(NO_H3)}</p>'
-    tax = table(["model", "label", "Control EM", "trunc./uninterp.", "gates", "reason"],
-                [[esc(t.model), esc(t.label), fmt.num(t.control_em), fmt.pct(t.confound_rate_observed),
-                  esc(f"EM<{t.gates.brittle_em}, rate>{t.gates.confound_rate}, α={t.gates.alpha}"), esc(t.reason)]
-                 for t in result.taxonomy], left=2, text=(4, 5))
-    return (f'<p class="note">{esc(STATS_NOTE)}</p>'
-            f"<h3>H1: EM per percentage point of load (Control as load 0; one test per condition)</h3>{h1}"
-            f"<h3>H2: paired comparisons (sign-flip test of per-question differences; McNemar beside it; TOST "
-            f"against ±δ; each its own BH family over the model's comparisons)</h3>{h2}"
-            f"<h3>H3: S_sim vs degradation EM(Control) − EM(Residue) (BH family: the model's rows)</h3>{h3}"
-            f"{attention_tables_html(result, alpha)}"
-            f"<h3>Taxonomy</h3>{tax}")
+    h1 = table_of(["model", "condition", "β (EM/pp)", "95% CI", "p", "df", "logit coef", "logit p", "power", "MDE80",
+                   "n", "questions", "note"],
+                  [[h.model, h.condition, fmt.num(h.estimate.value, "+.5f"),
+                    fmt.ci(h.estimate.ci_low, h.estimate.ci_high, "+.5f"), _p(h.estimate.p, alpha),
+                    fmt.num(h.estimate.df, ".1f"), fmt.num(h.logit.estimate.value if h.logit else None, "+.4f"),
+                    fmt.p_value(h.logit.estimate.p if h.logit else None),
+                    fmt.num(h.power.power if h.power else None, ".2f"),
+                    fmt.num(h.power.mde if h.power else None, ".4f"), str(h.n), str(h.n_clusters),
+                    h.estimate.reason or (h.logit.estimate.reason if h.logit else None) or ""]
+                   for h in result.h1], left=2, text=(12,))
+    h2 = table_of(["model", "a vs b", "load", "pairs", "questions", "EM a", "EM b", "Δ per question", "p (sign flip)",
+                   "q (BH)", "TOST q (±δ)", "verdict", "McNemar a only / b only", "McNemar p", "MDE80", "note"],
+                  [[r.model, f"{r.a} vs {r.b}", str(r.load), str(r.test.n_pairs), str(r.test.n_questions),
+                    fmt.num(r.test.em_a), fmt.num(r.test.em_b), fmt.num(r.test.delta, "+.3f"), fmt.p_value(r.test.p),
+                    _p(r.q, alpha), _p(r.equivalence.estimate.q if r.equivalence else None, alpha), r.verdict(alpha),
+                    f"{r.test.mcnemar.n_a_only} / {r.test.mcnemar.n_b_only}" if r.test.mcnemar else fmt.DASH,
+                    fmt.p_value(r.test.mcnemar.p if r.test.mcnemar else None),
+                    fmt.num(r.test.power.mde if r.test.power else None, ".2f"),
+                    "; ".join(x for x in (r.note, r.test.reason, _tost_note(r)) if x)]
+                   for r in result.h2], left=2, text=(11, 15))
+    h3: Block = table_of(["model", "Residue load", "questions", "Pearson r", "95% CI (Fisher z)", "p", "q (BH)",
+                          "Spearman ρ", "p (ρ)", "S_sim range", "degradation by S_sim third (low / mid / high, n)",
+                          "note"],
+                         [[r.model, "pooled" if r.load is None else str(r.load), str(c.n), fmt.num(e.value, "+.3f"),
+                           fmt.ci(e.ci_low, e.ci_high, "+.3f"), fmt.p_value(e.p), _p(e.q, alpha),
+                           fmt.num(c.spearman.value, "+.3f"), fmt.p_value(c.spearman.p), *h3_spread(r), e.reason or ""]
+                          for r in result.h3 for c in (r.correlation,) for e in (c.estimate,)], left=2, text=(11,)) \
+        if result.h3 else Note(NO_H3)
+    tax = table_of(["model", "label", "Control EM", "trunc./uninterp.", "gates", "reason"],
+                   [[t.model, t.label, fmt.num(t.control_em), fmt.pct(t.confound_rate_observed),
+                     f"EM<{t.gates.brittle_em}, rate>{t.gates.confound_rate}, α={t.gates.alpha}", t.reason]
+                    for t in result.taxonomy], left=2, text=(4, 5))
+    return [Heading("Statistics"), Note(STATS_NOTE),
+            Heading("H1: EM per percentage point of load (Control as load 0; one test per condition)", 3), h1,
+            Heading("H2: paired comparisons (sign-flip test of per-question differences; McNemar beside it; TOST "
+                    "against ±δ; each its own BH family over the model's comparisons)", 3), h2,
+            Heading("H3: S_sim vs degradation EM(Control) − EM(Residue) (BH family: the model's rows)", 3), h3,
+            *attention_blocks(result, alpha), Heading("Taxonomy", 3), tax]
 
 
 def attention_measures(result: IceResult, model: str) -> list[tuple[str, str]]:
@@ -369,107 +369,107 @@ def attention_measures(result: IceResult, model: str) -> list[tuple[str, str]]:
     return out
 
 
-def attention_tables_html(result: IceResult, alpha: float) -> str:
+def attention_blocks(result: IceResult, alpha: float) -> list[Block]:
     """The layers and heads that pass their family's correction (attention ↔ behaviour, H3 in attention)."""
-    parts = []
+    out: list[Block] = []
     tested = [(a.model, f"{a.label}, failed − correct", a.layer_tests) for a in result.attention_behaviour]
     tested += [(r.model, f"AR_k ({r.target}) per unit S_sim", r.test) for r in result.residue_attention]
-    rows = [[esc(model), esc(label), str(t.layer), fmt.num(e.value, "+.4f"), fmt.ci(e.ci_low, e.ci_high, "+.4f"),
-             fmt.p_value(e.p, html=True), _p_cell(e.q, alpha), fmt.num(e.df, ".1f")]
-            for model, label, tests in tested if tests is not None
-            for t in tests.layers if (e := t.estimate).q is not None and e.q < alpha]
+    rows: list[list[BlockCell]] = [
+        [model, label, str(t.layer), fmt.num(e.value, "+.4f"), fmt.ci(e.ci_low, e.ci_high, "+.4f"),
+         fmt.p_value(e.p), _p(e.q, alpha), fmt.num(e.df, ".1f")]
+        for model, label, tests in tested if tests is not None
+        for t in tests.layers if (e := t.estimate).q is not None and e.q < alpha]
     if result.attention_behaviour or result.residue_attention:
-        body = (table(["model", "test", "layer", "estimate", "95% CI", "p", "q (BH)", "df"], rows, left=2) if rows
-                else '<p class="note">No layer passes its family\'s correction.</p>')
-        parts.append("<h3>Layers that pass Benjamini–Hochberg (family: the layers of one model and test)</h3>" + body)
-    heads = []
-    for a in result.attention_behaviour:
-        if a.heads is None:
-            continue
-        for h in a.heads.significant:
-            heads.append([esc(a.model), esc(a.label), esc(head_label(h.layer, h.head)),
-                          "distractor head" if h.value > 0 else "less enrichment when failing",
-                          fmt.num(h.value, "+.3f"), fmt.ci(h.estimate.ci_low, h.estimate.ci_high, "+.3f"),
-                          fmt.p_value(h.estimate.p, html=True), _p_cell(h.q, alpha),
-                          fmt.p_value(h.p_max_t, html=True)])
-    if result.attention_behaviour:
-        grids = "; ".join(f"{esc(a.model)} {esc(a.label)}: {a.heads.n_tested} heads tested"
-                          + ("" if a.heads.is_test else f" (not tested: {esc(a.heads.reason)})")
-                          for a in result.attention_behaviour if a.heads is not None)
-        body = (table(["model", "measure", "head (layer.head)", "kind", "failed − correct enrichment", "95% CI", "p",
-                       "q (BH)", "max-T p"], heads, left=4) if heads else
-                '<p class="note">No head passes the correction.</p>')
-        max_t = "; ".join(f"{esc(a.model)} {esc(a.label)}: {len(a.heads.max_t.significant)} head(s) with max-T p < "
-                          f"{alpha:g} over {a.heads.max_t.n_questions} questions with both outcomes"
-                          for a in result.attention_behaviour
-                          if a.heads is not None and a.heads.max_t is not None and a.heads.max_t.p_max_t is not None)
-        parts.append("<h3>Distractor heads: enrichment (P_ext / chance), failed − correct at equal load and placement "
-                     f"(BH family: the model's layer × head grid)</h3><p class=\"note\">{grids}."
-                     + (f" Family-wise over the grid (max-T sign flip of whole questions, "
-                        f"docs/statistics.md#hop-mass-tests): {max_t}." if max_t else "") + f"</p>{body}")
-    return "".join(parts)
+        out += [Heading("Layers that pass Benjamini–Hochberg (family: the layers of one model and test)", 3),
+                table_of(["model", "test", "layer", "estimate", "95% CI", "p", "q (BH)", "df"], rows, left=2) if rows
+                else Note("No layer passes its family's correction.")]
+    if not result.attention_behaviour:
+        return out
+    heads = [[a.model, a.label, head_label(h.layer, h.head),
+              "distractor head" if h.value > 0 else "less enrichment when failing", fmt.num(h.value, "+.3f"),
+              fmt.ci(h.estimate.ci_low, h.estimate.ci_high, "+.3f"), fmt.p_value(h.estimate.p), _p(h.q, alpha),
+              fmt.p_value(h.p_max_t)]
+             for a in result.attention_behaviour if a.heads is not None for h in a.heads.significant]
+    grids = "; ".join(f"{a.model} {a.label}: {a.heads.n_tested} heads tested"
+                      + ("" if a.heads.is_test else f" (not tested: {a.heads.reason})")
+                      for a in result.attention_behaviour if a.heads is not None)
+    max_t = "; ".join(f"{a.model} {a.label}: {len(a.heads.max_t.significant)} head(s) with max-T p < {alpha:g} over "
+                      f"{a.heads.max_t.n_questions} questions with both outcomes"
+                      for a in result.attention_behaviour
+                      if a.heads is not None and a.heads.max_t is not None and a.heads.max_t.p_max_t is not None)
+    return out + [
+        Heading("Distractor heads: enrichment (P_ext / chance), failed − correct at equal load and placement (BH "
+                "family: the model's layer × head grid)", 3),
+        Note(f"{grids}." + (f" Family-wise over the grid (max-T sign flip of whole questions, "
+                            f"docs/statistics.md#hop-mass-tests): {max_t}." if max_t else "")),
+        table_of(["model", "measure", "head (layer.head)", "kind", "failed − correct enrichment", "95% CI", "p",
+                  "q (BH)", "max-T p"], heads, left=4) if heads else Note("No head passes the correction.")]
 
 
-def figures_html(result: IceResult, ctx: ReportContext) -> str:
-    """Every ICE figure of a report, written through ``ctx.figure`` (absent figures are left out)."""
+def h1_forest_rows(result: IceResult, marks: dict[str, str]) -> list[tuple[str, float | None, float | None,
+                                                                        float | None]]:
+    """The H1 forest: one row per model and condition with an H1 fit (a run may have Residue cells alone, as a
+    knockout run has), labelled ``model · condition``."""
+    return [(f"{short(m)}{marks.get(m, '')} · {cond}", h.estimate.value, h.estimate.ci_low, h.estimate.ci_high)
+            for m in result.models for cond in H1_CONDITIONS
+            if (h := result.h1_of(m, cond)) is not None]
+
+
+def figure_blocks(result: IceResult, alpha: float) -> list[Block]:
+    """Every ICE figure (each drawn where it is shown; an empty one is left out)."""
     marks = taxonomy_marks(result)
-    alpha = ctx.settings.alpha
-    h1 = [h for h in result.h1 if h.condition == "Saturation"]
-    blocks = [
-        ctx.figure("saturation_curve", "EM vs extraneous load with 95% CIs (Wilson at the effective sample size, "
-                   "clustered by question). Control: line and band; LongControl: open triangles at the load it is "
-                   "length-matched to.", F.draw_saturation_curve(result, marks)),
-        ctx.figure("em_by_condition", "EM for every condition × load and model (95% CIs, inside [0, 1]).",
-                   F.draw_em_by_condition(result, marks)),
-        ctx.figure("h1_forest", "H1 slope β (EM per percentage point of load) with 95% CI (CR2, t on Bell–McCaffrey "
-                   "df), per model.",
-                   draw_forest([(f"{short(h.model)}{marks.get(h.model, '')}", h.estimate.value, h.estimate.ci_low,
-                                 h.estimate.ci_high) for h in h1],
-                               "β (EM per pp of load)", "H1: load trend under Saturation") if h1 else None),
-        ctx.figure("h3_scatter", "H3: per question S_sim vs degradation, least-squares line, Pearson r with Fisher-z "
-                   "CI and the p of the same pivot.", F.draw_h3_scatter(result, marks)),
-        ctx.figure("h3_attention", "H3 in attention: per layer, the change in head-mean AR_k per unit of S_sim over "
-                   "the Residue prompts (at equal load), 95% CI clustered by question; filled orange = q < α after "
-                   "Benjamini–Hochberg over the layers.", F.draw_residue_attention(result, alpha)),
+    h1 = h1_forest_rows(result, marks)
+    h3 = [(short(m), e.value, e.ci_low, e.ci_high) for m in result.models for h in result.h3
+          if h.model == m and h.load is None for e in (h.correlation.estimate,)]
+    out: list[Block] = [
+        Heading("Figures"),
+        Plot("saturation_curve", "EM vs extraneous load with 95% CIs (Wilson at the effective sample size, clustered "
+             "by question). Control: line and band; LongControl: open triangles at the load it is length-matched to.",
+             partial(F.draw_saturation_curve, result, marks)),
+        Plot("em_by_condition", "EM for every condition × load and model (95% CIs, inside [0, 1]).",
+             partial(F.draw_em_by_condition, result, marks)),
+        Plot("h1_forest", "H1 slope β (EM per percentage point of load, Control as load 0) per model and condition, "
+             "with 95% CI (CR2, t on Bell–McCaffrey df).",
+             partial(draw_forest, h1, "β (EM per pp of load)", "H1: load trend") if h1 else lambda: None),
+        Plot("h3_scatter", "H3: per question S_sim vs degradation, least-squares line, Pearson r with Fisher-z CI and "
+             "the p of the same pivot.", partial(F.draw_h3_scatter, result, marks)),
+        Plot("h3_forest", "H3 Pearson r (pooled over loads) per model, Fisher-z 95% CI.",
+             partial(draw_forest, h3, "Pearson r (S_sim vs degradation)", "H3 per model") if len(h3) > 1
+             else lambda: None),
+        Plot("h3_attention", "H3 in attention: per layer, the change in head-mean AR_k per unit of S_sim over the "
+             "Residue prompts (at equal load), 95% CI clustered by question; filled orange = q < α after "
+             "Benjamini–Hochberg over the layers.", partial(F.draw_residue_attention, result, alpha)),
     ]
     for model in result.models:
         stem = file_stem(model)
         for measure, label in attention_measures(result, model):
-            att = result.attention_of(model, measure)
             prefix = "" if measure == "p_ext" else f"{measure}_"
-            blocks += [
-                ctx.figure(f"{prefix}enrichment_{stem}", f"{model}: {label} enrichment ({label} / chance) per layer × "
-                           "head; red = more than attention spread uniformly over tokens would give, blue = less, "
-                           "white = chance. Black boxes: heads whose enrichment differs between failed and correct "
-                           "trials (q < α over the grid).",
-                           F.draw_enrichment_heatmaps(result, model, att, alpha, measure)),
-                ctx.figure(f"{measure}_layers_{stem}", f"{model}: head-mean {label} per layer; dashed = chance level.",
-                           F.draw_measure_layers(result, model, measure)),
+            out += [
+                Plot(f"{prefix}enrichment_{stem}", f"{model}: {label} enrichment ({label} / chance) per layer × head; "
+                     "red = more than attention spread uniformly over tokens would give, blue = less, white = chance. "
+                     "Black boxes: heads whose enrichment differs between failed and correct trials (q < α over the "
+                     "grid).", partial(F.draw_enrichment_heatmaps, result, model, result.attention_of(model, measure),
+                                       alpha, measure)),
+                Plot(f"{measure}_layers_{stem}", f"{model}: head-mean {label} per layer; dashed = chance level.",
+                     partial(F.draw_measure_layers, result, model, measure)),
             ]
-        blocks += [
-            ctx.figure(f"ar_k_{stem}", f"{model}: head-mean attentional residue AR_k per layer and target segment.",
-                       F.draw_ar_k(result, model)),
-        ]
-    blocks.append(ctx.figure("attention_behaviour", "Per layer, top: failed − correct difference in head-mean P_ext "
-                             "at equal load and placement (the test); bottom: log-odds of a wrong answer per unit of "
-                             "P_ext (logistic robustness line). 95% CIs clustered by question; orange = q < α after "
-                             "Benjamini–Hochberg over the layers.", F.draw_attention_behaviour(result, alpha)))
-    return "".join(blocks)
+        out.append(Plot(f"ar_k_{stem}", f"{model}: head-mean attentional residue AR_k per layer and target segment.",
+                        partial(F.draw_ar_k, result, model)))
+    out.append(Plot("attention_behaviour", "Per layer, top: failed − correct difference in head-mean P_ext at equal "
+                    "load and placement (the test); bottom: log-odds of a wrong answer per unit of P_ext (logistic "
+                    "robustness line). 95% CIs clustered by question; orange = q < α after Benjamini–Hochberg over "
+                    "the layers.", partial(F.draw_attention_behaviour, result, alpha)))
+    return out
 
 
-def section_html(result: IceResult, ctx: ReportContext) -> str:
-    """The ICE part of ``report.html``: summary, Table 1, figures, statistics."""
-    summary = summary_html(result, ctx.settings)
-    return ((f"<h2>Summary</h2>{summary}" if summary else "")
-            + f"<h2>Table 1: exact match, mean (SEM)</h2>{table1_html(result)}"
-            + ice_writing.html(result.writing, ctx.settings.alpha)
-            + f"<h2>Figures</h2>{figures_html(result, ctx)}"
-            + f"<h2>Statistics</h2>{stats_html(result, ctx.settings)}"
-            + ice_hops.html(result.hop_tracking, ctx)
-            + retrieval_html(result, ctx))
+def blocks(result: IceResult, settings: AnalysisSection) -> list[Block]:
+    """The ICE section: summary, Table 1, what the model wrote, figures, statistics, hop tracking, retrieval heads."""
+    return (summary_blocks(result, settings) + table1(result) + ice_writing.blocks(result.writing, settings.alpha)
+            + figure_blocks(result, settings.alpha) + stats_blocks(result, settings)
+            + ice_hops.blocks(result.hop_tracking, settings.alpha) + retrieval_blocks(result))
 
 
-# ----------------------------------------------------------------------------------------- markdown, csv
+# ----------------------------------------------------------------------------------------- csv
 
 
 def h3_spread(row: H3Correlation) -> tuple[str, str]:
@@ -482,59 +482,6 @@ def h3_spread(row: H3Correlation) -> tuple[str, str]:
     thirds = [points[i * len(points) // 3 : (i + 1) * len(points) // 3] for i in range(3)]
     means = " / ".join(f"{float(np.mean([p.degradation for p in t])):+.2f} ({len(t)})" for t in thirds)
     return f"{points[0].s_sim:+.2f} to {points[-1].s_sim:+.2f}", means
-
-
-def markdown(result: IceResult, settings: AnalysisSection) -> list[str]:
-    """The ICE part of ``analysis.md``: legend, H1, H2, H3, attention and taxonomy tables."""
-    alpha = settings.alpha
-    parts: list[str] = [MARK_LEGEND, "", STATS_NOTE, ""]
-    parts += ["## H1: EM per percentage point of load (Control = load 0)", "",
-              md_table(["model", "condition", "β (EM/pp)", "95% CI", "p", "df", "logit coef", "logit p", "power",
-                        "MDE80", "n", "G", "note"],
-                       [[h.model, h.condition, fmt.num(h.estimate.value, "+.5f"),
-                         fmt.ci(h.estimate.ci_low, h.estimate.ci_high, "+.5f"), fmt.p_value(h.estimate.p),
-                         fmt.num(h.estimate.df, ".1f"), fmt.num(h.logit.estimate.value if h.logit else None, "+.4f"),
-                         fmt.p_value(h.logit.estimate.p if h.logit else None),
-                         fmt.num(h.power.power if h.power else None, ".2f"),
-                         fmt.num(h.power.mde if h.power else None, ".4f"), str(h.n), str(h.n_clusters),
-                         h.estimate.reason or (h.logit.estimate.reason if h.logit else None) or ""]
-                        for h in result.h1]), ""]
-    parts += ["## H2: paired comparisons (sign-flip test; McNemar secondary; TOST against ±δ; BH per model)", "",
-              md_table(["model", "comparison", "load", "pairs", "G", "EM a", "EM b", "Δ", "p", "q", "TOST q", "verdict",
-                        "McNemar p", "MDE80", "note"],
-                       [[r.model, f"{r.a} vs {r.b}", str(r.load), str(r.test.n_pairs), str(r.test.n_questions),
-                         fmt.num(r.test.em_a), fmt.num(r.test.em_b), fmt.num(r.test.delta, "+.3f"),
-                         fmt.p_value(r.test.p),
-                         fmt.p_value(r.q), fmt.p_value(r.equivalence.estimate.q if r.equivalence else None), r.verdict(settings.alpha),
-                         fmt.p_value(r.test.mcnemar.p if r.test.mcnemar else None),
-                         fmt.num(r.test.power.mde if r.test.power else None, ".2f"),
-                         "; ".join(x for x in (r.note, r.test.reason, _tost_note(r)) if x)] for r in result.h2]), ""]
-    parts += ["## H3: S_sim vs degradation (Control − Residue; BH per model)", "",
-              md_table(["model", "load", "questions", "r", "95% CI (Fisher z)", "p", "q", "Spearman ρ", "S_sim range",
-                        "degradation by S_sim third (low / mid / high, n)", "note"],
-                       [[r.model, "pooled" if r.load is None else str(r.load), str(c.n), fmt.num(e.value, "+.3f"),
-                         fmt.ci(e.ci_low, e.ci_high, "+.3f"), fmt.p_value(e.p), fmt.p_value(e.q),
-                         fmt.num(c.spearman.value, "+.3f"), *h3_spread(r), e.reason or ""]
-                        for r in result.h3 for c in (r.correlation,) for e in (c.estimate,)])
-              if result.h3 else NO_H3, ""]
-    if result.attention_behaviour:
-        parts += ["## Attention ↔ behaviour (BH across layers; across the layer × head grid)", ""]
-        for a in result.attention_behaviour:
-            parts += [f"- {a.model}: " + " ".join(_attention_sentences(a, alpha))]
-        parts.append("")
-    if result.residue_attention:
-        parts += ["## H3 in attention (AR_k on S_sim per layer, BH across layers per target)", ""]
-        for m in result.models:
-            rows = result.residue_attention_of(m)
-            if rows:
-                parts.append(f"- {m}: {_residue_attention_sentence(rows, alpha)}")
-        parts.append("")
-    parts += ["## Taxonomy", "",
-              md_table(["model", "label", "Control EM", "trunc./uninterp. rate", "reason"],
-                       [[t.model, t.label, fmt.num(t.control_em), fmt.pct(t.confound_rate_observed), t.reason]
-                        for t in result.taxonomy]), ""]
-    return (parts + ice_writing.markdown(result.writing) + ice_hops.markdown(result.hop_tracking)
-            + retrieval_markdown(result))
 
 
 def tables(result: IceResult) -> list[tuple[str, Rows]]:
@@ -584,64 +531,4 @@ def main_lines(result: IceResult, settings: AnalysisSection) -> list[str]:
     return lines
 
 
-# ----------------------------------------------------------------------------------------------- compare
-
-
-def merge(named: list[tuple[str, IceResult]]) -> IceResult:
-    """Several runs' ICE results as one, each model renamed ``<run>: <model>``.
-
-    Attention cells are left out: a comparison draws no attention figure.
-    """
-    def renamed(label: str, items: tuple) -> tuple:
-        return tuple(replace(x, model=f"{label}: {x.model}") for x in items)
-
-    return IceResult(
-        models=tuple(f"{label}: {m}" for label, r in named for m in r.models),
-        cells=sum((renamed(label, r.cells) for label, r in named), ()),
-        h1=sum((renamed(label, r.h1) for label, r in named), ()),
-        h2=sum((renamed(label, r.h2) for label, r in named), ()),
-        h3=sum((renamed(label, r.h3) for label, r in named), ()),
-        residue_attention=sum((renamed(label, r.residue_attention) for label, r in named), ()),
-        attention_cells=(),
-        attention_behaviour=sum((renamed(label, r.attention_behaviour) for label, r in named), ()),
-        taxonomy=sum((renamed(label, r.taxonomy) for label, r in named), ()),
-        hop_tracking=ice_hops.merge([(label, r.hop_tracking) for label, r in named]),
-        writing=sum((renamed(label, r.writing) for label, r in named), ()),
-    )
-
-
-def h1_forest_rows(result: IceResult, marks: dict[str, str]) -> list[tuple[str, float | None, float | None,
-                                                                        float | None]]:
-    """The comparison's H1 forest: one row per model and condition with an H1 fit (a run may have Residue cells
-    alone, as a knockout run has), labelled ``run: model · condition``."""
-    return [(f"{m}{marks.get(m, '')} · {cond}", h.estimate.value, h.estimate.ci_low, h.estimate.ci_high)
-            for m in result.models for cond in H1_CONDITIONS
-            if (h := result.h1_of(m, cond)) is not None]
-
-
-def compare_html(result: IceResult, ctx: ReportContext) -> str:
-    """The ICE part of a comparison page: Table 1, figures across runs, summaries, statistics."""
-    marks = taxonomy_marks(result)
-    h1 = h1_forest_rows(result, marks)
-    h3 = [(m, e.value, e.ci_low, e.ci_high) for m in result.models for h in result.h3 if h.model == m and h.load is None
-          for e in (h.correlation.estimate,)]
-    blocks = "".join([
-        ctx.figure("saturation_curve", "EM vs load per model and run, 95% CIs.", F.draw_saturation_curve(result, marks)),
-        ctx.figure("em_by_condition", "EM per condition × load, all models and runs.",
-                   F.draw_em_by_condition(result, marks)),
-        ctx.figure("h1_forest", "H1 slope β per model, run and condition (Control as load 0), 95% CI.",
-                   draw_forest(h1, "β (EM per pp of load)", "H1 across runs")),
-        ctx.figure("h3_forest", "H3 Pearson r (pooled over loads) per model and run, Fisher-z 95% CI.",
-                   draw_forest(h3, "Pearson r (S_sim vs degradation)", "H3 across runs")),
-    ])
-    summary = "".join(f"<h3>{esc(m)}</h3><ul>" + "".join(f"<li>{esc(s)}</li>"
-                                                         for s in model_summary(result, m, ctx.settings)) + "</ul>"
-                      for m in result.models)
-    return (f"<h2>Table 1: exact match, mean (SEM)</h2>{table1_html(result)}"
-            f"<h2>Figures</h2>{blocks}<h2>Summary</h2>{summary}"
-            f"{ice_writing.html(result.writing, ctx.settings.alpha)}"
-            f"<h2>Statistics</h2>{stats_html(result, ctx.settings)}{ice_hops.html(result.hop_tracking)}")
-
-
-SECTION = ReportSection(family=FAMILY, html=section_html, tables=tables, merge=merge, markdown=markdown,
-                        main_rows=main_rows, main_lines=main_lines, compare_html=compare_html)
+SECTION = ReportSection(family=FAMILY, blocks=blocks, tables=tables, main_rows=main_rows, main_lines=main_lines)

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from functools import partial
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -13,9 +13,8 @@ from probe import formatting as fmt
 from probe.analysis.hop_tests import HopMassTest
 from probe.analysis.hops import HopCell, HopTracking
 from probe.report.figures import file_stem, short
-from probe.report.html import esc, table
-from probe.report.sections import ReportContext, Rows
-from probe.report.tables import md_table
+from probe.report.blocks import Block, Heading, Note, Plot, table_of
+from probe.report.sections import Rows
 
 TITLE = "Hop tracking: what the model read while it named each hop's answer"
 NOT_RUN = ("not run: no probe record of this run holds attention while the answer was written (hop tracking reads "
@@ -192,59 +191,32 @@ def draw_tests(h: HopTracking, model: str) -> Figure | None:
     return fig
 
 
-def html(h: HopTracking | None, ctx: ReportContext | None = None) -> str:
-    """The ``report.html`` part (with the per-layer figures when ``ctx`` is given)."""
+def blocks(h: HopTracking | None, alpha: float) -> list[Block]:
+    """The hop-tracking part of the ICE section: label shares per cell, the tests of the hop masses, the figures."""
+    out: list[Block] = [Heading(TITLE, 3)]
     if h is None or h.reason is not None:
-        why = NOT_RUN if h is None else f"not available: {h.reason}"
-        return f'<h3>{esc(TITLE)}</h3><p class="note">Hop tracking {esc(why)}.</p>'
-    parts = [f"<h3>{esc(TITLE)}</h3>", f'<p class="note">{esc(LEGEND)} Window: {esc(h.window)}. '
-             f"{h.n_trials} trials tracked" + (f", {h.n_skipped} skipped (see the notes)" if h.n_skipped else "")
-             + ".</p>"]
+        return out + [Note(f"Hop tracking {NOT_RUN if h is None else f'not available: {h.reason}'}.")]
+    out.append(Note(f"{LEGEND} Window: {h.window}. {h.n_trials} trials tracked"
+                    + (f", {h.n_skipped} skipped (see the notes)" if h.n_skipped else "") + "."))
     for measure, name in (("raw", "attention weights"), ("value", "value-weighted attention")):
         cells = _cells(h, measure)
         if cells:
-            parts.append(f"<h4>{esc(name)}</h4>" + table(HEADER, [[esc(x) for x in _row(h, c)] for c in cells],
-                                                          left=4))
+            out += [Heading(name, 4), table_of(HEADER, [_row(h, c) for c in cells], left=4)]
     if h.tests:
-        alpha = ctx.settings.alpha if ctx is not None else 0.05
         rows = _tests_rows(h, alpha)
-        parts.append(f"<h4>{esc(TESTS_TITLE)}</h4><p class=\"note\">{esc(TESTS_LEGEND)} {esc(_untested(h))}</p>"
-                     + (table(TESTS_HEADER, [[esc(x) for x in row] for row in rows], left=4) if rows else ""))
-        if ctx is not None:
-            for model in sorted({t.model for t in h.tests}):
-                parts.append(ctx.figure(f"hop_tests_{file_stem(model)}", f"{model}: per layer, the head-pooled "
-                                        "difference in the attention of the tokens that first name a hop's answer "
-                                        "(failed − correct on the hop's fact and on the extraneous segments; "
-                                        "Saturation − Control and Saturation − LongControl on the hop's fact), raw "
-                                        "attention weights, with 95% "
-                                        "intervals clustered by question; filled markers pass BH across the layers.",
-                                        draw_tests(h, model)))
-    if ctx is not None:
-        for model in sorted({c.model for c in h.cells}):
-            parts.append(ctx.figure(f"hop_layers_{file_stem(model)}", f"{model}: per layer, the attention of the "
-                                    "tokens that first name a hop's answer on the hop's own fact, the other facts, "
-                                    "the extraneous segments and the question (mean over heads and over the named "
-                                    "hops of the cell; grey band: the layers the label reads).",
-                                    draw_layers(h, model)))
-    return "".join(parts)
-
-
-def markdown(h: HopTracking | None) -> list[str]:
-    """The ``analysis.md`` part."""
-    out = [f"## {TITLE}", ""]
-    if h is None or h.reason is not None:
-        why = NOT_RUN if h is None else f"not available: {h.reason}"
-        return out + [f"Hop tracking {why}.", ""]
-    out += [LEGEND + f" Window: {h.window}.", ""]
-    for measure, name in (("raw", "attention weights"), ("value", "value-weighted attention")):
-        cells = _cells(h, measure)
-        if cells:
-            out += [f"### {name}", "", md_table(HEADER, [_row(h, c) for c in cells]), ""]
-    if h.tests:
-        rows = _tests_rows(h)
-        out += [f"### {TESTS_TITLE}", "", f"{TESTS_LEGEND} {_untested(h)}".strip(), ""]
-        out += [md_table(TESTS_HEADER, rows), ""] if rows else []
-    return out
+        out += [Heading(TESTS_TITLE, 4), Note(f"{TESTS_LEGEND} {_untested(h)}".strip())]
+        out += [table_of(TESTS_HEADER, rows, left=4)] if rows else []
+        out += [Plot(f"hop_tests_{file_stem(model)}", f"{model}: per layer, the head-pooled difference in the "
+                       "attention of the tokens that first name a hop's answer (failed − correct on the hop's fact and "
+                       "on the extraneous segments; Saturation − Control and Saturation − LongControl on the hop's "
+                       "fact), raw attention weights, with 95% intervals clustered by question; filled markers pass "
+                       "BH across the layers.", partial(draw_tests, h, model))
+                for model in sorted({t.model for t in h.tests})]
+    return out + [Plot(f"hop_layers_{file_stem(model)}", f"{model}: per layer, the attention of the tokens that "
+                         "first name a hop's answer on the hop's own fact, the other facts, the extraneous segments "
+                         "and the question (mean over heads and over the named hops of the cell; grey band: the "
+                         "layers the label reads).", partial(draw_layers, h, model))
+                  for model in sorted({c.model for c in h.cells})]
 
 
 def tables(h: HopTracking | None) -> list[tuple[str, Rows]]:
@@ -290,18 +262,4 @@ def tables(h: HopTracking | None) -> list[tuple[str, Rows]]:
     return out + ([("hop_mass_tests", tests)] if tests else [])
 
 
-def merge(named: list[tuple[str, HopTracking | None]]) -> HopTracking | None:
-    """Several runs' hop tracking as one, models renamed ``<run>: <model>`` (None when no run has any)."""
-    have = [(label, h) for label, h in named if h is not None and h.reason is None]
-    if not have:
-        return None
-    first = have[0][1]
-    return replace(first,
-                   cells=tuple(replace(c, model=f"{label}: {c.model}", grid=None) for label, h in have
-                               for c in h.cells),
-                   tests=tuple(replace(t, model=f"{label}: {t.model}") for label, h in have for t in h.tests),
-                   rows=tuple(replace(r, model=f"{label}: {r.model}") for label, h in have for r in h.rows),
-                   n_trials=sum(h.n_trials for _, h in have), n_skipped=sum(h.n_skipped for _, h in have))
-
-
-__all__ = ["draw_layers", "draw_tests", "html", "markdown", "merge", "tables"]
+__all__ = ["blocks", "draw_layers", "draw_tests", "tables"]

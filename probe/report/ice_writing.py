@@ -1,17 +1,13 @@
-"""The "what the model wrote" part of the ICE report, drawn from ``IceResult.writing``
-(:mod:`probe.analysis.writing`): one table per cell (length, one-sentence share, which fact the answer line
-restates, EM per restated fact) and one of the tests against Control. Each table's rows are made once and rendered
-to ``report.html`` and ``analysis.md`` alike; ``tables/writing.csv`` and ``tables/writing_tests.csv`` hold the
-numbers.
-"""
+"""The "what the model wrote" part of the ICE report, drawn from ``IceResult.writing``: one table per cell and one
+of the tests against Control (docs/method.md#what-the-model-wrote)."""
 
 from __future__ import annotations
 
 from probe import formatting as fmt
 from probe.analysis.writing import MEASURES, WritingCell, WritingTest
-from probe.report.html import esc, table
+from probe.report.blocks import Block, Heading, Note, Text, table_of
 from probe.report.sections import Rows
-from probe.report.tables import md_table, rows_of
+from probe.report.tables import rows_of
 from probe.scoring.writing import RESTATED
 
 TITLE = "What the model wrote"
@@ -93,26 +89,18 @@ def sentence(cells: tuple[WritingCell, ...], model: str, alpha: float) -> str | 
     return head + "; ".join(f"{_label(c)}: {SHORT[t.measure]} {_delta(t)}" for c, t in passed) + "."
 
 
-def html(cells: tuple[WritingCell, ...], alpha: float) -> str:
-    """The part of ``report.html`` ("" when the result has no writing cells)."""
-    if not cells:
-        return ""
-    tests = [[esc(x) for x in row] for row in test_rows(cells)]
-    for row, c in zip(tests, [c for c in cells if c.tests]):
-        for j, t in enumerate(c.tests):
-            if t.q is not None and t.q < alpha:
-                row[3 + j] = f"<b>{row[3 + j]}</b>"
-    return (f"<h2>{esc(TITLE)}</h2><p class=\"note\">{esc(LEGEND)}</p>"
-            + table(cell_header(cells), [[esc(x) for x in row] for row in cell_rows(cells)], left=2)
-            + "<h3>Against Control</h3>" + table(TEST_HEADER, tests, left=3, text=(10,)))
-
-
-def markdown(cells: tuple[WritingCell, ...]) -> list[str]:
-    """The part of ``analysis.md`` (nothing when the result has no writing cells)."""
+def blocks(cells: tuple[WritingCell, ...], alpha: float) -> list[Block]:
+    """The part of the ICE section (nothing when the result has no writing cells)."""
     if not cells:
         return []
-    return [f"## {TITLE}", "", LEGEND, "", md_table(cell_header(cells), cell_rows(cells)), "",
-            "Against Control:", "", md_table(TEST_HEADER, test_rows(cells)), ""]
+    def passed(c: WritingCell, j: int) -> bool:  # column j of the tests' row holds test j - 3
+        q = c.tests[j - 3].q if 3 <= j < 3 + len(c.tests) else None
+        return q is not None and q < alpha
+
+    tests = [[Text(x, strong=passed(c, j)) for j, x in enumerate(row)]
+             for row, c in zip(test_rows(cells), [c for c in cells if c.tests])]
+    return [Heading(TITLE), Note(LEGEND), table_of(cell_header(cells), cell_rows(cells), left=2),
+            Heading("Against Control", 3), table_of(TEST_HEADER, tests, left=3, text=(10,))]
 
 
 def tables(cells: tuple[WritingCell, ...]) -> list[tuple[str, Rows]]:
@@ -124,4 +112,4 @@ def tables(cells: tuple[WritingCell, ...]) -> list[tuple[str, Rows]]:
                                for row in rows_of(c.tests, model=c.model, condition=c.condition, load=c.load)])]
 
 
-__all__ = ["cell_header", "cell_rows", "html", "markdown", "sentence", "tables", "test_rows"]
+__all__ = ["blocks", "cell_header", "cell_rows", "sentence", "tables", "test_rows"]

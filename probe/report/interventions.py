@@ -4,22 +4,20 @@
 from __future__ import annotations
 
 import textwrap
-from dataclasses import replace
-from typing import Any
+from functools import partial
 
 from matplotlib.figure import Figure
 
 from probe import formatting as fmt
 from probe.analysis.estimate import Estimate
-from probe.analysis.estimates import Cell
 from probe.analysis.interventions import Contrast, InterventionResult, InterventionRow, Sweep
 from probe.analysis.paired_ratio import PairedDifference
 from probe.config import AnalysisSection
 from probe.interventions import Intervention
 from probe.report.figures import file_stem, short
-from probe.report.html import esc, table
-from probe.report.sections import ReportContext, ReportSection, Rows
-from probe.report.tables import md_table, rows_of
+from probe.report.blocks import Block, Bullets, Heading, Note, Plot, table_of
+from probe.report.sections import ReportSection, Rows
+from probe.report.tables import rows_of
 
 SECTION_NAME = "interventions"
 RECOVERY_HEADER = ["model", "condition", "load", "intervention", "keys", "n (questions)", "EM base → int",
@@ -187,43 +185,29 @@ def draw_sweep(sweep: Sweep) -> Figure | None:
     return fig
 
 
-def section_html(result: InterventionResult, ctx: ReportContext) -> str:
-    """The causal tests' part of ``report.html``: summary, recovery table, layer-window curves, heads."""
-    summary = "".join(f"<p>{esc(s)}</p>" for s in summary_lines(result))
-    parts = [f"<h2>Causal tests: interventions</h2>{summary}",
-             "<h3>Recovery</h3>",
-             table(RECOVERY_HEADER, [[esc(v) for v in r] for r in recovery_rows(result, brief=True)], left=5,
-                   text=(9, 10)),
-             '<p class="note">Paired by prompt: the mean over questions of the per-question mean difference, '
-             "question-level sign-flip p, CR2 t interval (Bell–McCaffrey df). Recovered "
-             "share = (EM_int − EM_base) / (EM_Control − EM_base), Fieller interval. q: Benjamini–Hochberg across "
-             "the model's contrasts against matched controls; a causal effect is claimed only where q &lt; "
-             f"{result.alpha}, the contrast is positive and the intervention alone raises EM (p &lt; "
-             f"{result.alpha}). Why an estimate has no interval or is undefined is cut to its first clause here; "
-             "the whole reason is in <code>tables/interventions.csv</code> and <code>analysis.md</code>.</p>"]
-    figures = [ctx.figure(f"intervention_sweep_{file_stem(f'{s.model}_{s.condition}_{s.load}_{s.group}')}",
-                          f"Layer-window sweep {s.group}: {s.model}, {s.condition} at load {s.load}; 95% CI bars",
-                          draw_sweep(s)) for s in result.sweeps]
-    if any(figures):
-        parts += ["<h3>Layer-window sweeps</h3>", *figures]
+def blocks(result: InterventionResult, settings: AnalysisSection) -> list[Block]:
+    """The causal tests' section: summary, recovery table, layer-window curves, heads (the section's notes are listed
+    once, under the report's Notes)."""
+    out: list[Block] = [
+        Heading("Causal tests: interventions"), Bullets(tuple(summary_lines(result))), Heading("Recovery", 3),
+        table_of(RECOVERY_HEADER, recovery_rows(result, brief=True), left=5, text=(9, 10)),
+        Note("Paired by prompt: the mean over questions of the per-question mean difference, question-level sign-flip "
+             "p, CR2 t interval (Bell–McCaffrey df). Recovered share = (EM_int − EM_base) / (EM_Control − EM_base), "
+             "Fieller interval. q: Benjamini–Hochberg across the model's contrasts against matched controls; a causal "
+             f"effect is claimed only where q < {result.alpha}, the contrast is positive and the intervention alone "
+             f"raises EM (p < {result.alpha}). Why an estimate has no interval or is undefined is cut to its first "
+             "clause here; the whole reason is in tables/interventions.csv.")]
+    if result.sweeps:
+        out += [Heading("Layer-window sweeps", 3)] + [
+            Plot(f"intervention_sweep_{file_stem(f'{s.model}_{s.condition}_{s.load}_{s.group}')}",
+                 f"Layer-window sweep {s.group}: {s.model}, {s.condition} at load {s.load}; 95% CI bars",
+                 partial(draw_sweep, s)) for s in result.sweeps]
     if result.heads or heads_rows(result):
-        parts += ["<h3>Heads</h3>",
-                  table(["model", "intervention", "role", "k", "selected from", "heads"],
-                        [[esc(v) for v in r] for r in heads_rows(result)], left=3, text=(5,)),
-                  table(["model", "condition", "load", "top-k", "random", "n (questions)", "diff [CI]", "p"],
-                        [[esc(v) for v in r] for r in heads_contrast_rows(result)], left=5)]
-    return "".join(parts)  # the section's notes are listed once, under the report's Notes
-
-
-def markdown(result: InterventionResult, settings: AnalysisSection) -> list[str]:
-    """The causal tests' part of ``analysis.md``."""
-    out = ["## Causal tests: interventions", "", *[f"- {s}" for s in summary_lines(result)], "",
-           md_table(RECOVERY_HEADER, recovery_rows(result)), ""]
-    if heads_rows(result):
-        out += [md_table(["model", "intervention", "role", "k", "selected from", "heads"], heads_rows(result)), ""]
-    if result.heads:
-        out += [md_table(["model", "condition", "load", "top-k", "random", "n (questions)", "diff [CI]", "p"],
-                         heads_contrast_rows(result)), ""]
+        out += [Heading("Heads", 3),
+                table_of(["model", "intervention", "role", "k", "selected from", "heads"], heads_rows(result), left=3,
+                         text=(5,)),
+                table_of(["model", "condition", "load", "top-k", "random", "n (questions)", "diff [CI]", "p"],
+                         heads_contrast_rows(result), left=5)]
     return out
 
 
@@ -251,24 +235,8 @@ def main_lines(result: InterventionResult, settings: AnalysisSection) -> list[st
     return ["Interventions:", *[f"  {s}" for s in summary_lines(result)]]
 
 
-def merge(named: list[tuple[str, InterventionResult]]) -> InterventionResult:
-    """Several runs' intervention results as one, each model renamed ``<run>: <model>``."""
-    def rename(label: str, x: Any) -> Any:
-        return replace(x, model=f"{label}: {x.model}")
-
-    specs = {s.name: s for _, r in named for s in r.specs}
-    return InterventionResult(
-        specs=tuple(specs.values()),
-        rows=tuple(rename(lb, x) for lb, r in named for x in r.rows),
-        specific=tuple(rename(lb, x) for lb, r in named for x in r.specific),
-        heads=tuple(rename(lb, x) for lb, r in named for x in r.heads),
-        sweeps=tuple(rename(lb, x) for lb, r in named for x in r.sweeps),
-        alpha=named[0][1].alpha, notes=tuple(f"{lb}: {n}" for lb, r in named for n in r.notes))
+SECTION = ReportSection(family=SECTION_NAME, blocks=blocks, tables=tables, main_lines=main_lines)
 
 
-SECTION = ReportSection(family=SECTION_NAME, html=section_html, tables=tables, merge=merge, markdown=markdown,
-                        main_lines=main_lines)
-
-
-__all__ = ["RECOVERY_HEADER", "SECTION", "draw_sweep", "heads_contrast_rows", "heads_rows", "recovery_rows",
-           "section_html", "summary_lines"]
+__all__ = ["RECOVERY_HEADER", "SECTION", "blocks", "draw_sweep", "heads_contrast_rows", "heads_rows",
+           "recovery_rows", "summary_lines"]

@@ -16,7 +16,7 @@ from probe.config import ExperimentConfig, load_config
 from probe.interventions import Intervention, LayerWindow, TopHeads
 from probe.errors import ProbeError
 from probe.report.sections import report_section
-from probe.report.tables import md_table, render_markdown, section_markdown
+from probe.report.tables import md_table, render_markdown
 from probe.report.text import MAIN_HEADER, PATH_LEGEND, cell_row
 from probe.runfolder import RunFolder, write_atomic
 
@@ -188,7 +188,7 @@ def across_models(runs: Sequence[PageRun]) -> list[str]:
             continue
         labels = _unique([r.run.name for r in g])
         ice = report_section("ice")
-        merged = ice.merge([(label, r.analysis.families["ice"]) for label, r in zip(labels, g)])
+        merged = ice.merged([(label, r.analysis.families["ice"]) for label, r in zip(labels, g)])
         first = g[0].config
         assert first is not None
         conditions = list(first.ice.conditions)
@@ -198,18 +198,18 @@ def across_models(runs: Sequence[PageRun]) -> list[str]:
             order.get(cm[0].model, 0)))
         names = ", ".join(f"`{label}`" for label in labels)
         parts += [f"## Across models: {names}", "",
-                  f"These runs asked the same questions in the same way (tasks, conditions, loads, replications, "
-                  f"seed, decoding) of different models. Their tables side by side, each model named `<run>: "
-                  f"<model>`; every number is its own run's, and nothing is estimated across the runs: a difference "
-                  f"between the models is read off their two intervals, not tested.", "",
+                  "These runs asked the same questions in the same way (tasks, conditions, loads, replications, "
+                  "seed, decoding) of different models. Their tables side by side, each model named `<run>: "
+                  "<model>`; every number is its own run's, and nothing is estimated across the runs: a difference "
+                  "between the models is read off their two intervals, not tested.", "",
                   "### EM per model × condition × load", "", md_table(MAIN_HEADER, [cell_row(c, m) for c, m in rows]),
                   "", PATH_LEGEND + ".", ""]
-        parts += _demote("\n".join(section_markdown(ice, merged, g[0].analysis.settings)), 1).split("\n")
+        parts += _demote("\n".join(ice.markdown(merged, g[0].analysis.settings)), 1).split("\n")
         with_interventions = [(label, r.analysis.interventions) for label, r in zip(labels, g)
                               if r.analysis.interventions is not None]
         if len(with_interventions) > 1:
             section = report_section("interventions")
-            parts += _demote("\n".join(section_markdown(section, section.merge(with_interventions),
+            parts += _demote("\n".join(section.markdown(section.merged(with_interventions),
                                                          g[0].analysis.settings)), 1).split("\n")
         parts.append("")
     return parts

@@ -5,6 +5,7 @@ per-head test tables; ``tables/retrieval_*.csv``. A probed run without answer ca
 
 from __future__ import annotations
 
+from functools import partial
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -16,9 +17,9 @@ from probe.analysis.ice import IceResult
 from probe.analysis.head_tests import HeadTests
 from probe.analysis.retrieval import RetrievalHeads
 from probe.report.figures import file_stem, layer_ticks
-from probe.report.html import esc, table
-from probe.report.sections import ReportContext, Rows
-from probe.report.tables import md_table, rows_of
+from probe.report.blocks import Block, Heading, Note, Plot, table_of
+from probe.report.sections import Rows
+from probe.report.tables import rows_of
 
 NO_CAPTURE = ("Retrieval heads: not computed: no probe record of this run holds an answer capture (the attention "
               "while the answer is written); probe with answer capture on to get them.")
@@ -102,10 +103,6 @@ def _test_rows(r: RetrievalHeads, test: HeadTests | None) -> list[list[str]]:
             for h, passed in test.listed()]
 
 
-def _escaped(rows: list[list[str]]) -> list[list[str]]:
-    return [[esc(x) for x in row] for row in rows]
-
-
 def _header(header: list[str], r: RetrievalHeads) -> list[str]:
     return [h.replace("top-k", f"top-{r.top_k}").replace("top k", f"top {r.top_k}") for h in header]
 
@@ -121,64 +118,38 @@ TESTS_NOTE = ('A head is listed when it passes either correction and the "passes
               "the two lists is not a corrected family.")
 
 
-def retrieval_html(result: IceResult, ctx: ReportContext) -> str:
-    """The retrieval-head part of ``report.html`` (empty for a run without probe records)."""
+def retrieval_blocks(result: IceResult) -> list[Block]:
+    """The retrieval-head part of the ICE section (nothing for a run without probe records)."""
     if not result.retrieval:
-        return f'<h2>Retrieval heads</h2><p class="note">{esc(NO_CAPTURE)}</p>' if result.attention_cells else ""
-    parts = ["<h2>Retrieval heads</h2>"]
-    for r in result.retrieval:
-        if r.reason is not None:
-            parts.append(f'<p class="note">{esc(r.model)}: {esc(r.reason)}</p>')
-            continue
-        parts.append(ctx.figure(f"retrieval_{file_stem(r.model)}",
-                                f"{r.model}: retrieval score (Wu et al. 2024) per layer × head over the Control "
-                                f"answers, the top {r.top_k} boxed; right, every head's Control score against its "
-                                "mean P_ext while writing Saturation answers.",
-                                draw_retrieval_map(r)))
-        if r.control is not None:
-            parts.append(f"<h3>{esc(r.model)}: top {r.top_k} retrieval heads (Control)</h3>" + table(
-                ["rank", "head", "score", "copied"],
-                [[str(h.rank + 1), esc(_label(h.layer, h.head)), fmt.num(h.score, ".3f"), str(h.copied)]
-                 for h in r.control.top], left=2))
-        if r.stability:
-            parts.append(f"<h3>{esc(r.model)}: stability of the ranking against Control (question bootstrap)</h3>"
-                         + table(_header(STABILITY_HEADER, r), _escaped(_stability_rows(r)), left=2))
-        if r.distraction:
-            parts.append(f"<h3>{esc(r.model)}: do Control's retrieval heads attend to distractors under "
-                         "Saturation? (across heads)</h3>"
-                         + table(_header(DISTRACTION_HEADER, r), _escaped(_distraction_rows(r)), left=1))
-        tests = (*r.failed_vs_correct, r.saturation_drop)
-        rows = [row for t in tests for row in _test_rows(r, t)]
-        notes = "; ".join(x for x in (_test_note(r, t) for t in tests) if x)
-        parts.append(f"<h3>{esc(r.model)}: per-head tests (BH over the layer × head map; max-T family-wise)</h3>"
-                     f'<p class="note">{esc(notes)}. {esc(TESTS_NOTE)}</p>'
-                     + (table(TESTS_HEADER, _escaped(rows), left=3) if rows
-                        else '<p class="note">No head passes either correction.</p>'))
-    return "".join(parts)
-
-
-def retrieval_markdown(result: IceResult) -> list[str]:
-    """The retrieval-head part of ``analysis.md``."""
-    if not result.retrieval:
-        return ["## Retrieval heads", "", NO_CAPTURE, ""] if result.attention_cells else []
-    parts = ["## Retrieval heads (Control ranking; stability; distraction)", ""]
+        return [Heading("Retrieval heads"), Note(NO_CAPTURE)] if result.attention_cells else []
+    out: list[Block] = [Heading("Retrieval heads")]
     for r in result.retrieval:
         if r.reason is not None or r.control is None:
-            parts += [f"- {r.model}: {r.reason or 'no Control trial with an answer capture'}", ""]
+            out.append(Note(f"{r.model}: {r.reason or 'no Control trial with an answer capture'}"))
             continue
-        top = ", ".join(f"{_label(h.layer, h.head)} {h.score:.3f}" for h in r.control.top)
-        parts += [f"- {r.model}: top {r.top_k}: {top} (chance {fmt.num(r.control.chance, '.3f')})", ""]
-        parts += [md_table(_header(STABILITY_HEADER, r), _stability_rows(r)), ""]
+        out += [Plot(f"retrieval_{file_stem(r.model)}", f"{r.model}: retrieval score (Wu et al. 2024) per layer × "
+                     f"head over the Control answers, the top {r.top_k} boxed; right, every head's Control score "
+                     "against its mean P_ext while writing Saturation answers.", partial(draw_retrieval_map, r)),
+                Heading(f"{r.model}: top {r.top_k} retrieval heads (Control; chance "
+                        f"{fmt.num(r.control.chance, '.3f')})", 3),
+                table_of(["rank", "head", "score", "copied"], [[str(h.rank + 1), _label(h.layer, h.head),
+                                                                 fmt.num(h.score, ".3f"), str(h.copied)]
+                                                                for h in r.control.top], left=2)]
+        if r.stability:
+            out += [Heading(f"{r.model}: stability of the ranking against Control (question bootstrap)", 3),
+                    table_of(_header(STABILITY_HEADER, r), _stability_rows(r), left=2)]
         if r.distraction:
-            parts += [f"Do Control's retrieval heads attend to distractors under Saturation? (across heads; mean "
-                      f"Saturation P_ext while answering of Control's top {r.top_k} heads and of the others)", "",
-                      md_table(_header(DISTRACTION_HEADER, r), _distraction_rows(r)), ""]
+            out += [Heading(f"{r.model}: do Control's retrieval heads attend to distractors under Saturation? "
+                            "(across heads)", 3),
+                    Note(f"Mean Saturation P_ext while answering of Control's top {r.top_k} heads and of the others."),
+                    table_of(_header(DISTRACTION_HEADER, r), _distraction_rows(r))]
         tests = (*r.failed_vs_correct, r.saturation_drop)
         rows = [row for t in tests for row in _test_rows(r, t)]
         notes = "; ".join(x for x in (_test_note(r, t) for t in tests) if x)
-        parts += [f"Per-head tests (BH over the layer × head map; max-T family-wise): {notes}. {TESTS_NOTE}", "",
-                  md_table(TESTS_HEADER, rows) if rows else "No head passes either correction.", ""]
-    return parts
+        out += [Heading(f"{r.model}: per-head tests (BH over the layer × head map; max-T family-wise)", 3),
+                Note(f"{notes}. {TESTS_NOTE}"),
+                table_of(TESTS_HEADER, rows, left=3) if rows else Note("No head passes either correction.")]
+    return out
 
 
 def retrieval_tables(result: IceResult) -> list[tuple[str, Rows]]:
@@ -196,4 +167,4 @@ def retrieval_tables(result: IceResult) -> list[tuple[str, Rows]]:
             ("retrieval_head_tests", tests)]
 
 
-__all__ = ["NO_CAPTURE", "draw_retrieval_map", "retrieval_html", "retrieval_markdown", "retrieval_tables"]
+__all__ = ["NO_CAPTURE", "draw_retrieval_map", "retrieval_blocks", "retrieval_tables"]

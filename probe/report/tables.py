@@ -4,39 +4,19 @@ from __future__ import annotations
 
 import csv
 import io
-import re
 import logging
 from pathlib import Path
 from typing import Any, Iterable
 
-from probe import formatting as fmt
 from probe.analysis.results import Analysis
 from probe.codec import encode
-from probe.config import AnalysisSection
 from probe.records_import import ImportSummary
-from probe.report.sections import ReportSection, Rows, report_section
+from probe.report.blocks import md_cell, md_table
+from probe.report.sections import Rows, report_section
 from probe.report.text import MAIN_HEADER, PATH_LEGEND, cell_row
 from probe.runfolder import RunFolder, write_atomic
 
 log = logging.getLogger(__name__)
-
-MD_ROWS = 20  # rows of a table printed in analysis.md when its section writes no Markdown of its own
-
-
-def md_table(header: list[str], rows: list[list[str]]) -> str:
-    """A Markdown table; ``|``, ``<`` and ``>`` in a cell are escaped (a model or condition name from a run folder
-    cannot break the table or put HTML on the page)."""
-    out = ["| " + " | ".join(md_cell(h) for h in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    out += ["| " + " | ".join(md_cell(c) for c in r) + " |" for r in rows]
-    return "\n".join(out)
-
-
-def md_cell(text: str) -> str:
-    """One Markdown table cell's text: ``|`` escaped, a ``<`` that would open a tag (``<b``, ``</``, ``<!``) as
-    ``&lt;`` (``<=`` and ``p < 0.05`` stay as written), line breaks as spaces."""
-    text = str(text).replace("\\|", "|").replace("|", "\\|").replace("\r", " ").replace("\n", " ")
-    return re.sub(r"<(?=[A-Za-z/!?])", "&lt;", text)
-
 
 def rows_of(items: Iterable[object], **extra: Any) -> Rows:
     """CSV rows of result objects: their JSON form, with ``extra`` columns first."""
@@ -89,33 +69,6 @@ def csv_safe(value: Any) -> Any:
     return value
 
 
-def _md_value(v: Any) -> str:
-    if isinstance(v, float) or v is None:
-        return fmt.num(v, ".4g")
-    return str(v)
-
-
-def tables_markdown(section: ReportSection, result: Any) -> list[str]:
-    """A section's tables as Markdown under its family's name (what ``analysis.md`` holds of a section that writes
-    no Markdown of its own): each table's first :data:`MD_ROWS` rows, a cut table saying so."""
-    parts = [f"## {section.family}", ""]
-    for name, rows in section.tables(result):
-        flat, names = _flat_table(rows)
-        parts += [f"### {name}", ""]
-        if not flat:
-            parts += ["(no rows)", ""]
-            continue
-        parts += [md_table(names, [[_md_value(r.get(k)) for k in names] for r in flat[:MD_ROWS]]), ""]
-        if len(flat) > MD_ROWS:
-            parts += [f"First {MD_ROWS} of {len(flat)} rows; all of them in `tables/{name}.csv`.", ""]
-    return parts
-
-
-def section_markdown(section: ReportSection, result: Any, settings: AnalysisSection) -> list[str]:
-    """A section's part of ``analysis.md``: its own Markdown, else its tables (:func:`tables_markdown`)."""
-    return tables_markdown(section, result) if section.markdown is None else section.markdown(result, settings)
-
-
 def import_lines(imp: ImportSummary | None) -> list[str]:
     """Markdown lines on how another tool's file was imported (none for the toolkit's own runs)."""
     if imp is None:
@@ -138,9 +91,9 @@ def render_markdown(analysis: Analysis) -> str:
              *import_lines(analysis.imported),
              "## EM per model × condition × load", "", md_table(MAIN_HEADER, rows), "", PATH_LEGEND + ".", ""]
     for name, result in analysis.families.items():
-        parts += section_markdown(report_section(name), result, analysis.settings)
+        parts += report_section(name).markdown(result, analysis.settings)
     if analysis.interventions is not None:
-        parts += section_markdown(report_section("interventions"), analysis.interventions, analysis.settings)
+        parts += report_section("interventions").markdown(analysis.interventions, analysis.settings)
     if analysis.notes:
         parts += ["## Notes", ""] + [f"- {n}" for n in analysis.notes] + [""]
     return "\n".join(parts)
@@ -172,5 +125,4 @@ def write_tables(analysis: Analysis, run_dir: str | Path | RunFolder) -> list[Pa
     return written
 
 
-__all__ = ["MD_ROWS", "csv_text", "import_lines", "md_table", "render_markdown", "rows_of", "section_markdown",
-           "tables_markdown", "write_tables"]
+__all__ = ["csv_text", "import_lines", "md_cell", "md_table", "render_markdown", "rows_of", "write_tables"]

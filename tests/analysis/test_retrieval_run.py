@@ -75,3 +75,24 @@ def test_a_probed_run_with_answer_capture_gets_retrieval_heads(tmp_path, tiny_ca
     else:
         with pytest.raises(ConfigError, match="copyable token"):
             resolve_interventions(cfg, "tiny-llama", 2, 4, prompts)
+
+
+def test_a_compared_run_keeps_every_table_of_every_section_retrieval_included(tmp_path, tiny_card) -> None:
+    """Several runs' results merge by one generic rule (every model renamed ``<run>: <model>``, every row kept):
+    each CSV table of the merged result has the rows of both runs, and the comparison page shows the retrieval
+    heads of each (the ICE merge written by hand dropped them)."""
+    from probe.analysis import analyze_run
+    from probe.report import compare_runs, report_section
+
+    runs = [run_experiment(cfg_of(tmp_path, tiny_card, name, seed), progress=False)
+            for name, seed in (("one", 5), ("two", 6))]
+    analyses = [analyze_run(r) for r in runs]
+    section = report_section("ice")
+    merged = section.merged([(r.name, a.families["ice"]) for r, a in zip(runs, analyses)])
+    alone = [dict(section.tables(a.families["ice"])) for a in analyses]
+    together = dict(section.tables(merged))
+    for name in {n for t in alone for n in t}:
+        assert len(together.get(name, [])) == sum(len(t.get(name, [])) for t in alone), name
+    assert {r.model for r in merged.retrieval} == {"one: tiny-llama", "two: tiny-llama"}
+    page = compare_runs(runs, tmp_path / "cmp").read_text()
+    assert "one: tiny-llama: top" in page and "two: tiny-llama: top" in page

@@ -253,7 +253,9 @@ def test_report_has_the_cogniload_section(run, analysis):
 def test_the_threshold_table_gives_a_reason_by_its_first_clause_and_the_csv_keeps_it_whole(analysis):
     """A degenerate main fit left NT50 and ID50 without a value, each cell repeating the fit's 200-character reason
     (which the GLM table already gives); the page says its first clause, the CSV row the whole reason."""
-    from probe.report.cogniload import threshold_rows, threshold_table_html
+    from probe.config import AnalysisSection
+    from probe.report.blocks import ReportContext, to_html
+    from probe.report.cogniload import threshold_rows, threshold_table
 
     why = ("the main fit is degenerate: quasi-complete separation: a combination of the predictors predicts 16 of "
            "the 24 outcomes exactly")
@@ -264,7 +266,7 @@ def test_the_threshold_table_gives_a_reason_by_its_first_clause_and_the_csv_keep
                                reason=why)
     result = dataclasses.replace(result, models={**result.models, model: dataclasses.replace(
         fits, thresholds={**fits.thresholds, "NT50": none})})
-    html = threshold_table_html(result)
+    html = to_html([threshold_table(result)], ReportContext(AnalysisSection()))
     assert '<span class="note">the main fit is degenerate</span>' in html and "quasi-complete" not in html
     (row,) = [r for r in threshold_rows(result) if r["model"] == model and r["threshold"] == "NT50"]
     assert row["reason"] == why and row["status"] == "degenerate"

@@ -395,7 +395,8 @@ def test_compare_runs_puts_runs_side_by_side(run, report, tmp_path):
 def test_compare_h1_forest_has_a_row_per_condition_so_a_run_without_saturation_is_drawn(run, report, tmp_path):
     """A knockout run has Residue cells alone: its H1 fit is Residue's, and the comparison's forest (Saturation only
     before) left the run out."""
-    from probe.report.ice import h1_forest_rows, merge
+    from probe.report.blocks import merge_results as merge
+    from probe.report.ice import h1_forest_rows
 
     other = tmp_path / "residue-only"
     make_run(other, Plan(n_tasks=8, conditions=("Control", "Residue"), loads=(20, 80), seed=5))
@@ -463,7 +464,7 @@ def test_heads_table_names_the_model_each_selection_was_resolved_for() -> None:
     model, in the report and in analysis.md."""
     from probe.analysis.interventions import InterventionResult
     from probe.interventions import HeadSelection, Intervention
-    from probe.report.interventions import heads_rows, markdown
+    from probe.report.interventions import SECTION, heads_rows
 
     def top(model: str, heads: tuple) -> Intervention:
         return Intervention(kind="knockout", keys="extraneous", heads=heads, name="top3", model=model,
@@ -474,7 +475,7 @@ def test_heads_table_names_the_model_each_selection_was_resolved_for() -> None:
     rows = heads_rows(result)
     assert [r[0] for r in rows] == ["model-a", "model-b"]
     assert rows[0][-1] == "L1.H2, L3.H0" and rows[1][-1] == "L0.H1, L2.H2"
-    md = "\n".join(markdown(result, AnalysisSection()))
+    md = "\n".join(SECTION.markdown(result, AnalysisSection()))
     assert "| model | intervention |" in md and "| model-b | top3 |" in md
 
 
@@ -529,7 +530,7 @@ def test_a_run_without_residue_says_h3_is_not_estimated_instead_of_an_empty_tabl
     run = tmp_path / "no-residue"
     make_run(run, Plan(n_tasks=8, loads=(80,), conditions=("Control", "Saturation"), seed=4))
     md = render_markdown(analyze_run(run, AnalysisSection(), seed=0))
-    h3 = md.split("## H3", 1)[1].split("\n## ", 1)[0]
+    h3 = md.split("### H3", 1)[1].split("\n#", 1)[0]
     assert NO_H3 in h3 and "| model |" not in h3
     html = render_report(run).read_text()
     assert NO_H3 in html

@@ -127,16 +127,20 @@ def test_a_record_that_disagrees_with_the_recomputation_is_flagged(probed_run, t
     pid = next(p for p, pr in probed_run.prompts.items() if pr.condition == "Saturation")
     path = probed_run.attention_path(pid)
     original = path.read_bytes()
+    index = probed_run.path / "attention_index.jsonl"  # a run written before records were indexed: no hash check,
+    listed = index.read_bytes()  # so the recomputation is what catches the record
     try:
         rec = SegmentAttention.load(path)
         rec.measures["seg_mass_segment"] = rec.seg_mass_segment * 0.5
         rec.save(path)
+        index.unlink()
         view = view_prompt(probed_run, pid, model=tiny_lm)
         assert "differs from it by up to" in view.record_note
         page = probe.show(probed_run, pid, model=tiny_lm).read_text(encoding="utf-8")
         assert 'class="meta note warn"' in page
     finally:
         path.write_bytes(original)
+        index.write_bytes(listed)
 
 
 def test_show_cli_writes_the_page_and_reports_errors(probed_run, capsys) -> None:
