@@ -14,17 +14,11 @@ __version__ = "0.1.0"
 _EXPORTS: dict[str, str] = {
     "load_model": "probe.api",
     "load_tasks": "probe.api",
-    "build_prompt": "probe.api",
-    "build_prompts": "probe.api",
-    "tokenize_prompt": "probe.api",
-    "probe_prompt": "probe.api",
     "run": "probe.api",
     "analyze": "probe.api",
     "render_report": "probe.api",
     "load_run": "probe.api",
     "show": "probe.api",
-    "intervention": "probe.api",
-    "generate": "probe.api",
     "Model": "probe.api",
     "ArgumentError": "probe.errors",
     "Intervention": "probe.interventions",
@@ -34,8 +28,7 @@ _EXPORTS: dict[str, str] = {
 }
 
 if TYPE_CHECKING:  # what type checkers and editors see; at run time each name is imported on first use
-    from probe.api import (Model, analyze, build_prompt, build_prompts, generate, intervention, load_model,
-                           load_run, load_tasks, probe_prompt, render_report, run, show, tokenize_prompt)
+    from probe.api import Model, analyze, load_model, load_run, load_tasks, render_report, run, show
     from probe.interventions import Intervention, RowEdit
     from probe.errors import ArgumentError, ProbeError
     from probe.loaded_run import Run
@@ -55,5 +48,4 @@ def __dir__() -> list[str]:
 
 
 __all__ = ["ArgumentError", "Intervention", "Model", "ProbeError", "RowEdit", "Run", "__version__", "analyze",
-           "build_prompt", "build_prompts", "generate", "intervention", "load_model", "load_run", "load_tasks",
-           "probe_prompt", "render_report", "run", "show", "tokenize_prompt"]
+           "load_model", "load_run", "load_tasks", "render_report", "run", "show"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence, Union
@@ -30,9 +29,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# What every function that uses a model accepts as "the model": a loaded model, or a card (its name, the path to
-# its TOML, or the ModelCard), which resolves to the loaded model (loaded once per process, see ``as_model``).
-ModelLike = Union["Model", LoadedModel, "ModelCard", str, Path]
 Experiment = Union[str, Path, Mapping[str, Any], "ExperimentConfig"]
 PromptLike = Union["Prompt", "TokenizedPrompt"]
 
@@ -194,7 +190,7 @@ class Model(LoadedModel):
         from probe.types import Prompt
 
         if not isinstance(prompt, Prompt):
-            raise ArgumentError(f"tokenize_prompt: prompt must be a built Prompt (build_prompt), got {_kind(prompt)}")
+            raise ArgumentError(f"tokenize: prompt must be a built Prompt (build_prompt), got {_kind(prompt)}")
         chat = self.card.use_chat_template if use_chat_template is None else use_chat_template
         return encode_prompt(prompt, self.tokenizer, chat)
 
@@ -238,7 +234,7 @@ class Model(LoadedModel):
                 raise ConfigError(f"probe_prompt: {unknown[0]!r} is not a probe option (ProbeOptions: "
                                   f"{', '.join(f.name for f in dataclasses.fields(ProbeOptions))})")
             opts = dataclasses.replace(opts, **option_values)
-        return probe_tokenized(self.model, self._tokenized("probe_prompt", prompt), opts, generated_ids)
+        return probe_tokenized(self.model, self._tokenized("probe", prompt), opts, generated_ids)
 
     @contextlib.contextmanager
     def intervention(self, prompts: PromptLike | Sequence[PromptLike], spec: Intervention | None = None, *,
@@ -366,57 +362,6 @@ def _tasks_argument(call: str, task: Any) -> list[Task]:
     return _items(call, task, (Task,), "task must be a Task or a sequence of Tasks (probe.load_tasks)")
 
 
-# card key -> the model a card name resolved to (kept for the process: a notebook's later calls reuse it)
-_RESOLVED: dict[str, Model] = {}
-# card key -> a model load_model returned (weakly: it lives as long as the caller keeps it)
-_LOADED: weakref.WeakValueDictionary[str, Model] = weakref.WeakValueDictionary()
-
-
-def _card_key(card: ModelCard) -> str:
-    return str(card.card_path) if card.card_path else card.name
-
-
-def as_model(model: Any, call: str = "the call") -> Model:
-    """``model`` as a loaded :class:`Model`: a loaded model as it is, a card (name, TOML path or ModelCard) loaded.
-
-    A card is loaded once per process: the model :func:`load_model` returned for it while that is still in use,
-    else the one an earlier card name resolved to, else it is loaded now (``device`` None: CUDA when available) and
-    kept for later calls. Pass the loaded model to choose the device or to free it with ``del``.
-
-    Args:
-        model: a loaded model, or a card's name, TOML path or ModelCard.
-        call: the public function asking (named in the error).
-
-    Raises:
-        ArgumentError: a Task, Prompt or TokenizedPrompt where the model is expected (the order of the arguments
-            is model first), or anything else that is not a model.
-        UnknownNameError: no such card. ModelUnavailableError: its weights are not available here.
-    """
-    from probe.loading import ModelCard, get_card
-    from probe.types import Prompt, Task, TokenizedPrompt
-
-    if isinstance(model, LoadedModel):
-        return Model.of(model)
-    if isinstance(model, (str, Path, ModelCard)):
-        card = model if isinstance(model, ModelCard) else get_card(str(model))
-        key = _card_key(card)
-        found = _LOADED.get(key) or _RESOLVED.get(key)
-        if found is None:
-            found = _RESOLVED[key] = load_model(card)
-        return found
-    first = model[0] if isinstance(model, (list, tuple)) and model else model
-    if isinstance(first, (Task, Prompt, TokenizedPrompt)):
-        raise ArgumentError(f"{call}: the model comes first (probe.{call}(model, ...)); got {_kind(first)} where "
-                            "the model is expected. Pass the loaded model (probe.load_model(...)) or a card name "
-                            f"as the first argument, or call the method: model.{_METHOD.get(call, call)}(...)")
-    raise ArgumentError(f"{call}: model must be a loaded model (probe.load_model(card)) or a model card name "
-                        f"(`probe models` lists them), got {_kind(model)}. A bare transformers model: the engine "
-                        "functions of probe.attention take one")
-
-
-_METHOD = {"tokenize_prompt": "tokenize", "probe_prompt": "probe"}
-
-
 def load_model(card: str | Path | ModelCard | None = None, device: str | None = None) -> Model:
     """Load a model card's model and tokenizer (:func:`probe.loading.load_model`).
 
@@ -441,9 +386,7 @@ def load_model(card: str | Path | ModelCard | None = None, device: str | None = 
         raise ArgumentError(f"load_model: card must be a card name, a card TOML path or a ModelCard, got "
                             f"{_kind(card)}")
     resolved = card if isinstance(card, ModelCard) else get_card(str(card))
-    model = Model.of(_load_model(resolved, device=device))
-    _LOADED[_card_key(resolved)] = model
-    return model
+    return Model.of(_load_model(resolved, device=device))
 
 
 def load_tasks(source: str | TaskSection = "synthetic", n: int | None = None, seed: int = 1234,
@@ -502,80 +445,6 @@ def _ice_section(ice: IceSection | None, conditions: Sequence[str] | None, loads
     if replications is not None:
         changes["replications"] = int(replications)
     return dataclasses.replace(base, **changes) if changes else base
-
-
-def build_prompts(model: ModelLike, task: Task | Sequence[Task], *, conditions: Sequence[str] | None = None,
-                  loads: Sequence[int] | None = None, replications: int | None = 1, seed: int = 1234,
-                  ice: IceSection | None = None, embedder: str | None = None) -> list[Prompt]:
-    """Every prompt of one task (or several) for one model's tokenizer: :meth:`Model.build_prompts`.
-
-    Args:
-        model: a loaded model, or a card name (loaded once, see :func:`as_model`).
-        task: a Task or a sequence of them. The other arguments: :meth:`Model.build_prompts`.
-    """
-    return as_model(model, "build_prompts").build_prompts(task, conditions=conditions, loads=loads,
-                                                         replications=replications, seed=seed, ice=ice,
-                                                         embedder=embedder)
-
-
-def build_prompt(model: ModelLike, task: Task, condition: str | None = None, load: int = 50, replication: int = 0,
-                 *, seed: int = 1234, ice: IceSection | None = None, embedder: str | None = None) -> Prompt:
-    """One prompt of ``task`` under ``condition`` at ``load`` percent: :meth:`Model.build_prompt`.
-
-    Args:
-        model: a loaded model, or a card name (loaded once, see :func:`as_model`).
-        task: the task. The other arguments: :meth:`Model.build_prompt`.
-    """
-    return as_model(model, "build_prompt").build_prompt(task, condition, load, replication, seed=seed, ice=ice,
-                                                       embedder=embedder)
-
-
-def tokenize_prompt(model: ModelLike, prompt: Prompt, use_chat_template: bool | None = None) -> TokenizedPrompt:
-    """A prompt's model input with one exact token span per segment: :meth:`Model.tokenize`.
-
-    Args:
-        model: a loaded model, or a card name (loaded once, see :func:`as_model`).
-        prompt: a built prompt. use_chat_template: override the card's setting.
-    """
-    return as_model(model, "tokenize_prompt").tokenize(prompt, use_chat_template)
-
-
-def probe_prompt(model: ModelLike, prompt: Prompt | TokenizedPrompt, options: ProbeOptions | None = None,
-                 generated_ids: Sequence[int] | None = None, **option_values: Any) -> SegmentAttention:
-    """Probe one prompt's attention per layer and head: :meth:`Model.probe` (docs/probes.md).
-
-    Args:
-        model: a loaded model, or a card name (loaded once, see :func:`as_model`).
-        prompt: a built Prompt or a TokenizedPrompt. The other arguments: :meth:`Model.probe`.
-    """
-    return as_model(model, "probe_prompt").probe(prompt, options, generated_ids, **option_values)
-
-
-@contextlib.contextmanager
-def intervention(model: ModelLike, prompts: PromptLike | Sequence[PromptLike], spec: Intervention | None = None,
-                 *, row_edits: Sequence[RowEdit] | None = None, seed: int = 0,
-                 **spec_values: Any) -> Iterator[EditedBatch]:
-    """A context manager running the model under an attention intervention: :meth:`Model.intervention`.
-
-    Args:
-        model: a loaded model, or a card name (loaded once, see :func:`as_model`).
-        prompts: one or several Prompts / TokenizedPrompts. The other arguments: :meth:`Model.intervention`.
-    """
-    with as_model(model, "intervention").intervention(prompts, spec, row_edits=row_edits, seed=seed,
-                                                      **spec_values) as batch:
-        yield batch
-
-
-def generate(model: ModelLike, prompts: Prompt | Sequence[Prompt], *, intervention: Intervention | None = None,
-             probe: ProbeOptions | None = None, seed: int = 0, **generation: Any) -> list[Generation]:
-    """Answer prompts as a run does: :meth:`Model.generate`.
-
-    Args:
-        model: a loaded model, or a card name (loaded once, see :func:`as_model`).
-        prompts: one built prompt or several. The other arguments: :meth:`Model.generate`.
-    """
-    return as_model(model, "generate").generate(prompts, intervention=intervention, probe=probe, seed=seed,
-                                                **generation)
 
 
 def _check_overrides(overrides: Any) -> dict[str, dict[str, Any]]:
@@ -760,6 +629,5 @@ def show(run: str | Path | Run, prompt_id: str, *, model: LoadedModel | str | No
     return write_prompt_view(view, path, layer, head, root=None if out is not None else folder.root)
 
 
-__all__ = ["ArgumentError", "Model", "Run", "analyze", "as_model", "build_prompt", "build_prompts",
-           "experiment_config", "generate", "intervention", "load_model", "load_run", "load_tasks", "probe_prompt",
-           "render_report", "run", "show", "tokenize_prompt"]
+__all__ = ["ArgumentError", "Model", "Run", "analyze", "experiment_config", "load_model", "load_run", "load_tasks",
+           "render_report", "run", "show"]

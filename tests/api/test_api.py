@@ -37,13 +37,13 @@ def test_import_probe_is_cheap_and_every_public_name_resolves() -> None:
 
 
 def test_the_public_names_are_the_api_functions() -> None:
-    assert set(probe.__all__) >= {"load_model", "load_tasks", "build_prompt", "build_prompts", "tokenize_prompt",
-                                  "probe_prompt", "run", "analyze", "render_report", "load_run", "show", "Run"}
+    functions = {"load_model", "load_tasks", "run", "analyze", "render_report", "load_run", "show"}
+    assert {n for n in probe.__all__ if n[0].islower() and n != "__version__"} == functions  # the stages: methods
     for name in probe.__all__:
         if name != "__version__":
             assert getattr(probe, name) is not None
             assert name in dir(probe)
-    assert probe.build_prompt is api.build_prompt and probe.Run is api.Run
+    assert probe.load_model is api.load_model and probe.Run is api.Run
     with pytest.raises(AttributeError):
         probe.no_such_name  # noqa: B018
 
@@ -67,30 +67,32 @@ def test_build_prompts_equals_what_an_experiment_builds(tmp_path: Path, tiny_car
     })
     expected = runner_build(cfg, progress=False)["tiny-llama"]
     tasks = probe.load_tasks("synthetic", n=2, hops=2, seed=11)
-    got = probe.build_prompts(str(tiny_card), tasks, loads=[20, 50], replications=2, seed=11)
+    m = probe.load_model(str(tiny_card), device="cpu")
+    got = m.build_prompts(tasks, loads=[20, 50], replications=2, seed=11)
     assert got == expected
     # one cell at a time gives the same prompt as the whole set
     by_id = {p.prompt_id: p for p in got}
     for cond, load in (("Control", 0), ("Saturation", 50), ("Residue", 20), ("LongControl", 50)):
-        one = probe.build_prompt(str(tiny_card), tasks[1], cond, load=load, replication=1, seed=11)
+        one = m.build_prompt(tasks[1], cond, load=load, replication=1, seed=11)
         assert one == by_id[one.prompt_id]
         assert (one.condition, one.load, one.replication, one.task_id) == (cond, load, 1, tasks[1].task_id)
     with pytest.raises(ProbeError, match="unknown condition 'Saturaton'"):
-        probe.build_prompt(str(tiny_card), tasks[0], "Saturaton")
+        m.build_prompt(tasks[0], "Saturaton")
 
 
 @pytest.mark.integration
 def test_a_task_with_its_own_segments_gives_one_prompt_and_no_condition(tiny_card: Path) -> None:
     task = probe.load_tasks("cogniload", n=1, difficulty=[1], length=[20], needle_ratio=[50])[0]
-    prompt = probe.build_prompt(str(tiny_card), task)
+    m = probe.load_model(str(tiny_card), device="cpu")
+    prompt = m.build_prompt(task)
     assert prompt.condition == "CogniLoad" and prompt.family == "cogniload"
-    assert probe.build_prompts(str(tiny_card), task) == [prompt]
+    assert m.build_prompts(task) == [prompt]
     with pytest.raises(ProbeError, match="has no ICE condition 'Saturation'"):
-        probe.build_prompt(str(tiny_card), task, "Saturation")
+        m.build_prompt(task, "Saturation")
 
 
 @pytest.mark.integration
-def test_the_methods_of_a_loaded_model_equal_the_module_functions_and_the_stages(tiny_card: Path) -> None:
+def test_the_methods_of_a_loaded_model_equal_the_stages(tiny_card: Path) -> None:
     from probe.attention import probe_tokenized
     from probe.prompts.tokenize import encode_prompt
 
@@ -98,41 +100,26 @@ def test_the_methods_of_a_loaded_model_equal_the_module_functions_and_the_stages
     assert isinstance(m, probe.Model) and repr(m) == "Model('tiny-llama', device=cpu)"
     task = probe.load_tasks("synthetic", n=1)[0]
     prompt = m.build_prompt(task, "Saturation", load=50)
-    assert prompt == probe.build_prompt(m, task, "Saturation", load=50)
-    assert m.build_prompts(task, loads=[50]) == probe.build_prompts(m, task, loads=[50])
+    assert [prompt] == [p for p in m.build_prompts(task, loads=[50]) if p.condition == "Saturation"]
     tp = m.tokenize(prompt)
-    assert tp == probe.tokenize_prompt(m, prompt) == encode_prompt(prompt, m.tokenizer, m.card.use_chat_template)
+    assert tp == encode_prompt(prompt, m.tokenizer, m.card.use_chat_template)
     assert tp.count("extraneous") > 0 and tp.count("question") > 0
     res = m.probe(prompt)
     direct = probe_tokenized(m.model, tp)  # the engine on the bare transformers model
-    for got in (res, probe.probe_prompt(m, tp)):
+    for got in (res, m.probe(tp)):
         np.testing.assert_array_equal(got.seg_mass, direct.seg_mass)
         np.testing.assert_array_equal(got.p_ext, direct.p_ext)
     last = m.probe(tp, query="last", residue=False)
     assert last.n_queries == 1 and last.options["query"] == "last" and last.ar_k is None
     with pytest.raises(ConfigError, match="'qurey' is not a probe option"):
         m.probe(tp, qurey="last")
-    # a card name resolves to the loaded model while it is in use, and is loaded once otherwise
-    assert api.as_model(str(tiny_card)) is m
-    assert api.as_model(m.card) is m
 
 
 @pytest.mark.integration
-def test_a_call_in_the_old_order_or_with_a_bare_transformers_model_says_what_to_pass(tiny_card: Path) -> None:
+def test_an_argument_of_the_wrong_kind_says_what_to_pass(tiny_card: Path) -> None:
     m = probe.load_model(str(tiny_card), device="cpu")
     task = probe.load_tasks("synthetic", n=1)[0]
     prompt = m.build_prompt(task, "Control")
-    tp = m.tokenize(prompt)
-    for call, args in ((probe.build_prompt, (task, m)), (probe.build_prompts, ([task], m)),
-                       (probe.tokenize_prompt, (prompt, m)), (probe.probe_prompt, (tp, m)),
-                       (probe.intervention, ([prompt], m))):
-        with pytest.raises(TypeError, match=r"the model comes first \(probe\.\w+\(model, \.\.\.\)\); got a "):
-            with call(*args):  # the refusal comes before any context is entered
-                pass
-    with pytest.raises(probe.ArgumentError, match="model must be a loaded model .* got torch.nn"):
-        probe.probe_prompt(m.model.model.embed_tokens, tp)
-    with pytest.raises(probe.ArgumentError, match="got transformers.models.llama"):
-        probe.probe_prompt(m.model, tp)
     with pytest.raises(probe.ArgumentError, match="task must be a Task .* got a Prompt"):
         m.build_prompt(prompt)
     with pytest.raises(probe.ArgumentError, match="prompt must be a built Prompt .* got a Task"):
@@ -352,7 +339,7 @@ def test_generate_answers_as_greedy_decoding_does_and_under_an_intervention(tiny
     tasks = probe.load_tasks("synthetic", n=2)
     prompts = [m.build_prompt(t, "Saturation", load=50) for t in tasks]
     got = m.generate(prompts, max_new_tokens=4, batch_size=1)
-    assert [g.text for g in got] == [g.text for g in probe.generate(m, prompts, max_new_tokens=4)]  # batched too
+    assert [g.text for g in got] == [g.text for g in m.generate(prompts, max_new_tokens=4)]  # batched too
     for p, g in zip(prompts, got):  # transformers' own greedy decoding of the same input
         ids = torch.tensor([m.tokenize(p).input_ids])
         with torch.no_grad():

@@ -441,17 +441,17 @@ def test_public_api_on_built_prompts(tiny_card) -> None:
 
     lm = probe.load_model(str(tiny_card), device="cpu")
     task = probe.load_tasks("synthetic", n=1, seed=5)[0]
-    control = probe.build_prompt(lm, task, "Control", load=50)
-    residue = probe.build_prompt(lm, task, "Residue", load=50)
+    control = lm.build_prompt(task, "Control", load=50)
+    residue = lm.build_prompt(task, "Residue", load=50)
     kw = dict(max_new_tokens=5, do_sample=False, temperature=None, top_p=None, top_k=None,
               pad_token_id=lm.tokenizer.pad_token_id)
-    with torch.no_grad(), probe.intervention(lm, control, kind="knockout", keys="extraneous") as b:
+    with torch.no_grad(), lm.intervention(control, kind="knockout", keys="extraneous") as b:
         out = lm.model.generate(b.input_ids, attention_mask=b.attention_mask, **kw)
     assert b.rows[0].n_keys == 0
     plain = lm.model.generate(b.input_ids, attention_mask=b.attention_mask, **kw)
     assert out.tolist() == plain.tolist()
     spec = probe.Intervention(kind="steer", alpha=0.1, keys="extraneous", layers=(1,))
-    with torch.no_grad(), probe.intervention(lm, [residue], spec) as b:
+    with torch.no_grad(), lm.intervention([residue], spec) as b:
         edited = lm.model(b.input_ids).logits
     assert b.rows[0].n_keys > 0
     with torch.no_grad():

@@ -55,7 +55,7 @@ def test_attention_per_token_equals_eager_attention_and_sums_to_the_segment_mass
     per_token = token_attention(tiny_lm.model, tp, opts)
     assert per_token.seg_mass_segment.shape == (2, 4, len(tp.input_ids))
     np.testing.assert_allclose(per_token.seg_mass_segment, _eager_token_mass(tiny_lm.model, tp, query), atol=1e-5)
-    ordinary = probe.probe_prompt(tiny_lm, tp, opts)
+    ordinary = tiny_lm.probe(tp, opts)
     np.testing.assert_allclose(segment_sums(per_token.seg_mass_segment, tp), ordinary.seg_mass_segment, atol=1e-5)
     np.testing.assert_allclose(per_token.p_ext, ordinary.p_ext, atol=1e-6)
     np.testing.assert_array_equal(per_token.chance, ordinary.chance)

@@ -239,9 +239,9 @@ def test_probe_records_under_an_intervention_equal_a_separate_probe_of_the_edite
     for p in residue:
         got = SegmentAttention.load(folder.attention_record("tiny-llama", p.prompt_id, "ko"))
         base = SegmentAttention.load(folder.attention_record("tiny-llama", p.prompt_id))
-        tp = probe.tokenize_prompt(lm, p)
-        with probe.intervention(lm, [tp], Intervention(kind="knockout", keys="extraneous", name="ko")):
-            want = probe.probe_prompt(lm, tp, cfg.probe)
+        tp = lm.tokenize(p)
+        with lm.intervention([tp], Intervention(kind="knockout", keys="extraneous", name="ko")):
+            want = lm.probe(tp, cfg.probe)
         np.testing.assert_allclose(got.seg_mass, want.seg_mass, atol=1e-5)
         assert np.abs(got.seg_mass - base.seg_mass).max() > 1e-4
 
