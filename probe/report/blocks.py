@@ -157,10 +157,15 @@ def to_html(blocks: Sequence[Block], ctx: ReportContext) -> str:
 
 
 def to_markdown(blocks: Sequence[Block]) -> list[str]:
-    """The blocks as Markdown lines (figures are left out: ``analysis.md`` is written before any is drawn)."""
+    """The blocks as Markdown lines (plots are left out: ``analysis.md`` is written before any is drawn; so is a
+    heading over plots alone)."""
     out: list[str] = []
-    for b in blocks:
+    shown = [b for b in blocks if not isinstance(b, Plot)]
+    for i, b in enumerate(shown):
         if isinstance(b, Heading):
+            after = shown[i + 1] if i + 1 < len(shown) else None
+            if after is None or isinstance(after, Heading) and after.level <= b.level:
+                continue
             out += ["#" * b.level + " " + b.text, ""]
         elif isinstance(b, Note):
             out += [b.text, ""]
