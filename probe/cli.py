@@ -98,11 +98,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
                              "run folder; run the selection experiment first (probe.enabled = true)")
     print(f"{args.experiment}: ok ({len(cfg.tasks)} task source(s), {len(tasks)} tasks, models: "
           f"{', '.join(c.name for c in cards)})")
+    from probe.backends import capabilities
+
     for c in cards:
-        if c.is_local and c.source == "hub":
+        if capabilities(c).local and c.source == "hub":
             print(f"  {c.name}: weights not checked (hub id {c.hub_id}, downloaded on first load; `probe models` "
                   "says whether they are cached here)")
-        elif not c.is_local:
+        elif not capabilities(c).local:
             print(f"  {c.name}: served at {c.base_url}; the server is not contacted (`probe models` probes it)")
     return 0
 
@@ -310,21 +312,24 @@ def cmd_models(args: argparse.Namespace) -> int:
             print(f"  {line}")
         return 0 if supported else 1
 
+    from probe.backends import capabilities, check_card
     from probe.errors import ConfigError
     from probe.loading import availability, card_files, hidden_shipped, read_card, served_reachability
 
     cards, rows = [], []
     for name, path in card_files().items():  # a bad card is a row saying what is wrong, not the end of the list
         try:
-            cards.append(read_card(path, catalogued=True))
+            card = read_card(path, catalogued=True)
+            check_card(card)
+            cards.append(card)
         except ConfigError as e:
             rows.append((name, "?", "no", f"bad card: {e}"))
-    served = [c for c in cards if not c.is_local]
+    served = [c for c in cards if not capabilities(c).local]
     with ThreadPoolExecutor(max_workers=8) as pool:  # a short probe of each server's URL, all at once
         reach = dict(zip([c.name for c in served], pool.map(served_reachability, served)))
     for c in cards:
         ok, why = availability(c)
-        if c.is_local or not ok:
+        if capabilities(c).local or not ok:
             rows.append((c.name, c.backend, "yes" if ok else "no", why))
         else:
             state = reach[c.name]

@@ -102,7 +102,9 @@ class Run:
         entry = (self.manifest or {}).get("models", {}).get(model)
         if isinstance(entry, dict) and "backend" in entry:
             return bool(entry["backend"] == "transformers")
-        return self.card(model).is_local
+        from probe.backends import capabilities
+
+        return capabilities(self.card(model)).local
 
     @cached_property
     def manifest(self) -> dict[str, Any] | None:

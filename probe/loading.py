@@ -18,7 +18,6 @@ from probe.gguf_chunks import ChunkSet, installed_parts, join_chunks
 log = logging.getLogger(__name__)
 
 SOURCES = ("package", "gguf", "local", "hub", "api")
-BACKENDS = ("transformers", "openai")
 
 
 # The cards shipped with the toolkit (the repository's models/, installed as package data).
@@ -123,8 +122,6 @@ class ModelCard:
         where = self.card_path or self.name
         if self.source not in SOURCES:
             raise ConfigError(f"{where}: source: {self.source!r} is not one of {', '.join(SOURCES)}")
-        if self.backend not in BACKENDS:
-            raise ConfigError(f"{where}: backend: {self.backend!r} is not one of {', '.join(BACKENDS)}")
         needs = {"package": ("package", "gguf_file"), "gguf": ("path",), "local": ("path",), "hub": ("hub_id",)}
         if self.chunks:
             if self.source != "package":
@@ -135,20 +132,11 @@ class ModelCard:
                 continue
             if not getattr(self, key):
                 raise ConfigError(f"{where}: source = {self.source!r} needs `{key}`")
-        if self.backend == "openai" and not (self.base_url and self.served_model):
-            raise ConfigError(f"{where}: backend = 'openai' needs `base_url` and `served_model`")
-        if self.probe_with is not None and self.backend != "openai":
-            raise ConfigError(f"{where}: probe_with names the local card that probes a served model's answers; this "
-                              "card has local weights and probes its own: remove probe_with")
         if self.probe_with == self.name:
             raise ConfigError(f"{where}: probe_with: a card cannot probe with itself; name a local card of the same "
                               "weights")
         if self.context_window < 1:
             raise ConfigError(f"{where}: context_window: {self.context_window} must be >= 1")
-
-    @property
-    def is_local(self) -> bool:
-        return self.backend == "transformers"
 
     @property
     def chunk_set(self) -> ChunkSet | None:
@@ -298,7 +286,7 @@ def check_weights_present(card: ModelCard) -> None:
     Raises:
         ModelUnavailableError: naming the card, the missing package / file / folder and what to do.
     """
-    if not card.is_local or card.source == "hub":
+    if card.source in ("api", "hub"):
         return
     if card.source in ("package", "gguf"):
         gguf_location(card, join=False)  # chunk packages: installed (read and joined on first load)
@@ -363,7 +351,7 @@ def model_shape(card: ModelCard) -> tuple[int, int] | None:
     loading a weight; None where that cannot be done here (a served card, chunk packages not joined yet, a hub id
     not in the local cache).
     """
-    if not card.is_local:
+    if card.source == "api":
         return None
     from transformers import AutoConfig
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, Protocol
+from typing import TYPE_CHECKING, Any, Iterator, Protocol, cast
 
 from probe.config import GenerationSection
 from probe.probe_options import ProbeOptions
-from probe.types import Prompt
+from probe.errors import ConfigError
+from probe.types import Prompt, TokenizedPrompt
 
 if TYPE_CHECKING:
     from probe.interventions import Intervention
@@ -44,15 +45,30 @@ def build_messages(prompt: Prompt) -> list[dict[str, str]]:
     return [{"role": "user", "content": prompt.text}]
 
 
-class Backend(Protocol):
-    """Produces generations; ``generate`` may yield in any order but yields each prompt exactly once.
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do besides writing text: one value per registered backend
+    (:mod:`probe.backends.registry`), the same whether asked of a card before anything loads or of the backend.
 
-    What a backend can do beyond text it says itself, and the runner asks (never its class): ``can_probe`` (it
-    computes the probe of each prompt while it generates: ``Generation.attention``; and probes answers written
-    elsewhere, a two-stage run's stage two, with ``tokenize``, ``eos_ids``, ``tokenizer`` and ``probe_answers``:
-    :class:`~probe.backends.local.LocalBackend`) and ``can_intervene`` (it generates under an attention
-    intervention, and knows its model's layers and heads). A backend asked for what it cannot do raises
-    :class:`~probe.errors.ConfigError`.
+    Attributes:
+        local: it runs local weights: it has the model's tokenizer (prompts are built and loads counted in it), it
+            probes attention while it generates and probes answers written elsewhere (it is a
+            :class:`ProbingBackend`), and it generates under attention interventions.
+        records_ids: a trial keeps the answer's token ids as the backend returned them (a served engine's: what
+            stage two of a two-stage run checks its re-tokenisation against).
+    """
+
+    local: bool
+    records_ids: bool = False
+
+
+LOCAL = Capabilities(local=True)
+SERVED = Capabilities(local=False, records_ids=True)
+
+
+class Backend(Protocol):
+    """Produces generations; ``generate`` may yield in any order but yields each prompt exactly once. What else it
+    can do is its ``capabilities``; a backend asked for what it cannot do raises :class:`~probe.errors.ConfigError`.
     """
 
     @property
@@ -61,10 +77,7 @@ class Backend(Protocol):
         ...
 
     @property
-    def can_probe(self) -> bool: ...
-
-    @property
-    def can_intervene(self) -> bool: ...
+    def capabilities(self) -> Capabilities: ...
 
     @property
     def revision(self) -> str | None:
@@ -77,3 +90,30 @@ class Backend(Protocol):
 
     def generate(self, prompts: list[Prompt], gen: GenerationSection, probe: ProbeOptions | None = None,
                  intervention: Intervention | None = None) -> Iterator[tuple[Prompt, Generation]]: ...
+
+
+class ProbingBackend(Backend, Protocol):
+    """A backend of local weights (``capabilities.local``): besides generating, it tokenizes as the run does and
+    probes answers written elsewhere in one teacher-forced pass (stage two of a two-stage run)."""
+
+    @property
+    def tokenizer(self) -> Any: ...
+
+    def eos_ids(self) -> set[int]: ...
+
+    def tokenize(self, prompt: Prompt) -> TokenizedPrompt: ...
+
+    def probe_answers(self, prompts: list[TokenizedPrompt], answers: list[list[int]], texts: list[str],
+                      probe: ProbeOptions) -> list[SegmentAttention]: ...
+
+
+def probing(backend: Backend) -> ProbingBackend:
+    """``backend`` as a :class:`ProbingBackend`.
+
+    Raises:
+        ConfigError: the backend runs no local weights (a served model), naming it.
+    """
+    if not backend.capabilities.local:
+        raise ConfigError(f"model {backend.model_name!r} is served: it has no local weights to probe with; name the "
+                          "local card of the same weights in the served card's `probe_with`")
+    return cast(ProbingBackend, backend)

@@ -9,7 +9,7 @@ import logging
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Iterator
 
-from probe.backends.base import Generation
+from probe.backends.base import LOCAL, Capabilities, Generation
 from probe.config import GenerationSection
 from probe.probe_options import ProbeOptions
 from probe.loading import LoadedModel
@@ -61,12 +61,8 @@ class LocalBackend:
         return self.loaded.card.name
 
     @property
-    def can_probe(self) -> bool:
-        return True
-
-    @property
-    def can_intervene(self) -> bool:
-        return True
+    def capabilities(self) -> Capabilities:
+        return LOCAL
 
     @property
     def revision(self) -> str | None:

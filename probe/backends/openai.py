@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Iterator
 
 import httpx
 
-from probe.backends.base import Generation, build_messages
+from probe.backends.base import SERVED, Generation, build_messages
 from probe.config import GenerationSection
 from probe.probe_options import ProbeOptions
 from probe.errors import ConfigError, ProbeError
@@ -47,34 +47,6 @@ CONTEXT_PHRASES = (
 
 class EndpointError(ProbeError):
     """A served endpoint refuses every request (bad key, wrong URL, unknown model): fix the card or the key."""
-
-
-def check_probe_supported(card: "ModelCard") -> None:
-    """Raise ``ConfigError`` when an experiment asks for attention probes on a served (API) model that names no local
-    card to probe its answers with (``probe_with``: a two-stage run), or names one that cannot.
-
-    Args:
-        card: the model card the experiment names.
-
-    Raises:
-        ConfigError: the card is served without ``probe_with``; ``probe_with`` names no card, or a served one.
-    """
-    if card.backend != "openai":
-        return
-    where = card.card_path or card.name
-    if card.probe_with is None:
-        raise ConfigError(
-            f"{where}: model {card.name!r} is served (backend = 'openai', {card.base_url}); attention probes need "
-            "local weights. Name the local card of the same weights in the card's `probe_with` (a two-stage run: the "
-            "server writes the answers, the local weights probe them), set `[probe] enabled = false`, or use a card "
-            "with local weights (source = package | gguf | local | hub)"
-        )
-    from probe.loading import get_card
-
-    local = get_card(card.probe_with)
-    if not local.is_local:
-        raise ConfigError(f"{where}: probe_with: {card.probe_with!r} is a served card; name a card with local weights "
-                          "(source = package | gguf | local | hub) of the model this server serves")
 
 
 def read_api_key(api_key_env: str | None, where: str) -> str | None:
@@ -241,8 +213,7 @@ class OpenAIBackend:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    can_probe = False  # a served model gives text only: no attention, no edit inside the model
-    can_intervene = False
+    capabilities = SERVED  # a served model gives text only: no attention, no edit inside the model
     revision = None
 
     def layers_and_heads(self) -> tuple[int, int]:

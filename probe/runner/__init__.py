@@ -76,12 +76,12 @@ def _run_models(cfg: ExperimentConfig, cards: list[ModelCard], task_list: list[T
         backend = make_backend(card, device=device, seed=cfg.experiment.seed)
         if backend.revision is not None:
             revisions[card.name] = backend.revision
-        if backend.can_probe:
+        if backend.capabilities.local:
             shapes[card.name] = backend.layers_and_heads()
         if rank == 0:
             write_manifest(run_dir, cfg, cards, revisions, shapes)
         resolved: list[Intervention] = []
-        if cfg.interventions and backend.can_intervene:
+        if cfg.interventions and backend.capabilities.local:
             n_layers, n_heads = backend.layers_and_heads()
             resolved = resolve_interventions(cfg, card.name, n_layers, n_heads, by_model[card.name])
             if rank == 0:

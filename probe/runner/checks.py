@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from probe.backends import capabilities, check_card, check_probe_supported
 from probe.config import ExperimentConfig
 from probe.errors import ConfigError
 from probe.runner.resolve import resolve_interventions
@@ -41,10 +42,11 @@ def check_inputs(cfg: ExperimentConfig, generating: bool = True) -> tuple[list[M
     Raises:
         ConfigError, ModelUnavailableError, TaskFormatError, DataUnavailableError: naming the file and field.
     """
-    from probe.backends.openai import check_probe_supported
     from probe.loading import check_weights_present
 
     cards = [get_card(m) for m in cfg.experiment.models]
+    for c in cards:
+        check_card(c)  # the backend is registered and the card holds what it needs
     tokenizer_groups(cfg)  # an experiment of served models alone has no tokenizer to count loads in
     for c in cards:
         check_weights_present(c)
@@ -73,7 +75,7 @@ def check_interventions_supported(cfg: ExperimentConfig, cards: Sequence[ModelCa
     if not cfg.interventions:
         return
     for c in cards:
-        if not c.is_local:
+        if not capabilities(c).local:
             raise ConfigError(f"{c.card_path or c.name}: model {c.name!r} is served; [[interventions]] run with local "
                               "weights (knockouts and steers edit attention inside the model). Run the interventions in an experiment of "
                               "local models (source = package | gguf | local | hub)")

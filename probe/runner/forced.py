@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from probe.attention.result import SegmentAttention
+from probe.backends.base import Backend, ProbingBackend, probing
 from probe.config import ExperimentConfig
 from probe.errors import ConfigError
 from probe.loading import ModelCard, get_card, load_tokenizer
@@ -44,7 +45,7 @@ class _Item:
     digest: str  # of the prompt text (probe.runfolder.prompt_digest), carried by the record
 
 
-def check_served_tokenizer(backend: Any, card: ModelCard, prompt: Prompt) -> bool:
+def check_served_tokenizer(backend: Backend, card: ModelCard, prompt: Prompt) -> bool:
     """Refuse a two-stage run whose server tokenizes a prompt otherwise than the local card in ``probe_with``: the
     server's tokens of the prompt's chat messages (vLLM's ``/tokenize``) against the local tokenizer's.
 
@@ -118,20 +119,18 @@ def pending_records(cfg: ExperimentConfig, model: str, prompts: Sequence[Prompt]
     return out
 
 
-def probe_served(cfg: ExperimentConfig, model: str, backend: Any, prompts: Sequence[Prompt],
+def probe_served(cfg: ExperimentConfig, model: str, local: Backend, prompts: Sequence[Prompt],
                  progress: bool = True) -> ForcedSummary:
-    """Probe the recorded answers of served model ``model`` with ``backend``, a local backend of the same weights
+    """Probe the recorded answers of served model ``model`` with ``local``, a local backend of the same weights
     (docs/probes.md#two-stage-runs), batch by batch (``generation.batch_size`` prompts, by length), each probe record written as
     its batch ends.
 
     Raises:
-        ConfigError: ``backend`` cannot probe (a served card named in ``probe_with``).
+        ConfigError: ``local`` runs no local weights (a served card named in ``probe_with``).
     """
     from tqdm import tqdm
 
-    if not backend.can_probe:
-        raise ConfigError(f"model {model!r}: probe_with names {backend.model_name!r}, which cannot probe (a served "
-                          "card); name a card with local weights")
+    backend = probing(local)
     summary = ForcedSummary()
     by_id = {p.prompt_id: p for p in prompts}
     items = _items(backend, pending_records(cfg, model, prompts), by_id, summary)
@@ -155,7 +154,7 @@ def probe_served(cfg: ExperimentConfig, model: str, backend: Any, prompts: Seque
     return summary
 
 
-def _items(backend: Any, records: list[TrialRecord], by_id: dict[str, Prompt], summary: ForcedSummary) -> list[_Item]:
+def _items(backend: ProbingBackend, records: list[TrialRecord], by_id: dict[str, Prompt], summary: ForcedSummary) -> list[_Item]:
     """One item per (prompt text, answer): greedy Control replications share one probe."""
     tok = backend.tokenizer
     eos = backend.eos_ids()

@@ -3,6 +3,7 @@ recorded in the run folder (``tasks.jsonl``, ``prompts.jsonl``)."""
 
 from __future__ import annotations
 
+from probe.backends import capabilities
 from probe.config import ExperimentConfig
 from probe.errors import ConfigError
 from probe.loading import ModelCard, get_card, load_tokenizer
@@ -31,12 +32,12 @@ def tokenizer_groups(cfg: ExperimentConfig) -> dict[str, list[ModelCard]]:
     not be in the experiment); other served models share the first local model's prompts (their tokenizer is
     unknown here)."""
     cards = [get_card(m) for m in cfg.experiment.models]
-    local = [c for c in cards if c.is_local]
+    local = [c for c in cards if capabilities(c).local]
     groups: dict[str, list[ModelCard]] = {c.name: [c] for c in local}
     for c in cards:
-        if not c.is_local and c.probe_with is not None:
+        if not capabilities(c).local and c.probe_with is not None:
             groups.setdefault(c.probe_with, [get_card(c.probe_with)]).append(c)
-    served = [c for c in cards if not c.is_local and c.probe_with is None]
+    served = [c for c in cards if not capabilities(c).local and c.probe_with is None]
     if served:
         if not groups:
             raise ConfigError(

@@ -72,7 +72,7 @@ def run_model(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], ta
     Raises:
         ConfigError: interventions on a served model (the runner applies them with local weights).
     """
-    if interventions and not backend.can_intervene:
+    if interventions and not backend.capabilities.local:
         raise ConfigError(f"model {backend.model_name!r}: interventions run with local weights (a served model gives "
                           "text only); remove [[interventions]] or the model")
     written = 0
@@ -99,7 +99,7 @@ def _run_arm(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], tas
              "" if name is None else f" [{name}]", rank, world, len(pending), len(mine) - len(pending))
     # a reinject edits the prompt, not attention: its prompts are not the recorded ones, so it is not probed
     # a served model's answers are probed after it ran, on local weights (stage two: probe.runner.forced)
-    probing = cfg.probe.enabled and backend.can_probe and (iv is None or iv.edits_attention)
+    probing = cfg.probe.enabled and backend.capabilities.local and (iv is None or iv.edits_attention)
     # a recorded trial whose probe record cannot be read is generated again (greedy: the same answer) to probe it
     # again; its trial record is kept
     reprobe = _unreadable_probes(cfg, model, [p for p in mine if p not in pending], name) if probing else []
@@ -122,7 +122,7 @@ def _run_arm(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], tas
             for p in group:
                 if make_trial_id(model, p.prompt_id, name) not in done:
                     buffer.append(make_record(model, p, tasks[p.task_id], gen, name,
-                                              keep_ids=not backend.can_probe))
+                                              keep_ids=backend.capabilities.records_ids))
             if len(buffer) >= cfg.generation.batch_size:
                 rows, buffer = buffer, []
                 written += _flush(out_path, rows, on_batch)

@@ -19,14 +19,9 @@ from typing import Iterator
 import httpx
 import pytest
 
+from probe.backends import check_probe_supported
 from probe.backends.base import Generation, build_messages
-from probe.backends.openai import (
-    EndpointError,
-    OpenAIBackend,
-    RetryPolicy,
-    check_probe_supported,
-    parse_retry_after,
-)
+from probe.backends.openai import EndpointError, OpenAIBackend, RetryPolicy, parse_retry_after
 from probe.config import GenerationSection
 from probe.errors import ConfigError
 from probe.loading import ModelCard, read_card

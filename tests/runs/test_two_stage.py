@@ -24,6 +24,8 @@ import pytest
 
 import probe.runner
 from probe.attention import SegmentAttention
+from probe.backends import check_card
+from probe.backends.base import SERVED as SERVED_ENGINE
 from probe.backends.local import LocalBackend
 from probe.config import load_config
 from probe.errors import ConfigError
@@ -48,8 +50,7 @@ class EngineStandIn:
     token count it reports (a server whose chat template differs).
     """
 
-    can_probe = False
-    can_intervene = False
+    capabilities = SERVED_ENGINE
     revision = None
 
     def __init__(self, name: str, local: LocalBackend, ids: bool = True, tokens: Any = "local",
@@ -67,7 +68,7 @@ class EngineStandIn:
         return self.tokens
 
     def generate(self, prompts: list, gen: Any, probe: Any = None, intervention: Any = None) -> Iterator[tuple]:
-        assert probe is None or not self.can_probe
+        assert probe is None
         eos = min(self.local.eos_ids())
         for p, g in self.local.generate(prompts, gen):
             self.generated += 1
@@ -277,7 +278,7 @@ def test_probe_with_is_refused_where_it_cannot_work(tmp_path, tiny_card):
     local.write_text(tiny_card.read_text().replace('name = "tiny-llama"', 'name = "local-with"')
                      + f'probe_with = "{tiny_card}"\n')
     with pytest.raises(ConfigError, match="this card has local weights and probes its own"):
-        get_card(str(local))
+        check_card(get_card(str(local)))
     served = write_cards(tmp_path, tiny_card)
     chained = tmp_path / "chained.toml"
     chained.write_text(served.read_text().replace(f'name = "{SERVED}"', 'name = "chained"')
