@@ -21,8 +21,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # value types, errors, the dataclass codec, the probe's options, the generic registry, number formatting,
     # library shims, run-folder paths and the record formats every later stage reads and writes
     ("base", ("errors", "codec", "probe_options", "registry", "types", "formatting", "compat", "runfolder", "records")),
-    # task sources, their families and scorers, the intervention type, and the experiment definition that names them
-    ("task", ("tasks", "scoring", "interventions", "config")),
+    # task sources and their families, the intervention type, and the experiment definition that names them
+    ("task", ("tasks", "interventions", "config")),
+    # each family's scorer, registered for it (scoring knows the tasks; the tasks do not know how they are scored)
+    ("scoring", ("scoring",)),
     # ICE prompts: segments, distractors, filler, tokenisation with exact spans
     ("prompt", ("prompts",)),
     # model cards and loading, generation backends, the attention engine (interventions applied in attention)

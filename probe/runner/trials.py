@@ -16,7 +16,7 @@ from probe.prompts.reinject import reinject
 from probe.records import TrialRecord, append_jsonl, index_records, make_trial_id
 from probe.runfolder import inside, prompt_digest, write_atomic
 from probe.runner.folder import done_ids, trials_path
-from probe.tasks import get_family
+from probe.scoring import score as score_family
 from probe.types import Prompt, Task
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ def make_record(model: str, prompt: Prompt, task: Task, gen: Generation,
         return record(output=gen.text, answer=None, em=None, hop_recall=None, truncated=False,
                       uninterpretable=False, skipped=gen.skip_reason is not None, skip_reason=gen.skip_reason,
                       error=gen.error)
-    score = get_family(prompt.family).score(gen.text, task, gen.truncated)
+    score = score_family(prompt.family, gen.text, task, gen.truncated)
     ids = list(gen.output_ids) if keep_ids and gen.output_ids is not None else None
     return record(output=gen.text, answer=score.answer, em=float(score.em), hop_recall=score.hop_recall,
                   truncated=score.truncated, uninterpretable=score.uninterpretable, extraction=score.extraction,

@@ -12,25 +12,9 @@ from probe.tasks.section import SOURCES, Layout, TaskSection, TaskSource, get_so
 from probe.types import family_of_old_record
 
 if TYPE_CHECKING:
-    from probe.scoring import Score
     from probe.types import Task
 
 log = logging.getLogger(__name__)
-
-
-def _score_answers(output: str | None, task: "Task", truncated: bool) -> "Score":
-    from probe.scoring.answers import score_output
-
-    return score_output(output, task, truncated)
-
-
-def _score_cogniload(output: str | None, task: "Task", truncated: bool) -> "Score":
-    from probe.scoring import Score
-    from probe.scoring.cogniload import score_cogniload
-
-    s = score_cogniload(output or "", task)
-    return Score(answer=s.answer, em=bool(s.em), hop_recall=None, truncated=truncated,
-                 uninterpretable=s.uninterpretable, extraction=s.case or "none")
 
 
 def _load_synthetic(options: SyntheticOptions, seed: int) -> list["Task"]:
@@ -60,23 +44,24 @@ def _load_cogniload(options: CogniloadOptions, seed: int) -> list["Task"]:
     return generate_tasks(options, seed)
 
 
-for _family in (
-    Family("ice", _score_answers, None, True,
-           "multi-hop questions under the ICE conditions: EM, hop recall, H1-H3 (docs/method.md)"),
-    Family("cogniload", _score_cogniload, "CogniLoad", False,
-           "logic-grid puzzles: progressive exact match, GLM and thresholds (docs/cogniload.md)"),
+for _family in (  # each family's scorer is registered for it by probe.scoring
+    Family(name="ice", native_condition=None, has_s_sim=True,
+           description="multi-hop questions under the ICE conditions: EM, hop recall, H1-H3 (docs/method.md)"),
+    Family(name="cogniload", native_condition="CogniLoad", has_s_sim=False,
+           description="logic-grid puzzles: progressive exact match, GLM and thresholds (docs/cogniload.md)"),
 ):
     register_family(_family)
 
 for _source in (
-    TaskSource("synthetic", _load_synthetic, "ice", "ice", SyntheticOptions,
-               "fictional 2- and 3-hop chains (no training-data contamination)"),
-    TaskSource("fanoutqa", _load_fanoutqa, "ice", "ice", FanoutqaOptions,
-               "the FanOutQA dev set with its human decompositions"),
-    TaskSource("jsonl", _load_jsonl, "task", "ice", JsonlOptions,
-               "your own file: ICE conditions from its hops, or its own segments as written"),
-    TaskSource("cogniload", _load_cogniload, "native", "cogniload", CogniloadOptions,
-               "logic-grid puzzles with difficulty, length and needle-ratio knobs"),
+    TaskSource(name="synthetic", load=_load_synthetic, layout="ice", family="ice", options_type=SyntheticOptions,
+               description="fictional 2- and 3-hop chains (no training-data contamination)"),
+    TaskSource(name="fanoutqa", load=_load_fanoutqa, layout="ice", family="ice", options_type=FanoutqaOptions,
+               description="the FanOutQA dev set with its human decompositions"),
+    TaskSource(name="jsonl", load=_load_jsonl, layout="task", family="ice", options_type=JsonlOptions,
+               description="your own file: ICE conditions from its hops, or its own segments as written"),
+    TaskSource(name="cogniload", load=_load_cogniload, layout="native", family="cogniload",
+               options_type=CogniloadOptions,
+               description="logic-grid puzzles with difficulty, length and needle-ratio knobs"),
 ):
     register_source(_source)
 

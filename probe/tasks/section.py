@@ -60,7 +60,7 @@ class TaskSection:
         return int(self.options.n)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TaskSource:
     """One task source (see :mod:`probe.tasks`).
 

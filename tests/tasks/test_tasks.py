@@ -455,6 +455,6 @@ def test_a_source_or_family_name_is_registered_once() -> None:
     with pytest.raises(DuplicateEntryError, match="task source 'jsonl' is registered already"):
         register_source(get_source("jsonl"))
     with pytest.raises(DuplicateEntryError, match="task family 'ice' is registered already"):
-        register_family(Family("ice", get_family("ice").score, None, True, "a second ice"))
+        register_family(Family(name="ice", native_condition=None, has_s_sim=True, description="a second ice"))
     with pytest.raises(UnknownNameError, match="did you mean 'cogniload'"):
         get_family("cognilod")
