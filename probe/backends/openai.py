@@ -80,6 +80,8 @@ def read_api_key(api_key_env: str | None, where: str) -> str | None:
     return key
 
 
+_sleep = time.sleep  # where the backend waits between attempts (the tests record the waits here)
+
 _BEARER = re.compile(r"(?i)\b(bearer)(\s+|\s*[:=]\s*)[^\s'\"\\]+")
 
 
@@ -339,7 +341,7 @@ class OpenAIBackend:
                 delay = self.retry.delay(n_attempts - 1, retry_after, self._rng)
             log.info("%s: prompt %s attempt %d: %s; retrying in %.2f s", self.model_name, prompt.prompt_id,
                      n_attempts, last, delay)
-            time.sleep(delay)
+            _sleep(delay)
 
     def _adapt(self, body: dict[str, object], message: str) -> bool:
         """Change the request for a server that rejects one of its parameters; True if something changed."""

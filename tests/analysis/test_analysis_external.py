@@ -17,7 +17,7 @@ from probe.errors import ConfigError, ProbeError, UnknownNameError
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 SMALL = FIXTURES / "external_trials.csv"
 MAP = "model=llm,condition=cond,load=pct,replication=rep,run=batch,output=text,gold=truth"
-PAPER = Path(__file__).resolve().parents[2].parent / "shared" / "external" / "ice-paper-published-outputs.csv"
+PAPER = FIXTURES / "ice-paper-published-outputs.csv"  # the raw outputs published with the ICE paper's public code
 
 
 def by_key(trials):
@@ -132,7 +132,6 @@ def test_a_blank_load_of_a_control_row_needs_no_number(tmp_path):
     assert next(t for t in trials if t.model == "tool-b" and t.condition == "Control").load == 0
 
 
-@pytest.mark.skipif(not PAPER.is_file(), reason="../shared/external (the ICE paper's published outputs) is absent")
 def test_paper_outputs_errors_and_truncation_are_recognised(tmp_path):
     with PAPER.open(encoding="utf-8") as fh:
         rows = list(csv.DictReader(io.StringIO(fh.read().lstrip("\n"))))
