@@ -47,7 +47,7 @@ from probe.attention import SegmentAttention, probe_batch, probe_tokenized
 from probe.attention.implementation import attention_implementation
 from probe.probe_options import ProbeOptions
 from probe.errors import ConfigError
-from probe.loading import input_device
+from probe.compat import input_device
 from probe.types import Span, TokenizedPrompt
 
 log = logging.getLogger(__name__)

@@ -1,9 +1,11 @@
-"""Versions of the libraries whose internals the probe engine relies on, checked before the engine is imported."""
+"""Versions of the libraries whose internals the probe engine relies on, checked before the engine is imported, and
+the one place that reads accelerate's dispatch hooks (where a dispatched model's inputs go)."""
 
 from __future__ import annotations
 
 import re
 from importlib import metadata
+from typing import Any
 
 from probe.errors import ProbeError
 
@@ -59,4 +61,31 @@ def check_transformers_version(installed: str | None = None) -> str:
     return installed
 
 
-__all__ = ["SUPPORTED_TRANSFORMERS_MAJORS", "UnsupportedVersionError", "check_transformers_version", "major_version"]
+def input_device(model: Any) -> Any:
+    """The device a model's input ids belong on: the execution device of its input embedding.
+
+    A model dispatched by accelerate (``device_map``) may keep its first weights on the ``meta`` device (offloaded to
+    CPU RAM or disk and loaded by hooks at each forward), so ``model.device`` (the first parameter's) is not a
+    place for inputs; the embedding's hook names the device its forward runs on.
+
+    Args:
+        model: a transformers model, dispatched or not.
+
+    Returns:
+        A ``torch.device``.
+    """
+    import torch
+
+    emb = model.get_input_embeddings()
+    hook = getattr(emb, "_hf_hook", None)
+    dev = getattr(hook, "execution_device", None)
+    if dev is None:
+        dev = next(iter(emb.parameters())).device
+    if isinstance(dev, int):
+        return torch.device("cuda", dev)
+    dev = torch.device(dev)
+    return torch.device("cpu") if dev.type == "meta" else dev
+
+
+__all__ = ["SUPPORTED_TRANSFORMERS_MAJORS", "UnsupportedVersionError", "check_transformers_version", "input_device",
+           "major_version"]

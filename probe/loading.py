@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from probe.compat import input_device
 from probe.errors import ConfigError, ModelUnavailableError, UnknownNameError
 from probe.gguf_chunks import ChunkSet, installed_parts, join_chunks
 
@@ -423,32 +424,6 @@ class LoadedModel:
     def device(self) -> Any:
         """Where the model's inputs go (see ``input_device``)."""
         return input_device(self.model)
-
-
-def input_device(model: Any) -> Any:
-    """The device a model's input ids belong on: the execution device of its input embedding.
-
-    A model dispatched by accelerate (``device_map``) may keep its first weights on the ``meta`` device (offloaded to
-    CPU RAM or disk and loaded by hooks at each forward), so ``model.device`` (the first parameter's) is not a
-    place for inputs; the embedding's hook names the device its forward runs on.
-
-    Args:
-        model: a transformers model, dispatched or not.
-
-    Returns:
-        A ``torch.device``.
-    """
-    import torch
-
-    emb = model.get_input_embeddings()
-    hook = getattr(emb, "_hf_hook", None)
-    dev = getattr(hook, "execution_device", None)
-    if dev is None:
-        dev = next(iter(emb.parameters())).device
-    if isinstance(dev, int):
-        return torch.device("cuda", dev)
-    dev = torch.device(dev)
-    return torch.device("cpu") if dev.type == "meta" else dev
 
 
 def _torch_dtype(card: ModelCard) -> Any:

@@ -19,7 +19,7 @@ from probe.attention.measures.value import output_projection
 from probe.attention.architecture import n_layers_of
 from probe.attention.reference import eager_calls
 from probe.errors import HookError
-from probe.loading import input_device
+from probe.compat import input_device
 from probe.types import TokenizedPrompt
 
 

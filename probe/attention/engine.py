@@ -20,7 +20,8 @@ from probe.attention.reduce import SCRATCH_COPIES
 from probe.attention.result import SegmentAttention
 from probe.probe_options import ProbeOptions
 from probe.errors import ConfigError
-from probe.loading import LoadedModel, input_device
+from probe.compat import input_device
+from probe.loading import LoadedModel
 from probe.types import TokenizedPrompt
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from probe.attention.engine import left_pad, transformers_model
 from probe.attention.implementation import attach_edit, layers_and_heads
 from probe.errors import ConfigError
 from probe.interventions import Intervention, RowEdit
-from probe.loading import input_device
+from probe.compat import input_device
 from probe.types import TokenizedPrompt
 
 if TYPE_CHECKING:

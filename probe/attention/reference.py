@@ -19,7 +19,7 @@ from probe.attention.measures import measures
 from probe.attention.result import KEY_KINDS, SegmentAttention
 from probe.probe_options import ProbeOptions
 from probe.errors import HookError
-from probe.loading import input_device
+from probe.compat import input_device
 from probe.types import TokenizedPrompt
 
 

@@ -26,7 +26,8 @@ from probe.attention import SegmentAttention, probe_tokenized
 from probe.config import GenerationSection
 from probe.probe_options import ProbeOptions
 from probe.prompts.tokenize import encode_prompt
-from probe.loading import LoadedModel, ModelCard, get_card, input_device, load_model
+from probe.compat import input_device
+from probe.loading import LoadedModel, ModelCard, get_card, load_model
 from probe.backends import LocalBackend
 from probe.types import Prompt, Segment
 
