@@ -1,11 +1,13 @@
 """Family registries: a benchmark adds one analysis and one report section, found by its family's name; the shared
-stages (analysis run, results file, tables, text, report, comparison) name no family."""
+stages (analysis run, results file, tables, text, report, comparison) name no family. The toy family here is what
+docs/architecture.md#extending-the-toolkit lists for an analysis result with a figure: its result type, its analysis,
+its section's blocks (a plot among them) and its tables; several runs merge by the generic rule."""
 
 from __future__ import annotations
 
 import ast
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -19,9 +21,10 @@ from probe.errors import UnknownNameError
 from probe.records import TrialRecord, append_jsonl
 from probe.report import compare_runs, main_table_text, render_report, write_tables
 from probe.report import sections as report_sections
-from probe.report.sections import ReportContext, ReportSection
+from probe.report.blocks import Block, Bullets, Heading, Plot, table_of
+from probe.report.sections import ReportSection
 from probe.config import AnalysisSection
-from probe.report.tables import MD_ROWS, rows_of, section_markdown
+from probe.report.tables import rows_of
 from probe.runfolder import RunFolder
 from tests.fixtures.synthetic_run import Plan, make_run
 
@@ -79,19 +82,25 @@ def _toy_analyze(data: FamilyData) -> FamilyOutput:
     return FamilyOutput(result=result, notes=(f"toy: {len(df)} trials",))
 
 
-def _toy_section_html(result: ToyResult, ctx: ReportContext) -> str:
-    return "<h2>Toy benchmark</h2>" + "".join(f"<p>{m}: {v:.1f} prompt tokens</p>"
-                                              for m, v in result.mean_prompt_tokens.items())
+def _toy_figure(result: ToyResult):
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(3, 2))
+    fig.subplots().bar(list(result.mean_prompt_tokens), list(result.mean_prompt_tokens.values()))
+    return fig
+
+
+def _toy_blocks(result: ToyResult, settings: AnalysisSection) -> list[Block]:
+    tokens = result.mean_prompt_tokens
+    return [Heading("Toy benchmark"), Bullets(tuple(f"{m}: {v:.1f} prompt tokens" for m, v in tokens.items())),
+            Plot("toy_tokens", "Mean prompt tokens per model.", lambda: _toy_figure(result)),
+            table_of(["model", "prompt tokens"], [[m, f"{v:.1f}"] for m, v in tokens.items()])]
 
 
 TOY_ANALYSIS = FamilyAnalysis(name="toy", result_type=ToyResult, analyze=_toy_analyze,
                               tabulate=lambda data: _toy_analyze(data).result, methods={"toy": "mean prompt length"})
-TOY_SECTION = ReportSection(  # what it draws, what it publishes, how runs merge; its Markdown is its tables
-    family="toy", html=_toy_section_html, tables=lambda result: [("toy_cells", rows_of(result.cells))],
-    merge=lambda named: ToyResult(models=tuple(f"{lab}: {m}" for lab, r in named for m in r.models),
-                                  cells=tuple(replace(c, model=f"{lab}: {c.model}") for lab, r in named for c in r.cells),
-                                  mean_prompt_tokens={f"{lab}: {m}": v for lab, r in named
-                                                      for m, v in r.mean_prompt_tokens.items()}),
+TOY_SECTION = ReportSection(  # what it says (its blocks) and what it publishes; runs merge by the generic rule
+    family="toy", blocks=_toy_blocks, tables=lambda result: [("toy_cells", rows_of(result.cells))],
     main_rows=lambda result: [(c, "") for c in result.cells],
     main_lines=lambda result, settings: [f"toy {m}: {v:.1f} tokens" for m, v in result.mean_prompt_tokens.items()])
 
@@ -125,16 +134,16 @@ def test_a_new_family_needs_one_analysis_and_one_report_section(tmp_path, toy):
     assert "toy: 12 trials" in analysis.notes and analysis.methods["toy"] == "mean prompt length"
     write_tables(analysis, run)
     assert (run / "tables" / "toy_cells.csv").read_text().count("\n") == 2  # header + one cell
-    md = (run / "analysis.md").read_text()
-    cell = toy_result.cells[0]  # the toy_cells table, derived: its columns and its one row as written
-    assert "## toy\n\n### toy_cells\n\n| model | condition | load | level | n_trials | n | n_skipped |" in md
-    assert f"| toy-model | Toy | 0 | — | 12 | 12 | 0 | 0 | 4 | {cell.em_mean:.4g} | {cell.em_sem:.4g} |" in md
+    md = (run / "analysis.md").read_text()  # the section's blocks, its plot left out
+    assert "## Toy benchmark\n\n- toy-model: 15.5 prompt tokens\n\n| model | prompt tokens |\n|---|---|\n" in md
+    assert "| toy-model | 15.5 |" in md
     text = main_table_text(analysis)
     assert "toy-model" in text and "toy toy-model: 15.5 tokens" in text
     html = render_report(run).read_text()
     assert "<h2>Toy benchmark</h2>" in html and "Table 1" in html
-    page = compare_runs([run], tmp_path / "cmp").read_text()
-    assert "mixed: toy-model: 15.5 prompt tokens" in page
+    assert 'alt="toy_tokens"' in html and (run / "figures" / "toy_tokens.png").is_file()
+    page = compare_runs([run, run], tmp_path / "cmp").read_text()  # the generic merge: each run's model renamed
+    assert "mixed: toy-model: 15.5 prompt tokens" in page and "mixed#1: toy-model: 15.5 prompt tokens" in page
 
 
 def test_trials_of_a_family_without_an_analysis_are_refused(tmp_path):
@@ -172,15 +181,3 @@ def test_a_second_report_section_or_analysis_for_a_family_is_refused_and_a_typo_
         report_sections.report_section("cogniloda")
     with pytest.raises(UnknownNameError, match="analysis family 'cogniloda'; did you mean 'cogniload'"):
         analysis_families.family_analysis("cogniloda")
-
-
-def test_a_section_without_markdown_of_its_own_prints_its_tables_and_says_where_one_is_cut():
-    rows = [{"model": "m", "k": i, "value": i / 3, "missing": None, "nested": {"a": 1.5}} for i in range(MD_ROWS + 5)]
-    section = ReportSection(family="toy", html=lambda r, ctx: "", tables=lambda r: [("long", rows), ("empty", [])],
-                            merge=lambda named: named[0][1])
-    md = "\n".join(section_markdown(section, None, AnalysisSection()))
-    assert md.startswith("## toy\n\n### long\n\n| model | k | value | missing | nested_a |\n|---|---|---|---|---|\n")
-    assert "| m | 3 | 1 | — | 1.5 |" in md and f"| m | {MD_ROWS - 1} |" in md and f"| m | {MD_ROWS} |" not in md
-    assert f"First {MD_ROWS} of {MD_ROWS + 5} rows; all of them in `tables/long.csv`." in md
-    assert "### empty\n\n(no rows)" in md
-    assert section.rows(None) == [] and section.lines(None, AnalysisSection()) == []  # no main-table part

@@ -251,13 +251,22 @@ def test_tests_round_trip_through_the_file_and_a_run_without_them_writes_none():
     assert from_json(HopTracking, none).tests == ()
 
 
+def _hops_page(h, ctx=None) -> str:
+    from probe.config import AnalysisSection
+    from probe.report import ice_hops
+    from probe.report.blocks import ReportContext, to_html
+
+    return to_html(ice_hops.blocks(h, 0.05), ctx or ReportContext(AnalysisSection()))
+
+
 def test_report_shows_the_tests_beside_the_hop_table():
     from probe.report import ice_hops
+    from probe.report.blocks import to_markdown
 
     h = tracking(*study(n_questions=20, seed=5, fail_ext=(2, 1)))
-    page = ice_hops.html(h)
+    page = _hops_page(h)
     assert ice_hops.TESTS_TITLE in page.replace("&#x27;", "'") and "L2.H1" in page
-    md = "\n".join(ice_hops.markdown(h))
+    md = "\n".join(to_markdown(ice_hops.blocks(h, 0.05)))
     assert "L2.H1" in md and "failed - correct" in md and "Saturation - Control (80 %)" in md
     named = dict(ice_hops.tables(h))
     rows = named["hop_mass_tests"]
@@ -269,11 +278,10 @@ def test_report_shows_the_tests_beside_the_hop_table():
 
 
 def test_report_names_the_tests_it_could_not_fit():
-    from probe.report import ice_hops
 
     rows, masses = study(n_questions=3)
     h = tracking([replace(r, em=1.0) for r in rows], masses)
-    page = ice_hops.html(h)
+    page = _hops_page(h)
     assert "Not tested: failed - correct hop (raw)" in page and "every trial is correct" in page
 
 
@@ -284,7 +292,7 @@ def test_report_draws_the_per_layer_test_figure(tmp_path):
 
     h = tracking(*study(n_questions=20, seed=5, fail_ext=(2, 1)))
     ctx = ReportContext(AnalysisSection(), tmp_path / "figures")
-    page = ice_hops.html(h, ctx)
+    page = _hops_page(h, ctx)
     assert [p.name for p in ctx.written] == ["hop_tests_m.png"] and page.count("<figure") == 1
     fig = ice_hops.draw_tests(h, "m")
     fitted = [t for t in h.tests if t.layers is not None]

@@ -385,10 +385,17 @@ def test_a_run_with_answer_capture_is_tracked_and_round_trips_through_the_file(t
     assert skipped.cells == () and "no token spans" in skipped.reason and skipped.n_skipped == 1
 
 
+def _hops_page(h, ctx=None) -> str:
+    from probe.config import AnalysisSection
+    from probe.report import ice_hops
+    from probe.report.blocks import ReportContext, to_html
+
+    return to_html(ice_hops.blocks(h, 0.05), ctx or ReportContext(AnalysisSection()))
+
+
 def test_report_part_with_and_without_hop_tracking(tmp_path):
     from probe.analysis.hops import analyze_hops
     from probe.analysis.ice import IceResult
-    from probe.report import ice_hops
     from probe.report.sections import report_section
     from probe.report.tables import csv_text
 
@@ -408,7 +415,7 @@ def test_report_part_with_and_without_hop_tracking(tmp_path):
     assert [r["label"] for r in per_trial] == ["read_right_fact", "read_distractor"]
     assert [r["label_value"] for r in per_trial] == ["other", "read_right_fact"]
     assert "mass_hop" in csv_text(per_trial).splitlines()[0]
-    page = ice_hops.html(hops)
+    page = _hops_page(hops)
     assert "value-weighted attention" in page and page.count("<tr>") == 1 + 3 + 1 + 3
     assert "right entity named" in page
     md = "\n".join(section.markdown(ice, AnalysisSection()))
@@ -416,7 +423,7 @@ def test_report_part_with_and_without_hop_tracking(tmp_path):
     # without answer capture: the part says why, and no CSV is written
     none = replace(ice, hop_tracking=None)
     assert "hop_tracking" not in dict(section.tables(none))
-    assert "Hop tracking not run: no probe record" in ice_hops.html(None)
+    assert "Hop tracking not run: no probe record" in _hops_page(None)
     assert any("Hop tracking not run" in line for line in section.markdown(none, AnalysisSection()))
 
 
@@ -431,18 +438,17 @@ def test_a_run_folder_without_its_tasks_says_why(tmp_path):
 
 def test_report_draws_the_per_layer_figure_from_the_cells_arrays(tmp_path):
     from probe.analysis.hops import analyze_hops
-    from probe.report import ice_hops
     from probe.report.sections import ReportContext
 
     run, trials, prompts, tasks = run_inputs(tmp_path)
     aa = answer(planted({MOLVIA: 2, ZERIN: 5}))
     hops, _ = analyze_hops([(trials[0], aa)], tasks, prompts, 0.05)
     ctx = ReportContext(AnalysisSection(), tmp_path / "figures")
-    page = ice_hops.html(hops, ctx)
+    page = _hops_page(hops, ctx)
     assert [p.name for p in ctx.written] == ["hop_layers_m.png"] and "<figure" in page
     bare = replace(hops, cells=tuple(replace(c, grid=None) for c in hops.cells))  # the figure is drawn from the grids
     none = ReportContext(AnalysisSection(), tmp_path / "none")
-    ice_hops.html(bare, none)
+    _hops_page(bare, none)
     assert none.written == []
 
 

@@ -334,9 +334,9 @@ def test_a_sweep_panel_with_no_value_at_any_window_says_why(run):
 def test_the_pages_recovery_table_cuts_a_reason_to_its_first_clause_and_the_files_keep_it_whole(run):
     """An undefined share's reason (160 characters, the same on every row of its cell) made each row of the page's
     table ten lines tall: the page gives its first clause, as it does for the paired differences, and says where
-    the whole reason is; analysis.md and the CSV keep it whole."""
-    from probe.report.interventions import markdown, recovery_rows, section_html
-    from probe.report.sections import ReportContext
+    the whole reason is; the CSV keeps it whole."""
+    from probe.report.blocks import ReportContext
+    from probe.report.interventions import SECTION, recovery_rows, tables
 
     result = read_analysis(run).interventions
     nothing_lost = recovered_share(np.ones(7), np.zeros(7), np.zeros(7))
@@ -346,10 +346,10 @@ def test_the_pages_recovery_table_cuts_a_reason_to_its_first_clause_and_the_file
     assert {r[9] for r in whole} == {f"undefined: {nothing_lost.estimate.reason}"}
     assert {r[9] for r in brief} == {"undefined: EM_Control - EM_base = +0.000 <= 0"}
     assert [r[:9] + r[10:] for r in whole] == [r[:9] + r[10:] for r in brief]  # no other cell changes
-    page = section_html(result, ReportContext(AnalysisSection()))
+    page = SECTION.html(result, ReportContext(AnalysisSection()))
     assert page.count("undefined: EM_Control - EM_base = +0.000 &lt;= 0</td>") == len(result.rows)
     assert "nothing to recover" not in page and "tables/interventions.csv" in page
-    assert nothing_lost.estimate.reason in "\n".join(markdown(result, AnalysisSection()))  # analysis.md's part
+    assert nothing_lost.estimate.reason in json.dumps(dict(tables(result))["interventions"])  # the CSV's rows
 
 
 def test_report_has_no_intervention_section_without_interventions(tmp_path):

@@ -18,7 +18,9 @@ from probe.codec import Grid
 from probe.analysis.results import AnalysisSchemaError, from_json, write_analysis
 from probe.codec import encode
 from probe.report import render_report
-from probe.report.sections import SECTIONS, ReportContext, ReportSection, register_section
+from probe.config import AnalysisSection
+from probe.report.blocks import Block, Heading, Plot
+from probe.report.sections import SECTIONS, ReportSection, register_section
 from probe.runfolder import RunFolder
 from tests.fixtures.synthetic_run import Plan, make_run
 
@@ -31,11 +33,16 @@ class ToyResult:
     curve: Grid
 
 
-def toy_html(result: ToyResult, ctx: ReportContext) -> str:
-    """The toy section: the curve drawn, and its sum as text (what the page shows comes from the array)."""
+def toy_figure(result: ToyResult) -> Figure:
     fig = Figure(figsize=(3, 2))
     fig.subplots().plot(result.curve.values)
-    return f"<h2>Toy {result.label}: sum {result.curve.values.sum():.1f}</h2>" + ctx.figure("toy_curve", "a toy", fig)
+    return fig
+
+
+def toy_blocks(result: ToyResult, settings: AnalysisSection) -> list[Block]:
+    """The toy section: the curve drawn, and its sum as text (what the page shows comes from the array)."""
+    return [Heading(f"Toy {result.label}: sum {result.curve.values.sum():.1f}"),
+            Plot("toy_curve", "a toy", lambda: toy_figure(result))]
 
 
 @pytest.fixture
@@ -43,7 +50,7 @@ def toy_family():
     """The toy family registered for its analysis and its report section (and taken out again)."""
     register_family_analysis(FamilyAnalysis(name="toy", result_type=ToyResult, analyze=lambda d: None,
                                             tabulate=lambda d: None, methods={}))
-    register_section(ReportSection(family="toy", html=toy_html, tables=lambda r: [], merge=lambda named: named[0][1]))
+    register_section(ReportSection(family="toy", blocks=toy_blocks, tables=lambda r: []))
     try:
         yield
     finally:

@@ -314,8 +314,8 @@ def test_report_draws_the_map_and_tables_and_says_why_when_there_is_no_capture(t
     from probe.codec import Grid
     from probe.analysis.ice import IceResult
     from probe.config import AnalysisSection
-    from probe.report.retrieval import NO_CAPTURE, retrieval_html, retrieval_markdown, retrieval_tables
-    from probe.report.sections import ReportContext
+    from probe.report.blocks import ReportContext, to_html, to_markdown
+    from probe.report.retrieval import NO_CAPTURE, retrieval_blocks, retrieval_tables
 
     sub, trials = _study(np.random.default_rng(0), 8, (1, 2))
     res = retrieval_heads(sub, trials, "m", k=2, n_boot=50)
@@ -325,13 +325,13 @@ def test_report_draws_the_map_and_tables_and_says_why_when_there_is_no_capture(t
     base = IceResult(models=("m",), cells=(), h1=(), h2=(), h3=(), residue_attention=(), attention_cells=(cell,),
                      attention_behaviour=(), taxonomy=())
     ctx = ReportContext(AnalysisSection(), figures_dir=tmp_path)
-    html = retrieval_html(IceResult(**{**base.__dict__, "retrieval": (res,)}), ctx)
+    html = to_html(retrieval_blocks(IceResult(**{**base.__dict__, "retrieval": (res,)})), ctx)
     assert "L1.H2" in html and "Spearman" in html and "<img" in html
     assert [p.name for p in ctx.written] == ["retrieval_m.png"]
     tables = dict(retrieval_tables(IceResult(**{**base.__dict__, "retrieval": (res,)})))
     assert tables["retrieval_top_heads"][0]["layer"] == 1 and len(tables["retrieval_stability"]) == 2
-    assert NO_CAPTURE in retrieval_html(base, ReportContext(AnalysisSection()))
-    assert NO_CAPTURE in retrieval_markdown(base) and retrieval_tables(base) == []
+    assert NO_CAPTURE in to_html(retrieval_blocks(base), ReportContext(AnalysisSection()))
+    assert NO_CAPTURE in to_markdown(retrieval_blocks(base)) and retrieval_tables(base) == []
 
 
 def test_failed_vs_correct_maps_equal_statsmodels_and_find_a_planted_head():
