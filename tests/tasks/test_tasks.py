@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from dataclasses import dataclass
 import re
 from pathlib import Path
 
@@ -11,7 +12,8 @@ import numpy as np
 import pytest
 
 from probe.config import TaskSection
-from probe.errors import ConfigError, DataUnavailableError, TaskFormatError, UnknownNameError
+from probe.errors import ConfigError, DataUnavailableError, ProbeError, TaskFormatError, UnknownNameError
+from probe.records import load_trials
 from probe.tasks import load_section
 from probe.prompts.filler import neutral_filler
 from probe.tasks.jsonl import load_jsonl_tasks
@@ -458,3 +460,42 @@ def test_a_source_or_family_name_is_registered_once() -> None:
         register_family(Family(name="ice", native_condition=None, has_s_sim=True, description="a second ice"))
     with pytest.raises(UnknownNameError, match="did you mean 'cogniload'"):
         get_family("cognilod")
+
+
+@dataclass(frozen=True)
+class _ToyOptions:
+    n: int = 2
+    city: str = "Vorlan"
+
+
+def _toy_tasks(options: _ToyOptions, seed: int) -> list[Task]:
+    return [Task(f"toy-{i}", "toy-source", f"Where does the keeper of gate {i} live?", options.city,
+                 (Hop(f"The keeper of gate {i} lives in {options.city}.", options.city),))
+            for i in range(options.n)]
+
+
+@pytest.mark.integration
+def test_a_registered_task_source_runs_an_experiment_end_to_end(tmp_path, tiny_card) -> None:
+    """A task source of one's own: a loader, its options type and one registration; its own [[tasks]] keys are
+    read, others refused by name, and its tasks go through the ICE conditions like any source's."""
+    from probe.config import load_config
+    from probe.runner import run_experiment
+    from probe.tasks import SOURCES, TaskSource, register_source
+    from tests.fixtures.experiment import tiny_experiment
+
+    register_source(TaskSource(name="toy-source", load=_toy_tasks, layout="ice", family="ice",
+                               options_type=_ToyOptions, description="gates and keepers"))
+    try:
+        exp = tiny_experiment(tmp_path / "exp.toml", [tiny_card], experiment={"name": "toy"},
+                              tasks=[{"source": "toy-source", "n": 3, "city": "Molvia"}],
+                              ice={"conditions": ["Control", "Saturation"], "loads": [50], "replications": 1},
+                              generation={"max_new_tokens": 2}, analysis={"embedder": ""})
+        run_dir = run_experiment(load_config(exp), progress=False, device="cpu")
+        trials = load_trials(run_dir / "trials.jsonl")
+        assert sorted({t.task_id for t in trials}) == ["toy-0", "toy-1", "toy-2"] and len(trials) == 6
+        assert {t.gold for t in trials} == {"Molvia"} and {t.source for t in trials} == {"toy-source"}
+        exp.write_text(exp.read_text().replace('city = "Molvia"', 'town = "Molvia"'))
+        with pytest.raises(ProbeError, match="town"):
+            load_config(exp)
+    finally:
+        SOURCES.unregister("toy-source")
