@@ -56,11 +56,16 @@ def md_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(out)
 
 
+def md_text(text: str) -> str:
+    """Markdown prose (a heading, a note, a list item) with every ``<`` that would open a tag written ``&lt;`` (a
+    name from a run folder cannot put HTML on the page)."""
+    return re.sub(r"<(?=[A-Za-z/!?])", "&lt;", text)
+
+
 def md_cell(text: str) -> str:
     """One Markdown table cell's text: ``|`` escaped, a ``<`` that would open a tag (``<b``, ``</``, ``<!``) as
     ``&lt;`` (``<=`` and ``p < 0.05`` stay as written), line breaks as spaces."""
-    text = str(text).replace("\\|", "|").replace("|", "\\|").replace("\r", " ").replace("\n", " ")
-    return re.sub(r"<(?=[A-Za-z/!?])", "&lt;", text)
+    return md_text(str(text).replace("\\|", "|").replace("|", "\\|").replace("\r", " ").replace("\n", " "))
 
 
 @dataclass(frozen=True)
@@ -166,11 +171,11 @@ def to_markdown(blocks: Sequence[Block]) -> list[str]:
             after = shown[i + 1] if i + 1 < len(shown) else None
             if after is None or isinstance(after, Heading) and after.level <= b.level:
                 continue
-            out += ["#" * b.level + " " + b.text, ""]
+            out += ["#" * b.level + " " + md_text(b.text), ""]
         elif isinstance(b, Note):
-            out += [b.text, ""]
+            out += [md_text(b.text), ""]
         elif isinstance(b, Bullets):
-            out += ([f"### {b.title}", ""] if b.title else []) + [f"- {s}" for s in b.items] + [""]
+            out += ([f"### {md_text(b.title)}", ""] if b.title else []) + [f"- {md_text(s)}" for s in b.items] + [""]
         elif isinstance(b, Table):
             out += [md_table([_cell_md(h) for h in b.header], [[_cell_md(c) for c in r] for r in b.rows]), ""]
     return out
@@ -261,4 +266,4 @@ def merge_results(named: Sequence[tuple[str, T]]) -> T:
 
 
 __all__ = ["Block", "Bullets", "Cell", "Heading", "Note", "Plot", "ReportContext", "Table", "Text", "md_cell",
-           "md_table", "merge_results", "table_of", "to_html", "to_markdown"]
+           "md_table", "md_text", "merge_results", "table_of", "to_html", "to_markdown"]
