@@ -192,7 +192,7 @@ LABEL = Task("label", "synthetic", "Which record label released the first album 
               Hop("The album Veisrex was released by the record label Mirhei.", "Mirhei")))
 
 
-@pytest.mark.parametrize("out", [
+ECHOES = [
     "The record label Mirhei was released by the record label Mirhei",  # seen from Qwen2.5-Coder-0.5B
     "The record label Mirhei was released by the record label Mirhei.",
     # seen from Qwen2.5-Coder-0.5B under Saturation-80: the fact's own clause copied after the echo
@@ -200,13 +200,8 @@ LABEL = Task("label", "synthetic", "Which record label released the first album 
     "Step by step, the band Zorvik.\nThe record label Mirhei is the record label Mirhei.",
     "Mirhei, Mirhei.",
     "The first album of the record label Mirhei was released by Mirhei.",
-])
-def test_an_echo_of_the_gold_is_not_credited(out: str) -> None:
-    s = score_output(out, LABEL, truncated=False)
-    assert not s.em and s.extraction == "echo" and not s.uninterpretable and s.answer
-
-
-@pytest.mark.parametrize("out", [
+]
+ANSWERS = [
     "The record label Mirhei released the first album of the band Zorvik.",  # once: the question answered
     "The album Veisrex was released by the record label Mirhei.",
     "Mirhei released Veisrex, so the answer is Mirhei.",  # says more than the question: Veisrex, answer
@@ -215,10 +210,14 @@ def test_an_echo_of_the_gold_is_not_credited(out: str) -> None:
     "Zorvik's first album came out on Mirhei; it is Mirhei that released it, not Kessel.",
     "The answer is Mirhei.",
     "Mirhei",
-])
-def test_a_legitimate_last_sentence_answer_is_credited(out: str) -> None:
+]
+
+
+@pytest.mark.parametrize("out, echo", [(o, True) for o in ECHOES] + [(o, False) for o in ANSWERS])
+def test_an_echo_of_the_gold_is_not_credited_and_a_legitimate_last_sentence_is(out: str, echo: bool) -> None:
     s = score_output(out, LABEL, truncated=False)
-    assert s.em and s.extraction == "last_line", out
+    assert s.em is not echo and s.extraction == ("echo" if echo else "last_line") and s.answer, out
+    assert not s.uninterpretable
 
 
 @pytest.mark.parametrize("out", [
