@@ -841,6 +841,71 @@ def equivalence_table(seed: int, n_runs: int, clusters: Sequence[int] = (7, 10, 
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class StudyDesignRow:
+    """The paired comparison of a study with one replication (d_q in {-1, 0, 1}): how often each verdict comes."""
+
+    n_questions: int
+    discordance: float  # the share of questions whose two prompts are scored differently
+    margin: float
+    truth: float
+    n_runs: int
+    equivalent: float  # TOST rejects: equivalent within ±margin
+    different: float  # the sign-flip difference test rejects
+    no_test: float  # fewer than 6 questions differ: no TOST
+
+
+def study_design_rates(seed: int, n_questions: int, discordance: float, margin: float, truth: float, n_runs: int,
+                       alpha: float = ALPHA) -> StudyDesignRow:
+    """Verdicts of a paired comparison in the design a confirmatory study runs (docs/statistics.md): one prompt per
+    question and condition, so d_q = EM_a − EM_b is −1, 0 or +1. Each question is discordant with probability
+    ``discordance``; a discordant one is +1 with probability 1/2 + truth / (2 · discordance), so the mean of d_q is
+    ``truth``. Per data set: the TOST of :func:`probe.analysis.paired_ratio.paired_equivalence` (with its
+    ≥ 6-discordant gate) and H2's sign-flip test, whose exact p for d_q in {−1, 0, 1} is the two-sided binomial
+    test of the discordant questions' signs (:func:`probe.analysis.inference.paired_sign_flip` reaches it by
+    enumeration up to 16 questions and by Monte Carlo flips above)."""
+    from probe.analysis.paired_ratio import paired_equivalence
+
+    rng = np.random.default_rng([seed, n_questions, round(discordance * 100), round(margin * 100),
+                                 round(truth * 100) + 100])
+    up = 0.5 + truth / (2 * discordance)
+    ids = np.arange(n_questions)
+    eq = diff = none = 0
+    for _ in range(n_runs):
+        split = rng.random(n_questions) < discordance
+        plus = rng.random(n_questions) < up
+        a = np.where(split & plus, 1.0, 0.0)  # discordant +1: a right, b wrong; -1: the reverse
+        b = np.where(split & ~plus, 1.0, 0.0)
+        concordant_right = ~split & (rng.random(n_questions) < 0.5)  # concordant pairs: both right or both wrong
+        a[concordant_right] = b[concordant_right] = 1.0
+        e = paired_equivalence(a, b, ids, margin, alpha)
+        eq += e.holds(alpha)
+        none += e.estimate.p is None
+        d = a - b
+        k = int(np.count_nonzero(d))
+        diff += k > 0 and scipy.stats.binomtest(int(np.sum(d > 0)), k, 0.5).pvalue < alpha
+    return StudyDesignRow(n_questions, discordance, margin, truth, n_runs, eq / n_runs, diff / n_runs, none / n_runs)
+
+
+def study_design_table(seed: int, n_runs: int, clusters: Sequence[int] = (20, 47, 70, 140),
+                       discordances: Sequence[float] = (0.2, 0.3, 0.4),
+                       margins: Sequence[float] = (0.10, 0.125, 0.15, 0.20)) -> str:
+    """Power of the TOST (true Δ = 0) and its error rate at the margin (true Δ = +δ), with the difference test's
+    rejection rate beside them, in the one-replication design (docs/statistics.md)."""
+    lines = ["| G | discordant share | δ | true Δ | equivalent declared | different declared | no TOST |",
+             "|---|---|---|---|---|---|---|"]
+    for g in clusters:
+        for f in discordances:
+            for m in margins:
+                for truth in (0.0, m):
+                    if truth / f > 1:
+                        continue
+                    r = study_design_rates(seed, g, f, m, truth, n_runs)
+                    lines.append(f"| {g} | {f:.1f} | {m:.3g} | {truth:+.3g} | {r.equivalent:.3f} | {r.different:.3f} "
+                                 f"| {r.no_test:.3f} |")
+    return "\n".join(lines)
+
+
 def null_writing(seed: int, clusters: int, n_runs: int, replications: int = 2, n_cells: int = 6,
                  n_resamples: int = 1999) -> list[RejectionRow]:
     """What the model wrote: the four writing measures of ``n_cells`` cells against Control, under exchangeable
@@ -1190,7 +1255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="Beta concentrations of the coverage table (ICC = 1/(kappa+1))")
     ap.add_argument("--quick", action="store_true", help="a small version (200 runs, kappa 2 only)")
     tables = ["coverage", "null", "power", "minimum", "one-question", "share", "carriers", "rho", "equivalence",
-              "writing"]
+              "study-design", "writing"]
     ap.add_argument("--only", choices=tables, nargs="+", default=tables)
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
@@ -1230,6 +1295,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         section("The retrieval heads' rank correlation", args.runs, lambda: rho_table(args.seed, args.runs))
     if "equivalence" in args.only:
         section("Equivalence (TOST)", args.runs, lambda: equivalence_table(args.seed, args.runs))
+    if "study-design" in args.only:
+        section("Equivalence and difference in the one-replication study design", args.runs,
+                lambda: study_design_table(args.seed, args.runs))
     if "writing" in args.only:
         section("What the model wrote against Control", args.runs, lambda: format_rejections(
             [r for g in (7, 10, 20, 50) for r in null_writing(args.seed, g, args.runs)]))
