@@ -888,7 +888,7 @@ def study_design_rates(seed: int, n_questions: int, discordance: float, margin: 
 
 
 def study_design_table(seed: int, n_runs: int, clusters: Sequence[int] = (20, 47, 70, 140),
-                       discordances: Sequence[float] = (0.2, 0.3, 0.4),
+                       discordances: Sequence[float] = (0.1, 0.15, 0.2, 0.25, 0.3, 0.4),
                        margins: Sequence[float] = (0.10, 0.125, 0.15, 0.20)) -> str:
     """Power of the TOST (true Δ = 0) and its error rate at the margin (true Δ = +δ), with the difference test's
     rejection rate beside them, in the one-replication design (docs/statistics.md)."""
@@ -901,7 +901,7 @@ def study_design_table(seed: int, n_runs: int, clusters: Sequence[int] = (20, 47
                     if truth / f > 1:
                         continue
                     r = study_design_rates(seed, g, f, m, truth, n_runs)
-                    lines.append(f"| {g} | {f:.1f} | {m:.3g} | {truth:+.3g} | {r.equivalent:.3f} | {r.different:.3f} "
+                    lines.append(f"| {g} | {f:.2g} | {m:.3g} | {truth:+.3g} | {r.equivalent:.3f} | {r.different:.3f} "
                                  f"| {r.no_test:.3f} |")
     return "\n".join(lines)
 
