@@ -33,7 +33,7 @@ def installed(tmp_path_factory) -> Path:
     names = zipfile.ZipFile(wheel).namelist()
     assert sorted(Path(n).name for n in names if n.startswith("probe/cards/")) == CARDS
     assert sorted(Path(n).name for n in names if n.startswith("probe/experiments/")) == EXPERIMENTS
-    assert not [n for n in names if n.startswith(("scripts/", "tests/"))]  # research scripts stay out
+    assert not [n for n in names if n.startswith(("scripts/", "tests/", "benchmarks/"))]  # research scripts stay out
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(work / "site"),
                     str(wheel)], check=True, capture_output=True, text=True)
     return work
@@ -83,3 +83,10 @@ def test_an_unknown_experiment_name_lists_the_shipped_ones(capsys) -> None:
     assert main(["validate", "no-such-experiment"]) == 2
     err = capsys.readouterr().err
     assert "no-such-experiment: no such experiment file" in err and "demo" in err and "study" in err
+
+
+def test_probe_bench_from_the_wheel_says_the_benchmarks_are_in_the_checkout(installed: Path) -> None:
+    done = _python(installed, "from probe.cli import main\nraise SystemExit(main(['bench', 'attention', '--lengths', "
+                              "'64']))")
+    assert done.returncode == 2, done.stderr
+    assert "the benchmarks live in the source checkout (benchmarks/)" in done.stderr and "Traceback" not in done.stderr
