@@ -51,7 +51,4 @@ class Estimate:
         return replace(self, q=q)
 
 
-# the fields of an Estimate, as the one-type test over probe/analysis looks for them in other dataclasses
-ESTIMATE_FIELDS = ("se", "ci_low", "ci_high", "p")
-
-__all__ = ["ESTIMATE_FIELDS", "Estimate"]
+__all__ = ["Estimate"]

@@ -222,10 +222,11 @@ def _renamed(value: Any, names: dict[str, str]) -> Any:
 
 
 def _empty(value: Any) -> bool:
-    """A part that reports nothing: every tuple and dict field of it empty (a hop tracking that was not run)."""
-    parts = [getattr(value, f.name) for f in dataclasses.fields(value)]
-    return all(len(p) == 0 for p in parts if isinstance(p, (tuple, dict))) and \
-        any(isinstance(p, (tuple, dict)) for p in parts)
+    """A part that reports nothing: every field of rows (a tuple of results, a dict) empty; a tuple of names (a hop
+    tracking's categories) is not a row (a hop tracking that could not run keeps them)."""
+    rows = [p for f in dataclasses.fields(value) if isinstance(p := getattr(value, f.name), (tuple, dict))
+            and not (isinstance(p, tuple) and p and all(isinstance(x, str) for x in p))]
+    return bool(rows) and all(len(p) == 0 for p in rows)
 
 
 def _joined(values: list[Any]) -> Any:

@@ -40,6 +40,7 @@ class Part:
     rows: tuple[Row, ...]
     n: int = field(metadata={"merge": "sum"})
     reason: str | None = None
+    labels: tuple[str, ...] = ("hop", "other")  # names, not rows: a part that could not run keeps them
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,8 @@ def test_the_merge_renames_every_model_keeps_every_row_and_sums_what_adds_up():
     a = Result(("m",), (Row("m", 1.0),), {"m": 2.0}, (Spec("ko"), Spec("top", "m")), Part((Row("m", 3.0),), 4))
     b = Result(("m", "n"), (Row("m", 5.0), Row("n", 6.0)), {"n": 7.0}, (Spec("ko"), Spec("top", "n")),
                Part((), 0, reason="not run"))
+    merged = merge_results([("two", b), ("one", a)])  # the part that did not run first: its reason is not taken
+    assert merged.part == Part((Row("one: m", 3.0),), 4)
     merged = merge_results([("one", a), ("two", b)])
     assert merged.models == ("one: m", "two: m", "two: n")
     assert [(r.model, r.value) for r in merged.rows] == [("one: m", 1.0), ("two: m", 5.0), ("two: n", 6.0)]
