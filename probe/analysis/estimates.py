@@ -212,7 +212,7 @@ def cell_summaries(df: pd.DataFrame, alpha: float = 0.05, level: bool = False) -
     return out
 
 
-def _is_strict(g: pd.DataFrame) -> np.ndarray:
+def is_strict(g: pd.DataFrame) -> np.ndarray:
     """(n,) whether each trial's answer was decided by a box or an answer line."""
     return g["extraction"].isin(list(STRICT_EXTRACTIONS)).to_numpy()
 
@@ -221,7 +221,7 @@ def _scoring_path(g: pd.DataFrame, scored: pd.DataFrame, alpha: float) -> dict:
     """Strict EM with its interval and the share of each scoring rule of one cell (docs/statistics.md#em-of-a-cell-a-bounded-interval-clustered-by-question)."""
     out: dict = {}
     if len(scored) and scored["extraction"].notna().all():
-        strict = em_interval(scored["em"].to_numpy() * _is_strict(scored), scored["task_id"].to_numpy(), alpha)
+        strict = em_interval(scored["em"].to_numpy() * is_strict(scored), scored["task_id"].to_numpy(), alpha)
         out |= {"strict_em_mean": strict.mean, "strict_em_ci_low": strict.ci_low, "strict_em_ci_high": strict.ci_high}
     outputs = g[g["has_output"]]
     if len(outputs) and outputs["extraction"].notna().all():
@@ -263,7 +263,7 @@ def _path_shift(g: pd.DataFrame, control: pd.DataFrame | None, alpha: float) -> 
     if control is None:
         return {"scoring_path_reason": "no Control cell of this model to compare the scoring path with"}
     def strict(part: pd.DataFrame) -> pd.DataFrame:  # 1 / 0 where a scoring rule is recorded, else NaN
-        return part.assign(strict=pd.Series(_is_strict(part), index=part.index, dtype=float)
+        return part.assign(strict=pd.Series(is_strict(part), index=part.index, dtype=float)
                            .where(part["extraction"].notna()))
 
     t = against_control(strict(g), strict(control), "strict", alpha)

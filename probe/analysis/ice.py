@@ -18,7 +18,7 @@ from probe.analysis.attention_link import (
     residue_attention,
     summarise_attention,
 )
-from probe.analysis.estimates import Cell, cell_summaries
+from probe.analysis.estimates import Cell, cell_summaries, is_strict
 from probe.analysis.families import FamilyAnalysis, FamilyData, FamilyOutput
 from probe.analysis.frame import probe_records
 from probe.analysis.hops import HopTracker, HopTracking
@@ -66,7 +66,10 @@ class IceResult:
         hop_tracking: :class:`probe.analysis.hops.HopTracking`, or None when no trial's probe record holds
             attention while the answer was written.
         writing: :class:`probe.analysis.writing.WritingCell` per model × condition × load: what the model wrote
-            (length, one-sentence share, which fact the answer line restates) and its tests against Control.
+            (length, one-sentence share, which fact the answer line restates) and its tests against Control (and,
+            for Saturation and Residue, against LongControl at the same load).
+        h2_strict: H2's comparisons on strict EM (a trial counts only when correct *and* decided by a box or an
+            answer line), their own BH families; empty where a trial's scoring rule is not recorded.
     """
 
     models: tuple[str, ...]
@@ -81,6 +84,7 @@ class IceResult:
     retrieval: tuple[RetrievalHeads, ...] = field(default=(), metadata={OMIT: True})
     hop_tracking: HopTracking | None = field(default=None, metadata={OMIT: True})
     writing: tuple[WritingCell, ...] = field(default=(), metadata={OMIT: True})
+    h2_strict: tuple[PairedComparison, ...] = field(default=(), metadata={OMIT: True})
 
     def h1_of(self, model: str, condition: str = "Saturation") -> H1Fit | None:
         """The H1 fit of (model, condition), or None."""
@@ -144,6 +148,12 @@ def analyze_ice(data: FamilyData) -> FamilyOutput:
     has = {(m, c) for m, c in zip(df["model"], df["condition"])}
     h1 = [fit_load_trend(df, m, c, cfg.alpha) for m in models for c in H1_CONDITIONS if (m, c) in has]
     h2 = [row for m in models for row in h2_comparisons(df, m, cfg.alpha, data.seed, cfg.equivalence_margin)]
+    h2_strict: list[PairedComparison] = []
+    scored = df[df["is_scored"]]
+    if len(scored) and scored["extraction"].notna().all():  # strict EM: correct and decided by a box or answer line
+        strict = df.assign(em=df["em"].astype(float) * is_strict(df))
+        h2_strict = [row for m in models
+                     for row in h2_comparisons(strict, m, cfg.alpha, data.seed, cfg.equivalence_margin)]
     h3 = [row for m in models if (m, "Residue") in has for row in similarity_degradation(df, m, cfg.alpha)]
     att_cells, per_trial = summarise_attention(reads.attention, df)
     attention: list[AttentionBehaviour] = []
@@ -165,7 +175,7 @@ def analyze_ice(data: FamilyData) -> FamilyOutput:
     result = IceResult(models=tuple(models), cells=tuple(cell_summaries(df, cfg.alpha)), h1=tuple(h1), h2=tuple(h2),
                        h3=tuple(h3), residue_attention=tuple(residue), attention_cells=tuple(att_cells),
                        attention_behaviour=tuple(attention), taxonomy=tuple(taxonomy), hop_tracking=hops,
-                       retrieval=tuple(retrieval), writing=tuple(writing))
+                       retrieval=tuple(retrieval), writing=tuple(writing), h2_strict=tuple(h2_strict))
     return FamilyOutput(result=result, notes=tuple(notes),
                         n_attention_records=sum({(c.model, c.condition, c.load): c.n_prompts
                                                  for c in att_cells}.values()))

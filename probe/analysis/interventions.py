@@ -15,9 +15,10 @@ import pandas as pd
 from probe.analysis import inference as inf
 from probe.analysis.frame import RunRecords
 from probe.analysis.paired_ratio import PairedDifference, RecoveredShare, paired_difference, recovered_share
-from probe.interventions import Intervention, load_interventions
-from probe.runfolder import INTERVENTIONS
-from probe.runfolder import RunFolder
+from probe.attention.result import RecordCheck, SegmentAttention
+from probe.codec import OMIT
+from probe.interventions import MATCHED_DRAWS, Intervention, load_interventions
+from probe.runfolder import INTERVENTIONS, RunFolder
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +136,36 @@ class Sweep:
 
 
 @dataclass(frozen=True)
+class MovedMass:
+    """The manipulation check of one attention edit in one cell (docs/interventions.md#the-manipulation-check): the
+    answer rows' attention mass on one kind of prompt segment under the edit against the same prompts' baseline, or
+    an edit's moved mass on its own keys' kinds against its matched control's.
+
+    Attributes:
+        model, condition, load: the cell; intervention: the edit's name, or ``"<a> − <b>"`` for the contrast of an
+            edit with its matched control.
+        kind: the segment kind (``germane``, ``filler``, ``extraneous``), or ``"keys"`` in a contrast row (each
+            edit's mass on the kinds its keys are drawn from).
+        target: the edit's keys lie in segments of this kind (for a matched draw: the kinds it draws from, where
+            its rise is a lower bound on the mass moved onto its keys, since renormalising takes mass from the
+            kind's other tokens too).
+        base, under: mean over questions of the baseline's mass and of the mass under the edit (a contrast row: the
+            moved mass of ``a`` and of ``b``).
+        diff: ``under − base`` per prompt, its mean over questions, sign-flip test and CR2 interval.
+    """
+
+    model: str
+    condition: str
+    load: int
+    intervention: str
+    kind: str
+    target: bool
+    base: float | None
+    under: float | None
+    diff: PairedDifference
+
+
+@dataclass(frozen=True)
 class InterventionResult:
     """Every intervention estimate of a run (``Analysis.interventions``).
 
@@ -146,6 +177,7 @@ class InterventionResult:
         sweeps: layer-window sweeps.
         alpha: the level of every test, interval and claim.
         notes: what could not be estimated, in sentences.
+        moved: the manipulation checks of the attention edits whose trials were probed (empty otherwise).
     """
 
     specs: tuple[Intervention, ...]
@@ -155,6 +187,7 @@ class InterventionResult:
     sweeps: tuple[Sweep, ...]
     alpha: float
     notes: tuple[str, ...]
+    moved: tuple[MovedMass, ...] = field(default=(), metadata={OMIT: True})
 
     def spec(self, name: str, model: str | None = None) -> Intervention | None:
         """The declaration of intervention ``name`` (for ``model`` when given; None when undeclared)."""
@@ -352,10 +385,100 @@ def _with_claims(contrasts: list[Contrast], alpha: float) -> list[Contrast]:
     return out
 
 
+# the segment kinds whose mass the manipulation check reports
+CHECK_KINDS = ("germane", "filler", "extraneous")
+
+
+def _key_kinds(spec: Intervention) -> tuple[str, ...]:
+    """The segment kinds an edit's keys lie in."""
+    return MATCHED_DRAWS[spec.keys][1] if spec.keys in MATCHED_DRAWS else (spec.keys,)
+
+
+def _answer_masses(record: SegmentAttention) -> dict[str, float] | None:
+    """The answer rows' attention mass on each kind of :data:`CHECK_KINDS` the prompt has: the sum over its segments,
+    averaged over answer tokens, layers and heads (layers without attention, NaN, left out); None without an answer
+    capture or answer tokens."""
+    a = record.answer
+    if a is None or a.mass.shape[0] == 0:
+        return None
+    kinds = np.array(a.segment_kinds)
+    return {k: float(np.nanmean(a.mass[..., :-1][..., kinds == k].sum(-1))) for k in CHECK_KINDS if (kinds == k).any()}
+
+
+def moved_mass(run: RunFolder, data: RunRecords, specs: Sequence[Intervention], alpha: float = 0.05,
+               seed: int = 0) -> list[MovedMass]:
+    """The manipulation check of every attention edit whose trials were probed with the answer capture: per cell,
+    edit and segment kind, the mass under the edit minus the baseline's on the same prompt; and each edit with a
+    matched control, its moved mass on its keys' kinds minus the control's on the control's
+    (docs/interventions.md#the-manipulation-check). Every record is held to its prompt (:class:`RecordCheck`)."""
+    by_name = {s.name: s for s in specs}
+    edits = [t for t in data.trials if t.intervention is not None and t.intervention in by_name
+             and by_name[t.intervention].kind in ("knockout", "steer")]
+    if not edits:
+        return []
+    check = RecordCheck.of(run, data.prompts)
+
+    def masses(model: str, pid: str, name: str | None) -> dict[str, float] | None:
+        path = run.attention_record(model, pid, name)
+        if not path.is_file():
+            return None
+        record = SegmentAttention.load(path)
+        check(path, model, pid, record)
+        return _answer_masses(record)
+
+    rows: list[dict] = []
+    base_cache: dict[tuple[str, str], dict[str, float] | None] = {}
+    for t in edits:
+        under = masses(t.model, t.prompt_id, t.intervention)
+        key = (t.model, t.prompt_id)
+        if key not in base_cache:
+            base_cache[key] = masses(t.model, t.prompt_id, None)
+        base = base_cache[key]
+        if under is None or base is None:
+            continue
+        for k in under.keys() & base.keys():
+            rows.append({"model": t.model, "condition": t.condition, "load": int(t.load or 0), "task_id": t.task_id,
+                         "prompt_id": t.prompt_id, "intervention": t.intervention, "kind": k, "base": base[k],
+                         "under": under[k]})
+    if not rows:
+        return []
+    df = pd.DataFrame(rows)
+    out: list[MovedMass] = []
+    for (model, condition, load, name), g in df.groupby(["model", "condition", "load", "intervention"], sort=True):
+        spec = by_name[name]
+        for kind in [k for k in CHECK_KINDS if (g["kind"] == k).any()]:
+            x = g[g["kind"] == kind]
+            d = paired_difference(x["under"].to_numpy(), x["base"].to_numpy(), x["task_id"].to_numpy(), alpha,
+                                  _seed(seed, model, condition, load, name, kind))
+            out.append(MovedMass(model, condition, int(load), name, kind, kind in _key_kinds(spec), base=d.em_b,
+                                 under=d.em_a, diff=d))
+        twin = _twin(spec, specs)
+        if twin is None or twin.name not in set(df["intervention"]):
+            continue
+        moved = {}
+        for s in (spec, twin):  # per prompt: the edit's moved mass summed over its keys' kinds
+            x = df[(df["model"] == model) & (df["condition"] == condition) & (df["load"] == load)
+                   & (df["intervention"] == s.name) & df["kind"].isin(_key_kinds(s))]
+            moved[s.name] = (x.assign(moved=x["under"] - x["base"]).groupby(["prompt_id", "task_id"])["moved"].sum())
+        both = pd.concat(moved, axis=1, join="inner").reset_index()
+        if both.empty:
+            continue
+        d = paired_difference(both[spec.name].to_numpy(), both[twin.name].to_numpy(), both["task_id"].to_numpy(),
+                              alpha, _seed(seed, model, condition, load, spec.name, twin.name))
+        out.append(MovedMass(model, condition, int(load), f"{spec.name} − {twin.name}", "keys", True, d.em_a,
+                             d.em_b, d))
+    return out
+
+
 def analyze_run_interventions(run: RunFolder, data: RunRecords, alpha: float, seed: int) -> InterventionResult | None:
-    """:func:`analyze_interventions` of a run folder's trials with its ``interventions.json``."""
-    return analyze_interventions(data, load_interventions(run), alpha, seed)
+    """:func:`analyze_interventions` of a run folder's trials with its ``interventions.json``, with the manipulation
+    checks of its probed attention edits."""
+    specs = load_interventions(run)
+    result = analyze_interventions(data, specs, alpha, seed)
+    if result is None:
+        return None
+    return replace(result, moved=tuple(moved_mass(run, data, specs, alpha, seed)))
 
 
-__all__ = ["Contrast", "InterventionResult", "InterventionRow", "METHODS", "Sweep", "SweepPoint",
-           "analyze_interventions", "analyze_run_interventions", "baseline_only"]
+__all__ = ["Contrast", "InterventionResult", "InterventionRow", "METHODS", "MovedMass", "Sweep", "SweepPoint",
+           "analyze_interventions", "analyze_run_interventions", "baseline_only", "moved_mass"]

@@ -3,13 +3,14 @@ docs/statistics.md#what-the-model-wrote-against-control)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
 
 from probe.analysis.estimates import AMBIGUOUS_PAIRS, against_control, cell_groups, finite
 from probe.analysis.inference import bh_qvalues
+from probe.codec import OMIT
 from probe.records import TrialRecord
 from probe.scoring.writing import RESTATED, count_sentences, restated_fact
 from probe.types import Task
@@ -63,6 +64,8 @@ class WritingCell:
         restated_em: EM among the scored outputs of each restated fact (same keys).
         restated_n: scored outputs of each restated fact.
         tests: the cell against Control, one per measure (empty for Control).
+        long_tests: a Saturation or Residue cell against LongControl at the same load (length matched), one per
+            measure; empty for other cells or without such a LongControl cell.
     """
 
     model: str
@@ -78,6 +81,11 @@ class WritingCell:
     restated_em: dict[str, float] | None
     restated_n: dict[str, int] | None
     tests: tuple[WritingTest, ...] = ()
+    long_tests: tuple[WritingTest, ...] = field(default=(), metadata={OMIT: True})
+
+
+# the conditions whose writing is also tested against LongControl at the same load (same length, no distractors)
+LENGTH_MATCHED = ("Saturation", "Residue")
 
 
 def writing_columns(df: pd.DataFrame, trials: tuple[TrialRecord, ...], tasks: dict[str, Task] | None
@@ -128,12 +136,13 @@ def _cell(model: str, condition: str, load: int, g: pd.DataFrame) -> WritingCell
     )
 
 
-def _test(measure: str, g: pd.DataFrame, control: pd.DataFrame, alpha: float, seed: int) -> WritingTest:
+def _test(measure: str, g: pd.DataFrame, control: pd.DataFrame, alpha: float, seed: int,
+          against: str = "Control") -> WritingTest:
     t = against_control(g, control, MEASURES[measure][0], alpha, seed)
     if isinstance(t, str):
         return WritingTest(measure, 0, 0, None, None, None, None, None,
-                           AMBIGUOUS_PAIRS if t == "ambiguous" else f"no {MEASURES[measure][1]} paired with a Control "
-                                                                    "output")
+                           AMBIGUOUS_PAIRS if t == "ambiguous" else f"no {MEASURES[measure][1]} paired with a "
+                                                                    f"{against} output")
     return WritingTest(measure, t.n_pairs, t.n_questions, t.em_a, t.em_b, t.delta, t.p, None,
                        t.reason if t.p is None else None)
 
@@ -152,20 +161,24 @@ def writing_cells(df: pd.DataFrame, alpha: float = 0.05, seed: int = 0) -> list[
         cell = _cell(model, condition, load, g)
         if condition != "Control" and model in controls:
             cell = replace(cell, tests=tuple(_test(m, g, controls[model], alpha, seed) for m in MEASURES))
+        long = groups.get((model, "LongControl", load))
+        if condition in LENGTH_MATCHED and long is not None:
+            cell = replace(cell, long_tests=tuple(_test(m, g, long, alpha, seed, "LongControl") for m in MEASURES))
         cells.append(cell)
     return _with_q(cells)
 
 
 def _with_q(cells: list[WritingCell]) -> list[WritingCell]:
-    """BH q-values across each model's writing tests."""
+    """BH q-values across each model's writing tests (against Control and against LongControl: one family)."""
     out = list(cells)
     for model in dict.fromkeys(c.model for c in cells):
-        idx = [(i, j) for i, c in enumerate(out) if c.model == model for j in range(len(c.tests))]
-        q = bh_qvalues(np.array([np.nan if (p := out[i].tests[j].p) is None else p for i, j in idx]))
-        for (i, j), qv in zip(idx, q):
-            tests = list(out[i].tests)
+        idx = [(i, part, j) for i, c in enumerate(out) if c.model == model
+               for part in ("tests", "long_tests") for j in range(len(getattr(c, part)))]
+        q = bh_qvalues(np.array([np.nan if (p := getattr(out[i], part)[j].p) is None else p for i, part, j in idx]))
+        for (i, part, j), qv in zip(idx, q):
+            tests = list(getattr(out[i], part))
             tests[j] = replace(tests[j], q=finite(qv))
-            out[i] = replace(out[i], tests=tuple(tests))
+            out[i] = replace(out[i], **{part: tuple(tests)})
     return out
 
 

@@ -89,10 +89,10 @@ def _tost_note(r: PairedComparison) -> str | None:
     return r.equivalence.estimate.reason if r.test.is_test and r.equivalence is not None else None
 
 
-def _h2_sentence(rows: list[PairedComparison], alpha: float) -> str:
+def _h2_sentence(rows: list[PairedComparison], alpha: float, what: str = "H2") -> str:
     tested = [r for r in rows if r.test.is_test and r.test.p is not None and r.q is not None]
     untested = [r for r in rows if r not in tested]
-    lead = (f"H2 (sign-flip test of per-question differences, Benjamini–Hochberg over the {len(tested)} tested "
+    lead = (f"{what} (sign-flip test of per-question differences, Benjamini–Hochberg over the {len(tested)} tested "
             f"comparisons of this model)")
     parts = []
     if tested:
@@ -254,6 +254,9 @@ def model_summary(result: IceResult, model: str, settings: AnalysisSection) -> l
     h2 = [r for r in result.h2 if r.model == model]
     if h2:
         out.append(_h2_sentence(h2, alpha))
+    strict = [r for r in result.h2_strict if r.model == model]
+    if strict:
+        out.append(_h2_sentence(strict, alpha, "H2 on strict EM"))
     wrote = ice_writing.sentence(result.writing, model, alpha)
     if wrote is not None:
         out.append(wrote)
@@ -330,16 +333,23 @@ def stats_blocks(result: IceResult, settings: AnalysisSection) -> list[Block]:
                     fmt.num(h.power.mde if h.power else None, ".4f"), str(h.n), str(h.n_clusters),
                     h.estimate.reason or (h.logit.estimate.reason if h.logit else None) or ""]
                    for h in result.h1], left=2, text=(12,))
-    h2 = table_of(["model", "a vs b", "load", "pairs", "questions", "EM a", "EM b", "Δ per question", "p (sign flip)",
-                   "q (BH)", "TOST q (±δ)", "verdict", "McNemar a only / b only", "McNemar p", "MDE80", "note"],
-                  [[r.model, f"{r.a} vs {r.b}", str(r.load), str(r.test.n_pairs), str(r.test.n_questions),
-                    fmt.num(r.test.em_a), fmt.num(r.test.em_b), fmt.num(r.test.delta, "+.3f"), fmt.p_value(r.test.p),
-                    _p(r.q, alpha), _p(r.equivalence.estimate.q if r.equivalence else None, alpha), r.verdict(alpha),
-                    f"{r.test.mcnemar.n_a_only} / {r.test.mcnemar.n_b_only}" if r.test.mcnemar else fmt.DASH,
-                    fmt.p_value(r.test.mcnemar.p if r.test.mcnemar else None),
-                    fmt.num(r.test.power.mde if r.test.power else None, ".2f"),
-                    "; ".join(x for x in (r.note, r.test.reason, _tost_note(r)) if x)]
-                   for r in result.h2], left=2, text=(11, 15))
+    def h2_table(rows: tuple[PairedComparison, ...]) -> Block:
+        return table_of(["model", "a vs b", "load", "pairs", "questions", "EM a", "EM b", "Δ per question",
+                         "p (sign flip)", "q (BH)", "TOST q (±δ)", "TOST 90% CI", "verdict", "McNemar a only / b only",
+                         "McNemar p", "MDE80", "note"],
+                        [[r.model, f"{r.a} vs {r.b}", str(r.load), str(r.test.n_pairs), str(r.test.n_questions),
+                          fmt.num(r.test.em_a), fmt.num(r.test.em_b), fmt.num(r.test.delta, "+.3f"),
+                          fmt.p_value(r.test.p), _p(r.q, alpha),
+                          _p(r.equivalence.estimate.q if r.equivalence else None, alpha),
+                          fmt.ci(r.equivalence.estimate.ci_low, r.equivalence.estimate.ci_high, "+.3f")
+                          if r.equivalence and r.equivalence.estimate.is_test else fmt.DASH, r.verdict(alpha),
+                          f"{r.test.mcnemar.n_a_only} / {r.test.mcnemar.n_b_only}" if r.test.mcnemar else fmt.DASH,
+                          fmt.p_value(r.test.mcnemar.p if r.test.mcnemar else None),
+                          fmt.num(r.test.power.mde if r.test.power else None, ".2f"),
+                          "; ".join(x for x in (r.note, r.test.reason, _tost_note(r)) if x)]
+                         for r in rows], left=2, text=(12, 16))
+
+    h2 = h2_table(result.h2)
     h3: Block = table_of(["model", "Residue load", "questions", "Pearson r", "95% CI (Fisher z)", "p", "q (BH)",
                           "Spearman ρ", "p (ρ)", "S_sim range", "degradation by S_sim third (low / mid / high, n)",
                           "note"],
@@ -356,6 +366,8 @@ def stats_blocks(result: IceResult, settings: AnalysisSection) -> list[Block]:
             Heading("H1: EM per percentage point of load (Control as load 0; one test per condition)", 3), h1,
             Heading("H2: paired comparisons (sign-flip test of per-question differences; McNemar beside it; TOST "
                     "against ±δ; each its own BH family over the model's comparisons)", 3), h2,
+            *([Heading("H2 on strict EM (correct and decided by a box or an answer line; the same tests, their own BH "
+                       "families)", 3), h2_table(result.h2_strict)] if result.h2_strict else []),
             Heading("H3: S_sim vs degradation EM(Control) − EM(Residue) (BH family: the model's rows)", 3), h3,
             *attention_blocks(result, alpha), Heading("Taxonomy", 3), tax]
 
@@ -496,7 +508,7 @@ def tables(result: IceResult) -> list[tuple[str, Rows]]:
                for row, pr in zip(rows_of(r.test.layers, model=r.model, target=r.target), r.pearson_r)]
     points = [row for h in result.h3 for row in rows_of(h.points, model=h.model, load=h.load)]
     return ([("cells", rows_of(result.cells)), ("h1", rows_of(result.h1)), ("h2", rows_of(result.h2)),
-             ("h3", rows_of(result.h3)), ("h3_points", points), ("attention_layers", layer_tests),
+             ("h2_strict", rows_of(result.h2_strict)), ("h3", rows_of(result.h3)), ("h3_points", points), ("attention_layers", layer_tests),
              ("attention_logit_layers", logit_layers), ("attention_heads", heads), ("residue_attention", residue),
              ("taxonomy", rows_of(result.taxonomy))] + ice_writing.tables(result.writing)
             + ice_hops.tables(result.hop_tracking) + retrieval_tables(result))

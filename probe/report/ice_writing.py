@@ -15,7 +15,8 @@ LEGEND = ("Over the outputs of each cell: length in tokens (median, mean in brac
           "of one-sentence outputs; which germane fact the answer line restates (first, bridge, last, all: the "
           "whole chain, none: no fact, e.g. a bare entity; docs/method.md#what-the-model-wrote) and EM among the "
           "scored outputs of each (n). The tests compare each cell with its model's Control cell question by "
-          "question: Δ is the mean over questions of the cell's mean minus Control's (tokens; shares), with the sign-flip "
+          "question, and Saturation and Residue also with LongControl at the same load: Δ is the mean over questions "
+          "of the cell's mean minus Control's (or LongControl's) (tokens; shares), with the sign-flip "
           "p and the Benjamini–Hochberg q across the model's writing tests (bold: q below α).")
 SHORT = {"tokens": "output tokens", "one_sentence": "one-sentence share", "restates_last": "restates last fact",
          "restates_first": "restates first fact"}
@@ -65,51 +66,61 @@ def _delta(t: WritingTest) -> str:
     return f"{fmt.num(t.delta, spec)} (p {fmt.p_value(t.p)}, q {fmt.p_value(t.q)})"
 
 
-def test_rows(cells: tuple[WritingCell, ...]) -> list[list[str]]:
-    """The tests' rows (plain text): one per non-Control cell, one column per measure (Δ = cell − Control per
-    question, with its sign-flip p and BH q)."""
-    return [[c.model, _label(c), str(max(t.n_questions for t in c.tests))] + [_delta(t) for t in c.tests]
-            + ["; ".join(dict.fromkeys(f"{SHORT[t.measure]}: {t.reason}" for t in c.tests if t.reason))]
-            for c in cells if c.tests]
+def test_rows(cells: tuple[WritingCell, ...], part: str = "tests") -> list[list[str]]:
+    """The tests' rows (plain text): one per cell with tests, one column per measure (Δ = cell − Control, or cell −
+    LongControl for ``part="long_tests"``, per question, with its sign-flip p and BH q)."""
+    return [[c.model, _label(c), str(max(t.n_questions for t in ts))] + [_delta(t) for t in ts]
+            + ["; ".join(dict.fromkeys(f"{SHORT[t.measure]}: {t.reason}" for t in ts if t.reason))]
+            for c in cells for ts in (getattr(c, part),) if ts]
 
 
 def sentence(cells: tuple[WritingCell, ...], model: str, alpha: float) -> str | None:
     """The summary's sentence on what ``model`` wrote: the writing tests that pass BH, or that none does (None
     without tests)."""
-    tests = [(c, t) for c in cells if c.model == model for t in c.tests]
-    tested = [(c, t) for c, t in tests if t.p is not None]
+    tests = [(c, t, against) for c in cells if c.model == model
+             for ts, against in ((c.tests, "Control"), (c.long_tests, f"LongControl {c.load}%")) for t in ts]
+    tested = [(c, t, against) for c, t, against in tests if t.p is not None]
     if not tested:
         return None
-    passed = [(c, t) for c, t in tested if t.q is not None and t.q < alpha]
-    head = (f"What the model wrote (sign-flip tests against Control, Benjamini–Hochberg over the {len(tested)} "
-            "writing tests of this model): ")
+    passed = [(c, t, against) for c, t, against in tested if t.q is not None and t.q < alpha]
+    head = (f"What the model wrote (sign-flip tests against Control{' and against LongControl' if any(c.long_tests for c in cells) else ''}, "
+            f"Benjamini–Hochberg over the {len(tested)} writing tests of this model): ")
     if not passed:
-        best = min(t.q for _, t in tested if t.q is not None)
+        best = min(t.q for _, t, _ in tested if t.q is not None)
         return head + f"no difference survives the correction (smallest q = {fmt.p_value(best)})."
-    return head + "; ".join(f"{_label(c)}: {SHORT[t.measure]} {_delta(t)}" for c, t in passed) + "."
+    return head + "; ".join(f"{_label(c)} vs {against}: {SHORT[t.measure]} {_delta(t)}"
+                            for c, t, against in passed) + "."
 
 
 def blocks(cells: tuple[WritingCell, ...], alpha: float) -> list[Block]:
     """The part of the ICE section (nothing when the result has no writing cells)."""
     if not cells:
         return []
-    def passed(c: WritingCell, j: int) -> bool:  # column j of the tests' row holds test j - 3
-        q = c.tests[j - 3].q if 3 <= j < 3 + len(c.tests) else None
-        return q is not None and q < alpha
+    def table(part: str) -> Block:
+        def passed(ts: tuple[WritingTest, ...], j: int) -> bool:  # column j of the tests' row holds test j - 3
+            q = ts[j - 3].q if 3 <= j < 3 + len(ts) else None
+            return q is not None and q < alpha
 
-    tests = [[Text(x, strong=passed(c, j)) for j, x in enumerate(row)]
-             for row, c in zip(test_rows(cells), [c for c in cells if c.tests])]
-    return [Heading(TITLE), Note(LEGEND), table_of(cell_header(cells), cell_rows(cells), left=2),
-            Heading("Against Control", 3), table_of(TEST_HEADER, tests, left=3, text=(10,))]
+        rows = [[Text(x, strong=passed(getattr(c, part), j)) for j, x in enumerate(row)]
+                for row, c in zip(test_rows(cells, part), [c for c in cells if getattr(c, part)])]
+        return table_of(TEST_HEADER, rows, left=3, text=(10,))
+
+    out = [Heading(TITLE), Note(LEGEND), table_of(cell_header(cells), cell_rows(cells), left=2),
+           Heading("Against Control", 3), table("tests")]
+    if any(c.long_tests for c in cells):
+        out += [Heading("Against LongControl at the same load (same length, no distractors)", 3),
+                table("long_tests")]
+    return out
 
 
 def tables(cells: tuple[WritingCell, ...]) -> list[tuple[str, Rows]]:
     """``tables/writing.csv`` (one row per cell) and ``tables/writing_tests.csv`` (one per cell and measure)."""
     if not cells:
         return []
-    return [("writing", [{k: v for k, v in row.items() if k != "tests"} for row in rows_of(cells)]),
-            ("writing_tests", [row for c in cells
-                               for row in rows_of(c.tests, model=c.model, condition=c.condition, load=c.load)])]
+    return [("writing", [{k: v for k, v in row.items() if k not in ("tests", "long_tests")} for row in rows_of(cells)]),
+            ("writing_tests", [row for c in cells for ts, against in ((c.tests, "Control"), (c.long_tests, "LongControl"))
+                               for row in rows_of(ts, model=c.model, condition=c.condition, load=c.load,
+                                                  against=against)])]
 
 
 __all__ = ["blocks", "cell_header", "cell_rows", "sentence", "tables", "test_rows"]

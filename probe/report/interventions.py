@@ -185,6 +185,26 @@ def draw_sweep(sweep: Sweep) -> Figure | None:
     return fig
 
 
+MOVED_HEADER = ["model", "condition", "load", "edit", "segment kind", "target", "baseline mass", "under the edit",
+                "n (questions)", "Δ [CI]", "p"]
+
+
+def moved_rows(result: InterventionResult) -> list[list[str]]:
+    """The manipulation check's rows (:class:`MovedMass`), as plain text."""
+    return [[m.model, m.condition, str(m.load), m.intervention, m.kind, "yes" if m.target else "no",
+             fmt.num(m.base, ".4f"), fmt.num(m.under, ".4f"), str(m.diff.n_questions), _moved(m.diff),
+             fmt.p_value(m.diff.estimate.p)] for m in result.moved]
+
+
+def _moved(d: PairedDifference) -> str:
+    e = d.estimate
+    if e.value is None:
+        return fmt.DASH
+    if e.ci_low is None or e.ci_high is None:
+        return f"{e.value:+.4f}" + (f" (no interval: {fmt.first_clause(e.reason)})" if e.reason else "")
+    return f"{e.value:+.4f} [{e.ci_low:+.4f}, {e.ci_high:+.4f}]"
+
+
 def blocks(result: InterventionResult, settings: AnalysisSection) -> list[Block]:
     """The causal tests' section: summary, recovery table, layer-window curves, heads (the section's notes are listed
     once, under the report's Notes)."""
@@ -197,6 +217,15 @@ def blocks(result: InterventionResult, settings: AnalysisSection) -> list[Block]
              f"effect is claimed only where q < {result.alpha}, the contrast is positive and the intervention alone "
              f"raises EM (p < {result.alpha}). Why an estimate has no interval or is undefined is cut to its first "
              "clause here; the whole reason is in tables/interventions.csv.")]
+    if result.moved:
+        out += [Heading("Manipulation check: the attention each edit moved", 3),
+                table_of(MOVED_HEADER, moved_rows(result), left=5),
+                Note("The answer rows' attention mass on each kind of prompt segment (summed over its segments, "
+                     "averaged over answer tokens, layers and heads), under the edit and on the same prompt's baseline; "
+                     "Δ = under − baseline, mean over questions, sign-flip p, CR2 t interval. Target: the edit's keys "
+                     "lie in that kind (a matched draw's keys are some of that kind's tokens, so its Δ there is a "
+                     "lower bound on the mass moved onto its keys). A row \"a − b\" compares the mass each edit moved "
+                     "onto its own keys' kinds (docs/interventions.md#the-manipulation-check).")]
     if result.sweeps:
         out += [Heading("Layer-window sweeps", 3)] + [
             Plot(f"intervention_sweep_{file_stem(f'{s.model}_{s.condition}_{s.load}_{s.group}')}",
@@ -227,7 +256,8 @@ def tables(result: InterventionResult) -> list[tuple[str, Rows]]:
                     for row in rows_of(s.points, model=s.model, family=s.family, condition=s.condition,
                                        load=s.load, group=s.group)]
     return [("interventions", rows), ("intervention_contrasts", rows_of([*result.specific, *result.heads])),
-            ("intervention_sweeps", sweeps), ("interventions_declared", rows_of(result.specs))]
+            ("intervention_sweeps", sweeps), ("interventions_declared", rows_of(result.specs)),
+            ("intervention_moved_mass", rows_of(result.moved))]
 
 
 def main_lines(result: InterventionResult, settings: AnalysisSection) -> list[str]:

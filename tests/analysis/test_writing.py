@@ -40,17 +40,21 @@ def _output(cond: str, q: int, rep: int) -> tuple[str, str, float, int]:
     return line, line, float(fact == 1), 12 + rep
 
 
-def _run(root: Path, n_questions: int = 10, tasks: bool = True) -> Path:
+def _run(root: Path, n_questions: int = 10, tasks: bool = True, long: bool = False) -> Path:
+    """The trials of ``_output``; with ``long``, LongControl 80 % trials too, written as Control's, and each trial's
+    scoring rule recorded (an answer line where the output has one, else the last line)."""
     root.mkdir(parents=True)
     trials, i = [], 0
+    cells = (("Control", 0), ("Saturation", 80), ("Residue", 80)) + ((("LongControl", 80),) if long else ())
     for q, rep in itertools.product(range(n_questions), range(2)):
-        for cond, load in (("Control", 0), ("Saturation", 80), ("Residue", 80)):
+        for cond, load in cells:
             out, answer, em, n = _output(cond, q, rep)
+            rule = ("answer_line" if "Answer:" in out else "last_line") if long else None
             trials.append(TrialRecord(
                 trial_id=f"m::{i}", model="m", prompt_id=str(i), task_id=f"q{q}", source="s", condition=cond,
                 load=load, achieved_load=float(load), replication=rep, prompt_tokens=10, output=out, answer=answer,
                 gold=f"Tesh{q}", em=em, hop_recall=None, truncated=False, uninterpretable=False,
-                completion_tokens=n))
+                completion_tokens=n, extraction=rule))
             i += 1
     append_jsonl(root / "trials.jsonl", (t.to_dict() for t in trials))
     if tasks:
@@ -133,3 +137,33 @@ def test_written_read_back_and_shown(tmp_path):
     html = render_report(run).read_text()
     assert "What the model wrote" in html and "one-sentence share" in html
     assert "Saturation 80%" in html and "+1.00 (p 0.002" in html
+
+
+def test_distractors_are_tested_against_filler_of_the_same_length_in_the_writing_family(tmp_path):
+    """Saturation and Residue at 80 % are also tested against LongControl at 80 % (here written as Control is), with
+    the same per-question sign-flip test, and the BH family is every writing test of the model."""
+    analysis = analyze_run(_run(tmp_path / "run", long=True), AnalysisSection())
+    cells = _cells(analysis)
+    assert cells["LongControl"].long_tests == () and cells["Control"].long_tests == ()
+    long = {t.measure: t for t in cells["Saturation"].long_tests}
+    assert list(long) == list(MEASURES) and long["one_sentence"].n_questions == 10
+    assert long["one_sentence"].delta == pytest.approx(1.0) and long["one_sentence"].p == pytest.approx(2 / 2 ** 10)
+    assert {t.measure: t.delta for t in cells["Residue"].long_tests}["one_sentence"] == 0.0
+    every = [t for cond in ("Saturation", "Residue", "LongControl") for part in ("tests", "long_tests")
+             for t in getattr(cells[cond], part)]
+    # 1e-12: the same adjustment computed by statsmodels over the whole family
+    want = multipletests([t.p for t in every], method="fdr_bh")[1]
+    assert [t.q for t in every] == pytest.approx(list(want), abs=1e-12)
+
+
+def test_h2_on_strict_em_counts_only_answers_decided_by_a_box_or_an_answer_line(tmp_path):
+    """Strict EM: Saturation's correct answers are bare last-fact lines (no answer line), so its strict EM is 0;
+    Control's and LongControl's are answer lines. H2 on strict EM holds the EM of each condition to a direct count,
+    and its Saturation vs LongControl difference to the per-question mean."""
+    ice = analyze_run(_run(tmp_path / "run", long=True), AnalysisSection()).families["ice"]
+    strict = {(r.a, r.b): r for r in ice.h2_strict}
+    loose = {(r.a, r.b): r for r in ice.h2}
+    sat = strict["Saturation", "LongControl"]
+    assert sat.test.em_a == 0.0 and sat.test.em_b == 1.0 and sat.test.delta == pytest.approx(-1.0)
+    assert loose["Saturation", "LongControl"].test.em_a == pytest.approx(13 / 20)  # EM counts the bare lines
+    assert strict["LongControl", "Control"].test.delta == 0.0

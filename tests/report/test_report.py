@@ -292,6 +292,7 @@ def test_summary_quotes_only_what_survives_its_familys_correction(run, report):
     assert "distractor heads" in text
     # the same p-values with q-values that do not pass: nothing may be called significant
     h2 = tuple(dataclasses.replace(r, test=dataclasses.replace(r.test, p=0.001), q=0.2) for r in result.h2)
+    h2_strict = tuple(dataclasses.replace(r, test=dataclasses.replace(r.test, p=0.001), q=0.2) for r in result.h2_strict)
     layers = tuple(dataclasses.replace(t, estimate=dataclasses.replace(t.estimate, p=0.001, q=0.3))
                    for t in att.layer_tests.layers)
     weak = dataclasses.replace(
@@ -301,7 +302,7 @@ def test_summary_quotes_only_what_survives_its_familys_correction(run, report):
         r.test, layers=tuple(dataclasses.replace(t, estimate=t.estimate.with_q(0.5)) for t in r.test.layers),
         significant=()))
         for r in result.residue_attention)
-    forced = dataclasses.replace(result, h2=h2, attention_behaviour=(weak,), residue_attention=residue,
+    forced = dataclasses.replace(result, h2=h2, h2_strict=h2_strict, attention_behaviour=(weak,), residue_attention=residue,
                                  h3=tuple(dataclasses.replace(h, correlation=dataclasses.replace(
                                      h.correlation, estimate=h.correlation.estimate.with_q(0.5)))
                                      for h in result.h3))

@@ -301,3 +301,45 @@ def test_dilution_arms_steer_towards_the_facts_and_reinject_them_against_matched
         assert {(cond, "steer-germane", "steer-matched"), (cond, "re-germane", "re-filler")} <= pairs
     control = [c for c in res.specific if c.condition == "Control" and c.a == "steer-germane"]
     assert control and control[0].unmatched is not None  # its control drew no token: never a claim
+
+
+def test_the_manipulation_check_reports_the_mass_each_steer_moved(tmp_path, tiny_card) -> None:
+    """Probed with the answer capture, each steer's check is the answer rows' mass on each segment kind under the
+    steer against the same prompt's baseline: a steer with alpha 1 edits nothing, so it moves nothing (to float32
+    rounding); alpha 4 on the germane facts raises their mass in every prompt; the baseline and steered masses are
+    the records' own (summed over the kind's segments, averaged over answer tokens, layers and heads); the germane
+    arm's row against its matched control is there."""
+    from probe.analysis import analyze_run
+    from probe.attention import SegmentAttention
+    from probe.config import AnalysisSection
+    from probe.runfolder import RunFolder
+
+    arms = [{"name": "steer-germane", "kind": "steer", "alpha": 4.0, "keys": "germane"},
+            {"name": "steer-matched", "kind": "steer", "alpha": 4.0, "keys": "matched-germane"},
+            {"name": "steer-none", "kind": "steer", "alpha": 1.0, "keys": "germane"}]
+    base_cfg = make_cfg(tmp_path, tiny_card, interventions=arms)
+    cfg = dataclasses.replace(base_cfg, ice=dataclasses.replace(base_cfg.ice, conditions=("Control", "LongControl")),
+                              probe=dataclasses.replace(base_cfg.probe, answer=True))
+    run_dir = run_experiment(cfg, progress=False)
+    moved = analyze_run(run_dir, AnalysisSection(), seed=0).interventions.moved
+    rows = {(m.condition, m.intervention, m.kind): m for m in moved}
+    for kind in ("germane", "filler"):
+        none = rows["LongControl", "steer-none", kind].diff.estimate.value
+        assert abs(none) < 1e-6  # alpha 1: the same model, the same answer, the same float32 attention
+    g = rows["LongControl", "steer-germane", "germane"]
+    assert g.target and not rows["LongControl", "steer-germane", "filler"].target
+    assert rows["LongControl", "steer-matched", "filler"].target
+    folder = RunFolder(run_dir)
+    lc = [p for p in load_prompts(folder.prompts) if p.condition == "LongControl"]
+
+    def mass(pid: str, name: str | None) -> float:
+        a = SegmentAttention.load(folder.attention_record("tiny-llama", pid, name)).answer
+        on = [i for i, k in enumerate(a.segment_kinds) if k == "germane"]
+        return float(a.mass[:, :, :, on].sum(-1).mean())
+
+    steered = [mass(p.prompt_id, "steer-germane") - mass(p.prompt_id, None) for p in lc]
+    assert min(steered) > 0.01
+    # 1e-6: the same float32 sums averaged in another order
+    assert g.diff.estimate.value == pytest.approx(float(np.mean(steered)), abs=1e-6)
+    assert g.base == pytest.approx(float(np.mean([mass(p.prompt_id, None) for p in lc])), abs=1e-6)
+    assert ("LongControl", "steer-germane − steer-matched", "keys") in rows
