@@ -860,8 +860,8 @@ def study_design_rates(seed: int, n_questions: int, discordance: float, margin: 
     """Verdicts of a paired comparison in the design a confirmatory study runs (docs/statistics.md): one prompt per
     question and condition, so d_q = EM_a − EM_b is −1, 0 or +1. Each question is discordant with probability
     ``discordance``; a discordant one is +1 with probability 1/2 + truth / (2 · discordance), so the mean of d_q is
-    ``truth``. Per data set: the TOST of :func:`probe.analysis.paired_ratio.paired_equivalence` (with its
-    ≥ 6-discordant gate) and H2's sign-flip test, whose exact p for d_q in {−1, 0, 1} is the two-sided binomial
+    ``truth``. Per data set: the TOST of :func:`probe.analysis.paired_ratio.paired_equivalence` (for one 0/1 pair
+    per question the paired-proportions score TOST, no gate) and H2's sign-flip test, whose exact p for d_q in {−1, 0, 1} is the two-sided binomial
     test of the discordant questions' signs (:func:`probe.analysis.inference.paired_sign_flip` reaches it by
     enumeration up to 16 questions and by Monte Carlo flips above)."""
     from probe.analysis.paired_ratio import paired_equivalence
@@ -889,7 +889,7 @@ def study_design_rates(seed: int, n_questions: int, discordance: float, margin: 
 
 def study_design_table(seed: int, n_runs: int, clusters: Sequence[int] = (20, 47, 70, 140),
                        discordances: Sequence[float] = (0.1, 0.15, 0.2, 0.25, 0.3, 0.4),
-                       margins: Sequence[float] = (0.10, 0.125, 0.15, 0.20)) -> str:
+                       margins: Sequence[float] = (0.10, 0.11, 0.12, 0.125, 0.15, 0.20)) -> str:
     """Power of the TOST (true Δ = 0) and its error rate at the margin (true Δ = +δ), with the difference test's
     rejection rate beside them, in the one-replication design (docs/statistics.md)."""
     lines = ["| G | discordant share | δ | true Δ | equivalent declared | different declared | no TOST |",
