@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field, replace
-from typing import Literal, Sequence
+from typing import Literal, Sequence, cast
 
 import numpy as np
 import pandas as pd
@@ -444,13 +444,15 @@ def moved_mass(run: RunFolder, data: RunRecords, specs: Sequence[Intervention], 
         return []
     df = pd.DataFrame(rows)
     out: list[MovedMass] = []
-    for (model, condition, load, name), g in df.groupby(["model", "condition", "load", "intervention"], sort=True):
+    for cell, g in df.groupby(["model", "condition", "load", "intervention"], sort=True):
+        model, condition, load_, name = cast(tuple[str, str, int, str], cell)
+        load = int(load_)
         spec = by_name[name]
         for kind in [k for k in CHECK_KINDS if (g["kind"] == k).any()]:
             x = g[g["kind"] == kind]
             d = paired_difference(x["under"].to_numpy(), x["base"].to_numpy(), x["task_id"].to_numpy(), alpha,
                                   _seed(seed, model, condition, load, name, kind))
-            out.append(MovedMass(model, condition, int(load), name, kind, kind in _key_kinds(spec), base=d.em_b,
+            out.append(MovedMass(model, condition, load, name, kind, kind in _key_kinds(spec), base=d.em_b,
                                  under=d.em_a, diff=d))
         twin = _twin(spec, specs)
         if twin is None or twin.name not in set(df["intervention"]):
@@ -465,7 +467,7 @@ def moved_mass(run: RunFolder, data: RunRecords, specs: Sequence[Intervention], 
             continue
         d = paired_difference(both[spec.name].to_numpy(), both[twin.name].to_numpy(), both["task_id"].to_numpy(),
                               alpha, _seed(seed, model, condition, load, spec.name, twin.name))
-        out.append(MovedMass(model, condition, int(load), f"{spec.name} − {twin.name}", "keys", True, d.em_a,
+        out.append(MovedMass(model, condition, load, f"{spec.name} − {twin.name}", "keys", True, d.em_a,
                              d.em_b, d))
     return out
 

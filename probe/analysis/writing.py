@@ -178,7 +178,7 @@ def _with_q(cells: list[WritingCell]) -> list[WritingCell]:
         for (i, part, j), qv in zip(idx, q):
             tests = list(getattr(out[i], part))
             tests[j] = replace(tests[j], q=finite(qv))
-            out[i] = replace(out[i], **{part: tuple(tests)})
+            out[i] = replace(out[i], tests=tuple(tests)) if part == "tests" else replace(out[i], long_tests=tuple(tests))
     return out
 
 

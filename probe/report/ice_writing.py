@@ -105,7 +105,7 @@ def blocks(cells: tuple[WritingCell, ...], alpha: float) -> list[Block]:
                 for row, c in zip(test_rows(cells, part), [c for c in cells if getattr(c, part)])]
         return table_of(TEST_HEADER, rows, left=3, text=(10,))
 
-    out = [Heading(TITLE), Note(LEGEND), table_of(cell_header(cells), cell_rows(cells), left=2),
+    out: list[Block] = [Heading(TITLE), Note(LEGEND), table_of(cell_header(cells), cell_rows(cells), left=2),
            Heading("Against Control", 3), table("tests")]
     if any(c.long_tests for c in cells):
         out += [Heading("Against LongControl at the same load (same length, no distractors)", 3),
