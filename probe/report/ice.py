@@ -89,7 +89,7 @@ def _tost_note(r: PairedComparison) -> str | None:
     return r.equivalence.estimate.reason if r.test.is_test and r.equivalence is not None else None
 
 
-def _h2_sentence(rows: list[PairedComparison], alpha: float, what: str = "H2") -> str:
+def _h2_sentence(rows: list[PairedComparison], alpha: float, what: str = "H2", measure: str = "EM") -> str:
     tested = [r for r in rows if r.test.is_test and r.test.p is not None and r.q is not None]
     untested = [r for r in rows if r not in tested]
     lead = (f"{what} (sign-flip test of per-question differences, Benjamini–Hochberg over the {len(tested)} tested "
@@ -102,7 +102,7 @@ def _h2_sentence(rows: list[PairedComparison], alpha: float, what: str = "H2") -
             for r in sig:
                 word = "lower" if (r.test.delta or 0) < 0 else "higher"
                 t = r.test
-                items.append(f"{_pair_label(r)}: EM {word} by {fmt.num(abs(t.delta or 0), '.2f')} "
+                items.append(f"{_pair_label(r)}: {measure} {word} by {fmt.num(abs(t.delta or 0), '.2f')} "
                              f"({t.n_questions} questions, {fmt.p_phrase(t.p)}, "  # type: ignore[arg-type]
                              f"{_q_phrase(r.q)})")  # type: ignore[arg-type]
             parts.append(f"{lead}: significant after correction: " + "; ".join(items) + ".")
@@ -114,13 +114,13 @@ def _h2_sentence(rows: list[PairedComparison], alpha: float, what: str = "H2") -
             parts.append(f"{lead}: no comparison survives the correction (smallest q = {fmt.num(best.q, '.3f')}, "
                          f"{_pair_label(best)}, Δ = {fmt.num(best.test.delta, '+.2f')}, "
                          f"{fmt.p_phrase(best.test.p) if best.test.p is not None else fmt.DASH}"
-                         + (f"; MDE {fmt.num(best.test.power.mde, '.2f')} EM at 80% power" if best.test.power else "")
+                         + (f"; MDE {fmt.num(best.test.power.mde, '.2f')} {measure} at 80% power" if best.test.power else "")
                          + ").")
     undecided = [r for r in tested if r.verdict(alpha) != "different"]
     if undecided:
         margin = next((r.equivalence.margin for r in undecided if r.equivalence is not None), None)
         same = [r for r in undecided if r.verdict(alpha).startswith("equivalent")]
-        within = "" if margin is None else f" within ±{margin:g} EM"
+        within = "" if margin is None else f" within ±{margin:g} {measure}"
         if same:
             parts.append(f"Equivalent{within} (two one-sided tests, BH): " + "; ".join(
                 f"{_pair_label(r)} (TOST {_q_phrase(r.equivalence.estimate.q)})"  # type: ignore[union-attr, arg-type]
@@ -256,7 +256,7 @@ def model_summary(result: IceResult, model: str, settings: AnalysisSection) -> l
         out.append(_h2_sentence(h2, alpha))
     strict = [r for r in result.h2_strict if r.model == model]
     if strict:
-        out.append(_h2_sentence(strict, alpha, "H2 on strict EM"))
+        out.append(_h2_sentence(strict, alpha, "H2 on strict EM", "strict EM"))
     wrote = ice_writing.sentence(result.writing, model, alpha)
     if wrote is not None:
         out.append(wrote)
