@@ -145,7 +145,7 @@ def _tango_z(b: int, c: int, n: int, delta: float) -> float:
 def paired_binary_equivalence(b: int, c: int, n: int, margin: float = DEFAULT_MARGIN,
                               alpha: float = 0.05) -> Equivalence:
     """TOST of |p_a − p_b| < ``margin`` for one pair per question scored 0/1: two one-sided score tests of the
-    paired difference of proportions (Tango 1998; docs/statistics.md#equivalence-in-a-one-replication-study).
+    paired difference of proportions (Tango 1998; docs/statistics.md#equivalence-two-one-sided-tests-tost).
 
     Args:
         b: questions right under ``a`` and wrong under ``b`` (d_q = +1).

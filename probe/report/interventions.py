@@ -225,7 +225,8 @@ def blocks(result: InterventionResult, settings: AnalysisSection) -> list[Block]
                      "Δ = under − baseline, mean over questions, sign-flip p, CR2 t interval. Target: the edit's keys "
                      "lie in that kind (a matched draw's keys are some of that kind's tokens, so its Δ there is a "
                      "lower bound on the mass moved onto its keys). A row \"a − b\" compares the mass each edit moved "
-                     "onto its own keys' kinds (docs/interventions.md#the-manipulation-check).")]
+                     "onto its own keys' kinds; its two mass columns hold what a moved and what b moved "
+                     "(docs/interventions.md#the-manipulation-check).")]
     if result.sweeps:
         out += [Heading("Layer-window sweeps", 3)] + [
             Plot(f"intervention_sweep_{file_stem(f'{s.model}_{s.condition}_{s.load}_{s.group}')}",
