@@ -15,7 +15,7 @@ from typing import Any
 
 from probe.codec import CodecError, decode, encode
 from probe.errors import ConfigError, FieldError
-from probe.interventions import INTERVENTION_NAME, RESOLUTION_FIELDS, Intervention
+from probe.interventions import INTERVENTION_NAME, RESOLUTION_FIELDS, InterventionSpec
 from probe.probe_options import ProbeOptions
 from probe.runfolder import RunFolder, folder_name_problem
 from probe.tasks import SOURCES, TaskSection, get_source
@@ -129,7 +129,7 @@ class ExperimentConfig:
     generation: GenerationSection = field(default_factory=GenerationSection)
     probe: ProbeSection = field(default_factory=ProbeSection)
     analysis: AnalysisSection = field(default_factory=AnalysisSection)
-    interventions: tuple[Intervention, ...] = ()
+    interventions: tuple[InterventionSpec, ...] = ()
 
     @property
     def run_dir(self) -> Path:
@@ -222,9 +222,9 @@ def _task_section(raw: Any, i: int) -> TaskSection:
         raise ConfigError(f"tasks[{i}].{e.field} ({label}): {e.problem}") from None
 
 
-def _declared_intervention(raw: Any, i: int) -> Intervention:
-    """One ``[[interventions]]`` table: an :class:`~probe.interventions.Intervention` as declared, without the
-    fields resolution sets, and with no value that has no effect."""
+def _declared_intervention(raw: Any, i: int) -> InterventionSpec:
+    """One ``[[interventions]]`` table: an :class:`~probe.interventions.InterventionSpec`, with no value that has no
+    effect."""
     where = f"interventions[{i}]"
     if isinstance(raw, dict):
         if "name" not in raw:
@@ -233,7 +233,7 @@ def _declared_intervention(raw: Any, i: int) -> Intervention:
         if set_later:
             raise ConfigError(f"{where}.{set_later[0]}: the runner sets it when it resolves the intervention for a "
                               "model (interventions.json); remove it")
-    iv: Intervention = _build(Intervention, raw, where)
+    iv: InterventionSpec = _build(InterventionSpec, raw, where)
     if not INTERVENTION_NAME.match(iv.name):
         raise ConfigError(f"interventions.name: {iv.name!r}; use letters, digits, '_', '.' or '-'")
     if not iv.edits_attention and iv.layers is not None:
@@ -242,7 +242,7 @@ def _declared_intervention(raw: Any, i: int) -> Intervention:
     return iv
 
 
-def _check_intervention_names(sections: tuple[Intervention, ...]) -> None:
+def _check_intervention_names(sections: tuple[InterventionSpec, ...]) -> None:
     """Intervention names must be unique (trial ids and record folders carry them)."""
     seen: set[str] = set()
     for s in sections:

@@ -1,6 +1,7 @@
-"""The intervention type, :class:`Intervention` (an experiment's ``[[interventions]]`` table, its resolved form and
-its ``interventions.json`` entry), the edit of one prompt (:class:`RowEdit`, :class:`KeyCount`), and that file's
-reader and writer (docs/interventions.md#in-an-experiment)."""
+"""The intervention types: :class:`InterventionSpec` (an experiment's ``[[interventions]]`` table) and
+:class:`Intervention` (explicit layers and heads: what the engine applies and ``interventions.json`` holds), the edit
+of one prompt (:class:`RowEdit`, :class:`KeyCount`), and that file's reader and writer
+(docs/interventions.md#in-an-experiment)."""
 
 from __future__ import annotations
 
@@ -120,41 +121,32 @@ def _decode_heads(data: Any, where: str, arrays: Any) -> tuple[tuple[int, int], 
                      "{top_k = K, from = \"<run folder>\"}")
 
 
+UNRESOLVED = ("a layer sweep or top-k heads: an Intervention names explicit layers and heads (an experiment's "
+              "[[interventions]] table declares sweeps and selections, and `probe run` resolves them for a model)")
+
+
+def _explicit(data: Any, where: str, kind: Any) -> Any:
+    if data == "all":
+        return None
+    if isinstance(data, dict):
+        raise CodecError(where, UNRESOLVED)
+    if isinstance(data, list):
+        return decode(kind, data, where)
+    raise CodecError(where, f"{data!r}; use \"all\" or a list")
+
+
+def _decode_explicit_layers(data: Any, where: str, arrays: Any) -> tuple[int, ...] | None:
+    return _explicit(data, where, tuple[int, ...])
+
+
+def _decode_explicit_heads(data: Any, where: str, arrays: Any) -> tuple[tuple[int, int], ...] | None:
+    return _explicit(data, where, tuple[tuple[int, int], ...])
+
+
 @dataclass(frozen=True)
-class Intervention:
-    """One intervention: what it edits and on which prompts, in the layers and heads it names (docs/interventions.md).
-
-    Declared in an experiment (``[[interventions]]``), ``layers`` may be a :class:`LayerWindow` sweep and ``heads``
-    :class:`TopHeads` from a separate probe run; :mod:`probe.runner.resolve` makes it explicit for a model
-    (:attr:`resolved`), setting ``group``, ``window``, ``selection`` and ``model``. The engine applies a resolved
-    one (:mod:`probe.attention.intervention`); the runner writes them to the run folder's ``interventions.json``
-    (:meth:`to_json`) and the analysis reads them back (:meth:`from_json`).
-
-    Attributes:
-        kind: ``knockout`` or ``steer`` (attention edits), or ``reinject`` (the prompt edited: its germane facts, or
-            as many neutral sentences, repeated right before the question; no attention edit).
-        keys: ``extraneous``, ``filler``, ``germane``, ``matched-random`` or ``matched-germane``; a ``reinject``
-            takes ``germane`` (repeat the facts) or ``filler`` (repeat as many neutral sentences).
-        queries: ``answer`` or ``after`` (attention edits).
-        alpha: the steering coefficient (``steer`` only, finite and >= 0; 0 equals the knockout, above 1 draws
-            attention to the keys).
-        conditions / loads: the prompts it runs on (None: every prompt; a load list leaves Control, load 0, out
-            unless it names 0). Keyword-only.
-        layers: the layers edited (0-based), None (``"all"``) for every layer, or a :class:`LayerWindow` sweep
-            (declared only).
-        heads: ``(layer, head)`` pairs edited, None (``"all"``) for every head of ``layers``, or :class:`TopHeads`
-            (declared only); when pairs are given, only these heads are edited (``layers`` must then be None or hold
-            their layers).
-        name: the name trials and records carry. The fields below are keyword-only.
-        group: the declared intervention it comes from (a sweep member's sweep; its own name when not given).
-        window: ``(first, last)`` layer of a layer-window sweep member, else None.
-        selection: for top-k and random heads, how they were chosen (:class:`HeadSelection`), else None.
-        model: the model card it was resolved for (None: not resolved for a model).
-
-    Raises:
-        FieldError: an unknown kind, key set or query set, an α that does not fit the kind, layers / heads that do
-            not fit each other or the kind, or conditions / loads named twice (the message names the field).
-    """
+class _Edit:
+    """What every intervention states besides its layers and heads: the edit and the prompts it runs on (the fields
+    and checks :class:`InterventionSpec` and :class:`Intervention` share)."""
 
     kind: str
     keys: str = "extraneous"
@@ -162,16 +154,6 @@ class Intervention:
     alpha: float | None = None
     conditions: tuple[str, ...] | None = field(default=None, kw_only=True)
     loads: tuple[int, ...] | None = field(default=None, kw_only=True)
-    layers: tuple[int, ...] | LayerWindow | None = field(default=None, metadata={ALL_WHEN_NONE: True,
-                                                                                  DECODE: _decode_layers})
-    heads: tuple[tuple[int, int], ...] | TopHeads | None = field(default=None, metadata={ALL_WHEN_NONE: True,
-                                                                                         DECODE: _decode_heads})
-    name: str = "intervention"
-    _: KW_ONLY
-    group: str = ""
-    window: tuple[int, int] | None = None
-    selection: HeadSelection | None = None
-    model: str | None = None
 
     def applies_to(self, condition: str, load: int) -> bool:
         """Whether a prompt of ``condition`` at ``load`` (0 for Control) runs under this intervention."""
@@ -189,35 +171,23 @@ class Intervention:
         when it is no tested arm (docs/interventions.md#the-effect-and-the-recovered-share)."""
         return (CONTROL_KEYS if self.edits_attention else REINJECT_KEYS).get(self.keys)
 
-    @property
-    def resolved(self) -> bool:
-        """Whether its layers and heads are explicit (or all): not a declared sweep or top-k selection."""
-        return not isinstance(self.layers, LayerWindow) and not isinstance(self.heads, TopHeads)
-
-    def edited(self) -> tuple[tuple[int, ...] | None, tuple[tuple[int, int], ...] | None]:
-        """``(layers, heads)`` of a resolved intervention (None: all).
-
-        Raises:
-            ConfigError: a declared sweep or top-k selection, which :func:`probe.runner.resolve.
-                resolve_interventions` makes explicit for a model first.
-        """
-        layers, heads = self.layers, self.heads
-        if isinstance(layers, LayerWindow) or isinstance(heads, TopHeads):
-            raise ConfigError(f"intervention {self.name!r}: a layer sweep or top-k heads name no layers or heads "
-                              "until resolved for a model (probe.runner.resolve.resolve_interventions)")
-        return layers, heads
-
     def _refuse(self, field_name: str, problem: str) -> NoReturn:
-        raise FieldError(f"interventions[{self.name!r}]", field_name, problem)
+        raise FieldError(f"interventions[{getattr(self, 'name', '?')!r}]", field_name, problem)
 
-    def __post_init__(self) -> None:
-        if not self.group:
-            object.__setattr__(self, "group", self.name)
+    def _check(self, layers: Any, heads: Any) -> None:
         self._check_edit()
         self._check_where()
-        self._check_layers_and_heads()
-        if self.window is not None and self.window[0] > self.window[1]:
-            self._refuse("window", f"{list(self.window)} must be [first, last] with first <= last")
+        if self.kind == "reinject" and (heads is not None or isinstance(layers, LayerWindow)):
+            self._refuse("heads" if heads is not None else "layers", "a reinject edits the prompt, not attention: "
+                         "remove layers and heads")
+        if isinstance(layers, tuple) and (not layers or any(x < 0 for x in layers) or len(set(layers)) != len(layers)):
+            self._refuse("layers", f"{list(layers)} must be distinct layer indices >= 0")
+        if isinstance(heads, tuple) and (not heads or any(x < 0 for pair in heads for x in pair)):
+            self._refuse("heads", f"{[list(h) for h in heads]} must be [layer, head] pairs >= 0")
+        if isinstance(layers, tuple) and isinstance(heads, tuple):
+            outside = sorted({layer for layer, _ in heads} - set(layers))
+            if outside:
+                self._refuse("heads", f"layers {outside} are not in layers {list(layers)}")
 
     def _check_edit(self) -> None:
         if self.kind not in INTERVENTION_KINDS:
@@ -247,22 +217,87 @@ class Intervention:
                                        or any(not 0 <= x <= 100 for x in self.loads)):
             self._refuse("loads", f"{list(self.loads)} must be distinct loads in percent (0 to 100)")
 
-    def _check_layers_and_heads(self) -> None:
-        layers, heads = self.layers, self.heads
-        if self.kind == "reinject" and (heads is not None or isinstance(layers, LayerWindow)):
-            self._refuse("heads" if heads is not None else "layers", "a reinject edits the prompt, not attention: "
-                         "remove layers and heads")
-        if isinstance(layers, tuple) and (not layers or any(x < 0 for x in layers) or len(set(layers)) != len(layers)):
-            self._refuse("layers", f"{list(layers)} must be distinct layer indices >= 0")
-        if isinstance(heads, tuple) and (not heads or any(x < 0 for pair in heads for x in pair)):
-            self._refuse("heads", f"{[list(h) for h in heads]} must be [layer, head] pairs >= 0")
-        if ((isinstance(layers, LayerWindow) and heads is not None)
-                or (isinstance(heads, TopHeads) and layers is not None)):
-            self._refuse("layers", "a layer sweep or top-k heads need the other of layers / heads to be \"all\"")
-        if isinstance(layers, tuple) and isinstance(heads, tuple):
-            outside = sorted({layer for layer, _ in heads} - set(layers))
-            if outside:
-                self._refuse("heads", f"layers {outside} are not in layers {list(layers)}")
+
+@dataclass(frozen=True)
+class InterventionSpec(_Edit):
+    """An intervention as an experiment declares it (``[[interventions]]``, docs/interventions.md#in-an-experiment):
+    the fields of :class:`Intervention` but the resolution's, with ``layers`` possibly a :class:`LayerWindow` sweep
+    and ``heads`` possibly :class:`TopHeads` from a separate probe run. :func:`probe.runner.resolve.
+    resolve_interventions` turns it into :class:`Intervention` s for a model; nothing else reads its layers and heads.
+
+    Raises:
+        FieldError: as :class:`Intervention`, and a sweep or a selection combined with the other field.
+    """
+
+    layers: tuple[int, ...] | LayerWindow | None = field(default=None, metadata={ALL_WHEN_NONE: True,
+                                                                                  DECODE: _decode_layers})
+    heads: tuple[tuple[int, int], ...] | TopHeads | None = field(default=None, metadata={ALL_WHEN_NONE: True,
+                                                                                         DECODE: _decode_heads})
+    name: str = "intervention"
+
+    def __post_init__(self) -> None:
+        self._check(self.layers, self.heads)
+        if ((isinstance(self.layers, LayerWindow) and self.heads is not None)
+                or (isinstance(self.heads, TopHeads) and self.layers is not None)):
+            self._refuse("layers", "a layer sweep or top-k heads stands alone: set the other one to \"all\"")
+
+    def edit(self) -> dict[str, Any]:
+        """The fields an :class:`Intervention` resolved from it keeps as they are (all but layers, heads and name)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(_Edit)}
+
+
+@dataclass(frozen=True)
+class Intervention(_Edit):
+    """One intervention for one model: what it edits and on which prompts, in explicit layers and heads
+    (docs/interventions.md). The engine applies it (:mod:`probe.attention.intervention`); the runner makes it from an
+    experiment's :class:`InterventionSpec` (:mod:`probe.runner.resolve`, which sets ``group``, ``window``,
+    ``selection`` and ``model``), writes it to the run folder's ``interventions.json`` (:meth:`to_json`) and the
+    analysis reads it back (:meth:`from_json`).
+
+    Attributes:
+        kind: ``knockout`` or ``steer`` (attention edits), or ``reinject`` (the prompt edited: its germane facts, or
+            as many neutral sentences, repeated right before the question; no attention edit).
+        keys: ``extraneous``, ``filler``, ``germane``, ``matched-random`` or ``matched-germane``; a ``reinject``
+            takes ``germane`` (repeat the facts) or ``filler`` (repeat as many neutral sentences).
+        queries: ``answer`` or ``after`` (attention edits).
+        alpha: the steering coefficient (``steer`` only, finite and >= 0; 0 equals the knockout, above 1 draws
+            attention to the keys).
+        conditions / loads: the prompts it runs on (None: every prompt; a load list leaves Control, load 0, out
+            unless it names 0). Keyword-only.
+        layers: the layers edited (0-based), or None (``"all"``) for every layer.
+        heads: ``(layer, head)`` pairs edited, or None (``"all"``) for every head of ``layers``; when pairs are
+            given, only these heads are edited (``layers`` must then be None or hold their layers).
+        name: the name trials and records carry. The fields below are keyword-only.
+        group: the declared intervention it comes from (a sweep member's sweep; its own name when not given).
+        window: ``(first, last)`` layer of a layer-window sweep member, else None.
+        selection: for top-k and random heads, how they were chosen (:class:`HeadSelection`), else None.
+        model: the model card it was resolved for (None: not resolved for a model).
+
+    Raises:
+        FieldError: an unknown kind, key set or query set, an α that does not fit the kind, layers / heads that do
+            not fit each other or the kind, a sweep or a top-k selection (those are declared in an
+            :class:`InterventionSpec`), or conditions / loads named twice (the message names the field).
+    """
+
+    layers: tuple[int, ...] | None = field(default=None, metadata={ALL_WHEN_NONE: True,
+                                                                   DECODE: _decode_explicit_layers})
+    heads: tuple[tuple[int, int], ...] | None = field(default=None, metadata={ALL_WHEN_NONE: True,
+                                                                              DECODE: _decode_explicit_heads})
+    name: str = "intervention"
+    _: KW_ONLY
+    group: str = ""
+    window: tuple[int, int] | None = None
+    selection: HeadSelection | None = None
+    model: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.layers, LayerWindow) or isinstance(self.heads, TopHeads):
+            self._refuse("layers" if isinstance(self.layers, LayerWindow) else "heads", UNRESOLVED)
+        if not self.group:
+            object.__setattr__(self, "group", self.name)
+        self._check(self.layers, self.heads)
+        if self.window is not None and self.window[0] > self.window[1]:
+            self._refuse("window", f"{list(self.window)} must be [first, last] with first <= last")
 
     @property
     def score_bias(self) -> float:
@@ -315,9 +350,6 @@ class Intervention:
             raise InterventionsFileError(f"{at} {f'field {e.where!r}: ' if e.where else ''}{e.problem}") from None
         except FieldError as e:
             raise InterventionsFileError(f"{at} field {e.field!r}: {e.problem}") from None
-        if not entry.resolved:
-            raise InterventionsFileError(f"{at}: a layer sweep or top-k heads; the file holds interventions resolved "
-                                         "for a model (explicit layers and heads): re-run `probe run` or fix the file")
         return entry
 
 
@@ -488,5 +520,6 @@ def load_interventions(run: str | Path | RunFolder) -> tuple[Intervention, ...]:
     return entries
 
 
-__all__ = ["HeadSelection", "Intervention", "InterventionsFileError", "KeyCount", "LayerWindow", "RowEdit", "TopHeads",
+__all__ = ["HeadSelection", "Intervention", "InterventionSpec", "InterventionsFileError", "KeyCount", "LayerWindow",
+           "RowEdit", "TopHeads",
            "load_interventions", "read_interventions", "write_interventions"]

@@ -28,11 +28,10 @@ def head_bias(intervention: Intervention, n_layers: int, n_heads: int) -> torch.
     """(n_layers, n_heads) float32: the bias of each layer's heads (0 where not edited).
 
     Raises:
-        ConfigError: a layer or head outside the model, or an intervention not resolved for a model (a layer sweep,
-            top-k heads).
+        ConfigError: a layer or head outside the model.
     """
     out = torch.zeros(n_layers, n_heads, dtype=torch.float32)
-    explicit_layers, heads = intervention.edited()
+    explicit_layers, heads = intervention.layers, intervention.heads
     layers = range(n_layers) if explicit_layers is None else explicit_layers
     for layer in layers:
         if layer >= n_layers:

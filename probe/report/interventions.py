@@ -114,7 +114,7 @@ def summary_lines(result: InterventionResult) -> list[str]:
 def _heads_text(spec: Intervention | None) -> str:
     if spec is None:
         return "undeclared"
-    layers, heads = spec.edited()
+    layers, heads = spec.layers, spec.heads
     if heads is None:
         return "all heads" if layers is None else f"all heads of layers {_layers(layers)}"
     return ", ".join(f"L{layer}.H{head}" for layer, head in heads)

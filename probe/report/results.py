@@ -13,7 +13,7 @@ from typing import Sequence
 
 from probe.analysis.results import Analysis, read_analysis
 from probe.config import ExperimentConfig, load_config
-from probe.interventions import Intervention, LayerWindow, TopHeads
+from probe.interventions import InterventionSpec, LayerWindow, TopHeads
 from probe.errors import ProbeError
 from probe.report.sections import report_section
 from probe.report.tables import md_table, render_markdown
@@ -111,7 +111,7 @@ def design_lines(cfg: ExperimentConfig, manifest: dict | None = None) -> list[st
     return lines
 
 
-def _layers(iv: Intervention) -> str:
+def _layers(iv: InterventionSpec) -> str:
     if isinstance(iv.layers, LayerWindow):
         return f"windows of {iv.layers.window} layers every {iv.layers.stride}"
     if isinstance(iv.layers, tuple):
@@ -119,7 +119,7 @@ def _layers(iv: Intervention) -> str:
     return "every layer"
 
 
-def _heads(iv: Intervention) -> str:
+def _heads(iv: InterventionSpec) -> str:
     if isinstance(iv.heads, TopHeads):
         return (f"the top {iv.heads.top_k} heads by {iv.heads.by} in `{iv.heads.from_run}`"
                 + (" (and as many random heads)" if iv.heads.random_control else ""))

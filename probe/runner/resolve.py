@@ -146,8 +146,8 @@ def resolve_interventions(cfg: ExperimentConfig, model: str, n_layers: int, n_he
     for s in cfg.interventions:
         def resolved(name: str, layers: tuple[int, ...], heads: tuple[tuple[int, int], ...] | None = None,
                      **provenance: Any) -> Intervention:
-            return dataclasses.replace(s, layers=layers, heads=heads, name=name, group=s.name, model=model,
-                                       **provenance)
+            return Intervention(**s.edit(), layers=layers, heads=heads, name=name, group=s.name, model=model,
+                                **provenance)
 
         if isinstance(s.layers, LayerWindow):
             for a, b in sweep_windows(s.layers, n_layers, s.name):

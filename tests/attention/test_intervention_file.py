@@ -14,9 +14,10 @@ import pytest
 
 import probe.runner.resolve as resolve
 from probe.config import ExperimentConfig, config_from_dict
-from probe.errors import ConfigError
-from probe.interventions import (RESOLUTION_FIELDS, HeadSelection, Intervention, InterventionsFileError, LayerWindow,
-                                 TopHeads, load_interventions, write_interventions)
+from probe.errors import ConfigError, FieldError
+from probe.interventions import (RESOLUTION_FIELDS, HeadSelection, Intervention, InterventionSpec,
+                                 InterventionsFileError, LayerWindow, TopHeads, load_interventions,
+                                 write_interventions)
 from probe.runner.resolve import resolve_interventions
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "interventions_v1.json"
@@ -47,24 +48,25 @@ def _config() -> ExperimentConfig:
                              "ice": {"conditions": ["Control", "Residue"], "loads": [50]}, "interventions": SECTIONS})
 
 
-def test_the_table_the_resolved_form_and_the_file_form_are_one_type(resolved) -> None:
-    """An ``[[interventions]]`` table reads as an Intervention; resolving it keeps every field the table gave and sets
-    only the layers, the heads, the name and where they came from; a declared sweep or top-k selection edits
-    nothing until resolved and is no file entry."""
+def test_a_declared_intervention_and_a_resolved_one_are_two_types(resolved) -> None:
+    """An ``[[interventions]]`` table reads as an InterventionSpec (a sweep or a top-k selection allowed); resolving
+    it gives Interventions that keep every field the table gave and set only the layers, the heads, the name and
+    where they came from. An Intervention, what the engine applies and the file holds, refuses a sweep or a
+    selection, from Python and from the file."""
     declared = {d.name: d for d in _config().interventions}
-    assert all(type(x) is Intervention for x in [*declared.values(), *resolved])
-    assert declared["sweep"].layers == LayerWindow(window=1, stride=1) and not declared["sweep"].resolved
-    assert isinstance(declared["top"].heads, TopHeads) and not declared["top"].resolved
-    assert declared["ko"].resolved and declared["ko"].edited() == (None, None)
-    with pytest.raises(ConfigError, match="until resolved for a model"):
-        declared["top"].edited()
-    kept = {f.name for f in dataclasses.fields(Intervention)} - {"layers", "heads", "name", *RESOLUTION_FIELDS}
+    assert all(type(x) is InterventionSpec for x in declared.values())
+    assert all(type(x) is Intervention for x in resolved)
+    assert declared["sweep"].layers == LayerWindow(window=1, stride=1)
+    assert isinstance(declared["top"].heads, TopHeads)
+    kept = {f.name for f in dataclasses.fields(InterventionSpec)} - {"layers", "heads", "name"}
     for r in resolved:
         d = declared[r.group]
         assert {f: getattr(r, f) for f in kept} == {f: getattr(d, f) for f in kept}, r.name
-        assert r.resolved and r.model == "tiny-llama"
+        assert r.model == "tiny-llama" and not isinstance(r.layers, LayerWindow) and not isinstance(r.heads, TopHeads)
+    with pytest.raises(FieldError, match="a layer sweep or top-k heads"):
+        Intervention(kind="knockout", layers=LayerWindow(window=2))  # type: ignore[arg-type]
     entry = {**resolved[0].to_json(), "layers": {"window": 1, "stride": 1}}
-    with pytest.raises(InterventionsFileError, match="layer sweep or top-k heads; the file holds interventions resolved"):
+    with pytest.raises(InterventionsFileError, match="field 'layers': a layer sweep or top-k heads"):
         Intervention.from_json(entry, "f.json: entry 0")
 
 
