@@ -14,8 +14,8 @@ import pytest
 
 import probe.runner.resolve as resolve
 from probe.config import ExperimentConfig, config_from_dict
-from probe.errors import ConfigError, FieldError
-from probe.interventions import (RESOLUTION_FIELDS, HeadSelection, Intervention, InterventionSpec,
+from probe.errors import FieldError
+from probe.interventions import (HeadSelection, Intervention, InterventionSpec,
                                  InterventionsFileError, LayerWindow, TopHeads, load_interventions,
                                  write_interventions)
 from probe.runner.resolve import resolve_interventions
