@@ -48,8 +48,10 @@ N_TRIALS = 140
 TOL = 1e-5  # float32 attention sums taken in one forced pass against per-step decoding (tests/runs/test_vllm.py)
 
 
-def trial_count(run_dir: Path) -> int:
-    path = run_dir / "trials.jsonl"
+def trial_count(run_dir: Path, name: str = "trials.jsonl") -> int:
+    """The records of ``run_dir/name`` (trials; with ``prompts.jsonl``, the prompts the run writes, there before
+    stage one's first answer); 0 before the file exists."""
+    path = run_dir / name
     return sum(1 for line in path.read_text().splitlines() if line.strip()) if path.is_file() else 0
 
 
@@ -81,12 +83,6 @@ def vllm_name(dtype: str) -> str:
     return "study-two-stage" if dtype == "float32" else f"study-two-stage-{dtype}"
 
 
-def prompt_count(run_dir: Path) -> int:
-    """The prompts the run writes (its prompts.jsonl, written before stage one's first answer); 0 before."""
-    path = run_dir / "prompts.jsonl"
-    return sum(1 for line in path.read_text().splitlines() if line.strip()) if path.is_file() else 0
-
-
 def arm_vllm(out: Path, cores: str, dtype: str, experiment: Path = EXPERIMENT, name: str | None = None
              ) -> dict[str, Any]:
     name = name or vllm_name(dtype)
@@ -103,7 +99,7 @@ def arm_vllm(out: Path, cores: str, dtype: str, experiment: Path = EXPERIMENT, n
     started = time.perf_counter()
 
     def stop_when_answered() -> None:
-        n = prompt_count(run_dir)
+        n = trial_count(run_dir, "prompts.jsonl")
         if "seconds" not in stage_one and n and trial_count(run_dir) >= n:
             stage_one["seconds"] = time.perf_counter() - started
             server.stop()

@@ -59,8 +59,8 @@ def trials_frame(trials: list[TrialRecord]) -> pd.DataFrame:
     return df
 
 
-def probe_records(run: RunFolder, keys: Iterable[tuple[str, str]], prompts: Mapping[str, Prompt] | None = None
-                  ) -> Iterator[tuple[tuple[str, str], SegmentAttention]]:
+def probe_records(run: RunFolder, keys: Iterable[tuple[str, str]], prompts: Mapping[str, Prompt] | None = None,
+                  intervention: str | None = None) -> Iterator[tuple[tuple[str, str], SegmentAttention]]:
     """The probe record of each (model, prompt id) that has one, read once and handed on one at a time (an answer
     record is tokens x layers x heads x segments: a family keeps what it needs of it and lets it go).
 
@@ -70,7 +70,8 @@ def probe_records(run: RunFolder, keys: Iterable[tuple[str, str]], prompts: Mapp
 
     Args:
         run: the run folder; keys: (model, prompt id) pairs; prompts: the run's prompt records by id when the
-            caller has them (else ``prompts.jsonl`` is read for the check).
+            caller has them (else ``prompts.jsonl`` is read for the check); intervention: read the records probed
+            under this intervention instead of the baseline's.
 
     Raises:
         AttentionRecordError: a record that is damaged, or that does not match its prompt or its model's layers
@@ -78,7 +79,7 @@ def probe_records(run: RunFolder, keys: Iterable[tuple[str, str]], prompts: Mapp
     """
     check = RecordCheck.of(run, prompts)
     for model, pid in dict.fromkeys(keys):
-        path = run.attention_record(model, pid)
+        path = run.attention_record(model, pid, intervention)
         if path.is_file():
             record = SegmentAttention.load(path)
             check(path, model, pid, record)

@@ -7,15 +7,15 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field, replace
-from typing import Literal, Sequence, cast
+from typing import Iterable, Literal, Sequence, cast
 
 import numpy as np
 import pandas as pd
 
 from probe.analysis import inference as inf
-from probe.analysis.frame import RunRecords
+from probe.analysis.frame import RunRecords, probe_records
 from probe.analysis.paired_ratio import PairedDifference, RecoveredShare, paired_difference, recovered_share
-from probe.attention.result import RecordCheck, SegmentAttention
+from probe.attention.result import SegmentAttention
 from probe.codec import OMIT
 from probe.interventions import MATCHED_DRAWS, Intervention, load_interventions
 from probe.runfolder import INTERVENTIONS, RunFolder
@@ -146,9 +146,7 @@ class MovedMass:
             edit with its matched control.
         kind: the segment kind (``germane``, ``filler``, ``extraneous``), or ``"keys"`` in a contrast row (each
             edit's mass on the kinds its keys are drawn from).
-        target: the edit's keys lie in segments of this kind (for a matched draw: the kinds it draws from, where
-            its rise is a lower bound on the mass moved onto its keys, since renormalising takes mass from the
-            kind's other tokens too).
+        target: the edit's keys lie in segments of this kind (a matched draw's: a lower bound, see the docs).
         base, under: mean over questions of the baseline's mass and of the mass under the edit (a contrast row: the
             moved mass of ``a`` and of ``b``).
         diff: ``under − base`` per prompt, its mean over questions, sign-flip test and CR2 interval.
@@ -410,35 +408,30 @@ def moved_mass(run: RunFolder, data: RunRecords, specs: Sequence[Intervention], 
     """The manipulation check of every attention edit whose trials were probed with the answer capture: per cell,
     edit and segment kind, the mass under the edit minus the baseline's on the same prompt; and each edit with a
     matched control, its moved mass on its keys' kinds minus the control's on the control's
-    (docs/interventions.md#the-manipulation-check). Every record is held to its prompt (:class:`RecordCheck`)."""
+    (docs/interventions.md#the-manipulation-check). Records are read through :func:`probe_records`, which holds each
+    to its prompt."""
     by_name = {s.name: s for s in specs}
     edits = [t for t in data.trials if t.intervention is not None and t.intervention in by_name
              and by_name[t.intervention].kind in ("knockout", "steer")]
     if not edits:
         return []
-    check = RecordCheck.of(run, data.prompts)
 
-    def masses(model: str, pid: str, name: str | None) -> dict[str, float] | None:
-        path = run.attention_record(model, pid, name)
-        if not path.is_file():
-            return None
-        record = SegmentAttention.load(path)
-        check(path, model, pid, record)
-        return _answer_masses(record)
+    def masses(keys: Iterable[tuple[str, str]], name: str | None) -> dict[tuple[str, str], dict[str, float]]:
+        return {key: m for key, sa in probe_records(run, keys, data.prompts, name)
+                if (m := _answer_masses(sa)) is not None}
 
+    base = masses([(t.model, t.prompt_id) for t in edits], None)
+    under_all = {name: masses([(t.model, t.prompt_id) for t in edits if t.intervention == name], name)
+                 for name in dict.fromkeys(str(t.intervention) for t in edits)}
     rows: list[dict] = []
-    base_cache: dict[tuple[str, str], dict[str, float] | None] = {}
     for t in edits:
-        under = masses(t.model, t.prompt_id, t.intervention)
         key = (t.model, t.prompt_id)
-        if key not in base_cache:
-            base_cache[key] = masses(t.model, t.prompt_id, None)
-        base = base_cache[key]
-        if under is None or base is None:
+        under = under_all[str(t.intervention)].get(key)
+        if under is None or key not in base:
             continue
-        for k in under.keys() & base.keys():
+        for k in under.keys() & base[key].keys():
             rows.append({"model": t.model, "condition": t.condition, "load": int(t.load or 0), "task_id": t.task_id,
-                         "prompt_id": t.prompt_id, "intervention": t.intervention, "kind": k, "base": base[k],
+                         "prompt_id": t.prompt_id, "intervention": t.intervention, "kind": k, "base": base[key][k],
                          "under": under[k]})
     if not rows:
         return []

@@ -33,15 +33,15 @@ def _effect_of(spec: Intervention | None) -> str:
     return "a causal effect of attention to the extraneous segments is shown"
 
 
-def _diff(d: PairedDifference | None) -> str:
+def _diff(d: PairedDifference | None, digits: int = 3, ci_digits: int = 2) -> str:
     """``+0.250 [+0.10, +0.40]``, or the estimate with why it has no interval (the reason's first clause; the whole
     reason is in the CSV and analysis.json), or a dash."""
     e = None if d is None else d.estimate
     if e is None or e.value is None:
         return fmt.DASH
     if e.ci_low is None or e.ci_high is None:
-        return f"{e.value:+.3f}" + (f" (no interval: {fmt.first_clause(e.reason)})" if e.reason else "")
-    return f"{e.value:+.3f} [{e.ci_low:+.2f}, {e.ci_high:+.2f}]"
+        return f"{e.value:+.{digits}f}" + (f" (no interval: {fmt.first_clause(e.reason)})" if e.reason else "")
+    return f"{e.value:+.{digits}f} [{e.ci_low:+.{ci_digits}f}, {e.ci_high:+.{ci_digits}f}]"
 
 
 def _share(row: InterventionRow, brief: bool = False) -> str:
@@ -192,17 +192,8 @@ MOVED_HEADER = ["model", "condition", "load", "edit", "segment kind", "target", 
 def moved_rows(result: InterventionResult) -> list[list[str]]:
     """The manipulation check's rows (:class:`MovedMass`), as plain text."""
     return [[m.model, m.condition, str(m.load), m.intervention, m.kind, "yes" if m.target else "no",
-             fmt.num(m.base, ".4f"), fmt.num(m.under, ".4f"), str(m.diff.n_questions), _moved(m.diff),
+             fmt.num(m.base, ".4f"), fmt.num(m.under, ".4f"), str(m.diff.n_questions), _diff(m.diff, 4, 4),
              fmt.p_value(m.diff.estimate.p)] for m in result.moved]
-
-
-def _moved(d: PairedDifference) -> str:
-    e = d.estimate
-    if e.value is None:
-        return fmt.DASH
-    if e.ci_low is None or e.ci_high is None:
-        return f"{e.value:+.4f}" + (f" (no interval: {fmt.first_clause(e.reason)})" if e.reason else "")
-    return f"{e.value:+.4f} [{e.ci_low:+.4f}, {e.ci_high:+.4f}]"
 
 
 def blocks(result: InterventionResult, settings: AnalysisSection) -> list[Block]:
