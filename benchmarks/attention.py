@@ -8,8 +8,11 @@ sink / instruction / germane and extraneous segments alternating / question / si
 - ``engine_raw``: the same without the value-weighted measures (``value_weighted=False``), so that
   ``engine / engine_raw`` is what the value-weighted share costs;
 - ``engine_ar``: the same with AR_k (cosine), which needs the rows of every germane, question and extraneous token;
-- ``engine_fused`` / ``engine_ar_fused``: ``engine`` and ``engine_ar`` with ``kernel = "fused"`` (the segment sums
-  from the attention kernel, :mod:`probe.attention.fused`, instead of the block engine's rows);
+- ``engine_ar_model``: ``engine_ar`` with ``one_attention=False``: the model's own kernel gives every layer's output
+  besides the probe's rows (what the engine did before it computed each probed layer's attention once);
+- ``forced_ar``: stage two of a two-stage run over the same T tokens: :func:`probe.attention.probe_forced` of the
+  prompt's first T - 32 tokens followed by 32 answer tokens, with the answer capture and AR_k (``forced_ar / plain``
+  is the forced pass against the decoder's plain forward over the same tokens);
 - ``eager``: eager attention with ``output_attentions=True`` (all L·H·T² weights kept);
 - ``lens``: a TransformerLens ``TransformerBridge`` ``run_with_cache`` of every ``hook_pattern``.
 
@@ -43,7 +46,7 @@ import psutil
 import torch
 from transformers import PreTrainedModel
 
-from probe.attention import SegmentAttention, probe_batch, probe_tokenized
+from probe.attention import SegmentAttention, probe_batch, probe_forced, probe_tokenized
 from probe.attention.implementation import attention_implementation
 from probe.probe_options import ProbeOptions
 from probe.errors import ConfigError
@@ -53,9 +56,10 @@ from probe.types import Span, TokenizedPrompt
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
-ARMS = ("plain", "engine", "engine_raw", "engine_fused", "engine_ar", "engine_ar_fused", "eager", "lens")
+ARMS = ("plain", "engine", "engine_raw", "engine_ar", "engine_ar_model", "forced_ar", "eager", "lens")
 # arms compared with the plain forward, each with its per-round spread
-PROBE_ARMS = ("engine", "engine_fused", "engine_ar", "engine_ar_fused")
+PROBE_ARMS = ("engine", "engine_ar", "engine_ar_model", "forced_ar")
+FORCED_ANSWER = 32  # answer tokens of the forced_ar arm
 
 
 def bench_prompt(n_tokens: int, vocab_size: int, n_pairs: int = 8, seed: int = 0) -> TokenizedPrompt:
@@ -291,10 +295,13 @@ def _arms(model: PreTrainedModel, tp: TokenizedPrompt, ids: torch.Tensor, n_laye
         "engine": lambda: probe_tokenized(model, tp, ProbeOptions(residue=False)),
         "engine_raw": lambda: probe_tokenized(model, tp, ProbeOptions(residue=False), value_weighted=False),
     }
-    arms["engine_fused"] = lambda: probe_tokenized(model, tp, ProbeOptions(residue=False, kernel="fused"))
     if residue:
         arms["engine_ar"] = lambda: probe_tokenized(model, tp, ProbeOptions(residue=True))
-        arms["engine_ar_fused"] = lambda: probe_tokenized(model, tp, ProbeOptions(residue=True, kernel="fused"))
+        arms["engine_ar_model"] = lambda: probe_tokenized(model, tp, ProbeOptions(residue=True), one_attention=False)
+    if residue and len(tp.input_ids) - FORCED_ANSWER >= 51:  # the shortest bench prompt, then the answer
+        prompt = bench_prompt(len(tp.input_ids) - FORCED_ANSWER, int(model.config.get_text_config().vocab_size))
+        answer = [list(tp.input_ids[-FORCED_ANSWER:])]
+        arms["forced_ar"] = lambda: probe_forced(model, [prompt], answer, ProbeOptions(residue=True, answer=True))
     if full:
         arms["eager"] = lambda: _eager(model, ids)
         if bridge is not None:
@@ -360,8 +367,8 @@ def format_attention_bench(rows: list[dict], width: int = 100) -> str:
             f"model {rows[0]['model']} on {rows[0]['device']}; time = fastest of {rows[0]['rounds']} round(s) "
             "(per-round time ratios, lowest-highest, in brackets); memory = peak above the level before the call, "
             "in a separate call; engine_raw = engine without the value-weighted measures (engine/engine_raw: what "
-            "they cost); *_fused = the segment sums from the attention kernel (kernel = \"fused\") instead of the "
-            "block engine's rows", width)
+            "they cost); engine_ar_model = engine_ar with the model's own attention kernel run as well (one_attention "
+            "off)", width)
     for n in notes:
         lines += textwrap.wrap(f"note: {n}", width, subsequent_indent="  ")
     return "\n".join(lines)

@@ -7,6 +7,7 @@ backslashes, control characters); the run folder keeps that text (:func:`read_ru
 
 from __future__ import annotations
 
+import logging
 import math
 import tomllib
 from dataclasses import dataclass, field
@@ -20,6 +21,9 @@ from probe.probe_options import ProbeOptions
 from probe.runfolder import RunFolder, folder_name_problem
 from probe.tasks import SOURCES, TaskSection, get_source
 from probe.types import CONDITIONS
+
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class ExperimentSection:
@@ -167,6 +171,18 @@ def _build(cls: type, data: Any, where: str) -> Any:
         raise ConfigError(f"{where}.{e.where}: {e.problem}" if e.where else f"{where}: {e.problem}") from None
 
 
+def _retire_kernel(table: Any, where: str) -> Any:
+    """The ``[probe]`` table without ``kernel``, which chose between two engines that gave the same arrays to float32
+    rounding; one engine is left (docs/probes.md#one-attention-per-layer), so a config or a run folder that names
+    either still reads, and means what it meant."""
+    if isinstance(table, dict) and table.get("kernel") in ("rows", "fused"):
+        if table["kernel"] == "fused":
+            log.warning("%s: probe.kernel = 'fused' is retired and ignored: one engine computes every probe, with "
+                        "the same arrays to float32 rounding (docs/probes.md#one-attention-per-layer)", where)
+        return {k: v for k, v in table.items() if k != "kernel"}
+    return table
+
+
 def config_from_dict(data: dict[str, Any], where: str = "<config>") -> ExperimentConfig:
     sections = {"experiment", "tasks", "ice", "generation", "probe", "analysis", "interventions"}
     unknown = set(data) - sections
@@ -188,7 +204,7 @@ def config_from_dict(data: dict[str, Any], where: str = "<config>") -> Experimen
             tasks=tuple(_task_section(t, i) for i, t in enumerate(raw_tasks)),
             ice=_build(IceSection, data.get("ice", {}), "ice"),
             generation=_build(GenerationSection, data.get("generation", {}), "generation"),
-            probe=_build(ProbeSection, data.get("probe", {}), "probe"),
+            probe=_build(ProbeSection, _retire_kernel(data.get("probe", {}), where), "probe"),
             analysis=_build(AnalysisSection, data.get("analysis", {}), "analysis"),
             interventions=tuple(_declared_intervention(t, i) for i, t in enumerate(raw_interventions)),
         )

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from probe.errors import ConfigError
 
 QUERY_SETS = ("question", "last", "generated")
-KERNELS = ("rows", "fused")
 
 
 @dataclass(frozen=True)
@@ -26,10 +25,6 @@ class ProbeOptions:
         residue_mode: ``cosine`` or ``mass``.
         exclude_sink: leave the first token (the attention sink) out of every share.
         block_size: query rows computed at a time for AR_k.
-        kernel: where the segment sums come from: ``rows`` (the block engine: every probed row formed in blocks and
-            summed), or ``fused`` (the attention kernel's own sums, :mod:`probe.attention.fused`; the block engine
-            still takes a layer that soft-caps its logits or that an intervention edits). Same arrays to float32
-            rounding; which is faster depends on the device (docs/performance.md).
         answer: capture the attention of every generated token.
     """
 
@@ -40,7 +35,6 @@ class ProbeOptions:
     exclude_sink: bool = True
     block_size: int = 256
     answer: bool = False
-    kernel: str = "rows"
 
     def __post_init__(self) -> None:
         if self.query not in QUERY_SETS and not (
@@ -49,8 +43,6 @@ class ProbeOptions:
             raise ConfigError(f"probe.query: {self.query!r}; use question, last, generated or segment:<i>")
         if not 0 < self.gamma < 1:
             raise ConfigError(f"probe.gamma: {self.gamma} must lie in (0, 1)")
-        if self.kernel not in KERNELS:
-            raise ConfigError(f"probe.kernel: {self.kernel!r}; use {', '.join(KERNELS)}")
         if self.residue_mode not in ("cosine", "mass"):
             raise ConfigError(f"probe.residue_mode: {self.residue_mode!r} is not 'cosine' or 'mass'")
         if self.answer and self.query == "generated":
@@ -59,4 +51,4 @@ class ProbeOptions:
                               "query 'question' or 'last' with answer = true, or answer = false")
 
 
-__all__ = ["KERNELS", "ProbeOptions", "QUERY_SETS"]
+__all__ = ["ProbeOptions", "QUERY_SETS"]

@@ -12,7 +12,6 @@ import torch
 
 from probe.attention.answer import AnswerAttention
 from probe.attention.call import LayerCall
-from probe.attention.fused import fused_layer
 from probe.attention.masks import BlockMask, allowed_keys, block_mask, causal_block_mask, softmax_rows
 from probe.attention.plan import ProbePlan
 from probe.attention.reduce import LayerAggregates, LayerReducer, assemble_result
@@ -62,13 +61,19 @@ def _few_threads(device: torch.device, n_elements: int) -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
+# A prompt whose probe forms at least this share of its rows has all of them formed, and each layer's output for it
+# is taken from them instead of the model's own kernel (docs/probes.md#one-attention-per-layer).
+ONE_ATTENTION_SHARE = 0.5
+
+
 class _Row:
     """One prompt of a batch: its plan, its left padding and what its layers reported."""
 
-    def __init__(self, plan: ProbePlan, pad: int, max_block_elements: int | None) -> None:
+    def __init__(self, plan: ProbePlan, pad: int, max_block_elements: int | None, every_row: bool) -> None:
         self.plan = plan
         self.pad = pad
         self.max_block_elements = max_block_elements
+        self.every_row = every_row
         self.tensors: dict[torch.device, PlanTensors] = {}  # per device (layers may be spread over GPUs)
         self.block_masks: dict[tuple, list[BlockMask]] = {}  # per mask (layers of one type share their mask)
         self.chance: dict[tuple, float] = {}
@@ -76,7 +81,7 @@ class _Row:
 
     def tensors_on(self, device: torch.device) -> PlanTensors:
         if device not in self.tensors:
-            self.tensors[device] = PlanTensors(self.plan, device, self.max_block_elements)
+            self.tensors[device] = PlanTensors(self.plan, device, self.max_block_elements, self.every_row)
         return self.tensors[device]
 
 
@@ -98,6 +103,9 @@ class Capture:
             are offloaded; ``probe bench attention`` times their cost so).
         forced: the batch runs teacher-forced, each prompt followed by its answer (:func:`probe.attention.probe_forced`):
             the one call is wider than the prompts (:meth:`report`).
+        one_attention: where the pass's outputs are not decoded (not ``prefill_only``), the prompts whose plan forms
+            at least ``ONE_ATTENTION_SHARE`` of their rows have every row formed and give each layer their output from
+            them (:meth:`forms_output`; the others, :attr:`model_rows`, take the model's kernel); False: none.
 
     Raises:
         HookError: plans and pads disagree on the batch's width.
@@ -114,6 +122,7 @@ class Capture:
         value_weighted: bool = True,
         forced: bool = False,
         layers: Sequence[int] | None = None,
+        one_attention: bool = True,
     ) -> None:
         pads = list(pads) if pads is not None else [0] * len(plans)
         if len(pads) != len(plans) or not plans:
@@ -122,7 +131,11 @@ class Capture:
         if len(widths) != 1:
             raise HookError(f"capture: prompt length + padding differs between rows ({sorted(widths)})")
         self.width = widths.pop()
-        self.rows = [_Row(plan, pad, max_block_elements) for plan, pad in zip(plans, pads)]
+        own = [one_attention and not prefill_only and len(p.row_positions) >= ONE_ATTENTION_SHARE * p.n_tokens
+               for p in plans]
+        self.rows = [_Row(plan, pad, max_block_elements, o) for plan, pad, o in zip(plans, pads, own)]
+        self.one_attention = any(own)
+        self.model_rows = [i for i, o in enumerate(own) if not o]  # batch rows whose output the model's kernel gives
         self.n_layers = n_layers
         self.layers = tuple(range(n_layers)) if layers is None else tuple(layers)
         self.prefill_only = prefill_only
@@ -136,13 +149,25 @@ class Capture:
     def plans(self) -> list[ProbePlan]:
         return [r.plan for r in self.rows]
 
-    def report(self, call: LayerCall) -> None:
+    def forms_output(self, layer: int, n_queries: int, n_keys: int) -> bool:
+        """Whether :meth:`report` gives this layer call's output from the probe's rows (the model's kernel is then not
+        called): one attention is on, the layer has not reported yet, and the call is the pass over the prompts (or
+        the teacher-forced pass, whose rows past the prompts the caller computes)."""
+        return self.one_attention and self.calls[layer] == 0 and n_queries == n_keys and (
+            n_queries == self.width or (self.forced and n_queries > self.width))
+
+    def report(self, call: LayerCall, output: bool = False) -> torch.Tensor | None:
         """Compute the needed rows of one layer call for every prompt of the batch, in blocks, and keep their
         aggregates (:class:`~probe.attention.call.LayerCall`: under an intervention its bias is added to the rows'
         scores, so the probe measures the intervened attention; the value states and the module go to the measures
         that read them). A teacher-forced call (``forced``) is wider than the prompts: the answer capture takes
         it whole, and the prompts' rows are probed on its first ``width`` queries and keys (a prompt row sees no
-        later key, so they are the prefill's)."""
+        later key, so they are the prefill's).
+
+        Returns:
+            With ``output`` (where :meth:`forms_output`), the (B, H, width, Dv) attention output of the prompts'
+            positions in the query's dtype, ``A·V`` from the probe's float32 rows (a padding position gets 0: no
+            other position reads it; the rows of :attr:`model_rows` are left 0 for the caller); else None."""
         if self.forced and call.query.shape[2] > self.width:
             if self.answer is not None:
                 self.answer.report_forced(call if self.value_weighted else replace(call, module=None))
@@ -157,14 +182,14 @@ class Capture:
         n_kv, n_k = key.shape[1], key.shape[2]
         if n_q != self.width or n_k != self.width:
             if self.prefill_only:
-                return  # a decode step: one new query against the cache
+                return None  # a decode step: one new query against the cache
             raise HookError(
                 f"layer {layer}: attention over {n_q} queries x {n_k} keys, the probed sequence has "
                 f"{self.width} tokens (a cache or packed input is not supported)"
             )
         self.calls[layer] += 1
         if self.calls[layer] > 1:
-            return  # the duplicate is reported by ``check``
+            return None  # the duplicate is reported by ``check``
         if n_batch != len(self.rows):
             raise HookError(f"layer {layer}: a batch of {n_batch} rows, the probe expects {len(self.rows)}")
         if n_heads % n_kv:
@@ -175,6 +200,12 @@ class Capture:
         ):
             raise HookError(f"layer {layer}: unexpected attention mask of shape {tuple(attention_mask.shape)}; "
                             f"expected ({n_batch} or 1, 1, {self.width}, {self.width})")
+        out = None
+        if output:
+            if call.value is None:
+                raise HookError(f"layer {layer}: its output needs the value states, and the layer reported none")
+            out = torch.zeros(n_batch, n_heads, self.width, call.value.shape[-1], dtype=query.dtype,
+                              device=query.device)
         with _few_threads(query.device, max(r.plan.n_tokens for r in self.rows) ** 2 * n_heads // 2):
             for i, row in enumerate(self.rows):
                 p = row.pad
@@ -184,13 +215,15 @@ class Capture:
                     b = i if attention_mask.shape[0] > 1 else 0
                     mask = attention_mask[b, 0, p:, p:]  # (T, T): the prompt's own rows and keys
                     mask_key = (attention_mask.data_ptr(), tuple(attention_mask.shape), b, p)
-                row.layers[layer] = self._reduce(row, i, call, mask, mask_key)
+                row.layers[layer] = self._reduce(row, i, call, mask, mask_key, out if row.every_row else None)
+        return out
 
     def _reduce(self, row: _Row, i: int, call: LayerCall, mask: torch.Tensor | None,
-                mask_key: tuple) -> LayerAggregates:
+                mask_key: tuple, out: torch.Tensor | None = None) -> LayerAggregates:
         """Batch row ``i``'s aggregates in one layer from its own (H, T, D) queries and (H_kv, T, D) keys (its padding
         cut off) and ``mask`` (T, T); the call's edit, where it edits this layer, adds its bias to the scores; the
-        value states go to the measures that read them."""
+        value states go to the measures that read them; with ``out`` (B, H, width, Dv), every row's ``A·V`` is
+        written into its row ``i`` (the rows then cover every position)."""
         p, layer = row.pad, call.layer
         query, key = call.query[i, :, p:, :], call.key[i, :, p:, :]
         value = None if call.value is None else call.value[i, :, p:, :]
@@ -208,13 +241,8 @@ class Capture:
             if all(m.additive is None for m in masks):  # the rows of a bias mask are not kept across layers
                 row.block_masks[mask_key] = masks
         reducer = LayerReducer(row.plan, n_heads, tensors, layer, call.module if self.value_weighted else None)
-        if self.options.kernel == "fused" and edit is None and softcap is None and call.sinks is None \
-                and reducer.fusable:
-            fused = fused_layer(tensors, masks, query, key, value, scaling,
-                                reducer.ctx.module if reducer.with_values else None, mask, row.plan.segment_spans)
-            return reducer.finish_fused(fused, self._chance(row, mask, mask_key, tensors))
         values = None
-        if reducer.needs_values:
+        if reducer.needs_values or out is not None:
             if value is None:
                 raise HookError(f"layer {layer}: a measure reads the value states, but the layer reported none")
             values = value.to(torch.float32)
@@ -234,6 +262,10 @@ class Capture:
             probs = softmax_rows(scores, call.sinks, 0)
             del scores
             reducer.add(block, probs, bm.lo, values)
+            if out is not None:  # the layer's output from the same rows: A·V, query head h reading value head h // rep
+                assert values is not None and block.contiguous
+                o = torch.bmm(probs.view(n_kv, (n_heads // n_kv) * n_rows, -1), values[:, bm.lo : bm.hi])
+                out[i, :, p + block.first : p + block.last + 1] = o.view(n_heads, n_rows, -1)
             del probs
         return reducer.finish(self._chance(row, mask, mask_key, tensors))
 

@@ -77,6 +77,7 @@ def probe_batch(
     generated_ids: Sequence[Sequence[int]] | None = None,
     *,
     value_weighted: bool = True,
+    one_attention: bool = True,
 ) -> list[SegmentAttention]:
     """Probe several prompts in one forward pass (left-padded); each result equals :func:`probe_tokenized`'s.
 
@@ -88,6 +89,9 @@ def probe_batch(
             ``ProbeOptions()``).
         generated_ids: per prompt, answer token ids appended after it; required by query ``generated``.
         value_weighted: compute the value-weighted measures (docs/probes.md#value-weighted-share).
+        one_attention: on layers whose rows the probe forms anyway (AR_k), give the layer its output from them and
+            skip the model's own kernel (docs/probes.md#one-attention-per-layer); False: the model's kernel gives
+            every output, as in an unprobed forward.
 
     Returns:
         One :class:`SegmentAttention` per prompt, in order.
@@ -108,7 +112,7 @@ def probe_batch(
     width = ids.shape[1]
     n_layers, layers = probed_layers(model)
     capture = Capture(plans, n_layers, pads, block_budget(model, width * len(prompts)), layers=layers,
-                      value_weighted=value_weighted and value_measures_apply(model))
+                      value_weighted=value_weighted and value_measures_apply(model), one_attention=one_attention)
     device = input_device(model)  # not the first parameter's: a dispatched model may keep it on `meta`
     kwargs: dict[str, torch.Tensor] = {}
     if any(pads):  # position ids from 0 in every row, as generate makes them
@@ -127,6 +131,7 @@ def probe_tokenized(
     generated_ids: Sequence[int] | None = None,
     *,
     value_weighted: bool = True,
+    one_attention: bool = True,
 ) -> SegmentAttention:
     """Probe one prompt: segment masses, P_ext with chance and enrichment, sink mass and AR_k (docs/probes.md).
 
@@ -143,6 +148,9 @@ def probe_tokenized(
             extraneous segments); False computes only the query set's rows.
         generated_ids: answer token ids appended after the prompt; required by query ``generated``.
         value_weighted: compute the value-weighted measures (docs/probes.md#value-weighted-share).
+        one_attention: on layers whose rows the probe forms anyway (AR_k), give the layer its output from them and
+            skip the model's own kernel (docs/probes.md#one-attention-per-layer); False: the model's kernel gives
+            every output, as in an unprobed forward.
 
     Returns:
         The prompt's :class:`SegmentAttention`.
@@ -152,7 +160,8 @@ def probe_tokenized(
         SpanError / ConfigError: the query set cannot be formed from the spans / options.
     """
     generated = [list(generated_ids)] if generated_ids is not None else None
-    return probe_batch(model, [tokenized], options, generated, value_weighted=value_weighted)[0]
+    return probe_batch(model, [tokenized], options, generated, value_weighted=value_weighted,
+                       one_attention=one_attention)[0]
 
 
 @contextmanager
@@ -209,6 +218,7 @@ def probe_forced(
     answers: Sequence[Sequence[int]],
     options: ProbeOptions | None = None,
     pad_id: int = 0,
+    one_attention: bool = True,
 ) -> list[SegmentAttention]:
     """Probe prompts whose answers were written elsewhere (a serving engine): each prompt followed by its recorded
     answer, in one teacher-forced forward pass (docs/probes.md#two-stage-runs).
@@ -227,6 +237,9 @@ def probe_forced(
         options: probe options; the query set must lie inside the prompt (query ``generated`` is
             :func:`probe_batch` with ``generated_ids``).
         pad_id: the token id of the padding and filler positions (masked or after every answer: never read).
+        one_attention: on layers whose rows the probe forms anyway (AR_k), give the layer its output from them and
+            skip the model's own kernel (docs/probes.md#one-attention-per-layer); False: the model's kernel gives
+            every output, as in an unprobed forward.
 
     Returns:
         One :class:`SegmentAttention` per prompt, with ``answer`` set when ``options.answer``.
@@ -256,7 +269,8 @@ def probe_forced(
     rows = AnswerRows(plans, pads, width, n_layers=n_layers_of(model)) if options.answer else None
     n_layers, layers = probed_layers(model)
     capture = Capture(plans, n_layers, pads, block_budget(model, int(ids.shape[1]) * len(prompts)), answer=rows,
-                      forced=True, layers=layers, value_weighted=value_measures_apply(model))
+                      forced=True, layers=layers, value_weighted=value_measures_apply(model),
+                      one_attention=one_attention)
     device = input_device(model)
     kwargs: dict[str, torch.Tensor] = {}
     if any(pads):  # position ids from 0 in every row, as generate makes them

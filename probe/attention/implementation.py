@@ -170,22 +170,52 @@ def _probe_attention(
     if editing and query.shape[0] != edit.keys.shape[0]:  # type: ignore[union-attr]
         raise HookError(f"layer {layer}: a batch of {query.shape[0]} rows, the intervention was built for "
                         f"{edit.keys.shape[0]}")  # type: ignore[union-attr]
+    call = LayerCall(int(layer), query, key, value, mask, float(scaling), softcap, edit, module, sinks)
+    block = capture.options.block_size if capture is not None else ProbeOptions().block_size
+    if capture is not None and not editing and capture.forms_output(int(layer), query.shape[2], key.shape[2]):
+        # One attention: the probe's rows give the output; positions past the prompts (a teacher-forced answer)
+        # and the batch rows the probe does not form take the model's kernel on their own rows.
+        prompts = capture.report(call, output=True)
+        assert prompts is not None
+        out = prompts.transpose(1, 2)
+        n_prompt = out.shape[1]
+        if query.shape[2] > n_prompt:
+            tail_mask = mask[:, :, n_prompt:] if mask is not None else torch.ones(
+                query.shape[2] - n_prompt, key.shape[2], dtype=torch.bool, device=query.device
+            ).tril(n_prompt)[None, None]
+            tail = _model_attention(module, query[:, :, n_prompt:], key, value, tail_mask, scaling, softcap, sinks,
+                                    block, kwargs)
+            out = torch.cat([out, tail], dim=1)
+        out = out.contiguous()
+        if capture.model_rows:
+            rows = torch.tensor(capture.model_rows, device=query.device)
+            rows_mask = mask if mask is None or mask.shape[0] == 1 else mask[rows]
+            out[rows] = _model_attention(module, query[rows], key[rows], value[rows], rows_mask, scaling, softcap,
+                                         sinks, block, kwargs)
+        return out, None
     # A decode step in which every row is edited needs no unedited output.
     skip_base = editing and query.shape[2] == 1 and edit.every_row_keyed  # type: ignore[union-attr]
     out: torch.Tensor | None = None
     if not skip_base:
-        if softcap is None and sinks is None:
-            out, _ = sdpa_attention_forward(module, query, key, value, mask, dropout=0.0, scaling=scaling, **kwargs)
-        else:
-            block = capture.options.block_size if capture is not None else ProbeOptions().block_size
-            out = _blocked_attention(query, key, value, mask, scaling, softcap, block, sinks)
+        out = _model_attention(module, query, key, value, mask, scaling, softcap, sinks, block, kwargs)
     if editing:
         out = edited_attention(edit, int(layer), query, key, value, mask, float(scaling), softcap,  # type: ignore[arg-type]
                                out, sinks)
     if capture is not None:
-        capture.report(LayerCall(int(layer), query, key, value, mask, float(scaling), softcap, edit, module, sinks))
+        capture.report(call)
     assert out is not None
     return out, None
+
+
+def _model_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     mask: torch.Tensor | None, scaling: float, softcap: float | None, sinks: torch.Tensor | None,
+                     block: int, kwargs: dict[str, Any]) -> torch.Tensor:
+    """The layer's output as the model computes it: SDPA, or the exact blocked attention where SDPA cannot
+    (soft-capped logits, learned sinks); (B, W, H, Dv)."""
+    if softcap is None and sinks is None:
+        out, _ = sdpa_attention_forward(module, query, key, value, mask, dropout=0.0, scaling=scaling, **kwargs)
+        return out
+    return _blocked_attention(query, key, value, mask, scaling, softcap, block, sinks)
 
 
 @contextmanager

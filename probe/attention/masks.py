@@ -7,7 +7,7 @@ the keys each query may see, from which the chance level of P_ext is counted.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -36,19 +36,6 @@ class BlockMask:
     tail_start: int = 0
     blocked: torch.Tensor | None = None
     additive: torch.Tensor | None = None
-    _dense: torch.Tensor | None = field(default=None, repr=False, compare=False)
-
-    def dense(self, n_rows: int, device: torch.device) -> torch.Tensor | None:
-        """The (rows, hi - lo) additive float32 mask (0 where a row may read the key, -inf where hidden, or the
-        mask's own bias) that a fused kernel takes, or None when the block hides nothing; built once per mask (the
-        capture keeps a mask across the layers that share it)."""
-        if self.additive is None and self.blocked is None and self.head is None and self.tail is None:
-            return None
-        if self._dense is None or self._dense.device != torch.device(device):
-            out = torch.zeros(1, n_rows, self.hi - self.lo, dtype=torch.float32, device=device)
-            self.apply(out)
-            self._dense = out[0]
-        return self._dense
 
     def apply(self, scores: torch.Tensor) -> None:
         """Set the hidden keys of (H, B, hi - lo) ``scores`` to -inf (or add the additive mask), in place."""

@@ -1,5 +1,4 @@
-"""Attention measures as one registry: each measure is one entry, with its reducer, its fused form where it has one
-and its eager reference (docs/probes.md#the-measure-registry)."""
+"""Attention measures as one registry: each measure is one entry, with its reducer and its eager reference (docs/probes.md#the-measure-registry)."""
 
 from __future__ import annotations
 
@@ -56,25 +55,6 @@ class BlockReducer(Protocol):
         """The layer's array (the measure's axes without ``layer``), float64."""
 
 
-@dataclass
-class FusedLayer:
-    """What the attention kernel gave for one prompt in one layer (:mod:`probe.attention.fused`), for the measures'
-    ``fused`` readers.
-
-    Attributes:
-        q_mass: (H, S) float64 sum over the query set Q of each row's mass on every segment.
-        q_value_mass: (H, S) float64 the same with each weight times its key's ‖v_j W_O^h‖, or None (not computed).
-        column_sums: per accumulated segment of the residue (``PlanTensors.acc_segments``), (H, keys kept) float32
-            sum of its rows over the keys: what the block engine's residue accumulates.
-        n_queries: |Q|.
-    """
-
-    q_mass: torch.Tensor
-    q_value_mass: torch.Tensor | None
-    column_sums: list[torch.Tensor]
-    n_queries: int
-
-
 @dataclass(frozen=True)
 class EagerAttention:
     """Everything a reference needs: eager attention of every layer and the prompt's layout, in plain numpy.
@@ -121,8 +101,6 @@ class Measure:
         reference: the measure from eager attention.
         reducer: a factory of the layer's :class:`BlockReducer` (None for a derived measure).
         derive: the (layer, …) array from the arrays of earlier measures and the plan (None for a reduced one).
-        fused: a reduced measure's layer array from what the attention kernel gave (:mod:`probe.attention.fused`),
-            or None: a probe whose measures do not all have one takes the block engine.
         has_chance: a chance level applies (the record's ``chance`` per layer; enrichment = value / chance).
         needs_values: the reducer reads the layer's value states (the capture hands them only to such measures);
             a derived measure sets it when what it derives from reads them.
@@ -137,7 +115,6 @@ class Measure:
     reference: Callable[[EagerAttention], np.ndarray]
     reducer: Callable[[LayerContext], BlockReducer] | None = None
     derive: Callable[[Mapping[str, np.ndarray], ProbePlan], np.ndarray] | None = None
-    fused: Callable[[FusedLayer, LayerContext], np.ndarray] | None = None
     has_chance: bool = False
     needs_values: bool = False
     needs_residue: bool = False
@@ -173,4 +150,4 @@ def register_measure(measure: Measure) -> Measure:
     return MEASURES.register(measure.id, measure)
 
 
-__all__ = ["BlockReducer", "EagerAttention", "FusedLayer", "LayerContext", "MEASURES", "Measure", "register_measure"]
+__all__ = ["BlockReducer", "EagerAttention", "LayerContext", "MEASURES", "Measure", "register_measure"]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from probe.attention.measure import BlockReducer, FusedLayer, LayerContext, Measure
+from probe.attention.measure import BlockReducer, LayerContext, Measure
 from probe.attention.measures import measures
 from probe.attention.measures.value import has_output_projection
 from probe.attention.plan import ProbePlan
@@ -67,22 +67,11 @@ class LayerReducer:
 
     @property
     def reducers(self) -> dict[str, tuple[bool, BlockReducer]]:
-        """Measure id -> (whether it reads value states, its block reducer); made on first use, so a layer whose
-        sums come from the kernel (:meth:`finish_fused`) allocates no accumulator."""
+        """Measure id -> (whether it reads value states, its block reducer); made on first use."""
         if self._reducers is None:
             self._reducers = {m.id: (m.needs_values, m.reducer(self.ctx)) for m in self.measures
                               if m.reducer is not None}
         return self._reducers
-
-    @property
-    def fusable(self) -> bool:
-        """Every measure of the layer reads from the kernel's sums (:mod:`probe.attention.fused`)."""
-        return all(m.fused is not None for m in self.measures)
-
-    def finish_fused(self, fused: FusedLayer, chance: float) -> LayerAggregates:
-        """The layer's arrays from what the attention kernel gave instead of from rows."""
-        arrays = {m.id: m.fused(fused, self.ctx) for m in self.measures if m.fused is not None}
-        return LayerAggregates(arrays=arrays, chance=chance, with_values=self.with_values)
 
     def add(self, block: RowBlock, probs: torch.Tensor, key_start: int = 0,
             values: torch.Tensor | None = None) -> None:
@@ -161,7 +150,6 @@ def assemble_result(plan: ProbePlan, layers: list[LayerAggregates | None]) -> Se
             "exclude_sink": o.exclude_sink,
             "block_size": o.block_size,
             "residue": o.residue,
-            "kernel": o.kernel,
         },
         n_tokens=plan.n_tokens,
         n_prompt_tokens=plan.n_prompt_tokens,

@@ -64,8 +64,8 @@ class SegmentAttention:
         segment_kinds: one kind per segment.
         segment_spans: ``(start, end)`` token span per segment.
         ar_targets: indices into the segments of the AR targets (germane segments and the question, in order).
-        options: the probe options used (query, gamma, residue_mode, exclude_sink, block_size, residue, kernel:
-            ``rows`` or ``fused``; a record written before the option existed has no ``kernel``: ``rows``).
+        options: the probe options used (query, gamma, residue_mode, exclude_sink, block_size, residue; a record
+            written while the engine had two kernels also holds ``kernel``, ``rows`` or ``fused``).
         n_tokens: tokens in the probed sequence (prompt + generated answer tokens).
         n_prompt_tokens: tokens of the prompt alone.
         n_queries: size of the query set Q.

@@ -45,13 +45,16 @@ class PlanTensors:
         max_block_elements: most ``rows x keys`` elements per head in one block (a block of rows ending at position
             p reads ``p + 1`` keys); None: blocks of ``plan.options.block_size`` rows. Rows per block never exceed
             ``plan.options.block_size``.
+        every_row: lay out every position's row, not only the plan's (the engine then gives the layer its output
+            from them, docs/probes.md#one-attention-per-layer); the rows outside the plan reach no measure.
     """
 
     # Segment sums by a one-hot matmul up to this many segments (fast on every device); by index_add_ beyond it
     # on the CPU, where the matmul's T x S x rows cost would dominate (CogniLoad prompts have hundreds).
     MATMUL_MAX_SEGMENTS = 64
 
-    def __init__(self, plan: ProbePlan, device: torch.device, max_block_elements: int | None = None) -> None:
+    def __init__(self, plan: ProbePlan, device: torch.device, max_block_elements: int | None = None,
+                 every_row: bool = False) -> None:
         self.device = device
         S = plan.n_segments
         self.n_segments = S
@@ -67,7 +70,7 @@ class PlanTensors:
         self.exclude_sink = plan.options.exclude_sink
 
         self._lay_out_residue(plan)
-        self.blocks = self._lay_out_blocks(plan, max_block_elements)
+        self.blocks = self._lay_out_blocks(plan, max_block_elements, every_row)
 
     def _lay_out_residue(self, plan: ProbePlan) -> None:
         """The accumulated segments of the residue (their slots and kept keys) and its weights."""
@@ -106,7 +109,7 @@ class PlanTensors:
         self.mass_weights = mass_weights
         self.n_targets = len(plan.ar_targets)
 
-    def _lay_out_blocks(self, plan: ProbePlan, max_block_elements: int | None) -> list[RowBlock]:
+    def _lay_out_blocks(self, plan: ProbePlan, max_block_elements: int | None, every_row: bool) -> list[RowBlock]:
         """The blocks of query rows (at most ``block_size`` rows and ``max_block_elements`` per head each)."""
         T, spans = plan.n_tokens, plan.segment_spans
         owner = np.full(T, -1, dtype=np.int64)
@@ -117,7 +120,7 @@ class PlanTensors:
         in_query[plan.query_positions] = True
 
         out: list[RowBlock] = []
-        rows = plan.row_positions
+        rows = np.arange(T) if every_row else plan.row_positions
         max_rows = plan.options.block_size
         start = 0
         while start < len(rows):

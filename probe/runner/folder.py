@@ -23,12 +23,11 @@ log = logging.getLogger(__name__)
 
 
 # What does not determine a record: where the folder lies and what it is called (a copied folder resumes), and
-# settings read only by the analysis, and the probe's kernel (the block engine and the fused path give the same
-# arrays to float32 rounding, docs/probes.md#the-fused-path). ``generation.batch_size`` is a speed setting under greedy decoding (batched
+# settings read only by the analysis. ``generation.batch_size`` is a speed setting under greedy decoding (batched
 # generation gives the records of one prompt at a time); a sampled run draws per batch, so there it counts.
 NOT_RECORD_KEYS: tuple[str, ...] = ("experiment.name", "experiment.output_dir", "analysis.brittle_em",
                                     "analysis.confound_rate", "analysis.alpha", "analysis.n_bootstrap",
-                                    "analysis.equivalence_margin", "probe.kernel")
+                                    "analysis.equivalence_margin")
 
 
 GREEDY_ONLY_KEYS: tuple[str, ...] = ("generation.batch_size",)

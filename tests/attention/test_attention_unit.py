@@ -199,4 +199,4 @@ def test_a_format_1_record_still_reads_with_the_same_values() -> None:
     diffs = same.max_differences(old)
     assert set(diffs) == {*old.measures, "chance"} and max(diffs.values()) <= 1e-5, diffs
     assert old.segment_labels == new.segment_labels
-    assert old.options == {k: v for k, v in new.options.items() if k != "kernel"}  # kernel: recorded since
+    assert old.options == new.options

@@ -307,16 +307,16 @@ def test_probe_residue_is_an_option_and_a_config_without_it_computes_it():
         config_from_dict({**base, "probe": {"residue": "no"}})
 
 
-def test_probe_kernel_is_an_option_that_determines_no_record():
-    """``[probe] kernel`` picks where the segment sums come from; both give the same arrays to float32 rounding, so a
-    run folder resumes across a change of it (and across a config written before the option existed)."""
-    from probe.runner.folder import record_differences
-
+def test_the_retired_probe_kernel_still_reads(caplog):
+    """``[probe] kernel`` chose between two engines with the same arrays to float32 rounding; one is left. A config or
+    a run folder that names either still reads (so the folder resumes), "fused" with a warning; another value is
+    refused by name."""
     base = {"experiment": {"name": "r"}, "tasks": [{"source": "synthetic"}]}
-    old = config_from_dict(base)
-    assert old.probe.kernel == "rows"
-    fused = config_from_dict({**base, "probe": {"enabled": True, "kernel": "fused"}})
-    assert config_from_dict(tomllib.loads(dump_config(fused))) == fused
-    assert record_differences(old, fused) == ["probe.enabled: False -> True"]
-    with pytest.raises(ConfigError, match=r"probe\.kernel: 'flash'; use rows, fused"):
+    plain = config_from_dict({**base, "probe": {"enabled": True}})
+    assert config_from_dict({**base, "probe": {"enabled": True, "kernel": "rows"}}) == plain
+    assert not caplog.records
+    assert config_from_dict({**base, "probe": {"enabled": True, "kernel": "fused"}}, "old.toml") == plain
+    assert "old.toml: probe.kernel = 'fused' is retired" in caplog.text
+    assert "kernel" not in dump_config(plain)
+    with pytest.raises(ConfigError, match=r"probe: unknown key\(s\) kernel"):
         config_from_dict({**base, "probe": {"kernel": "flash"}})

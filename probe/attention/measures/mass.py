@@ -7,7 +7,7 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from probe.attention.measure import EagerAttention, FusedLayer, LayerContext, Measure, register_measure
+from probe.attention.measure import EagerAttention, LayerContext, Measure, register_measure
 from probe.attention.plan import ProbePlan
 from probe.attention.segments import RowBlock
 from probe.attention.result import KEY_KINDS
@@ -29,10 +29,6 @@ class SegmentMass:
 
     def finish(self) -> np.ndarray:
         return (self.q_mass / self.n_queries).cpu().numpy()
-
-
-def _fused_segment(f: FusedLayer, ctx: LayerContext) -> np.ndarray:
-    return (f.q_mass / f.n_queries).cpu().numpy()
 
 
 def by_kind(per_segment: np.ndarray, segment_kinds: tuple[str, ...] | list[str]) -> np.ndarray:
@@ -91,7 +87,7 @@ def _derive_p_ext(arrays: Mapping[str, np.ndarray], plan: ProbePlan) -> np.ndarr
 SEG_MASS_SEGMENT = register_measure(Measure(
     id="seg_mass_segment", axes=("layer", "head", "segment"), value_range=(0.0, 1.0),
     description="mean attention mass of the query set on each segment", reference=_reference_segment,
-    reducer=SegmentMass, fused=_fused_segment))
+    reducer=SegmentMass))
 SEG_MASS = register_measure(Measure(
     id="seg_mass", axes=("layer", "head", "kind"), value_range=(0.0, 1.0),
     description="mean attention mass of the query set on each key kind", reference=_reference_kind,

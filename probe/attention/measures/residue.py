@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from probe.attention.measure import EagerAttention, FusedLayer, LayerContext, Measure, register_measure
+from probe.attention.measure import EagerAttention, LayerContext, Measure, register_measure
 from probe.attention.segments import RowBlock
 
 
@@ -85,12 +85,6 @@ class Residue:
         return np.einsum("ths,ts->ht", mass, self.t.mass_weights[numbers])
 
 
-def _fused(f: FusedLayer, ctx: LayerContext) -> np.ndarray:
-    residue = Residue(ctx)
-    residue.acc = f.column_sums  # the kernel's column sums are the rows the block engine accumulates
-    return residue.finish()
-
-
 def _reference(e: EagerAttention) -> np.ndarray:
     opts = e.options
     n_heads = e.attentions[0].shape[0]
@@ -123,4 +117,4 @@ def _reference(e: EagerAttention) -> np.ndarray:
 AR_K = register_measure(Measure(
     id="ar_k", axes=("layer", "head", "target"), value_range=(0.0, float("inf")),
     description="attentional residue of each germane and question segment", reference=_reference,
-    reducer=Residue, fused=_fused, needs_residue=True))
+    reducer=Residue, needs_residue=True))

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from probe.attention.measure import EagerAttention, FusedLayer, LayerContext, Measure, register_measure
+from probe.attention.measure import EagerAttention, LayerContext, Measure, register_measure
 from probe.attention.measures.mass import by_kind, share_of_extraneous
 from probe.attention.plan import ProbePlan
 from probe.attention.segments import RowBlock
@@ -136,12 +136,6 @@ def _shares(q_mass: torch.Tensor) -> np.ndarray:
     return torch.where(total > 0, q_mass / total.clamp_min(1e-300), torch.nan).cpu().numpy()
 
 
-def _fused_segment(f: FusedLayer, ctx: LayerContext) -> np.ndarray:
-    if f.q_value_mass is None:
-        raise HookError(f"layer {ctx.layer}: the kernel gave no value-weighted masses")
-    return _shares(f.q_value_mass)
-
-
 def _reference_segment(e: EagerAttention) -> np.ndarray:
     if e.values is None or e.out_proj is None:
         raise HookError("reference: the value-weighted share needs the value states and output projection")
@@ -176,7 +170,7 @@ def _derive_p_ext(arrays: Mapping[str, np.ndarray], plan: ProbePlan) -> np.ndarr
 VALUE_MASS_SEGMENT = register_measure(Measure(
     id="value_share_segment", axes=("layer", "head", "segment"), value_range=(0.0, 1.0),
     description="share of each segment in the value-weighted attention (α ‖v W_O‖) of the query set",
-    reference=_reference_segment, reducer=ValueMass, fused=_fused_segment, needs_values=True))
+    reference=_reference_segment, reducer=ValueMass, needs_values=True))
 VALUE_P_EXT = register_measure(Measure(
     id="value_p_ext", axes=("layer", "head"), value_range=(0.0, 1.0),
     description="value-weighted P_ext: share of the non-sink value-weighted attention on extraneous segments",
