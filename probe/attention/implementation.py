@@ -177,22 +177,22 @@ def _probe_attention(
         # and the batch rows the probe does not form take the model's kernel on their own rows.
         prompts = capture.report(call, output=True)
         assert prompts is not None
-        out = prompts.transpose(1, 2)
-        n_prompt = out.shape[1]
+        formed = prompts.transpose(1, 2)
+        n_prompt = formed.shape[1]
         if query.shape[2] > n_prompt:
             tail_mask = mask[:, :, n_prompt:] if mask is not None else torch.ones(
                 query.shape[2] - n_prompt, key.shape[2], dtype=torch.bool, device=query.device
             ).tril(n_prompt)[None, None]
             tail = _model_attention(module, query[:, :, n_prompt:], key, value, tail_mask, scaling, softcap, sinks,
                                     block, kwargs)
-            out = torch.cat([out, tail], dim=1)
-        out = out.contiguous()
+            formed = torch.cat([formed, tail], dim=1)
+        formed = formed.contiguous()
         if capture.model_rows:
             rows = torch.tensor(capture.model_rows, device=query.device)
             rows_mask = mask if mask is None or mask.shape[0] == 1 else mask[rows]
-            out[rows] = _model_attention(module, query[rows], key[rows], value[rows], rows_mask, scaling, softcap,
-                                         sinks, block, kwargs)
-        return out, None
+            formed[rows] = _model_attention(module, query[rows], key[rows], value[rows], rows_mask, scaling, softcap,
+                                            sinks, block, kwargs)
+        return formed, None
     # A decode step in which every row is edited needs no unedited output.
     skip_base = editing and query.shape[2] == 1 and edit.every_row_keyed  # type: ignore[union-attr]
     out: torch.Tensor | None = None
