@@ -32,8 +32,9 @@ from probe.errors import ConfigError
 from probe.loading import get_card
 from probe.records import load_prompts, load_trials, read_jsonl
 from probe.runfolder import RunFolder
+from probe.types import Span, TokenizedPrompt
 from probe.runner import run_experiment
-from probe.runner.forced import ENGINE_IDS, RETOKENIZED
+from probe.runner.forced import ENGINE_IDS, RETOKENIZED, _Item, batch_order
 from tests.fixtures.experiment import tiny_experiment
 
 pytestmark = pytest.mark.integration
@@ -294,3 +295,22 @@ def test_probe_with_is_refused_where_it_cannot_work(tmp_path, tiny_card):
     with pytest.raises(ConfigError, match=r"served; \[\[interventions\]\] run with local"):
         run_experiment(cfg, progress=False)
     assert not cfg.run_dir.exists()
+
+
+def test_stage_two_batches_answers_of_like_length() -> None:
+    """generate's layout fills every answer of a batch to the longest: ordering by answer band, then prompt length,
+    leaves fewer filler tokens than ordering by prompt + answer, on 420 answers spread like the confirmatory
+    study's (prompts of 120-500 tokens, answers of 16-256): 1.11x the tokens against 1.31x here."""
+    rng = np.random.default_rng(0)
+    items = [_Item(TokenizedPrompt(tuple(range(int(p))), (Span("question", 0, int(p)),)), [1] * int(a), ENGINE_IDS,
+                   "", (), "") for p, a in zip(rng.integers(120, 500, 420), rng.integers(16, 256, 420))]
+
+    def padded(order: list) -> int:  # each batch of 8: its size x (longest prompt + longest answer)
+        return sum(len(g) * (max(len(i.tokenized.input_ids) for i in g) + max(len(i.answer) for i in g))
+                   for g in (order[b : b + 8] for b in range(0, len(order), 8)))
+
+    tokens = sum(len(i.tokenized.input_ids) + len(i.answer) for i in items)
+    by_total = padded(sorted(items, key=lambda i: len(i.tokenized.input_ids) + len(i.answer)))
+    ours = padded(sorted(items, key=batch_order))
+    print(f"padded tokens / tokens: by prompt + answer {by_total / tokens:.3f}, stage two's order {ours / tokens:.3f}")
+    assert ours < 0.9 * by_total and ours < 1.2 * tokens
