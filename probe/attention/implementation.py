@@ -25,6 +25,7 @@ IMPLEMENTATION = "ice_probe"
 _ACTIVE: contextvars.ContextVar["Capture | None"] = contextvars.ContextVar("ice_probe_capture", default=None)
 _ACTIVE_EDIT: contextvars.ContextVar["BatchEdit | None"] = contextvars.ContextVar("ice_probe_edit", default=None)
 _registered = False
+DEFAULT_BLOCK = ProbeOptions().block_size  # the rows of a blocked attention computed without a probe
 
 
 def _register() -> None:
@@ -170,19 +171,20 @@ def _probe_attention(
     if editing and query.shape[0] != edit.keys.shape[0]:  # type: ignore[union-attr]
         raise HookError(f"layer {layer}: a batch of {query.shape[0]} rows, the intervention was built for "
                         f"{edit.keys.shape[0]}")  # type: ignore[union-attr]
-    call = LayerCall(int(layer), query, key, value, mask, float(scaling), softcap, edit, module, sinks)
-    block = capture.options.block_size if capture is not None else ProbeOptions().block_size
+    def layer_call() -> LayerCall:  # what the capture is handed (made only where there is one)
+        return LayerCall(int(layer), query, key, value, mask, float(scaling), softcap, edit, module, sinks)
+
+    block = capture.options.block_size if capture is not None else DEFAULT_BLOCK
     if capture is not None and not editing and capture.forms_output(int(layer), query.shape[2], key.shape[2]):
         # One attention: the probe's rows give the output; positions past the prompts (a teacher-forced answer)
         # and the batch rows the probe does not form take the model's kernel on their own rows.
-        prompts = capture.report(call, output=True)
+        prompts = capture.report(layer_call(), output=True)
         assert prompts is not None
         formed = prompts.transpose(1, 2)
         n_prompt = formed.shape[1]
         if query.shape[2] > n_prompt:
-            tail_mask = mask[:, :, n_prompt:] if mask is not None else torch.ones(
-                query.shape[2] - n_prompt, key.shape[2], dtype=torch.bool, device=query.device
-            ).tril(n_prompt)[None, None]
+            tail_mask = mask[:, :, n_prompt:] if mask is not None else allowed_keys(
+                None, torch.arange(n_prompt, query.shape[2], device=query.device), key.shape[2])[None, None]
             tail = _model_attention(module, query[:, :, n_prompt:], key, value, tail_mask, scaling, softcap, sinks,
                                     block, kwargs)
             formed = torch.cat([formed, tail], dim=1)
@@ -202,7 +204,7 @@ def _probe_attention(
         out = edited_attention(edit, int(layer), query, key, value, mask, float(scaling), softcap,  # type: ignore[arg-type]
                                out, sinks)
     if capture is not None:
-        capture.report(call)
+        capture.report(layer_call())
     assert out is not None
     return out, None
 

@@ -140,11 +140,8 @@ def probe_served(cfg: ExperimentConfig, model: str, local: Backend, prompts: Seq
     if not items:
         return summary
     log.info("%s: probing %d recorded answers with %s (teacher-forced)", model, len(items), backend.model_name)
-    # A teacher-forced batch is laid out as generate lays it out: each prompt left-padded to the longest prompt, each
-    # answer then filled to the longest answer, so a batch costs its size x (longest prompt + longest answer).
-    # Batching answers of like length first (32-token bands), prompts of like length within a band, keeps that
-    # near the tokens themselves: on the confirmatory study's 420 answers, 1.11x their tokens in batches of 8,
-    # against 1.33x when sorted by prompt + answer.
+    # generate's layout fills every answer of a batch to the longest, so like answers go together
+    # (docs/probes.md#two-stage-runs)
     items.sort(key=batch_order)
     size = cfg.generation.batch_size
     with tqdm(total=len(items), desc=f"{model} [probe with {backend.model_name}]", disable=not progress,
