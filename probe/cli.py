@@ -146,39 +146,26 @@ def _dp_rank() -> tuple[int, int]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from probe.runfolder import RunLock
     from probe.runner import run_experiment
-    from probe.runner.checks import check_inputs
-    from probe.runner.folder import check_run_dir, merge_shards, prepare_run_dir
-    from probe.runner.prompts import build_run_prompts
+    from probe.runner.shards import Shard, merge_shards_into
 
     cfg = _load(args)
     rank, world = _dp_rank()
-    shard = None
-    if args.shard is not None:
-        from probe.runner.shards import Shard
-
-        shard = Shard.parse(args.shard)
-        if world > 1:
-            raise ProbeError(f"--shard {shard} under a data-parallel launch (WORLD_SIZE={world}): a shard runs as one "
-                             "process; launch one `probe run EXP --shard i/N` per machine or array task")
-    if world > 1:
+    shard = Shard.parse(args.shard) if args.shard is not None else None
+    if shard is not None and world > 1:
+        raise ProbeError(f"--shard {shard} under a data-parallel launch (WORLD_SIZE={world}): each process of the "
+                         "launch is a shard already; launch one `probe run EXP --shard i/N` per machine or array task")
+    if world > 1:  # each process runs shard rank+1 of world; rank 0 merges them once every process is done
         from accelerate import PartialState
 
         state = PartialState(cpu=not _cuda())
-        if rank == 0:  # one process writes the config and the prompts; the others wait and reuse them
-            _, tasks = check_inputs(cfg)
-            check_run_dir(cfg, force=args.force)
-            with RunLock(cfg.run_folder):
-                prepare_run_dir(cfg, force=args.force)
-                build_run_prompts(cfg, progress=not args.quiet, tasks=tasks)
-        state.wait_for_everyone()
-        run_experiment(cfg, progress=not args.quiet and rank == 0, force=args.force, rank=rank, world=world,
+        run_experiment(cfg, progress=not args.quiet and rank == 0, force=args.force, shard=Shard(rank + 1, world),
                        device=f"cuda:{state.local_process_index}" if _cuda() else "cpu")
         state.wait_for_everyone()
         if rank != 0:
             return 0
-        merge_shards(cfg.run_dir)
+        merge_shards_into(cfg.run_dir, [Shard(i, world).config(cfg).run_dir for i in range(1, world + 1)],
+                          force=args.force)
     else:
         run_dir = shard.config(cfg).run_dir if shard is not None else cfg.run_dir
         try:
@@ -200,7 +187,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_merge(args: argparse.Namespace) -> int:
     from probe.runner.shards import merge_shards_into
 
-    s = merge_shards_into(Path(args.run), [Path(p) for p in args.shards] or None)
+    s = merge_shards_into(Path(args.run), [Path(p) for p in args.shards] or None, force=args.force)
     print(f"merged {len(s.shards)} shards into {s.run_dir}: {s.n_trials} trials ({s.n_errors} ended in a backend "
           f"error: `probe run` on the merged folder retries them), {s.n_probe_records} probe records")
     _print_table(s.run_dir)
@@ -487,6 +474,8 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
     sp = sub.add_parser("merge", help="join the shards of a run (probe run --shard I/N) into its run folder")
     sp.add_argument("run", help="the run folder (outputs/<name>); its shards are read from <run>/shards/")
     sp.add_argument("shards", nargs="*", help="shard folders elsewhere (default: every <run>/shards/I-of-N)")
+    sp.add_argument("--force", action="store_true", help="where the run folder holds trials the shards do not, move "
+                                                         "its records aside into superseded-<time>/ and merge")
     sp.set_defaults(fn=cmd_merge)
 
 

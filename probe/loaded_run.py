@@ -136,16 +136,11 @@ class Run:
 
     @cached_property
     def trials(self) -> list[TrialRecord]:
-        """Every trial record: ``trials.jsonl`` and any shard of an unfinished data-parallel run (one record per
-        trial id; a later successful retry replaces a backend error)."""
+        """Every trial record of ``trials.jsonl`` (one per trial id; a later successful retry replaces a backend
+        error)."""
         from probe.records import load_trials
 
-        by_id: dict[str, TrialRecord] = {}
-        for path in self.folder.trial_files():
-            for t in load_trials(path):
-                if t.trial_id not in by_id or by_id[t.trial_id].error is not None:
-                    by_id[t.trial_id] = t
-        return list(by_id.values())
+        return load_trials(self.folder.trials)
 
     def trials_of(self, prompt_id: str) -> list[TrialRecord]:
         """The trials of one prompt (one per model that ran it)."""

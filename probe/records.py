@@ -375,13 +375,17 @@ __all__ = ["DuplicateTrialError", "RecordError", "TrialRecord", "append_jsonl", 
 
 
 def check_records(run: str | Path | RunFolder) -> None:
-    """Read every record file of a run folder (prompts, trials, shards) once, so that damage stops a run early.
+    """Read every record file of a run folder (prompts, trials) once, so that damage stops a run early.
 
     Raises:
         RecordError: a line of one of them is not a record (``file:line: ...``).
     """
     run = RunFolder(run)
+    left = sorted(run.root.glob("trials.rank*.jsonl")) if run.root.is_dir() else []
+    if left:  # data-parallel processes write shard folders now (probe.runner.shards)
+        raise RecordError(f"{left[0]}: a trial file that a data-parallel run of an earlier version left unmerged; "
+                          f"append each such file to {run.trials} (`cat trials.rank*.jsonl >> trials.jsonl`), "
+                          "delete them, and run again")
     load_task_records(run.tasks)
     load_prompts(run.prompts)
-    for path in run.trial_files():
-        load_trials(path)
+    load_trials(run.trials)

@@ -41,7 +41,6 @@ FILE_MODE = 0o666  # every file of a run folder, less the umask (as open() makes
 
 SEPARATOR = "|"
 MAX_STEM = 160  # bytes; file systems allow 255 per name, leaving room for suffixes and temporary names
-_SHARD = re.compile(r"^trials\.rank(\d+)\.jsonl$")
 _STEM_SAFE = "-_.,=+@"
 
 
@@ -229,21 +228,6 @@ class RunFolder:
     def attention_root(self) -> Path:
         return self.root / ATTENTION_DIR
 
-    def trials_shard(self, rank: int) -> Path:
-        """The trial file of data-parallel rank ``rank`` while its run is in flight."""
-        return self.root / f"trials.rank{rank}.jsonl"
-
-    def trial_shards(self) -> list[Path]:
-        """The shard files present, by rank."""
-        if not self.root.is_dir():
-            return []
-        found = [(int(m.group(1)), p) for p in self.root.iterdir() if (m := _SHARD.match(p.name))]
-        return [p for _, p in sorted(found)]
-
-    def trial_files(self) -> list[Path]:
-        """``trials.jsonl`` and every shard file (those that exist)."""
-        return [p for p in [self.trials, *self.trial_shards()] if p.is_file()]
-
     def attention_dir(self, model: str) -> Path:
         """The folder of one model's probe records."""
         return self.attention_root / record_stem(model)
@@ -278,12 +262,12 @@ class RunFolder:
         return self.root / LOCK
 
     def record_paths(self) -> list[Path]:
-        """The records of a run present in the folder: prompts, trials and shards, interventions, probe records
+        """The records of a run present in the folder: prompts, trials, interventions, probe records
         (not the config, the tasks it loads, the manifest, what the analysis and report wrote, or superseded
         runs)."""
         if not self.root.is_dir():
             return []
-        paths = [p for p in (self.prompts, self.interventions) if p.is_file()] + self.trial_files()
+        paths = [p for p in (self.prompts, self.interventions, self.trials) if p.is_file()]
         if self.attention_root.is_dir():
             paths += sorted(self.attention_root.rglob("*.npz"))
         return [p for p in paths if p.stat().st_size > 0]
@@ -330,13 +314,14 @@ class RunFolder:
         if not (self.root / MARKER).is_file():
             write_atomic(self.root / MARKER, "a run folder of ICE-Probe (docs/records.md#run-folder)\n", root=self.root)
 
-    def supersede(self) -> Path | None:
-        """Move every file and folder of the run (all but the lock and earlier superseded runs) into a new
-        ``superseded-<time>/`` folder of the run folder; returns it (None when there was nothing to move)."""
+    def supersede(self, keep: tuple[str, ...] = ()) -> Path | None:
+        """Move every file and folder of the run (all but the lock, earlier superseded runs and the names in
+        ``keep``) into a new ``superseded-<time>/`` folder of the run folder; returns it (None when there was nothing
+        to move)."""
         if not self.root.is_dir():
             return None
         items = [p for p in sorted(self.root.iterdir())
-                 if p.name != LOCK and not p.name.startswith(SUPERSEDED_PREFIX)]
+                 if p.name != LOCK and not p.name.startswith(SUPERSEDED_PREFIX) and p.name not in keep]
         if not items:
             return None
         stamp = time.strftime("%Y%m%d-%H%M%S")

@@ -1,5 +1,5 @@
-"""The run folder's settings and trial files: the resolved config (checked against the records already there), the
-manifest, and the trial files of a data-parallel run (:func:`merge_shards`, :func:`done_ids`)."""
+"""The run folder's settings: the resolved config (checked against the records already there), the manifest, and
+the trials already done (:func:`done_ids`)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Any, Sequence
 from probe.config import ExperimentConfig, dump_config, read_run_config
 from probe.errors import ConfigError
 from probe.loading import ModelCard, get_card, is_shipped
-from probe.records import RecordError, check_records, load_trials, write_jsonl
+from probe.records import RecordError, check_records, load_trials
 from probe.runfolder import RunFolder, write_atomic
 
 log = logging.getLogger(__name__)
@@ -196,41 +196,10 @@ def write_manifest(run: str | Path | RunFolder, cfg: ExperimentConfig, cards: Se
     write_atomic(folder.manifest, json.dumps(manifest, indent=2, ensure_ascii=False), root=folder.root)
 
 
-def trials_path(run: str | Path | RunFolder, rank: int, world: int) -> Path:
-    """The trial file this process appends to: the run's trials, or its rank's shard in a data-parallel run."""
-    run = RunFolder(run)
-    return run.trials if world == 1 else run.trials_shard(rank)
-
-
-def merge_shards(run: str | Path | RunFolder) -> int:
-    """Fold the data-parallel shard files into the trials file (one record per trial, no gaps), then remove them.
-
-    Returns:
-        The number of trials in the merged file (0 when there was no shard).
-    """
-    run = RunFolder(run)
-    shards = run.trial_shards()
-    if not shards:
-        return 0
-    merged = {t.trial_id: t for t in load_trials(run.trials)}
-    for s in shards:
-        for t in load_trials(s):
-            if t.trial_id not in merged or merged[t.trial_id].error is not None:
-                merged[t.trial_id] = t
-    write_jsonl(run.trials, (t.to_dict() for t in sorted(merged.values(), key=lambda t: t.trial_id)),
-                root=run.root)
-    for s in shards:
-        s.unlink()
-    return len(merged)
-
-
 def done_ids(run: str | Path | RunFolder) -> set[str]:
-    """Trials recorded without a backend error, in the merged file and any shard file."""
-    done: set[str] = set()
-    for path in RunFolder(run).trial_files():
-        done |= {t.trial_id for t in load_trials(path) if t.error is None}
-    return done
+    """Trials recorded without a backend error."""
+    return {t.trial_id for t in load_trials(RunFolder(run).trials) if t.error is None}
 
 
-__all__ = ["GREEDY_ONLY_KEYS", "NOT_RECORD_KEYS", "check_run_dir", "done_ids", "merge_shards", "prepare_run_dir",
-           "record_differences", "trials_path", "write_manifest"]
+__all__ = ["GREEDY_ONLY_KEYS", "NOT_RECORD_KEYS", "check_run_dir", "done_ids", "prepare_run_dir",
+           "record_differences", "write_manifest"]

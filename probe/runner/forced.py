@@ -102,10 +102,9 @@ def pending_records(cfg: ExperimentConfig, model: str, prompts: Sequence[Prompt]
     run = cfg.run_folder
     mine = {p.prompt_id for p in prompts}
     records: dict[str, TrialRecord] = {}
-    for path in run.trial_files():
-        for r in load_trials(path):
-            if r.model == model and r.intervention is None and r.prompt_id in mine:
-                records[r.trial_id] = r
+    for r in load_trials(run.trials):
+        if r.model == model and r.intervention is None and r.prompt_id in mine:
+            records[r.trial_id] = r
     out = []
     for r in records.values():
         if r.skipped or r.error is not None or r.output is None:

@@ -1,9 +1,12 @@
-"""Shards without a rendezvous: ``probe run EXP --shard i/N`` on independent machines or a SLURM array, then
-``probe merge`` (docs/performance.md#shards-slurm-arrays-and-independent-machines)."""
+"""Shards: one share of a run's prompts in a run folder of its own, ``<run>/shards/<i>-of-<N>/``, joined by one
+merge. ``probe run EXP --shard i/N`` (independent machines, a SLURM array, then ``probe merge``) and each process of
+a data-parallel launch (shard ``rank + 1`` of ``world``, merged by rank 0) make the same shards
+(docs/performance.md#shards-slurm-arrays-and-independent-machines)."""
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -13,13 +16,13 @@ from probe.errors import ProbeError
 from probe.records import TrialRecord, index_records, load_prompts, load_trials, write_jsonl
 from probe.runfolder import RunFolder, RunLock, write_atomic
 from probe.runner.folder import record_differences
-from probe.runner.trials import shard_of
 from probe.types import Prompt
 
 SHARDS_DIR = "shards"
 SHARD_FILE = "shard.json"
 S_SIM_TOLERANCE = 1e-5  # S_sim of one prompt built on two machines: float32 embeddings, summed in another order
 _SPEC = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
+log = logging.getLogger(__name__)
 
 
 class ShardError(ProbeError):
@@ -61,7 +64,7 @@ class Shard:
 
     def select(self, prompts: list[Prompt]) -> list[Prompt]:
         """This shard's share of the prompts (every N-th in prompt order, from the i-th)."""
-        return shard_of(prompts, self.index - 1, self.count)
+        return prompts[self.index - 1::self.count]
 
     def write_marker(self, cfg: ExperimentConfig) -> None:
         """``shard.json`` in the shard folder: which shard, of which experiment's run folder."""
@@ -191,9 +194,6 @@ def _check_like_first(here: RunFolder, first: RunFolder, first_cfg: ExperimentCo
 
 def _finished_trials(here: RunFolder, shard: Shard, prompts: list[Prompt]) -> list[TrialRecord]:
     """The trials of a shard that ran its whole share and nothing else."""
-    if here.trial_shards():
-        raise ShardError(f"{here.root}: its data-parallel trial files are not merged yet (an interrupted run): run "
-                         f"the shard again (`probe run EXP --shard {shard}`)")
     mine = {p.prompt_id for p in shard.select(prompts)}
     trials = load_trials(here.trials)
     foreign = next((t for t in trials if t.prompt_id not in mine), None)
@@ -209,19 +209,24 @@ def _finished_trials(here: RunFolder, shard: Shard, prompts: list[Prompt]) -> li
     return trials
 
 
-def merge_shards_into(run_dir: str | Path, shard_dirs: list[Path] | None = None) -> MergeSummary:
+def merge_shards_into(run_dir: str | Path, shard_dirs: list[Path] | None = None, force: bool = False
+                      ) -> MergeSummary:
     """Join the shards of a run into the run folder (docs/performance.md#shards-slurm-arrays-and-independent-machines).
 
     Args:
         run_dir: the run folder (``outputs/<name>``); its shards are looked for in ``<run>/shards/`` unless
             ``shard_dirs`` names them.
         shard_dirs: shard folders to merge (copied from other machines, anywhere).
+        force: where the run folder holds trials the shards do not (a retry in a merged folder, another run), move
+            its records aside (``superseded-<time>/``) and merge; without it the merge is refused. A folder whose
+            trials the shards all hold (merged before) is merged again without it.
 
     Returns:
         The :class:`MergeSummary`.
 
     Raises:
-        ShardError: the shards cannot be merged (the message says which and why); nothing is written then.
+        ShardError: the shards cannot be merged (the message says which and why), or the run folder holds trials
+            they do not and ``force`` is not given; nothing is written then.
         RecordError: a shard's record file holds a damaged line.
     """
     run = RunFolder(run_dir)
@@ -251,7 +256,7 @@ def merge_shards_into(run_dir: str | Path, shard_dirs: list[Path] | None = None)
             if rel in records:
                 raise ShardError(f"probe record {rel} is in two shards: {records[rel].parent} and {folder}")
             records[rel] = path
-    return _write_merged(run, first_cfg, by, prompts, trials, records)
+    return _write_merged(run, first_cfg, by, prompts, trials, records, force)
 
 
 def _ordered(trials: dict[str, TrialRecord], prompts: list[Prompt], cfg: ExperimentConfig, models: list[str]
@@ -265,14 +270,20 @@ def _ordered(trials: dict[str, TrialRecord], prompts: list[Prompt], cfg: Experim
 
 
 def _write_merged(run: RunFolder, shard_cfg: ExperimentConfig, by: dict[int, Path], prompts: list[Prompt],
-                  trials: dict[str, TrialRecord], records: dict[Path, Path]) -> MergeSummary:
+                  trials: dict[str, TrialRecord], records: dict[Path, Path], force: bool) -> MergeSummary:
     _, marker = _read_marker(by[1])
     cfg = replace(shard_cfg, experiment=replace(shard_cfg.experiment, name=marker["experiment"],
                                                 output_dir=marker["output_dir"]))
     with RunLock(run):
-        if run.trials.is_file() and load_trials(run.trials):
-            raise ShardError(f"{run.trials}: the run folder already holds trials; merge into a new folder "
-                             "(move it aside), or analyse it as it is")
+        kept = [t for t in load_trials(run.trials) if trials.get(t.trial_id) != t]
+        if kept and not force:  # a merge again of the same shards (a data-parallel launch resumed) rewrites as it was
+            raise ShardError(f"{run.trials}: the run folder holds {len(kept)} trials the shards do not (the first: "
+                             f"{kept[0].trial_id!r}; a retry in the merged folder, or another run), which a merge "
+                             "would replace: analyse the folder as it is, or merge with --force to move its records "
+                             "aside first")
+        if kept:
+            log.warning("%s: --force: the folder's earlier records are moved to %s", run.root,
+                        run.supersede(keep=(SHARDS_DIR,)))
         first = RunFolder(by[1])
         run.root.mkdir(parents=True, exist_ok=True)
         run.mark()

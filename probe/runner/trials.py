@@ -15,7 +15,7 @@ from probe.interventions import MATCHED_DRAWS, Intervention
 from probe.prompts.reinject import reinject
 from probe.records import TrialRecord, append_jsonl, index_records, make_trial_id
 from probe.runfolder import inside, prompt_digest, write_atomic
-from probe.runner.folder import done_ids, trials_path
+from probe.runner.folder import done_ids
 from probe.scoring import score as score_family
 from probe.types import Prompt, Task
 
@@ -51,13 +51,8 @@ def make_record(model: str, prompt: Prompt, task: Task, gen: Generation,
                   output_ids=ids)
 
 
-def shard_of(items: Sequence[Prompt], rank: int, world: int) -> list[Prompt]:
-    """This process's share of the prompts in a data-parallel run (every ``world``-th, offset ``rank``)."""
-    return [p for i, p in enumerate(items) if i % world == rank]
-
-
 def run_model(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], tasks: dict[str, Task],
-              rank: int = 0, world: int = 1, progress: bool = True,
+              progress: bool = True,
               on_batch: Callable[[list[TrialRecord]], None] | None = None,
               interventions: Sequence[Intervention] = ()) -> int:
     """Run one model over its prompts, appending trial records; returns the number of new trials.
@@ -77,12 +72,12 @@ def run_model(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], ta
                           "text only); remove [[interventions]] or the model")
     written = 0
     for iv in [None, *interventions]:
-        written += _run_arm(cfg, backend, prompts, tasks, iv, rank, world, progress, on_batch)
+        written += _run_arm(cfg, backend, prompts, tasks, iv, progress, on_batch)
     return written
 
 
 def _run_arm(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], tasks: dict[str, Task],
-             iv: Intervention | None, rank: int, world: int, progress: bool,
+             iv: Intervention | None, progress: bool,
              on_batch: Callable[[list[TrialRecord]], None] | None) -> int:
     """The baseline (``iv`` None) or one intervention over the model's prompts (see :func:`run_model`)."""
     from tqdm import tqdm
@@ -91,12 +86,12 @@ def _run_arm(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], tas
     model = backend.model_name
     name = iv.name if iv is not None else None
     done = done_ids(run)
-    mine = shard_of(prompts, rank, world)
+    mine = list(prompts)
     if iv is not None:  # an intervention's conditions / loads: the prompts it runs on
         mine = [p for p in mine if iv.applies_to(p.condition, p.load)]
     pending = [p for p in mine if make_trial_id(model, p.prompt_id, name) not in done]
-    log.info("%s%s: rank %d of %d: %d trials to run, %d already recorded", model,
-             "" if name is None else f" [{name}]", rank, world, len(pending), len(mine) - len(pending))
+    log.info("%s%s: %d trials to run, %d already recorded in %s", model, "" if name is None else f" [{name}]",
+             len(pending), len(mine) - len(pending), run.root)
     # a reinject edits the prompt, not attention: its prompts are not the recorded ones, so it is not probed
     # a served model's answers are probed after it ran, on local weights (stage two: probe.runner.forced)
     probing = cfg.probe.enabled and backend.capabilities.local and (iv is None or iv.edits_attention)
@@ -106,7 +101,7 @@ def _run_arm(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], tas
     if not pending and not reprobe:
         return 0
     members = _groups(cfg, iv, pending + reprobe)
-    out_path = trials_path(run, rank, world)
+    out_path = run.trials
     probe_opts = cfg.probe if probing else None
     written = 0
     bar = tqdm(total=len(pending), desc=model if name is None else f"{model} [{name}]", disable=not progress,
@@ -203,4 +198,4 @@ def save_probe(cfg: ExperimentConfig, model: str, prompts: list[Prompt], gen: Ge
     index_records(run, todo, gen.attention.prompt_digest)
 
 
-__all__ = ["make_record", "run_model", "save_probe", "shard_of"]
+__all__ = ["make_record", "run_model", "save_probe"]

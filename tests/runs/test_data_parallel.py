@@ -4,37 +4,37 @@ The tiny random Llama of ``conftest.tiny_card`` runs a small experiment (2 tasks
 prompts) once in this process (the single-process reference) and once as ``accelerate launch --multi_gpu
 --num_processes 2 -m probe.cli run EXP.toml`` with no GPU visible. (accelerate's ``--cpu`` launcher starts several
 processes only through ``mpirun``; ``--multi_gpu`` starts them through ``torch.distributed.run``, and ``probe run``
-joins them over gloo when CUDA is absent.) Rank 0 builds the prompts, each rank records its share in
-``trials.rank<r>.jsonl`` and rank 0 merges them into ``trials.jsonl``. The merged file must hold every prompt once,
-with the reference's records (greedy decoding, one prompt per batch, so no padding can make outputs differ), and
-no shard file may remain. A second launch over the state an interrupted run leaves (shard files, a half-written line,
-a backend error) runs only the missing and failed trials and ends with the same records.
+joins them over gloo when CUDA is absent.) Process ``r`` is shard ``r+1`` of 2 (``<run>/shards/<r+1>-of-2/``, as
+``probe run --shard`` makes it) and rank 0 merges the two into the run folder. The merged file must hold every
+prompt once, with the reference's records (greedy decoding, one prompt per batch, so no padding can make outputs
+differ). A second launch over the state an interrupted run leaves (shards part done, a half-written line, a backend
+error, nothing merged) runs only the missing and failed trials and ends with the same records; a plain ``probe run``
+over unmerged shards is refused, naming them.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from probe.records import make_trial_id
-from probe.runner import run_experiment
-from probe.runner.folder import prepare_run_dir
 from probe.config import load_config
-from probe.records import append_jsonl, load_trials, read_jsonl
+from probe.errors import ConfigError
+from probe.records import load_trials, make_trial_id, read_jsonl, write_jsonl
+from probe.runner import run_experiment
 from tests.fixtures.experiment import tiny_experiment
 from tests.serving import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 N_PROMPTS = 2 * 2 * (1 + 3)  # tasks x replications x (Control + 3 conditions x 1 load)
-PLAN = re.compile(r"rank (\d+) of (\d+): (\d+) trials to run, (\d+) already recorded")
+PLAN = re.compile(r"(\d+) trials to run, (\d+) already recorded in \S*/shards/(\d+)-of-(\d+)")
 
 
 def write_experiment(folder: Path, card: Path) -> Path:
@@ -62,11 +62,11 @@ def launch(experiment: Path, n_processes: int = 2) -> subprocess.CompletedProces
 
 
 def plans(stderr: str) -> dict[int, tuple[int, int]]:
-    """rank -> (trials to run, trials already recorded), from the runner's log lines."""
+    """rank -> (trials to run, trials already recorded), from the runner's log lines (rank r runs shard r+1)."""
     out: dict[int, tuple[int, int]] = {}
-    for rank, world, todo, recorded in PLAN.findall(stderr):
-        assert int(world) == 2
-        out[int(rank)] = (int(todo), int(recorded))
+    for todo, recorded, index, count in PLAN.findall(stderr):
+        assert int(count) == 2
+        out[int(index) - 1] = (int(todo), int(recorded))
     return out
 
 
@@ -91,63 +91,50 @@ def dp_run(tiny_card: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[P
 
 def test_two_processes_record_every_prompt_once_as_one_process_does(dp_run, reference):
     _, run_dir, stderr = dp_run
-    # both ranks ran, each its half, nothing recorded before
+    # both ranks ran, each its half, nothing recorded before, each in its shard folder
     assert plans(stderr) == {0: (N_PROMPTS // 2, 0), 1: (N_PROMPTS // 2, 0)}
-    assert not list(run_dir.glob("trials.rank*.jsonl"))
+    assert sorted(p.name for p in (run_dir / "shards").iterdir()) == ["1-of-2", "2-of-2"]
     lines = list(read_jsonl(run_dir / "trials.jsonl"))
     prompts = list(read_jsonl(run_dir / "prompts.jsonl"))
-    assert len(prompts) == len({p["prompt_id"] for p in prompts}) == N_PROMPTS  # written once, by rank 0
+    assert len(prompts) == len({p["prompt_id"] for p in prompts}) == N_PROMPTS
     assert prompts == list(read_jsonl(reference / "prompts.jsonl"))
     assert len(lines) == len({x["trial_id"] for x in lines}) == N_PROMPTS
-    assert {x["prompt_id"] for x in lines} == {p["prompt_id"] for p in prompts}
+    assert [x["prompt_id"] for x in lines] == [p["prompt_id"] for p in prompts]  # merged in prompt order
     ref = records(reference)
     assert records(run_dir) == ref  # same outputs, answers, token counts, flags
     assert len({r["output"] for r in ref.values()}) > 1  # the outputs differ between prompts: the match means something
     manifest = json.loads((run_dir / "manifest.json").read_text())
-    assert "tiny-llama" in manifest["models"]
+    assert "tiny-llama" in manifest["models"] and [s["shard"] for s in manifest["shards"]] == ["1/2", "2/2"]
 
 
 def test_relaunch_after_an_interruption_runs_only_what_is_missing(dp_run, reference):
     exp, run_dir, _ = dp_run
     ref = records(reference)
-    prompts_before = (run_dir / "prompts.jsonl").read_bytes()
     ids = [make_trial_id("tiny-llama", p["prompt_id"]) for p in read_jsonl(run_dir / "prompts.jsonl")]
-    rank_ids = {r: ids[r::2] for r in (0, 1)}  # probe.runner.trials.shard_of: every 2nd prompt, offset rank
-    # What an interrupted two-process run leaves: each rank's shard holds part of its share, rank 1 died mid-line,
-    # one of rank 0's trials failed in the backend; a few trials sit in the merged file from an earlier run.
-    (run_dir / "trials.jsonl").unlink()
+    rank_ids = {r: ids[r::2] for r in (0, 1)}  # probe.runner.shards.Shard.select: every 2nd prompt from the r+1-th
+    # What an interrupted two-process run leaves: nothing merged; each shard holds part of its share, rank 1 died
+    # mid-line, one of rank 0's trials failed in the backend.
+    for p in run_dir.iterdir():
+        if p.name != "shards":
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+    one, two = (run_dir / "shards" / n / "trials.jsonl" for n in ("1-of-2", "2-of-2"))
     failed = dict(ref[rank_ids[0][2]], output=None, answer=None, em=None, error="HTTP 503: overloaded")
-    append_jsonl(run_dir / "trials.jsonl", [ref[rank_ids[1][5]]])
-    append_jsonl(run_dir / "trials.rank0.jsonl", [ref[i] for i in rank_ids[0][:2]] + [failed])
-    append_jsonl(run_dir / "trials.rank1.jsonl", [ref[i] for i in rank_ids[1][:3]])
-    with (run_dir / "trials.rank1.jsonl").open("a") as fh:
+    write_jsonl(one, [ref[i] for i in rank_ids[0][:2]] + [failed])
+    write_jsonl(two, [ref[i] for i in rank_ids[1][:3]])
+    with two.open("a") as fh:
         fh.write('{"trial_id": "tiny-llama::')
-    recorded = {0: 2, 1: 3 + 1}
+    recorded = {0: 2, 1: 3}
 
+    with pytest.raises(ConfigError, match=r"its shards \(1-of-2, 2-of-2\) are not merged"):
+        run_experiment(load_config(exp), progress=False, device="cpu")
     done = launch(exp)
     share = N_PROMPTS // 2
     assert plans(done.stderr) == {r: (share - recorded[r], recorded[r]) for r in (0, 1)}
-    assert not list(run_dir.glob("trials.rank*.jsonl"))
     lines = list(read_jsonl(run_dir / "trials.jsonl"))
     assert len(lines) == len({x["trial_id"] for x in lines}) == N_PROMPTS
     assert records(run_dir) == ref
-    assert (run_dir / "prompts.jsonl").read_bytes() == prompts_before
-
-
-def test_single_process_run_folds_in_shards_left_by_a_data_parallel_run(tiny_card, reference, tmp_path, caplog):
-    """A data-parallel run interrupted and finished without ``accelerate launch`` ends with one merged file."""
-    exp = write_experiment(tmp_path, tiny_card)
-    cfg = load_config(exp)
-    prepare_run_dir(cfg)
-    (cfg.run_dir / "prompts.jsonl").write_bytes((reference / "prompts.jsonl").read_bytes())
-    ref = records(reference)
-    ids = sorted(ref)
-    append_jsonl(cfg.run_dir / "trials.rank0.jsonl", [ref[i] for i in ids[:5]])
-    append_jsonl(cfg.run_dir / "trials.rank1.jsonl", [ref[i] for i in ids[5:7]])
-    with caplog.at_level(logging.INFO, logger="probe.runner"):
-        run_experiment(cfg, progress=False, device="cpu")
-    assert f"rank 0 of 1: {N_PROMPTS - 7} trials to run, 7 already recorded" in caplog.text
-    assert not list(cfg.run_dir.glob("trials.rank*.jsonl"))
-    lines = list(read_jsonl(cfg.run_dir / "trials.jsonl"))
-    assert len(lines) == len({x["trial_id"] for x in lines}) == N_PROMPTS
-    assert records(cfg.run_dir) == ref
+    assert (run_dir / "prompts.jsonl").read_bytes() == (reference / "prompts.jsonl").read_bytes()
+    # launched again over a finished run: nothing to run, and the same merge again
+    again = launch(exp)
+    assert plans(again.stderr) == {r: (0, share) for r in (0, 1)}
+    assert records(run_dir) == ref

@@ -57,10 +57,6 @@ def test_run_folder_paths(tmp_path) -> None:
     assert run.attention_record("m/x", "a/b|Control|L0|r0").relative_to(run.root).parts == (
         "attention", "m%2Fx", "a%2Fb~Control~L0~r0.npz")
     run.root.mkdir()
-    for r in (10, 2, 0):
-        run.trials_shard(r).write_text("")
-    (run.root / "trials.rankx.jsonl").write_text("")
-    assert [p.name for p in run.trial_shards()] == ["trials.rank0.jsonl", "trials.rank2.jsonl", "trials.rank10.jsonl"]
     assert not run.has_attention()
 
 

@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from probe.backends import make_backend
 from probe.loading import get_card
 from probe.runner import run_experiment
-from probe.runner.folder import merge_shards, prepare_run_dir
-from probe.runner.prompts import build_run_prompts, load_all_tasks
-from probe.runner.trials import make_record, run_model
+from probe.runner.folder import prepare_run_dir
+from probe.runner.prompts import build_run_prompts
+from probe.runner.trials import make_record
 from probe.backends.local import LocalBackend
 from probe.config import config_from_dict
 from probe.errors import ConfigError
@@ -99,21 +98,6 @@ def test_a_run_folder_of_another_config_is_refused(tmp_path, tiny_card):
         prepare_run_dir(other)
     assert "generation.max_new_tokens: 4 -> 9" in str(err.value)  # the refusal names what differs
     prepare_run_dir(other, force=True)
-
-
-def test_shards_merge_without_duplicates_or_gaps(tmp_path, tiny_card):
-    cfg = make_cfg(tmp_path, tiny_card)
-    prepare_run_dir(cfg)
-    by_model = build_run_prompts(cfg, progress=False)
-    tasks = {t.task_id: t for t in load_all_tasks(cfg)}
-    backend = make_backend(get_card(str(tiny_card)))
-    for rank in range(2):
-        run_model(cfg, backend, by_model["tiny-llama"], tasks, rank=rank, world=2, progress=False)
-    assert not (cfg.run_dir / "trials.jsonl").exists()
-    n = merge_shards(cfg.run_dir)
-    trials = load_trials(cfg.run_dir / "trials.jsonl")
-    assert n == len(trials) == expected_trials(cfg)
-    assert not list(cfg.run_dir.glob("trials.rank*.jsonl"))
 
 
 def test_cogniload_trials_are_scored_by_progressive_exact_match():

@@ -91,13 +91,28 @@ def test_two_shards_merged_equal_one_process_trial_for_trial_and_record_for_reco
     assert [s["shard"] for s in manifest["shards"]] == ["1/2", "2/2"]
 
 
-def test_merge_through_the_cli_and_a_second_merge_is_refused(shards, tmp_path, capsys):
+def test_merge_again_rewrites_what_it_wrote_and_never_drops_a_trial_the_shards_lack(shards, tmp_path, capsys):
+    """A second merge of the same shards (a data-parallel launch resumed over a finished run) writes the same
+    trials; a folder that holds a trial the shards do not (a retry run in the merged folder) is refused without
+    --force, and with it its records are moved aside, not lost."""
     _, run_dir = shards
     run = _copy(run_dir, tmp_path / "sh")
     assert main(["merge", str(run)]) == 0
     assert "merged 2 shards" in capsys.readouterr().out
-    with pytest.raises(ShardError, match="already holds trials"):
+    first = (run / "trials.jsonl").read_bytes()
+    assert merge_shards_into(run).n_trials == 16
+    assert (run / "trials.jsonl").read_bytes() == first
+    trials = list(read_jsonl(run / "trials.jsonl"))
+    trials[3] = dict(trials[3], output="a retried answer")
+    write_jsonl(run / "trials.jsonl", trials)
+    with pytest.raises(ShardError, match=rf"holds 1 trials the shards do not \(the first: '{trials[3]['trial_id']}'"):
         merge_shards_into(run)
+    assert list(read_jsonl(run / "trials.jsonl")) == trials  # refused: nothing written
+    merge_shards_into(run, force=True)
+    assert (run / "trials.jsonl").read_bytes() == first
+    aside = [p for p in run.iterdir() if p.name.startswith("superseded-")]
+    assert len(aside) == 1 and list(read_jsonl(aside[0] / "trials.jsonl")) == trials
+    assert not (aside[0] / "shards").exists() and len(find_shards(run)) == 2  # the shards stay where they were
 
 
 def test_a_missing_shard_is_named_with_the_command_that_makes_it(shards, tmp_path):
