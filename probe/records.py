@@ -237,8 +237,8 @@ def write_jsonl(path: Path, rows: Iterable[dict], root: Path | None = None) -> i
 
 def index_records(run: RunFolder, paths: Iterable[Path], digest: str | None) -> None:
     """Append each probe record's line to the run's ``attention_index.jsonl`` (its path under ``attention/``, the
-    sha256 of its bytes as written, its prompt digest), in one ``write`` that starts with a newline: processes of a
-    data-parallel run append at once, and a line cut by a crash stays a line of its own."""
+    sha256 of its bytes as written, its prompt digest), in one ``write`` that starts with a newline, so a line cut
+    by a crash stays a line of its own."""
     rows = [{"record": p.relative_to(run.attention_root).as_posix(),
              "sha256": hashlib.sha256(p.read_bytes()).hexdigest(), "prompt_digest": digest} for p in paths]
     if not rows:

@@ -75,3 +75,16 @@ def test_a_lock_path_that_is_not_a_file_is_named(tmp_path, kind):
         run.lock.symlink_to(tmp_path / "nowhere")
     with pytest.raises(ProbeError, match=r"run\.lock: is a (folder|link), where the run's lock file belongs.*remove"):
         RunLock(run).acquire()
+
+
+def test_trial_files_an_earlier_data_parallel_run_left_are_named_not_ignored(tmp_path):
+    """Data-parallel processes write shard folders now; a ``trials.rank<r>.jsonl`` left by an earlier version's run
+    is refused with what to do, so its trials are neither run again silently nor lost."""
+    from probe.records import RecordError, check_records
+
+    run = RunFolder(tmp_path / "dp")
+    run.root.mkdir()
+    check_records(run)
+    (run.root / "trials.rank1.jsonl").write_text("")
+    with pytest.raises(RecordError, match=r"trials.rank1.jsonl: a trial file .* append each such file to"):
+        check_records(run)
