@@ -47,10 +47,11 @@ def run_experiment(cfg: ExperimentConfig, progress: bool = True, force: bool = F
     # everything that can be checked without writing is checked first: bad input leaves the folder as it was
     cards, task_list = check_inputs(cfg)
     experiment = cfg
+    unmerged = [] if shard is not None or cfg.run_folder.trials.is_file() else find_shards(cfg.run_dir)
     if shard is not None:
         cfg = shard.config(cfg)
-    elif find_shards(cfg.run_dir) and not cfg.run_folder.trials.is_file():
-        raise ConfigError(f"{cfg.run_dir}: its shards ({', '.join(p.name for p in find_shards(cfg.run_dir))}) are not "
+    elif unmerged:
+        raise ConfigError(f"{cfg.run_dir}: its shards ({', '.join(p.name for p in unmerged)}) are not "
                           f"merged; finish each (`probe run EXP --shard i/N`, or the data-parallel launch again) and "
                           f"`probe merge {cfg.run_dir}`, or move {cfg.run_dir / SHARDS_DIR} aside to run the whole "
                           "experiment in one process")

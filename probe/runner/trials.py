@@ -86,7 +86,7 @@ def _run_arm(cfg: ExperimentConfig, backend: Backend, prompts: list[Prompt], tas
     model = backend.model_name
     name = iv.name if iv is not None else None
     done = done_ids(run)
-    mine = list(prompts)
+    mine = prompts
     if iv is not None:  # an intervention's conditions / loads: the prompts it runs on
         mine = [p for p in mine if iv.applies_to(p.condition, p.load)]
     pending = [p for p in mine if make_trial_id(model, p.prompt_id, name) not in done]
