@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.metadata
 import importlib.util
 import logging
 import os
@@ -396,9 +398,33 @@ def _hf_home() -> str:
 
 
 def _gguf_cache_path(card: ModelCard, gguf_path: Path) -> Path:
+    """The cache folder of a GGUF's de-quantised copy, named by what the weights are, not where they lie: the same
+    weights in a second virtual environment (or a copied file) reuse one folder instead of writing another."""
     st = gguf_path.stat()
-    tag = hashlib.sha1(f"{gguf_path.resolve()}:{st.st_size}:{int(st.st_mtime)}".encode()).hexdigest()[:10]
-    return cache_dir() / f"{card.name}-{tag}"
+    if card.chunk_set is not None:
+        what = card.chunk_set.sha256  # the joined file is checked against it
+    elif card.source == "package" and (version := _dist_version(card.package or "")):
+        what = f"{card.package}=={version}/{gguf_path.name}:{st.st_size}"  # a released version's files stay put
+    else:
+        what = _file_sha256(gguf_path.resolve(), st.st_size, st.st_mtime_ns)
+    return cache_dir() / f"{card.name}-{hashlib.sha1(what.encode()).hexdigest()[:10]}"
+
+
+def _dist_version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package.replace("_", "-"))
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@functools.lru_cache(maxsize=8)
+def _file_sha256(path: Path, size: int, mtime_ns: int) -> str:
+    """sha256 of a file, read once per process for each (path, size, mtime)."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
 
 
 def _unavailable_hub(card: ModelCard, err: Exception) -> ModelUnavailableError:
