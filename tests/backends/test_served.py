@@ -10,6 +10,9 @@ Needs the serving extra (``pip install "transformers[serving]"``); skipped with 
 
 from __future__ import annotations
 
+import os
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -158,3 +161,51 @@ def test_server_stopped_mid_run_leaves_errors_that_a_rerun_completes(server, ref
     assert done_ids(tmp_path) == {make_trial_id(card.name, p.prompt_id) for p in PROMPTS}
     for p in PROMPTS:
         assert final[p.prompt_id].output == reference[(p.prompt_id, MAX_NEW)][0]
+
+
+class _ServerWithAWorker(LocalServer):
+    """A stand-in server that starts a worker of its own, as vLLM's API server does: ``python -m http.server`` on a
+    folder holding ``health``, after a shell has started ``sleep`` in the background and written its pid."""
+
+    def __init__(self, folder: Path) -> None:
+        (folder / "health").write_text("ok")
+        super().__init__(folder, startup_timeout=30.0)
+        self.worker_pid_file = folder / "worker.pid"
+
+    def _check_prerequisites(self) -> None:
+        pass
+
+    def start(self) -> str:
+        (self.model_dir / "config.json").write_text("{}")
+        return super().start()
+
+    def _command(self) -> list[str]:
+        return ["sh", "-c", f"sleep 300 & echo $! > {self.worker_pid_file}; exec {sys.executable} -m http.server "
+                            f"{self.port} --bind 127.0.0.1 --directory {self.model_dir}"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3]
+
+
+@pytest.mark.parametrize("crash", [False, True], ids=["stopped", "killed, then stopped"])
+def test_stopping_a_server_ends_the_workers_it_started(tmp_path, crash):
+    """A killed API server left vLLM's engine core and worker running, each busy on a core, after the test had
+    ended; stop() ends the server's whole process group, even after the server itself was killed."""
+    server = _ServerWithAWorker(tmp_path)
+    server.start()
+    worker = int(server.worker_pid_file.read_text())
+    assert _alive(worker)
+    if crash:
+        os.kill(server.pid, 9)  # type: ignore[arg-type]  # the server alone dies; its worker is orphaned
+        time.sleep(0.5)
+        assert _alive(worker)
+    server.stop(grace=5.0)
+    deadline = time.monotonic() + 10
+    while _alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(worker)

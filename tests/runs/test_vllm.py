@@ -146,7 +146,7 @@ def test_a_server_killed_mid_run_loses_and_doubles_nothing(vllm, runs, tmp_path,
         for i, item in enumerate(real(self, prompts, gen, probe, intervention), 1):
             yield item
             if i == STOP_AFTER:
-                os.kill(vllm.pid, 9)  # type: ignore[arg-type]  # a crash: in-flight and later requests fail
+                os.killpg(vllm.pid, 9)  # type: ignore[arg-type]  # a crash of the server and its workers
 
     monkeypatch.setattr(OpenAIBackend, "generate", killing)
     run_experiment(cfg, progress=False, device="cpu")  # finishes: failures are records, not exceptions
