@@ -93,17 +93,23 @@ results: setup
 typecheck: setup
 	$(PY) -m mypy
 
+# pytest on TEST_WORKERS processes (pytest-xdist; each test file stays on one worker, so a module's model or server
+# is loaded once), one thread each: on 2 cores 514 s against 828 s for one process (docs/performance.md#tests).
+# TEST_WORKERS=0 runs one process.
+TEST_WORKERS ?= 2
+PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+
 test: setup
 	$(PY) -m mypy
-	$(PY) -m pytest -q
+	$(PYTEST)
 
 # The unit tier: every test that loads no model (none of the marks integration, slow, served, gpu); a test in it
-# that loads one fails, naming the mark to add (tests/tiers.py). About 3 minutes on 2 CPU cores (2 min 47 s, 805 tests).
+# that loads one fails, naming the mark to add (tests/tiers.py). About 2 minutes on 2 CPU cores (130 s, 1,024 tests).
 test-unit: setup
-	$(PY) -m pytest -q -m "not integration and not slow and not served and not gpu"
+	$(PYTEST) -m "not integration and not slow and not served and not gpu"
 
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow"
+	$(PYTEST) -m "not slow"
 
 bench: setup
 	$(VENV)/bin/probe bench generate
