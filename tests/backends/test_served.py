@@ -180,8 +180,9 @@ class _ServerWithAWorker(LocalServer):
         return super().start()
 
     def _command(self) -> list[str]:
-        return ["sh", "-c", f"sleep 300 & echo $! > {self.worker_pid_file}; exec {sys.executable} -m http.server "
-                            f"{self.port} --bind 127.0.0.1 --directory {self.model_dir}"]
+        script = (f"sleep 300 & echo $! > {self.worker_pid_file}; "
+                  f"exec {sys.executable} -m http.server {self.port} --bind 127.0.0.1 --directory {self.model_dir}")
+        return ["sh", "-c", script]
 
 
 def _alive(pid: int) -> bool:
