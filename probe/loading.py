@@ -420,11 +420,8 @@ def _dist_version(package: str) -> str | None:
 @functools.lru_cache(maxsize=8)
 def _file_sha256(path: Path, size: int, mtime_ns: int) -> str:
     """sha256 of a file, read once per process for each (path, size, mtime)."""
-    h = hashlib.sha256()
     with path.open("rb") as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _unavailable_hub(card: ModelCard, err: Exception) -> ModelUnavailableError:
