@@ -74,14 +74,8 @@ def few_clusters_reason(n_clusters: int, min_clusters: int) -> str:
 def contrast_clusters(x: np.ndarray, groups: np.ndarray) -> int:
     """The number of questions that carry the contrast of a regressor (or of a 0/1 outcome).
 
-    A question carries it unless it holds the regressor constant at the value that most such questions share:
-    for a failure indicator, the questions with a failure (or, where most questions fail every trial, those with
-    a right answer); for load, every question with trials at two loads; for a between-question regressor such as
-    S_sim, every question unless several share one value. A constant column (the intercept) is carried by every
-    question. This is the count the minimum-G rule applies to: a clustered variance estimates the spread of the
-    contrast from these questions alone, so when one question carries the contrast its residuals are orthogonal
-    to it and the variance misses it while the degrees of freedom stay near G − 1 (docs/statistics.md: 38–68 %
-    rejections under no effect before the rule counted these questions).
+    Which questions carry a contrast, and why the minimum-G rule counts only them:
+    docs/statistics.md#the-minimum-number-of-questions.
 
     Args:
         x: (n,) the regressor of interest (or a 0/1 outcome).
@@ -285,20 +279,9 @@ class ProportionInterval:
 def proportion_ci(y: np.ndarray, groups: np.ndarray, alpha: float = 0.05) -> ProportionInterval:
     """Mean EM of a cell with a bounded interval clustered by question (Korn–Graubard effective-n Wilson).
 
-    Method (Korn & Graubard 1998, with the Wilson score interval in place of Clopper–Pearson):
-
-    1. V = CR1 cluster-robust variance of the mean (statsmodels OLS on a constant, clustered by question);
-    2. design effect deff = max(1, V / (p(1 − p)/n)); effective sample size n_eff = n / deff. When p is 0 or 1
-       (V = 0) the data say nothing about the clustering and the worst case is assumed: deff = n / G (ICC 1,
-       n_eff = G, one observation per question);
-    3. degrees-of-freedom adjustment n* = n_eff · (t_{n−1} / t_{G−1})², the 1 − alpha/2 quantiles of t;
-    4. the Wilson score interval for p · n* successes out of n* (statsmodels ``proportion_confint``).
-
-    The interval is always inside [0, 1], is not degenerate when every outcome is equal, and widens with the
-    clustering. Simulated coverage of the 95 % interval (docs/statistics.md), G ∈ {7, 10, 20, 50} questions × true
-    EM ∈ {0.1, 0.5, 0.9}, beta-distributed question-level success probabilities, 1, 2 or 5 replications per
-    question: 0.921–0.984 over intra-question correlations 0.2–0.5 (0.921–0.981 at G = 10). With one question no
-    design effect can be estimated and no interval is given.
+    The method, its four steps and its simulated coverage at 7–50 questions:
+    docs/statistics.md#em-of-a-cell-a-bounded-interval-clustered-by-question. With one question no design effect
+    can be estimated and no interval is given.
 
     Args:
         y: (n,) outcomes in [0, 1] (EM).
@@ -770,14 +753,9 @@ def paired_sign_flip(em_a: np.ndarray, em_b: np.ndarray, groups: np.ndarray, alp
                      min_clusters: int = MIN_CLUSTERS) -> PairedTest:
     """H2's primary test: sign-flip permutation of per-question mean paired differences; McNemar beside it.
 
-    Method: d_q = mean over question q's pairs of em_a − em_b; the statistic is the mean of d_q over questions;
-    under H0 (within a question the two conditions are exchangeable) every d_q is symmetric about 0, so its sign
-    is flipped at random (scipy ``permutation_test``, one sample, ``permutation_type="samples"``). With at most
-    ``exact_max`` questions all 2^G assignments are enumerated (exact p); above, ``n_resamples`` seeded Monte Carlo
-    assignments (p = (1 + #extreme) / (1 + B)). Unlike McNemar on (question, replication) pairs, this keeps its
-    level when questions differ in their condition effect. The exact McNemar test (statsmodels) on the pairs is
-    returned as a secondary figure. Descriptive below ``min_clusters`` questions (with G <= 5 the smallest
-    attainable p is 2/2^G >= 0.0625).
+    The method: docs/statistics.md#h2-the-question-level-paired-test. Exact over all 2^G sign assignments up to
+    ``exact_max`` questions, else ``n_resamples`` seeded Monte Carlo ones; descriptive below ``min_clusters``
+    questions.
 
     Args:
         em_a: (n_pairs,) EM of the first condition.
@@ -868,13 +846,8 @@ def similarity_correlation(s_sim: np.ndarray, degradation: np.ndarray, alpha: fl
                            min_n: int = MIN_CLUSTERS) -> Correlation:
     """H3: Pearson r between per-question S_sim and degradation, Fisher-z interval and the p-value of that pivot.
 
-    Method: r from ``scipy.stats.pearsonr``; interval from its ``confidence_interval`` (Fisher z,
-    tanh(atanh r ± z_{1−α/2}/√(n − 3))); p = 2·Φ(−|atanh r|·√(n − 3)), the test that this interval inverts, so the
-    test and the interval never disagree (the t-test p-value of ``pearsonr`` can be < 0.05 at n = 4 while the
-    Fisher interval spans 0). Spearman's ρ (``scipy.stats.spearmanr``) is the robustness figure. Like every
-    other test of the analysis it is descriptive (r only) below ``min_n`` questions (the minimum-G rule, module
-    docstring; forced at n = 4–5 the test is slightly conservative, docs/statistics.md), and when |r| = 1 (every
-    point on one line: the Fisher-z pivot is infinite, so neither an interval nor a p-value can be given).
+    The method: docs/statistics.md#h3-a-correlation-whose-test-and-interval-agree. Descriptive (r only) below
+    ``min_n`` questions and at |r| = 1, where the Fisher-z pivot is infinite.
 
     Args:
         s_sim: (n,) per-question mean S_sim.
